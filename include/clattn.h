@@ -1,0 +1,195 @@
+/*
+ * clattn: OpenCL kernels for training multi-head attention, with a plain-C
+ * fallback that computes the same results.
+ *
+ * Tensors are dense, row-major float32:
+ *   Q, dO, O, dQ  [batch][q_seq][num_heads][head_dim]
+ *   K, V, dK, dV  [batch][kv_seq][num_kv_heads][head_dim]
+ *   LSE           [batch][q_seq][num_heads][2]   the pair (m, l) of a row
+ * Query head h reads KV head h / (num_heads / num_kv_heads).
+ * Key t is visible to query pos iff
+ *   t < kv_seq && (!causal || t <= pos) && (window == 0 || pos < t + window).
+ *
+ * This header is plain C99 and C++; it needs no OpenCL header. The OpenCL
+ * interop (caller-owned contexts, queues and buffers) is in clattn_cl.h.
+ */
+#ifndef CLATTN_H
+#define CLATTN_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "clattn_version.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Every call returns CLATTN_OK (0) or one of these; clattn_status_string()
+ * names each and clattn_last_error() says what exactly went wrong. */
+typedef enum clattn_status {
+    CLATTN_OK = 0,
+    CLATTN_ERROR_NULL_POINTER = 1,       /* a required pointer is NULL */
+    CLATTN_ERROR_ZERO_SIZE = 2,          /* batch, a sequence, heads or head_dim is 0 */
+    CLATTN_ERROR_HEADS_NOT_DIVISIBLE = 3, /* num_heads % num_kv_heads != 0 */
+    CLATTN_ERROR_HEAD_DIM_TOO_LARGE = 4, /* head_dim > CLATTN_MAX_HEAD_DIM */
+    CLATTN_ERROR_CAUSAL_SEQ_MISMATCH = 5, /* causal with kv_seq != q_seq */
+    CLATTN_ERROR_INVALID_SCALE = 6,      /* scale negative, NaN or infinite */
+    CLATTN_ERROR_SIZE_OVERFLOW = 7,      /* a tensor's byte size overflows size_t */
+    CLATTN_ERROR_TOO_LARGE_FOR_DEVICE = 8, /* a tensor exceeds the device's largest allocation */
+    CLATTN_ERROR_INVALID_OPTION = 9,     /* a malformed option or device selector */
+    CLATTN_ERROR_UNKNOWN_VARIANT = 10,   /* no kernel variant of that name for the backend */
+    CLATTN_ERROR_DEVICE_NOT_FOUND = 11,  /* the selector matches no device */
+    CLATTN_ERROR_NO_PLATFORM = 12,       /* no OpenCL platform (ICD error -1001) */
+    CLATTN_ERROR_BUILD_FAILED = 13,      /* the kernel did not compile; the log is in clattn_last_error() */
+    CLATTN_ERROR_WORK_GROUP_TOO_LARGE = 14, /* the device cannot run the work-group the kernel needs */
+    CLATTN_ERROR_OPENCL = 15,            /* any other OpenCL failure; the code is in the message */
+    CLATTN_ERROR_OUT_OF_MEMORY = 16,     /* a host allocation failed */
+    CLATTN_ERROR_WRONG_BACKEND = 17,     /* an OpenCL-only call on a native context */
+    CLATTN_ERROR_INVALID_BUFFER = 18     /* a cl_mem too small for its tensor, of another context, or overlapping */
+} clattn_status;
+
+#define CLATTN_MAX_HEAD_DIM 256
+
+/* A static string naming the status, e.g. "CLATTN_ERROR_ZERO_SIZE"; never NULL. */
+const char *clattn_status_string(clattn_status status);
+
+/* The message of the last failed clattn call on the calling thread ("" when
+ * none failed yet), with the detail a status cannot carry: which argument,
+ * the OpenCL error code, a compiler's build log. Valid until the next clattn
+ * call on this thread. */
+const char *clattn_last_error(void);
+
+/* The library's version as "MAJOR.MINOR.PATCH"; compare with CLATTN_VERSION. */
+const char *clattn_version(void);
+
+typedef enum clattn_backend {
+    CLATTN_BACKEND_AUTO = 0,       /* an OpenCL GPU, else an OpenCL CPU device, else native */
+    CLATTN_BACKEND_OPENCL_GPU = 1, /* the first OpenCL device of type GPU */
+    CLATTN_BACKEND_OPENCL_CPU = 2, /* the first OpenCL device of type CPU (PoCL) */
+    CLATTN_BACKEND_NATIVE = 3      /* plain C, threaded; needs no OpenCL at all */
+} clattn_backend;
+
+/* "auto", "opencl-gpu", "opencl-cpu" or "native"; "unknown" for other values. */
+const char *clattn_backend_name(clattn_backend backend);
+
+typedef struct clattn_options {
+    /* Which backend to use. With CLATTN_BACKEND_AUTO and device == NULL the
+     * environment variable CLATTN_DEVICE, when set, chooses instead. */
+    clattn_backend backend;
+    /* A device selector, which overrides backend when not NULL: "auto",
+     * "gpu", "cpu", "native", "P:D" (OpenCL platform and device index, as
+     * `clattn devices` lists them) or a case-insensitive substring of an
+     * OpenCL device name. The string is read during the call only. */
+    const char *device;
+    /* A kernel variant by name ("tree", ...), or NULL to let clattn choose
+     * per device. The string is read during the call only. */
+    const char *variant;
+    /* Threads of the native backend; 0 means CLATTN_NUM_THREADS when set,
+     * else every online CPU. */
+    int num_threads;
+} clattn_options;
+
+/* Options that pick the backend automatically. */
+clattn_options clattn_options_default(void);
+
+/* A context: one chosen backend and device, its compiled kernels and its
+ * scratch buffers. Opaque. Calls on one context are serialised by a lock,
+ * so a context may be shared by threads; they then take turns. */
+typedef struct clattn_context clattn_context;
+
+/* Creates a context as opts says (NULL: clattn_options_default()). With
+ * backend auto, a backend that fails (no platform, no device, a failed
+ * build) is noted and the next is tried; clattn_context_log() says what
+ * was tried. The kernels of the chosen variant are built here, so a device
+ * that cannot compile them is never chosen.
+ * On success *ctx owns everything it created; release it with
+ * clattn_context_destroy(). On failure *ctx is NULL and nothing is leaked.
+ * Status: CLATTN_OK, CLATTN_ERROR_NULL_POINTER, CLATTN_ERROR_INVALID_OPTION,
+ * CLATTN_ERROR_UNKNOWN_VARIANT, CLATTN_ERROR_DEVICE_NOT_FOUND,
+ * CLATTN_ERROR_NO_PLATFORM, CLATTN_ERROR_BUILD_FAILED,
+ * CLATTN_ERROR_WORK_GROUP_TOO_LARGE, CLATTN_ERROR_OPENCL,
+ * CLATTN_ERROR_OUT_OF_MEMORY. */
+clattn_status clattn_context_create(const clattn_options *opts, clattn_context **ctx);
+
+/* Releases everything the context created, and nothing it did not. NULL is
+ * a no-op. No call on ctx may be in flight. */
+void clattn_context_destroy(clattn_context *ctx);
+
+/* The backend the context runs on (never CLATTN_BACKEND_AUTO). */
+clattn_backend clattn_context_backend(const clattn_context *ctx);
+
+/* A one-line description of the backend and device, e.g.
+ * "opencl-gpu: NVIDIA CUDA / NVIDIA H200 (0:0)" or "native: 2 threads".
+ * Owned by the context. */
+const char *clattn_context_device(const clattn_context *ctx);
+
+/* The kernel variant the context runs, e.g. "tree". Owned by the context. */
+const char *clattn_context_variant(const clattn_context *ctx);
+
+/* What creation tried before settling, one line per attempt ("" when the
+ * first choice worked). Owned by the context. */
+const char *clattn_context_log(const clattn_context *ctx);
+
+typedef struct clattn_shape {
+    uint32_t batch;
+    uint32_t q_seq;
+    uint32_t kv_seq;       /* must equal q_seq when causal */
+    uint32_t num_heads;
+    uint32_t num_kv_heads; /* divides num_heads; 1 is multi-query attention */
+    uint32_t head_dim;     /* 1 .. CLATTN_MAX_HEAD_DIM */
+    int causal;            /* non-zero: key t is visible to query pos only if t <= pos */
+    uint32_t window;       /* non-zero: key t is visible to query pos only if pos < t + window */
+    float scale;           /* 0: 1 / sqrt(head_dim) */
+} clattn_shape;
+
+/* batch 1, everything else 0, no mask, default scale: set the sizes. */
+clattn_shape clattn_shape_default(void);
+
+/* Checks a shape against the contract without a context: the status that a
+ * call with this shape would return for its shape alone. */
+clattn_status clattn_shape_validate(const clattn_shape *shape);
+
+/* The number of visible (query, key) pairs summed over query heads and
+ * batch; 0 for an invalid shape. grad-V does 4 * pairs * head_dim FLOP. */
+uint64_t clattn_shape_visible_pairs(const clattn_shape *shape);
+
+/* Converts meganeura's uniform block {q_seq, kv_seq, packed_heads,
+ * head_dim, window_size, pad, pad, pad} (kv_seq == 0: causal with
+ * kv_seq = q_seq; packed_heads = num_heads << 16 | num_kv_heads) into a
+ * shape with batch 1 and the default scale, then validates it.
+ * Status: as clattn_shape_validate(), or CLATTN_ERROR_NULL_POINTER. */
+clattn_status clattn_shape_from_seed(const uint32_t params[8], clattn_shape *shape);
+
+/* dV = sum over visible (pos, head of the KV head's group) of p * dO[pos],
+ * p = exp(min(scale * Q[pos].K[t] - m, 0) - l), with (m, l) the forward's
+ * LSE pair of the row. Host pointers, laid out as at the top of this file;
+ * dv is written whole, inputs are not modified. Blocks until done.
+ * Status: the shape's, CLATTN_ERROR_NULL_POINTER,
+ * CLATTN_ERROR_TOO_LARGE_FOR_DEVICE, CLATTN_ERROR_OPENCL,
+ * CLATTN_ERROR_OUT_OF_MEMORY. */
+clattn_status clattn_grad_v(clattn_context *ctx, const clattn_shape *shape,
+                            const float *d_out, const float *q, const float *k,
+                            const float *lse, float *dv);
+
+typedef struct clattn_device_info {
+    clattn_backend backend; /* OPENCL_GPU, OPENCL_CPU or NATIVE */
+    int platform_index;     /* -1 for native */
+    int device_index;       /* within the platform; -1 for native */
+    char platform[128];
+    char name[128];
+} clattn_device_info;
+
+/* Lists every OpenCL device, then the native backend, into devices (up to
+ * capacity entries); *count receives how many exist. An OpenCL runtime
+ * with no platform is not an error: the list then holds native alone.
+ * Status: CLATTN_OK, CLATTN_ERROR_NULL_POINTER (count NULL, or devices
+ * NULL with capacity > 0), CLATTN_ERROR_OPENCL. */
+clattn_status clattn_list_devices(clattn_device_info *devices, size_t capacity,
+                                  size_t *count);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* CLATTN_H */

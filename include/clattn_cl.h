@@ -1,0 +1,74 @@
+/*
+ * clattn's OpenCL interop: contexts over the caller's own OpenCL objects and
+ * grad-V enqueued on the caller's buffers. Include after or instead of
+ * clattn.h; needs the OpenCL headers.
+ *
+ * Ownership: clattn never releases an OpenCL object it did not create. The
+ * caller keeps its cl_context, cl_device_id, cl_command_queue and cl_mem
+ * objects alive while a clattn context or an enqueued call uses them.
+ */
+#ifndef CLATTN_CL_H
+#define CLATTN_CL_H
+
+#ifndef CL_TARGET_OPENCL_VERSION
+#define CL_TARGET_OPENCL_VERSION 120
+#endif
+#ifdef __APPLE__
+#include <OpenCL/cl.h>
+#else
+#include <CL/cl.h>
+#endif
+
+#include "clattn.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Creates a clattn context on the caller's device. queue may be NULL, in
+ * which case clattn creates (and later releases) an in-order queue of its
+ * own on context and device; a caller's queue may be out of order, since
+ * clattn orders its own commands through events. opts may be NULL; its
+ * backend and device fields are ignored here, its variant is honoured.
+ * The kernels are built here.
+ * Status: CLATTN_OK, CLATTN_ERROR_NULL_POINTER (ctx, context or device
+ * NULL), CLATTN_ERROR_UNKNOWN_VARIANT, CLATTN_ERROR_BUILD_FAILED,
+ * CLATTN_ERROR_WORK_GROUP_TOO_LARGE, CLATTN_ERROR_OPENCL,
+ * CLATTN_ERROR_OUT_OF_MEMORY. */
+clattn_status clattn_context_create_from_cl(const clattn_options *opts, cl_context context,
+                                            cl_device_id device, cl_command_queue queue,
+                                            clattn_context **ctx);
+
+/* A float32 tensor inside a cl_mem: offset counts floats, not bytes, from
+ * the start of buffer, so it needs no alignment. */
+typedef struct clattn_cl_tensor {
+    cl_mem buffer;
+    size_t offset;
+} clattn_cl_tensor;
+
+/* The context's OpenCL objects (its own or the caller's), for enqueueing
+ * around clattn's calls; NULL on a native context. Still owned by whoever
+ * created them. */
+cl_context clattn_context_cl_context(const clattn_context *ctx);
+cl_command_queue clattn_context_cl_queue(const clattn_context *ctx);
+
+/* grad-V as clattn_grad_v(), enqueued on the context's queue after the
+ * events of the wait list; returns without waiting. When event is not
+ * NULL it receives a new event for the kernel, which the caller releases.
+ * Each tensor must lie inside its buffer and belong to the context's
+ * cl_context; dv may not overlap an input.
+ * Status: the shape's, CLATTN_ERROR_NULL_POINTER,
+ * CLATTN_ERROR_WRONG_BACKEND (a native context),
+ * CLATTN_ERROR_INVALID_BUFFER, CLATTN_ERROR_TOO_LARGE_FOR_DEVICE,
+ * CLATTN_ERROR_OPENCL. */
+clattn_status clattn_grad_v_cl(clattn_context *ctx, const clattn_shape *shape,
+                               clattn_cl_tensor d_out, clattn_cl_tensor q, clattn_cl_tensor k,
+                               clattn_cl_tensor lse, clattn_cl_tensor dv,
+                               cl_uint num_events_in_wait_list, const cl_event *event_wait_list,
+                               cl_event *event);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* CLATTN_CL_H */

@@ -1,0 +1,230 @@
+/* Contexts and the dispatcher: which backend and device a context gets. */
+#include <ctype.h>
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "internal.h"
+
+void clattn_log_append(clattn_context *ctx, const char *fmt, ...)
+{
+    char line[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(line, sizeof line, fmt, ap);
+    va_end(ap);
+    size_t old = strlen(ctx->log), add = strlen(line);
+    char *grown = realloc(ctx->log, old + add + 2);
+    if (!grown)
+        return; /* the log is advice; losing a line is not worth failing for */
+    memcpy(grown + old, line, add);
+    grown[old + add] = '\n';
+    grown[old + add + 1] = '\0';
+    ctx->log = grown;
+}
+
+clattn_status clattn_context_alloc(clattn_context **out)
+{
+    clattn_context *c = calloc(1, sizeof *c);
+    if (!c || !(c->log = calloc(1, 1))) {
+        free(c);
+        return clattn_fail(CLATTN_ERROR_OUT_OF_MEMORY, "out of host memory");
+    }
+    if (pthread_mutex_init(&c->lock, NULL) != 0) {
+        free(c->log);
+        free(c);
+        return clattn_fail(CLATTN_ERROR_OUT_OF_MEMORY, "pthread_mutex_init failed");
+    }
+    *out = c;
+    return CLATTN_OK;
+}
+
+void clattn_context_destroy(clattn_context *ctx)
+{
+    if (!ctx)
+        return;
+    if (ctx->ops)
+        ctx->ops->destroy(ctx);
+    pthread_mutex_destroy(&ctx->lock);
+    free(ctx->log);
+    free(ctx);
+}
+
+clattn_backend clattn_context_backend(const clattn_context *ctx)
+{
+    return ctx ? ctx->backend : CLATTN_BACKEND_AUTO;
+}
+
+const char *clattn_context_device(const clattn_context *ctx) { return ctx ? ctx->device : ""; }
+
+const char *clattn_context_variant(const clattn_context *ctx)
+{
+    return ctx ? ctx->variant : "";
+}
+
+const char *clattn_context_log(const clattn_context *ctx) { return ctx ? ctx->log : ""; }
+
+typedef enum plan { PLAN_AUTO, PLAN_NATIVE, PLAN_OPENCL } plan;
+
+static int parse_index(const char *s, size_t len, unsigned *out)
+{
+    if (len == 0 || len > 6)
+        return 0;
+    unsigned v = 0;
+    for (size_t i = 0; i < len; ++i) {
+        if (!isdigit((unsigned char)s[i]))
+            return 0;
+        v = v * 10 + (unsigned)(s[i] - '0');
+    }
+    *out = v;
+    return 1;
+}
+
+/* Reads a selector: auto, gpu, cpu, native, P:D, or a device name's part. */
+static clattn_status parse_selector(const char *sel, plan *p, clattn_cl_pick *pick)
+{
+    pick->name = sel;
+    if (!strcmp(sel, "auto")) {
+        *p = PLAN_AUTO;
+    } else if (!strcmp(sel, "native")) {
+        *p = PLAN_NATIVE;
+    } else if (!strcmp(sel, "gpu") || !strcmp(sel, "opencl-gpu")) {
+        *p = PLAN_OPENCL;
+        pick->kind = CLATTN_PICK_GPU;
+    } else if (!strcmp(sel, "cpu") || !strcmp(sel, "opencl-cpu")) {
+        *p = PLAN_OPENCL;
+        pick->kind = CLATTN_PICK_CPU;
+    } else if (strchr(sel, ':') && strspn(sel, "0123456789:") == strlen(sel)) {
+        const char *colon = strchr(sel, ':');
+        *p = PLAN_OPENCL;
+        pick->kind = CLATTN_PICK_INDEX;
+        if (!parse_index(sel, (size_t)(colon - sel), &pick->platform) ||
+            !parse_index(colon + 1, strlen(colon + 1), &pick->device))
+            return clattn_fail(CLATTN_ERROR_INVALID_OPTION,
+                               "device selector '%s': want PLATFORM:DEVICE, two indices", sel);
+    } else if (sel[0] == '\0' || strspn(sel, " \t") == strlen(sel)) {
+        return clattn_fail(CLATTN_ERROR_INVALID_OPTION, "device selector is empty");
+    } else {
+        *p = PLAN_OPENCL;
+        pick->kind = CLATTN_PICK_NAME;
+    }
+    return CLATTN_OK;
+}
+
+static int known_variant(const char *name)
+{
+    static const char *const names[] = {
+#define CLATTN_CL_VARIANT(op, vname, kernel, source) vname,
+#include "variants.inc"
+#undef CLATTN_CL_VARIANT
+        "blocked",
+    };
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; ++i)
+        if (!strcmp(name, names[i]))
+            return 1;
+    return 0;
+}
+
+clattn_status clattn_context_create(const clattn_options *opts, clattn_context **ctx)
+{
+    clattn_clear_error();
+    if (!ctx)
+        return clattn_fail(CLATTN_ERROR_NULL_POINTER, "ctx is NULL");
+    *ctx = NULL;
+    clattn_options o = opts ? *opts : clattn_options_default();
+    if (o.num_threads < 0)
+        return clattn_fail(CLATTN_ERROR_INVALID_OPTION, "num_threads %d is negative",
+                           o.num_threads);
+    if (o.variant && !known_variant(o.variant))
+        return clattn_fail(CLATTN_ERROR_UNKNOWN_VARIANT, "no kernel variant named '%s'",
+                           o.variant);
+
+    plan p = PLAN_AUTO;
+    clattn_cl_pick pick = {CLATTN_PICK_GPU, 0, 0, NULL};
+    const char *sel = o.device;
+    if (!sel && o.backend == CLATTN_BACKEND_AUTO)
+        sel = getenv("CLATTN_DEVICE");
+    if (sel) {
+        clattn_status st = parse_selector(sel, &p, &pick);
+        if (st != CLATTN_OK)
+            return st;
+    } else {
+        switch (o.backend) {
+        case CLATTN_BACKEND_AUTO:
+            p = PLAN_AUTO;
+            break;
+        case CLATTN_BACKEND_OPENCL_GPU:
+        case CLATTN_BACKEND_OPENCL_CPU:
+            p = PLAN_OPENCL;
+            pick.kind = o.backend == CLATTN_BACKEND_OPENCL_GPU ? CLATTN_PICK_GPU
+                                                               : CLATTN_PICK_CPU;
+            break;
+        case CLATTN_BACKEND_NATIVE:
+            p = PLAN_NATIVE;
+            break;
+        default:
+            return clattn_fail(CLATTN_ERROR_INVALID_OPTION, "backend %d is not a clattn_backend",
+                               (int)o.backend);
+        }
+    }
+
+    clattn_context *c;
+    clattn_status st = clattn_context_alloc(&c);
+    if (st != CLATTN_OK)
+        return st;
+    if (p == PLAN_NATIVE) {
+        st = clattn_native_init(c, &o);
+    } else if (p == PLAN_OPENCL) {
+        /* gpu and cpu try each device of the type; an index or name is final. */
+        st = clattn_opencl_init(c, &o, &pick, pick.kind == CLATTN_PICK_GPU ||
+                                                  pick.kind == CLATTN_PICK_CPU);
+    } else {
+        static const clattn_cl_pick order[2] = {{CLATTN_PICK_GPU, 0, 0, NULL},
+                                                {CLATTN_PICK_CPU, 0, 0, NULL}};
+        static const char *const what[2] = {"opencl-gpu", "opencl-cpu"};
+        st = CLATTN_ERROR_DEVICE_NOT_FOUND;
+        for (int i = 0; i < 2 && st != CLATTN_OK; ++i) {
+            st = clattn_opencl_init(c, &o, &order[i], 1);
+            if (st != CLATTN_OK)
+                clattn_log_append(c, "auto: %s skipped: %s", what[i], clattn_last_error());
+        }
+        if (st != CLATTN_OK) {
+            st = clattn_native_init(c, &o);
+            if (st == CLATTN_OK)
+                clattn_log_append(c, "auto: fell back to native");
+        }
+    }
+    if (st != CLATTN_OK) {
+        if (c->log[0])
+            clattn_fail_append(c->log);
+        clattn_context_destroy(c);
+        return st;
+    }
+    clattn_clear_error();
+    *ctx = c;
+    return CLATTN_OK;
+}
+
+clattn_status clattn_grad_v(clattn_context *ctx, const clattn_shape *shape,
+                            const float *d_out, const float *q, const float *k,
+                            const float *lse, float *dv)
+{
+    clattn_clear_error();
+    if (!ctx)
+        return clattn_fail(CLATTN_ERROR_NULL_POINTER, "ctx is NULL");
+    clattn_sizes sz;
+    clattn_status st = clattn_check_shape(shape, &sz);
+    if (st != CLATTN_OK)
+        return st;
+    const void *ptrs[5] = {d_out, q, k, lse, dv};
+    static const char *const names[5] = {"d_out", "q", "k", "lse", "dv"};
+    for (int i = 0; i < 5; ++i)
+        if (!ptrs[i])
+            return clattn_fail(CLATTN_ERROR_NULL_POINTER, "%s is NULL", names[i]);
+    pthread_mutex_lock(&ctx->lock);
+    st = ctx->ops->grad_v(ctx, shape, &sz, d_out, q, k, lse, dv);
+    pthread_mutex_unlock(&ctx->lock);
+    return st;
+}

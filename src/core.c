@@ -1,0 +1,199 @@
+/* Status strings, the error message, shapes and their validation. */
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "internal.h"
+
+/* Large enough for a typical build log; longer ones are cut. */
+static _Thread_local char last_error[16384];
+
+clattn_status clattn_fail(clattn_status st, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(last_error, sizeof last_error, fmt, ap);
+    va_end(ap);
+    return st;
+}
+
+void clattn_fail_append(const char *text)
+{
+    size_t used = strlen(last_error);
+    if (used + 1 < sizeof last_error)
+        snprintf(last_error + used, sizeof last_error - used, "\n%s", text);
+}
+
+void clattn_clear_error(void) { last_error[0] = '\0'; }
+
+const char *clattn_last_error(void) { return last_error; }
+
+const char *clattn_version(void) { return CLATTN_VERSION; }
+
+const char *clattn_status_string(clattn_status status)
+{
+    switch (status) {
+#define NAME(s) \
+    case s:     \
+        return #s;
+        NAME(CLATTN_OK)
+        NAME(CLATTN_ERROR_NULL_POINTER)
+        NAME(CLATTN_ERROR_ZERO_SIZE)
+        NAME(CLATTN_ERROR_HEADS_NOT_DIVISIBLE)
+        NAME(CLATTN_ERROR_HEAD_DIM_TOO_LARGE)
+        NAME(CLATTN_ERROR_CAUSAL_SEQ_MISMATCH)
+        NAME(CLATTN_ERROR_INVALID_SCALE)
+        NAME(CLATTN_ERROR_SIZE_OVERFLOW)
+        NAME(CLATTN_ERROR_TOO_LARGE_FOR_DEVICE)
+        NAME(CLATTN_ERROR_INVALID_OPTION)
+        NAME(CLATTN_ERROR_UNKNOWN_VARIANT)
+        NAME(CLATTN_ERROR_DEVICE_NOT_FOUND)
+        NAME(CLATTN_ERROR_NO_PLATFORM)
+        NAME(CLATTN_ERROR_BUILD_FAILED)
+        NAME(CLATTN_ERROR_WORK_GROUP_TOO_LARGE)
+        NAME(CLATTN_ERROR_OPENCL)
+        NAME(CLATTN_ERROR_OUT_OF_MEMORY)
+        NAME(CLATTN_ERROR_WRONG_BACKEND)
+        NAME(CLATTN_ERROR_INVALID_BUFFER)
+#undef NAME
+    }
+    return "CLATTN_ERROR_UNKNOWN_STATUS";
+}
+
+const char *clattn_backend_name(clattn_backend backend)
+{
+    switch (backend) {
+    case CLATTN_BACKEND_AUTO:
+        return "auto";
+    case CLATTN_BACKEND_OPENCL_GPU:
+        return "opencl-gpu";
+    case CLATTN_BACKEND_OPENCL_CPU:
+        return "opencl-cpu";
+    case CLATTN_BACKEND_NATIVE:
+        return "native";
+    }
+    return "unknown";
+}
+
+clattn_options clattn_options_default(void)
+{
+    clattn_options o;
+    memset(&o, 0, sizeof o);
+    o.backend = CLATTN_BACKEND_AUTO;
+    return o;
+}
+
+clattn_shape clattn_shape_default(void)
+{
+    clattn_shape s;
+    memset(&s, 0, sizeof s);
+    s.batch = 1;
+    return s;
+}
+
+static int mul_fits(size_t a, size_t b, size_t *out)
+{
+    if (a != 0 && b > SIZE_MAX / a)
+        return 0;
+    *out = a * b;
+    return 1;
+}
+
+/* Elements of [d0][d1][d2][d3], with the byte count checked too. */
+static int tensor_fits(size_t d0, size_t d1, size_t d2, size_t d3, size_t *elems)
+{
+    size_t n, bytes;
+    return mul_fits(d0, d1, &n) && mul_fits(n, d2, &n) && mul_fits(n, d3, &n) &&
+           mul_fits(n, sizeof(float), &bytes) && (*elems = n, 1);
+}
+
+clattn_status clattn_check_shape(const clattn_shape *s, clattn_sizes *sizes)
+{
+    if (!s)
+        return clattn_fail(CLATTN_ERROR_NULL_POINTER, "shape is NULL");
+    if (!s->batch || !s->q_seq || !s->kv_seq || !s->num_heads || !s->num_kv_heads ||
+        !s->head_dim)
+        return clattn_fail(CLATTN_ERROR_ZERO_SIZE,
+                           "zero size: batch %u, q_seq %u, kv_seq %u, num_heads %u, "
+                           "num_kv_heads %u, head_dim %u",
+                           s->batch, s->q_seq, s->kv_seq, s->num_heads, s->num_kv_heads,
+                           s->head_dim);
+    if (s->num_heads % s->num_kv_heads)
+        return clattn_fail(CLATTN_ERROR_HEADS_NOT_DIVISIBLE,
+                           "num_heads %u is not a multiple of num_kv_heads %u", s->num_heads,
+                           s->num_kv_heads);
+    if (s->head_dim > CLATTN_MAX_HEAD_DIM)
+        return clattn_fail(CLATTN_ERROR_HEAD_DIM_TOO_LARGE, "head_dim %u is above %d",
+                           s->head_dim, CLATTN_MAX_HEAD_DIM);
+    if (s->causal && s->kv_seq != s->q_seq)
+        return clattn_fail(CLATTN_ERROR_CAUSAL_SEQ_MISMATCH,
+                           "causal attention needs kv_seq == q_seq (got %u and %u)", s->kv_seq,
+                           s->q_seq);
+    if (!(s->scale >= 0.0f) || isinf(s->scale))
+        return clattn_fail(CLATTN_ERROR_INVALID_SCALE,
+                           "scale %g is not a finite positive number (0 means default)",
+                           (double)s->scale);
+    clattn_sizes z;
+    if (!tensor_fits(s->batch, s->q_seq, s->num_heads, s->head_dim, &z.q) ||
+        !tensor_fits(s->batch, s->kv_seq, s->num_kv_heads, s->head_dim, &z.kv) ||
+        !tensor_fits(s->batch, s->q_seq, s->num_heads, 2, &z.lse))
+        return clattn_fail(CLATTN_ERROR_SIZE_OVERFLOW,
+                           "a tensor of batch %u, q_seq %u, kv_seq %u, %u heads, head_dim %u "
+                           "does not fit in memory addresses",
+                           s->batch, s->q_seq, s->kv_seq, s->num_heads, s->head_dim);
+    if (sizes)
+        *sizes = z;
+    return CLATTN_OK;
+}
+
+clattn_status clattn_shape_validate(const clattn_shape *shape)
+{
+    return clattn_check_shape(shape, NULL);
+}
+
+float clattn_effective_scale(const clattn_shape *s)
+{
+    return s->scale > 0.0f ? s->scale : 1.0f / sqrtf((float)s->head_dim);
+}
+
+void clattn_query_range(const clattn_shape *s, uint32_t t, uint32_t *start, uint32_t *end)
+{
+    *start = s->causal ? t : 0;
+    *end = s->q_seq;
+    /* Written so that t + window cannot wrap. */
+    if (s->window > 0 && t < s->q_seq && s->window < s->q_seq - t)
+        *end = t + s->window;
+}
+
+uint64_t clattn_shape_visible_pairs(const clattn_shape *s)
+{
+    if (clattn_check_shape(s, NULL) != CLATTN_OK)
+        return 0;
+    uint64_t pairs = 0;
+    for (uint32_t pos = 0; pos < s->q_seq; ++pos) {
+        uint64_t hi = s->causal ? pos : (uint64_t)s->kv_seq - 1; /* last visible key */
+        uint64_t lo = 0;
+        if (s->window > 0 && pos >= s->window)
+            lo = (uint64_t)pos - s->window + 1;
+        if (hi >= lo)
+            pairs += hi - lo + 1;
+    }
+    return pairs * s->num_heads * s->batch;
+}
+
+clattn_status clattn_shape_from_seed(const uint32_t params[8], clattn_shape *shape)
+{
+    if (!params || !shape)
+        return clattn_fail(CLATTN_ERROR_NULL_POINTER, "%s is NULL", params ? "shape" : "params");
+    clattn_shape s = clattn_shape_default();
+    s.q_seq = params[0];
+    s.causal = params[1] == 0;
+    s.kv_seq = s.causal ? params[0] : params[1];
+    s.num_heads = params[2] >> 16;
+    s.num_kv_heads = params[2] & 0xFFFFu;
+    s.head_dim = params[3];
+    s.window = params[4];
+    *shape = s;
+    return clattn_check_shape(&s, NULL);
+}

@@ -1,0 +1,94 @@
+/* Internal interfaces of clattn: the backend table, the context, errors. */
+#ifndef CLATTN_INTERNAL_H
+#define CLATTN_INTERNAL_H
+
+#include <pthread.h>
+#include <stddef.h>
+
+#include "clattn.h"
+
+#if defined(__GNUC__)
+#define CLATTN_PRINTF(f, a) __attribute__((format(printf, f, a)))
+#else
+#define CLATTN_PRINTF(f, a)
+#endif
+
+/* Records a message for clattn_last_error() and returns st, so that a
+ * failure reads `return clattn_fail(CLATTN_ERROR_X, "...", ...);`. */
+clattn_status clattn_fail(clattn_status st, const char *fmt, ...) CLATTN_PRINTF(2, 3);
+/* Appends a line to a failure already recorded (a build log, say). */
+void clattn_fail_append(const char *text);
+void clattn_clear_error(void);
+
+/* Sizes in elements of each tensor of a shape, checked for overflow of the
+ * byte count. */
+typedef struct clattn_sizes {
+    size_t q;   /* Q, dO, O, dQ */
+    size_t kv;  /* K, V, dK, dV */
+    size_t lse; /* LSE */
+} clattn_sizes;
+
+/* Validates the shape and fills sizes (may be NULL). */
+clattn_status clattn_check_shape(const clattn_shape *s, clattn_sizes *sizes);
+float clattn_effective_scale(const clattn_shape *s);
+/* The queries [*start, *end) that see key t, as the seed bounds them. */
+void clattn_query_range(const clattn_shape *s, uint32_t t, uint32_t *start, uint32_t *end);
+
+/* One backend: the ops it runs. The dispatcher in context.c walks the list
+ * of candidates and keeps the first whose create succeeds. */
+typedef struct clattn_backend_ops {
+    clattn_status (*grad_v)(clattn_context *ctx, const clattn_shape *s, const clattn_sizes *sz,
+                            const float *d_out, const float *q, const float *k,
+                            const float *lse, float *dv);
+    void (*destroy)(clattn_context *ctx);
+} clattn_backend_ops;
+
+struct clattn_cl_state;
+
+struct clattn_context {
+    clattn_backend backend;
+    const clattn_backend_ops *ops;
+    pthread_mutex_t lock;
+    char device[320];
+    char variant[32];
+    char *log;       /* what auto tried; never NULL after creation */
+    int num_threads; /* native */
+    struct clattn_cl_state *cl; /* NULL on native */
+};
+
+extern const clattn_backend_ops clattn_native_ops;
+
+/* Native backend: fills ctx->device, ctx->variant and num_threads. */
+clattn_status clattn_native_init(clattn_context *ctx, const clattn_options *opts);
+
+/* grad-V in plain C, also used by the OpenCL paths' tests through the API. */
+clattn_status clattn_native_grad_v(clattn_context *ctx, const clattn_shape *s,
+                                   const clattn_sizes *sz, const float *d_out, const float *q,
+                                   const float *k, const float *lse, float *dv);
+
+/* OpenCL device selection, as parsed from a selector. */
+typedef enum clattn_cl_pick_kind {
+    CLATTN_PICK_GPU,   /* every non-CPU device, in enumeration order */
+    CLATTN_PICK_CPU,   /* every CPU device */
+    CLATTN_PICK_INDEX, /* platform:device */
+    CLATTN_PICK_NAME   /* first device whose name contains the text */
+} clattn_cl_pick_kind;
+
+typedef struct clattn_cl_pick {
+    clattn_cl_pick_kind kind;
+    unsigned platform, device;
+    const char *name;
+} clattn_cl_pick;
+
+/* Tries the devices that pick names, in order, until one initialises;
+ * each failure is appended to ctx->log. all_candidates: keep trying after
+ * a failure (auto); otherwise the first matching device is final. */
+clattn_status clattn_opencl_init(clattn_context *ctx, const clattn_options *opts,
+                                 const clattn_cl_pick *pick, int all_candidates);
+
+/* A zeroed context with its lock and an empty log, for a backend's init. */
+clattn_status clattn_context_alloc(clattn_context **out);
+
+void clattn_log_append(clattn_context *ctx, const char *fmt, ...) CLATTN_PRINTF(2, 3);
+
+#endif /* CLATTN_INTERNAL_H */

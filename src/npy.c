@@ -1,0 +1,241 @@
+/* .npy reading and writing (format versions 1.0, 2.0 and 3.0). */
+#define _POSIX_C_SOURCE 200809L
+#include "npy.h"
+
+#include <errno.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+static int fail(char *err, size_t errlen, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err, errlen, fmt, ap);
+    va_end(ap);
+    return -1;
+}
+
+void npy_free(npy_array *a)
+{
+    if (!a)
+        return;
+    free(a->data);
+    a->data = NULL;
+}
+
+/* Finds the value text after 'key': in the header dict. */
+static const char *dict_value(const char *h, const char *key)
+{
+    char quoted[32];
+    snprintf(quoted, sizeof quoted, "'%s'", key);
+    const char *at = strstr(h, quoted);
+    if (!at)
+        return NULL;
+    at += strlen(quoted);
+    while (*at == ' ')
+        ++at;
+    if (*at != ':')
+        return NULL;
+    ++at;
+    while (*at == ' ')
+        ++at;
+    return at;
+}
+
+static int parse_shape(const char *v, npy_array *out, char *err, size_t errlen)
+{
+    if (*v != '(')
+        return fail(err, errlen, "shape is not a tuple");
+    ++v;
+    out->ndim = 0;
+    for (;;) {
+        while (*v == ' ')
+            ++v;
+        if (*v == ')')
+            break;
+        if (*v < '0' || *v > '9')
+            return fail(err, errlen, "shape holds something other than sizes");
+        size_t n = 0;
+        while (*v >= '0' && *v <= '9') {
+            if (n > (SIZE_MAX - 9) / 10)
+                return fail(err, errlen, "a size in the shape is too large");
+            n = n * 10 + (size_t)(*v++ - '0');
+        }
+        if (out->ndim == NPY_MAX_DIMS)
+            return fail(err, errlen, "more than %d dimensions", NPY_MAX_DIMS);
+        out->shape[out->ndim++] = n;
+        while (*v == ' ')
+            ++v;
+        if (*v == ',')
+            ++v;
+        else if (*v != ')')
+            return fail(err, errlen, "malformed shape tuple");
+    }
+    return 0;
+}
+
+int npy_parse(const unsigned char *b, size_t size, npy_array *out, char *err, size_t errlen)
+{
+    memset(out, 0, sizeof *out);
+    if (size < 10 || memcmp(b, "\x93NUMPY", 6) != 0)
+        return fail(err, errlen, "not a .npy file (no \\x93NUMPY magic)");
+    unsigned major = b[6];
+    size_t hlen, start;
+    if (major == 1) {
+        hlen = (size_t)b[8] | (size_t)b[9] << 8;
+        start = 10;
+    } else if (major == 2 || major == 3) {
+        if (size < 12)
+            return fail(err, errlen, "truncated .npy header");
+        hlen = (size_t)b[8] | (size_t)b[9] << 8 | (size_t)b[10] << 16 | (size_t)b[11] << 24;
+        start = 12;
+    } else {
+        return fail(err, errlen, "unsupported .npy format version %u", major);
+    }
+    if (hlen > size - start)
+        return fail(err, errlen, "truncated .npy header");
+    char *h = malloc(hlen + 1);
+    if (!h)
+        return fail(err, errlen, "out of memory");
+    memcpy(h, b + start, hlen);
+    h[hlen] = '\0';
+    if (strlen(h) != hlen) {
+        free(h);
+        return fail(err, errlen, "NUL byte in .npy header");
+    }
+    int rc = 0;
+    const char *descr = dict_value(h, "descr");
+    const char *order = dict_value(h, "fortran_order");
+    const char *shape = dict_value(h, "shape");
+    if (h[0] != '{' || !descr || !order || !shape)
+        rc = fail(err, errlen, "malformed .npy header: %.80s", h);
+    else if (strncmp(descr, "'<f4'", 5) != 0)
+        rc = fail(err, errlen, "dtype is %.8s, want float32 little-endian ('<f4')", descr);
+    else if (strncmp(order, "False", 5) != 0)
+        rc = fail(err, errlen, "array is in Fortran order, want C order");
+    else
+        rc = parse_shape(shape, out, err, errlen);
+    free(h);
+    if (rc)
+        return rc;
+    size_t count = 1;
+    for (int i = 0; i < out->ndim; ++i) {
+        if (out->shape[i] && count > SIZE_MAX / sizeof(float) / out->shape[i])
+            return fail(err, errlen, "array too large");
+        count *= out->shape[i];
+    }
+    size_t have = size - start - hlen;
+    if (have < count * sizeof(float))
+        return fail(err, errlen, "truncated: %zu data bytes, the shape needs %zu", have,
+                    count * sizeof(float));
+    if (have > count * sizeof(float))
+        return fail(err, errlen, "%zu bytes past the data the shape describes",
+                    have - count * sizeof(float));
+    out->count = count;
+    out->data = malloc(count ? count * sizeof(float) : 1);
+    if (!out->data)
+        return fail(err, errlen, "out of memory for %zu floats", count);
+    /* The hosts clattn runs on are little-endian, as '<f4' is. */
+    memcpy(out->data, b + start + hlen, count * sizeof(float));
+    return 0;
+}
+
+int npy_read(const char *path, npy_array *out, char *err, size_t errlen)
+{
+    memset(out, 0, sizeof *out);
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return fail(err, errlen, "%s: %s", path, strerror(errno));
+    unsigned char *buf = NULL;
+    size_t size = 0, cap = 0;
+    int rc = 0;
+    for (;;) {
+        if (size == cap) {
+            cap = cap ? cap * 2 : 1 << 16;
+            unsigned char *grown = realloc(buf, cap);
+            if (!grown) {
+                rc = fail(err, errlen, "%s: out of memory", path);
+                break;
+            }
+            buf = grown;
+        }
+        size_t got = fread(buf + size, 1, cap - size, f);
+        size += got;
+        if (got == 0) {
+            if (ferror(f))
+                rc = fail(err, errlen, "%s: read error", path);
+            break;
+        }
+    }
+    fclose(f);
+    if (rc == 0) {
+        char inner[256];
+        if (npy_parse(buf, size, out, inner, sizeof inner) != 0)
+            rc = fail(err, errlen, "%s: %s", path, inner);
+    }
+    free(buf);
+    return rc;
+}
+
+int npy_write_temp(const char *path, const size_t *shape, int ndim, const float *data,
+                   char *tmp, size_t tmplen, char *err, size_t errlen)
+{
+    if ((size_t)snprintf(tmp, tmplen, "%s.tmp.XXXXXX", path) >= tmplen)
+        return fail(err, errlen, "%s: path too long", path);
+    int fd = mkstemp(tmp);
+    if (fd < 0)
+        return fail(err, errlen, "%s: cannot create a file beside it: %s", path,
+                    strerror(errno));
+    /* mkstemp makes the file 0600; give it the permissions a plain create would. */
+    mode_t mask = umask(0);
+    umask(mask);
+    fchmod(fd, 0666 & ~mask);
+    char dict[256];
+    int n = snprintf(dict, sizeof dict, "{'descr': '<f4', 'fortran_order': False, 'shape': (");
+    size_t count = 1;
+    for (int i = 0; i < ndim; ++i) {
+        n += snprintf(dict + n, sizeof dict - (size_t)n, "%zu%s", shape[i],
+                      ndim == 1 || i + 1 < ndim ? ", " : "");
+        count *= shape[i];
+    }
+    n += snprintf(dict + n, sizeof dict - (size_t)n, "), }");
+    /* Pad with spaces so the data starts on a 64-byte boundary. */
+    size_t total = 10 + (size_t)n + 1;
+    size_t pad = (64 - total % 64) % 64;
+    size_t hlen = (size_t)n + pad + 1;
+    unsigned char head[10] = {0x93, 'N', 'U', 'M', 'P', 'Y', 1, 0, (unsigned char)(hlen & 0xFF),
+                              (unsigned char)(hlen >> 8)};
+    FILE *f = fdopen(fd, "wb");
+    if (!f) {
+        close(fd);
+        unlink(tmp);
+        return fail(err, errlen, "%s: %s", tmp, strerror(errno));
+    }
+    int ok = fwrite(head, 1, 10, f) == 10 && fwrite(dict, 1, (size_t)n, f) == (size_t)n;
+    for (size_t i = 0; ok && i < pad; ++i)
+        ok = fputc(' ', f) != EOF;
+    ok = ok && fputc('\n', f) != EOF && fwrite(data, sizeof(float), count, f) == count;
+    ok = (fflush(f) == 0) && ok;
+    if (fclose(f) != 0 || !ok) {
+        unlink(tmp);
+        return fail(err, errlen, "%s: write failed: %s", path, strerror(errno));
+    }
+    return 0;
+}
+
+int npy_commit(const char *tmp, const char *path, char *err, size_t errlen)
+{
+    if (rename(tmp, path) != 0) {
+        int e = errno;
+        unlink(tmp);
+        return fail(err, errlen, "%s: %s", path, strerror(e));
+    }
+    return 0;
+}
+
+void npy_discard(const char *tmp) { unlink(tmp); }

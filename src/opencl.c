@@ -1,0 +1,679 @@
+/* The OpenCL backend: device enumeration and selection, program builds,
+ * scratch buffers for the host-pointer API, and kernel launches. */
+#define CL_TARGET_OPENCL_VERSION 120
+#include <ctype.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "clattn_cl.h"
+#include "clattn_kernels.h"
+#include "internal.h"
+
+#ifndef CL_PLATFORM_NOT_FOUND_KHR
+#define CL_PLATFORM_NOT_FOUND_KHR -1001
+#endif
+
+/* Kernels need -cl-std=CL1.2: NVIDIA reports OpenCL 3.0 but compiles C 1.2
+ * only. No fast-math: masks and empty rows rely on huge negatives. */
+static const char build_options[] = "-cl-std=CL1.2";
+
+enum { OP_GRAD_V, OP_COUNT };
+
+typedef struct cl_variant {
+    int op;
+    const char *name;
+    const char *kernel;
+    const char *source;
+} cl_variant;
+
+static const cl_variant variants[] = {
+#define CLATTN_CL_VARIANT(op, name, kernel, source) {OP_##op, name, kernel, source},
+#include "variants.inc"
+#undef CLATTN_CL_VARIANT
+};
+enum { VARIANT_COUNT = sizeof variants / sizeof variants[0] };
+
+/* Host-pointer calls copy through these buffers, grown as needed. */
+enum { SLOT_D_OUT, SLOT_Q, SLOT_K, SLOT_LSE, SLOT_DV, SLOT_COUNT };
+
+struct clattn_cl_state {
+    cl_device_id device;
+    cl_context context;
+    cl_command_queue queue;
+    int own_context, own_queue;
+    cl_program program[OP_COUNT];
+    cl_kernel kernel[OP_COUNT];
+    size_t kernel_max_wg[OP_COUNT];
+    cl_ulong max_alloc;
+    cl_ulong local_mem;
+    cl_mem scratch[SLOT_COUNT];
+    size_t scratch_bytes[SLOT_COUNT];
+};
+
+static const char *cl_error_name(cl_int err)
+{
+    switch (err) {
+#define E(x) \
+    case x:  \
+        return #x;
+        E(CL_DEVICE_NOT_FOUND)
+        E(CL_DEVICE_NOT_AVAILABLE)
+        E(CL_COMPILER_NOT_AVAILABLE)
+        E(CL_MEM_OBJECT_ALLOCATION_FAILURE)
+        E(CL_OUT_OF_RESOURCES)
+        E(CL_OUT_OF_HOST_MEMORY)
+        E(CL_BUILD_PROGRAM_FAILURE)
+        E(CL_INVALID_VALUE)
+        E(CL_INVALID_DEVICE)
+        E(CL_INVALID_CONTEXT)
+        E(CL_INVALID_COMMAND_QUEUE)
+        E(CL_INVALID_MEM_OBJECT)
+        E(CL_INVALID_BUILD_OPTIONS)
+        E(CL_INVALID_PROGRAM_EXECUTABLE)
+        E(CL_INVALID_KERNEL_ARGS)
+        E(CL_INVALID_WORK_GROUP_SIZE)
+        E(CL_INVALID_WORK_ITEM_SIZE)
+        E(CL_INVALID_GLOBAL_WORK_SIZE)
+        E(CL_INVALID_EVENT_WAIT_LIST)
+        E(CL_INVALID_EVENT)
+        E(CL_INVALID_BUFFER_SIZE)
+        E(CL_EXEC_STATUS_ERROR_FOR_EVENTS_IN_WAIT_LIST)
+        E(CL_MISALIGNED_SUB_BUFFER_OFFSET)
+#undef E
+    case CL_PLATFORM_NOT_FOUND_KHR:
+        return "CL_PLATFORM_NOT_FOUND_KHR";
+    }
+    return "an OpenCL error";
+}
+
+static clattn_status cl_fail(cl_int err, const char *what)
+{
+    if (err == CL_MEM_OBJECT_ALLOCATION_FAILURE || err == CL_INVALID_BUFFER_SIZE)
+        return clattn_fail(CLATTN_ERROR_TOO_LARGE_FOR_DEVICE, "%s: %s (%d)", what,
+                           cl_error_name(err), err);
+    return clattn_fail(CLATTN_ERROR_OPENCL, "%s: %s (%d)", what, cl_error_name(err), err);
+}
+
+/* One OpenCL device as enumerated: platforms in order, then their devices. */
+typedef struct cl_entry {
+    cl_platform_id platform;
+    cl_device_id device;
+    unsigned platform_index, device_index;
+    int is_cpu;
+    char platform_name[128];
+    char name[128];
+} cl_entry;
+
+static void query_string(cl_int (*get)(void *, cl_uint, size_t, void *, size_t *), void *obj,
+                         cl_uint what, char *out, size_t size)
+{
+    if (get(obj, what, size, out, NULL) != CL_SUCCESS)
+        snprintf(out, size, "?");
+    out[size - 1] = '\0';
+}
+
+static cl_int get_platform_info(void *p, cl_uint what, size_t n, void *out, size_t *ret)
+{
+    return clGetPlatformInfo((cl_platform_id)p, what, n, out, ret);
+}
+
+static cl_int get_device_info(void *d, cl_uint what, size_t n, void *out, size_t *ret)
+{
+    return clGetDeviceInfo((cl_device_id)d, what, n, out, ret);
+}
+
+/* Lists every device of every platform into a new array (free() it).
+ * A runtime without platforms yields CLATTN_ERROR_NO_PLATFORM. */
+static clattn_status enumerate(cl_entry **out, size_t *count)
+{
+    *out = NULL;
+    *count = 0;
+    cl_uint np = 0;
+    cl_int err = clGetPlatformIDs(0, NULL, &np);
+    if (err == CL_PLATFORM_NOT_FOUND_KHR || (err == CL_SUCCESS && np == 0))
+        return clattn_fail(CLATTN_ERROR_NO_PLATFORM,
+                           "no OpenCL platform: the ICD loader found no driver (%d)", err);
+    if (err != CL_SUCCESS)
+        return cl_fail(err, "clGetPlatformIDs");
+    cl_platform_id *plats = calloc(np, sizeof *plats);
+    if (!plats)
+        return clattn_fail(CLATTN_ERROR_OUT_OF_MEMORY, "out of host memory");
+    clattn_status st = CLATTN_OK;
+    cl_entry *list = NULL;
+    size_t n = 0;
+    err = clGetPlatformIDs(np, plats, NULL);
+    if (err != CL_SUCCESS) {
+        st = cl_fail(err, "clGetPlatformIDs");
+        goto done;
+    }
+    for (cl_uint p = 0; p < np; ++p) {
+        cl_uint nd = 0;
+        /* A platform with no devices answers CL_DEVICE_NOT_FOUND: skip it. */
+        if (clGetDeviceIDs(plats[p], CL_DEVICE_TYPE_ALL, 0, NULL, &nd) != CL_SUCCESS || !nd)
+            continue;
+        cl_device_id *devs = calloc(nd, sizeof *devs);
+        cl_entry *grown = realloc(list, (n + nd) * sizeof *list);
+        if (!devs || !grown) {
+            free(devs);
+            if (grown)
+                list = grown;
+            st = clattn_fail(CLATTN_ERROR_OUT_OF_MEMORY, "out of host memory");
+            goto done;
+        }
+        list = grown;
+        if (clGetDeviceIDs(plats[p], CL_DEVICE_TYPE_ALL, nd, devs, NULL) != CL_SUCCESS)
+            nd = 0;
+        for (cl_uint d = 0; d < nd; ++d) {
+            cl_entry *e = &list[n++];
+            cl_device_type type = 0;
+            e->platform = plats[p];
+            e->device = devs[d];
+            e->platform_index = p;
+            e->device_index = d;
+            clGetDeviceInfo(devs[d], CL_DEVICE_TYPE, sizeof type, &type, NULL);
+            e->is_cpu = (type & CL_DEVICE_TYPE_CPU) != 0;
+            query_string(get_platform_info, plats[p], CL_PLATFORM_NAME, e->platform_name,
+                         sizeof e->platform_name);
+            query_string(get_device_info, devs[d], CL_DEVICE_NAME, e->name, sizeof e->name);
+        }
+        free(devs);
+    }
+done:
+    free(plats);
+    if (st != CLATTN_OK) {
+        free(list);
+        return st;
+    }
+    *out = list;
+    *count = n;
+    return CLATTN_OK;
+}
+
+clattn_status clattn_list_devices(clattn_device_info *devices, size_t capacity, size_t *count)
+{
+    if (!count || (!devices && capacity))
+        return clattn_fail(CLATTN_ERROR_NULL_POINTER, "%s is NULL", count ? "devices" : "count");
+    cl_entry *list;
+    size_t n;
+    clattn_status st = enumerate(&list, &n);
+    if (st == CLATTN_ERROR_NO_PLATFORM)
+        n = 0;
+    else if (st != CLATTN_OK)
+        return st;
+    for (size_t i = 0; i < n && i < capacity; ++i) {
+        clattn_device_info *d = &devices[i];
+        d->backend = list[i].is_cpu ? CLATTN_BACKEND_OPENCL_CPU : CLATTN_BACKEND_OPENCL_GPU;
+        d->platform_index = (int)list[i].platform_index;
+        d->device_index = (int)list[i].device_index;
+        snprintf(d->platform, sizeof d->platform, "%s", list[i].platform_name);
+        snprintf(d->name, sizeof d->name, "%s", list[i].name);
+    }
+    if (n < capacity) {
+        clattn_device_info *d = &devices[n];
+        d->backend = CLATTN_BACKEND_NATIVE;
+        d->platform_index = d->device_index = -1;
+        snprintf(d->platform, sizeof d->platform, "clattn");
+        snprintf(d->name, sizeof d->name, "native C");
+    }
+    *count = n + 1;
+    free(list);
+    clattn_clear_error();
+    return CLATTN_OK;
+}
+
+static void release_state(struct clattn_cl_state *cl)
+{
+    if (!cl)
+        return;
+    for (int i = 0; i < SLOT_COUNT; ++i)
+        if (cl->scratch[i])
+            clReleaseMemObject(cl->scratch[i]);
+    for (int op = 0; op < OP_COUNT; ++op) {
+        if (cl->kernel[op])
+            clReleaseKernel(cl->kernel[op]);
+        if (cl->program[op])
+            clReleaseProgram(cl->program[op]);
+    }
+    if (cl->own_queue && cl->queue)
+        clReleaseCommandQueue(cl->queue);
+    if (cl->own_context && cl->context)
+        clReleaseContext(cl->context);
+    free(cl);
+}
+
+static void opencl_destroy(clattn_context *ctx)
+{
+    release_state(ctx->cl);
+    ctx->cl = NULL;
+}
+
+static const cl_variant *find_variant(int op, const char *name)
+{
+    for (int i = 0; i < VARIANT_COUNT; ++i)
+        if (variants[i].op == op && (!name || !strcmp(name, variants[i].name)))
+            return &variants[i];
+    return NULL;
+}
+
+/* The work-group the tree kernels need for a head_dim: the next power of two. */
+static size_t tree_work_group(uint32_t head_dim)
+{
+    size_t wg = 1;
+    while (wg < head_dim)
+        wg <<= 1;
+    return wg;
+}
+
+/* Builds every op's kernel of the chosen variant and checks that the device
+ * runs the largest work-group it may need. */
+static clattn_status build_kernels(struct clattn_cl_state *cl, const char *variant,
+                                   int strict_limits)
+{
+    for (int op = 0; op < OP_COUNT; ++op) {
+        const cl_variant *v = find_variant(op, variant);
+        if (!v)
+            return clattn_fail(CLATTN_ERROR_UNKNOWN_VARIANT, "no OpenCL variant '%s'", variant);
+        cl_int err;
+        const char *src = v->source;
+        cl->program[op] = clCreateProgramWithSource(cl->context, 1, &src, NULL, &err);
+        if (err != CL_SUCCESS)
+            return cl_fail(err, "clCreateProgramWithSource");
+        err = clBuildProgram(cl->program[op], 1, &cl->device, build_options, NULL, NULL);
+        if (err != CL_SUCCESS) {
+            clattn_status st = clattn_fail(CLATTN_ERROR_BUILD_FAILED,
+                                           "building %s (%s) failed: %s (%d); build log:",
+                                           v->kernel, build_options, cl_error_name(err), err);
+            size_t len = 0;
+            clGetProgramBuildInfo(cl->program[op], cl->device, CL_PROGRAM_BUILD_LOG, 0, NULL,
+                                  &len);
+            char *log = len ? malloc(len + 1) : NULL;
+            if (log && clGetProgramBuildInfo(cl->program[op], cl->device, CL_PROGRAM_BUILD_LOG,
+                                             len, log, NULL) == CL_SUCCESS) {
+                log[len] = '\0';
+                clattn_fail_append(log);
+            }
+            free(log);
+            return st;
+        }
+        cl->kernel[op] = clCreateKernel(cl->program[op], v->kernel, &err);
+        if (err != CL_SUCCESS)
+            return cl_fail(err, "clCreateKernel");
+        err = clGetKernelWorkGroupInfo(cl->kernel[op], cl->device, CL_KERNEL_WORK_GROUP_SIZE,
+                                       sizeof(size_t), &cl->kernel_max_wg[op], NULL);
+        if (err != CL_SUCCESS)
+            return cl_fail(err, "clGetKernelWorkGroupInfo");
+        size_t need = tree_work_group(CLATTN_MAX_HEAD_DIM);
+        if (strict_limits &&
+            (cl->kernel_max_wg[op] < need || cl->local_mem < need * sizeof(float)))
+            return clattn_fail(CLATTN_ERROR_WORK_GROUP_TOO_LARGE,
+                               "%s needs work-groups of %zu and %zu bytes of local memory; "
+                               "the device allows %zu and %llu",
+                               v->kernel, need, need * sizeof(float), cl->kernel_max_wg[op],
+                               (unsigned long long)cl->local_mem);
+    }
+    return CLATTN_OK;
+}
+
+static const clattn_backend_ops opencl_ops;
+
+/* Makes ctx an OpenCL context on device; context and queue are created
+ * when NULL, the caller's used (never released) otherwise. */
+static clattn_status init_on_device(clattn_context *ctx, const char *variant,
+                                    cl_context context, cl_device_id device,
+                                    cl_command_queue queue, int strict_limits)
+{
+    struct clattn_cl_state *cl = calloc(1, sizeof *cl);
+    if (!cl)
+        return clattn_fail(CLATTN_ERROR_OUT_OF_MEMORY, "out of host memory");
+    cl->device = device;
+    cl_int err = CL_SUCCESS;
+    clattn_status st = CLATTN_OK;
+    if (context) {
+        cl->context = context;
+    } else {
+        cl->context = clCreateContext(NULL, 1, &device, NULL, NULL, &err);
+        cl->own_context = 1;
+        if (err != CL_SUCCESS) {
+            cl->context = NULL;
+            st = cl_fail(err, "clCreateContext");
+            goto fail;
+        }
+    }
+    if (queue) {
+        cl->queue = queue;
+    } else {
+        cl->queue = clCreateCommandQueue(cl->context, device, 0, &err);
+        cl->own_queue = 1;
+        if (err != CL_SUCCESS) {
+            cl->queue = NULL;
+            st = cl_fail(err, "clCreateCommandQueue");
+            goto fail;
+        }
+    }
+    cl_device_type type = 0;
+    if ((err = clGetDeviceInfo(device, CL_DEVICE_TYPE, sizeof type, &type, NULL)) ||
+        (err = clGetDeviceInfo(device, CL_DEVICE_MAX_MEM_ALLOC_SIZE, sizeof cl->max_alloc,
+                               &cl->max_alloc, NULL)) ||
+        (err = clGetDeviceInfo(device, CL_DEVICE_LOCAL_MEM_SIZE, sizeof cl->local_mem,
+                               &cl->local_mem, NULL))) {
+        st = cl_fail(err, "clGetDeviceInfo");
+        goto fail;
+    }
+    st = build_kernels(cl, variant ? variant : variants[0].name, strict_limits);
+    if (st != CLATTN_OK)
+        goto fail;
+
+    char name[128], platform_name[128];
+    cl_platform_id platform = NULL;
+    query_string(get_device_info, device, CL_DEVICE_NAME, name, sizeof name);
+    clGetDeviceInfo(device, CL_DEVICE_PLATFORM, sizeof platform, &platform, NULL);
+    query_string(get_platform_info, platform, CL_PLATFORM_NAME, platform_name,
+                 sizeof platform_name);
+    ctx->backend = (type & CL_DEVICE_TYPE_CPU) ? CLATTN_BACKEND_OPENCL_CPU
+                                               : CLATTN_BACKEND_OPENCL_GPU;
+    snprintf(ctx->device, sizeof ctx->device, "%s: %s / %s", clattn_backend_name(ctx->backend),
+             platform_name, name);
+    snprintf(ctx->variant, sizeof ctx->variant, "%s", variant ? variant : variants[0].name);
+    ctx->ops = &opencl_ops;
+    ctx->cl = cl;
+    return CLATTN_OK;
+fail:
+    release_state(cl);
+    return st;
+}
+
+static int matches(const clattn_cl_pick *pick, const cl_entry *e)
+{
+    switch (pick->kind) {
+    case CLATTN_PICK_GPU:
+        return !e->is_cpu;
+    case CLATTN_PICK_CPU:
+        return e->is_cpu;
+    case CLATTN_PICK_INDEX:
+        return e->platform_index == pick->platform && e->device_index == pick->device;
+    case CLATTN_PICK_NAME: {
+        size_t n = strlen(pick->name);
+        for (const char *h = e->name; *h; ++h) {
+            size_t i = 0;
+            while (i < n && h[i] && tolower((unsigned char)h[i]) ==
+                                        tolower((unsigned char)pick->name[i]))
+                ++i;
+            if (i == n)
+                return 1;
+        }
+        return 0;
+    }
+    }
+    return 0;
+}
+
+static const char *pick_text(const clattn_cl_pick *pick, char *buf, size_t size)
+{
+    switch (pick->kind) {
+    case CLATTN_PICK_GPU:
+        return "an OpenCL GPU";
+    case CLATTN_PICK_CPU:
+        return "an OpenCL CPU device";
+    case CLATTN_PICK_INDEX:
+        snprintf(buf, size, "OpenCL device %u:%u", pick->platform, pick->device);
+        return buf;
+    case CLATTN_PICK_NAME:
+        snprintf(buf, size, "an OpenCL device named like '%s'", pick->name);
+        return buf;
+    }
+    return "?";
+}
+
+clattn_status clattn_opencl_init(clattn_context *ctx, const clattn_options *opts,
+                                 const clattn_cl_pick *pick, int all_candidates)
+{
+    cl_entry *list;
+    size_t n;
+    char buf[192];
+    clattn_status st = enumerate(&list, &n);
+    if (st != CLATTN_OK)
+        return st;
+    st = CLATTN_ERROR_DEVICE_NOT_FOUND;
+    size_t i;
+    for (i = 0; i < n; ++i) {
+        if (!matches(pick, &list[i]))
+            continue;
+        st = init_on_device(ctx, opts->variant, NULL, list[i].device, NULL, all_candidates);
+        if (st == CLATTN_OK)
+            break;
+        clattn_log_append(ctx, "%u:%u %s / %s: %s: %s", list[i].platform_index,
+                          list[i].device_index, list[i].platform_name, list[i].name,
+                          clattn_status_string(st), clattn_last_error());
+        if (!all_candidates)
+            break;
+    }
+    if (st == CLATTN_OK)
+        snprintf(ctx->device + strlen(ctx->device), sizeof ctx->device - strlen(ctx->device),
+                 " (%u:%u)", list[i].platform_index, list[i].device_index);
+    free(list);
+    if (st == CLATTN_ERROR_DEVICE_NOT_FOUND)
+        return clattn_fail(st, "no %s among the OpenCL devices (see `clattn devices`)",
+                           pick_text(pick, buf, sizeof buf));
+    return st;
+}
+
+/* Makes sure scratch slot holds bytes, growing it (contents are lost). */
+static clattn_status scratch(struct clattn_cl_state *cl, int slot, size_t bytes)
+{
+    if (cl->scratch_bytes[slot] >= bytes)
+        return CLATTN_OK;
+    if (cl->scratch[slot])
+        clReleaseMemObject(cl->scratch[slot]);
+    cl->scratch[slot] = NULL;
+    cl->scratch_bytes[slot] = 0;
+    cl_int err;
+    cl_mem m = clCreateBuffer(cl->context, CL_MEM_READ_WRITE, bytes, NULL, &err);
+    if (err != CL_SUCCESS)
+        return cl_fail(err, "clCreateBuffer");
+    cl->scratch[slot] = m;
+    cl->scratch_bytes[slot] = bytes;
+    return CLATTN_OK;
+}
+
+static clattn_status check_alloc(const struct clattn_cl_state *cl, const clattn_sizes *sz)
+{
+    size_t largest = sz->q > sz->kv ? sz->q : sz->kv;
+    if ((cl_ulong)largest * sizeof(float) > cl->max_alloc)
+        return clattn_fail(CLATTN_ERROR_TOO_LARGE_FOR_DEVICE,
+                           "a tensor of %zu bytes exceeds the device's largest allocation, "
+                           "%llu bytes",
+                           largest * sizeof(float), (unsigned long long)cl->max_alloc);
+    return CLATTN_OK;
+}
+
+static clattn_status enqueue_grad_v(clattn_context *ctx, const clattn_shape *s,
+                                    const clattn_cl_tensor t[5], cl_uint nwait,
+                                    const cl_event *wait, cl_event *done)
+{
+    struct clattn_cl_state *cl = ctx->cl;
+    cl_kernel kn = cl->kernel[OP_GRAD_V];
+    size_t wg = tree_work_group(s->head_dim);
+    if (wg > cl->kernel_max_wg[OP_GRAD_V] || wg * sizeof(float) > cl->local_mem)
+        return clattn_fail(CLATTN_ERROR_WORK_GROUP_TOO_LARGE,
+                           "head_dim %u needs work-groups of %zu; the device runs at most %zu",
+                           s->head_dim, wg, cl->kernel_max_wg[OP_GRAD_V]);
+    cl_uint arg = 0;
+    cl_int err = CL_SUCCESS;
+    for (int i = 0; i < 5; ++i) {
+        cl_ulong off = t[i].offset;
+        err |= clSetKernelArg(kn, arg++, sizeof(cl_mem), &t[i].buffer);
+        err |= clSetKernelArg(kn, arg++, sizeof off, &off);
+    }
+    cl_int causal = s->causal ? 1 : 0;
+    cl_float scale = clattn_effective_scale(s);
+    err |= clSetKernelArg(kn, arg++, sizeof(cl_uint), &s->q_seq);
+    err |= clSetKernelArg(kn, arg++, sizeof(cl_uint), &s->kv_seq);
+    err |= clSetKernelArg(kn, arg++, sizeof(cl_uint), &s->num_heads);
+    err |= clSetKernelArg(kn, arg++, sizeof(cl_uint), &s->num_kv_heads);
+    err |= clSetKernelArg(kn, arg++, sizeof(cl_uint), &s->head_dim);
+    err |= clSetKernelArg(kn, arg++, sizeof causal, &causal);
+    err |= clSetKernelArg(kn, arg++, sizeof(cl_uint), &s->window);
+    err |= clSetKernelArg(kn, arg++, sizeof scale, &scale);
+    err |= clSetKernelArg(kn, arg++, wg * sizeof(float), NULL);
+    if (err != CL_SUCCESS)
+        return clattn_fail(CLATTN_ERROR_OPENCL, "clSetKernelArg failed for grad_v");
+    size_t global[3] = {(size_t)s->kv_seq * wg, s->num_kv_heads, s->batch};
+    size_t local[3] = {wg, 1, 1};
+    err = clEnqueueNDRangeKernel(cl->queue, kn, 3, NULL, global, local, nwait,
+                                 nwait ? wait : NULL, done);
+    if (err != CL_SUCCESS)
+        return cl_fail(err, "clEnqueueNDRangeKernel(grad_v)");
+    return CLATTN_OK;
+}
+
+static clattn_status opencl_grad_v(clattn_context *ctx, const clattn_shape *s,
+                                   const clattn_sizes *sz, const float *d_out, const float *q,
+                                   const float *k, const float *lse, float *dv)
+{
+    struct clattn_cl_state *cl = ctx->cl;
+    clattn_status st = check_alloc(cl, sz);
+    if (st != CLATTN_OK)
+        return st;
+    const size_t bytes[SLOT_COUNT] = {sz->q * 4, sz->q * 4, sz->kv * 4, sz->lse * 4, sz->kv * 4};
+    const float *src[SLOT_COUNT] = {d_out, q, k, lse, NULL};
+    for (int i = 0; i < SLOT_COUNT; ++i)
+        if ((st = scratch(cl, i, bytes[i])) != CLATTN_OK)
+            return st;
+    /* Events order the copies even on a caller's out-of-order queue. */
+    cl_event ev[SLOT_COUNT] = {0}, kernel_done = NULL;
+    cl_uint nev = 0;
+    cl_int err = CL_SUCCESS;
+    for (int i = 0; i < SLOT_COUNT && err == CL_SUCCESS; ++i)
+        if (src[i])
+            err = clEnqueueWriteBuffer(cl->queue, cl->scratch[i], CL_FALSE, 0, bytes[i], src[i],
+                                       0, NULL, &ev[nev++]);
+    if (err != CL_SUCCESS) {
+        --nev; /* the failed write made no event */
+        st = cl_fail(err, "clEnqueueWriteBuffer");
+        goto done;
+    }
+    clattn_cl_tensor t[5];
+    for (int i = 0; i < 5; ++i) {
+        t[i].buffer = cl->scratch[i];
+        t[i].offset = 0;
+    }
+    st = enqueue_grad_v(ctx, s, t, nev, ev, &kernel_done);
+    if (st != CLATTN_OK)
+        goto done;
+    err = clEnqueueReadBuffer(cl->queue, cl->scratch[SLOT_DV], CL_TRUE, 0, bytes[SLOT_DV], dv,
+                              1, &kernel_done, NULL);
+    if (err != CL_SUCCESS)
+        st = cl_fail(err, "clEnqueueReadBuffer");
+done:
+    /* Nothing may still read the caller's pointers once we return. */
+    if (st != CLATTN_OK)
+        clFinish(cl->queue);
+    for (cl_uint i = 0; i < nev; ++i)
+        clReleaseEvent(ev[i]);
+    if (kernel_done)
+        clReleaseEvent(kernel_done);
+    return st;
+}
+
+static const clattn_backend_ops opencl_ops = {opencl_grad_v, opencl_destroy};
+
+/* Checks that a caller's tensor lies inside its buffer, of ctx's context. */
+static clattn_status check_tensor(const struct clattn_cl_state *cl, clattn_cl_tensor t,
+                                  size_t elems, const char *name)
+{
+    if (!t.buffer)
+        return clattn_fail(CLATTN_ERROR_NULL_POINTER, "%s buffer is NULL", name);
+    size_t size = 0;
+    cl_context owner = NULL;
+    cl_int err = clGetMemObjectInfo(t.buffer, CL_MEM_SIZE, sizeof size, &size, NULL);
+    if (err == CL_SUCCESS)
+        err = clGetMemObjectInfo(t.buffer, CL_MEM_CONTEXT, sizeof owner, &owner, NULL);
+    if (err != CL_SUCCESS)
+        return clattn_fail(CLATTN_ERROR_INVALID_BUFFER, "%s is not a valid cl_mem: %s (%d)",
+                           name, cl_error_name(err), err);
+    if (owner != cl->context)
+        return clattn_fail(CLATTN_ERROR_INVALID_BUFFER,
+                           "%s belongs to another cl_context than the clattn context's", name);
+    size_t cap = size / sizeof(float);
+    if (t.offset > cap || elems > cap - t.offset)
+        return clattn_fail(CLATTN_ERROR_INVALID_BUFFER,
+                           "%s needs %zu floats from offset %zu, the buffer holds %zu", name,
+                           elems, t.offset, cap);
+    return CLATTN_OK;
+}
+
+cl_context clattn_context_cl_context(const clattn_context *ctx)
+{
+    return ctx && ctx->cl ? ctx->cl->context : NULL;
+}
+
+cl_command_queue clattn_context_cl_queue(const clattn_context *ctx)
+{
+    return ctx && ctx->cl ? ctx->cl->queue : NULL;
+}
+
+clattn_status clattn_grad_v_cl(clattn_context *ctx, const clattn_shape *shape,
+                               clattn_cl_tensor d_out, clattn_cl_tensor q, clattn_cl_tensor k,
+                               clattn_cl_tensor lse, clattn_cl_tensor dv,
+                               cl_uint num_events_in_wait_list, const cl_event *event_wait_list,
+                               cl_event *event)
+{
+    clattn_clear_error();
+    if (!ctx)
+        return clattn_fail(CLATTN_ERROR_NULL_POINTER, "ctx is NULL");
+    clattn_sizes sz;
+    clattn_status st = clattn_check_shape(shape, &sz);
+    if (st != CLATTN_OK)
+        return st;
+    if (!ctx->cl)
+        return clattn_fail(CLATTN_ERROR_WRONG_BACKEND,
+                           "clattn_grad_v_cl needs an OpenCL context; this one is %s",
+                           ctx->device);
+    if (num_events_in_wait_list && !event_wait_list)
+        return clattn_fail(CLATTN_ERROR_NULL_POINTER,
+                           "event_wait_list is NULL with %u events", num_events_in_wait_list);
+    const clattn_cl_tensor t[5] = {d_out, q, k, lse, dv};
+    const size_t elems[5] = {sz.q, sz.q, sz.kv, sz.lse, sz.kv};
+    static const char *const names[5] = {"d_out", "q", "k", "lse", "dv"};
+    for (int i = 0; i < 5; ++i)
+        if ((st = check_tensor(ctx->cl, t[i], elems[i], names[i])) != CLATTN_OK)
+            return st;
+    for (int i = 0; i < 4; ++i)
+        if (t[i].buffer == dv.buffer && t[i].offset < dv.offset + sz.kv &&
+            dv.offset < t[i].offset + elems[i])
+            return clattn_fail(CLATTN_ERROR_INVALID_BUFFER, "dv overlaps %s", names[i]);
+    if ((st = check_alloc(ctx->cl, &sz)) != CLATTN_OK)
+        return st;
+    pthread_mutex_lock(&ctx->lock);
+    st = enqueue_grad_v(ctx, shape, t, num_events_in_wait_list, event_wait_list, event);
+    pthread_mutex_unlock(&ctx->lock);
+    return st;
+}
+
+clattn_status clattn_context_create_from_cl(const clattn_options *opts, cl_context context,
+                                            cl_device_id device, cl_command_queue queue,
+                                            clattn_context **ctx)
+{
+    clattn_clear_error();
+    if (!ctx)
+        return clattn_fail(CLATTN_ERROR_NULL_POINTER, "ctx is NULL");
+    *ctx = NULL;
+    if (!context || !device)
+        return clattn_fail(CLATTN_ERROR_NULL_POINTER, "%s is NULL",
+                           context ? "device" : "context");
+    clattn_options o = opts ? *opts : clattn_options_default();
+    clattn_context *c;
+    clattn_status st = clattn_context_alloc(&c);
+    if (st != CLATTN_OK)
+        return st;
+    st = init_on_device(c, o.variant, context, device, queue, 0);
+    if (st != CLATTN_OK) {
+        clattn_context_destroy(c);
+        return st;
+    }
+    snprintf(c->device + strlen(c->device), sizeof c->device - strlen(c->device),
+             " (caller's context)");
+    *ctx = c;
+    return CLATTN_OK;
+}

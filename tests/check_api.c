@@ -1,0 +1,412 @@
+/* The API's contract: statuses for every bad input, options, selection,
+ * the seed conversion, and a context shared by threads. */
+#define _POSIX_C_SOURCE 200809L
+#include <math.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "harness.h"
+#include "reference.h"
+
+static clattn_shape small_shape(void)
+{
+    clattn_shape s = clattn_shape_default();
+    s.q_seq = s.kv_seq = 8;
+    s.num_heads = 4;
+    s.num_kv_heads = 2;
+    s.head_dim = 16;
+    return s;
+}
+
+static clattn_context *native_context(int threads)
+{
+    clattn_options o = clattn_options_default();
+    o.backend = CLATTN_BACKEND_NATIVE;
+    o.num_threads = threads;
+    clattn_context *ctx = NULL;
+    ck_assert_status(clattn_context_create(&o, &ctx), CLATTN_OK);
+    return ctx;
+}
+
+START_TEST(status_strings)
+{
+    for (int st = CLATTN_OK; st <= CLATTN_ERROR_INVALID_BUFFER; ++st) {
+        const char *name = clattn_status_string((clattn_status)st);
+        ck_assert_msg(strncmp(name, "CLATTN_", 7) == 0 &&
+                          strcmp(name, "CLATTN_ERROR_UNKNOWN_STATUS") != 0,
+                      "status %d is named %s", st, name);
+        for (int other = CLATTN_OK; other < st; ++other)
+            ck_assert_str_ne(name, clattn_status_string((clattn_status)other));
+    }
+    ck_assert_str_eq(clattn_status_string((clattn_status)999), "CLATTN_ERROR_UNKNOWN_STATUS");
+    ck_assert_str_eq(clattn_backend_name(CLATTN_BACKEND_OPENCL_CPU), "opencl-cpu");
+    ck_assert_str_eq(clattn_backend_name((clattn_backend)99), "unknown");
+}
+END_TEST
+
+START_TEST(version)
+{
+    char want[32];
+    snprintf(want, sizeof want, "%d.%d.%d", CLATTN_VERSION_MAJOR, CLATTN_VERSION_MINOR,
+             CLATTN_VERSION_PATCH);
+    ck_assert_str_eq(clattn_version(), want);
+    ck_assert_str_eq(CLATTN_VERSION, want);
+}
+END_TEST
+
+/* Each invalid shape has its own status, and the message names the cause. */
+START_TEST(shape_statuses)
+{
+    clattn_shape s = small_shape();
+    ck_assert_status(clattn_shape_validate(&s), CLATTN_OK);
+    ck_assert_status(clattn_shape_validate(NULL), CLATTN_ERROR_NULL_POINTER);
+    uint32_t *fields[] = {&s.batch, &s.q_seq, &s.kv_seq, &s.num_heads, &s.num_kv_heads,
+                          &s.head_dim};
+    for (size_t i = 0; i < sizeof fields / sizeof fields[0]; ++i) {
+        s = small_shape();
+        *fields[i] = 0;
+        ck_assert_status(clattn_shape_validate(&s), CLATTN_ERROR_ZERO_SIZE);
+    }
+    s = small_shape();
+    s.num_kv_heads = 3;
+    ck_assert_status(clattn_shape_validate(&s), CLATTN_ERROR_HEADS_NOT_DIVISIBLE);
+    ck_assert(strstr(clattn_last_error(), "num_heads 4") != NULL);
+    s = small_shape();
+    s.head_dim = CLATTN_MAX_HEAD_DIM + 1;
+    ck_assert_status(clattn_shape_validate(&s), CLATTN_ERROR_HEAD_DIM_TOO_LARGE);
+    s.head_dim = CLATTN_MAX_HEAD_DIM;
+    ck_assert_status(clattn_shape_validate(&s), CLATTN_OK);
+    s = small_shape();
+    s.causal = 1;
+    s.kv_seq = 9;
+    ck_assert_status(clattn_shape_validate(&s), CLATTN_ERROR_CAUSAL_SEQ_MISMATCH);
+    s.causal = 0;
+    ck_assert_status(clattn_shape_validate(&s), CLATTN_OK);
+    const float bad_scales[] = {-1.0f, NAN, INFINITY, -INFINITY};
+    for (int i = 0; i < 4; ++i) {
+        s = small_shape();
+        s.scale = bad_scales[i];
+        ck_assert_status(clattn_shape_validate(&s), CLATTN_ERROR_INVALID_SCALE);
+    }
+    s = small_shape();
+    s.batch = s.q_seq = s.kv_seq = s.num_heads = 0xFFFFFFFFu;
+    s.num_kv_heads = 1;
+    s.head_dim = 256;
+    ck_assert_status(clattn_shape_validate(&s), CLATTN_ERROR_SIZE_OVERFLOW);
+}
+END_TEST
+
+/* grad-V refuses before doing any work: pointers are never touched. */
+START_TEST(grad_v_statuses)
+{
+    clattn_context *ctx = native_context(0);
+    clattn_shape s = small_shape();
+    float buf[8 * 4 * 16];
+    float *p[5] = {buf, buf, buf, buf, buf};
+    ck_assert_status(clattn_grad_v(NULL, &s, buf, buf, buf, buf, buf), CLATTN_ERROR_NULL_POINTER);
+    ck_assert_status(clattn_grad_v(ctx, NULL, buf, buf, buf, buf, buf), CLATTN_ERROR_NULL_POINTER);
+    for (int i = 0; i < 5; ++i) {
+        float *a[5] = {p[0], p[1], p[2], p[3], p[4]};
+        a[i] = NULL;
+        ck_assert_status(clattn_grad_v(ctx, &s, a[0], a[1], a[2], a[3], a[4]),
+                         CLATTN_ERROR_NULL_POINTER);
+    }
+    s.num_kv_heads = 3;
+    ck_assert_status(clattn_grad_v(ctx, &s, NULL, NULL, NULL, NULL, NULL),
+                     CLATTN_ERROR_HEADS_NOT_DIVISIBLE);
+    s = small_shape();
+    s.head_dim = 300;
+    ck_assert_status(clattn_grad_v(ctx, &s, buf, buf, buf, buf, buf),
+                     CLATTN_ERROR_HEAD_DIM_TOO_LARGE);
+    clattn_context_destroy(ctx);
+}
+END_TEST
+
+START_TEST(options_statuses)
+{
+    clattn_context *ctx = (clattn_context *)&ctx; /* must come back NULL */
+    ck_assert_status(clattn_context_create(NULL, NULL), CLATTN_ERROR_NULL_POINTER);
+    clattn_options o = clattn_options_default();
+    o.backend = (clattn_backend)42;
+    ck_assert_status(clattn_context_create(&o, &ctx), CLATTN_ERROR_INVALID_OPTION);
+    ck_assert_ptr_null(ctx);
+    o = clattn_options_default();
+    o.num_threads = -2;
+    ck_assert_status(clattn_context_create(&o, &ctx), CLATTN_ERROR_INVALID_OPTION);
+    const char *bad_selectors[] = {"", "  ", "1:", ":0", "1:2:3", "99999999:0"};
+    for (size_t i = 0; i < sizeof bad_selectors / sizeof *bad_selectors; ++i) {
+        o = clattn_options_default();
+        o.device = bad_selectors[i];
+        ck_assert_status(clattn_context_create(&o, &ctx), CLATTN_ERROR_INVALID_OPTION);
+        ck_assert_ptr_null(ctx);
+    }
+    o = clattn_options_default();
+    o.variant = "no-such-variant";
+    ck_assert_status(clattn_context_create(&o, &ctx), CLATTN_ERROR_UNKNOWN_VARIANT);
+    o.backend = CLATTN_BACKEND_NATIVE;
+    o.variant = "tree";
+    ck_assert_status(clattn_context_create(&o, &ctx), CLATTN_ERROR_UNKNOWN_VARIANT);
+    ck_assert(strstr(clattn_last_error(), "blocked") != NULL);
+}
+END_TEST
+
+/* Selectors that parse but match nothing: not found, or no platform at all. */
+START_TEST(selector_matches_nothing)
+{
+    size_t n = 0;
+    ck_assert_status(clattn_list_devices(NULL, 0, &n), CLATTN_OK);
+    clattn_status want = n > 1 ? CLATTN_ERROR_DEVICE_NOT_FOUND : CLATTN_ERROR_NO_PLATFORM;
+    const char *sel[] = {"no-such-device-anywhere", "77:0", "0:999"};
+    for (int i = 0; i < 3; ++i) {
+        clattn_options o = clattn_options_default();
+        o.device = sel[i];
+        clattn_context *ctx = NULL;
+        ck_assert_status(clattn_context_create(&o, &ctx), want);
+        ck_assert_ptr_null(ctx);
+    }
+}
+END_TEST
+
+START_TEST(environment_selects)
+{
+    setenv("CLATTN_DEVICE", "native", 1);
+    clattn_context *ctx = NULL;
+    ck_assert_status(clattn_context_create(NULL, &ctx), CLATTN_OK);
+    ck_assert_int_eq(clattn_context_backend(ctx), CLATTN_BACKEND_NATIVE);
+    clattn_context_destroy(ctx);
+    /* An explicit selector in the options wins over the environment. */
+    setenv("CLATTN_DEVICE", "no-such-device-anywhere", 1);
+    clattn_options o = clattn_options_default();
+    o.device = "native";
+    ck_assert_status(clattn_context_create(&o, &ctx), CLATTN_OK);
+    clattn_context_destroy(ctx);
+    o = clattn_options_default();
+    o.backend = CLATTN_BACKEND_NATIVE;
+    ck_assert_status(clattn_context_create(&o, &ctx), CLATTN_OK);
+    clattn_context_destroy(ctx);
+    setenv("CLATTN_DEVICE", "", 1);
+    ck_assert_status(clattn_context_create(NULL, &ctx), CLATTN_ERROR_INVALID_OPTION);
+    setenv("CLATTN_NUM_THREADS", "3", 1);
+    ctx = native_context(0);
+    ck_assert_str_eq(clattn_context_device(ctx), "native: 3 threads");
+    clattn_context_destroy(ctx);
+    ctx = native_context(1);
+    ck_assert_str_eq(clattn_context_device(ctx), "native: 1 thread");
+    clattn_context_destroy(ctx);
+}
+END_TEST
+
+/* No OpenCL driver at all: the ICD loader is pointed at an empty vendor
+ * folder. auto falls back to native and says so; OpenCL picks fail. */
+START_TEST(no_platform)
+{
+    setenv("OCL_ICD_VENDORS", "/nonexistent/clattn-empty-vendors", 1);
+    setenv("OCL_ICD_FILENAMES", "", 1);
+    unsetenv("CLATTN_DEVICE");
+    clattn_context *ctx = NULL;
+    ck_assert_status(clattn_context_create(NULL, &ctx), CLATTN_OK);
+    ck_assert_int_eq(clattn_context_backend(ctx), CLATTN_BACKEND_NATIVE);
+    ck_assert_msg(strstr(clattn_context_log(ctx), "fell back to native") != NULL, "log: %s",
+                  clattn_context_log(ctx));
+    clattn_context_destroy(ctx);
+    clattn_options o = clattn_options_default();
+    o.backend = CLATTN_BACKEND_OPENCL_GPU;
+    ck_assert_status(clattn_context_create(&o, &ctx), CLATTN_ERROR_NO_PLATFORM);
+    o.device = "0:0";
+    ck_assert_status(clattn_context_create(&o, &ctx), CLATTN_ERROR_NO_PLATFORM);
+    size_t n = 0;
+    clattn_device_info info[4];
+    ck_assert_status(clattn_list_devices(info, 4, &n), CLATTN_OK);
+    ck_assert_uint_eq(n, 1);
+    ck_assert_int_eq(info[0].backend, CLATTN_BACKEND_NATIVE);
+}
+END_TEST
+
+START_TEST(list_devices)
+{
+    size_t n = 0;
+    ck_assert_status(clattn_list_devices(NULL, 0, NULL), CLATTN_ERROR_NULL_POINTER);
+    ck_assert_status(clattn_list_devices(NULL, 3, &n), CLATTN_ERROR_NULL_POINTER);
+    ck_assert_status(clattn_list_devices(NULL, 0, &n), CLATTN_OK);
+    ck_assert_uint_ge(n, 1);
+    clattn_device_info *list = calloc(n, sizeof *list);
+    size_t again = 0;
+    ck_assert_status(clattn_list_devices(list, n, &again), CLATTN_OK);
+    ck_assert_uint_eq(again, n);
+    ck_assert_int_eq(list[n - 1].backend, CLATTN_BACKEND_NATIVE);
+    for (size_t i = 0; i + 1 < n; ++i) {
+        ck_assert(list[i].backend == CLATTN_BACKEND_OPENCL_GPU ||
+                  list[i].backend == CLATTN_BACKEND_OPENCL_CPU);
+        ck_assert_int_ge(list[i].platform_index, 0);
+        /* Each listed device is reachable by its index. */
+        char sel[32];
+        snprintf(sel, sizeof sel, "%d:%d", list[i].platform_index, list[i].device_index);
+        clattn_options o = clattn_options_default();
+        o.device = sel;
+        clattn_context *ctx = NULL;
+        ck_assert_status(clattn_context_create(&o, &ctx), CLATTN_OK);
+        ck_assert_int_eq(clattn_context_backend(ctx), list[i].backend);
+        ck_assert(strstr(clattn_context_device(ctx), list[i].name) != NULL);
+        clattn_context_destroy(ctx);
+    }
+    free(list);
+}
+END_TEST
+
+START_TEST(null_context_queries)
+{
+    ck_assert_int_eq(clattn_context_backend(NULL), CLATTN_BACKEND_AUTO);
+    ck_assert_str_eq(clattn_context_device(NULL), "");
+    ck_assert_str_eq(clattn_context_variant(NULL), "");
+    ck_assert_str_eq(clattn_context_log(NULL), "");
+    clattn_context_destroy(NULL);
+}
+END_TEST
+
+START_TEST(seed_block_conversion)
+{
+    const uint32_t causal[8] = {128, 0, 9u << 16 | 3, 64, 0, 0, 0, 0};
+    clattn_shape s;
+    ck_assert_status(clattn_shape_from_seed(causal, &s), CLATTN_OK);
+    ck_assert(s.causal && s.q_seq == 128 && s.kv_seq == 128 && s.num_heads == 9 &&
+              s.num_kv_heads == 3 && s.head_dim == 64 && s.window == 0 && s.batch == 1 &&
+              s.scale == 0.0f);
+    const uint32_t cross[8] = {10, 30, 4u << 16 | 4, 32, 7, 0, 0, 0};
+    ck_assert_status(clattn_shape_from_seed(cross, &s), CLATTN_OK);
+    ck_assert(!s.causal && s.kv_seq == 30 && s.window == 7);
+    const uint32_t uneven[8] = {10, 10, 3u << 16 | 2, 32, 0, 0, 0, 0};
+    ck_assert_status(clattn_shape_from_seed(uneven, &s), CLATTN_ERROR_HEADS_NOT_DIVISIBLE);
+    const uint32_t no_heads[8] = {10, 10, 0, 32, 0, 0, 0, 0};
+    ck_assert_status(clattn_shape_from_seed(no_heads, &s), CLATTN_ERROR_ZERO_SIZE);
+    ck_assert_status(clattn_shape_from_seed(NULL, &s), CLATTN_ERROR_NULL_POINTER);
+    ck_assert_status(clattn_shape_from_seed(cross, NULL), CLATTN_ERROR_NULL_POINTER);
+}
+END_TEST
+
+START_TEST(visible_pairs)
+{
+    clattn_shape s = clattn_shape_default();
+    s.q_seq = s.kv_seq = 4;
+    s.num_heads = s.num_kv_heads = s.head_dim = 1;
+    s.causal = 1;
+    ck_assert_uint_eq(clattn_shape_visible_pairs(&s), 10);
+    s.window = 2;
+    ck_assert_uint_eq(clattn_shape_visible_pairs(&s), 7);
+    /* Against counting the rule pair by pair, over many shapes. */
+    for (uint32_t q = 1; q < 12; ++q)
+        for (uint32_t kv = 1; kv < 12; ++kv)
+            for (uint32_t w = 0; w < 14; w += 3)
+                for (int causal = 0; causal < 2; ++causal) {
+                    if (causal && kv != q)
+                        continue;
+                    s = clattn_shape_default();
+                    s.batch = 2;
+                    s.q_seq = q;
+                    s.kv_seq = kv;
+                    s.num_heads = 3;
+                    s.num_kv_heads = 1;
+                    s.head_dim = 4;
+                    s.causal = causal;
+                    s.window = w;
+                    uint64_t count = 0;
+                    for (uint32_t pos = 0; pos < q; ++pos)
+                        for (uint32_t t = 0; t < kv; ++t)
+                            count += (uint64_t)ref_visible(&s, pos, t);
+                    ck_assert_uint_eq(clattn_shape_visible_pairs(&s), count * 3 * 2);
+                }
+    s.num_kv_heads = 2;
+    ck_assert_uint_eq(clattn_shape_visible_pairs(&s), 0);
+}
+END_TEST
+
+/* Jobs split by key block are independent: thread counts cannot change a bit. */
+START_TEST(native_threads_agree)
+{
+    clattn_shape s = small_shape();
+    s.q_seq = s.kv_seq = 77;
+    s.causal = 1;
+    problem p;
+    problem_make(&p, &s, 3, 1.0f);
+    float *one = nan_array(p.nkv), *many = nan_array(p.nkv);
+    clattn_context *a = native_context(1), *b = native_context(5);
+    ck_assert_status(clattn_grad_v(a, &s, p.d_out, p.q, p.k, p.lse, one), CLATTN_OK);
+    ck_assert_status(clattn_grad_v(b, &s, p.d_out, p.q, p.k, p.lse, many), CLATTN_OK);
+    ck_assert(memcmp(one, many, p.nkv * sizeof(float)) == 0);
+    clattn_context_destroy(a);
+    clattn_context_destroy(b);
+    free(one);
+    free(many);
+    problem_free(&p);
+}
+END_TEST
+
+typedef struct shared_run {
+    clattn_context *ctx;
+    const problem *p;
+    float *dv;
+    clattn_status st;
+} shared_run;
+
+static void *run_shared(void *arg)
+{
+    shared_run *r = arg;
+    for (int i = 0; i < 5 && r->st == CLATTN_OK; ++i)
+        r->st = clattn_grad_v(r->ctx, &r->p->s, r->p->d_out, r->p->q, r->p->k, r->p->lse, r->dv);
+    return NULL;
+}
+
+/* Threads sharing one context take turns and all get the right answer. */
+START_TEST(shared_context_threads)
+{
+    clattn_shape s = small_shape();
+    s.q_seq = s.kv_seq = 40;
+    problem p;
+    problem_make(&p, &s, 11, 1.0f);
+    double *ref = malloc(p.nkv * sizeof(double)), *mag = malloc(p.nkv * sizeof(double));
+    ref_grad_v(&p, ref, mag);
+    clattn_context *ctx = native_context(2);
+    enum { T = 4 };
+    pthread_t tid[T];
+    shared_run runs[T];
+    for (int i = 0; i < T; ++i) {
+        runs[i] = (shared_run){ctx, &p, nan_array(p.nkv), CLATTN_OK};
+        ck_assert_int_eq(pthread_create(&tid[i], NULL, run_shared, &runs[i]), 0);
+    }
+    for (int i = 0; i < T; ++i) {
+        pthread_join(tid[i], NULL);
+        ck_assert_status(runs[i].st, CLATTN_OK);
+        size_t at;
+        ck_assert(worst_error(runs[i].dv, ref, mag, p.nkv, &at) <= 1.0);
+        free(runs[i].dv);
+    }
+    clattn_context_destroy(ctx);
+    free(ref);
+    free(mag);
+    problem_free(&p);
+}
+END_TEST
+
+Suite *api_suite(void)
+{
+    Suite *s = suite_create("api");
+    TCase *tc = tcase_create("api");
+    tcase_set_timeout(tc, 300);
+    tcase_add_test(tc, status_strings);
+    tcase_add_test(tc, version);
+    tcase_add_test(tc, shape_statuses);
+    tcase_add_test(tc, grad_v_statuses);
+    tcase_add_test(tc, options_statuses);
+    tcase_add_test(tc, selector_matches_nothing);
+    tcase_add_test(tc, environment_selects);
+    tcase_add_test(tc, no_platform);
+    tcase_add_test(tc, list_devices);
+    tcase_add_test(tc, null_context_queries);
+    tcase_add_test(tc, seed_block_conversion);
+    tcase_add_test(tc, visible_pairs);
+    tcase_add_test(tc, native_threads_agree);
+    tcase_add_test(tc, shared_context_threads);
+    suite_add_tcase(s, tc);
+    return s;
+}

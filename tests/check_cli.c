@@ -1,0 +1,382 @@
+/* The command line from outside: the clattn program (path in CLATTN_CLI)
+ * run on .npy files in a fresh folder, exit statuses, and no file left
+ * behind on failure. */
+#define _POSIX_C_SOURCE 200809L
+#include <dirent.h>
+#include <fcntl.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "harness.h"
+#include "npy.h"
+#include "reference.h"
+
+static char dir[256];
+static char out_text[65536], err_text[65536];
+
+static void make_dir(void)
+{
+    snprintf(dir, sizeof dir, "/tmp/clattn-cli-XXXXXX");
+    ck_assert_ptr_nonnull(mkdtemp(dir));
+}
+
+static const char *path(const char *name)
+{
+    static char buf[16][512]; /* one call may hold several */
+    static int i;
+    i = (i + 1) % 16;
+    snprintf(buf[i], sizeof buf[i], "%s/%s", dir, name);
+    return buf[i];
+}
+
+static void slurp(const char *file, char *text, size_t size)
+{
+    FILE *f = fopen(file, "rb");
+    size_t n = f ? fread(text, 1, size - 1, f) : 0;
+    text[n] = '\0';
+    if (f)
+        fclose(f);
+}
+
+/* Runs clattn with the given arguments (NULL-terminated); returns the exit
+ * status and keeps stdout and stderr in out_text and err_text. */
+static int run(const char *arg0, ...)
+{
+    const char *cli = getenv("CLATTN_CLI");
+    ck_assert_msg(cli != NULL, "CLATTN_CLI is not set");
+    const char *argv[64];
+    int argc = 0;
+    argv[argc++] = cli;
+    va_list ap;
+    va_start(ap, arg0);
+    for (const char *a = arg0; a && argc < 63; a = va_arg(ap, const char *))
+        argv[argc++] = a;
+    va_end(ap);
+    argv[argc] = NULL;
+    char out_file[512], err_file[512];
+    snprintf(out_file, sizeof out_file, "%s/.stdout", dir);
+    snprintf(err_file, sizeof err_file, "%s/.stderr", dir);
+    fflush(stdout);
+    pid_t pid = fork();
+    if (pid == 0) {
+        int o = open(out_file, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+        int e = open(err_file, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+        dup2(o, 1);
+        dup2(e, 2);
+        execv(cli, (char *const *)argv);
+        _exit(127);
+    }
+    int status;
+    ck_assert_int_eq(waitpid(pid, &status, 0), pid);
+    slurp(out_file, out_text, sizeof out_text);
+    slurp(err_file, err_text, sizeof err_text);
+    unlink(out_file);
+    unlink(err_file);
+    ck_assert_msg(WIFEXITED(status), "clattn died by a signal; stderr: %s", err_text);
+    return WEXITSTATUS(status);
+}
+
+static void save(const char *name, const size_t *shape, int ndim, const float *data)
+{
+    char tmp[600], err[256];
+    ck_assert_msg(npy_write_temp(path(name), shape, ndim, data, tmp, sizeof tmp, err,
+                                 sizeof err) == 0 &&
+                      npy_commit(tmp, path(name), err, sizeof err) == 0,
+                  "%s", err);
+}
+
+static void save_bytes(const char *name, const void *bytes, size_t n)
+{
+    FILE *f = fopen(path(name), "wb");
+    ck_assert_ptr_nonnull(f);
+    ck_assert_uint_eq(fwrite(bytes, 1, n, f), n);
+    fclose(f);
+}
+
+static int exists(const char *name)
+{
+    struct stat st;
+    return stat(path(name), &st) == 0;
+}
+
+/* Only the files a test wrote itself: no temporaries, no outputs. */
+static int count_entries(void)
+{
+    DIR *d = opendir(dir);
+    ck_assert_ptr_nonnull(d);
+    int n = 0;
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL)
+        if (strcmp(e->d_name, ".") && strcmp(e->d_name, ".."))
+            ++n;
+    closedir(d);
+    return n;
+}
+
+/* Removes the test's folder and everything in it. */
+static void cleanup(void)
+{
+    DIR *d = opendir(dir);
+    if (!d)
+        return;
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL)
+        if (strcmp(e->d_name, ".") && strcmp(e->d_name, ".."))
+            unlink(path(e->d_name));
+    closedir(d);
+    rmdir(dir);
+}
+
+static int lines(const char *text)
+{
+    int n = 0;
+    for (; *text; ++text)
+        n += *text == '\n';
+    return n;
+}
+
+/* Writes q.npy, k.npy, do.npy and lse.npy for the shape (batched: 4-D). */
+static void write_problem(problem *p, const clattn_shape *s, int batched)
+{
+    problem_make(p, s, 21, 1.0f);
+    size_t qs[4] = {s->batch, s->q_seq, s->num_heads, s->head_dim};
+    size_t ks[4] = {s->batch, s->kv_seq, s->num_kv_heads, s->head_dim};
+    size_t ls[4] = {s->batch, s->q_seq, s->num_heads, 2};
+    int off = batched ? 0 : 1, nd = batched ? 4 : 3;
+    save("q.npy", qs + off, nd, p->q);
+    save("do.npy", qs + off, nd, p->d_out);
+    save("k.npy", ks + off, nd, p->k);
+    save("lse.npy", ls + off, nd, p->lse);
+}
+
+static clattn_shape cli_shape(void)
+{
+    clattn_shape s = clattn_shape_default();
+    s.q_seq = 12;
+    s.kv_seq = 12;
+    s.num_heads = 4;
+    s.num_kv_heads = 2;
+    s.head_dim = 8;
+    return s;
+}
+
+static void check_output(const problem *p, const char *name, int ndim, const size_t *shape)
+{
+    npy_array a;
+    char err[256];
+    ck_assert_msg(npy_read(path(name), &a, err, sizeof err) == 0, "%s", err);
+    ck_assert_int_eq(a.ndim, ndim);
+    for (int i = 0; i < ndim; ++i)
+        ck_assert_uint_eq(a.shape[i], shape[i]);
+    double *ref = malloc(p->nkv * sizeof(double)), *mag = malloc(p->nkv * sizeof(double));
+    ref_grad_v(p, ref, mag);
+    size_t at;
+    ck_assert_uint_eq(a.count, p->nkv);
+    ck_assert(worst_error(a.data, ref, mag, p->nkv, &at) <= 1.0);
+    free(ref);
+    free(mag);
+    npy_free(&a);
+}
+
+START_TEST(help_and_usage)
+{
+    make_dir();
+    const char *cmds[] = {"devices", "grad-v", "demo"};
+    ck_assert_int_eq(run("--help", NULL), 0);
+    ck_assert(strstr(out_text, "grad-v") != NULL);
+    for (int i = 0; i < 3; ++i) {
+        ck_assert_int_eq(run(cmds[i], "--help", NULL), 0);
+        ck_assert(strstr(out_text, "usage: clattn") != NULL);
+    }
+    ck_assert_int_eq(run(NULL), 2);
+    ck_assert_int_eq(run("frobnicate", NULL), 2);
+    ck_assert_int_eq(run("version", NULL), 0);
+    ck_assert(strstr(out_text, CLATTN_VERSION) != NULL);
+    cleanup();
+}
+END_TEST
+
+START_TEST(grad_v_files)
+{
+    make_dir();
+    clattn_shape s = cli_shape();
+    problem p;
+    write_problem(&p, &s, 0);
+    ck_assert_int_eq(run("grad-v", "--q", path("q.npy"), "--k", path("k.npy"), "--d-out",
+                         path("do.npy"), "--lse", path("lse.npy"), "--out", path("dv.npy"),
+                         "--device", "native", NULL),
+                     0);
+    size_t want[3] = {12, 2, 8};
+    check_output(&p, "dv.npy", 3, want);
+    struct stat st;
+    ck_assert_int_eq(stat(path("dv.npy"), &st), 0);
+    ck_assert_msg((st.st_mode & 0044) != 0, "dv.npy has mode %o", st.st_mode & 0777);
+    ck_assert_int_eq(count_entries(), 5);
+    problem_free(&p);
+    cleanup();
+}
+END_TEST
+
+START_TEST(grad_v_batched_masked)
+{
+    make_dir();
+    clattn_shape s = cli_shape();
+    s.batch = 3;
+    s.causal = 1;
+    s.window = 3;
+    s.scale = 0.5f;
+    problem p;
+    write_problem(&p, &s, 1);
+    ck_assert_int_eq(run("grad-v", "--q", path("q.npy"), "--k", path("k.npy"), "--d-out",
+                         path("do.npy"), "--lse", path("lse.npy"), "--out", path("dv.npy"),
+                         "--causal", "--window", "3", "--scale", "0.5", "--device", "native",
+                         "--variant", "blocked", NULL),
+                     0);
+    size_t want[4] = {3, 12, 2, 8};
+    check_output(&p, "dv.npy", 4, want);
+    problem_free(&p);
+    cleanup();
+}
+END_TEST
+
+/* Every kind of bad input: exit 2, one line on stderr, and no output file,
+ * not even a temporary; an existing output is left as it was. */
+START_TEST(bad_input_leaves_nothing)
+{
+    make_dir();
+    clattn_shape s = cli_shape();
+    problem p;
+    write_problem(&p, &s, 0);
+    /* Broken inputs beside the good ones. */
+    save_bytes("text.npy", "this is not numpy\n", 18);
+    FILE *f = fopen(path("q.npy"), "rb");
+    unsigned char head[200];
+    size_t n = fread(head, 1, sizeof head, f);
+    fclose(f);
+    save_bytes("short.npy", head, n);
+    unsigned char f8[128];
+    memcpy(f8, head, 128);
+    memcpy(strstr((char *)f8 + 10, "<f4"), "<f8", 3);
+    save_bytes("f8.npy", f8, 128);
+    unsigned char fortran[128];
+    memcpy(fortran, head, 128);
+    memcpy(strstr((char *)fortran + 10, "False"), "True ", 5);
+    save_bytes("fortran.npy", fortran, 128);
+    size_t odd[3] = {12, 2, 9};
+    float zeros[12 * 2 * 9] = {0};
+    save("k9.npy", odd, 3, zeros);
+    size_t three[3] = {12, 3, 8};
+    float more[12 * 3 * 8] = {0};
+    save("k3.npy", three, 3, more);
+    size_t seven[3] = {7, 2, 8};
+    save("k7.npy", seven, 3, zeros);
+    size_t batched[4] = {1, 12, 2, 8};
+    save("k4.npy", batched, 4, zeros);
+    save_bytes("keep.npy", "keep", 4);
+    const int before = count_entries();
+
+    struct {
+        const char *k, *extra[4];
+    } cases[] = {
+        {"missing.npy", {NULL}},    {"text.npy", {NULL}},       {"short.npy", {NULL}},
+        {"f8.npy", {NULL}},         {"fortran.npy", {NULL}},    {"k9.npy", {NULL}},
+        {"k3.npy", {NULL}},         {"k4.npy", {NULL}},
+        {"k7.npy", {"--causal", NULL}},
+        {"k.npy", {"--window", "-1", NULL}},
+        {"k.npy", {"--window", "3x", NULL}},
+        {"k.npy", {"--window", "99999999999", NULL}},
+        {"k.npy", {"--scale", "0", NULL}},
+        {"k.npy", {"--scale", "nan", NULL}},
+        {"k.npy", {"--scale", "1e99", NULL}},
+        {"k.npy", {"--scale", "", NULL}},
+        {"k.npy", {"--window", NULL}},
+        {"k.npy", {"--bogus", NULL}},
+        {"k.npy", {"--variant", "no-such", NULL}},
+        {"k.npy", {"--device", "1:", NULL}},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; ++i) {
+        const char *argv[24] = {"grad-v", "--q", path("q.npy"), "--k", path(cases[i].k),
+                                "--d-out", path("do.npy"), "--lse", path("lse.npy"),
+                                "--out", path("keep.npy"), "--device", "native"};
+        int argc = 13;
+        for (int j = 0; cases[i].extra[j]; ++j)
+            argv[argc++] = cases[i].extra[j];
+        int rc = run(argv[0], argv[1], argv[2], argv[3], argv[4], argv[5], argv[6], argv[7],
+                     argv[8], argv[9], argv[10], argv[11], argv[12], argv[13], argv[14],
+                     argv[15], NULL);
+        ck_assert_msg(rc == 2, "case %zu (%s %s) exit %d, stderr: %s", i, cases[i].k,
+                      cases[i].extra[0] ? cases[i].extra[0] : "", rc, err_text);
+        ck_assert_msg(lines(err_text) == 1, "case %zu: stderr is not one line: %s", i,
+                      err_text);
+        ck_assert_int_eq(count_entries(), before);
+        char kept[8];
+        slurp(path("keep.npy"), kept, sizeof kept);
+        ck_assert_str_eq(kept, "keep");
+    }
+    /* A required argument left out. */
+    ck_assert_int_eq(run("grad-v", "--q", path("q.npy"), "--k", path("k.npy"), "--lse",
+                         path("lse.npy"), "--out", path("dv.npy"), NULL),
+                     2);
+    ck_assert(!exists("dv.npy"));
+    /* An output folder that does not exist. */
+    ck_assert_int_eq(run("grad-v", "--q", path("q.npy"), "--k", path("k.npy"), "--d-out",
+                         path("do.npy"), "--lse", path("lse.npy"), "--out",
+                         path("nowhere/dv.npy"), "--device", "native", NULL),
+                     2);
+    ck_assert_int_eq(count_entries(), before);
+    problem_free(&p);
+    cleanup();
+}
+END_TEST
+
+START_TEST(device_failure_exit_one)
+{
+    make_dir();
+    clattn_shape s = cli_shape();
+    problem p;
+    write_problem(&p, &s, 0);
+    ck_assert_int_eq(run("grad-v", "--q", path("q.npy"), "--k", path("k.npy"), "--d-out",
+                         path("do.npy"), "--lse", path("lse.npy"), "--out", path("dv.npy"),
+                         "--device", "no-such-device-anywhere", NULL),
+                     1);
+    ck_assert(!exists("dv.npy"));
+    ck_assert(strstr(err_text, "CLATTN_ERROR_") != NULL);
+    problem_free(&p);
+    cleanup();
+}
+END_TEST
+
+START_TEST(devices_and_demo)
+{
+    make_dir();
+    ck_assert_int_eq(run("devices", NULL), 0);
+    ck_assert(strstr(out_text, "native") != NULL);
+    ck_assert_msg(strchr(out_text, '*') != NULL, "no device marked: %s", out_text);
+    ck_assert(strstr(out_text, "auto picks") != NULL);
+    ck_assert_int_eq(run("devices", "extra", NULL), 2);
+    ck_assert_int_eq(run("demo", "--device", "native", NULL), 0);
+    ck_assert_msg(strstr(out_text, "GFLOP/s") && strstr(out_text, ": ok"), "%s", out_text);
+    ck_assert_int_eq(run("demo", "--device", "nope-nope", NULL), 1);
+    cleanup();
+}
+END_TEST
+
+Suite *cli_suite(void)
+{
+    Suite *s = suite_create("cli");
+    TCase *tc = tcase_create("cli");
+    tcase_set_timeout(tc, 300);
+    tcase_add_test(tc, help_and_usage);
+    tcase_add_test(tc, grad_v_files);
+    tcase_add_test(tc, grad_v_batched_masked);
+    tcase_add_test(tc, bad_input_leaves_nothing);
+    tcase_add_test(tc, device_failure_exit_one);
+    tcase_add_test(tc, devices_and_demo);
+    suite_add_tcase(s, tc);
+    return s;
+}

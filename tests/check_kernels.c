@@ -1,0 +1,368 @@
+/* The numeric suite: the same cases on every backend, against float64. */
+#define CL_TARGET_OPENCL_VERSION 120
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "clattn_cl.h"
+#include "harness.h"
+#include "reference.h"
+
+typedef struct shape_case {
+    uint32_t batch, q_seq, kv_seq, heads, kv_heads, head_dim;
+    int causal;
+    uint32_t window;
+    float scale, q_gain;
+} shape_case;
+
+static clattn_shape to_shape(const shape_case *c)
+{
+    clattn_shape s = clattn_shape_default();
+    s.batch = c->batch;
+    s.q_seq = c->q_seq;
+    s.kv_seq = c->kv_seq;
+    s.num_heads = c->heads;
+    s.num_kv_heads = c->kv_heads;
+    s.head_dim = c->head_dim;
+    s.causal = c->causal;
+    s.window = c->window;
+    s.scale = c->scale;
+    return s;
+}
+
+/* Runs grad-V on ctx for the shape and compares with the reference. */
+static void check_grad_v(clattn_context *ctx, const clattn_shape *s, float q_gain, uint64_t seed)
+{
+    problem p;
+    problem_make(&p, s, seed, q_gain);
+    float *dv = nan_array(p.nkv);
+    double *ref = malloc(p.nkv * sizeof(double)), *mag = malloc(p.nkv * sizeof(double));
+    ck_assert_ptr_nonnull(ref);
+    ck_assert_ptr_nonnull(mag);
+    ck_assert_status(clattn_grad_v(ctx, s, p.d_out, p.q, p.k, p.lse, dv), CLATTN_OK);
+    ref_grad_v(&p, ref, mag);
+    size_t at;
+    double worst = worst_error(dv, ref, mag, p.nkv, &at);
+    if (getenv("CLATTN_TEST_VERBOSE"))
+        printf("b%u q%u kv%u h%u/%u d%u causal %d window %u gain %g: worst %.3g of tolerance\n",
+               s->batch, s->q_seq, s->kv_seq, s->num_heads, s->num_kv_heads, s->head_dim,
+               s->causal, s->window, (double)q_gain, worst);
+    ck_assert_msg(worst <= 1.0,
+                  "%s: b%u q%u kv%u heads %u/%u d%u causal %d window %u gain %g: element %zu "
+                  "is %.9g, reference %.9g (mag %.3g); %.3g times the tolerance",
+                  test_backend, s->batch, s->q_seq, s->kv_seq, s->num_heads, s->num_kv_heads,
+                  s->head_dim, s->causal, s->window, (double)q_gain, at, (double)dv[at], ref[at],
+                  mag[at], worst);
+    free(ref);
+    free(mag);
+    free(dv);
+    problem_free(&p);
+}
+
+static void run_cases(const shape_case *cases, int i)
+{
+    clattn_context *ctx = test_context(NULL);
+    clattn_shape s = to_shape(&cases[i]);
+    check_grad_v(ctx, &s, cases[i].q_gain, 1000u + (uint64_t)i);
+    clattn_context_destroy(ctx);
+}
+
+/* Every head_dim the issue names, alternating the masks. */
+static const shape_case head_dims[] = {
+    {1, 33, 33, 4, 2, 1, 1, 0, 0, 1},    {1, 33, 33, 4, 2, 7, 0, 0, 0, 1},
+    {1, 33, 33, 4, 2, 16, 1, 5, 0, 1},   {1, 33, 40, 4, 2, 32, 0, 6, 0, 1},
+    {1, 65, 65, 4, 2, 64, 1, 0, 0, 1},   {1, 33, 33, 4, 2, 80, 0, 0, 0, 1},
+    {1, 33, 33, 4, 2, 96, 1, 0, 0, 1},   {1, 33, 20, 4, 2, 128, 0, 0, 0, 1},
+    {1, 33, 33, 4, 2, 256, 1, 4, 0, 1},
+};
+START_TEST(head_dim_sweep) { run_cases(head_dims, _i); }
+END_TEST
+
+static const shape_case q_seqs[] = {
+    {1, 1, 1, 4, 1, 32, 1, 0, 0, 1},     {1, 2, 2, 4, 1, 32, 0, 0, 0, 1},
+    {1, 7, 7, 4, 1, 32, 1, 0, 0, 1},     {1, 64, 64, 4, 1, 32, 0, 0, 0, 1},
+    {1, 65, 65, 4, 1, 32, 1, 0, 0, 1},   {1, 200, 200, 4, 1, 32, 0, 0, 0, 1},
+    {1, 200, 200, 2, 1, 32, 1, 0, 0, 1},
+};
+START_TEST(q_seq_sweep) { run_cases(q_seqs, _i); }
+END_TEST
+
+/* kv_seq != q_seq, with and without a window (never causal). */
+static const shape_case kv_seqs[] = {
+    {1, 7, 65, 2, 1, 16, 0, 0, 0, 1},    {1, 65, 7, 2, 1, 16, 0, 0, 0, 1},
+    {1, 200, 64, 2, 2, 16, 0, 5, 0, 1},  {1, 1, 200, 2, 1, 16, 0, 0, 0, 1},
+    {1, 20, 50, 2, 1, 16, 0, 3, 0, 1},
+};
+START_TEST(kv_seq_sweep) { run_cases(kv_seqs, _i); }
+END_TEST
+
+static const shape_case groups[] = {
+    {1, 33, 33, 2, 2, 16, 1, 0, 0, 1},   {1, 33, 33, 4, 2, 16, 1, 0, 0, 1},
+    {1, 33, 33, 8, 2, 16, 0, 0, 0, 1},   {1, 33, 33, 16, 2, 16, 1, 0, 0, 1},
+    {1, 33, 33, 8, 1, 16, 1, 0, 0, 1}, /* multi-query */
+};
+START_TEST(group_sweep) { run_cases(groups, _i); }
+END_TEST
+
+static const shape_case windows[] = {
+    {1, 40, 40, 2, 1, 16, 0, 0, 0, 1},   {1, 40, 40, 2, 1, 16, 1, 0, 0, 1},
+    {1, 40, 40, 2, 1, 16, 0, 1, 0, 1},   {1, 40, 40, 2, 1, 16, 1, 1, 0, 1},
+    {1, 40, 40, 2, 1, 16, 0, 3, 0, 1},   {1, 40, 40, 2, 1, 16, 1, 3, 0, 1},
+    {1, 40, 40, 2, 1, 16, 0, 40, 0, 1},  {1, 40, 40, 2, 1, 16, 1, 1000, 0, 1},
+    {1, 40, 40, 2, 1, 16, 1, 4294967295u, 0, 1},
+};
+START_TEST(window_sweep) { run_cases(windows, _i); }
+END_TEST
+
+static const shape_case batches[] = {
+    {1, 37, 37, 4, 2, 24, 1, 9, 0, 1},
+    {3, 37, 37, 4, 2, 24, 1, 9, 0, 1},
+    {3, 20, 45, 6, 3, 40, 0, 0, 0, 1},
+};
+START_TEST(batch_sweep) { run_cases(batches, _i); }
+END_TEST
+
+/* Scores far from zero: exp() must not overflow, and p must stay exact. */
+static const shape_case large[] = {
+    {1, 64, 64, 2, 1, 64, 1, 0, 0, 30},
+    {1, 33, 33, 2, 2, 7, 0, 0, 0, 60},
+    {2, 30, 30, 4, 1, 128, 1, 0, 0, 20},
+};
+START_TEST(large_logits) { run_cases(large, _i); }
+END_TEST
+
+static const shape_case scales[] = {
+    {1, 30, 30, 2, 1, 16, 1, 0, 0.3f, 1},
+    {1, 30, 30, 2, 1, 16, 0, 0, 2.0f, 1},
+};
+START_TEST(caller_scale) { run_cases(scales, _i); }
+END_TEST
+
+/* meganeura's uniform blocks, run through the conversion and compared with
+ * a transliteration of the seed itself. */
+static const uint32_t seed_blocks[][8] = {
+    {16, 0, 4u << 16 | 2, 64, 0, 0, 0, 0},
+    {16, 16, 2u << 16 | 2, 64, 0, 0, 0, 0},
+    {12, 20, 8u << 16 | 1, 64, 5, 0, 0, 0},
+    {20, 0, 3u << 16 | 3, 64, 4, 0, 0, 0},
+    {9, 9, 1u << 16 | 1, 64, 2, 0, 0, 0},
+};
+START_TEST(seed_uniform_block)
+{
+    clattn_shape s;
+    ck_assert_status(clattn_shape_from_seed(seed_blocks[_i], &s), CLATTN_OK);
+    problem p;
+    problem_make(&p, &s, 77u + (uint64_t)_i, 1.0f);
+    double *want = malloc(p.nkv * sizeof(double)), *ref = malloc(p.nkv * sizeof(double));
+    double *mag = malloc(p.nkv * sizeof(double));
+    float *dv = nan_array(p.nkv);
+    ck_assert(want && ref && mag);
+    seed_grad_v(seed_blocks[_i], p.d_out, p.q, p.k, p.lse, want);
+    ref_grad_v(&p, ref, mag);
+    /* The contract's reference is the seed, to float64 rounding. */
+    for (size_t i = 0; i < p.nkv; ++i)
+        ck_assert_msg(fabs(want[i] - ref[i]) <= 1e-12 * (mag[i] + 1e-30),
+                      "seed and contract disagree at %zu: %.17g vs %.17g", i, want[i], ref[i]);
+    clattn_context *ctx = test_context(NULL);
+    ck_assert_status(clattn_grad_v(ctx, &s, p.d_out, p.q, p.k, p.lse, dv), CLATTN_OK);
+    size_t at;
+    double worst = worst_error(dv, want, mag, p.nkv, &at);
+    ck_assert_msg(worst <= 1.0, "seed block %d: element %zu is %.9g, the seed gives %.9g", _i,
+                  at, (double)dv[at], want[at]);
+    clattn_context_destroy(ctx);
+    free(want);
+    free(ref);
+    free(mag);
+    free(dv);
+    problem_free(&p);
+}
+END_TEST
+
+/* One context, shapes growing and shrinking, and a rejected call between:
+ * the scratch buffers and the context survive. */
+START_TEST(one_context_many_calls)
+{
+    clattn_context *ctx = test_context(NULL);
+    static const shape_case seq[] = {
+        {1, 50, 50, 4, 2, 64, 1, 0, 0, 1},
+        {1, 5, 9, 2, 1, 8, 0, 0, 0, 1},
+        {2, 70, 70, 4, 4, 32, 1, 0, 0, 1},
+        {1, 5, 9, 2, 1, 8, 0, 0, 0, 1},
+    };
+    for (int i = 0; i < 4; ++i) {
+        clattn_shape s = to_shape(&seq[i]);
+        check_grad_v(ctx, &s, 1.0f, 500u + (uint64_t)i);
+        clattn_shape bad = s;
+        bad.num_kv_heads = 3;
+        float x = 0.0f;
+        ck_assert_status(clattn_grad_v(ctx, &bad, &x, &x, &x, &x, &x),
+                         CLATTN_ERROR_HEADS_NOT_DIVISIBLE);
+    }
+    clattn_context_destroy(ctx);
+}
+END_TEST
+
+/* The backend's own variants by name, each on one case. */
+START_TEST(named_variant)
+{
+    const char *name = !strcmp(test_backend, "native") ? "blocked" : "tree";
+    clattn_context *ctx = test_context(name);
+    ck_assert_str_eq(clattn_context_variant(ctx), name);
+    shape_case c = {2, 45, 45, 6, 2, 48, 1, 7, 0, 1};
+    clattn_shape s = to_shape(&c);
+    check_grad_v(ctx, &s, 1.0f, 9);
+    clattn_context_destroy(ctx);
+}
+END_TEST
+
+/* Finds a device of the backend with the plain OpenCL API, as a caller would. */
+static cl_device_id caller_device(void)
+{
+    cl_platform_id plats[16];
+    cl_uint np = 0;
+    ck_assert_int_eq(clGetPlatformIDs(16, plats, &np), CL_SUCCESS);
+    cl_device_type want = !strcmp(test_backend, "opencl-cpu") ? CL_DEVICE_TYPE_CPU
+                                                              : CL_DEVICE_TYPE_GPU;
+    for (cl_uint i = 0; i < np && i < 16; ++i) {
+        cl_device_id dev;
+        cl_uint nd = 0;
+        if (clGetDeviceIDs(plats[i], want, 1, &dev, &nd) == CL_SUCCESS && nd)
+            return dev;
+    }
+    ck_abort_msg("no %s device through the OpenCL API", test_backend);
+    return NULL;
+}
+
+/* The caller's own cl_context, queue and buffers, with offsets, a wait list
+ * and an output event; clattn releases none of them. */
+START_TEST(caller_buffers)
+{
+    if (!strcmp(test_backend, "native")) {
+        clattn_context *ctx = test_context(NULL);
+        clattn_shape s = clattn_shape_default();
+        s.q_seq = s.kv_seq = s.num_heads = s.num_kv_heads = s.head_dim = 1;
+        clattn_cl_tensor none = {NULL, 0};
+        ck_assert_status(clattn_grad_v_cl(ctx, &s, none, none, none, none, none, 0, NULL, NULL),
+                         CLATTN_ERROR_WRONG_BACKEND);
+        ck_assert_ptr_null(clattn_context_cl_queue(ctx));
+        clattn_context_destroy(ctx);
+        return;
+    }
+    cl_device_id dev = caller_device();
+    cl_int err;
+    cl_context cctx = clCreateContext(NULL, 1, &dev, NULL, NULL, &err);
+    ck_assert_int_eq(err, CL_SUCCESS);
+    cl_command_queue queue = clCreateCommandQueue(cctx, dev, 0, &err);
+    ck_assert_int_eq(err, CL_SUCCESS);
+    clattn_context *ctx = NULL;
+    ck_assert_status(clattn_context_create_from_cl(NULL, cctx, dev, queue, &ctx), CLATTN_OK);
+    ck_assert_ptr_eq(clattn_context_cl_queue(ctx), queue);
+    ck_assert_ptr_eq(clattn_context_cl_context(ctx), cctx);
+
+    shape_case c = {2, 21, 21, 4, 2, 24, 1, 5, 0, 1};
+    clattn_shape s = to_shape(&c);
+    problem p;
+    problem_make(&p, &s, 4242, 1.0f);
+    /* All five tensors in one buffer, at odd float offsets. */
+    const size_t off[5] = {3, 3 + p.nq + 1, 3 + 2 * p.nq + 2, 3 + 2 * p.nq + p.nkv + 5,
+                           3 + 2 * p.nq + p.nkv + p.nlse + 7};
+    const size_t total = off[4] + p.nkv + 2;
+    float *host = nan_array(total);
+    memcpy(host + off[0], p.d_out, p.nq * 4);
+    memcpy(host + off[1], p.q, p.nq * 4);
+    memcpy(host + off[2], p.k, p.nkv * 4);
+    memcpy(host + off[3], p.lse, p.nlse * 4);
+    cl_mem buf = clCreateBuffer(cctx, CL_MEM_READ_WRITE | CL_MEM_COPY_HOST_PTR, total * 4, host,
+                                &err);
+    ck_assert_int_eq(err, CL_SUCCESS);
+    clattn_cl_tensor t[5];
+    for (int i = 0; i < 5; ++i) {
+        t[i].buffer = buf;
+        t[i].offset = off[i];
+    }
+    /* The kernel must wait for the caller's event. */
+    cl_event gate = clCreateUserEvent(cctx, &err);
+    ck_assert_int_eq(err, CL_SUCCESS);
+    cl_event done = NULL;
+    ck_assert_status(clattn_grad_v_cl(ctx, &s, t[0], t[1], t[2], t[3], t[4], 1, &gate, &done),
+                     CLATTN_OK);
+    ck_assert_ptr_nonnull(done);
+    cl_int state = 0;
+    ck_assert_int_eq(clGetEventInfo(done, CL_EVENT_COMMAND_EXECUTION_STATUS, sizeof state,
+                                    &state, NULL),
+                     CL_SUCCESS);
+    ck_assert_int_ne(state, CL_COMPLETE);
+    ck_assert_int_eq(clSetUserEventStatus(gate, CL_COMPLETE), CL_SUCCESS);
+    ck_assert_int_eq(clWaitForEvents(1, &done), CL_SUCCESS);
+    float *back = malloc(total * 4);
+    ck_assert_int_eq(clEnqueueReadBuffer(queue, buf, CL_TRUE, 0, total * 4, back, 0, NULL, NULL),
+                     CL_SUCCESS);
+    double *ref = malloc(p.nkv * sizeof(double)), *mag = malloc(p.nkv * sizeof(double));
+    ref_grad_v(&p, ref, mag);
+    size_t at;
+    double worst = worst_error(back + off[4], ref, mag, p.nkv, &at);
+    ck_assert_msg(worst <= 1.0, "caller buffers: element %zu is %g, want %g", at,
+                  (double)back[off[4] + at], ref[at]);
+    /* Floats around dV are untouched. */
+    ck_assert(isnan(back[off[4] - 1]) && isnan(back[off[4] + p.nkv]));
+
+    /* Wrong placements are refused before anything is enqueued. */
+    clattn_cl_tensor past = {buf, total - 1};
+    ck_assert_status(clattn_grad_v_cl(ctx, &s, t[0], t[1], t[2], t[3], past, 0, NULL, NULL),
+                     CLATTN_ERROR_INVALID_BUFFER);
+    clattn_cl_tensor overlap = {buf, off[3]};
+    ck_assert_status(clattn_grad_v_cl(ctx, &s, t[0], t[1], t[2], t[3], overlap, 0, NULL, NULL),
+                     CLATTN_ERROR_INVALID_BUFFER);
+    cl_context other = clCreateContext(NULL, 1, &dev, NULL, NULL, &err);
+    cl_mem foreign = clCreateBuffer(other, CL_MEM_READ_WRITE, total * 4, NULL, &err);
+    clattn_cl_tensor far = {foreign, 0};
+    ck_assert_status(clattn_grad_v_cl(ctx, &s, t[0], t[1], t[2], t[3], far, 0, NULL, NULL),
+                     CLATTN_ERROR_INVALID_BUFFER);
+    ck_assert_status(clattn_grad_v_cl(ctx, &s, t[0], t[1], t[2], t[3], t[4], 2, NULL, NULL),
+                     CLATTN_ERROR_NULL_POINTER);
+
+    clattn_context_destroy(ctx);
+    /* The caller's objects are still alive and usable. */
+    float one = 0;
+    ck_assert_int_eq(clEnqueueReadBuffer(queue, buf, CL_TRUE, off[1] * 4, 4, &one, 0, NULL, NULL),
+                     CL_SUCCESS);
+    ck_assert(one == p.q[0]);
+    clReleaseMemObject(foreign);
+    clReleaseContext(other);
+    clReleaseEvent(done);
+    clReleaseEvent(gate);
+    clReleaseMemObject(buf);
+    clReleaseCommandQueue(queue);
+    clReleaseContext(cctx);
+    free(host);
+    free(back);
+    free(ref);
+    free(mag);
+    problem_free(&p);
+}
+END_TEST
+
+#define N(a) ((int)(sizeof(a) / sizeof((a)[0])))
+
+Suite *kernels_suite(void)
+{
+    Suite *s = suite_create(test_backend);
+    TCase *tc = tcase_create("grad_v");
+    /* Generous: a cold PoCL compile alone can take seconds. */
+    tcase_set_timeout(tc, 600);
+    tcase_add_loop_test(tc, head_dim_sweep, 0, N(head_dims));
+    tcase_add_loop_test(tc, q_seq_sweep, 0, N(q_seqs));
+    tcase_add_loop_test(tc, kv_seq_sweep, 0, N(kv_seqs));
+    tcase_add_loop_test(tc, group_sweep, 0, N(groups));
+    tcase_add_loop_test(tc, window_sweep, 0, N(windows));
+    tcase_add_loop_test(tc, batch_sweep, 0, N(batches));
+    tcase_add_loop_test(tc, large_logits, 0, N(large));
+    tcase_add_loop_test(tc, caller_scale, 0, N(scales));
+    tcase_add_loop_test(tc, seed_uniform_block, 0, N(seed_blocks));
+    tcase_add_test(tc, one_context_many_calls);
+    tcase_add_test(tc, named_variant);
+    tcase_add_test(tc, caller_buffers);
+    suite_add_tcase(s, tc);
+    return s;
+}

@@ -1,0 +1,112 @@
+/* Runs one suite: clattn_tests --suite kernels|api|cli [--backend NAME].
+ * The kernel suite on an OpenCL backend that this machine lacks exits 77,
+ * which ctest reports as skipped, unless CLATTN_REQUIRE_BACKENDS names it:
+ * then its absence is a failure. */
+#define _POSIX_C_SOURCE 200809L
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "harness.h"
+
+enum { EXIT_SKIP = 77 };
+
+const char *test_backend = "native";
+
+clattn_context *test_context(const char *variant)
+{
+    clattn_options o = clattn_options_default();
+    o.device = !strcmp(test_backend, "opencl-gpu")   ? "gpu"
+               : !strcmp(test_backend, "opencl-cpu") ? "cpu"
+                                                     : "native";
+    o.variant = variant;
+    clattn_context *ctx = NULL;
+    clattn_status st = clattn_context_create(&o, &ctx);
+    ck_assert_msg(st == CLATTN_OK, "context on %s: %s: %s", test_backend,
+                  clattn_status_string(st), clattn_last_error());
+    ck_assert_int_eq(clattn_context_backend(ctx),
+                     !strcmp(test_backend, "opencl-gpu")   ? CLATTN_BACKEND_OPENCL_GPU
+                     : !strcmp(test_backend, "opencl-cpu") ? CLATTN_BACKEND_OPENCL_CPU
+                                                           : CLATTN_BACKEND_NATIVE);
+    return ctx;
+}
+
+/* Whether a device of the backend exists and builds the kernels. Asked in a
+ * child process, so that the parent, which forks every test, never starts
+ * an OpenCL driver. Prints why not. */
+static int backend_present(void)
+{
+    fflush(stdout);
+    pid_t pid = fork();
+    if (pid == 0) {
+        clattn_context *ctx = NULL;
+        clattn_options o = clattn_options_default();
+        o.device = !strcmp(test_backend, "opencl-gpu") ? "gpu" : "cpu";
+        clattn_status st = clattn_context_create(&o, &ctx);
+        if (st != CLATTN_OK)
+            printf("no %s backend here: %s: %s\n", test_backend, clattn_status_string(st),
+                   clattn_last_error());
+        else
+            printf("%s runs on %s\n", test_backend, clattn_context_device(ctx));
+        clattn_context_destroy(ctx);
+        fflush(stdout);
+        _exit(st == CLATTN_OK ? 0 : 1);
+    }
+    int status = 0;
+    if (pid < 0 || waitpid(pid, &status, 0) != pid)
+        return 0;
+    return WIFEXITED(status) && WEXITSTATUS(status) == 0;
+}
+
+static int required(const char *backend)
+{
+    const char *req = getenv("CLATTN_REQUIRE_BACKENDS");
+    if (!req)
+        return 0;
+    size_t n = strlen(backend);
+    for (const char *p = req; (p = strstr(p, backend)) != NULL; p += n)
+        if ((p == req || p[-1] == ',') && (p[n] == '\0' || p[n] == ','))
+            return 1;
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    const char *suite_name = NULL;
+    for (int i = 1; i + 1 < argc; i += 2) {
+        if (!strcmp(argv[i], "--suite"))
+            suite_name = argv[i + 1];
+        else if (!strcmp(argv[i], "--backend"))
+            test_backend = argv[i + 1];
+    }
+    Suite *suite = NULL;
+    if (suite_name && !strcmp(suite_name, "kernels"))
+        suite = kernels_suite();
+    else if (suite_name && !strcmp(suite_name, "api"))
+        suite = api_suite();
+    else if (suite_name && !strcmp(suite_name, "cli"))
+        suite = cli_suite();
+    if (!suite || (strcmp(test_backend, "native") && strcmp(test_backend, "opencl-cpu") &&
+                   strcmp(test_backend, "opencl-gpu"))) {
+        fprintf(stderr, "usage: %s --suite kernels|api|cli [--backend "
+                        "native|opencl-cpu|opencl-gpu]\n",
+                argv[0]);
+        return 2;
+    }
+    if (!strcmp(suite_name, "kernels") && strcmp(test_backend, "native") &&
+        !backend_present()) {
+        if (required(test_backend)) {
+            printf("FAIL: CLATTN_REQUIRE_BACKENDS names %s, which is absent\n", test_backend);
+            return 1;
+        }
+        printf("SKIP: %s\n", test_backend);
+        return EXIT_SKIP;
+    }
+    SRunner *runner = srunner_create(suite);
+    srunner_run_all(runner, CK_NORMAL);
+    int failed = srunner_ntests_failed(runner);
+    srunner_free(runner);
+    return failed ? 1 : 0;
+}

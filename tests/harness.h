@@ -1,0 +1,29 @@
+/* What the check suites share: the backend under test and its context. */
+#ifndef CLATTN_TESTS_HARNESS_H
+#define CLATTN_TESTS_HARNESS_H
+
+#include <check.h>
+
+#include "clattn.h"
+
+/* The backend the kernel suite runs on: "native", "opencl-cpu" or
+ * "opencl-gpu"; set by main before any test forks. */
+extern const char *test_backend;
+
+/* A context on test_backend, created inside the (forked) test. */
+clattn_context *test_context(const char *variant);
+
+Suite *kernels_suite(void);
+Suite *api_suite(void);
+Suite *cli_suite(void);
+
+/* Asserts a status with its message on failure. */
+#define ck_assert_status(expr, want)                                                    \
+    do {                                                                                \
+        clattn_status got_ = (expr);                                                    \
+        ck_assert_msg(got_ == (want), "%s gave %s, want %s: %s", #expr,                 \
+                      clattn_status_string(got_), clattn_status_string(want),           \
+                      clattn_last_error());                                             \
+    } while (0)
+
+#endif

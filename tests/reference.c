@@ -1,0 +1,185 @@
+#include "reference.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+static float uniform(uint64_t *x)
+{
+    /* splitmix64: independent of the library's own generators */
+    uint64_t z = (*x += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    z ^= z >> 31;
+    return (float)((double)(z >> 40) / 16777216.0 * 2.0 - 1.0);
+}
+
+int ref_visible(const clattn_shape *s, uint32_t pos, uint32_t t)
+{
+    return t < s->kv_seq && (!s->causal || t <= pos) &&
+           (s->window == 0 || (uint64_t)pos < (uint64_t)t + s->window);
+}
+
+static double ref_scale(const clattn_shape *s)
+{
+    return s->scale > 0.0f ? (double)s->scale : 1.0 / sqrt((double)s->head_dim);
+}
+
+/* The score of (b, pos, head) against key t, from the float inputs. */
+static double score(const problem *p, size_t b, size_t pos, size_t head, size_t t)
+{
+    const clattn_shape *s = &p->s;
+    const size_t D = s->head_dim, group = s->num_heads / s->num_kv_heads;
+    const float *qr = p->q + ((b * s->q_seq + pos) * s->num_heads + head) * D;
+    const float *kr = p->k + ((b * s->kv_seq + t) * s->num_kv_heads + head / group) * D;
+    double dot = 0.0;
+    for (size_t d = 0; d < D; ++d)
+        dot += (double)qr[d] * (double)kr[d];
+    return dot * ref_scale(s);
+}
+
+void problem_make(problem *p, const clattn_shape *s, uint64_t seed, float q_gain)
+{
+    memset(p, 0, sizeof *p);
+    p->s = *s;
+    p->nq = (size_t)s->batch * s->q_seq * s->num_heads * s->head_dim;
+    p->nkv = (size_t)s->batch * s->kv_seq * s->num_kv_heads * s->head_dim;
+    p->nlse = (size_t)s->batch * s->q_seq * s->num_heads * 2;
+    p->q = malloc(p->nq * sizeof(float));
+    p->d_out = malloc(p->nq * sizeof(float));
+    p->k = malloc(p->nkv * sizeof(float));
+    p->lse = malloc(p->nlse * sizeof(float));
+    if (!p->q || !p->d_out || !p->k || !p->lse)
+        abort(); /* a test harness may; the library never does */
+    uint64_t x = seed;
+    for (size_t i = 0; i < p->nq; ++i) {
+        p->q[i] = uniform(&x) * q_gain;
+        p->d_out[i] = uniform(&x);
+    }
+    for (size_t i = 0; i < p->nkv; ++i)
+        p->k[i] = uniform(&x);
+    for (size_t b = 0; b < s->batch; ++b)
+        for (size_t pos = 0; pos < s->q_seq; ++pos)
+            for (size_t h = 0; h < s->num_heads; ++h) {
+                double m = -1e30, l = -1e30, sum = 0.0;
+                int any = 0;
+                for (size_t t = 0; t < s->kv_seq; ++t)
+                    if (ref_visible(s, (uint32_t)pos, (uint32_t)t)) {
+                        double sc = score(p, b, pos, h, t);
+                        m = any && m > sc ? m : sc;
+                        any = 1;
+                    }
+                if (any) {
+                    for (size_t t = 0; t < s->kv_seq; ++t)
+                        if (ref_visible(s, (uint32_t)pos, (uint32_t)t))
+                            sum += exp(score(p, b, pos, h, t) - m);
+                    l = log(sum);
+                }
+                float *pair = p->lse + ((b * s->q_seq + pos) * s->num_heads + h) * 2;
+                pair[0] = (float)m;
+                pair[1] = (float)l;
+            }
+}
+
+void problem_free(problem *p)
+{
+    free(p->q);
+    free(p->k);
+    free(p->d_out);
+    free(p->lse);
+    memset(p, 0, sizeof *p);
+}
+
+void ref_grad_v(const problem *p, double *dv, double *mag)
+{
+    const clattn_shape *s = &p->s;
+    const size_t D = s->head_dim, group = s->num_heads / s->num_kv_heads;
+    memset(dv, 0, p->nkv * sizeof(double));
+    memset(mag, 0, p->nkv * sizeof(double));
+    for (size_t b = 0; b < s->batch; ++b)
+        for (size_t t = 0; t < s->kv_seq; ++t)
+            for (size_t kvh = 0; kvh < s->num_kv_heads; ++kvh) {
+                double *out = dv + ((b * s->kv_seq + t) * s->num_kv_heads + kvh) * D;
+                double *mg = mag + ((b * s->kv_seq + t) * s->num_kv_heads + kvh) * D;
+                for (size_t pos = 0; pos < s->q_seq; ++pos) {
+                    if (!ref_visible(s, (uint32_t)pos, (uint32_t)t))
+                        continue;
+                    for (size_t h = kvh * group; h < (kvh + 1) * group; ++h) {
+                        const float *pair =
+                            p->lse + ((b * s->q_seq + pos) * s->num_heads + h) * 2;
+                        double x = score(p, b, pos, h, t) - pair[0];
+                        double pr = exp((x < 0.0 ? x : 0.0) - pair[1]);
+                        const float *o =
+                            p->d_out + ((b * s->q_seq + pos) * s->num_heads + h) * D;
+                        for (size_t d = 0; d < D; ++d) {
+                            out[d] += pr * o[d];
+                            mg[d] += fabs(pr * o[d]);
+                        }
+                    }
+                }
+            }
+}
+
+void seed_grad_v(const uint32_t params[8], const float *d_out, const float *q, const float *k,
+                 const float *lse, double *dv)
+{
+    const uint32_t q_seq = params[0], kv_seq = params[1];
+    const uint32_t num_heads = params[2] >> 16, num_kv_heads = params[2] & 0xFFFFu;
+    const uint32_t head_dim = params[3], window = params[4];
+    const uint32_t effective_kv_seq = kv_seq == 0 ? q_seq : kv_seq;
+    const uint32_t heads_per_kv = num_heads / num_kv_heads;
+    const uint32_t kv_dim = num_kv_heads * head_dim, q_dim = num_heads * head_dim;
+    const double scale = 1.0 / sqrt((double)head_dim);
+    /* Dispatch [kv_seq, num_kv_heads, 1], 64 lanes: tid walks head_dim. */
+    for (uint32_t t = 0; t < effective_kv_seq; ++t)
+        for (uint32_t kv_head = 0; kv_head < num_kv_heads; ++kv_head) {
+            const uint32_t kv_base = t * kv_dim + kv_head * head_dim;
+            const uint32_t start_pos = kv_seq == 0 ? t : 0;
+            const uint32_t end_pos =
+                window > 0 ? (q_seq < t + window ? q_seq : t + window) : q_seq;
+            for (uint32_t tid = 0; tid < 64; ++tid) {
+                double my_dv = 0.0;
+                for (uint32_t pos = start_pos; pos < end_pos; ++pos)
+                    for (uint32_t head_rel = 0; head_rel < heads_per_kv; ++head_rel) {
+                        const uint32_t head = kv_head * heads_per_kv + head_rel;
+                        const uint32_t q_base = pos * q_dim + head * head_dim;
+                        double dot = 0.0; /* the tree reduction, in one sum */
+                        for (uint32_t i = 0; i < 64; ++i)
+                            dot += (double)q[q_base + i] * k[kv_base + i];
+                        const double sc = dot * scale;
+                        const uint32_t lse_idx = (pos * num_heads + head) * 2;
+                        const double x = sc - lse[lse_idx];
+                        const double p_t = exp((x < 0.0 ? x : 0.0) - lse[lse_idx + 1]);
+                        my_dv += p_t * d_out[q_base + tid];
+                    }
+                dv[kv_base + tid] = my_dv;
+            }
+        }
+}
+
+double worst_error(const float *got, const double *ref, const double *mag, size_t n,
+                   size_t *worst_at)
+{
+    double worst = 0.0;
+    *worst_at = 0;
+    for (size_t i = 0; i < n; ++i) {
+        double e = fabs((double)got[i] - ref[i]) / (TOL_REL * mag[i] + TOL_ABS);
+        if (isnan(e))
+            e = INFINITY;
+        if (e > worst) {
+            worst = e;
+            *worst_at = i;
+        }
+    }
+    return worst;
+}
+
+float *nan_array(size_t n)
+{
+    float *a = malloc((n ? n : 1) * sizeof(float));
+    if (!a)
+        abort();
+    for (size_t i = 0; i < n; ++i)
+        a[i] = NAN;
+    return a;
+}

@@ -1,0 +1,51 @@
+/* The float64 reference the tests compare every backend against, and the
+ * random problems they run. */
+#ifndef CLATTN_TESTS_REFERENCE_H
+#define CLATTN_TESTS_REFERENCE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "clattn.h"
+
+/* Tolerance of every comparison: |got - ref| <= TOL_REL * mag + TOL_ABS per
+ * element, where mag is the sum of the magnitudes of the terms summed into
+ * it (for dV: sum of |p * dO|). float32 sums of n terms drift by about
+ * sqrt(n) * 6e-8 of mag; 1e-4 leaves room for n in the tens of thousands
+ * and for exp() of scores rounded in float32, and still fails for any
+ * wrong term. */
+#define TOL_REL 1e-4
+#define TOL_ABS 1e-6
+
+typedef struct problem {
+    clattn_shape s;
+    size_t nq, nkv, nlse; /* elements */
+    float *q, *k, *d_out, *lse;
+} problem;
+
+/* Random inputs in [-1, 1) from seed, Q scaled by q_gain (large logits),
+ * and the forward's LSE pairs computed in float64 and rounded to float. */
+void problem_make(problem *p, const clattn_shape *s, uint64_t seed, float q_gain);
+void problem_free(problem *p);
+
+/* Is key t visible to query pos, by the contract's rule? */
+int ref_visible(const clattn_shape *s, uint32_t pos, uint32_t t);
+
+/* dV in float64 from the problem's float inputs; mag receives the sum of
+ * |p * dO| of each element. Both arrays hold p->nkv doubles. */
+void ref_grad_v(const problem *p, double *dv, double *mag);
+
+/* The seed's algorithm, transliterated from mha_grad_v.wgsl: params is its
+ * uniform block, head_dim must be 64 as its work-group is. In float64. */
+void seed_grad_v(const uint32_t params[8], const float *d_out, const float *q, const float *k,
+                 const float *lse, double *dv);
+
+/* The worst of |got - ref| / (TOL_REL * mag + TOL_ABS) over n elements: at
+ * most 1 passes. NaN anywhere gives infinity. *worst_at gets its index. */
+double worst_error(const float *got, const double *ref, const double *mag, size_t n,
+                   size_t *worst_at);
+
+/* A float array of n NaNs, so that unwritten outputs fail comparisons. */
+float *nan_array(size_t n);
+
+#endif
