@@ -12,6 +12,12 @@
  *
  * This header is plain C99 and C++; it needs no OpenCL header. The OpenCL
  * interop (caller-owned contexts, queues and buffers) is in clattn_cl.h.
+ *
+ * Threads: every function may be called from any thread. Calls on one
+ * context take turns on its lock; clattn_last_error() is per thread.
+ * Ownership: what a clattn_*_create function returns is the caller's, to
+ * release with the matching destroy; strings returned by the library are
+ * owned by it (or by the context they came from). Nothing aborts or exits.
  */
 #ifndef CLATTN_H
 #define CLATTN_H
