@@ -178,6 +178,32 @@ clattn_status clattn_grad_v(clattn_context *ctx, const clattn_shape *shape,
                             const float *d_out, const float *q, const float *k,
                             const float *lse, float *dv);
 
+/* The forward: for each query row, O = sum over visible keys of p * V[t]
+ * and the LSE pair (m, l), m the largest visible score, l = log of the sum
+ * of exp(score - m); p = exp(score - m - l). A row with no visible key gets
+ * O = 0 and (m, l) = (-1e30, -1e30). o and lse are written whole.
+ * Status: as clattn_grad_v(). */
+clattn_status clattn_forward(clattn_context *ctx, const clattn_shape *shape, const float *q,
+                             const float *k, const float *v, float *o, float *lse);
+
+/* The backward from the forward's o and lse and the output gradient d_out:
+ * dQ, dK and dV, with Dsum = dO . O per row, dS = p * (dO . V[t] - Dsum),
+ * dV[t] += p * dO, dK[t] += scale * dS * Q, dQ += scale * dS * K[t]; dK and
+ * dV sum over every query head of the KV head's group. Deterministic: no
+ * atomics, no order that depends on threads. Outputs are written whole.
+ * Status: as clattn_grad_v(). */
+clattn_status clattn_backward(clattn_context *ctx, const clattn_shape *shape, const float *q,
+                              const float *k, const float *v, const float *o, const float *lse,
+                              const float *d_out, float *dq, float *dk, float *dv);
+
+/* dQ alone, and dK alone, as clattn_backward() computes them. */
+clattn_status clattn_grad_q(clattn_context *ctx, const clattn_shape *shape, const float *q,
+                            const float *k, const float *v, const float *o, const float *lse,
+                            const float *d_out, float *dq);
+clattn_status clattn_grad_k(clattn_context *ctx, const clattn_shape *shape, const float *q,
+                            const float *k, const float *v, const float *o, const float *lse,
+                            const float *d_out, float *dk);
+
 typedef struct clattn_device_info {
     clattn_backend backend; /* OPENCL_GPU, OPENCL_CPU or NATIVE */
     int platform_index;     /* -1 for native */

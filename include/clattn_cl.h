@@ -1,6 +1,6 @@
 /*
  * clattn's OpenCL interop: contexts over the caller's own OpenCL objects and
- * grad-V enqueued on the caller's buffers. Include after or instead of
+ * every op enqueued on the caller's buffers. Include after or instead of
  * clattn.h; needs the OpenCL headers.
  *
  * Ownership: clattn never releases an OpenCL object it did not create. The
@@ -56,7 +56,7 @@ cl_command_queue clattn_context_cl_queue(const clattn_context *ctx);
  * events of the wait list; returns without waiting. When event is not
  * NULL it receives a new event for the kernel, which the caller releases.
  * Each tensor must lie inside its buffer and belong to the context's
- * cl_context; dv may not overlap an input.
+ * cl_context; an output may overlap no other tensor of the call.
  * Status: the shape's, CLATTN_ERROR_NULL_POINTER,
  * CLATTN_ERROR_WRONG_BACKEND (a native context),
  * CLATTN_ERROR_INVALID_BUFFER, CLATTN_ERROR_TOO_LARGE_FOR_DEVICE,
@@ -66,6 +66,38 @@ clattn_status clattn_grad_v_cl(clattn_context *ctx, const clattn_shape *shape,
                                clattn_cl_tensor lse, clattn_cl_tensor dv,
                                cl_uint num_events_in_wait_list, const cl_event *event_wait_list,
                                cl_event *event);
+
+/* The forward (see clattn_forward()), enqueued like clattn_grad_v_cl().
+ * o and lse may overlap no input. Status: as clattn_grad_v_cl(). */
+clattn_status clattn_forward_cl(clattn_context *ctx, const clattn_shape *shape,
+                                clattn_cl_tensor q, clattn_cl_tensor k, clattn_cl_tensor v,
+                                clattn_cl_tensor o, clattn_cl_tensor lse,
+                                cl_uint num_events_in_wait_list,
+                                const cl_event *event_wait_list, cl_event *event);
+
+/* dQ, dK and dV (see clattn_backward()), enqueued like clattn_grad_v_cl();
+ * event, when not NULL, completes when all three are written. clattn keeps
+ * the Dsum pre-pass's buffer itself until the kernels end.
+ * Status: as clattn_grad_v_cl(). */
+clattn_status clattn_backward_cl(clattn_context *ctx, const clattn_shape *shape,
+                                 clattn_cl_tensor q, clattn_cl_tensor k, clattn_cl_tensor v,
+                                 clattn_cl_tensor o, clattn_cl_tensor lse,
+                                 clattn_cl_tensor d_out, clattn_cl_tensor dq,
+                                 clattn_cl_tensor dk, clattn_cl_tensor dv,
+                                 cl_uint num_events_in_wait_list,
+                                 const cl_event *event_wait_list, cl_event *event);
+
+/* dQ alone, and dK alone, enqueued likewise. */
+clattn_status clattn_grad_q_cl(clattn_context *ctx, const clattn_shape *shape,
+                               clattn_cl_tensor q, clattn_cl_tensor k, clattn_cl_tensor v,
+                               clattn_cl_tensor o, clattn_cl_tensor lse, clattn_cl_tensor d_out,
+                               clattn_cl_tensor dq, cl_uint num_events_in_wait_list,
+                               const cl_event *event_wait_list, cl_event *event);
+clattn_status clattn_grad_k_cl(clattn_context *ctx, const clattn_shape *shape,
+                               clattn_cl_tensor q, clattn_cl_tensor k, clattn_cl_tensor v,
+                               clattn_cl_tensor o, clattn_cl_tensor lse, clattn_cl_tensor d_out,
+                               clattn_cl_tensor dk, cl_uint num_events_in_wait_list,
+                               const cl_event *event_wait_list, cl_event *event);
 
 #ifdef __cplusplus
 }

@@ -207,9 +207,9 @@ clattn_status clattn_context_create(const clattn_options *opts, clattn_context *
     return CLATTN_OK;
 }
 
-clattn_status clattn_grad_v(clattn_context *ctx, const clattn_shape *shape,
-                            const float *d_out, const float *q, const float *k,
-                            const float *lse, float *dv)
+/* Validates and runs one op on ctx's backend under its lock. */
+static clattn_status run_op(clattn_context *ctx, clattn_op op, const clattn_shape *shape,
+                            const float *const t[CLATTN_R_COUNT])
 {
     clattn_clear_error();
     if (!ctx)
@@ -218,13 +218,69 @@ clattn_status clattn_grad_v(clattn_context *ctx, const clattn_shape *shape,
     clattn_status st = clattn_check_shape(shape, &sz);
     if (st != CLATTN_OK)
         return st;
-    const void *ptrs[5] = {d_out, q, k, lse, dv};
-    static const char *const names[5] = {"d_out", "q", "k", "lse", "dv"};
-    for (int i = 0; i < 5; ++i)
-        if (!ptrs[i])
-            return clattn_fail(CLATTN_ERROR_NULL_POINTER, "%s is NULL", names[i]);
+    const unsigned used = clattn_op_reads[op] | clattn_op_writes[op];
+    for (int r = 0; r < CLATTN_R_COUNT; ++r)
+        if ((used & CLATTN_BIT(r)) && !t[r])
+            return clattn_fail(CLATTN_ERROR_NULL_POINTER, "%s is NULL",
+                               clattn_role_name((clattn_role)r));
     pthread_mutex_lock(&ctx->lock);
-    st = ctx->ops->grad_v(ctx, shape, &sz, d_out, q, k, lse, dv);
+    st = ctx->ops->run(ctx, op, shape, &sz, t);
     pthread_mutex_unlock(&ctx->lock);
     return st;
+}
+
+clattn_status clattn_forward(clattn_context *ctx, const clattn_shape *shape, const float *q,
+                             const float *k, const float *v, float *o, float *lse)
+{
+    const float *t[CLATTN_R_COUNT] = {0};
+    t[CLATTN_R_Q] = q;
+    t[CLATTN_R_K] = k;
+    t[CLATTN_R_V] = v;
+    t[CLATTN_R_O] = o;
+    t[CLATTN_R_LSE] = lse;
+    return run_op(ctx, CLATTN_OP_FORWARD, shape, t);
+}
+
+clattn_status clattn_grad_v(clattn_context *ctx, const clattn_shape *shape,
+                            const float *d_out, const float *q, const float *k,
+                            const float *lse, float *dv)
+{
+    const float *t[CLATTN_R_COUNT] = {0};
+    t[CLATTN_R_DO] = d_out;
+    t[CLATTN_R_Q] = q;
+    t[CLATTN_R_K] = k;
+    t[CLATTN_R_LSE] = lse;
+    t[CLATTN_R_DV] = dv;
+    return run_op(ctx, CLATTN_OP_GRAD_V, shape, t);
+}
+
+/* The ops that read everything the forward made: Q K V O LSE dO. */
+static clattn_status run_backward_op(clattn_context *ctx, clattn_op op, const clattn_shape *shape,
+                                     const float *q, const float *k, const float *v,
+                                     const float *o, const float *lse, const float *d_out,
+                                     float *dq, float *dk, float *dv)
+{
+    const float *t[CLATTN_R_COUNT] = {q, k, v, o, lse, d_out, dq, dk, dv};
+    return run_op(ctx, op, shape, t);
+}
+
+clattn_status clattn_grad_q(clattn_context *ctx, const clattn_shape *shape, const float *q,
+                            const float *k, const float *v, const float *o, const float *lse,
+                            const float *d_out, float *dq)
+{
+    return run_backward_op(ctx, CLATTN_OP_GRAD_Q, shape, q, k, v, o, lse, d_out, dq, NULL, NULL);
+}
+
+clattn_status clattn_grad_k(clattn_context *ctx, const clattn_shape *shape, const float *q,
+                            const float *k, const float *v, const float *o, const float *lse,
+                            const float *d_out, float *dk)
+{
+    return run_backward_op(ctx, CLATTN_OP_GRAD_K, shape, q, k, v, o, lse, d_out, NULL, dk, NULL);
+}
+
+clattn_status clattn_backward(clattn_context *ctx, const clattn_shape *shape, const float *q,
+                              const float *k, const float *v, const float *o, const float *lse,
+                              const float *d_out, float *dq, float *dk, float *dv)
+{
+    return run_backward_op(ctx, CLATTN_OP_BACKWARD, shape, q, k, v, o, lse, d_out, dq, dk, dv);
 }

@@ -34,12 +34,43 @@ float clattn_effective_scale(const clattn_shape *s);
 /* The queries [*start, *end) that see key t, as the seed bounds them. */
 void clattn_query_range(const clattn_shape *s, uint32_t t, uint32_t *start, uint32_t *end);
 
-/* One backend: the ops it runs. The dispatcher in context.c walks the list
- * of candidates and keeps the first whose create succeeds. */
+/* The tensors of the contract, by role. An op reads some and writes some. */
+typedef enum clattn_role {
+    CLATTN_R_Q,
+    CLATTN_R_K,
+    CLATTN_R_V,
+    CLATTN_R_O,
+    CLATTN_R_LSE,
+    CLATTN_R_DO,
+    CLATTN_R_DQ,
+    CLATTN_R_DK,
+    CLATTN_R_DV,
+    CLATTN_R_COUNT
+} clattn_role;
+
+typedef enum clattn_op {
+    CLATTN_OP_FORWARD,  /* Q K V -> O LSE */
+    CLATTN_OP_GRAD_V,   /* dO Q K LSE -> dV */
+    CLATTN_OP_GRAD_Q,   /* Q K V O LSE dO -> dQ */
+    CLATTN_OP_GRAD_K,   /* Q K V O LSE dO -> dK */
+    CLATTN_OP_BACKWARD, /* Q K V O LSE dO -> dQ dK dV */
+    CLATTN_OP_COUNT
+} clattn_op;
+
+#define CLATTN_BIT(r) (1u << (r))
+/* Bit masks of the roles each op reads and writes. */
+extern const unsigned clattn_op_reads[CLATTN_OP_COUNT];
+extern const unsigned clattn_op_writes[CLATTN_OP_COUNT];
+const char *clattn_role_name(clattn_role r);
+/* Elements of the tensor of a role. */
+size_t clattn_role_elems(const clattn_sizes *sz, clattn_role r);
+
+/* One backend: a runner for every op, and its teardown. t holds a pointer
+ * for each role the op reads or writes (outputs are cast back to float *);
+ * shape and pointers are validated before run is called, under ctx's lock. */
 typedef struct clattn_backend_ops {
-    clattn_status (*grad_v)(clattn_context *ctx, const clattn_shape *s, const clattn_sizes *sz,
-                            const float *d_out, const float *q, const float *k,
-                            const float *lse, float *dv);
+    clattn_status (*run)(clattn_context *ctx, clattn_op op, const clattn_shape *s,
+                         const clattn_sizes *sz, const float *const t[CLATTN_R_COUNT]);
     void (*destroy)(clattn_context *ctx);
 } clattn_backend_ops;
 
@@ -56,15 +87,8 @@ struct clattn_context {
     struct clattn_cl_state *cl; /* NULL on native */
 };
 
-extern const clattn_backend_ops clattn_native_ops;
-
 /* Native backend: fills ctx->device, ctx->variant and num_threads. */
 clattn_status clattn_native_init(clattn_context *ctx, const clattn_options *opts);
-
-/* grad-V in plain C, also used by the OpenCL paths' tests through the API. */
-clattn_status clattn_native_grad_v(clattn_context *ctx, const clattn_shape *s,
-                                   const clattn_sizes *sz, const float *d_out, const float *q,
-                                   const float *k, const float *lse, float *dv);
 
 /* OpenCL device selection, as parsed from a selector. */
 typedef enum clattn_cl_pick_kind {

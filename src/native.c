@@ -1,10 +1,14 @@
-/* The native backend: the contract in plain C, threaded over blocks of keys.
+/* The native backend: the contract in plain C, threaded.
  *
- * grad-V is split into jobs of KEY_BLOCK keys of one (batch, KV head); each
- * job keeps its keys transposed and its dV rows in registers' reach, so the
- * inner loops run along contiguous memory and vectorise without fast-math:
- * scores across the block's keys, then dV along head_dim. Threads take jobs
- * from a shared counter, so uneven causal work balances itself. */
+ * Key-side ops (grad-V, grad-K and both at once) are split into jobs of
+ * KEY_BLOCK keys of one (batch, KV head); a job keeps its K and V transposed
+ * so that the scores of all its keys against one query vectorise along the
+ * block, and its dK and dV rows so that updates vectorise along head_dim.
+ * Query-side ops (forward, grad-Q) are split into jobs of one query row,
+ * with keys taken KEY_BLOCK at a time by an online softmax.
+ * Threads take jobs from a shared counter, so uneven causal work balances
+ * itself, and no job depends on another's, so the result does not depend on
+ * the thread count. */
 #include <math.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -16,9 +20,8 @@
 
 enum { KEY_BLOCK = 16, MAX_THREADS = 256 };
 
-static void native_destroy(clattn_context *ctx) { (void)ctx; }
-
-const clattn_backend_ops clattn_native_ops = {clattn_native_grad_v, native_destroy};
+/* meganeura's LSE pair for a row with no visible key. */
+#define EMPTY_ROW (-1e30f)
 
 static int default_threads(void)
 {
@@ -33,6 +36,286 @@ static int default_threads(void)
     return n < 1 ? 1 : n > MAX_THREADS ? MAX_THREADS : (int)n;
 }
 
+typedef struct native_call {
+    const clattn_shape *s;
+    const float *q, *k, *v, *o, *lse, *d_out;
+    float *dq, *dk, *dv, *o_out, *lse_out;
+    const float *dsum; /* dO . O per query row, for grad-K */
+    float scale;
+    size_t group;           /* query heads per KV head */
+    size_t blocks_per_head; /* key blocks of one (batch, KV head) */
+    void (*job)(const struct native_call *c, size_t job);
+    size_t jobs;
+    atomic_size_t next;
+} native_call;
+
+/* A dot product with eight partial sums, so that it vectorises without
+ * reassociating float additions behind the compiler's back. */
+static float dot(const float *a, const float *b, size_t n)
+{
+    float part[8] = {0};
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        for (int j = 0; j < 8; ++j)
+            part[j] += a[i + j] * b[i + j];
+    for (; i < n; ++i)
+        part[i & 7] += a[i] * b[i];
+    return ((part[0] + part[4]) + (part[1] + part[5])) + ((part[2] + part[6]) + (part[3] + part[7]));
+}
+
+static size_t row_index(const clattn_shape *s, size_t b, size_t pos, size_t head)
+{
+    return (b * s->q_seq + pos) * s->num_heads + head;
+}
+
+/* dV and/or dK of KEY_BLOCK keys of one (batch, KV head). */
+static void key_block_job(const native_call *c, size_t job)
+{
+    const clattn_shape *s = c->s;
+    const size_t D = s->head_dim, kv_row = (size_t)s->num_kv_heads * D;
+    const size_t block = job % c->blocks_per_head;
+    const size_t kv_head = job / c->blocks_per_head % s->num_kv_heads;
+    const size_t b = job / c->blocks_per_head / s->num_kv_heads;
+    const uint32_t t0 = (uint32_t)(block * KEY_BLOCK);
+    const uint32_t nt = s->kv_seq - t0 < KEY_BLOCK ? s->kv_seq - t0 : KEY_BLOCK;
+    const int want_dk = c->dk != NULL, want_dv = c->dv != NULL;
+
+    float kt[CLATTN_MAX_HEAD_DIM][KEY_BLOCK], vt[CLATTN_MAX_HEAD_DIM][KEY_BLOCK];
+    float dk[KEY_BLOCK][CLATTN_MAX_HEAD_DIM], dv[KEY_BLOCK][CLATTN_MAX_HEAD_DIM];
+    const size_t first = ((size_t)b * s->kv_seq + t0) * kv_row + kv_head * D;
+    for (size_t d = 0; d < D; ++d)
+        for (uint32_t j = 0; j < KEY_BLOCK; ++j) {
+            kt[d][j] = j < nt ? c->k[first + j * kv_row + d] : 0.0f;
+            vt[d][j] = j < nt && want_dk ? c->v[first + j * kv_row + d] : 0.0f;
+        }
+    for (uint32_t j = 0; j < KEY_BLOCK; ++j) {
+        memset(dk[j], 0, D * sizeof(float));
+        memset(dv[j], 0, D * sizeof(float));
+    }
+
+    /* The queries that see any key of the block. */
+    uint32_t start, end, unused;
+    clattn_query_range(s, t0, &start, &unused);
+    clattn_query_range(s, t0 + nt - 1, &unused, &end);
+    for (uint32_t pos = start; pos < end; ++pos) {
+        /* Keys of the block that pos sees: [lo, hi). */
+        uint32_t lo = 0, hi = nt;
+        if (s->causal && pos < t0 + nt)
+            hi = pos >= t0 ? pos - t0 + 1 : 0;
+        if (s->window > 0 && pos >= s->window && pos - s->window + 1 > t0)
+            lo = pos - s->window + 1 - t0;
+        if (lo >= hi)
+            continue;
+        for (size_t head = kv_head * c->group; head < (kv_head + 1) * c->group; ++head) {
+            const size_t row = row_index(s, b, pos, head);
+            const float *qr = c->q + row * D, *dor = c->d_out + row * D;
+            float sc[KEY_BLOCK] = {0}, dp[KEY_BLOCK] = {0};
+            for (size_t d = 0; d < D; ++d)
+                for (uint32_t j = 0; j < KEY_BLOCK; ++j)
+                    sc[j] += qr[d] * kt[d][j];
+            if (want_dk)
+                for (size_t d = 0; d < D; ++d)
+                    for (uint32_t j = 0; j < KEY_BLOCK; ++j)
+                        dp[j] += dor[d] * vt[d][j];
+            const float m = c->lse[2 * row], l = c->lse[2 * row + 1];
+            for (uint32_t j = lo; j < hi; ++j) {
+                const float p = expf(fminf(sc[j] * c->scale - m, 0.0f) - l);
+                if (want_dv)
+                    for (size_t d = 0; d < D; ++d)
+                        dv[j][d] += p * dor[d];
+                if (want_dk) {
+                    const float ds = c->scale * p * (dp[j] - c->dsum[row]);
+                    for (size_t d = 0; d < D; ++d)
+                        dk[j][d] += ds * qr[d];
+                }
+            }
+        }
+    }
+    for (uint32_t j = 0; j < nt; ++j) {
+        if (want_dv)
+            memcpy(c->dv + first + j * kv_row, dv[j], D * sizeof(float));
+        if (want_dk)
+            memcpy(c->dk + first + j * kv_row, dk[j], D * sizeof(float));
+    }
+}
+
+/* The keys [*lo, *hi) that query pos sees. */
+static void key_range(const clattn_shape *s, uint32_t pos, uint32_t *lo, uint32_t *hi)
+{
+    *lo = s->window > 0 && pos >= s->window ? pos - s->window + 1 : 0;
+    *hi = s->causal ? (pos + 1 < s->kv_seq ? pos + 1 : s->kv_seq) : s->kv_seq;
+}
+
+/* O and the LSE pair of one query row, by online softmax over key blocks. */
+static void forward_job(const native_call *c, size_t job)
+{
+    const clattn_shape *s = c->s;
+    const size_t D = s->head_dim, kv_row = (size_t)s->num_kv_heads * D;
+    const size_t head = job % s->num_heads, pos = job / s->num_heads % s->q_seq;
+    const size_t b = job / s->num_heads / s->q_seq;
+    const size_t row = row_index(s, b, pos, head);
+    const float *qr = c->q + row * D;
+    const float *kb = c->k + (size_t)b * s->kv_seq * kv_row + head / c->group * D;
+    const float *vb = c->v + (size_t)b * s->kv_seq * kv_row + head / c->group * D;
+    float acc[CLATTN_MAX_HEAD_DIM] = {0};
+    float m = EMPTY_ROW, l = 0.0f;
+    uint32_t lo, hi;
+    key_range(s, (uint32_t)pos, &lo, &hi);
+    for (uint32_t t0 = lo; t0 < hi; t0 += KEY_BLOCK) {
+        const uint32_t n = hi - t0 < KEY_BLOCK ? hi - t0 : KEY_BLOCK;
+        float sc[KEY_BLOCK], block_max = EMPTY_ROW;
+        for (uint32_t j = 0; j < n; ++j) {
+            sc[j] = dot(qr, kb + (t0 + j) * kv_row, D) * c->scale;
+            block_max = sc[j] > block_max ? sc[j] : block_max;
+        }
+        const float m_new = block_max > m ? block_max : m;
+        const float rescale = expf(m - m_new);
+        l *= rescale;
+        for (size_t d = 0; d < D; ++d)
+            acc[d] *= rescale;
+        for (uint32_t j = 0; j < n; ++j) {
+            const float e = expf(sc[j] - m_new);
+            const float *vr = vb + (t0 + j) * kv_row;
+            l += e;
+            for (size_t d = 0; d < D; ++d)
+                acc[d] += e * vr[d];
+        }
+        m = m_new;
+    }
+    float *orow = c->o_out + row * D;
+    for (size_t d = 0; d < D; ++d)
+        orow[d] = l > 0.0f ? acc[d] / l : 0.0f;
+    float *pair = c->lse_out + 2 * row;
+    pair[0] = l > 0.0f ? m : EMPTY_ROW;
+    pair[1] = l > 0.0f ? logf(l) : EMPTY_ROW;
+}
+
+/* dQ of one query row. */
+static void grad_q_job(const native_call *c, size_t job)
+{
+    const clattn_shape *s = c->s;
+    const size_t D = s->head_dim, kv_row = (size_t)s->num_kv_heads * D;
+    const size_t head = job % s->num_heads, pos = job / s->num_heads % s->q_seq;
+    const size_t b = job / s->num_heads / s->q_seq;
+    const size_t row = row_index(s, b, pos, head);
+    const float *qr = c->q + row * D, *dor = c->d_out + row * D;
+    const float *kb = c->k + (size_t)b * s->kv_seq * kv_row + head / c->group * D;
+    const float *vb = c->v + (size_t)b * s->kv_seq * kv_row + head / c->group * D;
+    const float m = c->lse[2 * row], l = c->lse[2 * row + 1];
+    const float dsum = dot(dor, c->o + row * D, D);
+    float acc[CLATTN_MAX_HEAD_DIM] = {0};
+    uint32_t lo, hi;
+    key_range(s, (uint32_t)pos, &lo, &hi);
+    for (uint32_t t = lo; t < hi; ++t) {
+        const float *kr = kb + t * kv_row;
+        const float p = expf(fminf(dot(qr, kr, D) * c->scale - m, 0.0f) - l);
+        const float ds = c->scale * p * (dot(dor, vb + t * kv_row, D) - dsum);
+        for (size_t d = 0; d < D; ++d)
+            acc[d] += ds * kr[d];
+    }
+    memcpy(c->dq + row * D, acc, D * sizeof(float));
+}
+
+static void dsum_job(const native_call *c, size_t row)
+{
+    const size_t D = c->s->head_dim;
+    ((float *)c->dsum)[row] = dot(c->d_out + row * D, c->o + row * D, D);
+}
+
+static void *worker(void *arg)
+{
+    native_call *c = arg;
+    for (;;) {
+        size_t job = atomic_fetch_add(&c->next, 1);
+        if (job >= c->jobs)
+            return NULL;
+        c->job(c, job);
+    }
+}
+
+/* Runs every job of c on up to n threads, the caller's among them. A thread
+ * that cannot be started leaves its share to the others, so this cannot
+ * fail. */
+static void run_jobs(native_call *c, void (*job)(const native_call *, size_t), size_t jobs,
+                     int n)
+{
+    c->job = job;
+    c->jobs = jobs;
+    atomic_store(&c->next, 0);
+    if ((size_t)n > jobs)
+        n = (int)jobs;
+    pthread_t tid[MAX_THREADS];
+    int started = 0;
+    for (int i = 1; i < n; ++i)
+        if (pthread_create(&tid[started], NULL, worker, c) == 0)
+            ++started;
+    worker(c);
+    for (int i = 0; i < started; ++i)
+        pthread_join(tid[i], NULL);
+}
+
+static clattn_status native_run(clattn_context *ctx, clattn_op op, const clattn_shape *s,
+                                const clattn_sizes *sz, const float *const t[CLATTN_R_COUNT])
+{
+    native_call c;
+    memset(&c, 0, sizeof c);
+    c.s = s;
+    c.q = t[CLATTN_R_Q];
+    c.k = t[CLATTN_R_K];
+    c.v = t[CLATTN_R_V];
+    c.o = t[CLATTN_R_O];
+    c.lse = t[CLATTN_R_LSE];
+    c.d_out = t[CLATTN_R_DO];
+    c.scale = clattn_effective_scale(s);
+    c.group = s->num_heads / s->num_kv_heads;
+    c.blocks_per_head = (s->kv_seq + (size_t)KEY_BLOCK - 1) / KEY_BLOCK;
+    const size_t key_jobs = c.blocks_per_head * s->num_kv_heads * s->batch;
+    const size_t rows = sz->lse / 2;
+    const int n = ctx->num_threads;
+    float *dsum = NULL;
+
+    switch (op) {
+    case CLATTN_OP_FORWARD:
+        c.o_out = (float *)t[CLATTN_R_O];
+        c.lse_out = (float *)t[CLATTN_R_LSE];
+        run_jobs(&c, forward_job, rows, n);
+        return CLATTN_OK;
+    case CLATTN_OP_GRAD_V:
+        c.dv = (float *)t[CLATTN_R_DV];
+        run_jobs(&c, key_block_job, key_jobs, n);
+        return CLATTN_OK;
+    case CLATTN_OP_GRAD_Q:
+        c.dq = (float *)t[CLATTN_R_DQ];
+        run_jobs(&c, grad_q_job, rows, n);
+        return CLATTN_OK;
+    case CLATTN_OP_GRAD_K:
+    case CLATTN_OP_BACKWARD:
+        dsum = malloc(rows * sizeof(float));
+        if (!dsum)
+            return clattn_fail(CLATTN_ERROR_OUT_OF_MEMORY, "out of host memory for %zu floats",
+                               rows);
+        c.dsum = dsum;
+        run_jobs(&c, dsum_job, rows, n);
+        c.dk = (float *)t[CLATTN_R_DK];
+        if (op == CLATTN_OP_BACKWARD)
+            c.dv = (float *)t[CLATTN_R_DV];
+        run_jobs(&c, key_block_job, key_jobs, n);
+        if (op == CLATTN_OP_BACKWARD) {
+            c.dq = (float *)t[CLATTN_R_DQ];
+            run_jobs(&c, grad_q_job, rows, n);
+        }
+        free(dsum);
+        return CLATTN_OK;
+    case CLATTN_OP_COUNT:
+        break;
+    }
+    return clattn_fail(CLATTN_ERROR_INVALID_OPTION, "unknown op %d", (int)op);
+}
+
+static void native_destroy(clattn_context *ctx) { (void)ctx; }
+
+static const clattn_backend_ops native_ops = {native_run, native_destroy};
+
 clattn_status clattn_native_init(clattn_context *ctx, const clattn_options *opts)
 {
     if (opts->variant && strcmp(opts->variant, "blocked") != 0)
@@ -43,120 +326,9 @@ clattn_status clattn_native_init(clattn_context *ctx, const clattn_options *opts
                            ? (opts->num_threads > MAX_THREADS ? MAX_THREADS : opts->num_threads)
                            : default_threads();
     ctx->backend = CLATTN_BACKEND_NATIVE;
-    ctx->ops = &clattn_native_ops;
+    ctx->ops = &native_ops;
     snprintf(ctx->device, sizeof ctx->device, "native: %d thread%s", ctx->num_threads,
              ctx->num_threads == 1 ? "" : "s");
     snprintf(ctx->variant, sizeof ctx->variant, "blocked");
-    return CLATTN_OK;
-}
-
-typedef struct grad_v_job {
-    const clattn_shape *s;
-    const float *d_out, *q, *k, *lse;
-    float *dv;
-    float scale;
-    size_t blocks_per_head; /* key blocks in one (batch, KV head) */
-    size_t jobs;
-    atomic_size_t next;
-} grad_v_job;
-
-static void grad_v_block(const grad_v_job *g, size_t job)
-{
-    const clattn_shape *s = g->s;
-    const size_t D = s->head_dim;
-    const size_t group = s->num_heads / s->num_kv_heads;
-    const size_t q_row = (size_t)s->num_heads * D, kv_row = (size_t)s->num_kv_heads * D;
-    const size_t block = job % g->blocks_per_head;
-    const size_t kv_head = job / g->blocks_per_head % s->num_kv_heads;
-    const size_t b = job / g->blocks_per_head / s->num_kv_heads;
-    const uint32_t t0 = (uint32_t)(block * KEY_BLOCK);
-    const uint32_t nt = s->kv_seq - t0 < KEY_BLOCK ? s->kv_seq - t0 : KEY_BLOCK;
-
-    float kt[CLATTN_MAX_HEAD_DIM][KEY_BLOCK]; /* K of the block, transposed */
-    float acc[KEY_BLOCK][CLATTN_MAX_HEAD_DIM];
-    const float *kb = g->k + ((size_t)b * s->kv_seq + t0) * kv_row + kv_head * D;
-    for (size_t d = 0; d < D; ++d)
-        for (uint32_t j = 0; j < KEY_BLOCK; ++j)
-            kt[d][j] = j < nt ? kb[j * kv_row + d] : 0.0f;
-    for (uint32_t j = 0; j < KEY_BLOCK; ++j)
-        memset(acc[j], 0, D * sizeof(float));
-
-    /* The queries that see any key of the block. */
-    uint32_t start, end, unused;
-    clattn_query_range(s, t0, &start, &unused);
-    clattn_query_range(s, t0 + nt - 1, &unused, &end);
-
-    const float *qb = g->q + (size_t)b * s->q_seq * q_row;
-    const float *ob = g->d_out + (size_t)b * s->q_seq * q_row;
-    const float *lb = g->lse + (size_t)b * s->q_seq * s->num_heads * 2;
-    for (uint32_t pos = start; pos < end; ++pos) {
-        /* Keys of the block that pos sees: [lo, hi). */
-        uint32_t lo = 0, hi = nt;
-        if (s->causal && pos < t0 + nt)
-            hi = pos >= t0 ? pos - t0 + 1 : 0;
-        if (s->window > 0 && pos >= s->window && pos - s->window + 1 > t0)
-            lo = pos - s->window + 1 - t0;
-        if (lo >= hi)
-            continue;
-        for (size_t hr = 0; hr < group; ++hr) {
-            const size_t head = kv_head * group + hr;
-            const float *qr = qb + pos * q_row + head * D;
-            float sc[KEY_BLOCK] = {0};
-            for (size_t d = 0; d < D; ++d)
-                for (uint32_t j = 0; j < KEY_BLOCK; ++j)
-                    sc[j] += qr[d] * kt[d][j];
-            const float m = lb[(pos * s->num_heads + head) * 2];
-            const float l = lb[(pos * s->num_heads + head) * 2 + 1];
-            const float *orow = ob + pos * q_row + head * D;
-            for (uint32_t j = lo; j < hi; ++j) {
-                const float p = expf(fminf(sc[j] * g->scale - m, 0.0f) - l);
-                for (size_t d = 0; d < D; ++d)
-                    acc[j][d] += p * orow[d];
-            }
-        }
-    }
-    for (uint32_t j = 0; j < nt; ++j)
-        memcpy(g->dv + ((size_t)b * s->kv_seq + t0 + j) * kv_row + kv_head * D, acc[j],
-               D * sizeof(float));
-}
-
-static void *grad_v_worker(void *arg)
-{
-    grad_v_job *g = arg;
-    for (;;) {
-        size_t job = atomic_fetch_add(&g->next, 1);
-        if (job >= g->jobs)
-            return NULL;
-        grad_v_block(g, job);
-    }
-}
-
-/* Runs worker on n threads, the caller's among them. A thread that cannot
- * be started leaves its share to the others, so this cannot fail. */
-static void run_threads(void *(*worker)(void *), void *arg, int n)
-{
-    pthread_t tid[MAX_THREADS];
-    int started = 0;
-    for (int i = 1; i < n; ++i)
-        if (pthread_create(&tid[started], NULL, worker, arg) == 0)
-            ++started;
-    worker(arg);
-    for (int i = 0; i < started; ++i)
-        pthread_join(tid[i], NULL);
-}
-
-clattn_status clattn_native_grad_v(clattn_context *ctx, const clattn_shape *s,
-                                   const clattn_sizes *sz, const float *d_out, const float *q,
-                                   const float *k, const float *lse, float *dv)
-{
-    (void)sz;
-    grad_v_job g = {s, d_out, q, k, lse, dv, clattn_effective_scale(s), 0, 0, 0};
-    g.blocks_per_head = (s->kv_seq + (size_t)KEY_BLOCK - 1) / KEY_BLOCK;
-    g.jobs = g.blocks_per_head * s->num_kv_heads * s->batch;
-    atomic_init(&g.next, 0);
-    int n = ctx->num_threads;
-    if ((size_t)n > g.jobs)
-        n = (int)g.jobs;
-    run_threads(grad_v_worker, &g, n);
     return CLATTN_OK;
 }

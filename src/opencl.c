@@ -18,37 +18,70 @@
  * only. No fast-math: masks and empty rows rely on huge negatives. */
 static const char build_options[] = "-cl-std=CL1.2";
 
-enum { OP_GRAD_V, OP_COUNT };
+/* The kernels an op is made of. */
+enum { K_GRAD_V, K_FORWARD, K_DSUM, K_GRAD_Q, K_GRAD_K, K_GRAD_KV, K_COUNT };
 
 typedef struct cl_variant {
-    int op;
+    int kernel;
     const char *name;
-    const char *kernel;
+    const char *function;
     const char *source;
 } cl_variant;
 
 static const cl_variant variants[] = {
-#define CLATTN_CL_VARIANT(op, name, kernel, source) {OP_##op, name, kernel, source},
+#define CLATTN_CL_VARIANT(kernel, name, function, source) {K_##kernel, name, function, source},
 #include "variants.inc"
 #undef CLATTN_CL_VARIANT
 };
 enum { VARIANT_COUNT = sizeof variants / sizeof variants[0] };
 
-/* Host-pointer calls copy through these buffers, grown as needed. */
-enum { SLOT_D_OUT, SLOT_Q, SLOT_K, SLOT_LSE, SLOT_DV, SLOT_COUNT };
+/* Dsum, the pre-pass's output, is a tensor of one float per query row. */
+enum { R_DSUM = CLATTN_R_COUNT, R_ALL };
+
+/* What each kernel takes: its tensors in argument order, whether its rows
+ * are queries or keys, and how many floats of local memory per lane. */
+typedef struct kernel_desc {
+    int roles[8];
+    int nroles;
+    int key_rows;
+    int local_per_lane;
+} kernel_desc;
+
+static const kernel_desc kernel_descs[K_COUNT] = {
+    [K_GRAD_V] = {{CLATTN_R_DO, CLATTN_R_Q, CLATTN_R_K, CLATTN_R_LSE, CLATTN_R_DV}, 5, 1, 1},
+    [K_FORWARD] = {{CLATTN_R_Q, CLATTN_R_K, CLATTN_R_V, CLATTN_R_O, CLATTN_R_LSE}, 5, 0, 1},
+    [K_DSUM] = {{CLATTN_R_DO, CLATTN_R_O, R_DSUM}, 3, 0, 1},
+    [K_GRAD_Q] = {{CLATTN_R_Q, CLATTN_R_K, CLATTN_R_V, CLATTN_R_DO, CLATTN_R_LSE, R_DSUM,
+                   CLATTN_R_DQ}, 7, 0, 2},
+    [K_GRAD_K] = {{CLATTN_R_Q, CLATTN_R_K, CLATTN_R_V, CLATTN_R_DO, CLATTN_R_LSE, R_DSUM,
+                   CLATTN_R_DK}, 7, 1, 2},
+    [K_GRAD_KV] = {{CLATTN_R_Q, CLATTN_R_K, CLATTN_R_V, CLATTN_R_DO, CLATTN_R_LSE, R_DSUM,
+                    CLATTN_R_DK, CLATTN_R_DV}, 8, 1, 2},
+};
+
+/* The kernels of each op, in order; -1 ends a list. */
+static const int op_plans[CLATTN_OP_COUNT][4] = {
+    [CLATTN_OP_FORWARD] = {K_FORWARD, -1},
+    [CLATTN_OP_GRAD_V] = {K_GRAD_V, -1},
+    [CLATTN_OP_GRAD_Q] = {K_DSUM, K_GRAD_Q, -1},
+    [CLATTN_OP_GRAD_K] = {K_DSUM, K_GRAD_K, -1},
+    [CLATTN_OP_BACKWARD] = {K_DSUM, K_GRAD_KV, K_GRAD_Q, -1},
+};
 
 struct clattn_cl_state {
     cl_device_id device;
     cl_context context;
     cl_command_queue queue;
     int own_context, own_queue;
-    cl_program program[OP_COUNT];
-    cl_kernel kernel[OP_COUNT];
-    size_t kernel_max_wg[OP_COUNT];
+    cl_program program[K_COUNT]; /* kernels of one source share a program */
+    cl_kernel kernel[K_COUNT];
+    size_t kernel_max_wg[K_COUNT];
+    cl_ulong kernel_local_mem[K_COUNT];
     cl_ulong max_alloc;
     cl_ulong local_mem;
-    cl_mem scratch[SLOT_COUNT];
-    size_t scratch_bytes[SLOT_COUNT];
+    /* Host-pointer calls copy through these buffers, grown as needed. */
+    cl_mem scratch[CLATTN_R_COUNT];
+    size_t scratch_bytes[CLATTN_R_COUNT];
 };
 
 static const char *cl_error_name(cl_int err)
@@ -226,14 +259,14 @@ static void release_state(struct clattn_cl_state *cl)
 {
     if (!cl)
         return;
-    for (int i = 0; i < SLOT_COUNT; ++i)
+    for (int i = 0; i < CLATTN_R_COUNT; ++i)
         if (cl->scratch[i])
             clReleaseMemObject(cl->scratch[i]);
-    for (int op = 0; op < OP_COUNT; ++op) {
-        if (cl->kernel[op])
-            clReleaseKernel(cl->kernel[op]);
-        if (cl->program[op])
-            clReleaseProgram(cl->program[op]);
+    for (int k = 0; k < K_COUNT; ++k) {
+        if (cl->kernel[k])
+            clReleaseKernel(cl->kernel[k]);
+        if (cl->program[k])
+            clReleaseProgram(cl->program[k]);
     }
     if (cl->own_queue && cl->queue)
         clReleaseCommandQueue(cl->queue);
@@ -248,10 +281,10 @@ static void opencl_destroy(clattn_context *ctx)
     ctx->cl = NULL;
 }
 
-static const cl_variant *find_variant(int op, const char *name)
+static const cl_variant *find_variant(int kernel, const char *name)
 {
     for (int i = 0; i < VARIANT_COUNT; ++i)
-        if (variants[i].op == op && (!name || !strcmp(name, variants[i].name)))
+        if (variants[i].kernel == kernel && !strcmp(name, variants[i].name))
             return &variants[i];
     return NULL;
 }
@@ -265,51 +298,72 @@ static size_t tree_work_group(uint32_t head_dim)
     return wg;
 }
 
-/* Builds every op's kernel of the chosen variant and checks that the device
- * runs the largest work-group it may need. */
+static clattn_status build_program(struct clattn_cl_state *cl, const cl_variant *v,
+                                   cl_program *out)
+{
+    cl_int err;
+    const char *src = v->source;
+    *out = clCreateProgramWithSource(cl->context, 1, &src, NULL, &err);
+    if (err != CL_SUCCESS) {
+        *out = NULL;
+        return cl_fail(err, "clCreateProgramWithSource");
+    }
+    err = clBuildProgram(*out, 1, &cl->device, build_options, NULL, NULL);
+    if (err == CL_SUCCESS)
+        return CLATTN_OK;
+    clattn_status st = clattn_fail(CLATTN_ERROR_BUILD_FAILED,
+                                   "building the '%s' kernels (%s) failed: %s (%d); build log:",
+                                   v->name, build_options, cl_error_name(err), err);
+    size_t len = 0;
+    clGetProgramBuildInfo(*out, cl->device, CL_PROGRAM_BUILD_LOG, 0, NULL, &len);
+    char *log = len ? malloc(len + 1) : NULL;
+    if (log &&
+        clGetProgramBuildInfo(*out, cl->device, CL_PROGRAM_BUILD_LOG, len, log, NULL) ==
+            CL_SUCCESS) {
+        log[len] = '\0';
+        clattn_fail_append(log);
+    }
+    free(log);
+    return st;
+}
+
+/* Builds every kernel of the chosen variant (one program per distinct
+ * source) and checks that the device runs the largest work-group they may
+ * need; strict_limits makes a device too small for head_dim 256 an error. */
 static clattn_status build_kernels(struct clattn_cl_state *cl, const char *variant,
                                    int strict_limits)
 {
-    for (int op = 0; op < OP_COUNT; ++op) {
-        const cl_variant *v = find_variant(op, variant);
+    for (int k = 0; k < K_COUNT; ++k) {
+        const cl_variant *v = find_variant(k, variant);
         if (!v)
             return clattn_fail(CLATTN_ERROR_UNKNOWN_VARIANT, "no OpenCL variant '%s'", variant);
-        cl_int err;
-        const char *src = v->source;
-        cl->program[op] = clCreateProgramWithSource(cl->context, 1, &src, NULL, &err);
-        if (err != CL_SUCCESS)
-            return cl_fail(err, "clCreateProgramWithSource");
-        err = clBuildProgram(cl->program[op], 1, &cl->device, build_options, NULL, NULL);
-        if (err != CL_SUCCESS) {
-            clattn_status st = clattn_fail(CLATTN_ERROR_BUILD_FAILED,
-                                           "building %s (%s) failed: %s (%d); build log:",
-                                           v->kernel, build_options, cl_error_name(err), err);
-            size_t len = 0;
-            clGetProgramBuildInfo(cl->program[op], cl->device, CL_PROGRAM_BUILD_LOG, 0, NULL,
-                                  &len);
-            char *log = len ? malloc(len + 1) : NULL;
-            if (log && clGetProgramBuildInfo(cl->program[op], cl->device, CL_PROGRAM_BUILD_LOG,
-                                             len, log, NULL) == CL_SUCCESS) {
-                log[len] = '\0';
-                clattn_fail_append(log);
+        for (int j = 0; j < k && !cl->program[k]; ++j)
+            if (cl->program[j] && find_variant(j, variant)->source == v->source) {
+                cl->program[k] = cl->program[j];
+                clRetainProgram(cl->program[k]);
             }
-            free(log);
+        clattn_status st = CLATTN_OK;
+        if (!cl->program[k] && (st = build_program(cl, v, &cl->program[k])) != CLATTN_OK)
             return st;
-        }
-        cl->kernel[op] = clCreateKernel(cl->program[op], v->kernel, &err);
-        if (err != CL_SUCCESS)
+        cl_int err;
+        cl->kernel[k] = clCreateKernel(cl->program[k], v->function, &err);
+        if (err != CL_SUCCESS) {
+            cl->kernel[k] = NULL;
             return cl_fail(err, "clCreateKernel");
-        err = clGetKernelWorkGroupInfo(cl->kernel[op], cl->device, CL_KERNEL_WORK_GROUP_SIZE,
-                                       sizeof(size_t), &cl->kernel_max_wg[op], NULL);
-        if (err != CL_SUCCESS)
+        }
+        if ((err = clGetKernelWorkGroupInfo(cl->kernel[k], cl->device, CL_KERNEL_WORK_GROUP_SIZE,
+                                            sizeof(size_t), &cl->kernel_max_wg[k], NULL)) ||
+            (err = clGetKernelWorkGroupInfo(cl->kernel[k], cl->device, CL_KERNEL_LOCAL_MEM_SIZE,
+                                            sizeof(cl_ulong), &cl->kernel_local_mem[k], NULL)))
             return cl_fail(err, "clGetKernelWorkGroupInfo");
         size_t need = tree_work_group(CLATTN_MAX_HEAD_DIM);
-        if (strict_limits &&
-            (cl->kernel_max_wg[op] < need || cl->local_mem < need * sizeof(float)))
+        size_t local = need * sizeof(float) * (size_t)kernel_descs[k].local_per_lane;
+        if (strict_limits && (cl->kernel_max_wg[k] < need ||
+                              cl->local_mem < cl->kernel_local_mem[k] + local))
             return clattn_fail(CLATTN_ERROR_WORK_GROUP_TOO_LARGE,
                                "%s needs work-groups of %zu and %zu bytes of local memory; "
                                "the device allows %zu and %llu",
-                               v->kernel, need, need * sizeof(float), cl->kernel_max_wg[op],
+                               v->function, need, local, cl->kernel_max_wg[k],
                                (unsigned long long)cl->local_mem);
     }
     return CLATTN_OK;
@@ -323,6 +377,8 @@ static clattn_status init_on_device(clattn_context *ctx, const char *variant,
                                     cl_context context, cl_device_id device,
                                     cl_command_queue queue, int strict_limits)
 {
+    if (!variant)
+        variant = variants[0].name;
     struct clattn_cl_state *cl = calloc(1, sizeof *cl);
     if (!cl)
         return clattn_fail(CLATTN_ERROR_OUT_OF_MEMORY, "out of host memory");
@@ -360,7 +416,7 @@ static clattn_status init_on_device(clattn_context *ctx, const char *variant,
         st = cl_fail(err, "clGetDeviceInfo");
         goto fail;
     }
-    st = build_kernels(cl, variant ? variant : variants[0].name, strict_limits);
+    st = build_kernels(cl, variant, strict_limits);
     if (st != CLATTN_OK)
         goto fail;
 
@@ -374,7 +430,7 @@ static clattn_status init_on_device(clattn_context *ctx, const char *variant,
                                                : CLATTN_BACKEND_OPENCL_GPU;
     snprintf(ctx->device, sizeof ctx->device, "%s: %s / %s", clattn_backend_name(ctx->backend),
              platform_name, name);
-    snprintf(ctx->variant, sizeof ctx->variant, "%s", variant ? variant : variants[0].name);
+    snprintf(ctx->variant, sizeof ctx->variant, "%s", variant);
     ctx->ops = &opencl_ops;
     ctx->cl = cl;
     return CLATTN_OK;
@@ -458,21 +514,21 @@ clattn_status clattn_opencl_init(clattn_context *ctx, const clattn_options *opts
     return st;
 }
 
-/* Makes sure scratch slot holds bytes, growing it (contents are lost). */
-static clattn_status scratch(struct clattn_cl_state *cl, int slot, size_t bytes)
+/* Makes sure the scratch buffer of a role holds bytes (contents are lost). */
+static clattn_status scratch(struct clattn_cl_state *cl, int role, size_t bytes)
 {
-    if (cl->scratch_bytes[slot] >= bytes)
+    if (cl->scratch_bytes[role] >= bytes)
         return CLATTN_OK;
-    if (cl->scratch[slot])
-        clReleaseMemObject(cl->scratch[slot]);
-    cl->scratch[slot] = NULL;
-    cl->scratch_bytes[slot] = 0;
+    if (cl->scratch[role])
+        clReleaseMemObject(cl->scratch[role]);
+    cl->scratch[role] = NULL;
+    cl->scratch_bytes[role] = 0;
     cl_int err;
     cl_mem m = clCreateBuffer(cl->context, CL_MEM_READ_WRITE, bytes, NULL, &err);
     if (err != CL_SUCCESS)
         return cl_fail(err, "clCreateBuffer");
-    cl->scratch[slot] = m;
-    cl->scratch_bytes[slot] = bytes;
+    cl->scratch[role] = m;
+    cl->scratch_bytes[role] = bytes;
     return CLATTN_OK;
 }
 
@@ -487,22 +543,26 @@ static clattn_status check_alloc(const struct clattn_cl_state *cl, const clattn_
     return CLATTN_OK;
 }
 
-static clattn_status enqueue_grad_v(clattn_context *ctx, const clattn_shape *s,
-                                    const clattn_cl_tensor t[5], cl_uint nwait,
+static clattn_status enqueue_kernel(struct clattn_cl_state *cl, int k, const clattn_shape *s,
+                                    const clattn_cl_tensor t[R_ALL], cl_uint nwait,
                                     const cl_event *wait, cl_event *done)
 {
-    struct clattn_cl_state *cl = ctx->cl;
-    cl_kernel kn = cl->kernel[OP_GRAD_V];
-    size_t wg = tree_work_group(s->head_dim);
-    if (wg > cl->kernel_max_wg[OP_GRAD_V] || wg * sizeof(float) > cl->local_mem)
+    const kernel_desc *kd = &kernel_descs[k];
+    cl_kernel kn = cl->kernel[k];
+    const size_t wg = tree_work_group(s->head_dim);
+    const size_t local = wg * sizeof(float) * (size_t)kd->local_per_lane;
+    if (wg > cl->kernel_max_wg[k] || cl->kernel_local_mem[k] + local > cl->local_mem)
         return clattn_fail(CLATTN_ERROR_WORK_GROUP_TOO_LARGE,
-                           "head_dim %u needs work-groups of %zu; the device runs at most %zu",
-                           s->head_dim, wg, cl->kernel_max_wg[OP_GRAD_V]);
+                           "head_dim %u needs work-groups of %zu with %zu bytes of local "
+                           "memory; the device runs at most %zu and has %llu bytes",
+                           s->head_dim, wg, local, cl->kernel_max_wg[k],
+                           (unsigned long long)cl->local_mem);
     cl_uint arg = 0;
     cl_int err = CL_SUCCESS;
-    for (int i = 0; i < 5; ++i) {
-        cl_ulong off = t[i].offset;
-        err |= clSetKernelArg(kn, arg++, sizeof(cl_mem), &t[i].buffer);
+    for (int i = 0; i < kd->nroles; ++i) {
+        const clattn_cl_tensor *x = &t[kd->roles[i]];
+        cl_ulong off = x->offset;
+        err |= clSetKernelArg(kn, arg++, sizeof(cl_mem), &x->buffer);
         err |= clSetKernelArg(kn, arg++, sizeof off, &off);
     }
     cl_int causal = s->causal ? 1 : 0;
@@ -515,68 +575,118 @@ static clattn_status enqueue_grad_v(clattn_context *ctx, const clattn_shape *s,
     err |= clSetKernelArg(kn, arg++, sizeof causal, &causal);
     err |= clSetKernelArg(kn, arg++, sizeof(cl_uint), &s->window);
     err |= clSetKernelArg(kn, arg++, sizeof scale, &scale);
-    err |= clSetKernelArg(kn, arg++, wg * sizeof(float), NULL);
+    err |= clSetKernelArg(kn, arg++, local, NULL);
     if (err != CL_SUCCESS)
-        return clattn_fail(CLATTN_ERROR_OPENCL, "clSetKernelArg failed for grad_v");
-    size_t global[3] = {(size_t)s->kv_seq * wg, s->num_kv_heads, s->batch};
-    size_t local[3] = {wg, 1, 1};
-    err = clEnqueueNDRangeKernel(cl->queue, kn, 3, NULL, global, local, nwait,
+        return clattn_fail(CLATTN_ERROR_OPENCL, "clSetKernelArg failed for kernel %d", k);
+    const size_t rows = kd->key_rows ? s->kv_seq : s->q_seq;
+    const size_t heads = kd->key_rows ? s->num_kv_heads : s->num_heads;
+    size_t global[3] = {rows * wg, heads, s->batch};
+    size_t lsize[3] = {wg, 1, 1};
+    err = clEnqueueNDRangeKernel(cl->queue, kn, 3, NULL, global, lsize, nwait,
                                  nwait ? wait : NULL, done);
     if (err != CL_SUCCESS)
-        return cl_fail(err, "clEnqueueNDRangeKernel(grad_v)");
+        return cl_fail(err, "clEnqueueNDRangeKernel");
     return CLATTN_OK;
 }
 
-static clattn_status opencl_grad_v(clattn_context *ctx, const clattn_shape *s,
-                                   const clattn_sizes *sz, const float *d_out, const float *q,
-                                   const float *k, const float *lse, float *dv)
+/* Enqueues the kernels of op after the wait list, each after the one
+ * before, so that an out-of-order queue keeps their order. *done, when
+ * not NULL, receives the last kernel's event. */
+static clattn_status enqueue_op(struct clattn_cl_state *cl, clattn_op op, const clattn_shape *s,
+                                const clattn_sizes *sz, clattn_cl_tensor t[R_ALL],
+                                cl_uint nwait, const cl_event *wait, cl_event *done)
+{
+    const int *plan = op_plans[op];
+    clattn_status st = CLATTN_OK;
+    cl_mem dsum = NULL;
+    if (plan[0] == K_DSUM) {
+        /* Released at once: OpenCL keeps it until the kernels using it end. */
+        cl_int err;
+        dsum = clCreateBuffer(cl->context, CL_MEM_READ_WRITE, sz->lse / 2 * sizeof(float), NULL,
+                              &err);
+        if (err != CL_SUCCESS)
+            return cl_fail(err, "clCreateBuffer(dsum)");
+        t[R_DSUM].buffer = dsum;
+        t[R_DSUM].offset = 0;
+    }
+    cl_event prev = NULL;
+    for (int i = 0; plan[i] >= 0 && st == CLATTN_OK; ++i) {
+        cl_event ev = NULL;
+        st = prev ? enqueue_kernel(cl, plan[i], s, t, 1, &prev, &ev)
+                  : enqueue_kernel(cl, plan[i], s, t, nwait, wait, &ev);
+        if (prev)
+            clReleaseEvent(prev);
+        prev = ev;
+    }
+    if (dsum)
+        clReleaseMemObject(dsum);
+    if (st == CLATTN_OK && done)
+        *done = prev;
+    else if (prev)
+        clReleaseEvent(prev);
+    return st;
+}
+
+static clattn_status opencl_run(clattn_context *ctx, clattn_op op, const clattn_shape *s,
+                                const clattn_sizes *sz, const float *const host[CLATTN_R_COUNT])
 {
     struct clattn_cl_state *cl = ctx->cl;
     clattn_status st = check_alloc(cl, sz);
     if (st != CLATTN_OK)
         return st;
-    const size_t bytes[SLOT_COUNT] = {sz->q * 4, sz->q * 4, sz->kv * 4, sz->lse * 4, sz->kv * 4};
-    const float *src[SLOT_COUNT] = {d_out, q, k, lse, NULL};
-    for (int i = 0; i < SLOT_COUNT; ++i)
-        if ((st = scratch(cl, i, bytes[i])) != CLATTN_OK)
+    const unsigned reads = clattn_op_reads[op], writes = clattn_op_writes[op];
+    clattn_cl_tensor t[R_ALL];
+    memset(t, 0, sizeof t);
+    for (int r = 0; r < CLATTN_R_COUNT; ++r) {
+        if (!((reads | writes) & CLATTN_BIT(r)))
+            continue;
+        if ((st = scratch(cl, r, clattn_role_elems(sz, (clattn_role)r) * sizeof(float))) !=
+            CLATTN_OK)
             return st;
+        t[r].buffer = cl->scratch[r];
+    }
     /* Events order the copies even on a caller's out-of-order queue. */
-    cl_event ev[SLOT_COUNT] = {0}, kernel_done = NULL;
+    cl_event ev[CLATTN_R_COUNT], kernels_done = NULL;
     cl_uint nev = 0;
     cl_int err = CL_SUCCESS;
-    for (int i = 0; i < SLOT_COUNT && err == CL_SUCCESS; ++i)
-        if (src[i])
-            err = clEnqueueWriteBuffer(cl->queue, cl->scratch[i], CL_FALSE, 0, bytes[i], src[i],
-                                       0, NULL, &ev[nev++]);
-    if (err != CL_SUCCESS) {
-        --nev; /* the failed write made no event */
-        st = cl_fail(err, "clEnqueueWriteBuffer");
-        goto done;
-    }
-    clattn_cl_tensor t[5];
-    for (int i = 0; i < 5; ++i) {
-        t[i].buffer = cl->scratch[i];
-        t[i].offset = 0;
-    }
-    st = enqueue_grad_v(ctx, s, t, nev, ev, &kernel_done);
-    if (st != CLATTN_OK)
-        goto done;
-    err = clEnqueueReadBuffer(cl->queue, cl->scratch[SLOT_DV], CL_TRUE, 0, bytes[SLOT_DV], dv,
-                              1, &kernel_done, NULL);
+    for (int r = 0; r < CLATTN_R_COUNT && err == CL_SUCCESS; ++r)
+        if (reads & CLATTN_BIT(r)) {
+            err = clEnqueueWriteBuffer(cl->queue, t[r].buffer, CL_FALSE, 0,
+                                       clattn_role_elems(sz, (clattn_role)r) * sizeof(float),
+                                       host[r], 0, NULL, &ev[nev]);
+            if (err == CL_SUCCESS)
+                ++nev;
+        }
     if (err != CL_SUCCESS)
-        st = cl_fail(err, "clEnqueueReadBuffer");
-done:
-    /* Nothing may still read the caller's pointers once we return. */
+        st = cl_fail(err, "clEnqueueWriteBuffer");
+    if (st == CLATTN_OK)
+        st = enqueue_op(cl, op, s, sz, t, nev, ev, &kernels_done);
+    for (cl_uint i = 0; i < nev; ++i)
+        clReleaseEvent(ev[i]);
+    nev = 0;
+    for (int r = 0; r < CLATTN_R_COUNT && st == CLATTN_OK; ++r)
+        if (writes & CLATTN_BIT(r)) {
+            err = clEnqueueReadBuffer(cl->queue, t[r].buffer, CL_FALSE, 0,
+                                      clattn_role_elems(sz, (clattn_role)r) * sizeof(float),
+                                      (float *)host[r], 1, &kernels_done, &ev[nev]);
+            if (err == CL_SUCCESS)
+                ++nev;
+            else
+                st = cl_fail(err, "clEnqueueReadBuffer");
+        }
+    if (nev && (err = clWaitForEvents(nev, ev)) != CL_SUCCESS && st == CLATTN_OK)
+        st = cl_fail(err, "running the kernels");
+    /* Nothing may still touch the caller's pointers once we return. */
     if (st != CLATTN_OK)
         clFinish(cl->queue);
     for (cl_uint i = 0; i < nev; ++i)
         clReleaseEvent(ev[i]);
-    if (kernel_done)
-        clReleaseEvent(kernel_done);
+    if (kernels_done)
+        clReleaseEvent(kernels_done);
     return st;
 }
 
-static const clattn_backend_ops opencl_ops = {opencl_grad_v, opencl_destroy};
+static const clattn_backend_ops opencl_ops = {opencl_run, opencl_destroy};
 
 /* Checks that a caller's tensor lies inside its buffer, of ctx's context. */
 static clattn_status check_tensor(const struct clattn_cl_state *cl, clattn_cl_tensor t,
@@ -613,11 +723,10 @@ cl_command_queue clattn_context_cl_queue(const clattn_context *ctx)
     return ctx && ctx->cl ? ctx->cl->queue : NULL;
 }
 
-clattn_status clattn_grad_v_cl(clattn_context *ctx, const clattn_shape *shape,
-                               clattn_cl_tensor d_out, clattn_cl_tensor q, clattn_cl_tensor k,
-                               clattn_cl_tensor lse, clattn_cl_tensor dv,
-                               cl_uint num_events_in_wait_list, const cl_event *event_wait_list,
-                               cl_event *event)
+/* Validates the caller's buffers for op and enqueues it. */
+static clattn_status run_cl(clattn_context *ctx, clattn_op op, const clattn_shape *shape,
+                            clattn_cl_tensor t[R_ALL], cl_uint nwait, const cl_event *wait,
+                            cl_event *event)
 {
     clattn_clear_error();
     if (!ctx)
@@ -628,27 +737,123 @@ clattn_status clattn_grad_v_cl(clattn_context *ctx, const clattn_shape *shape,
         return st;
     if (!ctx->cl)
         return clattn_fail(CLATTN_ERROR_WRONG_BACKEND,
-                           "clattn_grad_v_cl needs an OpenCL context; this one is %s",
-                           ctx->device);
-    if (num_events_in_wait_list && !event_wait_list)
-        return clattn_fail(CLATTN_ERROR_NULL_POINTER,
-                           "event_wait_list is NULL with %u events", num_events_in_wait_list);
-    const clattn_cl_tensor t[5] = {d_out, q, k, lse, dv};
-    const size_t elems[5] = {sz.q, sz.q, sz.kv, sz.lse, sz.kv};
-    static const char *const names[5] = {"d_out", "q", "k", "lse", "dv"};
-    for (int i = 0; i < 5; ++i)
-        if ((st = check_tensor(ctx->cl, t[i], elems[i], names[i])) != CLATTN_OK)
+                           "the _cl calls need an OpenCL context; this one is %s", ctx->device);
+    if (nwait && !wait)
+        return clattn_fail(CLATTN_ERROR_NULL_POINTER, "event_wait_list is NULL with %u events",
+                           nwait);
+    const unsigned reads = clattn_op_reads[op], writes = clattn_op_writes[op];
+    for (int r = 0; r < CLATTN_R_COUNT; ++r)
+        if (((reads | writes) & CLATTN_BIT(r)) &&
+            (st = check_tensor(ctx->cl, t[r], clattn_role_elems(&sz, (clattn_role)r),
+                               clattn_role_name((clattn_role)r))) != CLATTN_OK)
             return st;
-    for (int i = 0; i < 4; ++i)
-        if (t[i].buffer == dv.buffer && t[i].offset < dv.offset + sz.kv &&
-            dv.offset < t[i].offset + elems[i])
-            return clattn_fail(CLATTN_ERROR_INVALID_BUFFER, "dv overlaps %s", names[i]);
+    /* An output may overlap no other tensor of the call. */
+    for (int w = 0; w < CLATTN_R_COUNT; ++w) {
+        if (!(writes & CLATTN_BIT(w)))
+            continue;
+        const size_t wn = clattn_role_elems(&sz, (clattn_role)w);
+        for (int r = 0; r < CLATTN_R_COUNT; ++r) {
+            if (r == w || !((reads | writes) & CLATTN_BIT(r)) || t[r].buffer != t[w].buffer)
+                continue;
+            const size_t rn = clattn_role_elems(&sz, (clattn_role)r);
+            if (t[r].offset < t[w].offset + wn && t[w].offset < t[r].offset + rn)
+                return clattn_fail(CLATTN_ERROR_INVALID_BUFFER, "%s overlaps %s",
+                                   clattn_role_name((clattn_role)w),
+                                   clattn_role_name((clattn_role)r));
+        }
+    }
     if ((st = check_alloc(ctx->cl, &sz)) != CLATTN_OK)
         return st;
     pthread_mutex_lock(&ctx->lock);
-    st = enqueue_grad_v(ctx, shape, t, num_events_in_wait_list, event_wait_list, event);
+    st = enqueue_op(ctx->cl, op, shape, &sz, t, nwait, wait, event);
     pthread_mutex_unlock(&ctx->lock);
     return st;
+}
+
+clattn_status clattn_grad_v_cl(clattn_context *ctx, const clattn_shape *shape,
+                               clattn_cl_tensor d_out, clattn_cl_tensor q, clattn_cl_tensor k,
+                               clattn_cl_tensor lse, clattn_cl_tensor dv,
+                               cl_uint num_events_in_wait_list, const cl_event *event_wait_list,
+                               cl_event *event)
+{
+    clattn_cl_tensor t[R_ALL];
+    memset(t, 0, sizeof t);
+    t[CLATTN_R_DO] = d_out;
+    t[CLATTN_R_Q] = q;
+    t[CLATTN_R_K] = k;
+    t[CLATTN_R_LSE] = lse;
+    t[CLATTN_R_DV] = dv;
+    return run_cl(ctx, CLATTN_OP_GRAD_V, shape, t, num_events_in_wait_list, event_wait_list,
+                  event);
+}
+
+clattn_status clattn_forward_cl(clattn_context *ctx, const clattn_shape *shape,
+                                clattn_cl_tensor q, clattn_cl_tensor k, clattn_cl_tensor v,
+                                clattn_cl_tensor o, clattn_cl_tensor lse,
+                                cl_uint num_events_in_wait_list,
+                                const cl_event *event_wait_list, cl_event *event)
+{
+    clattn_cl_tensor t[R_ALL];
+    memset(t, 0, sizeof t);
+    t[CLATTN_R_Q] = q;
+    t[CLATTN_R_K] = k;
+    t[CLATTN_R_V] = v;
+    t[CLATTN_R_O] = o;
+    t[CLATTN_R_LSE] = lse;
+    return run_cl(ctx, CLATTN_OP_FORWARD, shape, t, num_events_in_wait_list, event_wait_list,
+                  event);
+}
+
+/* The gradients that read Q K V O LSE dO. */
+static clattn_status run_backward_cl(clattn_context *ctx, clattn_op op,
+                                     const clattn_shape *shape, const clattn_cl_tensor in[6],
+                                     clattn_cl_tensor dq, clattn_cl_tensor dk,
+                                     clattn_cl_tensor dv, cl_uint nwait, const cl_event *wait,
+                                     cl_event *event)
+{
+    clattn_cl_tensor t[R_ALL];
+    memset(t, 0, sizeof t);
+    for (int r = 0; r < 6; ++r)
+        t[r] = in[r]; /* Q K V O LSE dO lead the role list */
+    t[CLATTN_R_DQ] = dq;
+    t[CLATTN_R_DK] = dk;
+    t[CLATTN_R_DV] = dv;
+    return run_cl(ctx, op, shape, t, nwait, wait, event);
+}
+
+clattn_status clattn_backward_cl(clattn_context *ctx, const clattn_shape *shape,
+                                 clattn_cl_tensor q, clattn_cl_tensor k, clattn_cl_tensor v,
+                                 clattn_cl_tensor o, clattn_cl_tensor lse,
+                                 clattn_cl_tensor d_out, clattn_cl_tensor dq,
+                                 clattn_cl_tensor dk, clattn_cl_tensor dv,
+                                 cl_uint num_events_in_wait_list,
+                                 const cl_event *event_wait_list, cl_event *event)
+{
+    const clattn_cl_tensor in[6] = {q, k, v, o, lse, d_out};
+    return run_backward_cl(ctx, CLATTN_OP_BACKWARD, shape, in, dq, dk, dv,
+                           num_events_in_wait_list, event_wait_list, event);
+}
+
+clattn_status clattn_grad_q_cl(clattn_context *ctx, const clattn_shape *shape,
+                               clattn_cl_tensor q, clattn_cl_tensor k, clattn_cl_tensor v,
+                               clattn_cl_tensor o, clattn_cl_tensor lse, clattn_cl_tensor d_out,
+                               clattn_cl_tensor dq, cl_uint num_events_in_wait_list,
+                               const cl_event *event_wait_list, cl_event *event)
+{
+    const clattn_cl_tensor in[6] = {q, k, v, o, lse, d_out}, none = {NULL, 0};
+    return run_backward_cl(ctx, CLATTN_OP_GRAD_Q, shape, in, dq, none, none,
+                           num_events_in_wait_list, event_wait_list, event);
+}
+
+clattn_status clattn_grad_k_cl(clattn_context *ctx, const clattn_shape *shape,
+                               clattn_cl_tensor q, clattn_cl_tensor k, clattn_cl_tensor v,
+                               clattn_cl_tensor o, clattn_cl_tensor lse, clattn_cl_tensor d_out,
+                               clattn_cl_tensor dk, cl_uint num_events_in_wait_list,
+                               const cl_event *event_wait_list, cl_event *event)
+{
+    const clattn_cl_tensor in[6] = {q, k, v, o, lse, d_out}, none = {NULL, 0};
+    return run_backward_cl(ctx, CLATTN_OP_GRAD_K, shape, in, none, dk, none,
+                           num_events_in_wait_list, event_wait_list, event);
 }
 
 clattn_status clattn_context_create_from_cl(const clattn_options *opts, cl_context context,

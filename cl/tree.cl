@@ -1,0 +1,265 @@
+/*
+ * The `tree` variants: meganeura's WGSL attention archetypes in OpenCL C 1.2,
+ * generalised. grad_v__tree is mha_grad_v.wgsl; the others follow its shape.
+ *
+ * One work-group per row (a query for forward and grad-Q, a key for grad-K,
+ * grad-V and grad-KV) of one head and batch element; lane d owns element d of
+ * the row. Each dot product is reduced across the work-group in local memory
+ * by a tree of barriers, as the seed does with its 64 lanes. The work-group
+ * is the next power of two >= head_dim; lanes past head_dim add zeros, so any
+ * head_dim from 1 to 256 works.
+ *
+ * Launch: global (rows * WG, heads, batch), local (WG, 1, 1); `red` is a
+ * __local buffer of WG floats, or 2 * WG for kernels that reduce two dot
+ * products at once. Tensor arguments are (buffer, offset in floats) pairs.
+ */
+
+#define SHAPE_ARGS                                                                       \
+    uint q_seq, uint kv_seq, uint num_heads, uint num_kv_heads, uint head_dim, int causal, \
+        uint window, float scale
+
+/* A row with no visible key has this LSE pair, as in meganeura's forward. */
+#define EMPTY_ROW (-1e30f)
+
+/* Sums every lane's value; every lane of the work-group must call it. */
+inline float tree_sum(__local float *red, float mine, uint tid, uint wg)
+{
+    red[tid] = mine;
+    barrier(CLK_LOCAL_MEM_FENCE);
+    for (uint s = wg >> 1; s > 0u; s >>= 1) {
+        if (tid < s)
+            red[tid] += red[tid + s];
+        barrier(CLK_LOCAL_MEM_FENCE);
+    }
+    const float sum = red[0];
+    /* red[0] is read by every lane before the next call overwrites it. */
+    barrier(CLK_LOCAL_MEM_FENCE);
+    return sum;
+}
+
+/* Two sums through one tree: red holds 2 * wg floats. */
+inline float2 tree_sum2(__local float *red, float a, float b, uint tid, uint wg)
+{
+    red[tid] = a;
+    red[wg + tid] = b;
+    barrier(CLK_LOCAL_MEM_FENCE);
+    for (uint s = wg >> 1; s > 0u; s >>= 1) {
+        if (tid < s) {
+            red[tid] += red[tid + s];
+            red[wg + tid] += red[wg + tid + s];
+        }
+        barrier(CLK_LOCAL_MEM_FENCE);
+    }
+    const float2 sum = (float2)(red[0], red[wg]);
+    barrier(CLK_LOCAL_MEM_FENCE);
+    return sum;
+}
+
+/* The queries [*start, *end) that see key t: the seed's loop bounds,
+ * written so that t + window cannot wrap. */
+inline void queries_of_key(uint t, uint q_seq, int causal, uint window, uint *start, uint *end)
+{
+    *start = causal ? t : 0u;
+    *end = q_seq;
+    if (window > 0u && t < q_seq && window < q_seq - t)
+        *end = t + window;
+}
+
+/* The keys [*start, *end) that query pos sees. */
+inline void keys_of_query(uint pos, uint kv_seq, int causal, uint window, uint *start,
+                          uint *end)
+{
+    *start = window > 0u && pos >= window ? pos - window + 1u : 0u;
+    *end = causal ? min(pos + 1u, kv_seq) : kv_seq;
+}
+
+/* Element offsets: [b][row][head][d] with `heads` heads. */
+inline ulong at(uint b, uint rows, uint row, uint heads, uint head, uint head_dim, uint d)
+{
+    return (((ulong)b * rows + row) * heads + head) * head_dim + d;
+}
+
+__kernel void grad_v__tree(__global const float *d_out, ulong d_out_off,
+                           __global const float *q, ulong q_off,
+                           __global const float *k, ulong k_off,
+                           __global const float *lse, ulong lse_off,
+                           __global float *dv, ulong dv_off, SHAPE_ARGS, __local float *red)
+{
+    const uint wg = get_local_size(0), tid = get_local_id(0);
+    const uint t = get_group_id(0), kv_head = get_group_id(1), b = get_group_id(2);
+    const bool live = tid < head_dim;
+    const uint group = num_heads / num_kv_heads;
+    const ulong kv_at = at(b, kv_seq, t, num_kv_heads, kv_head, head_dim, tid);
+    const float k_t = live ? k[k_off + kv_at] : 0.0f;
+    float my_dv = 0.0f;
+
+    uint start, end;
+    queries_of_key(t, q_seq, causal, window, &start, &end);
+    for (uint pos = start; pos < end; ++pos) {
+        for (uint head = kv_head * group; head < (kv_head + 1u) * group; ++head) {
+            const ulong q_at = at(b, q_seq, pos, num_heads, head, head_dim, tid);
+            const float score =
+                tree_sum(red, live ? q[q_off + q_at] * k_t : 0.0f, tid, wg) * scale;
+            const ulong row = lse_off + 2 * at(b, q_seq, pos, num_heads, head, 1, 0);
+            const float p = exp(fmin(score - lse[row], 0.0f) - lse[row + 1]);
+            if (live)
+                my_dv += p * d_out[d_out_off + q_at];
+        }
+    }
+    if (live)
+        dv[dv_off + kv_at] = my_dv;
+}
+
+/* O and the LSE pair of one query row, by online softmax over its keys. */
+__kernel void forward__tree(__global const float *q, ulong q_off,
+                            __global const float *k, ulong k_off,
+                            __global const float *v, ulong v_off,
+                            __global float *o, ulong o_off,
+                            __global float *lse, ulong lse_off, SHAPE_ARGS, __local float *red)
+{
+    const uint wg = get_local_size(0), tid = get_local_id(0);
+    const uint pos = get_group_id(0), head = get_group_id(1), b = get_group_id(2);
+    const bool live = tid < head_dim;
+    const uint kv_head = head / (num_heads / num_kv_heads);
+    const ulong q_at = at(b, q_seq, pos, num_heads, head, head_dim, tid);
+    const float q_d = live ? q[q_off + q_at] : 0.0f;
+    float m = EMPTY_ROW, l = 0.0f, acc = 0.0f;
+
+    uint start, end;
+    keys_of_query(pos, kv_seq, causal, window, &start, &end);
+    for (uint t = start; t < end; ++t) {
+        const ulong kv_at = at(b, kv_seq, t, num_kv_heads, kv_head, head_dim, tid);
+        const float s = tree_sum(red, live ? q_d * k[k_off + kv_at] : 0.0f, tid, wg) * scale;
+        const float m_new = fmax(m, s);
+        const float rescale = exp(m - m_new), e = exp(s - m_new);
+        l = l * rescale + e;
+        acc = acc * rescale + (live ? e * v[v_off + kv_at] : 0.0f);
+        m = m_new;
+    }
+    if (live)
+        o[o_off + q_at] = l > 0.0f ? acc / l : 0.0f;
+    if (tid == 0) {
+        const ulong row = lse_off + 2 * at(b, q_seq, pos, num_heads, head, 1, 0);
+        lse[row] = l > 0.0f ? m : EMPTY_ROW;
+        lse[row + 1] = l > 0.0f ? log(l) : EMPTY_ROW;
+    }
+}
+
+/* Dsum = dO . O for one query row: the pre-pass that grad-Q, grad-K and
+ * grad-KV read instead of recomputing it per key. */
+__kernel void dsum__tree(__global const float *d_out, ulong d_out_off,
+                         __global const float *o, ulong o_off,
+                         __global float *dsum, ulong dsum_off, SHAPE_ARGS, __local float *red)
+{
+    const uint wg = get_local_size(0), tid = get_local_id(0);
+    const uint pos = get_group_id(0), head = get_group_id(1), b = get_group_id(2);
+    const bool live = tid < head_dim;
+    const ulong q_at = at(b, q_seq, pos, num_heads, head, head_dim, tid);
+    const float sum =
+        tree_sum(red, live ? d_out[d_out_off + q_at] * o[o_off + q_at] : 0.0f, tid, wg);
+    if (tid == 0)
+        dsum[dsum_off + at(b, q_seq, pos, num_heads, head, 1, 0)] = sum;
+}
+
+/* dQ of one query row: sum over its keys of scale * dS * K[t]. */
+__kernel void grad_q__tree(__global const float *q, ulong q_off,
+                           __global const float *k, ulong k_off,
+                           __global const float *v, ulong v_off,
+                           __global const float *d_out, ulong d_out_off,
+                           __global const float *lse, ulong lse_off,
+                           __global const float *dsum, ulong dsum_off,
+                           __global float *dq, ulong dq_off, SHAPE_ARGS, __local float *red)
+{
+    const uint wg = get_local_size(0), tid = get_local_id(0);
+    const uint pos = get_group_id(0), head = get_group_id(1), b = get_group_id(2);
+    const bool live = tid < head_dim;
+    const uint kv_head = head / (num_heads / num_kv_heads);
+    const ulong q_at = at(b, q_seq, pos, num_heads, head, head_dim, tid);
+    const ulong row = at(b, q_seq, pos, num_heads, head, 1, 0);
+    const float q_d = live ? q[q_off + q_at] : 0.0f;
+    const float do_d = live ? d_out[d_out_off + q_at] : 0.0f;
+    const float m = lse[lse_off + 2 * row], l = lse[lse_off + 2 * row + 1];
+    const float ds_row = dsum[dsum_off + row];
+    float acc = 0.0f;
+
+    uint start, end;
+    keys_of_query(pos, kv_seq, causal, window, &start, &end);
+    for (uint t = start; t < end; ++t) {
+        const ulong kv_at = at(b, kv_seq, t, num_kv_heads, kv_head, head_dim, tid);
+        const float k_d = live ? k[k_off + kv_at] : 0.0f;
+        const float v_d = live ? v[v_off + kv_at] : 0.0f;
+        const float2 sums = tree_sum2(red, q_d * k_d, do_d * v_d, tid, wg);
+        const float p = exp(fmin(sums.x * scale - m, 0.0f) - l);
+        acc += scale * p * (sums.y - ds_row) * k_d;
+    }
+    if (live)
+        dq[dq_off + q_at] = acc;
+}
+
+/* dK (and dV when dv is not NULL) of one key row, over the queries of its
+ * KV head's group that see it; each score is shared by both. */
+inline void grad_kv_row(__global const float *q, ulong q_off, __global const float *k,
+                        ulong k_off, __global const float *v, ulong v_off,
+                        __global const float *d_out, ulong d_out_off,
+                        __global const float *lse, ulong lse_off,
+                        __global const float *dsum, ulong dsum_off, __global float *dk,
+                        ulong dk_off, __global float *dv, ulong dv_off, SHAPE_ARGS,
+                        __local float *red)
+{
+    const uint wg = get_local_size(0), tid = get_local_id(0);
+    const uint t = get_group_id(0), kv_head = get_group_id(1), b = get_group_id(2);
+    const bool live = tid < head_dim;
+    const uint group = num_heads / num_kv_heads;
+    const ulong kv_at = at(b, kv_seq, t, num_kv_heads, kv_head, head_dim, tid);
+    const float k_d = live ? k[k_off + kv_at] : 0.0f;
+    const float v_d = live ? v[v_off + kv_at] : 0.0f;
+    float dk_acc = 0.0f, dv_acc = 0.0f;
+
+    uint start, end;
+    queries_of_key(t, q_seq, causal, window, &start, &end);
+    for (uint pos = start; pos < end; ++pos) {
+        for (uint head = kv_head * group; head < (kv_head + 1u) * group; ++head) {
+            const ulong q_at = at(b, q_seq, pos, num_heads, head, head_dim, tid);
+            const ulong row = at(b, q_seq, pos, num_heads, head, 1, 0);
+            const float q_d = live ? q[q_off + q_at] : 0.0f;
+            const float do_d = live ? d_out[d_out_off + q_at] : 0.0f;
+            const float2 sums = tree_sum2(red, q_d * k_d, do_d * v_d, tid, wg);
+            const float p =
+                exp(fmin(sums.x * scale - lse[lse_off + 2 * row], 0.0f) - lse[lse_off + 2 * row + 1]);
+            dk_acc += scale * p * (sums.y - dsum[dsum_off + row]) * q_d;
+            dv_acc += p * do_d;
+        }
+    }
+    if (live) {
+        dk[dk_off + kv_at] = dk_acc;
+        if (dv)
+            dv[dv_off + kv_at] = dv_acc;
+    }
+}
+
+__kernel void grad_k__tree(__global const float *q, ulong q_off,
+                           __global const float *k, ulong k_off,
+                           __global const float *v, ulong v_off,
+                           __global const float *d_out, ulong d_out_off,
+                           __global const float *lse, ulong lse_off,
+                           __global const float *dsum, ulong dsum_off,
+                           __global float *dk, ulong dk_off, SHAPE_ARGS, __local float *red)
+{
+    grad_kv_row(q, q_off, k, k_off, v, v_off, d_out, d_out_off, lse, lse_off, dsum, dsum_off,
+                dk, dk_off, 0, 0, q_seq, kv_seq, num_heads, num_kv_heads, head_dim, causal,
+                window, scale, red);
+}
+
+__kernel void grad_kv__tree(__global const float *q, ulong q_off,
+                            __global const float *k, ulong k_off,
+                            __global const float *v, ulong v_off,
+                            __global const float *d_out, ulong d_out_off,
+                            __global const float *lse, ulong lse_off,
+                            __global const float *dsum, ulong dsum_off,
+                            __global float *dk, ulong dk_off,
+                            __global float *dv, ulong dv_off, SHAPE_ARGS, __local float *red)
+{
+    grad_kv_row(q, q_off, k, k_off, v, v_off, d_out, d_out_off, lse, lse_off, dsum, dsum_off,
+                dk, dk_off, dv, dv_off, q_seq, kv_seq, num_heads, num_kv_heads, head_dim,
+                causal, window, scale, red);
+}
