@@ -1,4 +1,5 @@
-/* The numeric suite: the same cases on every backend, against float64. */
+/* The numeric suite: the same cases and every op on every backend, against
+ * float64. */
 #define CL_TARGET_OPENCL_VERSION 120
 #include <math.h>
 #include <stdio.h>
@@ -31,32 +32,105 @@ static clattn_shape to_shape(const shape_case *c)
     return s;
 }
 
-/* Runs grad-V on ctx for the shape and compares with the reference. */
-static void check_grad_v(clattn_context *ctx, const clattn_shape *s, float q_gain, uint64_t seed)
+static void expect_close(const char *what, const clattn_shape *s, float q_gain,
+                         const float *got, const double *ref, const double *mag, size_t n)
+{
+    size_t at;
+    double worst = worst_error(got, ref, mag, n, &at);
+    if (getenv("CLATTN_TEST_VERBOSE"))
+        printf("%s b%u q%u kv%u h%u/%u d%u causal %d window %u gain %g: worst %.3g of "
+               "tolerance\n",
+               what, s->batch, s->q_seq, s->kv_seq, s->num_heads, s->num_kv_heads, s->head_dim,
+               s->causal, s->window, (double)q_gain, worst);
+    ck_assert_msg(worst <= 1.0,
+                  "%s on %s: b%u q%u kv%u heads %u/%u d%u causal %d window %u gain %g: "
+                  "element %zu is %.9g, reference %.9g (mag %.3g); %.3g times the tolerance",
+                  what, test_backend, s->batch, s->q_seq, s->kv_seq, s->num_heads,
+                  s->num_kv_heads, s->head_dim, s->causal, s->window, (double)q_gain, at,
+                  (double)got[at], ref[at], mag[at], worst);
+}
+
+static double *doubles(size_t n)
+{
+    double *a = malloc((n ? n : 1) * sizeof(double));
+    ck_assert_ptr_nonnull(a);
+    return a;
+}
+
+/* The LSE pairs: empty rows exactly as meganeura's forward, others close. */
+static void expect_lse(const clattn_shape *s, const float *got, const double *ref, size_t n)
+{
+    for (size_t i = 0; i < n; ++i) {
+        if (ref[i] == -1e30) {
+            ck_assert_msg(got[i] == -1e30f, "LSE %zu of an empty row is %g", i, (double)got[i]);
+            continue;
+        }
+        ck_assert_msg(fabs(got[i] - ref[i]) <= TOL_REL * (1.0 + fabs(ref[i])),
+                      "LSE on %s: h%u/%u d%u causal %d window %u: element %zu is %.9g, "
+                      "reference %.9g",
+                      test_backend, s->num_heads, s->num_kv_heads, s->head_dim, s->causal,
+                      s->window, i, (double)got[i], ref[i]);
+    }
+}
+
+/* Runs every op on ctx for the shape and compares each with the float64
+ * reference: forward, grad-V, backward, grad-Q and grad-K alone, and the
+ * backward from this backend's own forward. */
+static void check_ops(clattn_context *ctx, const clattn_shape *s, float q_gain, uint64_t seed)
 {
     problem p;
     problem_make(&p, s, seed, q_gain);
-    float *dv = nan_array(p.nkv);
-    double *ref = malloc(p.nkv * sizeof(double)), *mag = malloc(p.nkv * sizeof(double));
-    ck_assert_ptr_nonnull(ref);
-    ck_assert_ptr_nonnull(mag);
-    ck_assert_status(clattn_grad_v(ctx, s, p.d_out, p.q, p.k, p.lse, dv), CLATTN_OK);
-    ref_grad_v(&p, ref, mag);
-    size_t at;
-    double worst = worst_error(dv, ref, mag, p.nkv, &at);
-    if (getenv("CLATTN_TEST_VERBOSE"))
-        printf("b%u q%u kv%u h%u/%u d%u causal %d window %u gain %g: worst %.3g of tolerance\n",
-               s->batch, s->q_seq, s->kv_seq, s->num_heads, s->num_kv_heads, s->head_dim,
-               s->causal, s->window, (double)q_gain, worst);
-    ck_assert_msg(worst <= 1.0,
-                  "%s: b%u q%u kv%u heads %u/%u d%u causal %d window %u gain %g: element %zu "
-                  "is %.9g, reference %.9g (mag %.3g); %.3g times the tolerance",
-                  test_backend, s->batch, s->q_seq, s->kv_seq, s->num_heads, s->num_kv_heads,
-                  s->head_dim, s->causal, s->window, (double)q_gain, at, (double)dv[at], ref[at],
-                  mag[at], worst);
-    free(ref);
-    free(mag);
-    free(dv);
+    double *o_ref = doubles(p.nq), *o_mag = doubles(p.nq), *lse_ref = doubles(p.nlse);
+    double *dq = doubles(p.nq), *dq_mag = doubles(p.nq), *dk = doubles(p.nkv);
+    double *dk_mag = doubles(p.nkv), *dv = doubles(p.nkv), *dv_mag = doubles(p.nkv);
+    float *o = nan_array(p.nq), *lse = nan_array(p.nlse), *gq = nan_array(p.nq);
+    float *gk = nan_array(p.nkv), *gv = nan_array(p.nkv);
+
+    ck_assert_status(clattn_forward(ctx, s, p.q, p.k, p.v, o, lse), CLATTN_OK);
+    ref_forward(&p, o_ref, o_mag, lse_ref);
+    expect_close("forward O", s, q_gain, o, o_ref, o_mag, p.nq);
+    expect_lse(s, lse, lse_ref, p.nlse);
+
+    ref_backward(&p, dq, dq_mag, dk, dk_mag, dv, dv_mag);
+    ck_assert_status(clattn_grad_v(ctx, s, p.d_out, p.q, p.k, p.lse, gv), CLATTN_OK);
+    expect_close("grad-V", s, q_gain, gv, dv, dv_mag, p.nkv);
+
+    float *fill[3] = {gq, gk, gv};
+    size_t nfill[3] = {p.nq, p.nkv, p.nkv};
+    for (int i = 0; i < 3; ++i)
+        for (size_t j = 0; j < nfill[i]; ++j)
+            fill[i][j] = NAN;
+    ck_assert_status(clattn_backward(ctx, s, p.q, p.k, p.v, p.o, p.lse, p.d_out, gq, gk, gv),
+                     CLATTN_OK);
+    expect_close("backward dQ", s, q_gain, gq, dq, dq_mag, p.nq);
+    expect_close("backward dK", s, q_gain, gk, dk, dk_mag, p.nkv);
+    expect_close("backward dV", s, q_gain, gv, dv, dv_mag, p.nkv);
+
+    for (size_t j = 0; j < p.nq; ++j)
+        gq[j] = NAN;
+    for (size_t j = 0; j < p.nkv; ++j)
+        gk[j] = NAN;
+    ck_assert_status(clattn_grad_q(ctx, s, p.q, p.k, p.v, p.o, p.lse, p.d_out, gq), CLATTN_OK);
+    expect_close("grad-Q", s, q_gain, gq, dq, dq_mag, p.nq);
+    ck_assert_status(clattn_grad_k(ctx, s, p.q, p.k, p.v, p.o, p.lse, p.d_out, gk), CLATTN_OK);
+    expect_close("grad-K", s, q_gain, gk, dk, dk_mag, p.nkv);
+
+    /* The chain: this backend's forward feeds its backward. */
+    memcpy(p.o, o, p.nq * sizeof(float));
+    memcpy(p.lse, lse, p.nlse * sizeof(float));
+    ref_backward(&p, dq, dq_mag, dk, dk_mag, dv, dv_mag);
+    ck_assert_status(clattn_backward(ctx, s, p.q, p.k, p.v, o, lse, p.d_out, gq, gk, gv),
+                     CLATTN_OK);
+    expect_close("chain dQ", s, q_gain, gq, dq, dq_mag, p.nq);
+    expect_close("chain dK", s, q_gain, gk, dk, dk_mag, p.nkv);
+    expect_close("chain dV", s, q_gain, gv, dv, dv_mag, p.nkv);
+
+    double *frees[] = {o_ref, o_mag, lse_ref, dq, dq_mag, dk, dk_mag, dv, dv_mag};
+    for (size_t i = 0; i < sizeof frees / sizeof *frees; ++i)
+        free(frees[i]);
+    float *ffrees[] = {o, lse, gq, gk, gv};
+    for (size_t i = 0; i < sizeof ffrees / sizeof *ffrees; ++i)
+        free(ffrees[i]);
     problem_free(&p);
 }
 
@@ -64,7 +138,7 @@ static void run_cases(const shape_case *cases, int i)
 {
     clattn_context *ctx = test_context(NULL);
     clattn_shape s = to_shape(&cases[i]);
-    check_grad_v(ctx, &s, cases[i].q_gain, 1000u + (uint64_t)i);
+    check_ops(ctx, &s, cases[i].q_gain, 1000u + (uint64_t)i);
     clattn_context_destroy(ctx);
 }
 
@@ -192,7 +266,7 @@ START_TEST(one_context_many_calls)
     };
     for (int i = 0; i < 4; ++i) {
         clattn_shape s = to_shape(&seq[i]);
-        check_grad_v(ctx, &s, 1.0f, 500u + (uint64_t)i);
+        check_ops(ctx, &s, 1.0f, 500u + (uint64_t)i);
         clattn_shape bad = s;
         bad.num_kv_heads = 3;
         float x = 0.0f;
@@ -211,7 +285,7 @@ START_TEST(named_variant)
     ck_assert_str_eq(clattn_context_variant(ctx), name);
     shape_case c = {2, 45, 45, 6, 2, 48, 1, 7, 0, 1};
     clattn_shape s = to_shape(&c);
-    check_grad_v(ctx, &s, 1.0f, 9);
+    check_ops(ctx, &s, 1.0f, 9);
     clattn_context_destroy(ctx);
 }
 END_TEST

@@ -49,7 +49,9 @@ void problem_make(problem *p, const clattn_shape *s, uint64_t seed, float q_gain
     p->d_out = malloc(p->nq * sizeof(float));
     p->k = malloc(p->nkv * sizeof(float));
     p->lse = malloc(p->nlse * sizeof(float));
-    if (!p->q || !p->d_out || !p->k || !p->lse)
+    p->v = malloc(p->nkv * sizeof(float));
+    p->o = malloc(p->nq * sizeof(float));
+    if (!p->q || !p->d_out || !p->k || !p->lse || !p->v || !p->o)
         abort(); /* a test harness may; the library never does */
     uint64_t x = seed;
     for (size_t i = 0; i < p->nq; ++i) {
@@ -58,9 +60,32 @@ void problem_make(problem *p, const clattn_shape *s, uint64_t seed, float q_gain
     }
     for (size_t i = 0; i < p->nkv; ++i)
         p->k[i] = uniform(&x);
+    for (size_t i = 0; i < p->nkv; ++i)
+        p->v[i] = uniform(&x);
+    double *o = malloc(p->nq * sizeof(double)), *mag = malloc(p->nq * sizeof(double));
+    double *lse = malloc(p->nlse * sizeof(double));
+    if (!o || !mag || !lse)
+        abort();
+    ref_forward(p, o, mag, lse);
+    for (size_t i = 0; i < p->nq; ++i)
+        p->o[i] = (float)o[i];
+    for (size_t i = 0; i < p->nlse; ++i)
+        p->lse[i] = (float)lse[i];
+    free(o);
+    free(mag);
+    free(lse);
+}
+
+void ref_forward(const problem *p, double *o, double *o_mag, double *lse)
+{
+    const clattn_shape *s = &p->s;
+    const size_t D = s->head_dim, group = s->num_heads / s->num_kv_heads;
+    memset(o, 0, p->nq * sizeof(double));
+    memset(o_mag, 0, p->nq * sizeof(double));
     for (size_t b = 0; b < s->batch; ++b)
         for (size_t pos = 0; pos < s->q_seq; ++pos)
             for (size_t h = 0; h < s->num_heads; ++h) {
+                const size_t row = (b * s->q_seq + pos) * s->num_heads + h;
                 double m = -1e30, l = -1e30, sum = 0.0;
                 int any = 0;
                 for (size_t t = 0; t < s->kv_seq; ++t)
@@ -74,10 +99,67 @@ void problem_make(problem *p, const clattn_shape *s, uint64_t seed, float q_gain
                         if (ref_visible(s, (uint32_t)pos, (uint32_t)t))
                             sum += exp(score(p, b, pos, h, t) - m);
                     l = log(sum);
+                    for (size_t t = 0; t < s->kv_seq; ++t) {
+                        if (!ref_visible(s, (uint32_t)pos, (uint32_t)t))
+                            continue;
+                        const double pr = exp(score(p, b, pos, h, t) - m - l);
+                        const float *vr = p->v + ((b * s->kv_seq + t) * s->num_kv_heads + h / group) * D;
+                        for (size_t d = 0; d < D; ++d) {
+                            o[row * D + d] += pr * vr[d];
+                            o_mag[row * D + d] += pr * fabs((double)vr[d]);
+                        }
+                    }
                 }
-                float *pair = p->lse + ((b * s->q_seq + pos) * s->num_heads + h) * 2;
-                pair[0] = (float)m;
-                pair[1] = (float)l;
+                lse[2 * row] = m;
+                lse[2 * row + 1] = l;
+            }
+}
+
+void ref_backward(const problem *p, double *dq, double *dq_mag, double *dk, double *dk_mag,
+                  double *dv, double *dv_mag)
+{
+    const clattn_shape *s = &p->s;
+    const size_t D = s->head_dim, group = s->num_heads / s->num_kv_heads;
+    const double scale = ref_scale(s);
+    memset(dq, 0, p->nq * sizeof(double));
+    memset(dq_mag, 0, p->nq * sizeof(double));
+    memset(dk, 0, p->nkv * sizeof(double));
+    memset(dk_mag, 0, p->nkv * sizeof(double));
+    memset(dv, 0, p->nkv * sizeof(double));
+    memset(dv_mag, 0, p->nkv * sizeof(double));
+    for (size_t b = 0; b < s->batch; ++b)
+        for (size_t pos = 0; pos < s->q_seq; ++pos)
+            for (size_t h = 0; h < s->num_heads; ++h) {
+                const size_t row = (b * s->q_seq + pos) * s->num_heads + h;
+                const float *qr = p->q + row * D, *dor = p->d_out + row * D;
+                const float *orow = p->o + row * D;
+                double dsum = 0.0, dsum_mag = 0.0;
+                for (size_t d = 0; d < D; ++d) {
+                    dsum += (double)dor[d] * orow[d];
+                    dsum_mag += fabs((double)dor[d] * orow[d]);
+                }
+                for (size_t t = 0; t < s->kv_seq; ++t) {
+                    if (!ref_visible(s, (uint32_t)pos, (uint32_t)t))
+                        continue;
+                    const size_t kv = ((b * s->kv_seq + t) * s->num_kv_heads + h / group) * D;
+                    const float *kr = p->k + kv, *vr = p->v + kv;
+                    const double x = score(p, b, pos, h, t) - p->lse[2 * row];
+                    const double pr = exp((x < 0.0 ? x : 0.0) - p->lse[2 * row + 1]);
+                    double dp = 0.0, dp_mag = 0.0;
+                    for (size_t d = 0; d < D; ++d) {
+                        dp += (double)dor[d] * vr[d];
+                        dp_mag += fabs((double)dor[d] * vr[d]);
+                    }
+                    const double ds = pr * (dp - dsum), ds_mag = pr * (dp_mag + dsum_mag);
+                    for (size_t d = 0; d < D; ++d) {
+                        dq[row * D + d] += scale * ds * kr[d];
+                        dq_mag[row * D + d] += scale * ds_mag * fabs((double)kr[d]);
+                        dk[kv + d] += scale * ds * qr[d];
+                        dk_mag[kv + d] += scale * ds_mag * fabs((double)qr[d]);
+                        dv[kv + d] += pr * dor[d];
+                        dv_mag[kv + d] += fabs(pr * dor[d]);
+                    }
+                }
             }
 }
 
@@ -87,6 +169,8 @@ void problem_free(problem *p)
     free(p->k);
     free(p->d_out);
     free(p->lse);
+    free(p->v);
+    free(p->o);
     memset(p, 0, sizeof *p);
 }
 

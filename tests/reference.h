@@ -20,11 +20,12 @@
 typedef struct problem {
     clattn_shape s;
     size_t nq, nkv, nlse; /* elements */
-    float *q, *k, *d_out, *lse;
+    float *q, *k, *v, *d_out, *o, *lse;
 } problem;
 
-/* Random inputs in [-1, 1) from seed, Q scaled by q_gain (large logits),
- * and the forward's LSE pairs computed in float64 and rounded to float. */
+/* Random Q, K, V and dO in [-1, 1) from seed, Q scaled by q_gain (large
+ * logits), and the forward's O and LSE pairs computed in float64 and
+ * rounded to float. */
 void problem_make(problem *p, const clattn_shape *s, uint64_t seed, float q_gain);
 void problem_free(problem *p);
 
@@ -34,6 +35,16 @@ int ref_visible(const clattn_shape *s, uint32_t pos, uint32_t t);
 /* dV in float64 from the problem's float inputs; mag receives the sum of
  * |p * dO| of each element. Both arrays hold p->nkv doubles. */
 void ref_grad_v(const problem *p, double *dv, double *mag);
+
+/* The forward in float64: O with its magnitudes (sum of p * |V|) and the
+ * LSE pairs; each array holds p->nq or p->nlse doubles. */
+void ref_forward(const problem *p, double *o, double *o_mag, double *lse);
+
+/* dQ, dK and dV in float64 from the problem's float inputs, O and LSE, with
+ * the magnitude of the terms summed into each element (the cancellation in
+ * dO.V - Dsum counted at full size). */
+void ref_backward(const problem *p, double *dq, double *dq_mag, double *dk, double *dk_mag,
+                  double *dv, double *dv_mag);
 
 /* The seed's algorithm, transliterated from mha_grad_v.wgsl: params is its
  * uniform block, head_dim must be 64 as its work-group is. In float64. */
