@@ -1,4 +1,4 @@
-/* The clattn command line: devices, grad-v, demo.
+/* The clattn command line: devices, forward, backward, grad-v, demo, train.
  * Exit status: 0 success, 1 a device or library failure, 2 bad input. */
 #define _POSIX_C_SOURCE 200809L
 #include <errno.h>
@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "clattn.h"
 #include "npy.h"
@@ -223,6 +224,243 @@ static int check_dims(const char *cmd, const char *what, const npy_array *a, int
     return 1;
 }
 
+/* The inputs of a command: Q (q_seq, heads, dim) with optional batch; the
+ * key-side arrays (kv_seq, kv_heads, dim); O and dO like Q; LSE (q_seq,
+ * heads, 2). Reads each named file, checks the shapes agree, and fills the
+ * shape from them. */
+typedef struct inputs {
+    npy_array q, k, v, o, lse, d_out;
+} inputs;
+
+static void inputs_free(inputs *in)
+{
+    npy_free(&in->q);
+    npy_free(&in->k);
+    npy_free(&in->v);
+    npy_free(&in->o);
+    npy_free(&in->lse);
+    npy_free(&in->d_out);
+}
+
+typedef struct input_paths {
+    const char *q, *k, *v, *o, *lse, *d_out;
+} input_paths;
+
+static int load_inputs(const char *cmd, const input_paths *paths, inputs *in, int causal,
+                       uint32_t window, float scale, clattn_shape *s)
+{
+    if (!load(cmd, paths->q, &in->q) || !load(cmd, paths->k, &in->k) ||
+        (paths->v && !load(cmd, paths->v, &in->v)) ||
+        (paths->o && !load(cmd, paths->o, &in->o)) ||
+        (paths->lse && !load(cmd, paths->lse, &in->lse)) ||
+        (paths->d_out && !load(cmd, paths->d_out, &in->d_out)))
+        return 0;
+    int batched = in->q.ndim == 4;
+    /* [batch, q_seq, heads, dim] and [batch, kv_seq, kv_heads, dim] */
+    size_t qs[4] = {batched ? 0 : 1, 0, 0, 0}, ks[4] = {0}, ls[4] = {0};
+    if (!check_dims(cmd, "Q", &in->q, batched, qs))
+        return 0;
+    ks[0] = qs[0];
+    ks[3] = qs[3];
+    memcpy(ls, qs, 3 * sizeof(size_t));
+    ls[3] = 2;
+    if (!check_dims(cmd, "K", &in->k, batched, ks) ||
+        (paths->v && !check_dims(cmd, "V", &in->v, batched, ks)) ||
+        (paths->o && !check_dims(cmd, "O", &in->o, batched, qs)) ||
+        (paths->d_out && !check_dims(cmd, "dO", &in->d_out, batched, qs)) ||
+        (paths->lse && !check_dims(cmd, "LSE", &in->lse, batched, ls)))
+        return 0;
+    *s = clattn_shape_default();
+    s->batch = (uint32_t)qs[0];
+    s->q_seq = (uint32_t)qs[1];
+    s->num_heads = (uint32_t)qs[2];
+    s->head_dim = (uint32_t)qs[3];
+    s->kv_seq = (uint32_t)ks[1];
+    s->num_kv_heads = (uint32_t)ks[2];
+    s->causal = causal;
+    s->window = window;
+    s->scale = scale;
+    clattn_status st = clattn_shape_validate(s);
+    if (st != CLATTN_OK) {
+        fprintf(stderr, "clattn %s: %s: %s\n", cmd, clattn_status_string(st),
+                clattn_last_error());
+        return 0;
+    }
+    return 1;
+}
+
+/* An output array and where it goes. */
+typedef struct output {
+    const char *path;
+    const size_t *shape;
+    int ndim;
+    float *data;
+} output;
+
+/* Writes every output to a temporary beside it, then renames them all;
+ * on any failure removes every temporary, so no output is left half-made. */
+static int write_outputs(const char *cmd, const output *outs, int n)
+{
+    char tmp[8][4096], err[512];
+    int made = 0, ok = 1;
+    for (; made < n && ok; ++made)
+        ok = npy_write_temp(outs[made].path, outs[made].shape, outs[made].ndim, outs[made].data,
+                            tmp[made], sizeof tmp[made], err, sizeof err) == 0;
+    if (!ok) {
+        --made; /* the failed one removed its own temporary */
+        for (int i = 0; i < made; ++i)
+            npy_discard(tmp[i]);
+        fprintf(stderr, "clattn %s: %s\n", cmd, err);
+        return 0;
+    }
+    for (int i = 0; i < n; ++i)
+        if (npy_commit(tmp[i], outs[i].path, err, sizeof err) != 0) {
+            for (int j = i + 1; j < n; ++j)
+                npy_discard(tmp[j]);
+            fprintf(stderr, "clattn %s: %s\n", cmd, err);
+            return 0;
+        }
+    return 1;
+}
+
+/* Reports a failed op: a device failure, or input the device cannot take. */
+static int op_failed(const char *cmd, clattn_status st)
+{
+    fprintf(stderr, "clattn %s: %s: %s\n", cmd, clattn_status_string(st), clattn_last_error());
+    return st == CLATTN_ERROR_TOO_LARGE_FOR_DEVICE ? EXIT_INPUT : EXIT_DEVICE;
+}
+
+static float *alloc_floats(size_t n)
+{
+    return malloc((n ? n : 1) * sizeof(float));
+}
+
+static int cmd_forward(int argc, char **argv)
+{
+    const char *cmd = "forward";
+    if (wants_help(argc, argv)) {
+        printf("usage: clattn forward --q Q.npy --k K.npy --v V.npy --out O.npy --lse-out "
+               "LSE.npy\n"
+               "                      [--causal] [--window N] [--scale S] [--device SEL] "
+               "[--variant NAME]\n"
+               "Attention's forward: O (q_seq, heads, head_dim) and the LSE pairs (q_seq,\n"
+               "heads, 2) that the gradients read. Arrays as for grad-v; exit 0, 1 on a\n"
+               "device failure, 2 on bad input (and then no output is left).\n");
+        return 0;
+    }
+    input_paths paths = {0};
+    const char *outp = NULL, *lsep = NULL, *device = NULL, *variant = NULL;
+    int causal = 0;
+    uint32_t window = 0;
+    float scale = 0.0f;
+    opt opts[] = {
+        {"--q", OPT_STRING, &paths.q, 1, 0},     {"--k", OPT_STRING, &paths.k, 1, 0},
+        {"--v", OPT_STRING, &paths.v, 1, 0},     {"--out", OPT_STRING, &outp, 1, 0},
+        {"--lse-out", OPT_STRING, &lsep, 1, 0},  {"--causal", OPT_FLAG, &causal, 0, 0},
+        {"--window", OPT_UINT, &window, 0, 0},   {"--scale", OPT_POSITIVE, &scale, 0, 0},
+        {"--device", OPT_STRING, &device, 0, 0}, {"--variant", OPT_STRING, &variant, 0, 0},
+    };
+    if (!parse_opts(cmd, argc, argv, opts, sizeof opts / sizeof opts[0]))
+        return EXIT_INPUT;
+    inputs in = {0};
+    clattn_shape s;
+    clattn_context *ctx = NULL;
+    float *o = NULL, *lse = NULL;
+    int rc = EXIT_INPUT;
+    if (!load_inputs(cmd, &paths, &in, causal, window, scale, &s))
+        goto done;
+    o = alloc_floats(in.q.count);
+    size_t lse_shape[4];
+    memcpy(lse_shape, in.q.shape, sizeof lse_shape);
+    lse_shape[in.q.ndim - 1] = 2;
+    lse = alloc_floats(in.q.count / s.head_dim * 2);
+    if (!o || !lse) {
+        fprintf(stderr, "clattn %s: out of memory\n", cmd);
+        rc = EXIT_DEVICE;
+        goto done;
+    }
+    if ((rc = open_context(cmd, device, variant, &ctx)) != 0)
+        goto done;
+    clattn_status st = clattn_forward(ctx, &s, in.q.data, in.k.data, in.v.data, o, lse);
+    if (st != CLATTN_OK) {
+        rc = op_failed(cmd, st);
+        goto done;
+    }
+    const output outs[2] = {{outp, in.q.shape, in.q.ndim, o}, {lsep, lse_shape, in.q.ndim, lse}};
+    rc = write_outputs(cmd, outs, 2) ? 0 : EXIT_INPUT;
+done:
+    clattn_context_destroy(ctx);
+    free(o);
+    free(lse);
+    inputs_free(&in);
+    return rc;
+}
+
+static int cmd_backward(int argc, char **argv)
+{
+    const char *cmd = "backward";
+    if (wants_help(argc, argv)) {
+        printf("usage: clattn backward --q Q.npy --k K.npy --v V.npy --o O.npy --lse LSE.npy\n"
+               "                       --d-out DO.npy --dq DQ.npy --dk DK.npy --dv DV.npy\n"
+               "                       [--causal] [--window N] [--scale S] [--device SEL] "
+               "[--variant NAME]\n"
+               "Attention's backward from the forward's O and LSE and the output gradient\n"
+               "dO: dQ like Q, dK and dV like K. Exit 0, 1 on a device failure, 2 on bad\n"
+               "input (and then none of the outputs is left).\n");
+        return 0;
+    }
+    input_paths paths = {0};
+    const char *dqp = NULL, *dkp = NULL, *dvp = NULL, *device = NULL, *variant = NULL;
+    int causal = 0;
+    uint32_t window = 0;
+    float scale = 0.0f;
+    opt opts[] = {
+        {"--q", OPT_STRING, &paths.q, 1, 0},         {"--k", OPT_STRING, &paths.k, 1, 0},
+        {"--v", OPT_STRING, &paths.v, 1, 0},         {"--o", OPT_STRING, &paths.o, 1, 0},
+        {"--lse", OPT_STRING, &paths.lse, 1, 0},     {"--d-out", OPT_STRING, &paths.d_out, 1, 0},
+        {"--dq", OPT_STRING, &dqp, 1, 0},            {"--dk", OPT_STRING, &dkp, 1, 0},
+        {"--dv", OPT_STRING, &dvp, 1, 0},            {"--causal", OPT_FLAG, &causal, 0, 0},
+        {"--window", OPT_UINT, &window, 0, 0},       {"--scale", OPT_POSITIVE, &scale, 0, 0},
+        {"--device", OPT_STRING, &device, 0, 0},     {"--variant", OPT_STRING, &variant, 0, 0},
+    };
+    if (!parse_opts(cmd, argc, argv, opts, sizeof opts / sizeof opts[0]))
+        return EXIT_INPUT;
+    inputs in = {0};
+    clattn_shape s;
+    clattn_context *ctx = NULL;
+    float *dq = NULL, *dk = NULL, *dv = NULL;
+    int rc = EXIT_INPUT;
+    if (!load_inputs(cmd, &paths, &in, causal, window, scale, &s))
+        goto done;
+    dq = alloc_floats(in.q.count);
+    dk = alloc_floats(in.k.count);
+    dv = alloc_floats(in.k.count);
+    if (!dq || !dk || !dv) {
+        fprintf(stderr, "clattn %s: out of memory\n", cmd);
+        rc = EXIT_DEVICE;
+        goto done;
+    }
+    if ((rc = open_context(cmd, device, variant, &ctx)) != 0)
+        goto done;
+    clattn_status st = clattn_backward(ctx, &s, in.q.data, in.k.data, in.v.data, in.o.data,
+                                       in.lse.data, in.d_out.data, dq, dk, dv);
+    if (st != CLATTN_OK) {
+        rc = op_failed(cmd, st);
+        goto done;
+    }
+    const output outs[3] = {{dqp, in.q.shape, in.q.ndim, dq},
+                            {dkp, in.k.shape, in.k.ndim, dk},
+                            {dvp, in.k.shape, in.k.ndim, dv}};
+    rc = write_outputs(cmd, outs, 3) ? 0 : EXIT_INPUT;
+done:
+    clattn_context_destroy(ctx);
+    free(dq);
+    free(dk);
+    free(dv);
+    inputs_free(&in);
+    return rc;
+}
+
 static int cmd_grad_v(int argc, char **argv)
 {
     const char *cmd = "grad-v";
@@ -253,45 +491,15 @@ static int cmd_grad_v(int argc, char **argv)
     if (!parse_opts(cmd, argc, argv, opts, sizeof opts / sizeof opts[0]))
         return EXIT_INPUT;
 
-    npy_array q = {0}, k = {0}, d_out = {0}, lse = {0};
-    float *dv = NULL;
+    input_paths paths = {qp, kp, NULL, NULL, lsep, dop};
+    inputs in = {0};
+    clattn_shape s;
     clattn_context *ctx = NULL;
+    float *dv = NULL;
     int rc = EXIT_INPUT;
-    if (!load(cmd, qp, &q) || !load(cmd, kp, &k) || !load(cmd, dop, &d_out) ||
-        !load(cmd, lsep, &lse))
+    if (!load_inputs(cmd, &paths, &in, causal, window, scale, &s))
         goto done;
-    int batched = q.ndim == 4;
-    /* [batch, q_seq, heads, dim] and [batch, kv_seq, kv_heads, dim] */
-    size_t qs[4] = {batched ? 0 : 1, 0, 0, 0}, ks[4] = {0}, ls[4] = {0};
-    if (!check_dims(cmd, "Q", &q, batched, qs))
-        goto done;
-    ks[0] = qs[0];
-    ks[3] = qs[3];
-    ls[0] = qs[0];
-    ls[1] = qs[1];
-    ls[2] = qs[2];
-    ls[3] = 2;
-    if (!check_dims(cmd, "K", &k, batched, ks) || !check_dims(cmd, "dO", &d_out, batched, qs) ||
-        !check_dims(cmd, "LSE", &lse, batched, ls))
-        goto done;
-
-    clattn_shape s = clattn_shape_default();
-    s.batch = (uint32_t)qs[0];
-    s.q_seq = (uint32_t)qs[1];
-    s.num_heads = (uint32_t)qs[2];
-    s.head_dim = (uint32_t)qs[3];
-    s.kv_seq = (uint32_t)ks[1];
-    s.num_kv_heads = (uint32_t)ks[2];
-    s.causal = causal;
-    s.window = window;
-    s.scale = scale;
-    clattn_status st = clattn_shape_validate(&s);
-    if (st != CLATTN_OK) {
-        fprintf(stderr, "clattn %s: %s: %s\n", cmd, clattn_status_string(st),
-                clattn_last_error());
-        goto done;
-    }
-    dv = malloc(k.count * sizeof(float));
+    dv = alloc_floats(in.k.count);
     if (!dv) {
         fprintf(stderr, "clattn %s: out of memory\n", cmd);
         rc = EXIT_DEVICE;
@@ -299,28 +507,17 @@ static int cmd_grad_v(int argc, char **argv)
     }
     if ((rc = open_context(cmd, device, variant, &ctx)) != 0)
         goto done;
-    st = clattn_grad_v(ctx, &s, d_out.data, q.data, k.data, lse.data, dv);
+    clattn_status st = clattn_grad_v(ctx, &s, in.d_out.data, in.q.data, in.k.data, in.lse.data, dv);
     if (st != CLATTN_OK) {
-        fprintf(stderr, "clattn %s: %s: %s\n", cmd, clattn_status_string(st),
-                clattn_last_error());
-        rc = st == CLATTN_ERROR_TOO_LARGE_FOR_DEVICE ? EXIT_INPUT : EXIT_DEVICE;
+        rc = op_failed(cmd, st);
         goto done;
     }
-    char tmp[4096], err[512];
-    if (npy_write_temp(outp, k.shape, k.ndim, dv, tmp, sizeof tmp, err, sizeof err) != 0 ||
-        npy_commit(tmp, outp, err, sizeof err) != 0) {
-        fprintf(stderr, "clattn %s: %s\n", cmd, err);
-        rc = EXIT_INPUT;
-        goto done;
-    }
-    rc = 0;
+    const output out = {outp, in.k.shape, in.k.ndim, dv};
+    rc = write_outputs(cmd, &out, 1) ? 0 : EXIT_INPUT;
 done:
     clattn_context_destroy(ctx);
     free(dv);
-    npy_free(&q);
-    npy_free(&k);
-    npy_free(&d_out);
-    npy_free(&lse);
+    inputs_free(&in);
     return rc;
 }
 
@@ -331,31 +528,6 @@ static float next_uniform(uint64_t *state)
     *state ^= *state >> 7;
     *state ^= *state << 17;
     return (float)((*state >> 40) * (1.0 / 16777216.0)) * 2.0f - 1.0f;
-}
-
-/* The forward's LSE pairs in double, for the demo's inputs. */
-static void demo_lse(const clattn_shape *s, const float *q, const float *k, float *lse)
-{
-    const size_t D = s->head_dim, group = s->num_heads / s->num_kv_heads;
-    const double scale = 1.0 / sqrt((double)D);
-    for (size_t pos = 0; pos < s->q_seq; ++pos)
-        for (size_t h = 0; h < s->num_heads; ++h) {
-            const float *qr = q + (pos * s->num_heads + h) * D;
-            double m = -1e300, sum = 0.0;
-            for (int pass = 0; pass < 2; ++pass)
-                for (size_t t = 0; t <= pos && t < s->kv_seq; ++t) {
-                    const float *kr = k + (t * s->num_kv_heads + h / group) * D;
-                    double dot = 0.0;
-                    for (size_t d = 0; d < D; ++d)
-                        dot += (double)qr[d] * kr[d];
-                    if (pass == 0)
-                        m = dot * scale > m ? dot * scale : m;
-                    else
-                        sum += exp(dot * scale - m);
-                }
-            lse[(pos * s->num_heads + h) * 2] = (float)m;
-            lse[(pos * s->num_heads + h) * 2 + 1] = (float)log(sum);
-        }
 }
 
 static int cmd_demo(int argc, char **argv)
@@ -383,10 +555,10 @@ static int cmd_demo(int argc, char **argv)
     const size_t nkv = (size_t)s.kv_seq * s.num_kv_heads * s.head_dim;
     float *q = malloc(nq * 4), *d_out = malloc(nq * 4), *k = malloc(nkv * 4);
     float *lse = malloc((size_t)s.q_seq * s.num_heads * 2 * 4);
-    float *dv = malloc(nkv * 4), *dv_native = malloc(nkv * 4);
+    float *dv = malloc(nkv * 4), *dv_native = malloc(nkv * 4), *o = malloc(nq * 4);
     clattn_context *ctx = NULL, *native = NULL;
     int rc = EXIT_DEVICE;
-    if (!q || !d_out || !k || !lse || !dv || !dv_native) {
+    if (!q || !d_out || !k || !lse || !dv || !dv_native || !o) {
         fprintf(stderr, "clattn demo: out of memory\n");
         goto done;
     }
@@ -397,13 +569,15 @@ static int cmd_demo(int argc, char **argv)
     }
     for (size_t i = 0; i < nkv; ++i)
         k[i] = next_uniform(&state);
-    demo_lse(&s, q, k, lse);
 
     if ((rc = open_context(cmd, device, variant, &ctx)) != 0)
         goto done;
     clattn_options no = clattn_options_default();
     no.backend = CLATTN_BACKEND_NATIVE;
     clattn_status st = clattn_context_create(&no, &native);
+    /* The LSE pairs grad-V reads come from the forward, with K as V too. */
+    if (st == CLATTN_OK)
+        st = clattn_forward(native, &s, q, k, k, o, lse);
     enum { REPS = 3 };
     double times[REPS], native_time = 0.0;
     /* The first call pays for one-time work; time the ones after it. */
@@ -459,6 +633,150 @@ done:
     free(lse);
     free(dv);
     free(dv_native);
+    free(o);
+    return rc;
+}
+
+/* Fills n floats uniformly in [-gain, gain). */
+static void fill_uniform(float *a, size_t n, float gain, uint64_t *state)
+{
+    for (size_t i = 0; i < n; ++i)
+        a[i] = next_uniform(state) * gain;
+}
+
+/* One Adam step on n parameters with their moments m and v. */
+static void adam_step(float *x, const float *g, float *m, float *v, size_t n, int step, float lr)
+{
+    const float b1 = 0.9f, b2 = 0.999f, eps = 1e-8f;
+    const float c1 = 1.0f - powf(b1, (float)step), c2 = 1.0f - powf(b2, (float)step);
+    for (size_t i = 0; i < n; ++i) {
+        m[i] = b1 * m[i] + (1.0f - b1) * g[i];
+        v[i] = b2 * v[i] + (1.0f - b2) * g[i] * g[i];
+        x[i] -= lr * (m[i] / c1) / (sqrtf(v[i] / c2) + eps);
+    }
+}
+
+static void progress(int tty, int step, int steps, double loss)
+{
+    if (tty) {
+        enum { WIDTH = 30 };
+        int filled = (int)((long)WIDTH * step / steps);
+        fprintf(stderr, "\r[%.*s%*s] step %d/%d loss %.3e", filled,
+                "##############################", WIDTH - filled, "", step, steps, loss);
+        if (step == steps)
+            fputc('\n', stderr);
+        fflush(stderr);
+    } else if (step == 1 || step % (steps / 10 > 0 ? steps / 10 : 1) == 0 || step == steps) {
+        printf("step %d/%d loss %.6e\n", step, steps, loss);
+        fflush(stdout);
+    }
+}
+
+static int cmd_train(int argc, char **argv)
+{
+    const char *cmd = "train";
+    if (wants_help(argc, argv)) {
+        printf("usage: clattn train [--steps N] [--device SEL] [--variant NAME]\n"
+               "Trains one causal attention layer (q_seq 64, 4 heads, 2 KV heads, head_dim\n"
+               "16) whose Q, K and V are parameters, with Adam on forward + backward, to\n"
+               "reproduce the output of a fixed random target layer. Prints the first and\n"
+               "last loss; exits 1 unless the loss fell at least 100-fold. Default 300 steps.\n");
+        return 0;
+    }
+    const char *device = NULL, *variant = NULL;
+    uint32_t steps = 300;
+    opt opts[] = {{"--device", OPT_STRING, &device, 0, 0},
+                  {"--variant", OPT_STRING, &variant, 0, 0},
+                  {"--steps", OPT_UINT, &steps, 0, 0}};
+    if (!parse_opts(cmd, argc, argv, opts, 3))
+        return EXIT_INPUT;
+    if (steps == 0) {
+        fprintf(stderr, "clattn train: --steps must be at least 1\n");
+        return EXIT_INPUT;
+    }
+    clattn_shape s = clattn_shape_default();
+    s.q_seq = s.kv_seq = 64;
+    s.num_heads = 4;
+    s.num_kv_heads = 2;
+    s.head_dim = 16;
+    s.causal = 1;
+    const size_t nq = (size_t)s.q_seq * s.num_heads * s.head_dim;
+    const size_t nkv = (size_t)s.kv_seq * s.num_kv_heads * s.head_dim;
+    const size_t nlse = (size_t)s.q_seq * s.num_heads * 2;
+    /* Parameters, gradients and Adam moments of Q, K, V; then the rest. */
+    const size_t sizes[3] = {nq, nkv, nkv};
+    float *param[3], *grad[3], *mom1[3], *mom2[3];
+    float *target = alloc_floats(nq), *o = alloc_floats(nq), *d_out = alloc_floats(nq);
+    float *lse = alloc_floats(nlse);
+    int ok = target && o && d_out && lse;
+    for (int i = 0; i < 3; ++i) {
+        param[i] = alloc_floats(sizes[i]);
+        grad[i] = alloc_floats(sizes[i]);
+        mom1[i] = calloc(sizes[i], sizeof(float));
+        mom2[i] = calloc(sizes[i], sizeof(float));
+        ok = ok && param[i] && grad[i] && mom1[i] && mom2[i];
+    }
+    clattn_context *ctx = NULL;
+    int rc = EXIT_DEVICE;
+    if (!ok) {
+        fprintf(stderr, "clattn train: out of memory\n");
+        goto done;
+    }
+    if ((rc = open_context(cmd, device, variant, &ctx)) != 0)
+        goto done;
+    rc = EXIT_DEVICE;
+    uint64_t state = 0x2545F4914F6CDD1Dull;
+    /* The target layer: its output is what training must reproduce. */
+    for (int i = 0; i < 3; ++i)
+        fill_uniform(param[i], sizes[i], 1.0f, &state);
+    clattn_status st = clattn_forward(ctx, &s, param[0], param[1], param[2], target, lse);
+    for (int i = 0; i < 3; ++i)
+        fill_uniform(param[i], sizes[i], 1.0f, &state);
+    printf("clattn train on %s, variant %s: causal, q_seq %u, %u heads, %u KV heads, "
+           "head_dim %u, Adam, %u steps\n",
+           clattn_context_device(ctx), clattn_context_variant(ctx), s.q_seq, s.num_heads,
+           s.num_kv_heads, s.head_dim, steps);
+    fflush(stdout);
+    const int tty = isatty(fileno(stderr));
+    double first = 0.0, loss = 0.0;
+    for (uint32_t step = 1; step <= steps && st == CLATTN_OK; ++step) {
+        st = clattn_forward(ctx, &s, param[0], param[1], param[2], o, lse);
+        if (st != CLATTN_OK)
+            break;
+        loss = 0.0;
+        for (size_t i = 0; i < nq; ++i) {
+            const double diff = (double)o[i] - target[i];
+            loss += diff * diff / (double)nq;
+            d_out[i] = (float)(2.0 * diff / (double)nq);
+        }
+        if (step == 1)
+            first = loss;
+        st = clattn_backward(ctx, &s, param[0], param[1], param[2], o, lse, d_out, grad[0],
+                             grad[1], grad[2]);
+        for (int i = 0; i < 3 && st == CLATTN_OK; ++i)
+            adam_step(param[i], grad[i], mom1[i], mom2[i], sizes[i], (int)step, 0.05f);
+        progress(tty, (int)step, (int)steps, loss);
+    }
+    if (st != CLATTN_OK) {
+        rc = op_failed(cmd, st);
+        goto done;
+    }
+    const double fell = loss > 0.0 ? first / loss : INFINITY;
+    printf("loss: first %.6e, last %.6e, fell %.1f-fold (target 100): %s\n", first, loss, fell,
+           fell >= 100.0 ? "ok" : "FAILED");
+    rc = fell >= 100.0 ? 0 : EXIT_DEVICE;
+done:
+    clattn_context_destroy(ctx);
+    for (int i = 0; i < 3; ++i) {
+        free(param[i]);
+        free(grad[i]);
+        free(mom1[i]);
+        free(mom2[i]);
+    }
+    free(target);
+    free(o);
+    free(d_out);
+    free(lse);
     return rc;
 }
 
@@ -466,8 +784,12 @@ static void usage(FILE *f)
 {
     fprintf(f, "usage: clattn COMMAND [ARGS]   (clattn COMMAND --help for each)\n"
                "  devices   list OpenCL devices and the native backend; mark auto's pick\n"
+               "  forward   attention's forward, O and the LSE pairs, on .npy files\n"
+               "  backward  dQ, dK and dV from the forward's O and LSE, on .npy files\n"
                "  grad-v    the gradient of attention with respect to V, on .npy files\n"
                "  demo      grad-V on an embedded layer, checked against native\n"
+               "  train     train an embedded attention layer with Adam; the loss must fall\n"
+               "            100-fold\n"
                "  version   print the library version\n"
                "The device comes from --device, else CLATTN_DEVICE, else auto.\n");
 }
@@ -493,6 +815,12 @@ int main(int argc, char **argv)
         return cmd_grad_v(argc - 2, argv + 2);
     if (!strcmp(c, "demo"))
         return cmd_demo(argc - 2, argv + 2);
+    if (!strcmp(c, "forward"))
+        return cmd_forward(argc - 2, argv + 2);
+    if (!strcmp(c, "backward"))
+        return cmd_backward(argc - 2, argv + 2);
+    if (!strcmp(c, "train"))
+        return cmd_train(argc - 2, argv + 2);
     fprintf(stderr, "clattn: unknown command '%s'\n", c);
     usage(stderr);
     return EXIT_INPUT;

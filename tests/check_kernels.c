@@ -437,6 +437,7 @@ Suite *kernels_suite(void)
     tcase_add_test(tc, one_context_many_calls);
     tcase_add_test(tc, named_variant);
     tcase_add_test(tc, caller_buffers);
+    add_training_tests(tc);
     suite_add_tcase(s, tc);
     return s;
 }

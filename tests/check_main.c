@@ -1,5 +1,5 @@
-/* Runs one suite: clattn_tests --suite kernels|api|cli [--backend NAME].
- * The kernel suite on an OpenCL backend that this machine lacks exits 77,
+/* Runs one suite: clattn_tests --suite NAME [--backend NAME].
+ * The kernel and train suites on an OpenCL backend that this machine lacks exits 77,
  * which ctest reports as skipped, unless CLATTN_REQUIRE_BACKENDS names it:
  * then its absence is a failure. */
 #define _POSIX_C_SOURCE 200809L
@@ -88,14 +88,19 @@ int main(int argc, char **argv)
         suite = api_suite();
     else if (suite_name && !strcmp(suite_name, "cli"))
         suite = cli_suite();
+    else if (suite_name && !strcmp(suite_name, "gradcheck"))
+        suite = gradcheck_suite();
+    else if (suite_name && !strcmp(suite_name, "train"))
+        suite = train_suite();
     if (!suite || (strcmp(test_backend, "native") && strcmp(test_backend, "opencl-cpu") &&
                    strcmp(test_backend, "opencl-gpu"))) {
-        fprintf(stderr, "usage: %s --suite kernels|api|cli [--backend "
+        fprintf(stderr, "usage: %s --suite kernels|train|api|cli|gradcheck [--backend "
                         "native|opencl-cpu|opencl-gpu]\n",
                 argv[0]);
         return 2;
     }
-    if (!strcmp(suite_name, "kernels") && strcmp(test_backend, "native") &&
+    const int per_backend = !strcmp(suite_name, "kernels") || !strcmp(suite_name, "train");
+    if (per_backend && strcmp(test_backend, "native") &&
         !backend_present()) {
         if (required(test_backend)) {
             printf("FAIL: CLATTN_REQUIRE_BACKENDS names %s, which is absent\n", test_backend);

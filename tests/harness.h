@@ -16,6 +16,10 @@ clattn_context *test_context(const char *variant);
 Suite *kernels_suite(void);
 Suite *api_suite(void);
 Suite *cli_suite(void);
+Suite *gradcheck_suite(void);
+Suite *train_suite(void);
+/* Adds the per-backend tests of check_training.c to the kernel suite. */
+void add_training_tests(TCase *tc);
 
 /* Asserts a status with its message on failure. */
 #define ck_assert_status(expr, want)                                                    \
