@@ -124,6 +124,40 @@ START_TEST(grad_v_statuses)
 }
 END_TEST
 
+/* Every op names the NULL tensor it was given, before touching any. */
+START_TEST(op_null_pointers)
+{
+    clattn_context *ctx = native_context(0);
+    clattn_shape s = small_shape();
+    float buf[8 * 4 * 16];
+    for (int i = 0; i < 9; ++i) {
+        float *a[9];
+        for (int j = 0; j < 9; ++j)
+            a[j] = j == i ? NULL : buf;
+        ck_assert_status(clattn_backward(ctx, &s, a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7],
+                                         a[8]),
+                         CLATTN_ERROR_NULL_POINTER);
+        if (i < 7)
+            ck_assert_status(clattn_grad_q(ctx, &s, a[0], a[1], a[2], a[3], a[4], a[5], a[6]),
+                             CLATTN_ERROR_NULL_POINTER);
+        if (i < 7)
+            ck_assert_status(clattn_grad_k(ctx, &s, a[0], a[1], a[2], a[3], a[4], a[5], a[6]),
+                             CLATTN_ERROR_NULL_POINTER);
+        if (i < 5)
+            ck_assert_status(clattn_forward(ctx, &s, a[0], a[1], a[2], a[3], a[4]),
+                             CLATTN_ERROR_NULL_POINTER);
+    }
+    ck_assert(strstr(clattn_last_error(), "is NULL") != NULL);
+    s.causal = 1;
+    s.kv_seq = 3;
+    ck_assert_status(clattn_forward(ctx, &s, buf, buf, buf, buf, buf),
+                     CLATTN_ERROR_CAUSAL_SEQ_MISMATCH);
+    ck_assert_status(clattn_backward(NULL, &s, buf, buf, buf, buf, buf, buf, buf, buf, buf),
+                     CLATTN_ERROR_NULL_POINTER);
+    clattn_context_destroy(ctx);
+}
+END_TEST
+
 START_TEST(options_statuses)
 {
     clattn_context *ctx = (clattn_context *)&ctx; /* must come back NULL */
@@ -397,6 +431,7 @@ Suite *api_suite(void)
     tcase_add_test(tc, version);
     tcase_add_test(tc, shape_statuses);
     tcase_add_test(tc, grad_v_statuses);
+    tcase_add_test(tc, op_null_pointers);
     tcase_add_test(tc, options_statuses);
     tcase_add_test(tc, selector_matches_nothing);
     tcase_add_test(tc, environment_selects);

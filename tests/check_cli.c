@@ -4,6 +4,7 @@
 #define _POSIX_C_SOURCE 200809L
 #include <dirent.h>
 #include <fcntl.h>
+#include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -140,7 +141,8 @@ static int lines(const char *text)
     return n;
 }
 
-/* Writes q.npy, k.npy, do.npy and lse.npy for the shape (batched: 4-D). */
+/* Writes q.npy, k.npy, v.npy, o.npy, do.npy and lse.npy for the shape
+ * (batched: 4-D). */
 static void write_problem(problem *p, const clattn_shape *s, int batched)
 {
     problem_make(p, s, 21, 1.0f);
@@ -151,6 +153,8 @@ static void write_problem(problem *p, const clattn_shape *s, int batched)
     save("q.npy", qs + off, nd, p->q);
     save("do.npy", qs + off, nd, p->d_out);
     save("k.npy", ks + off, nd, p->k);
+    save("v.npy", ks + off, nd, p->v);
+    save("o.npy", qs + off, nd, p->o);
     save("lse.npy", ls + off, nd, p->lse);
 }
 
@@ -165,7 +169,9 @@ static clattn_shape cli_shape(void)
     return s;
 }
 
-static void check_output(const problem *p, const char *name, int ndim, const size_t *shape)
+/* Reads an output, checks its shape and compares it with ref. */
+static void expect_file(const char *name, int ndim, const size_t *shape, const double *ref,
+                        const double *mag, size_t n)
 {
     npy_array a;
     char err[256];
@@ -173,23 +179,29 @@ static void check_output(const problem *p, const char *name, int ndim, const siz
     ck_assert_int_eq(a.ndim, ndim);
     for (int i = 0; i < ndim; ++i)
         ck_assert_uint_eq(a.shape[i], shape[i]);
+    size_t at;
+    ck_assert_uint_eq(a.count, n);
+    ck_assert_msg(worst_error(a.data, ref, mag, n, &at) <= 1.0, "%s[%zu] is %g, want %g", name,
+                  at, (double)a.data[at], ref[at]);
+    npy_free(&a);
+}
+
+static void check_output(const problem *p, const char *name, int ndim, const size_t *shape)
+{
     double *ref = malloc(p->nkv * sizeof(double)), *mag = malloc(p->nkv * sizeof(double));
     ref_grad_v(p, ref, mag);
-    size_t at;
-    ck_assert_uint_eq(a.count, p->nkv);
-    ck_assert(worst_error(a.data, ref, mag, p->nkv, &at) <= 1.0);
+    expect_file(name, ndim, shape, ref, mag, p->nkv);
     free(ref);
     free(mag);
-    npy_free(&a);
 }
 
 START_TEST(help_and_usage)
 {
     make_dir();
-    const char *cmds[] = {"devices", "grad-v", "demo"};
+    const char *cmds[] = {"devices", "grad-v", "demo", "forward", "backward", "train"};
     ck_assert_int_eq(run("--help", NULL), 0);
     ck_assert(strstr(out_text, "grad-v") != NULL);
-    for (int i = 0; i < 3; ++i) {
+    for (int i = 0; i < 6; ++i) {
         ck_assert_int_eq(run(cmds[i], "--help", NULL), 0);
         ck_assert(strstr(out_text, "usage: clattn") != NULL);
     }
@@ -216,7 +228,7 @@ START_TEST(grad_v_files)
     struct stat st;
     ck_assert_int_eq(stat(path("dv.npy"), &st), 0);
     ck_assert_msg((st.st_mode & 0044) != 0, "dv.npy has mode %o", st.st_mode & 0777);
-    ck_assert_int_eq(count_entries(), 5);
+    ck_assert_int_eq(count_entries(), 7); /* six inputs and dv.npy */
     problem_free(&p);
     cleanup();
 }
@@ -239,6 +251,89 @@ START_TEST(grad_v_batched_masked)
                      0);
     size_t want[4] = {3, 12, 2, 8};
     check_output(&p, "dv.npy", 4, want);
+    problem_free(&p);
+    cleanup();
+}
+END_TEST
+
+/* forward then backward through files, batched and masked, on the backend
+ * auto picks: the backward reads the forward's own O and LSE. */
+START_TEST(forward_backward_files)
+{
+    make_dir();
+    clattn_shape s = cli_shape();
+    s.batch = 2;
+    s.causal = 1;
+    s.window = 5;
+    problem p;
+    write_problem(&p, &s, 1);
+    ck_assert_int_eq(run("forward", "--q", path("q.npy"), "--k", path("k.npy"), "--v",
+                         path("v.npy"), "--out", path("o2.npy"), "--lse-out", path("lse2.npy"),
+                         "--causal", "--window", "5", NULL),
+                     0);
+    double *o = malloc(p.nq * sizeof(double)), *o_mag = malloc(p.nq * sizeof(double));
+    double *lse = malloc(p.nlse * sizeof(double)), *ones = malloc(p.nlse * sizeof(double));
+    ref_forward(&p, o, o_mag, lse);
+    size_t qshape[4] = {2, 12, 4, 8}, kshape[4] = {2, 12, 2, 8}, lshape[4] = {2, 12, 4, 2};
+    expect_file("o2.npy", 4, qshape, o, o_mag, p.nq);
+    for (size_t i = 0; i < p.nlse; ++i)
+        ones[i] = 1.0 + fabs(lse[i]);
+    expect_file("lse2.npy", 4, lshape, lse, ones, p.nlse);
+
+    ck_assert_int_eq(run("backward", "--q", path("q.npy"), "--k", path("k.npy"), "--v",
+                         path("v.npy"), "--o", path("o.npy"), "--lse", path("lse.npy"),
+                         "--d-out", path("do.npy"), "--dq", path("dq.npy"), "--dk",
+                         path("dk.npy"), "--dv", path("dv.npy"), "--causal", "--window", "5",
+                         NULL),
+                     0);
+    double *dq = malloc(p.nq * 8), *dq_mag = malloc(p.nq * 8), *dk = malloc(p.nkv * 8);
+    double *dk_mag = malloc(p.nkv * 8), *dv = malloc(p.nkv * 8), *dv_mag = malloc(p.nkv * 8);
+    ref_backward(&p, dq, dq_mag, dk, dk_mag, dv, dv_mag);
+    expect_file("dq.npy", 4, qshape, dq, dq_mag, p.nq);
+    expect_file("dk.npy", 4, kshape, dk, dk_mag, p.nkv);
+    expect_file("dv.npy", 4, kshape, dv, dv_mag, p.nkv);
+    double *all[] = {o, o_mag, lse, ones, dq, dq_mag, dk, dk_mag, dv, dv_mag};
+    for (size_t i = 0; i < sizeof all / sizeof *all; ++i)
+        free(all[i]);
+    problem_free(&p);
+    cleanup();
+}
+END_TEST
+
+/* With several outputs, a failure at the last leaves none of them. */
+START_TEST(multiple_outputs_all_or_nothing)
+{
+    make_dir();
+    clattn_shape s = cli_shape();
+    problem p;
+    write_problem(&p, &s, 0);
+    const int before = count_entries();
+    ck_assert_int_eq(run("backward", "--q", path("q.npy"), "--k", path("k.npy"), "--v",
+                         path("v.npy"), "--o", path("o.npy"), "--lse", path("lse.npy"),
+                         "--d-out", path("do.npy"), "--dq", path("dq.npy"), "--dk",
+                         path("dk.npy"), "--dv", path("nowhere/dv.npy"), "--device", "native",
+                         NULL),
+                     2);
+    ck_assert_int_eq(count_entries(), before);
+    ck_assert_int_eq(run("forward", "--q", path("q.npy"), "--k", path("k.npy"), "--v",
+                         path("v.npy"), "--out", path("o2.npy"), "--lse-out",
+                         path("nowhere/lse.npy"), "--device", "native", NULL),
+                     2);
+    ck_assert_int_eq(count_entries(), before);
+    /* V whose shape disagrees with K, and an O that is missing. */
+    ck_assert_int_eq(run("forward", "--q", path("q.npy"), "--k", path("k.npy"), "--v",
+                         path("q.npy"), "--out", path("o2.npy"), "--lse-out", path("l2.npy"),
+                         NULL),
+                     2);
+    ck_assert_int_eq(run("backward", "--q", path("q.npy"), "--k", path("k.npy"), "--v",
+                         path("v.npy"), "--o", path("missing.npy"), "--lse", path("lse.npy"),
+                         "--d-out", path("do.npy"), "--dq", path("dq.npy"), "--dk",
+                         path("dk.npy"), "--dv", path("dv.npy"), NULL),
+                     2);
+    ck_assert_int_eq(run("backward", "--q", path("q.npy"), NULL), 2);
+    ck_assert_int_eq(run("train", "--steps", "0", NULL), 2);
+    ck_assert_int_eq(run("train", "--steps", "x", NULL), 2);
+    ck_assert_int_eq(count_entries(), before);
     problem_free(&p);
     cleanup();
 }
@@ -375,6 +470,8 @@ Suite *cli_suite(void)
     tcase_add_test(tc, grad_v_files);
     tcase_add_test(tc, grad_v_batched_masked);
     tcase_add_test(tc, bad_input_leaves_nothing);
+    tcase_add_test(tc, forward_backward_files);
+    tcase_add_test(tc, multiple_outputs_all_or_nothing);
     tcase_add_test(tc, device_failure_exit_one);
     tcase_add_test(tc, devices_and_demo);
     suite_add_tcase(s, tc);

@@ -417,6 +417,108 @@ START_TEST(caller_buffers)
 }
 END_TEST
 
+/* forward_cl feeding backward_cl (and grad_q_cl, grad_k_cl) through the
+ * caller's buffers and events, on an out-of-order queue where the device
+ * has one: only the events order the kernels. */
+START_TEST(caller_buffers_training)
+{
+    if (!strcmp(test_backend, "native")) {
+        clattn_context *ctx = test_context(NULL);
+        clattn_shape s = clattn_shape_default();
+        s.q_seq = s.kv_seq = s.num_heads = s.num_kv_heads = s.head_dim = 1;
+        clattn_cl_tensor none = {NULL, 0};
+        ck_assert_status(clattn_backward_cl(ctx, &s, none, none, none, none, none, none, none,
+                                            none, none, 0, NULL, NULL),
+                         CLATTN_ERROR_WRONG_BACKEND);
+        clattn_context_destroy(ctx);
+        return;
+    }
+    cl_device_id dev = caller_device();
+    cl_int err;
+    cl_context cctx = clCreateContext(NULL, 1, &dev, NULL, NULL, &err);
+    ck_assert_int_eq(err, CL_SUCCESS);
+    cl_command_queue_properties props = 0;
+    clGetDeviceInfo(dev, CL_DEVICE_QUEUE_PROPERTIES, sizeof props, &props, NULL);
+    cl_command_queue queue = clCreateCommandQueue(
+        cctx, dev, props & CL_QUEUE_OUT_OF_ORDER_EXEC_MODE_ENABLE, &err);
+    ck_assert_int_eq(err, CL_SUCCESS);
+    clattn_context *ctx = NULL;
+    ck_assert_status(clattn_context_create_from_cl(NULL, cctx, dev, queue, &ctx), CLATTN_OK);
+
+    shape_case c = {2, 23, 23, 6, 3, 20, 1, 6, 0, 1};
+    clattn_shape s = to_shape(&c);
+    problem p;
+    problem_make(&p, &s, 777, 1.0f);
+    enum { Q, K, V, O, LSE, DO, DQ, DK, DV, DQ2, DK2, COUNT };
+    const size_t n[COUNT] = {p.nq, p.nkv, p.nkv, p.nq, p.nlse, p.nq, p.nq, p.nkv, p.nkv, p.nq,
+                             p.nkv};
+    const float *init[COUNT] = {p.q, p.k, p.v, NULL, NULL, p.d_out};
+    clattn_cl_tensor t[COUNT];
+    for (int i = 0; i < COUNT; ++i) {
+        float *host = nan_array(n[i] + 1);
+        if (init[i])
+            memcpy(host + 1, init[i], n[i] * sizeof(float));
+        t[i].buffer = clCreateBuffer(cctx, CL_MEM_READ_WRITE | CL_MEM_COPY_HOST_PTR,
+                                     (n[i] + 1) * sizeof(float), host, &err);
+        ck_assert_int_eq(err, CL_SUCCESS);
+        t[i].offset = 1;
+        free(host);
+    }
+    cl_event fwd = NULL, bwd = NULL, gq = NULL, gk = NULL;
+    ck_assert_status(clattn_forward_cl(ctx, &s, t[Q], t[K], t[V], t[O], t[LSE], 0, NULL, &fwd),
+                     CLATTN_OK);
+    ck_assert_status(clattn_backward_cl(ctx, &s, t[Q], t[K], t[V], t[O], t[LSE], t[DO], t[DQ],
+                                        t[DK], t[DV], 1, &fwd, &bwd),
+                     CLATTN_OK);
+    ck_assert_status(clattn_grad_q_cl(ctx, &s, t[Q], t[K], t[V], t[O], t[LSE], t[DO], t[DQ2], 1,
+                                      &fwd, &gq),
+                     CLATTN_OK);
+    ck_assert_status(clattn_grad_k_cl(ctx, &s, t[Q], t[K], t[V], t[O], t[LSE], t[DO], t[DK2], 1,
+                                      &fwd, &gk),
+                     CLATTN_OK);
+    /* An output over an input is refused. */
+    ck_assert_status(clattn_backward_cl(ctx, &s, t[Q], t[K], t[V], t[O], t[LSE], t[DO], t[DQ],
+                                        t[K], t[DV], 0, NULL, NULL),
+                     CLATTN_ERROR_INVALID_BUFFER);
+    cl_event all[3] = {bwd, gq, gk};
+    ck_assert_int_eq(clWaitForEvents(3, all), CL_SUCCESS);
+    float *back[COUNT];
+    for (int i = O; i < COUNT; ++i) {
+        back[i] = malloc((n[i] + 1) * sizeof(float));
+        ck_assert_int_eq(clEnqueueReadBuffer(queue, t[i].buffer, CL_TRUE, 0,
+                                             (n[i] + 1) * sizeof(float), back[i], 0, NULL, NULL),
+                         CL_SUCCESS);
+        ck_assert(isnan(back[i][0])); /* the float before the offset is untouched */
+    }
+    /* The reference backward from this device's own forward. */
+    memcpy(p.o, back[O] + 1, p.nq * sizeof(float));
+    memcpy(p.lse, back[LSE] + 1, p.nlse * sizeof(float));
+    double *dq = malloc(p.nq * 8), *dq_mag = malloc(p.nq * 8), *dk = malloc(p.nkv * 8);
+    double *dk_mag = malloc(p.nkv * 8), *dv = malloc(p.nkv * 8), *dv_mag = malloc(p.nkv * 8);
+    ref_backward(&p, dq, dq_mag, dk, dk_mag, dv, dv_mag);
+    expect_close("cl backward dQ", &s, 1.0f, back[DQ] + 1, dq, dq_mag, p.nq);
+    expect_close("cl backward dK", &s, 1.0f, back[DK] + 1, dk, dk_mag, p.nkv);
+    expect_close("cl backward dV", &s, 1.0f, back[DV] + 1, dv, dv_mag, p.nkv);
+    expect_close("cl grad-Q", &s, 1.0f, back[DQ2] + 1, dq, dq_mag, p.nq);
+    expect_close("cl grad-K", &s, 1.0f, back[DK2] + 1, dk, dk_mag, p.nkv);
+
+    clattn_context_destroy(ctx);
+    cl_event evs[4] = {fwd, bwd, gq, gk};
+    for (int i = 0; i < 4; ++i)
+        clReleaseEvent(evs[i]);
+    for (int i = 0; i < COUNT; ++i)
+        clReleaseMemObject(t[i].buffer);
+    for (int i = O; i < COUNT; ++i)
+        free(back[i]);
+    double *refs[] = {dq, dq_mag, dk, dk_mag, dv, dv_mag};
+    for (int i = 0; i < 6; ++i)
+        free(refs[i]);
+    clReleaseCommandQueue(queue);
+    clReleaseContext(cctx);
+    problem_free(&p);
+}
+END_TEST
+
 #define N(a) ((int)(sizeof(a) / sizeof((a)[0])))
 
 Suite *kernels_suite(void)
@@ -437,6 +539,7 @@ Suite *kernels_suite(void)
     tcase_add_test(tc, one_context_many_calls);
     tcase_add_test(tc, named_variant);
     tcase_add_test(tc, caller_buffers);
+    tcase_add_test(tc, caller_buffers_training);
     add_training_tests(tc);
     suite_add_tcase(s, tc);
     return s;
