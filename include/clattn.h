@@ -204,6 +204,11 @@ clattn_status clattn_grad_k(clattn_context *ctx, const clattn_shape *shape, cons
                             const float *k, const float *v, const float *o, const float *lse,
                             const float *d_out, float *dk);
 
+/* The kernel variants a backend offers, by index from 0 (the first is its
+ * default); NULL past the last, and for CLATTN_BACKEND_AUTO. The OpenCL
+ * backends share one list. Static strings. */
+const char *clattn_variant_name(clattn_backend backend, size_t index);
+
 typedef struct clattn_device_info {
     clattn_backend backend; /* OPENCL_GPU, OPENCL_CPU or NATIVE */
     int platform_index;     /* -1 for native */

@@ -13,18 +13,7 @@
 #include "clattn.h"
 #include "npy.h"
 
-enum { EXIT_DEVICE = 1, EXIT_INPUT = 2 };
-
-/* One command-line option: a flag, a path, a count or a positive number. */
-typedef enum opt_kind { OPT_FLAG, OPT_STRING, OPT_UINT, OPT_POSITIVE } opt_kind;
-
-typedef struct opt {
-    const char *name;
-    opt_kind kind;
-    void *value; /* int*, const char**, uint32_t*, float* */
-    int required;
-    int seen;
-} opt;
+#include "cli.h"
 
 static int parse_uint(const char *s, uint32_t *out)
 {
@@ -56,7 +45,7 @@ static int parse_positive(const char *s, float *out)
 }
 
 /* Parses argv against opts; prints one line and returns 0 on bad input. */
-static int parse_opts(const char *cmd, int argc, char **argv, opt *opts, size_t n)
+int parse_opts(const char *cmd, int argc, char **argv, opt *opts, size_t n)
 {
     for (int i = 0; i < argc; ++i) {
         opt *o = NULL;
@@ -99,7 +88,7 @@ static int parse_opts(const char *cmd, int argc, char **argv, opt *opts, size_t 
     return 1;
 }
 
-static int wants_help(int argc, char **argv)
+int wants_help(int argc, char **argv)
 {
     for (int i = 0; i < argc; ++i)
         if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h"))
@@ -107,7 +96,7 @@ static int wants_help(int argc, char **argv)
     return 0;
 }
 
-static double now(void)
+double now(void)
 {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -116,8 +105,8 @@ static double now(void)
 
 /* Creates a context for the CLI; a failure is a device failure (1) unless
  * the selector or variant itself was malformed (2). */
-static int open_context(const char *cmd, const char *device, const char *variant,
-                        clattn_context **ctx)
+int open_context(const char *cmd, const char *device, const char *variant,
+                 clattn_context **ctx)
 {
     clattn_options o = clattn_options_default();
     o.device = device;
@@ -330,7 +319,7 @@ static int op_failed(const char *cmd, clattn_status st)
     return st == CLATTN_ERROR_TOO_LARGE_FOR_DEVICE ? EXIT_INPUT : EXIT_DEVICE;
 }
 
-static float *alloc_floats(size_t n)
+float *alloc_floats(size_t n)
 {
     return malloc((n ? n : 1) * sizeof(float));
 }
@@ -522,7 +511,7 @@ done:
 }
 
 /* A small fixed generator, so that every run of the demo sees the same data. */
-static float next_uniform(uint64_t *state)
+float next_uniform(uint64_t *state)
 {
     *state ^= *state << 13;
     *state ^= *state >> 7;
@@ -638,7 +627,7 @@ done:
 }
 
 /* Fills n floats uniformly in [-gain, gain). */
-static void fill_uniform(float *a, size_t n, float gain, uint64_t *state)
+void fill_uniform(float *a, size_t n, float gain, uint64_t *state)
 {
     for (size_t i = 0; i < n; ++i)
         a[i] = next_uniform(state) * gain;
@@ -790,6 +779,7 @@ static void usage(FILE *f)
                "  demo      grad-V on an embedded layer, checked against native\n"
                "  train     train an embedded attention layer with Adam; the loss must fall\n"
                "            100-fold\n"
+               "  bench     time ops and kernel variants side by side\n"
                "  version   print the library version\n"
                "The device comes from --device, else CLATTN_DEVICE, else auto.\n");
 }
@@ -821,6 +811,8 @@ int main(int argc, char **argv)
         return cmd_backward(argc - 2, argv + 2);
     if (!strcmp(c, "train"))
         return cmd_train(argc - 2, argv + 2);
+    if (!strcmp(c, "bench"))
+        return cmd_bench(argc - 2, argv + 2);
     fprintf(stderr, "clattn: unknown command '%s'\n", c);
     usage(stderr);
     return EXIT_INPUT;

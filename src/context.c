@@ -113,17 +113,37 @@ static clattn_status parse_selector(const char *sel, plan *p, clattn_cl_pick *pi
     return CLATTN_OK;
 }
 
-static int known_variant(const char *name)
-{
-    static const char *const names[] = {
+/* Every line of variants.inc names a variant; a name may repeat. */
+static const char *const cl_variant_lines[] = {
 #define CLATTN_CL_VARIANT(op, vname, kernel, source) vname,
 #include "variants.inc"
 #undef CLATTN_CL_VARIANT
-        "blocked",
-    };
-    for (size_t i = 0; i < sizeof names / sizeof names[0]; ++i)
-        if (!strcmp(name, names[i]))
-            return 1;
+};
+enum { CL_VARIANT_LINES = sizeof cl_variant_lines / sizeof cl_variant_lines[0] };
+
+const char *clattn_variant_name(clattn_backend backend, size_t index)
+{
+    if (backend == CLATTN_BACKEND_NATIVE)
+        return index == 0 ? "blocked" : NULL;
+    if (backend != CLATTN_BACKEND_OPENCL_GPU && backend != CLATTN_BACKEND_OPENCL_CPU)
+        return NULL;
+    for (size_t i = 0; i < CL_VARIANT_LINES; ++i) {
+        int seen = 0;
+        for (size_t j = 0; j < i && !seen; ++j)
+            seen = !strcmp(cl_variant_lines[i], cl_variant_lines[j]);
+        if (!seen && index-- == 0)
+            return cl_variant_lines[i];
+    }
+    return NULL;
+}
+
+static int known_variant(const char *name)
+{
+    const clattn_backend kinds[2] = {CLATTN_BACKEND_NATIVE, CLATTN_BACKEND_OPENCL_GPU};
+    for (int k = 0; k < 2; ++k)
+        for (size_t i = 0; clattn_variant_name(kinds[k], i); ++i)
+            if (!strcmp(name, clattn_variant_name(kinds[k], i)))
+                return 1;
     return 0;
 }
 

@@ -1,0 +1,36 @@
+/* What the command line's files share. */
+#ifndef CLATTN_CLI_H
+#define CLATTN_CLI_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "clattn.h"
+
+enum { EXIT_DEVICE = 1, EXIT_INPUT = 2 };
+
+/* One command-line option: a flag, a path, a count or a positive number. */
+typedef enum opt_kind { OPT_FLAG, OPT_STRING, OPT_UINT, OPT_POSITIVE } opt_kind;
+
+typedef struct opt {
+    const char *name;
+    opt_kind kind;
+    void *value; /* int*, const char**, uint32_t*, float* */
+    int required;
+    int seen;
+} opt;
+
+/* Parses argv against opts; prints one line and returns 0 on bad input. */
+int parse_opts(const char *cmd, int argc, char **argv, opt *opts, size_t n);
+int wants_help(int argc, char **argv);
+double now(void);
+/* Creates a context; returns 0, or the exit status of the failure after
+ * printing it. */
+int open_context(const char *cmd, const char *device, const char *variant, clattn_context **ctx);
+float next_uniform(uint64_t *state);
+void fill_uniform(float *a, size_t n, float gain, uint64_t *state);
+float *alloc_floats(size_t n);
+
+int cmd_bench(int argc, char **argv);
+
+#endif

@@ -1,0 +1,340 @@
+/* clattn bench: times an op on one device, each kernel variant side by side
+ * in one run. OpenCL devices are timed on device-resident buffers through
+ * the _cl calls (what a caller holding cl_mem sees); native on host memory.
+ * Builds and a warm-up call are excluded; the figure is the median of the
+ * timed calls. */
+#define _POSIX_C_SOURCE 200809L
+#define CL_TARGET_OPENCL_VERSION 120
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli.h"
+#include "clattn_cl.h"
+
+typedef enum bench_op { BENCH_GRAD_V, BENCH_FORWARD, BENCH_BACKWARD } bench_op;
+static const char *const op_names[] = {"grad-v", "forward", "backward"};
+
+/* Host tensors: inputs Q K V O LSE dO, outputs in out[0..nout). */
+enum { T_Q, T_K, T_V, T_O, T_LSE, T_DO, T_OUT0, T_OUT1, T_OUT2, T_COUNT };
+
+typedef struct bench {
+    bench_op op;
+    clattn_shape s;
+    size_t n[T_COUNT];
+    float *host[T_COUNT];
+    float *want[3]; /* native's outputs, the reference for OpenCL devices */
+    int nout;
+} bench;
+
+/* Writes text as a JSON string's contents. */
+static void json_text(const char *text)
+{
+    for (const unsigned char *c = (const unsigned char *)text; *c; ++c) {
+        if (*c == '"' || *c == '\\')
+            printf("\\%c", *c);
+        else if (*c < 0x20)
+            printf("\\u%04x", *c);
+        else
+            putchar(*c);
+    }
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+/* Runs the op once on host pointers; out receives the outputs. */
+static clattn_status run_host(clattn_context *ctx, const bench *b, float *const out[3])
+{
+    float *const *h = b->host;
+    switch (b->op) {
+    case BENCH_GRAD_V:
+        return clattn_grad_v(ctx, &b->s, h[T_DO], h[T_Q], h[T_K], h[T_LSE], out[0]);
+    case BENCH_FORWARD:
+        return clattn_forward(ctx, &b->s, h[T_Q], h[T_K], h[T_V], out[0], out[1]);
+    case BENCH_BACKWARD:
+        return clattn_backward(ctx, &b->s, h[T_Q], h[T_K], h[T_V], h[T_O], h[T_LSE], h[T_DO],
+                               out[0], out[1], out[2]);
+    }
+    return CLATTN_ERROR_INVALID_OPTION;
+}
+
+/* Enqueues the op once on device buffers. */
+static clattn_status run_cl(clattn_context *ctx, const bench *b, const clattn_cl_tensor *t,
+                            cl_event *done)
+{
+    switch (b->op) {
+    case BENCH_GRAD_V:
+        return clattn_grad_v_cl(ctx, &b->s, t[T_DO], t[T_Q], t[T_K], t[T_LSE], t[T_OUT0], 0,
+                                NULL, done);
+    case BENCH_FORWARD:
+        return clattn_forward_cl(ctx, &b->s, t[T_Q], t[T_K], t[T_V], t[T_OUT0], t[T_OUT1], 0,
+                                 NULL, done);
+    case BENCH_BACKWARD:
+        return clattn_backward_cl(ctx, &b->s, t[T_Q], t[T_K], t[T_V], t[T_O], t[T_LSE],
+                                  t[T_DO], t[T_OUT0], t[T_OUT1], t[T_OUT2], 0, NULL, done);
+    }
+    return CLATTN_ERROR_INVALID_OPTION;
+}
+
+/* Times reps calls of one variant; fills seconds (median) and max_error
+ * (max |got - native| / max |native| over the outputs, NAN on native). */
+static clattn_status time_variant(clattn_context *ctx, const bench *b, int reps,
+                                  double *seconds, double *max_error)
+{
+    double *times = malloc((size_t)reps * sizeof(double));
+    float *out[3] = {NULL, NULL, NULL};
+    clattn_cl_tensor t[T_COUNT];
+    memset(t, 0, sizeof t);
+    clattn_status st = CLATTN_OK;
+    for (int i = 0; i < b->nout; ++i)
+        if (!(out[i] = alloc_floats(b->n[T_OUT0 + i])))
+            st = CLATTN_ERROR_OUT_OF_MEMORY;
+    if (!times)
+        st = CLATTN_ERROR_OUT_OF_MEMORY;
+    const int on_cl = clattn_context_backend(ctx) != CLATTN_BACKEND_NATIVE;
+    cl_context cctx = clattn_context_cl_context(ctx);
+    cl_command_queue queue = clattn_context_cl_queue(ctx);
+    for (int i = 0; i < T_OUT0 + b->nout && on_cl && st == CLATTN_OK; ++i) {
+        cl_int err;
+        t[i].buffer = clCreateBuffer(cctx, CL_MEM_READ_WRITE | (i < T_OUT0 ? CL_MEM_COPY_HOST_PTR : 0),
+                                     b->n[i] * sizeof(float), i < T_OUT0 ? b->host[i] : NULL,
+                                     &err);
+        if (err != CL_SUCCESS) {
+            fprintf(stderr, "clattn bench: clCreateBuffer of %zu floats failed (%d)\n", b->n[i],
+                    err);
+            st = CLATTN_ERROR_OPENCL;
+        }
+    }
+    /* A warm-up call first, then the timed ones. */
+    for (int r = -1; r < reps && st == CLATTN_OK; ++r) {
+        double t0 = now();
+        if (on_cl) {
+            cl_event done = NULL;
+            st = run_cl(ctx, b, t, &done);
+            if (st == CLATTN_OK && clWaitForEvents(1, &done) != CL_SUCCESS)
+                st = CLATTN_ERROR_OPENCL;
+            if (done)
+                clReleaseEvent(done);
+        } else {
+            st = run_host(ctx, b, out);
+        }
+        if (r >= 0)
+            times[r] = now() - t0;
+    }
+    for (int i = 0; i < b->nout && on_cl && st == CLATTN_OK; ++i)
+        if (clEnqueueReadBuffer(queue, t[T_OUT0 + i].buffer, CL_TRUE, 0,
+                                b->n[T_OUT0 + i] * sizeof(float), out[i], 0, NULL,
+                                NULL) != CL_SUCCESS)
+            st = CLATTN_ERROR_OPENCL;
+    if (st == CLATTN_OK) {
+        qsort(times, (size_t)reps, sizeof(double), cmp_double);
+        *seconds = times[reps / 2];
+        *max_error = NAN;
+        if (on_cl) {
+            double diff = 0.0, ref = 0.0;
+            for (int i = 0; i < b->nout; ++i)
+                for (size_t j = 0; j < b->n[T_OUT0 + i]; ++j) {
+                    double d = fabs((double)out[i][j] - b->want[i][j]);
+                    diff = d > diff || isnan(d) ? d : diff;
+                    ref = fabs(b->want[i][j]) > ref ? fabs(b->want[i][j]) : ref;
+                }
+            *max_error = diff / (ref > 0.0 ? ref : 1.0);
+        }
+    }
+    for (int i = 0; i < T_COUNT; ++i)
+        if (t[i].buffer)
+            clReleaseMemObject(t[i].buffer);
+    for (int i = 0; i < 3; ++i)
+        free(out[i]);
+    free(times);
+    return st;
+}
+
+int cmd_bench(int argc, char **argv)
+{
+    const char *cmd = "bench";
+    if (wants_help(argc, argv)) {
+        printf("usage: clattn bench --op grad-v|forward|backward --q-seq N [--kv-seq N] "
+               "--heads H\n"
+               "                    [--kv-heads KH] --head-dim D [--batch B] [--causal] "
+               "[--window W]\n"
+               "                    [--device SEL] [--variant NAME|all] [--reps R] [--json]\n"
+               "Times the op on random inputs: compile and a warm-up call excluded, the\n"
+               "median of R timed calls (default 10). OpenCL devices run on buffers that\n"
+               "stay on the device. --variant all measures every variant of the device side\n"
+               "by side. GFLOP/s count 4 (grad-v, forward) or 10 (backward) FLOP per visible\n"
+               "(query, key) pair per head_dim element; max_error is max |out - native| /\n"
+               "max |native| over the outputs (null on native itself).\n");
+        return 0;
+    }
+    const char *op_name = NULL, *device = NULL, *variant = NULL;
+    uint32_t q_seq = 0, kv_seq = 0, heads = 0, kv_heads = 0, head_dim = 0, batch = 1;
+    uint32_t window = 0, reps = 10;
+    int causal = 0, json = 0;
+    opt opts[] = {
+        {"--op", OPT_STRING, &op_name, 1, 0},       {"--q-seq", OPT_UINT, &q_seq, 1, 0},
+        {"--kv-seq", OPT_UINT, &kv_seq, 0, 0},      {"--heads", OPT_UINT, &heads, 1, 0},
+        {"--kv-heads", OPT_UINT, &kv_heads, 0, 0},  {"--head-dim", OPT_UINT, &head_dim, 1, 0},
+        {"--batch", OPT_UINT, &batch, 0, 0},        {"--causal", OPT_FLAG, &causal, 0, 0},
+        {"--window", OPT_UINT, &window, 0, 0},      {"--device", OPT_STRING, &device, 0, 0},
+        {"--variant", OPT_STRING, &variant, 0, 0},  {"--reps", OPT_UINT, &reps, 0, 0},
+        {"--json", OPT_FLAG, &json, 0, 0},
+    };
+    if (!parse_opts(cmd, argc, argv, opts, sizeof opts / sizeof opts[0]))
+        return EXIT_INPUT;
+    bench b;
+    memset(&b, 0, sizeof b);
+    int known = 0;
+    for (int i = 0; i < 3; ++i)
+        if (!strcmp(op_name, op_names[i])) {
+            b.op = (bench_op)i;
+            known = 1;
+        }
+    if (!known) {
+        fprintf(stderr, "clattn bench: --op wants grad-v, forward or backward, not '%s'\n",
+                op_name);
+        return EXIT_INPUT;
+    }
+    if (reps == 0 || reps > 100000) {
+        fprintf(stderr, "clattn bench: --reps wants 1 to 100000\n");
+        return EXIT_INPUT;
+    }
+    b.s = clattn_shape_default();
+    b.s.batch = batch;
+    b.s.q_seq = q_seq;
+    b.s.kv_seq = kv_seq ? kv_seq : q_seq;
+    b.s.num_heads = heads;
+    b.s.num_kv_heads = kv_heads ? kv_heads : heads;
+    b.s.head_dim = head_dim;
+    b.s.causal = causal;
+    b.s.window = window;
+    clattn_status st = clattn_shape_validate(&b.s);
+    if (st != CLATTN_OK) {
+        fprintf(stderr, "clattn bench: %s: %s\n", clattn_status_string(st), clattn_last_error());
+        return EXIT_INPUT;
+    }
+    const size_t nq = (size_t)batch * q_seq * heads * head_dim;
+    const size_t nkv = (size_t)batch * b.s.kv_seq * b.s.num_kv_heads * head_dim;
+    const size_t nlse = (size_t)batch * q_seq * heads * 2;
+    const size_t sizes[T_COUNT] = {nq, nkv, nkv, nq, nlse, nq, 0, 0, 0};
+    memcpy(b.n, sizes, sizeof sizes);
+    switch (b.op) {
+    case BENCH_GRAD_V:
+        b.n[T_OUT0] = nkv;
+        b.nout = 1;
+        break;
+    case BENCH_FORWARD:
+        b.n[T_OUT0] = nq;
+        b.n[T_OUT1] = nlse;
+        b.nout = 2;
+        break;
+    case BENCH_BACKWARD:
+        b.n[T_OUT0] = nq;
+        b.n[T_OUT1] = b.n[T_OUT2] = nkv;
+        b.nout = 3;
+        break;
+    }
+
+    clattn_context *base = NULL, *native = NULL;
+    int rc = EXIT_DEVICE;
+    int ok = 1;
+    for (int i = 0; i < T_OUT0; ++i)
+        ok = ok && (b.host[i] = alloc_floats(b.n[i])) != NULL;
+    for (int i = 0; i < b.nout; ++i)
+        ok = ok && (b.want[i] = alloc_floats(b.n[T_OUT0 + i])) != NULL;
+    if (!ok) {
+        fprintf(stderr, "clattn bench: out of memory\n");
+        goto done;
+    }
+    uint64_t state = 0x853C49E6748FEA9Bull;
+    fill_uniform(b.host[T_Q], nq, 1.0f, &state);
+    fill_uniform(b.host[T_K], nkv, 1.0f, &state);
+    fill_uniform(b.host[T_V], nkv, 1.0f, &state);
+    fill_uniform(b.host[T_DO], nq, 1.0f, &state);
+    if ((rc = open_context(cmd, device, NULL, &base)) != 0)
+        goto done;
+    rc = EXIT_DEVICE;
+    clattn_options no = clattn_options_default();
+    no.backend = CLATTN_BACKEND_NATIVE;
+    st = clattn_context_create(&no, &native);
+    /* O and LSE from the native forward; native's outputs are the reference. */
+    if (st == CLATTN_OK)
+        st = clattn_forward(native, &b.s, b.host[T_Q], b.host[T_K], b.host[T_V], b.host[T_O],
+                            b.host[T_LSE]);
+    const int on_cl = clattn_context_backend(base) != CLATTN_BACKEND_NATIVE;
+    if (st == CLATTN_OK && on_cl)
+        st = run_host(native, &b, b.want);
+    if (st != CLATTN_OK) {
+        fprintf(stderr, "clattn bench: %s: %s\n", clattn_status_string(st), clattn_last_error());
+        goto done;
+    }
+    const double flop = (b.op == BENCH_BACKWARD ? 10.0 : 4.0) *
+                        (double)clattn_shape_visible_pairs(&b.s) * head_dim;
+    const clattn_backend backend = clattn_context_backend(base);
+    if (!json)
+        printf("%s, batch %u, q_seq %u, kv_seq %u, %u heads, %u KV heads, head_dim %u%s, "
+               "window %u, on %s\n%-10s %12s %12s %12s\n",
+               op_names[b.op], batch, q_seq, b.s.kv_seq, heads, b.s.num_kv_heads, head_dim,
+               causal ? ", causal" : "", window, clattn_context_device(base), "variant",
+               "ms/call", "GFLOP/s", "max_error");
+    for (size_t vi = 0;; ++vi) {
+        const char *name = variant && strcmp(variant, "all") ? (vi ? NULL : variant)
+                           : variant ? clattn_variant_name(backend, vi)
+                                     : (vi ? NULL : clattn_context_variant(base));
+        if (!name)
+            break;
+        clattn_context *ctx = NULL;
+        char selector[32];
+        /* The same device as base, with this variant. */
+        const char *dev = clattn_context_device(base);
+        const char *idx = strrchr(dev, '(');
+        if (on_cl && idx && sscanf(idx, "(%31[0-9:])", selector) == 1)
+            dev = selector;
+        else
+            dev = on_cl ? device : "native";
+        if ((rc = open_context(cmd, dev, name, &ctx)) != 0)
+            goto done;
+        double seconds = 0.0, err = NAN;
+        st = time_variant(ctx, &b, (int)reps, &seconds, &err);
+        clattn_context_destroy(ctx);
+        if (st != CLATTN_OK) {
+            fprintf(stderr, "clattn bench: variant %s: %s: %s\n", name, clattn_status_string(st),
+                    clattn_last_error());
+            rc = EXIT_DEVICE;
+            goto done;
+        }
+        char errtext[32];
+        if (isnan(err))
+            snprintf(errtext, sizeof errtext, "null");
+        else
+            snprintf(errtext, sizeof errtext, "%.3g", err);
+        if (json) {
+            printf("{\"op\": \"%s\", \"backend\": \"%s\", \"device\": \"", op_names[b.op],
+                   clattn_backend_name(backend));
+            json_text(clattn_context_device(base));
+            printf("\", \"variant\": \"%s\", \"batch\": %u, \"q_seq\": %u, \"kv_seq\": %u, \"heads\": %u, \"kv_heads\": %u, "
+                   "\"head_dim\": %u, \"causal\": %s, \"window\": %u, \"reps\": %u, "
+                   "\"seconds\": %.6g, \"gflops\": %.6g, \"max_error\": %s}\n",
+                   name, batch, q_seq, b.s.kv_seq, heads, b.s.num_kv_heads, head_dim,
+                   causal ? "true" : "false", window, reps, seconds, flop / seconds * 1e-9,
+                   errtext);
+        } else
+            printf("%-10s %12.3f %12.2f %12s\n", name, seconds * 1e3, flop / seconds * 1e-9,
+                   errtext);
+        fflush(stdout);
+    }
+    rc = 0;
+done:
+    clattn_context_destroy(base);
+    clattn_context_destroy(native);
+    for (int i = 0; i < T_OUT0; ++i)
+        free(b.host[i]);
+    for (int i = 0; i < 3; ++i)
+        free(b.want[i]);
+    return rc;
+}
