@@ -59,24 +59,49 @@ static const kernel_desc kernel_descs[K_COUNT] = {
                     CLATTN_R_DK, CLATTN_R_DV}, 8, 1, 2},
 };
 
-/* The kernels of each op, in order; -1 ends a list. */
-static const int op_plans[CLATTN_OP_COUNT][4] = {
+/* The kernels of each op, in order; -1 ends a list. The backward runs
+ * GRAD_KV where a variant has it, else GRAD_K and GRAD_V. */
+static const int op_plans[CLATTN_OP_COUNT][5] = {
     [CLATTN_OP_FORWARD] = {K_FORWARD, -1},
     [CLATTN_OP_GRAD_V] = {K_GRAD_V, -1},
     [CLATTN_OP_GRAD_Q] = {K_DSUM, K_GRAD_Q, -1},
     [CLATTN_OP_GRAD_K] = {K_DSUM, K_GRAD_K, -1},
     [CLATTN_OP_BACKWARD] = {K_DSUM, K_GRAD_KV, K_GRAD_Q, -1},
 };
+static const int backward_unfused[5] = {K_DSUM, K_GRAD_K, K_GRAD_V, K_GRAD_Q, -1};
+
+/* The tiled kernels' shapes per device type: rows per work-group and keys
+ * (or queries) per local-memory tile. */
+typedef struct tile_config {
+    cl_device_type type;
+    unsigned rows, tile;
+} tile_config;
+static const tile_config tile_table[] = {
+    {CL_DEVICE_TYPE_GPU | CL_DEVICE_TYPE_ACCELERATOR, 64, 32},
+    {CL_DEVICE_TYPE_CPU, 64, 32},
+};
+/* Registers hold a few head_dim vectors per work-item; past this the tiled
+ * kernels would spill, and tree's run instead. */
+enum { TILED_MAX_HEAD_DIM = 128 };
+
+/* The kernels of one variant, built for one head_dim (tiled) or any. */
+typedef struct kernel_set {
+    cl_program program[K_COUNT]; /* kernels of one source share a program */
+    cl_kernel kernel[K_COUNT];
+    size_t max_wg[K_COUNT];
+    cl_ulong local_mem[K_COUNT];
+    int tiled[K_COUNT]; /* launched as tiled.cl's kernels, else tree.cl's */
+} kernel_set;
 
 struct clattn_cl_state {
     cl_device_id device;
     cl_context context;
     cl_command_queue queue;
     int own_context, own_queue;
-    cl_program program[K_COUNT]; /* kernels of one source share a program */
-    cl_kernel kernel[K_COUNT];
-    size_t kernel_max_wg[K_COUNT];
-    cl_ulong kernel_local_mem[K_COUNT];
+    kernel_set tree;                      /* built with the context */
+    kernel_set *tiled[CLATTN_MAX_HEAD_DIM + 1]; /* per head_dim, on first use */
+    int use_tiled;
+    tile_config tiles;
     cl_ulong max_alloc;
     cl_ulong local_mem;
     /* Host-pointer calls copy through these buffers, grown as needed. */
@@ -255,6 +280,16 @@ clattn_status clattn_list_devices(clattn_device_info *devices, size_t capacity, 
     return CLATTN_OK;
 }
 
+static void release_set(kernel_set *set)
+{
+    for (int k = 0; k < K_COUNT; ++k) {
+        if (set->kernel[k])
+            clReleaseKernel(set->kernel[k]);
+        if (set->program[k])
+            clReleaseProgram(set->program[k]);
+    }
+}
+
 static void release_state(struct clattn_cl_state *cl)
 {
     if (!cl)
@@ -262,12 +297,12 @@ static void release_state(struct clattn_cl_state *cl)
     for (int i = 0; i < CLATTN_R_COUNT; ++i)
         if (cl->scratch[i])
             clReleaseMemObject(cl->scratch[i]);
-    for (int k = 0; k < K_COUNT; ++k) {
-        if (cl->kernel[k])
-            clReleaseKernel(cl->kernel[k]);
-        if (cl->program[k])
-            clReleaseProgram(cl->program[k]);
-    }
+    release_set(&cl->tree);
+    for (int d = 0; d <= CLATTN_MAX_HEAD_DIM; ++d)
+        if (cl->tiled[d]) {
+            release_set(cl->tiled[d]);
+            free(cl->tiled[d]);
+        }
     if (cl->own_queue && cl->queue)
         clReleaseCommandQueue(cl->queue);
     if (cl->own_context && cl->context)
@@ -299,7 +334,7 @@ static size_t tree_work_group(uint32_t head_dim)
 }
 
 static clattn_status build_program(struct clattn_cl_state *cl, const cl_variant *v,
-                                   cl_program *out)
+                                   const char *options, cl_program *out)
 {
     cl_int err;
     const char *src = v->source;
@@ -308,12 +343,12 @@ static clattn_status build_program(struct clattn_cl_state *cl, const cl_variant 
         *out = NULL;
         return cl_fail(err, "clCreateProgramWithSource");
     }
-    err = clBuildProgram(*out, 1, &cl->device, build_options, NULL, NULL);
+    err = clBuildProgram(*out, 1, &cl->device, options, NULL, NULL);
     if (err == CL_SUCCESS)
         return CLATTN_OK;
     clattn_status st = clattn_fail(CLATTN_ERROR_BUILD_FAILED,
-                                   "building the '%s' kernels (%s) failed: %s (%d); build log:",
-                                   v->name, build_options, cl_error_name(err), err);
+                                   "building %s of variant '%s' (%s) failed: %s (%d); build log:",
+                                   v->function, v->name, options, cl_error_name(err), err);
     size_t len = 0;
     clGetProgramBuildInfo(*out, cl->device, CL_PROGRAM_BUILD_LOG, 0, NULL, &len);
     char *log = len ? malloc(len + 1) : NULL;
@@ -327,45 +362,99 @@ static clattn_status build_program(struct clattn_cl_state *cl, const cl_variant 
     return st;
 }
 
-/* Builds every kernel of the chosen variant (one program per distinct
- * source) and checks that the device runs the largest work-group they may
- * need; strict_limits makes a device too small for head_dim 256 an error. */
-static clattn_status build_kernels(struct clattn_cl_state *cl, const char *variant,
-                                   int strict_limits)
+/* Local memory a kernel of the set needs for a head_dim, in bytes. */
+static size_t local_bytes(const struct clattn_cl_state *cl, const kernel_set *set, int k,
+                          uint32_t head_dim)
 {
+    if (set->tiled[k])
+        return (2 * (size_t)cl->tiles.tile * head_dim + 3 * (size_t)cl->tiles.tile) *
+               sizeof(float);
+    return tree_work_group(head_dim) * sizeof(float) * (size_t)kernel_descs[k].local_per_lane;
+}
+
+/* The work-group size a kernel of the set runs with for a head_dim. */
+static size_t work_group(const struct clattn_cl_state *cl, const kernel_set *set, int k,
+                         uint32_t head_dim)
+{
+    return set->tiled[k] ? cl->tiles.rows : tree_work_group(head_dim);
+}
+
+/* Builds the kernels of a variant into set: generic ones (head_dim 0) or
+ * ones specialised for head_dim, with their programs shared per source.
+ * Checks each against the device's limits for the largest head_dim it may
+ * run; strict_limits makes falling short an error rather than a per-call
+ * refusal. */
+static clattn_status build_set(struct clattn_cl_state *cl, const char *variant,
+                               uint32_t head_dim, kernel_set *set, int strict_limits)
+{
+    char options[160];
+    snprintf(options, sizeof options, "%s -DHEAD_DIM=%u -DROWS=%u -DTILE=%u", build_options,
+             head_dim ? head_dim : 1u, cl->tiles.rows, cl->tiles.tile);
     for (int k = 0; k < K_COUNT; ++k) {
         const cl_variant *v = find_variant(k, variant);
-        if (!v)
+        if (!v) {
+            if (k == K_GRAD_KV)
+                continue; /* the backward runs GRAD_K and GRAD_V instead */
             return clattn_fail(CLATTN_ERROR_UNKNOWN_VARIANT, "no OpenCL variant '%s'", variant);
-        for (int j = 0; j < k && !cl->program[k]; ++j)
-            if (cl->program[j] && find_variant(j, variant)->source == v->source) {
-                cl->program[k] = cl->program[j];
-                clRetainProgram(cl->program[k]);
+        }
+        set->tiled[k] = v->source == clattn_cl_tiled;
+        for (int j = 0; j < k && !set->program[k]; ++j) {
+            const cl_variant *w = set->program[j] ? find_variant(j, variant) : NULL;
+            if (w && w->source == v->source) {
+                set->program[k] = set->program[j];
+                clRetainProgram(set->program[k]);
             }
+        }
         clattn_status st = CLATTN_OK;
-        if (!cl->program[k] && (st = build_program(cl, v, &cl->program[k])) != CLATTN_OK)
+        if (!set->program[k] && (st = build_program(cl, v, options, &set->program[k])) != CLATTN_OK)
             return st;
         cl_int err;
-        cl->kernel[k] = clCreateKernel(cl->program[k], v->function, &err);
+        set->kernel[k] = clCreateKernel(set->program[k], v->function, &err);
         if (err != CL_SUCCESS) {
-            cl->kernel[k] = NULL;
+            set->kernel[k] = NULL;
             return cl_fail(err, "clCreateKernel");
         }
-        if ((err = clGetKernelWorkGroupInfo(cl->kernel[k], cl->device, CL_KERNEL_WORK_GROUP_SIZE,
-                                            sizeof(size_t), &cl->kernel_max_wg[k], NULL)) ||
-            (err = clGetKernelWorkGroupInfo(cl->kernel[k], cl->device, CL_KERNEL_LOCAL_MEM_SIZE,
-                                            sizeof(cl_ulong), &cl->kernel_local_mem[k], NULL)))
+        if ((err = clGetKernelWorkGroupInfo(set->kernel[k], cl->device, CL_KERNEL_WORK_GROUP_SIZE,
+                                            sizeof(size_t), &set->max_wg[k], NULL)) ||
+            (err = clGetKernelWorkGroupInfo(set->kernel[k], cl->device, CL_KERNEL_LOCAL_MEM_SIZE,
+                                            sizeof(cl_ulong), &set->local_mem[k], NULL)))
             return cl_fail(err, "clGetKernelWorkGroupInfo");
-        size_t need = tree_work_group(CLATTN_MAX_HEAD_DIM);
-        size_t local = need * sizeof(float) * (size_t)kernel_descs[k].local_per_lane;
-        if (strict_limits && (cl->kernel_max_wg[k] < need ||
-                              cl->local_mem < cl->kernel_local_mem[k] + local))
+        const uint32_t largest = head_dim ? head_dim : CLATTN_MAX_HEAD_DIM;
+        const size_t wg = work_group(cl, set, k, largest);
+        const size_t local = local_bytes(cl, set, k, largest);
+        if ((strict_limits || set->tiled[k]) &&
+            (set->max_wg[k] < wg || cl->local_mem < set->local_mem[k] + local))
             return clattn_fail(CLATTN_ERROR_WORK_GROUP_TOO_LARGE,
                                "%s needs work-groups of %zu and %zu bytes of local memory; "
                                "the device allows %zu and %llu",
-                               v->function, need, local, cl->kernel_max_wg[k],
+                               v->function, wg, local, set->max_wg[k],
                                (unsigned long long)cl->local_mem);
     }
+    return CLATTN_OK;
+}
+
+/* The kernels a call with this head_dim runs: the tiled ones specialised
+ * for it (built on first use), or tree's. */
+static clattn_status kernels_for(struct clattn_cl_state *cl, uint32_t head_dim,
+                                 kernel_set **out)
+{
+    if (!cl->use_tiled || head_dim > TILED_MAX_HEAD_DIM) {
+        *out = &cl->tree;
+        return CLATTN_OK;
+    }
+    if (!cl->tiled[head_dim]) {
+        kernel_set *set = calloc(1, sizeof *set);
+        if (!set)
+            return clattn_fail(CLATTN_ERROR_OUT_OF_MEMORY, "out of host memory");
+        clattn_status st = build_set(cl, "tiled", head_dim, set, 0);
+        if (st != CLATTN_OK) {
+            release_set(set);
+            free(set);
+            return st;
+        }
+        cl->tiled[head_dim] = set;
+    }
+    *out = cl->tiled[head_dim];
     return CLATTN_OK;
 }
 
@@ -416,8 +505,24 @@ static clattn_status init_on_device(clattn_context *ctx, const char *variant,
         st = cl_fail(err, "clGetDeviceInfo");
         goto fail;
     }
-    st = build_kernels(cl, variant, strict_limits);
-    if (st != CLATTN_OK)
+    cl->tiles = tile_table[0];
+    for (size_t i = 0; i < sizeof tile_table / sizeof tile_table[0]; ++i)
+        if (type & tile_table[i].type) {
+            cl->tiles = tile_table[i];
+            break;
+        }
+    /* tree's kernels always: the tiled variant runs them past its head_dims.
+     * The tiled ones are built for head_dim 64 now, so that a device that
+     * cannot compile them is never chosen, and for others on first use. */
+    cl->use_tiled = !strcmp(variant, "tiled");
+    if (!cl->use_tiled && !find_variant(K_FORWARD, variant)) {
+        st = clattn_fail(CLATTN_ERROR_UNKNOWN_VARIANT, "no OpenCL variant '%s'", variant);
+        goto fail;
+    }
+    if ((st = build_set(cl, "tree", 0, &cl->tree, strict_limits)) != CLATTN_OK)
+        goto fail;
+    kernel_set *probe = NULL;
+    if (cl->use_tiled && (st = kernels_for(cl, 64, &probe)) != CLATTN_OK)
         goto fail;
 
     char name[128], platform_name[128];
@@ -543,19 +648,19 @@ static clattn_status check_alloc(const struct clattn_cl_state *cl, const clattn_
     return CLATTN_OK;
 }
 
-static clattn_status enqueue_kernel(struct clattn_cl_state *cl, int k, const clattn_shape *s,
-                                    const clattn_cl_tensor t[R_ALL], cl_uint nwait,
-                                    const cl_event *wait, cl_event *done)
+static clattn_status enqueue_kernel(struct clattn_cl_state *cl, const kernel_set *set, int k,
+                                    const clattn_shape *s, const clattn_cl_tensor t[R_ALL],
+                                    cl_uint nwait, const cl_event *wait, cl_event *done)
 {
     const kernel_desc *kd = &kernel_descs[k];
-    cl_kernel kn = cl->kernel[k];
-    const size_t wg = tree_work_group(s->head_dim);
-    const size_t local = wg * sizeof(float) * (size_t)kd->local_per_lane;
-    if (wg > cl->kernel_max_wg[k] || cl->kernel_local_mem[k] + local > cl->local_mem)
+    cl_kernel kn = set->kernel[k];
+    const size_t wg = work_group(cl, set, k, s->head_dim);
+    const size_t local = local_bytes(cl, set, k, s->head_dim);
+    if (wg > set->max_wg[k] || set->local_mem[k] + local > cl->local_mem)
         return clattn_fail(CLATTN_ERROR_WORK_GROUP_TOO_LARGE,
                            "head_dim %u needs work-groups of %zu with %zu bytes of local "
                            "memory; the device runs at most %zu and has %llu bytes",
-                           s->head_dim, wg, local, cl->kernel_max_wg[k],
+                           s->head_dim, wg, local, set->max_wg[k],
                            (unsigned long long)cl->local_mem);
     cl_uint arg = 0;
     cl_int err = CL_SUCCESS;
@@ -580,7 +685,8 @@ static clattn_status enqueue_kernel(struct clattn_cl_state *cl, int k, const cla
         return clattn_fail(CLATTN_ERROR_OPENCL, "clSetKernelArg failed for kernel %d", k);
     const size_t rows = kd->key_rows ? s->kv_seq : s->q_seq;
     const size_t heads = kd->key_rows ? s->num_kv_heads : s->num_heads;
-    size_t global[3] = {rows * wg, heads, s->batch};
+    /* tree: a work-group per row; tiled: a row per work-item. */
+    size_t global[3] = {set->tiled[k] ? (rows + wg - 1) / wg * wg : rows * wg, heads, s->batch};
     size_t lsize[3] = {wg, 1, 1};
     err = clEnqueueNDRangeKernel(cl->queue, kn, 3, NULL, global, lsize, nwait,
                                  nwait ? wait : NULL, done);
@@ -596,8 +702,12 @@ static clattn_status enqueue_op(struct clattn_cl_state *cl, clattn_op op, const 
                                 const clattn_sizes *sz, clattn_cl_tensor t[R_ALL],
                                 cl_uint nwait, const cl_event *wait, cl_event *done)
 {
-    const int *plan = op_plans[op];
-    clattn_status st = CLATTN_OK;
+    kernel_set *set = NULL;
+    clattn_status st = kernels_for(cl, s->head_dim, &set);
+    if (st != CLATTN_OK)
+        return st;
+    const int *plan = op == CLATTN_OP_BACKWARD && !set->kernel[K_GRAD_KV] ? backward_unfused
+                                                                         : op_plans[op];
     cl_mem dsum = NULL;
     if (plan[0] == K_DSUM) {
         /* Released at once: OpenCL keeps it until the kernels using it end. */
@@ -612,8 +722,8 @@ static clattn_status enqueue_op(struct clattn_cl_state *cl, clattn_op op, const 
     cl_event prev = NULL;
     for (int i = 0; plan[i] >= 0 && st == CLATTN_OK; ++i) {
         cl_event ev = NULL;
-        st = prev ? enqueue_kernel(cl, plan[i], s, t, 1, &prev, &ev)
-                  : enqueue_kernel(cl, plan[i], s, t, nwait, wait, &ev);
+        st = prev ? enqueue_kernel(cl, set, plan[i], s, t, 1, &prev, &ev)
+                  : enqueue_kernel(cl, set, plan[i], s, t, nwait, wait, &ev);
         if (prev)
             clReleaseEvent(prev);
         prev = ev;

@@ -134,12 +134,24 @@ static void check_ops(clattn_context *ctx, const clattn_shape *s, float q_gain, 
     problem_free(&p);
 }
 
+/* The backend under test, as clattn_variant_name() knows it. */
+static clattn_backend tested_backend(void)
+{
+    return !strcmp(test_backend, "opencl-gpu")   ? CLATTN_BACKEND_OPENCL_GPU
+           : !strcmp(test_backend, "opencl-cpu") ? CLATTN_BACKEND_OPENCL_CPU
+                                                 : CLATTN_BACKEND_NATIVE;
+}
+
+/* Case i on every variant of the backend, one context each. */
 static void run_cases(const shape_case *cases, int i)
 {
-    clattn_context *ctx = test_context(NULL);
-    clattn_shape s = to_shape(&cases[i]);
-    check_ops(ctx, &s, cases[i].q_gain, 1000u + (uint64_t)i);
-    clattn_context_destroy(ctx);
+    const char *name;
+    for (size_t v = 0; (name = clattn_variant_name(tested_backend(), v)) != NULL; ++v) {
+        clattn_context *ctx = test_context(name);
+        clattn_shape s = to_shape(&cases[i]);
+        check_ops(ctx, &s, cases[i].q_gain, 1000u + (uint64_t)i);
+        clattn_context_destroy(ctx);
+    }
 }
 
 /* Every head_dim the issue names, alternating the masks. */
@@ -195,6 +207,17 @@ static const shape_case batches[] = {
     {3, 20, 45, 6, 3, 40, 0, 0, 0, 1},
 };
 START_TEST(batch_sweep) { run_cases(batches, _i); }
+END_TEST
+
+/* Sizes on both sides of the tiled kernels' rows (64) and tiles (32). */
+static const shape_case tiles[] = {
+    {1, 31, 31, 2, 1, 32, 1, 0, 0, 1},   {1, 32, 32, 2, 1, 32, 0, 0, 0, 1},
+    {1, 33, 33, 2, 1, 32, 1, 0, 0, 1},   {1, 63, 63, 2, 2, 16, 1, 0, 0, 1},
+    {1, 64, 64, 2, 2, 16, 0, 0, 0, 1},   {1, 65, 65, 2, 2, 16, 1, 0, 0, 1},
+    {1, 129, 129, 2, 1, 8, 1, 50, 0, 1}, {1, 70, 129, 2, 1, 8, 0, 33, 0, 1},
+    {1, 129, 70, 2, 1, 128, 0, 0, 0, 1}, {1, 40, 40, 2, 1, 129, 1, 0, 0, 1},
+};
+START_TEST(tile_edges) { run_cases(tiles, _i); }
 END_TEST
 
 /* Scores far from zero: exp() must not overflow, and p must stay exact. */
@@ -277,16 +300,18 @@ START_TEST(one_context_many_calls)
 }
 END_TEST
 
-/* The backend's own variants by name, each on one case. */
+/* The default variant is the first listed, and each says its name. */
 START_TEST(named_variant)
 {
-    const char *name = !strcmp(test_backend, "native") ? "blocked" : "tree";
-    clattn_context *ctx = test_context(name);
-    ck_assert_str_eq(clattn_context_variant(ctx), name);
-    shape_case c = {2, 45, 45, 6, 2, 48, 1, 7, 0, 1};
-    clattn_shape s = to_shape(&c);
-    check_ops(ctx, &s, 1.0f, 9);
+    clattn_context *ctx = test_context(NULL);
+    ck_assert_str_eq(clattn_context_variant(ctx), clattn_variant_name(tested_backend(), 0));
     clattn_context_destroy(ctx);
+    const char *name;
+    for (size_t v = 0; (name = clattn_variant_name(tested_backend(), v)) != NULL; ++v) {
+        ctx = test_context(name);
+        ck_assert_str_eq(clattn_context_variant(ctx), name);
+        clattn_context_destroy(ctx);
+    }
 }
 END_TEST
 
@@ -533,6 +558,7 @@ Suite *kernels_suite(void)
     tcase_add_loop_test(tc, group_sweep, 0, N(groups));
     tcase_add_loop_test(tc, window_sweep, 0, N(windows));
     tcase_add_loop_test(tc, batch_sweep, 0, N(batches));
+    tcase_add_loop_test(tc, tile_edges, 0, N(tiles));
     tcase_add_loop_test(tc, large_logits, 0, N(large));
     tcase_add_loop_test(tc, caller_scale, 0, N(scales));
     tcase_add_loop_test(tc, seed_uniform_block, 0, N(seed_blocks));

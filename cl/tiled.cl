@@ -1,0 +1,295 @@
+/*
+ * The `tiled` variants: a whole dot product per work-item, no barrier per
+ * product. A work-group holds ROWS rows of one head and batch element (query
+ * rows for the forward and grad-Q, key rows for grad-V and grad-K), each
+ * row's vectors in the work-item's registers; the other side streams through
+ * local memory TILE rows at a time, loaded once for the whole work-group.
+ * Tiles that no row of the group can see are skipped through the loop
+ * bounds; only boundary tiles test the mask per pair.
+ *
+ * HEAD_DIM, ROWS and TILE are compile-time defines, chosen per device by the
+ * host (src/opencl.c); the defaults let the file compile alone.
+ * Launch: global (ceil(rows / ROWS) * ROWS, heads, batch), local (ROWS, 1, 1);
+ * `tiles` is a __local buffer of 2 * TILE * HEAD_DIM + 3 * TILE floats.
+ */
+#ifndef HEAD_DIM
+#define HEAD_DIM 64
+#endif
+#ifndef ROWS
+#define ROWS 64
+#endif
+#ifndef TILE
+#define TILE 32
+#endif
+#define D HEAD_DIM
+
+#define SHAPE_ARGS                                                                       \
+    uint q_seq, uint kv_seq, uint num_heads, uint num_kv_heads, uint head_dim, int causal, \
+        uint window, float scale
+
+/* A row with no visible key has this LSE pair, as in meganeura's forward;
+ * masked scores take it too, so that exp() of them is 0. */
+#define EMPTY_ROW (-1e30f)
+
+inline ulong at(uint b, uint rows, uint row, uint heads, uint head, uint d)
+{
+    return (((ulong)b * rows + row) * heads + head) * D + d;
+}
+
+inline ulong row_of(uint b, uint q_seq, uint pos, uint num_heads, uint head)
+{
+    return ((ulong)b * q_seq + pos) * num_heads + head;
+}
+
+inline bool visible(uint pos, uint t, int causal, uint window)
+{
+    return (!causal || t <= pos) && (window == 0u || (ulong)pos < (ulong)t + window);
+}
+
+/* The keys [*lo, *hi) that any query of [first, last] sees. */
+inline void keys_of_queries(uint first, uint last, uint kv_seq, int causal, uint window,
+                            uint *lo, uint *hi)
+{
+    *lo = window > 0u && first >= window ? first - window + 1u : 0u;
+    *hi = causal ? min(last + 1u, kv_seq) : kv_seq;
+}
+
+/* The queries [*lo, *hi) that any key of [first, last] is seen by. */
+inline void queries_of_keys(uint first, uint last, uint q_seq, int causal, uint window,
+                            uint *lo, uint *hi)
+{
+    *lo = causal ? first : 0u;
+    *hi = q_seq;
+    if (window > 0u && last < q_seq && window < q_seq - last)
+        *hi = last + window;
+}
+
+/* Loads rows [r0, r0 + TILE) of a [batch][rows][heads][D] tensor into
+ * tile[TILE][D], zeros past `end`. Every work-item of the group calls it. */
+inline void load_tile(__local float *tile, __global const float *src, ulong off, uint b,
+                      uint rows, uint r0, uint end, uint heads, uint head)
+{
+    for (uint i = get_local_id(0); i < TILE * D; i += ROWS) {
+        const uint r = r0 + i / D;
+        tile[i] = r < end ? src[off + at(b, rows, r, heads, head, i % D)] : 0.0f;
+    }
+}
+
+__kernel __attribute__((reqd_work_group_size(ROWS, 1, 1))) void
+forward__tiled(__global const float *q, ulong q_off, __global const float *k, ulong k_off,
+               __global const float *v, ulong v_off, __global float *o, ulong o_off,
+               __global float *lse, ulong lse_off, SHAPE_ARGS, __local float *tiles)
+{
+    __local float *kt = tiles, *vt = tiles + TILE * D;
+    const uint head = get_group_id(1), b = get_group_id(2);
+    const uint r0 = get_group_id(0) * ROWS, pos = r0 + get_local_id(0);
+    const bool live = pos < q_seq;
+    const uint kv_head = head / (num_heads / num_kv_heads);
+    float qr[D], acc[D];
+    for (uint d = 0; d < D; ++d) {
+        qr[d] = live ? q[q_off + at(b, q_seq, pos, num_heads, head, d)] * scale : 0.0f;
+        acc[d] = 0.0f;
+    }
+    float m = EMPTY_ROW, l = 0.0f;
+    uint lo, hi;
+    keys_of_queries(r0, min(r0 + ROWS, q_seq) - 1u, kv_seq, causal, window, &lo, &hi);
+    for (uint t0 = lo; t0 < hi; t0 += TILE) {
+        barrier(CLK_LOCAL_MEM_FENCE);
+        load_tile(kt, k, k_off, b, kv_seq, t0, hi, num_kv_heads, kv_head);
+        load_tile(vt, v, v_off, b, kv_seq, t0, hi, num_kv_heads, kv_head);
+        barrier(CLK_LOCAL_MEM_FENCE);
+        if (!live)
+            continue;
+        float s[TILE], tile_max = EMPTY_ROW;
+        for (uint j = 0; j < TILE; ++j) {
+            float dot = 0.0f;
+            for (uint d = 0; d < D; ++d)
+                dot = fma(qr[d], kt[j * D + d], dot);
+            s[j] = t0 + j < hi && visible(pos, t0 + j, causal, window) ? dot : EMPTY_ROW;
+            tile_max = fmax(tile_max, s[j]);
+        }
+        if (tile_max == EMPTY_ROW)
+            continue;
+        const float m_new = fmax(m, tile_max), rescale = exp(m - m_new);
+        l *= rescale;
+        for (uint d = 0; d < D; ++d)
+            acc[d] *= rescale;
+        for (uint j = 0; j < TILE; ++j) {
+            const float e = exp(s[j] - m_new);
+            l += e;
+            for (uint d = 0; d < D; ++d)
+                acc[d] = fma(e, vt[j * D + d], acc[d]);
+        }
+        m = m_new;
+    }
+    if (!live)
+        return;
+    for (uint d = 0; d < D; ++d)
+        o[o_off + at(b, q_seq, pos, num_heads, head, d)] = l > 0.0f ? acc[d] / l : 0.0f;
+    const ulong row = lse_off + 2 * row_of(b, q_seq, pos, num_heads, head);
+    lse[row] = l > 0.0f ? m : EMPTY_ROW;
+    lse[row + 1] = l > 0.0f ? log(l) : EMPTY_ROW;
+}
+
+/* dQ of a query row: sum over its keys of scale * dS * K[t]. */
+__kernel __attribute__((reqd_work_group_size(ROWS, 1, 1))) void
+grad_q__tiled(__global const float *q, ulong q_off, __global const float *k, ulong k_off,
+              __global const float *v, ulong v_off, __global const float *d_out,
+              ulong d_out_off, __global const float *lse, ulong lse_off,
+              __global const float *dsum, ulong dsum_off, __global float *dq, ulong dq_off,
+              SHAPE_ARGS, __local float *tiles)
+{
+    __local float *kt = tiles, *vt = tiles + TILE * D;
+    const uint head = get_group_id(1), b = get_group_id(2);
+    const uint r0 = get_group_id(0) * ROWS, pos = r0 + get_local_id(0);
+    const bool live = pos < q_seq;
+    const uint kv_head = head / (num_heads / num_kv_heads);
+    const ulong row = row_of(b, q_seq, live ? pos : 0u, num_heads, head);
+    float qr[D], dor[D], acc[D];
+    for (uint d = 0; d < D; ++d) {
+        qr[d] = live ? q[q_off + row * D + d] * scale : 0.0f;
+        dor[d] = live ? d_out[d_out_off + row * D + d] : 0.0f;
+        acc[d] = 0.0f;
+    }
+    const float m = lse[lse_off + 2 * row], l = lse[lse_off + 2 * row + 1];
+    const float ds_row = dsum[dsum_off + row];
+    uint lo, hi;
+    keys_of_queries(r0, min(r0 + ROWS, q_seq) - 1u, kv_seq, causal, window, &lo, &hi);
+    for (uint t0 = lo; t0 < hi; t0 += TILE) {
+        barrier(CLK_LOCAL_MEM_FENCE);
+        load_tile(kt, k, k_off, b, kv_seq, t0, hi, num_kv_heads, kv_head);
+        load_tile(vt, v, v_off, b, kv_seq, t0, hi, num_kv_heads, kv_head);
+        barrier(CLK_LOCAL_MEM_FENCE);
+        if (!live)
+            continue;
+        for (uint j = 0; j < TILE; ++j) {
+            if (t0 + j >= hi || !visible(pos, t0 + j, causal, window))
+                continue;
+            float s = 0.0f, dp = 0.0f;
+            for (uint d = 0; d < D; ++d) {
+                s = fma(qr[d], kt[j * D + d], s);
+                dp = fma(dor[d], vt[j * D + d], dp);
+            }
+            const float ds = exp(fmin(s - m, 0.0f) - l) * (dp - ds_row);
+            for (uint d = 0; d < D; ++d)
+                acc[d] = fma(ds, kt[j * D + d], acc[d]);
+        }
+    }
+    if (live)
+        for (uint d = 0; d < D; ++d)
+            dq[dq_off + row * D + d] = scale * acc[d];
+}
+
+/* The per-query values the key-side kernels read with each tile: m, l and
+ * (for grad-K) Dsum of TILE query rows. */
+inline void load_rows(__local float *mt, __local float *lt, __local float *dt,
+                      __global const float *lse, ulong lse_off, __global const float *dsum,
+                      ulong dsum_off, uint b, uint q_seq, uint p0, uint end, uint num_heads,
+                      uint head)
+{
+    for (uint i = get_local_id(0); i < TILE; i += ROWS) {
+        const bool in = p0 + i < end;
+        const ulong row = row_of(b, q_seq, in ? p0 + i : 0u, num_heads, head);
+        mt[i] = in ? lse[lse_off + 2 * row] : 0.0f;
+        lt[i] = in ? lse[lse_off + 2 * row + 1] : 0.0f;
+        if (dsum)
+            dt[i] = in ? dsum[dsum_off + row] : 0.0f;
+    }
+}
+
+/* dV of a key row, over the queries of its KV head's group that see it. */
+__kernel __attribute__((reqd_work_group_size(ROWS, 1, 1))) void
+grad_v__tiled(__global const float *d_out, ulong d_out_off, __global const float *q,
+              ulong q_off, __global const float *k, ulong k_off, __global const float *lse,
+              ulong lse_off, __global float *dv, ulong dv_off, SHAPE_ARGS,
+              __local float *tiles)
+{
+    __local float *qt = tiles, *ot = tiles + TILE * D, *mt = ot + TILE * D, *lt = mt + TILE;
+    const uint kv_head = get_group_id(1), b = get_group_id(2);
+    const uint r0 = get_group_id(0) * ROWS, t = r0 + get_local_id(0);
+    const bool live = t < kv_seq;
+    const uint group = num_heads / num_kv_heads;
+    float kr[D], acc[D];
+    for (uint d = 0; d < D; ++d) {
+        kr[d] = live ? k[k_off + at(b, kv_seq, t, num_kv_heads, kv_head, d)] * scale : 0.0f;
+        acc[d] = 0.0f;
+    }
+    uint lo, hi;
+    queries_of_keys(r0, min(r0 + ROWS, kv_seq) - 1u, q_seq, causal, window, &lo, &hi);
+    for (uint head = kv_head * group; head < (kv_head + 1u) * group; ++head) {
+        for (uint p0 = lo; p0 < hi; p0 += TILE) {
+            barrier(CLK_LOCAL_MEM_FENCE);
+            load_tile(qt, q, q_off, b, q_seq, p0, hi, num_heads, head);
+            load_tile(ot, d_out, d_out_off, b, q_seq, p0, hi, num_heads, head);
+            load_rows(mt, lt, 0, lse, lse_off, 0, 0, b, q_seq, p0, hi, num_heads, head);
+            barrier(CLK_LOCAL_MEM_FENCE);
+            if (!live)
+                continue;
+            for (uint j = 0; j < TILE; ++j) {
+                if (p0 + j >= hi || !visible(p0 + j, t, causal, window))
+                    continue;
+                float s = 0.0f;
+                for (uint d = 0; d < D; ++d)
+                    s = fma(kr[d], qt[j * D + d], s);
+                const float p = exp(fmin(s - mt[j], 0.0f) - lt[j]);
+                for (uint d = 0; d < D; ++d)
+                    acc[d] = fma(p, ot[j * D + d], acc[d]);
+            }
+        }
+    }
+    if (live)
+        for (uint d = 0; d < D; ++d)
+            dv[dv_off + at(b, kv_seq, t, num_kv_heads, kv_head, d)] = acc[d];
+}
+
+/* dK of a key row: scale * sum of dS * Q over the queries that see it. */
+__kernel __attribute__((reqd_work_group_size(ROWS, 1, 1))) void
+grad_k__tiled(__global const float *q, ulong q_off, __global const float *k, ulong k_off,
+              __global const float *v, ulong v_off, __global const float *d_out,
+              ulong d_out_off, __global const float *lse, ulong lse_off,
+              __global const float *dsum, ulong dsum_off, __global float *dk, ulong dk_off,
+              SHAPE_ARGS, __local float *tiles)
+{
+    __local float *qt = tiles, *ot = tiles + TILE * D, *mt = ot + TILE * D, *lt = mt + TILE;
+    __local float *dt = lt + TILE;
+    const uint kv_head = get_group_id(1), b = get_group_id(2);
+    const uint r0 = get_group_id(0) * ROWS, t = r0 + get_local_id(0);
+    const bool live = t < kv_seq;
+    const uint group = num_heads / num_kv_heads;
+    float kr[D], vr[D], acc[D];
+    for (uint d = 0; d < D; ++d) {
+        const ulong kv = at(b, kv_seq, live ? t : 0u, num_kv_heads, kv_head, d);
+        kr[d] = live ? k[k_off + kv] * scale : 0.0f;
+        vr[d] = live ? v[v_off + kv] : 0.0f;
+        acc[d] = 0.0f;
+    }
+    uint lo, hi;
+    queries_of_keys(r0, min(r0 + ROWS, kv_seq) - 1u, q_seq, causal, window, &lo, &hi);
+    for (uint head = kv_head * group; head < (kv_head + 1u) * group; ++head) {
+        for (uint p0 = lo; p0 < hi; p0 += TILE) {
+            barrier(CLK_LOCAL_MEM_FENCE);
+            load_tile(qt, q, q_off, b, q_seq, p0, hi, num_heads, head);
+            load_tile(ot, d_out, d_out_off, b, q_seq, p0, hi, num_heads, head);
+            load_rows(mt, lt, dt, lse, lse_off, dsum, dsum_off, b, q_seq, p0, hi, num_heads,
+                      head);
+            barrier(CLK_LOCAL_MEM_FENCE);
+            if (!live)
+                continue;
+            for (uint j = 0; j < TILE; ++j) {
+                if (p0 + j >= hi || !visible(p0 + j, t, causal, window))
+                    continue;
+                float s = 0.0f, dp = 0.0f;
+                for (uint d = 0; d < D; ++d) {
+                    s = fma(kr[d], qt[j * D + d], s);
+                    dp = fma(vr[d], ot[j * D + d], dp);
+                }
+                const float ds = exp(fmin(s - mt[j], 0.0f) - lt[j]) * (dp - dt[j]);
+                for (uint d = 0; d < D; ++d)
+                    acc[d] = fma(ds, qt[j * D + d], acc[d]);
+            }
+        }
+    }
+    if (live)
+        for (uint d = 0; d < D; ++d)
+            dk[dk_off + at(b, kv_seq, t, num_kv_heads, kv_head, d)] = scale * acc[d];
+}
