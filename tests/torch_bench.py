@@ -1,0 +1,117 @@
+#!/usr/bin/env python3
+"""Times PyTorch's scaled_dot_product_attention (fp32, forward and backward)
+beside `clattn bench` on the same shapes, in one run, and prints
+clattn/PyTorch ratios. GPU: clattn on the OpenCL GPU against torch on CUDA;
+CPU: clattn's native backend and PoCL against torch on the CPU, all at the
+same thread count. Needs torch; skips (exit 77) without it.
+
+    python3 tests/torch_bench.py BUILD/clattn [--threads N] [--reps R] [--no-cpu]
+
+FLOP are counted as clattn does (DESIGN.md): forward 4, backward 10 per
+visible (query, key) pair per head_dim element, so a ratio is a speed ratio."""
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+
+try:
+    import torch
+    import torch.nn.functional as F
+except ImportError as e:
+    print(f"SKIP: {e}")
+    sys.exit(77)
+
+GPU_SHAPES = [  # (batch, q_seq, heads, kv_heads, head_dim, causal)
+    (1, 4096, 8, 8, 64, True),
+    (1, 4096, 32, 8, 64, False),
+]
+CPU_SHAPES = [(1, 1024, 8, 2, 64, True)]
+
+
+def pairs(q_seq, heads, batch, causal):
+    return (q_seq * (q_seq + 1) // 2 if causal else q_seq * q_seq) * heads * batch
+
+
+def torch_time(shape, op, device, reps):
+    batch, s, h, kh, d, causal = shape
+    g = torch.Generator(device="cpu").manual_seed(0)
+    mk = lambda heads: (torch.rand(batch, heads, s, d, generator=g) * 2 - 1).to(device)
+    q, k, v = mk(h), mk(kh), mk(kh)
+    for t in (q, k, v):
+        t.requires_grad_(op == "backward")
+    d_out = mk(h)
+    kw = dict(is_causal=causal, enable_gqa=kh != h)
+
+    def sync():
+        if device == "cuda":
+            torch.cuda.synchronize()
+
+    times = []
+    for r in range(reps + 1):
+        if op == "forward":
+            sync()
+            t0 = time.perf_counter()
+            with torch.no_grad():
+                F.scaled_dot_product_attention(q, k, v, **kw)
+            sync()
+        else:
+            out = F.scaled_dot_product_attention(q, k, v, **kw)
+            sync()
+            t0 = time.perf_counter()
+            torch.autograd.grad(out, (q, k, v), d_out)
+            sync()
+        if r:
+            times.append(time.perf_counter() - t0)
+    times.sort()
+    return times[len(times) // 2]
+
+
+def clattn_runs(cli, shape, op, device, reps, env):
+    batch, s, h, kh, d, causal = shape
+    cmd = [cli, "bench", "--op", op, "--q-seq", str(s), "--heads", str(h), "--kv-heads", str(kh),
+           "--head-dim", str(d), "--batch", str(batch), "--device", device, "--variant", "all",
+           "--reps", str(reps), "--json"] + (["--causal"] if causal else [])
+    run = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    if run.returncode:
+        print(f"clattn bench failed: {' '.join(cmd)}\n{run.stderr}")
+        return []
+    return [json.loads(line) for line in run.stdout.splitlines() if line.startswith("{")]
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("cli")
+    ap.add_argument("--threads", type=int, default=os.cpu_count())
+    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--no-cpu", action="store_true")
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    env = dict(os.environ, CLATTN_NUM_THREADS=str(args.threads))
+    plans = []
+    if torch.cuda.is_available():
+        plans += [(shape, "gpu", "cuda") for shape in GPU_SHAPES]
+    if not args.no_cpu:
+        plans += [(shape, dev, "cpu") for shape in CPU_SHAPES for dev in ("native", "cpu")]
+    print(f"torch {torch.__version__}, {args.threads} CPU threads, median of {args.reps}")
+    print(f"{'shape':<34}{'op':<10}{'clattn device / variant':<34}{'clattn':>10}{'torch':>10}"
+          f"{'ratio':>8}")
+    for shape, dev, tdev in plans:
+        batch, s, h, kh, d, causal = shape
+        desc = f"b{batch} s{s} h{h}/{kh} d{d}{' causal' if causal else ''}"
+        for op in ("forward", "backward"):
+            flop = (4 if op == "forward" else 10) * pairs(s, h, batch, causal) * d
+            t_torch = torch_time(shape, op, tdev, args.reps)
+            g_torch = flop / t_torch * 1e-9
+            for r in clattn_runs(args.cli, shape, op, dev, args.reps, env):
+                where = f"{r['backend']} / {r['variant']}"
+                print(f"{desc:<34}{op:<10}{where:<34}{r['gflops']:>10.1f}{g_torch:>10.1f}"
+                      f"{r['gflops'] / g_torch:>8.3f}")
+            sys.stdout.flush()
+    print("(GFLOP/s; ratio = clattn / torch)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
