@@ -9,8 +9,12 @@
  *
  * HEAD_DIM, ROWS and TILE are compile-time defines, chosen per device by the
  * host (src/opencl.c); the defaults let the file compile alone.
- * Launch: global (ceil(rows / ROWS) * ROWS, heads, batch), local (ROWS, 1, 1);
- * `tiles` is a __local buffer of 2 * TILE * HEAD_DIM + 3 * TILE floats.
+ * Causal work is uneven (the last query sees every key, the first one key),
+ * so each work-group takes a pair of row blocks, g and blocks - 1 - g: every
+ * group then has about the same work.
+ * Launch: global (ceil(blocks / 2) * ROWS, heads, batch), blocks =
+ * ceil(rows / ROWS), local (ROWS, 1, 1); `tiles` is a __local buffer of
+ * 2 * TILE * HEAD_DIM + 3 * TILE floats.
  */
 #ifndef HEAD_DIM
 #define HEAD_DIM 64
@@ -75,14 +79,14 @@ inline void load_tile(__local float *tile, __global const float *src, ulong off,
     }
 }
 
-__kernel __attribute__((reqd_work_group_size(ROWS, 1, 1))) void
-forward__tiled(__global const float *q, ulong q_off, __global const float *k, ulong k_off,
+inline void
+forward_block(__global const float *q, ulong q_off, __global const float *k, ulong k_off,
                __global const float *v, ulong v_off, __global float *o, ulong o_off,
-               __global float *lse, ulong lse_off, SHAPE_ARGS, __local float *tiles)
+               __global float *lse, ulong lse_off, SHAPE_ARGS, __local float *tiles, uint r0)
 {
     __local float *kt = tiles, *vt = tiles + TILE * D;
     const uint head = get_group_id(1), b = get_group_id(2);
-    const uint r0 = get_group_id(0) * ROWS, pos = r0 + get_local_id(0);
+    const uint pos = r0 + get_local_id(0);
     const bool live = pos < q_seq;
     const uint kv_head = head / (num_heads / num_kv_heads);
     float qr[D], acc[D];
@@ -131,17 +135,28 @@ forward__tiled(__global const float *q, ulong q_off, __global const float *k, ul
     lse[row + 1] = l > 0.0f ? log(l) : EMPTY_ROW;
 }
 
-/* dQ of a query row: sum over its keys of scale * dS * K[t]. */
 __kernel __attribute__((reqd_work_group_size(ROWS, 1, 1))) void
-grad_q__tiled(__global const float *q, ulong q_off, __global const float *k, ulong k_off,
+forward__tiled(__global const float *q, ulong q_off, __global const float *k, ulong k_off,
+               __global const float *v, ulong v_off, __global float *o, ulong o_off,
+               __global float *lse, ulong lse_off, SHAPE_ARGS, __local float *tiles)
+{
+    const uint blocks = (q_seq + ROWS - 1u) / ROWS, g = get_group_id(0);
+    forward_block(q, q_off, k, k_off, v, v_off, o, o_off, lse, lse_off, q_seq, kv_seq, num_heads, num_kv_heads, head_dim, causal, window, scale, tiles, g * ROWS);
+    if (blocks - 1u - g != g)
+        forward_block(q, q_off, k, k_off, v, v_off, o, o_off, lse, lse_off, q_seq, kv_seq, num_heads, num_kv_heads, head_dim, causal, window, scale, tiles, (blocks - 1u - g) * ROWS);
+}
+
+/* dQ of a query row: sum over its keys of scale * dS * K[t]. */
+inline void
+grad_q_block(__global const float *q, ulong q_off, __global const float *k, ulong k_off,
               __global const float *v, ulong v_off, __global const float *d_out,
               ulong d_out_off, __global const float *lse, ulong lse_off,
               __global const float *dsum, ulong dsum_off, __global float *dq, ulong dq_off,
-              SHAPE_ARGS, __local float *tiles)
+              SHAPE_ARGS, __local float *tiles, uint r0)
 {
     __local float *kt = tiles, *vt = tiles + TILE * D;
     const uint head = get_group_id(1), b = get_group_id(2);
-    const uint r0 = get_group_id(0) * ROWS, pos = r0 + get_local_id(0);
+    const uint pos = r0 + get_local_id(0);
     const bool live = pos < q_seq;
     const uint kv_head = head / (num_heads / num_kv_heads);
     const ulong row = row_of(b, q_seq, live ? pos : 0u, num_heads, head);
@@ -180,6 +195,19 @@ grad_q__tiled(__global const float *q, ulong q_off, __global const float *k, ulo
             dq[dq_off + row * D + d] = scale * acc[d];
 }
 
+__kernel __attribute__((reqd_work_group_size(ROWS, 1, 1))) void
+grad_q__tiled(__global const float *q, ulong q_off, __global const float *k, ulong k_off,
+              __global const float *v, ulong v_off, __global const float *d_out,
+              ulong d_out_off, __global const float *lse, ulong lse_off,
+              __global const float *dsum, ulong dsum_off, __global float *dq, ulong dq_off,
+              SHAPE_ARGS, __local float *tiles)
+{
+    const uint blocks = (q_seq + ROWS - 1u) / ROWS, g = get_group_id(0);
+    grad_q_block(q, q_off, k, k_off, v, v_off, d_out, d_out_off, lse, lse_off, dsum, dsum_off, dq, dq_off, q_seq, kv_seq, num_heads, num_kv_heads, head_dim, causal, window, scale, tiles, g * ROWS);
+    if (blocks - 1u - g != g)
+        grad_q_block(q, q_off, k, k_off, v, v_off, d_out, d_out_off, lse, lse_off, dsum, dsum_off, dq, dq_off, q_seq, kv_seq, num_heads, num_kv_heads, head_dim, causal, window, scale, tiles, (blocks - 1u - g) * ROWS);
+}
+
 /* The per-query values the key-side kernels read with each tile: m, l and
  * (for grad-K) Dsum of TILE query rows. */
 inline void load_rows(__local float *mt, __local float *lt, __local float *dt,
@@ -198,15 +226,15 @@ inline void load_rows(__local float *mt, __local float *lt, __local float *dt,
 }
 
 /* dV of a key row, over the queries of its KV head's group that see it. */
-__kernel __attribute__((reqd_work_group_size(ROWS, 1, 1))) void
-grad_v__tiled(__global const float *d_out, ulong d_out_off, __global const float *q,
+inline void
+grad_v_block(__global const float *d_out, ulong d_out_off, __global const float *q,
               ulong q_off, __global const float *k, ulong k_off, __global const float *lse,
               ulong lse_off, __global float *dv, ulong dv_off, SHAPE_ARGS,
-              __local float *tiles)
+              __local float *tiles, uint r0)
 {
     __local float *qt = tiles, *ot = tiles + TILE * D, *mt = ot + TILE * D, *lt = mt + TILE;
     const uint kv_head = get_group_id(1), b = get_group_id(2);
-    const uint r0 = get_group_id(0) * ROWS, t = r0 + get_local_id(0);
+    const uint t = r0 + get_local_id(0);
     const bool live = t < kv_seq;
     const uint group = num_heads / num_kv_heads;
     float kr[D], acc[D];
@@ -242,18 +270,30 @@ grad_v__tiled(__global const float *d_out, ulong d_out_off, __global const float
             dv[dv_off + at(b, kv_seq, t, num_kv_heads, kv_head, d)] = acc[d];
 }
 
-/* dK of a key row: scale * sum of dS * Q over the queries that see it. */
 __kernel __attribute__((reqd_work_group_size(ROWS, 1, 1))) void
-grad_k__tiled(__global const float *q, ulong q_off, __global const float *k, ulong k_off,
+grad_v__tiled(__global const float *d_out, ulong d_out_off, __global const float *q,
+              ulong q_off, __global const float *k, ulong k_off, __global const float *lse,
+              ulong lse_off, __global float *dv, ulong dv_off, SHAPE_ARGS,
+              __local float *tiles)
+{
+    const uint blocks = (kv_seq + ROWS - 1u) / ROWS, g = get_group_id(0);
+    grad_v_block(d_out, d_out_off, q, q_off, k, k_off, lse, lse_off, dv, dv_off, q_seq, kv_seq, num_heads, num_kv_heads, head_dim, causal, window, scale, tiles, g * ROWS);
+    if (blocks - 1u - g != g)
+        grad_v_block(d_out, d_out_off, q, q_off, k, k_off, lse, lse_off, dv, dv_off, q_seq, kv_seq, num_heads, num_kv_heads, head_dim, causal, window, scale, tiles, (blocks - 1u - g) * ROWS);
+}
+
+/* dK of a key row: scale * sum of dS * Q over the queries that see it. */
+inline void
+grad_k_block(__global const float *q, ulong q_off, __global const float *k, ulong k_off,
               __global const float *v, ulong v_off, __global const float *d_out,
               ulong d_out_off, __global const float *lse, ulong lse_off,
               __global const float *dsum, ulong dsum_off, __global float *dk, ulong dk_off,
-              SHAPE_ARGS, __local float *tiles)
+              SHAPE_ARGS, __local float *tiles, uint r0)
 {
     __local float *qt = tiles, *ot = tiles + TILE * D, *mt = ot + TILE * D, *lt = mt + TILE;
     __local float *dt = lt + TILE;
     const uint kv_head = get_group_id(1), b = get_group_id(2);
-    const uint r0 = get_group_id(0) * ROWS, t = r0 + get_local_id(0);
+    const uint t = r0 + get_local_id(0);
     const bool live = t < kv_seq;
     const uint group = num_heads / num_kv_heads;
     float kr[D], vr[D], acc[D];
@@ -292,4 +332,17 @@ grad_k__tiled(__global const float *q, ulong q_off, __global const float *k, ulo
     if (live)
         for (uint d = 0; d < D; ++d)
             dk[dk_off + at(b, kv_seq, t, num_kv_heads, kv_head, d)] = scale * acc[d];
+}
+
+__kernel __attribute__((reqd_work_group_size(ROWS, 1, 1))) void
+grad_k__tiled(__global const float *q, ulong q_off, __global const float *k, ulong k_off,
+              __global const float *v, ulong v_off, __global const float *d_out,
+              ulong d_out_off, __global const float *lse, ulong lse_off,
+              __global const float *dsum, ulong dsum_off, __global float *dk, ulong dk_off,
+              SHAPE_ARGS, __local float *tiles)
+{
+    const uint blocks = (kv_seq + ROWS - 1u) / ROWS, g = get_group_id(0);
+    grad_k_block(q, q_off, k, k_off, v, v_off, d_out, d_out_off, lse, lse_off, dsum, dsum_off, dk, dk_off, q_seq, kv_seq, num_heads, num_kv_heads, head_dim, causal, window, scale, tiles, g * ROWS);
+    if (blocks - 1u - g != g)
+        grad_k_block(q, q_off, k, k_off, v, v_off, d_out, d_out_off, lse, lse_off, dsum, dsum_off, dk, dk_off, q_seq, kv_seq, num_heads, num_kv_heads, head_dim, causal, window, scale, tiles, (blocks - 1u - g) * ROWS);
 }

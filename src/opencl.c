@@ -685,8 +685,10 @@ static clattn_status enqueue_kernel(struct clattn_cl_state *cl, const kernel_set
         return clattn_fail(CLATTN_ERROR_OPENCL, "clSetKernelArg failed for kernel %d", k);
     const size_t rows = kd->key_rows ? s->kv_seq : s->q_seq;
     const size_t heads = kd->key_rows ? s->num_kv_heads : s->num_heads;
-    /* tree: a work-group per row; tiled: a row per work-item. */
-    size_t global[3] = {set->tiled[k] ? (rows + wg - 1) / wg * wg : rows * wg, heads, s->batch};
+    /* tree: a work-group per row; tiled: a row per work-item, two blocks of
+     * rows per work-group. */
+    const size_t blocks = (rows + wg - 1) / wg;
+    size_t global[3] = {set->tiled[k] ? (blocks + 1) / 2 * wg : rows * wg, heads, s->batch};
     size_t lsize[3] = {wg, 1, 1};
     err = clEnqueueNDRangeKernel(cl->queue, kn, 3, NULL, global, lsize, nwait,
                                  nwait ? wait : NULL, done);
