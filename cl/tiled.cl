@@ -10,10 +10,11 @@
  * HEAD_DIM, ROWS and TILE are compile-time defines, chosen per device by the
  * host (src/opencl.c); the defaults let the file compile alone.
  * Causal work is uneven (the last query sees every key, the first one key),
- * so each work-group takes a pair of row blocks, g and blocks - 1 - g: every
- * group then has about the same work.
- * Launch: global (ceil(blocks / 2) * ROWS, heads, batch), blocks =
- * ceil(rows / ROWS), local (ROWS, 1, 1); `tiles` is a __local buffer of
+ * so there each work-group takes a pair of row blocks, g and blocks - 1 - g,
+ * and every group has about the same work. A loop, not two inlined copies,
+ * so that the pairing costs no registers.
+ * Launch: global (B * ROWS, heads, batch) with blocks = ceil(rows / ROWS)
+ * and B = causal ? ceil(blocks / 2) : blocks; local (ROWS, 1, 1); `tiles` is a __local buffer of
  * 2 * TILE * HEAD_DIM + 3 * TILE floats.
  */
 #ifndef HEAD_DIM
@@ -141,9 +142,11 @@ forward__tiled(__global const float *q, ulong q_off, __global const float *k, ul
                __global float *lse, ulong lse_off, SHAPE_ARGS, __local float *tiles)
 {
     const uint blocks = (q_seq + ROWS - 1u) / ROWS, g = get_group_id(0);
-    forward_block(q, q_off, k, k_off, v, v_off, o, o_off, lse, lse_off, q_seq, kv_seq, num_heads, num_kv_heads, head_dim, causal, window, scale, tiles, g * ROWS);
-    if (blocks - 1u - g != g)
-        forward_block(q, q_off, k, k_off, v, v_off, o, o_off, lse, lse_off, q_seq, kv_seq, num_heads, num_kv_heads, head_dim, causal, window, scale, tiles, (blocks - 1u - g) * ROWS);
+    const uint passes = causal && blocks - 1u - g != g ? 2u : 1u;
+    for (uint pass = 0; pass < passes; ++pass)
+        forward_block(q, q_off, k, k_off, v, v_off, o, o_off, lse, lse_off, q_seq, kv_seq, num_heads,
+            num_kv_heads, head_dim, causal, window, scale, tiles,
+            (pass ? blocks - 1u - g : g) * ROWS);
 }
 
 /* dQ of a query row: sum over its keys of scale * dS * K[t]. */
@@ -203,9 +206,12 @@ grad_q__tiled(__global const float *q, ulong q_off, __global const float *k, ulo
               SHAPE_ARGS, __local float *tiles)
 {
     const uint blocks = (q_seq + ROWS - 1u) / ROWS, g = get_group_id(0);
-    grad_q_block(q, q_off, k, k_off, v, v_off, d_out, d_out_off, lse, lse_off, dsum, dsum_off, dq, dq_off, q_seq, kv_seq, num_heads, num_kv_heads, head_dim, causal, window, scale, tiles, g * ROWS);
-    if (blocks - 1u - g != g)
-        grad_q_block(q, q_off, k, k_off, v, v_off, d_out, d_out_off, lse, lse_off, dsum, dsum_off, dq, dq_off, q_seq, kv_seq, num_heads, num_kv_heads, head_dim, causal, window, scale, tiles, (blocks - 1u - g) * ROWS);
+    const uint passes = causal && blocks - 1u - g != g ? 2u : 1u;
+    for (uint pass = 0; pass < passes; ++pass)
+        grad_q_block(q, q_off, k, k_off, v, v_off, d_out, d_out_off, lse, lse_off, dsum, dsum_off,
+            dq, dq_off, q_seq, kv_seq, num_heads, num_kv_heads, head_dim, causal, window,
+            scale, tiles,
+            (pass ? blocks - 1u - g : g) * ROWS);
 }
 
 /* The per-query values the key-side kernels read with each tile: m, l and
@@ -277,9 +283,11 @@ grad_v__tiled(__global const float *d_out, ulong d_out_off, __global const float
               __local float *tiles)
 {
     const uint blocks = (kv_seq + ROWS - 1u) / ROWS, g = get_group_id(0);
-    grad_v_block(d_out, d_out_off, q, q_off, k, k_off, lse, lse_off, dv, dv_off, q_seq, kv_seq, num_heads, num_kv_heads, head_dim, causal, window, scale, tiles, g * ROWS);
-    if (blocks - 1u - g != g)
-        grad_v_block(d_out, d_out_off, q, q_off, k, k_off, lse, lse_off, dv, dv_off, q_seq, kv_seq, num_heads, num_kv_heads, head_dim, causal, window, scale, tiles, (blocks - 1u - g) * ROWS);
+    const uint passes = causal && blocks - 1u - g != g ? 2u : 1u;
+    for (uint pass = 0; pass < passes; ++pass)
+        grad_v_block(d_out, d_out_off, q, q_off, k, k_off, lse, lse_off, dv, dv_off, q_seq, kv_seq,
+            num_heads, num_kv_heads, head_dim, causal, window, scale, tiles,
+            (pass ? blocks - 1u - g : g) * ROWS);
 }
 
 /* dK of a key row: scale * sum of dS * Q over the queries that see it. */
@@ -342,7 +350,10 @@ grad_k__tiled(__global const float *q, ulong q_off, __global const float *k, ulo
               SHAPE_ARGS, __local float *tiles)
 {
     const uint blocks = (kv_seq + ROWS - 1u) / ROWS, g = get_group_id(0);
-    grad_k_block(q, q_off, k, k_off, v, v_off, d_out, d_out_off, lse, lse_off, dsum, dsum_off, dk, dk_off, q_seq, kv_seq, num_heads, num_kv_heads, head_dim, causal, window, scale, tiles, g * ROWS);
-    if (blocks - 1u - g != g)
-        grad_k_block(q, q_off, k, k_off, v, v_off, d_out, d_out_off, lse, lse_off, dsum, dsum_off, dk, dk_off, q_seq, kv_seq, num_heads, num_kv_heads, head_dim, causal, window, scale, tiles, (blocks - 1u - g) * ROWS);
+    const uint passes = causal && blocks - 1u - g != g ? 2u : 1u;
+    for (uint pass = 0; pass < passes; ++pass)
+        grad_k_block(q, q_off, k, k_off, v, v_off, d_out, d_out_off, lse, lse_off, dsum, dsum_off,
+            dk, dk_off, q_seq, kv_seq, num_heads, num_kv_heads, head_dim, causal, window,
+            scale, tiles,
+            (pass ? blocks - 1u - g : g) * ROWS);
 }
