@@ -2,10 +2,13 @@
  * The `tiled` variants: a whole dot product per work-item, no barrier per
  * product. A work-group holds ROWS rows of one head and batch element (query
  * rows for the forward and grad-Q, key rows for grad-V and grad-K), each
- * row's vectors in the work-item's registers; the other side streams through
+ * row's vectors in its work-items' registers; the other side streams through
  * local memory TILE rows at a time, loaded once for the whole work-group.
- * Tiles that no row of the group can see are skipped through the loop
- * bounds; only boundary tiles test the mask per pair.
+ * SPLIT work-items share a row, each taking every SPLIT-th row of each tile,
+ * and combine their partial sums at the end: more work-items in flight when
+ * rows are few. Lanes of one part are adjacent, so a warp reads one tile row
+ * at a time (a broadcast). Tiles that no row of the group can see are
+ * skipped through the loop bounds; only boundary tiles test the mask.
  *
  * HEAD_DIM, ROWS and TILE are compile-time defines, chosen per device by the
  * host (src/opencl.c); the defaults let the file compile alone.
@@ -13,9 +16,10 @@
  * so there each work-group takes a pair of row blocks, g and blocks - 1 - g,
  * and every group has about the same work. A loop, not two inlined copies,
  * so that the pairing costs no registers.
- * Launch: global (B * ROWS, heads, batch) with blocks = ceil(rows / ROWS)
- * and B = causal ? ceil(blocks / 2) : blocks; local (ROWS, 1, 1); `tiles` is a __local buffer of
- * 2 * TILE * HEAD_DIM + 3 * TILE floats.
+ * Launch: global (B * LANES, heads, batch) with blocks = ceil(rows / ROWS)
+ * and B = causal ? ceil(blocks / 2) : blocks; local (LANES, 1, 1); `tiles`
+ * is a __local buffer of max(2 * TILE * D + 3 * TILE, (SPLIT - 1) * ROWS *
+ * (D + 2)) floats.
  */
 #ifndef HEAD_DIM
 #define HEAD_DIM 64
@@ -26,7 +30,11 @@
 #ifndef TILE
 #define TILE 32
 #endif
+#ifndef SPLIT
+#define SPLIT 1
+#endif
 #define D HEAD_DIM
+#define LANES (ROWS * SPLIT)
 
 #define SHAPE_ARGS                                                                       \
     uint q_seq, uint kv_seq, uint num_heads, uint num_kv_heads, uint head_dim, int causal, \
@@ -74,20 +82,54 @@ inline void queries_of_keys(uint first, uint last, uint q_seq, int causal, uint 
 inline void load_tile(__local float *tile, __global const float *src, ulong off, uint b,
                       uint rows, uint r0, uint end, uint heads, uint head)
 {
-    for (uint i = get_local_id(0); i < TILE * D; i += ROWS) {
+    for (uint i = get_local_id(0); i < TILE * D; i += LANES) {
         const uint r = r0 + i / D;
         tile[i] = r < end ? src[off + at(b, rows, r, heads, head, i % D)] : 0.0f;
     }
 }
 
-inline void
-forward_block(__global const float *q, ulong q_off, __global const float *k, ulong k_off,
-               __global const float *v, ulong v_off, __global float *o, ulong o_off,
-               __global float *lse, ulong lse_off, SHAPE_ARGS, __local float *tiles, uint r0)
+/* The per-query values the key-side kernels read with each tile: m, l and
+ * (for grad-K) Dsum of TILE query rows. */
+inline void load_rows(__local float *mt, __local float *lt, __local float *dt,
+                      __global const float *lse, ulong lse_off, __global const float *dsum,
+                      ulong dsum_off, uint b, uint q_seq, uint p0, uint end, uint num_heads,
+                      uint head)
+{
+    for (uint i = get_local_id(0); i < TILE; i += LANES) {
+        const bool in = p0 + i < end;
+        const ulong row = row_of(b, q_seq, in ? p0 + i : 0u, num_heads, head);
+        mt[i] = in ? lse[lse_off + 2 * row] : 0.0f;
+        lt[i] = in ? lse[lse_off + 2 * row + 1] : 0.0f;
+        if (dsum)
+            dt[i] = in ? dsum[dsum_off + row] : 0.0f;
+    }
+}
+
+/* Adds the partial sums of a row's other parts into part 0's acc, through
+ * local memory (the tiles' space). Every work-item of the group calls it. */
+inline void sum_parts(__local float *comb, float *acc, uint part, uint r)
+{
+#if SPLIT > 1
+    barrier(CLK_LOCAL_MEM_FENCE);
+    if (part > 0)
+        for (uint d = 0; d < D; ++d)
+            comb[((part - 1u) * ROWS + r) * D + d] = acc[d];
+    barrier(CLK_LOCAL_MEM_FENCE);
+    if (part == 0)
+        for (uint p = 1; p < SPLIT; ++p)
+            for (uint d = 0; d < D; ++d)
+                acc[d] += comb[((p - 1u) * ROWS + r) * D + d];
+#endif
+}
+
+inline void forward_block(__global const float *q, ulong q_off, __global const float *k,
+                          ulong k_off, __global const float *v, ulong v_off, __global float *o,
+                          ulong o_off, __global float *lse, ulong lse_off, SHAPE_ARGS,
+                          __local float *tiles, uint r0)
 {
     __local float *kt = tiles, *vt = tiles + TILE * D;
     const uint head = get_group_id(1), b = get_group_id(2);
-    const uint pos = r0 + get_local_id(0);
+    const uint r = get_local_id(0) % ROWS, part = get_local_id(0) / ROWS, pos = r0 + r;
     const bool live = pos < q_seq;
     const uint kv_head = head / (num_heads / num_kv_heads);
     float qr[D], acc[D];
@@ -105,13 +147,14 @@ forward_block(__global const float *q, ulong q_off, __global const float *k, ulo
         barrier(CLK_LOCAL_MEM_FENCE);
         if (!live)
             continue;
-        float s[TILE], tile_max = EMPTY_ROW;
-        for (uint j = 0; j < TILE; ++j) {
+        float s[TILE / SPLIT], tile_max = EMPTY_ROW;
+        for (uint i = 0; i < TILE / SPLIT; ++i) {
+            const uint j = i * SPLIT + part;
             float dot = 0.0f;
             for (uint d = 0; d < D; ++d)
                 dot = fma(qr[d], kt[j * D + d], dot);
-            s[j] = t0 + j < hi && visible(pos, t0 + j, causal, window) ? dot : EMPTY_ROW;
-            tile_max = fmax(tile_max, s[j]);
+            s[i] = t0 + j < hi && visible(pos, t0 + j, causal, window) ? dot : EMPTY_ROW;
+            tile_max = fmax(tile_max, s[i]);
         }
         if (tile_max == EMPTY_ROW)
             continue;
@@ -119,14 +162,45 @@ forward_block(__global const float *q, ulong q_off, __global const float *k, ulo
         l *= rescale;
         for (uint d = 0; d < D; ++d)
             acc[d] *= rescale;
-        for (uint j = 0; j < TILE; ++j) {
-            const float e = exp(s[j] - m_new);
+        for (uint i = 0; i < TILE / SPLIT; ++i) {
+            const uint j = i * SPLIT + part;
+            const float e = exp(s[i] - m_new);
             l += e;
             for (uint d = 0; d < D; ++d)
                 acc[d] = fma(e, vt[j * D + d], acc[d]);
         }
         m = m_new;
     }
+#if SPLIT > 1
+    /* Merge the parts' softmax states: rescale each to the largest m. */
+    barrier(CLK_LOCAL_MEM_FENCE);
+    __local float *comb = tiles;
+    if (part > 0) {
+        __local float *mine = comb + ((part - 1u) * ROWS + r) * (D + 2);
+        for (uint d = 0; d < D; ++d)
+            mine[d] = acc[d];
+        mine[D] = m;
+        mine[D + 1] = l;
+    }
+    barrier(CLK_LOCAL_MEM_FENCE);
+    if (part > 0)
+        return;
+    float m_all = m;
+    for (uint p = 1; p < SPLIT; ++p)
+        m_all = fmax(m_all, comb[((p - 1u) * ROWS + r) * (D + 2) + D]);
+    const float own = exp(m - m_all);
+    l *= own;
+    for (uint d = 0; d < D; ++d)
+        acc[d] *= own;
+    for (uint p = 1; p < SPLIT; ++p) {
+        __local const float *other = comb + ((p - 1u) * ROWS + r) * (D + 2);
+        const float f = exp(other[D] - m_all);
+        l += other[D + 1] * f;
+        for (uint d = 0; d < D; ++d)
+            acc[d] = fma(other[d], f, acc[d]);
+    }
+    m = m_all;
+#endif
     if (!live)
         return;
     for (uint d = 0; d < D; ++d)
@@ -136,30 +210,17 @@ forward_block(__global const float *q, ulong q_off, __global const float *k, ulo
     lse[row + 1] = l > 0.0f ? log(l) : EMPTY_ROW;
 }
 
-__kernel __attribute__((reqd_work_group_size(ROWS, 1, 1))) void
-forward__tiled(__global const float *q, ulong q_off, __global const float *k, ulong k_off,
-               __global const float *v, ulong v_off, __global float *o, ulong o_off,
-               __global float *lse, ulong lse_off, SHAPE_ARGS, __local float *tiles)
-{
-    const uint blocks = (q_seq + ROWS - 1u) / ROWS, g = get_group_id(0);
-    const uint passes = causal && blocks - 1u - g != g ? 2u : 1u;
-    for (uint pass = 0; pass < passes; ++pass)
-        forward_block(q, q_off, k, k_off, v, v_off, o, o_off, lse, lse_off, q_seq, kv_seq, num_heads,
-            num_kv_heads, head_dim, causal, window, scale, tiles,
-            (pass ? blocks - 1u - g : g) * ROWS);
-}
-
 /* dQ of a query row: sum over its keys of scale * dS * K[t]. */
-inline void
-grad_q_block(__global const float *q, ulong q_off, __global const float *k, ulong k_off,
-              __global const float *v, ulong v_off, __global const float *d_out,
-              ulong d_out_off, __global const float *lse, ulong lse_off,
-              __global const float *dsum, ulong dsum_off, __global float *dq, ulong dq_off,
-              SHAPE_ARGS, __local float *tiles, uint r0)
+inline void grad_q_block(__global const float *q, ulong q_off, __global const float *k,
+                         ulong k_off, __global const float *v, ulong v_off,
+                         __global const float *d_out, ulong d_out_off,
+                         __global const float *lse, ulong lse_off, __global const float *dsum,
+                         ulong dsum_off, __global float *dq, ulong dq_off, SHAPE_ARGS,
+                         __local float *tiles, uint r0)
 {
     __local float *kt = tiles, *vt = tiles + TILE * D;
     const uint head = get_group_id(1), b = get_group_id(2);
-    const uint pos = r0 + get_local_id(0);
+    const uint r = get_local_id(0) % ROWS, part = get_local_id(0) / ROWS, pos = r0 + r;
     const bool live = pos < q_seq;
     const uint kv_head = head / (num_heads / num_kv_heads);
     const ulong row = row_of(b, q_seq, live ? pos : 0u, num_heads, head);
@@ -180,7 +241,8 @@ grad_q_block(__global const float *q, ulong q_off, __global const float *k, ulon
         barrier(CLK_LOCAL_MEM_FENCE);
         if (!live)
             continue;
-        for (uint j = 0; j < TILE; ++j) {
+        for (uint i = 0; i < TILE / SPLIT; ++i) {
+            const uint j = i * SPLIT + part;
             if (t0 + j >= hi || !visible(pos, t0 + j, causal, window))
                 continue;
             float s = 0.0f, dp = 0.0f;
@@ -193,54 +255,21 @@ grad_q_block(__global const float *q, ulong q_off, __global const float *k, ulon
                 acc[d] = fma(ds, kt[j * D + d], acc[d]);
         }
     }
-    if (live)
+    sum_parts(tiles, acc, part, r);
+    if (live && part == 0)
         for (uint d = 0; d < D; ++d)
             dq[dq_off + row * D + d] = scale * acc[d];
 }
 
-__kernel __attribute__((reqd_work_group_size(ROWS, 1, 1))) void
-grad_q__tiled(__global const float *q, ulong q_off, __global const float *k, ulong k_off,
-              __global const float *v, ulong v_off, __global const float *d_out,
-              ulong d_out_off, __global const float *lse, ulong lse_off,
-              __global const float *dsum, ulong dsum_off, __global float *dq, ulong dq_off,
-              SHAPE_ARGS, __local float *tiles)
-{
-    const uint blocks = (q_seq + ROWS - 1u) / ROWS, g = get_group_id(0);
-    const uint passes = causal && blocks - 1u - g != g ? 2u : 1u;
-    for (uint pass = 0; pass < passes; ++pass)
-        grad_q_block(q, q_off, k, k_off, v, v_off, d_out, d_out_off, lse, lse_off, dsum, dsum_off,
-            dq, dq_off, q_seq, kv_seq, num_heads, num_kv_heads, head_dim, causal, window,
-            scale, tiles,
-            (pass ? blocks - 1u - g : g) * ROWS);
-}
-
-/* The per-query values the key-side kernels read with each tile: m, l and
- * (for grad-K) Dsum of TILE query rows. */
-inline void load_rows(__local float *mt, __local float *lt, __local float *dt,
-                      __global const float *lse, ulong lse_off, __global const float *dsum,
-                      ulong dsum_off, uint b, uint q_seq, uint p0, uint end, uint num_heads,
-                      uint head)
-{
-    for (uint i = get_local_id(0); i < TILE; i += ROWS) {
-        const bool in = p0 + i < end;
-        const ulong row = row_of(b, q_seq, in ? p0 + i : 0u, num_heads, head);
-        mt[i] = in ? lse[lse_off + 2 * row] : 0.0f;
-        lt[i] = in ? lse[lse_off + 2 * row + 1] : 0.0f;
-        if (dsum)
-            dt[i] = in ? dsum[dsum_off + row] : 0.0f;
-    }
-}
-
 /* dV of a key row, over the queries of its KV head's group that see it. */
-inline void
-grad_v_block(__global const float *d_out, ulong d_out_off, __global const float *q,
-              ulong q_off, __global const float *k, ulong k_off, __global const float *lse,
-              ulong lse_off, __global float *dv, ulong dv_off, SHAPE_ARGS,
-              __local float *tiles, uint r0)
+inline void grad_v_block(__global const float *d_out, ulong d_out_off, __global const float *q,
+                         ulong q_off, __global const float *k, ulong k_off,
+                         __global const float *lse, ulong lse_off, __global float *dv,
+                         ulong dv_off, SHAPE_ARGS, __local float *tiles, uint r0)
 {
     __local float *qt = tiles, *ot = tiles + TILE * D, *mt = ot + TILE * D, *lt = mt + TILE;
     const uint kv_head = get_group_id(1), b = get_group_id(2);
-    const uint t = r0 + get_local_id(0);
+    const uint r = get_local_id(0) % ROWS, part = get_local_id(0) / ROWS, t = r0 + r;
     const bool live = t < kv_seq;
     const uint group = num_heads / num_kv_heads;
     float kr[D], acc[D];
@@ -259,7 +288,8 @@ grad_v_block(__global const float *d_out, ulong d_out_off, __global const float 
             barrier(CLK_LOCAL_MEM_FENCE);
             if (!live)
                 continue;
-            for (uint j = 0; j < TILE; ++j) {
+            for (uint i = 0; i < TILE / SPLIT; ++i) {
+                const uint j = i * SPLIT + part;
                 if (p0 + j >= hi || !visible(p0 + j, t, causal, window))
                     continue;
                 float s = 0.0f;
@@ -271,37 +301,24 @@ grad_v_block(__global const float *d_out, ulong d_out_off, __global const float 
             }
         }
     }
-    if (live)
+    sum_parts(tiles, acc, part, r);
+    if (live && part == 0)
         for (uint d = 0; d < D; ++d)
             dv[dv_off + at(b, kv_seq, t, num_kv_heads, kv_head, d)] = acc[d];
 }
 
-__kernel __attribute__((reqd_work_group_size(ROWS, 1, 1))) void
-grad_v__tiled(__global const float *d_out, ulong d_out_off, __global const float *q,
-              ulong q_off, __global const float *k, ulong k_off, __global const float *lse,
-              ulong lse_off, __global float *dv, ulong dv_off, SHAPE_ARGS,
-              __local float *tiles)
-{
-    const uint blocks = (kv_seq + ROWS - 1u) / ROWS, g = get_group_id(0);
-    const uint passes = causal && blocks - 1u - g != g ? 2u : 1u;
-    for (uint pass = 0; pass < passes; ++pass)
-        grad_v_block(d_out, d_out_off, q, q_off, k, k_off, lse, lse_off, dv, dv_off, q_seq, kv_seq,
-            num_heads, num_kv_heads, head_dim, causal, window, scale, tiles,
-            (pass ? blocks - 1u - g : g) * ROWS);
-}
-
 /* dK of a key row: scale * sum of dS * Q over the queries that see it. */
-inline void
-grad_k_block(__global const float *q, ulong q_off, __global const float *k, ulong k_off,
-              __global const float *v, ulong v_off, __global const float *d_out,
-              ulong d_out_off, __global const float *lse, ulong lse_off,
-              __global const float *dsum, ulong dsum_off, __global float *dk, ulong dk_off,
-              SHAPE_ARGS, __local float *tiles, uint r0)
+inline void grad_k_block(__global const float *q, ulong q_off, __global const float *k,
+                         ulong k_off, __global const float *v, ulong v_off,
+                         __global const float *d_out, ulong d_out_off,
+                         __global const float *lse, ulong lse_off, __global const float *dsum,
+                         ulong dsum_off, __global float *dk, ulong dk_off, SHAPE_ARGS,
+                         __local float *tiles, uint r0)
 {
     __local float *qt = tiles, *ot = tiles + TILE * D, *mt = ot + TILE * D, *lt = mt + TILE;
     __local float *dt = lt + TILE;
     const uint kv_head = get_group_id(1), b = get_group_id(2);
-    const uint t = r0 + get_local_id(0);
+    const uint r = get_local_id(0) % ROWS, part = get_local_id(0) / ROWS, t = r0 + r;
     const bool live = t < kv_seq;
     const uint group = num_heads / num_kv_heads;
     float kr[D], vr[D], acc[D];
@@ -323,7 +340,8 @@ grad_k_block(__global const float *q, ulong q_off, __global const float *k, ulon
             barrier(CLK_LOCAL_MEM_FENCE);
             if (!live)
                 continue;
-            for (uint j = 0; j < TILE; ++j) {
+            for (uint i = 0; i < TILE / SPLIT; ++i) {
+                const uint j = i * SPLIT + part;
                 if (p0 + j >= hi || !visible(p0 + j, t, causal, window))
                     continue;
                 float s = 0.0f, dp = 0.0f;
@@ -337,23 +355,64 @@ grad_k_block(__global const float *q, ulong q_off, __global const float *k, ulon
             }
         }
     }
-    if (live)
+    sum_parts(tiles, acc, part, r);
+    if (live && part == 0)
         for (uint d = 0; d < D; ++d)
             dk[dk_off + at(b, kv_seq, t, num_kv_heads, kv_head, d)] = scale * acc[d];
 }
 
-__kernel __attribute__((reqd_work_group_size(ROWS, 1, 1))) void
+/* Each kernel runs its block function on row block g and, under a causal
+ * mask, on block blocks - 1 - g as well. A loop, not two inlined copies,
+ * so that the pairing costs no registers. */
+#define PAIRED(rows, call)                                                        \
+    const uint blocks = (rows + ROWS - 1u) / ROWS, g = get_group_id(0);           \
+    const uint passes = causal && blocks - 1u - g != g ? 2u : 1u;                 \
+    for (uint pass = 0; pass < passes; ++pass) {                                  \
+        const uint r0 = (pass ? blocks - 1u - g : g) * ROWS;                      \
+        call;                                                                     \
+    }
+
+__kernel __attribute__((reqd_work_group_size(LANES, 1, 1))) void
+forward__tiled(__global const float *q, ulong q_off, __global const float *k, ulong k_off,
+               __global const float *v, ulong v_off, __global float *o, ulong o_off,
+               __global float *lse, ulong lse_off, SHAPE_ARGS, __local float *tiles)
+{
+    PAIRED(q_seq, forward_block(q, q_off, k, k_off, v, v_off, o, o_off, lse, lse_off, q_seq,
+                                kv_seq, num_heads, num_kv_heads, head_dim, causal, window,
+                                scale, tiles, r0))
+}
+
+__kernel __attribute__((reqd_work_group_size(LANES, 1, 1))) void
+grad_q__tiled(__global const float *q, ulong q_off, __global const float *k, ulong k_off,
+              __global const float *v, ulong v_off, __global const float *d_out,
+              ulong d_out_off, __global const float *lse, ulong lse_off,
+              __global const float *dsum, ulong dsum_off, __global float *dq, ulong dq_off,
+              SHAPE_ARGS, __local float *tiles)
+{
+    PAIRED(q_seq, grad_q_block(q, q_off, k, k_off, v, v_off, d_out, d_out_off, lse, lse_off,
+                               dsum, dsum_off, dq, dq_off, q_seq, kv_seq, num_heads,
+                               num_kv_heads, head_dim, causal, window, scale, tiles, r0))
+}
+
+__kernel __attribute__((reqd_work_group_size(LANES, 1, 1))) void
+grad_v__tiled(__global const float *d_out, ulong d_out_off, __global const float *q,
+              ulong q_off, __global const float *k, ulong k_off, __global const float *lse,
+              ulong lse_off, __global float *dv, ulong dv_off, SHAPE_ARGS,
+              __local float *tiles)
+{
+    PAIRED(kv_seq, grad_v_block(d_out, d_out_off, q, q_off, k, k_off, lse, lse_off, dv, dv_off,
+                                q_seq, kv_seq, num_heads, num_kv_heads, head_dim, causal,
+                                window, scale, tiles, r0))
+}
+
+__kernel __attribute__((reqd_work_group_size(LANES, 1, 1))) void
 grad_k__tiled(__global const float *q, ulong q_off, __global const float *k, ulong k_off,
               __global const float *v, ulong v_off, __global const float *d_out,
               ulong d_out_off, __global const float *lse, ulong lse_off,
               __global const float *dsum, ulong dsum_off, __global float *dk, ulong dk_off,
               SHAPE_ARGS, __local float *tiles)
 {
-    const uint blocks = (kv_seq + ROWS - 1u) / ROWS, g = get_group_id(0);
-    const uint passes = causal && blocks - 1u - g != g ? 2u : 1u;
-    for (uint pass = 0; pass < passes; ++pass)
-        grad_k_block(q, q_off, k, k_off, v, v_off, d_out, d_out_off, lse, lse_off, dsum, dsum_off,
-            dk, dk_off, q_seq, kv_seq, num_heads, num_kv_heads, head_dim, causal, window,
-            scale, tiles,
-            (pass ? blocks - 1u - g : g) * ROWS);
+    PAIRED(kv_seq, grad_k_block(q, q_off, k, k_off, v, v_off, d_out, d_out_off, lse, lse_off,
+                                dsum, dsum_off, dk, dk_off, q_seq, kv_seq, num_heads,
+                                num_kv_heads, head_dim, causal, window, scale, tiles, r0))
 }

@@ -70,15 +70,17 @@ static const int op_plans[CLATTN_OP_COUNT][5] = {
 };
 static const int backward_unfused[5] = {K_DSUM, K_GRAD_K, K_GRAD_V, K_GRAD_Q, -1};
 
-/* The tiled kernels' shapes per device type: rows per work-group and keys
- * (or queries) per local-memory tile. */
+/* The tiled kernels' shapes per device type: rows per work-group, keys (or
+ * queries) per local-memory tile, and work-items per row. A GPU wants many
+ * work-items in flight (causal attention with 8 heads of 4096 rows has only
+ * 32K rows); a CPU runs a work-group's items as a loop and wants no split. */
 typedef struct tile_config {
     cl_device_type type;
-    unsigned rows, tile;
+    unsigned rows, tile, split;
 } tile_config;
 static const tile_config tile_table[] = {
-    {CL_DEVICE_TYPE_GPU | CL_DEVICE_TYPE_ACCELERATOR, 64, 32},
-    {CL_DEVICE_TYPE_CPU, 64, 32},
+    {CL_DEVICE_TYPE_GPU | CL_DEVICE_TYPE_ACCELERATOR, 32, 32, 4},
+    {CL_DEVICE_TYPE_CPU, 64, 32, 1},
 };
 /* Registers hold two or three head_dim vectors per work-item; past this the
  * tiled kernels spill (on the H200 the backward at head_dim 128 ran at 0.78
@@ -367,9 +369,11 @@ static clattn_status build_program(struct clattn_cl_state *cl, const cl_variant 
 static size_t local_bytes(const struct clattn_cl_state *cl, const kernel_set *set, int k,
                           uint32_t head_dim)
 {
-    if (set->tiled[k])
-        return (2 * (size_t)cl->tiles.tile * head_dim + 3 * (size_t)cl->tiles.tile) *
-               sizeof(float);
+    if (set->tiled[k]) {
+        const size_t tiles = 2 * (size_t)cl->tiles.tile * head_dim + 3 * (size_t)cl->tiles.tile;
+        const size_t combine = ((size_t)cl->tiles.split - 1) * cl->tiles.rows * (head_dim + 2);
+        return (tiles > combine ? tiles : combine) * sizeof(float);
+    }
     return tree_work_group(head_dim) * sizeof(float) * (size_t)kernel_descs[k].local_per_lane;
 }
 
@@ -377,7 +381,7 @@ static size_t local_bytes(const struct clattn_cl_state *cl, const kernel_set *se
 static size_t work_group(const struct clattn_cl_state *cl, const kernel_set *set, int k,
                          uint32_t head_dim)
 {
-    return set->tiled[k] ? cl->tiles.rows : tree_work_group(head_dim);
+    return set->tiled[k] ? (size_t)cl->tiles.rows * cl->tiles.split : tree_work_group(head_dim);
 }
 
 /* Builds the kernels of a variant into set: generic ones (head_dim 0) or
@@ -389,8 +393,9 @@ static clattn_status build_set(struct clattn_cl_state *cl, const char *variant,
                                uint32_t head_dim, kernel_set *set, int strict_limits)
 {
     char options[160];
-    snprintf(options, sizeof options, "%s -DHEAD_DIM=%u -DROWS=%u -DTILE=%u", build_options,
-             head_dim ? head_dim : 1u, cl->tiles.rows, cl->tiles.tile);
+    snprintf(options, sizeof options, "%s -DHEAD_DIM=%u -DROWS=%u -DTILE=%u -DSPLIT=%u",
+             build_options, head_dim ? head_dim : 1u, cl->tiles.rows, cl->tiles.tile,
+             cl->tiles.split);
     for (int k = 0; k < K_COUNT; ++k) {
         const cl_variant *v = find_variant(k, variant);
         if (!v) {
@@ -512,6 +517,23 @@ static clattn_status init_on_device(clattn_context *ctx, const char *variant,
             cl->tiles = tile_table[i];
             break;
         }
+    /* A tuning override for a device the table does not know well. */
+    const char *tune = getenv("CLATTN_TILED");
+    if (tune && *tune) {
+        unsigned rows, tile, split;
+        char end;
+        if (sscanf(tune, "%u,%u,%u%c", &rows, &tile, &split, &end) != 3 || !rows || !tile ||
+            !split || tile % split || rows > 1024 || tile > 256 || rows * split > 1024) {
+            st = clattn_fail(CLATTN_ERROR_INVALID_OPTION,
+                             "CLATTN_TILED='%s': want ROWS,TILE,SPLIT with SPLIT dividing "
+                             "TILE and ROWS * SPLIT <= 1024",
+                             tune);
+            goto fail;
+        }
+        cl->tiles.rows = rows;
+        cl->tiles.tile = tile;
+        cl->tiles.split = split;
+    }
     /* tree's kernels always: the tiled variant runs them past its head_dims.
      * The tiled ones are built for head_dim 64 now, so that a device that
      * cannot compile them is never chosen, and for others on first use. */
@@ -686,9 +708,10 @@ static clattn_status enqueue_kernel(struct clattn_cl_state *cl, const kernel_set
         return clattn_fail(CLATTN_ERROR_OPENCL, "clSetKernelArg failed for kernel %d", k);
     const size_t rows = kd->key_rows ? s->kv_seq : s->q_seq;
     const size_t heads = kd->key_rows ? s->num_kv_heads : s->num_heads;
-    /* tree: a work-group per row; tiled: a row per work-item, and under a
-     * causal mask two blocks of rows per work-group. */
-    const size_t blocks = (rows + wg - 1) / wg;
+    /* tree: a work-group per row; tiled: a block of rows per work-group,
+     * and under a causal mask two blocks. */
+    const size_t per_group = set->tiled[k] ? cl->tiles.rows : 1;
+    const size_t blocks = (rows + per_group - 1) / per_group;
     const size_t groups = s->causal ? (blocks + 1) / 2 : blocks;
     size_t global[3] = {set->tiled[k] ? groups * wg : rows * wg, heads, s->batch};
     size_t lsize[3] = {wg, 1, 1};
