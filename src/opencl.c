@@ -341,8 +341,12 @@ static size_t tree_work_group(uint32_t head_dim)
 }
 
 static clattn_status build_program(struct clattn_cl_state *cl, const cl_variant *v,
-                                   const char *options, cl_program *out)
+                                   const char *defines, cl_program *out)
 {
+    /* CLATTN_CL_OPTIONS adds the caller's own compiler options. */
+    const char *extra = getenv("CLATTN_CL_OPTIONS");
+    char options[512];
+    snprintf(options, sizeof options, "%s %s", defines, extra ? extra : "");
     cl_int err;
     const char *src = v->source;
     *out = clCreateProgramWithSource(cl->context, 1, &src, NULL, &err);

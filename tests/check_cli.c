@@ -198,10 +198,10 @@ static void check_output(const problem *p, const char *name, int ndim, const siz
 START_TEST(help_and_usage)
 {
     make_dir();
-    const char *cmds[] = {"devices", "grad-v", "demo", "forward", "backward", "train"};
+    const char *cmds[] = {"devices", "grad-v", "demo", "forward", "backward", "train", "bench"};
     ck_assert_int_eq(run("--help", NULL), 0);
     ck_assert(strstr(out_text, "grad-v") != NULL);
-    for (int i = 0; i < 6; ++i) {
+    for (int i = 0; i < 7; ++i) {
         ck_assert_int_eq(run(cmds[i], "--help", NULL), 0);
         ck_assert(strstr(out_text, "usage: clattn") != NULL);
     }
@@ -332,6 +332,16 @@ START_TEST(multiple_outputs_all_or_nothing)
                      2);
     ck_assert_int_eq(run("backward", "--q", path("q.npy"), NULL), 2);
     ck_assert_int_eq(run("train", "--steps", "0", NULL), 2);
+    ck_assert_int_eq(run("bench", "--op", "sideways", "--q-seq", "8", "--heads", "1",
+                         "--head-dim", "4", NULL),
+                     2);
+    ck_assert_int_eq(run("bench", "--op", "forward", "--q-seq", "8", "--heads", "3",
+                         "--kv-heads", "2", "--head-dim", "4", NULL),
+                     2);
+    ck_assert_int_eq(run("bench", "--op", "forward", "--q-seq", "8", "--heads", "1", NULL), 2);
+    ck_assert_int_eq(run("bench", "--op", "forward", "--q-seq", "8", "--heads", "1",
+                         "--head-dim", "4", "--reps", "0", NULL),
+                     2);
     ck_assert_int_eq(run("train", "--steps", "x", NULL), 2);
     ck_assert_int_eq(count_entries(), before);
     problem_free(&p);
