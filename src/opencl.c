@@ -604,14 +604,14 @@ static const char *pick_text(const clattn_cl_pick *pick, char *buf, size_t size)
 {
     switch (pick->kind) {
     case CLATTN_PICK_GPU:
-        return "an OpenCL GPU";
+        return "OpenCL GPU";
     case CLATTN_PICK_CPU:
-        return "an OpenCL CPU device";
+        return "OpenCL CPU device";
     case CLATTN_PICK_INDEX:
         snprintf(buf, size, "OpenCL device %u:%u", pick->platform, pick->device);
         return buf;
     case CLATTN_PICK_NAME:
-        snprintf(buf, size, "an OpenCL device named like '%s'", pick->name);
+        snprintf(buf, size, "OpenCL device named like '%s'", pick->name);
         return buf;
     }
     return "?";

@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Runs the reduced kernel suite on Oclgrind's simulated device with its
+# data-race, uninitialised-value and API checks, and fails on any report.
+# Exit 77 (skipped) without oclgrind, unless CLATTN_REQUIRE_BACKENDS names
+# oclgrind.   tests/oclgrind.sh BUILD/tests/clattn_tests
+set -u
+tests=$1
+if ! command -v oclgrind >/dev/null; then
+  case ",${CLATTN_REQUIRE_BACKENDS:-}," in
+    *,oclgrind,*) echo "FAIL: oclgrind is required and not installed"; exit 1 ;;
+  esac
+  echo "SKIP: oclgrind is not installed"
+  exit 77
+fi
+log=$(mktemp)
+err=$(mktemp)
+trap 'rm -f "$log" "$err"' EXIT
+# The simulator is the only platform; its device is an OpenCL CPU device.
+CLATTN_REQUIRE_BACKENDS=opencl-cpu oclgrind --data-races --uninitialized --check-api \
+  --log "$log" "$tests" --suite oclgrind --backend opencl-cpu 2>"$err"
+rc=$?
+cat "$err" >&2
+# Reports go to the log; a simulation it gives up on goes to stderr.
+if [ -s "$log" ] || grep -q "OCLGRIND" "$err"; then
+  echo "FAIL: Oclgrind reported:"
+  cat "$log"
+  exit 1
+fi
+exit $rc
