@@ -24,8 +24,11 @@ enum { KEY_BLOCK = 16, MAX_THREADS = 256 };
 #define EMPTY_ROW (-1e30f)
 
 /* The hot loops are compiled for AVX-512, AVX2 and the baseline, and the
- * loader picks the best the CPU has, so one build runs fast everywhere. */
-#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && defined(__linux__)
+ * loader picks the best the CPU has, so one build runs fast everywhere.
+ * Not under ThreadSanitizer: its instrumented ifunc resolvers run before
+ * its runtime starts, and crash. */
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && defined(__linux__) && \
+    !defined(__SANITIZE_THREAD__)
 #define HOT __attribute__((target_clones("avx512f", "avx2,fma", "default")))
 #define INLINE static inline __attribute__((always_inline))
 #define SIMD _Pragma("omp simd")

@@ -422,6 +422,56 @@ START_TEST(shared_context_threads)
 }
 END_TEST
 
+typedef struct own_run {
+    const problem *p;
+    float *dv;
+    clattn_status st;
+} own_run;
+
+static void *run_own(void *arg)
+{
+    own_run *r = arg;
+    clattn_options o = clattn_options_default();
+    o.backend = CLATTN_BACKEND_NATIVE;
+    o.num_threads = 2;
+    clattn_context *ctx = NULL;
+    r->st = clattn_context_create(&o, &ctx);
+    for (int i = 0; i < 5 && r->st == CLATTN_OK; ++i)
+        r->st = clattn_grad_v(ctx, &r->p->s, r->p->d_out, r->p->q, r->p->k, r->p->lse, r->dv);
+    clattn_context_destroy(ctx);
+    return NULL;
+}
+
+/* Threads with a context each run at once and all get the right answer. */
+START_TEST(context_per_thread)
+{
+    clattn_shape s = small_shape();
+    s.q_seq = s.kv_seq = 40;
+    s.causal = 1;
+    problem p;
+    problem_make(&p, &s, 12, 1.0f);
+    double *ref = malloc(p.nkv * sizeof(double)), *mag = malloc(p.nkv * sizeof(double));
+    ref_grad_v(&p, ref, mag);
+    enum { T = 4 };
+    pthread_t tid[T];
+    own_run runs[T];
+    for (int i = 0; i < T; ++i) {
+        runs[i] = (own_run){&p, nan_array(p.nkv), CLATTN_OK};
+        ck_assert_int_eq(pthread_create(&tid[i], NULL, run_own, &runs[i]), 0);
+    }
+    for (int i = 0; i < T; ++i) {
+        pthread_join(tid[i], NULL);
+        ck_assert_status(runs[i].st, CLATTN_OK);
+        size_t at;
+        ck_assert(worst_error(runs[i].dv, ref, mag, p.nkv, &at) <= 1.0);
+        free(runs[i].dv);
+    }
+    free(ref);
+    free(mag);
+    problem_free(&p);
+}
+END_TEST
+
 Suite *api_suite(void)
 {
     Suite *s = suite_create("api");
@@ -442,6 +492,7 @@ Suite *api_suite(void)
     tcase_add_test(tc, visible_pairs);
     tcase_add_test(tc, native_threads_agree);
     tcase_add_test(tc, shared_context_threads);
+    tcase_add_test(tc, context_per_thread);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# Builds clattn's tests again under a checker and runs the suites that it
+# can check, failing on any report.
+#   tests/checkers.sh asan|tsan|valgrind SOURCE_DIR WORK_DIR
+# asan: AddressSanitizer + UndefinedBehaviorSanitizer (LeakSanitizer too),
+#       on native, PoCL (when present) and everything host-side.
+# tsan: ThreadSanitizer on the native path and the threaded API tests.
+# valgrind: memcheck of the native suites, no errors and no leaks.
+set -eu
+mode=$1 src=$2 work=$3
+build() {
+  cmake -S "$src" -B "$work" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCLATTN_SANITIZE="$1" >/dev/null
+  cmake --build "$work" -j2 --target clattn_tests clattn_cli >/dev/null
+}
+run() { # suite [backend]
+  echo "== $mode: $*"
+  CLATTN_CLI="$work/clattn" "$work/tests/clattn_tests" --suite "$1" ${2:+--backend "$2"}
+}
+case $mode in
+asan)
+  build address,undefined
+  # No suppressions: PoCL 3.1 and the ICD loader left no leak report here.
+  export ASAN_OPTIONS="detect_leaks=1:abort_on_error=0"
+  export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1"
+  run api; run cli; run gradcheck; run kernels native; run train native
+  if [ -n "${CLATTN_ASAN_OPENCL:-1}" ]; then
+    set +e
+    CLATTN_REQUIRE_BACKENDS= run kernels opencl-cpu
+    rc=$?
+    set -e
+    [ $rc -eq 0 ] || [ $rc -eq 77 ] || exit $rc
+  fi
+  ;;
+tsan)
+  build thread
+  export TSAN_OPTIONS="halt_on_error=1"
+  run api; run kernels native; run gradcheck
+  ;;
+valgrind)
+  build ""
+  command -v valgrind >/dev/null || { echo "SKIP: valgrind is not installed"; exit 77; }
+  vg() {
+    echo "== valgrind: $*"
+    valgrind -q --error-exitcode=1 --leak-check=full --show-leak-kinds=definite,indirect \
+      --errors-for-leak-kinds=definite,indirect "$work/tests/clattn_tests" --suite "$1" \
+      ${2:+--backend "$2"}
+  }
+  # check runs each test in a forked child, which valgrind follows. The
+  # native path only: the ICD loader is shown no driver, so the API tests
+  # that reach for OpenCL meet CLATTN_ERROR_NO_PLATFORM, as they expect.
+  export OCL_ICD_VENDORS=/nonexistent/clattn-no-vendors
+  vg api; vg gradcheck; vg kernels native
+  ;;
+*) echo "usage: $0 asan|tsan|valgrind SOURCE_DIR WORK_DIR"; exit 2 ;;
+esac
+echo "$mode: clean"
