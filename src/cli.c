@@ -784,7 +784,7 @@ static void usage(FILE *f)
                "The device comes from --device, else CLATTN_DEVICE, else auto.\n");
 }
 
-int main(int argc, char **argv)
+int clattn_cli_main(int argc, char **argv)
 {
     if (argc < 2) {
         usage(stderr);

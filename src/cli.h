@@ -32,5 +32,7 @@ void fill_uniform(float *a, size_t n, float gain, uint64_t *state);
 float *alloc_floats(size_t n);
 
 int cmd_bench(int argc, char **argv);
+/* The whole command line; main() calls it, and so does the fuzzer. */
+int clattn_cli_main(int argc, char **argv);
 
 #endif
