@@ -37,8 +37,14 @@ tsan)
   run api; run kernels native; run gradcheck
   ;;
 valgrind)
+  if ! command -v valgrind >/dev/null; then
+    case ",${CLATTN_REQUIRE_BACKENDS:-}," in
+      *,valgrind,*) echo "FAIL: valgrind is required and not installed"; exit 1 ;;
+    esac
+    echo "SKIP: valgrind is not installed"
+    exit 77
+  fi
   build ""
-  command -v valgrind >/dev/null || { echo "SKIP: valgrind is not installed"; exit 77; }
   vg() {
     echo "== valgrind: $*"
     valgrind -q --error-exitcode=1 --leak-check=full --show-leak-kinds=definite,indirect \
