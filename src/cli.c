@@ -324,188 +324,127 @@ float *alloc_floats(size_t n)
     return malloc((n ? n : 1) * sizeof(float));
 }
 
-static int cmd_forward(int argc, char **argv)
+/* The commands that run one op on .npy files: which inputs they read
+ * (Q and K always), the options naming their outputs, and each output's
+ * shape: like Q, like K, or the LSE pairs. */
+enum { LIKE_Q, LIKE_K, LIKE_LSE };
+enum { READS_V = 1, READS_O = 2, READS_LSE = 4, READS_DO = 8 };
+
+typedef struct file_command {
+    const char *name, *usage;
+    unsigned reads;
+    int nout;
+    const char *out_opt[3];
+    int out_like[3];
+} file_command;
+
+static const file_command file_commands[] = {
+    {"forward",
+     "usage: clattn forward --q Q.npy --k K.npy --v V.npy --out O.npy --lse-out LSE.npy\n"
+     "                      [--causal] [--window N] [--scale S] [--device SEL] "
+     "[--variant NAME]\n"
+     "Attention's forward: O (q_seq, heads, head_dim) and the LSE pairs (q_seq,\n"
+     "heads, 2) that the gradients read. Arrays as for grad-v; exit 0, 1 on a\n"
+     "device failure, 2 on bad input (and then no output is left).\n",
+     READS_V, 2, {"--out", "--lse-out"}, {LIKE_Q, LIKE_LSE}},
+    {"backward",
+     "usage: clattn backward --q Q.npy --k K.npy --v V.npy --o O.npy --lse LSE.npy\n"
+     "                       --d-out DO.npy --dq DQ.npy --dk DK.npy --dv DV.npy\n"
+     "                       [--causal] [--window N] [--scale S] [--device SEL] "
+     "[--variant NAME]\n"
+     "Attention's backward from the forward's O and LSE and the output gradient\n"
+     "dO: dQ like Q, dK and dV like K. Exit 0, 1 on a device failure, 2 on bad\n"
+     "input (and then none of the outputs is left).\n",
+     READS_V | READS_O | READS_LSE | READS_DO, 3, {"--dq", "--dk", "--dv"},
+     {LIKE_Q, LIKE_K, LIKE_K}},
+    {"grad-v",
+     "usage: clattn grad-v --q Q.npy --k K.npy --d-out DO.npy --lse LSE.npy --out DV.npy\n"
+     "                    [--causal] [--window N] [--scale S] [--device SEL] "
+     "[--variant NAME]\n"
+     "The gradient of attention with respect to V. Arrays are float32 .npy, C order:\n"
+     "Q and dO (q_seq, heads, head_dim), K (kv_seq, kv_heads, head_dim), LSE\n"
+     "(q_seq, heads, 2), each with an optional leading batch dimension; DV is\n"
+     "written as (kv_seq, kv_heads, head_dim). Exit 0 on success, 1 on a device\n"
+     "failure, 2 on bad input (and then no output file is left).\n",
+     READS_LSE | READS_DO, 1, {"--out"}, {LIKE_K}},
+};
+
+static int cmd_file(const file_command *fc, int argc, char **argv)
 {
-    const char *cmd = "forward";
+    const char *cmd = fc->name;
     if (wants_help(argc, argv)) {
-        printf("usage: clattn forward --q Q.npy --k K.npy --v V.npy --out O.npy --lse-out "
-               "LSE.npy\n"
-               "                      [--causal] [--window N] [--scale S] [--device SEL] "
-               "[--variant NAME]\n"
-               "Attention's forward: O (q_seq, heads, head_dim) and the LSE pairs (q_seq,\n"
-               "heads, 2) that the gradients read. Arrays as for grad-v; exit 0, 1 on a\n"
-               "device failure, 2 on bad input (and then no output is left).\n");
+        printf("%s", fc->usage);
         return 0;
     }
     input_paths paths = {0};
-    const char *outp = NULL, *lsep = NULL, *device = NULL, *variant = NULL;
+    const char *outp[3] = {NULL, NULL, NULL}, *device = NULL, *variant = NULL;
     int causal = 0;
     uint32_t window = 0;
     float scale = 0.0f;
-    opt opts[] = {
+    opt opts[16] = {
         {"--q", OPT_STRING, &paths.q, 1, 0},     {"--k", OPT_STRING, &paths.k, 1, 0},
-        {"--v", OPT_STRING, &paths.v, 1, 0},     {"--out", OPT_STRING, &outp, 1, 0},
-        {"--lse-out", OPT_STRING, &lsep, 1, 0},  {"--causal", OPT_FLAG, &causal, 0, 0},
-        {"--window", OPT_UINT, &window, 0, 0},   {"--scale", OPT_POSITIVE, &scale, 0, 0},
-        {"--device", OPT_STRING, &device, 0, 0}, {"--variant", OPT_STRING, &variant, 0, 0},
+        {"--causal", OPT_FLAG, &causal, 0, 0},   {"--window", OPT_UINT, &window, 0, 0},
+        {"--scale", OPT_POSITIVE, &scale, 0, 0}, {"--device", OPT_STRING, &device, 0, 0},
+        {"--variant", OPT_STRING, &variant, 0, 0},
     };
-    if (!parse_opts(cmd, argc, argv, opts, sizeof opts / sizeof opts[0]))
+    size_t n = 7;
+    const struct {
+        unsigned bit;
+        const char *name;
+        const char **path;
+    } inputs_read[4] = {{READS_V, "--v", &paths.v},
+                        {READS_O, "--o", &paths.o},
+                        {READS_LSE, "--lse", &paths.lse},
+                        {READS_DO, "--d-out", &paths.d_out}};
+    for (int i = 0; i < 4; ++i)
+        if (fc->reads & inputs_read[i].bit)
+            opts[n++] = (opt){inputs_read[i].name, OPT_STRING, inputs_read[i].path, 1, 0};
+    for (int i = 0; i < fc->nout; ++i)
+        opts[n++] = (opt){fc->out_opt[i], OPT_STRING, &outp[i], 1, 0};
+    if (!parse_opts(cmd, argc, argv, opts, n))
         return EXIT_INPUT;
+
     inputs in = {0};
     clattn_shape s;
     clattn_context *ctx = NULL;
-    float *o = NULL, *lse = NULL;
+    float *out[3] = {NULL, NULL, NULL};
+    output outs[3];
+    size_t lse_shape[NPY_MAX_DIMS];
     int rc = EXIT_INPUT;
     if (!load_inputs(cmd, &paths, &in, causal, window, scale, &s))
         goto done;
-    o = alloc_floats(in.q.count);
-    size_t lse_shape[4];
     memcpy(lse_shape, in.q.shape, sizeof lse_shape);
     lse_shape[in.q.ndim - 1] = 2;
-    lse = alloc_floats(in.q.count / s.head_dim * 2);
-    if (!o || !lse) {
-        fprintf(stderr, "clattn %s: out of memory\n", cmd);
-        rc = EXIT_DEVICE;
-        goto done;
+    for (int i = 0; i < fc->nout; ++i) {
+        const npy_array *like = fc->out_like[i] == LIKE_K ? &in.k : &in.q;
+        size_t count = fc->out_like[i] == LIKE_LSE ? in.q.count / s.head_dim * 2 : like->count;
+        outs[i] = (output){outp[i], fc->out_like[i] == LIKE_LSE ? lse_shape : like->shape,
+                           like->ndim, out[i] = alloc_floats(count)};
+        if (!out[i]) {
+            fprintf(stderr, "clattn %s: out of memory\n", cmd);
+            rc = EXIT_DEVICE;
+            goto done;
+        }
     }
     if ((rc = open_context(cmd, device, variant, &ctx)) != 0)
         goto done;
-    clattn_status st = clattn_forward(ctx, &s, in.q.data, in.k.data, in.v.data, o, lse);
+    clattn_status st;
+    if (fc->nout == 2)
+        st = clattn_forward(ctx, &s, in.q.data, in.k.data, in.v.data, out[0], out[1]);
+    else if (fc->nout == 3)
+        st = clattn_backward(ctx, &s, in.q.data, in.k.data, in.v.data, in.o.data, in.lse.data,
+                             in.d_out.data, out[0], out[1], out[2]);
+    else
+        st = clattn_grad_v(ctx, &s, in.d_out.data, in.q.data, in.k.data, in.lse.data, out[0]);
     if (st != CLATTN_OK) {
         rc = op_failed(cmd, st);
         goto done;
     }
-    const output outs[2] = {{outp, in.q.shape, in.q.ndim, o}, {lsep, lse_shape, in.q.ndim, lse}};
-    rc = write_outputs(cmd, outs, 2) ? 0 : EXIT_INPUT;
+    rc = write_outputs(cmd, outs, fc->nout) ? 0 : EXIT_INPUT;
 done:
     clattn_context_destroy(ctx);
-    free(o);
-    free(lse);
-    inputs_free(&in);
-    return rc;
-}
-
-static int cmd_backward(int argc, char **argv)
-{
-    const char *cmd = "backward";
-    if (wants_help(argc, argv)) {
-        printf("usage: clattn backward --q Q.npy --k K.npy --v V.npy --o O.npy --lse LSE.npy\n"
-               "                       --d-out DO.npy --dq DQ.npy --dk DK.npy --dv DV.npy\n"
-               "                       [--causal] [--window N] [--scale S] [--device SEL] "
-               "[--variant NAME]\n"
-               "Attention's backward from the forward's O and LSE and the output gradient\n"
-               "dO: dQ like Q, dK and dV like K. Exit 0, 1 on a device failure, 2 on bad\n"
-               "input (and then none of the outputs is left).\n");
-        return 0;
-    }
-    input_paths paths = {0};
-    const char *dqp = NULL, *dkp = NULL, *dvp = NULL, *device = NULL, *variant = NULL;
-    int causal = 0;
-    uint32_t window = 0;
-    float scale = 0.0f;
-    opt opts[] = {
-        {"--q", OPT_STRING, &paths.q, 1, 0},         {"--k", OPT_STRING, &paths.k, 1, 0},
-        {"--v", OPT_STRING, &paths.v, 1, 0},         {"--o", OPT_STRING, &paths.o, 1, 0},
-        {"--lse", OPT_STRING, &paths.lse, 1, 0},     {"--d-out", OPT_STRING, &paths.d_out, 1, 0},
-        {"--dq", OPT_STRING, &dqp, 1, 0},            {"--dk", OPT_STRING, &dkp, 1, 0},
-        {"--dv", OPT_STRING, &dvp, 1, 0},            {"--causal", OPT_FLAG, &causal, 0, 0},
-        {"--window", OPT_UINT, &window, 0, 0},       {"--scale", OPT_POSITIVE, &scale, 0, 0},
-        {"--device", OPT_STRING, &device, 0, 0},     {"--variant", OPT_STRING, &variant, 0, 0},
-    };
-    if (!parse_opts(cmd, argc, argv, opts, sizeof opts / sizeof opts[0]))
-        return EXIT_INPUT;
-    inputs in = {0};
-    clattn_shape s;
-    clattn_context *ctx = NULL;
-    float *dq = NULL, *dk = NULL, *dv = NULL;
-    int rc = EXIT_INPUT;
-    if (!load_inputs(cmd, &paths, &in, causal, window, scale, &s))
-        goto done;
-    dq = alloc_floats(in.q.count);
-    dk = alloc_floats(in.k.count);
-    dv = alloc_floats(in.k.count);
-    if (!dq || !dk || !dv) {
-        fprintf(stderr, "clattn %s: out of memory\n", cmd);
-        rc = EXIT_DEVICE;
-        goto done;
-    }
-    if ((rc = open_context(cmd, device, variant, &ctx)) != 0)
-        goto done;
-    clattn_status st = clattn_backward(ctx, &s, in.q.data, in.k.data, in.v.data, in.o.data,
-                                       in.lse.data, in.d_out.data, dq, dk, dv);
-    if (st != CLATTN_OK) {
-        rc = op_failed(cmd, st);
-        goto done;
-    }
-    const output outs[3] = {{dqp, in.q.shape, in.q.ndim, dq},
-                            {dkp, in.k.shape, in.k.ndim, dk},
-                            {dvp, in.k.shape, in.k.ndim, dv}};
-    rc = write_outputs(cmd, outs, 3) ? 0 : EXIT_INPUT;
-done:
-    clattn_context_destroy(ctx);
-    free(dq);
-    free(dk);
-    free(dv);
-    inputs_free(&in);
-    return rc;
-}
-
-static int cmd_grad_v(int argc, char **argv)
-{
-    const char *cmd = "grad-v";
-    if (wants_help(argc, argv)) {
-        printf("usage: clattn grad-v --q Q.npy --k K.npy --d-out DO.npy --lse LSE.npy "
-               "--out DV.npy\n"
-               "                    [--causal] [--window N] [--scale S] [--device SEL] "
-               "[--variant NAME]\n"
-               "The gradient of attention with respect to V. Arrays are float32 .npy, C order:\n"
-               "Q and dO (q_seq, heads, head_dim), K (kv_seq, kv_heads, head_dim), LSE\n"
-               "(q_seq, heads, 2), each with an optional leading batch dimension; DV is\n"
-               "written as (kv_seq, kv_heads, head_dim). Exit 0 on success, 1 on a device\n"
-               "failure, 2 on bad input (and then no output file is left).\n");
-        return 0;
-    }
-    const char *qp = NULL, *kp = NULL, *dop = NULL, *lsep = NULL, *outp = NULL;
-    const char *device = NULL, *variant = NULL;
-    int causal = 0;
-    uint32_t window = 0;
-    float scale = 0.0f;
-    opt opts[] = {
-        {"--q", OPT_STRING, &qp, 1, 0},         {"--k", OPT_STRING, &kp, 1, 0},
-        {"--d-out", OPT_STRING, &dop, 1, 0},    {"--lse", OPT_STRING, &lsep, 1, 0},
-        {"--out", OPT_STRING, &outp, 1, 0},     {"--causal", OPT_FLAG, &causal, 0, 0},
-        {"--window", OPT_UINT, &window, 0, 0},  {"--scale", OPT_POSITIVE, &scale, 0, 0},
-        {"--device", OPT_STRING, &device, 0, 0}, {"--variant", OPT_STRING, &variant, 0, 0},
-    };
-    if (!parse_opts(cmd, argc, argv, opts, sizeof opts / sizeof opts[0]))
-        return EXIT_INPUT;
-
-    input_paths paths = {qp, kp, NULL, NULL, lsep, dop};
-    inputs in = {0};
-    clattn_shape s;
-    clattn_context *ctx = NULL;
-    float *dv = NULL;
-    int rc = EXIT_INPUT;
-    if (!load_inputs(cmd, &paths, &in, causal, window, scale, &s))
-        goto done;
-    dv = alloc_floats(in.k.count);
-    if (!dv) {
-        fprintf(stderr, "clattn %s: out of memory\n", cmd);
-        rc = EXIT_DEVICE;
-        goto done;
-    }
-    if ((rc = open_context(cmd, device, variant, &ctx)) != 0)
-        goto done;
-    clattn_status st = clattn_grad_v(ctx, &s, in.d_out.data, in.q.data, in.k.data, in.lse.data, dv);
-    if (st != CLATTN_OK) {
-        rc = op_failed(cmd, st);
-        goto done;
-    }
-    const output out = {outp, in.k.shape, in.k.ndim, dv};
-    rc = write_outputs(cmd, &out, 1) ? 0 : EXIT_INPUT;
-done:
-    clattn_context_destroy(ctx);
-    free(dv);
+    for (int i = 0; i < 3; ++i)
+        free(out[i]);
     inputs_free(&in);
     return rc;
 }
@@ -801,14 +740,11 @@ int clattn_cli_main(int argc, char **argv)
     }
     if (!strcmp(c, "devices"))
         return cmd_devices(argc - 2, argv + 2);
-    if (!strcmp(c, "grad-v"))
-        return cmd_grad_v(argc - 2, argv + 2);
+    for (size_t i = 0; i < sizeof file_commands / sizeof file_commands[0]; ++i)
+        if (!strcmp(c, file_commands[i].name))
+            return cmd_file(&file_commands[i], argc - 2, argv + 2);
     if (!strcmp(c, "demo"))
         return cmd_demo(argc - 2, argv + 2);
-    if (!strcmp(c, "forward"))
-        return cmd_forward(argc - 2, argv + 2);
-    if (!strcmp(c, "backward"))
-        return cmd_backward(argc - 2, argv + 2);
     if (!strcmp(c, "train"))
         return cmd_train(argc - 2, argv + 2);
     if (!strcmp(c, "bench"))
