@@ -105,7 +105,7 @@ struct clattn_cl_state {
     cl_context context;
     cl_command_queue queue;
     int own_context, own_queue;
-    kernel_set tree;                      /* built with the context */
+    kernel_set generic;                   /* any head_dim; built with the context */
     kernel_set *tiled[CLATTN_MAX_HEAD_DIM + 1]; /* per head_dim, on first use */
     int use_tiled;
     tile_config tiles;
@@ -304,7 +304,7 @@ static void release_state(struct clattn_cl_state *cl)
     for (int i = 0; i < CLATTN_R_COUNT; ++i)
         if (cl->scratch[i])
             clReleaseMemObject(cl->scratch[i]);
-    release_set(&cl->tree);
+    release_set(&cl->generic);
     for (int d = 0; d <= CLATTN_MAX_HEAD_DIM; ++d)
         if (cl->tiled[d]) {
             release_set(cl->tiled[d]);
@@ -448,12 +448,12 @@ static clattn_status build_set(struct clattn_cl_state *cl, const char *variant,
 }
 
 /* The kernels a call with this head_dim runs: the tiled ones specialised
- * for it (built on first use), or tree's. */
+ * for it (built on first use), or the generic set. */
 static clattn_status kernels_for(struct clattn_cl_state *cl, uint32_t head_dim,
                                  kernel_set **out)
 {
     if (!cl->use_tiled || head_dim > TILED_MAX_HEAD_DIM) {
-        *out = &cl->tree;
+        *out = &cl->generic;
         return CLATTN_OK;
     }
     if (!cl->tiled[head_dim]) {
@@ -542,15 +542,13 @@ static clattn_status init_on_device(clattn_context *ctx, const char *variant,
         cl->tiles.tile = tile;
         cl->tiles.split = split;
     }
-    /* tree's kernels always: the tiled variant runs them past its head_dims.
-     * The tiled ones are built for head_dim 64 now, so that a device that
-     * cannot compile them is never chosen, and for others on first use. */
+    /* A generic set always: the variant's own kernels, or for the tiled
+     * variant tree's, which run past its head_dims. The tiled ones are built
+     * for head_dim 64 now, so that a device that cannot compile them is
+     * never chosen, and for others on first use. */
     cl->use_tiled = !strcmp(variant, "tiled");
-    if (!cl->use_tiled && !find_variant(K_FORWARD, variant)) {
-        st = clattn_fail(CLATTN_ERROR_UNKNOWN_VARIANT, "no OpenCL variant '%s'", variant);
-        goto fail;
-    }
-    if ((st = build_set(cl, "tree", 0, &cl->tree, strict_limits)) != CLATTN_OK)
+    if ((st = build_set(cl, cl->use_tiled ? "tree" : variant, 0, &cl->generic,
+                        strict_limits)) != CLATTN_OK)
         goto fail;
     kernel_set *probe = NULL;
     if (cl->use_tiled && (st = kernels_for(cl, 64, &probe)) != CLATTN_OK)
