@@ -88,8 +88,9 @@ typedef struct clattn_options {
      * `clattn devices` lists them) or a case-insensitive substring of an
      * OpenCL device name. The string is read during the call only. */
     const char *device;
-    /* A kernel variant by name ("tree", ...), or NULL to let clattn choose
-     * per device. The string is read during the call only. */
+    /* A kernel variant by name, or NULL for the backend's default: OpenCL
+     * "tiled" (default) or "tree", native "blocked"; clattn_variant_name()
+     * lists them. The string is read during the call only. */
     const char *variant;
     /* Threads of the native backend; 0 means CLATTN_NUM_THREADS when set,
      * else every online CPU. */
@@ -107,8 +108,9 @@ typedef struct clattn_context clattn_context;
 /* Creates a context as opts says (NULL: clattn_options_default()). With
  * backend auto, a backend that fails (no platform, no device, a failed
  * build) is noted and the next is tried; clattn_context_log() says what
- * was tried. The kernels of the chosen variant are built here, so a device
- * that cannot compile them is never chosen.
+ * was tried. The variant's kernels are built here (tiled ones for head_dim
+ * 64; other head_dims on first use), so a device that cannot compile them
+ * is never chosen.
  * On success *ctx owns everything it created; release it with
  * clattn_context_destroy(). On failure *ctx is NULL and nothing is leaked.
  * Status: CLATTN_OK, CLATTN_ERROR_NULL_POINTER, CLATTN_ERROR_INVALID_OPTION,
@@ -173,7 +175,8 @@ clattn_status clattn_shape_from_seed(const uint32_t params[8], clattn_shape *sha
  * dv is written whole, inputs are not modified. Blocks until done.
  * Status: the shape's, CLATTN_ERROR_NULL_POINTER,
  * CLATTN_ERROR_TOO_LARGE_FOR_DEVICE, CLATTN_ERROR_OPENCL,
- * CLATTN_ERROR_OUT_OF_MEMORY. */
+ * CLATTN_ERROR_OUT_OF_MEMORY, and on a first call with a new head_dim
+ * CLATTN_ERROR_BUILD_FAILED or CLATTN_ERROR_WORK_GROUP_TOO_LARGE. */
 clattn_status clattn_grad_v(clattn_context *ctx, const clattn_shape *shape,
                             const float *d_out, const float *q, const float *k,
                             const float *lse, float *dv);
