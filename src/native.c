@@ -4,8 +4,9 @@
  * KEY_BLOCK keys of one (batch, KV head); a job keeps its K and V transposed
  * so that the scores of all its keys against one query vectorise along the
  * block, and its dK and dV rows so that updates vectorise along head_dim.
- * Query-side ops (forward, grad-Q) are split into jobs of one query row,
- * with keys taken KEY_BLOCK at a time by an online softmax.
+ * Query-side ops (forward, grad-Q) are split into jobs of QUERY_BLOCK query
+ * rows, with keys taken KEY_BLOCK at a time (an online softmax for the
+ * forward), each key block transposed once for all the rows.
  * Threads take jobs from a shared counter, so uneven causal work balances
  * itself, and no job depends on another's, so the result does not depend on
  * the thread count. */
@@ -205,87 +206,178 @@ INLINE void key_range(const clattn_shape *s, uint32_t pos, uint32_t *lo, uint32_
     *hi = s->causal ? (pos + 1 < s->kv_seq ? pos + 1 : s->kv_seq) : s->kv_seq;
 }
 
-/* O and the LSE pair of one query row, by online softmax over key blocks. */
+/* Query-side jobs take QUERY_BLOCK query rows of one (batch, head) and walk
+ * the keys KEY_BLOCK at a time; each key block's K (and V, for grad-Q) is
+ * transposed once and serves every row, so scores of a row against the
+ * block vectorise along the keys with no horizontal sums. */
+enum { QUERY_BLOCK = 16 };
+
+typedef struct query_block {
+    size_t b, head, pos0, rows; /* rows of [pos0, pos0 + rows) */
+    uint32_t lo, hi;            /* keys any of them sees */
+    const float *kb, *vb;       /* K and V of the KV head at key 0 */
+    size_t kv_row;
+} query_block;
+
+INLINE void query_block_of(const native_call *c, size_t job, query_block *qb)
+{
+    const clattn_shape *s = c->s;
+    const size_t blocks = (s->q_seq + (size_t)QUERY_BLOCK - 1) / QUERY_BLOCK;
+    const size_t D = s->head_dim;
+    qb->head = job % s->num_heads;
+    qb->pos0 = job / s->num_heads % blocks * QUERY_BLOCK;
+    qb->b = job / s->num_heads / blocks;
+    qb->rows = s->q_seq - qb->pos0 < QUERY_BLOCK ? s->q_seq - qb->pos0 : QUERY_BLOCK;
+    qb->kv_row = (size_t)s->num_kv_heads * D;
+    const size_t base = (size_t)qb->b * s->kv_seq * qb->kv_row + qb->head / c->group * D;
+    qb->kb = c->k + base;
+    qb->vb = c->v ? c->v + base : NULL;
+    uint32_t lo_last, hi_first;
+    key_range(s, (uint32_t)qb->pos0, &qb->lo, &hi_first);
+    key_range(s, (uint32_t)(qb->pos0 + qb->rows - 1), &lo_last, &qb->hi);
+}
+
+/* x[j] = keep ? x[j] : EMPTY_ROW for keys t0 + j that pos does not see. */
+INLINE void mask_scores(const clattn_shape *s, uint32_t pos, uint32_t t0, uint32_t n, float *x)
+{
+    uint32_t lo, hi;
+    key_range(s, pos, &lo, &hi);
+    for (uint32_t j = 0; j < KEY_BLOCK; ++j)
+        if (j >= n || t0 + j < lo || t0 + j >= hi)
+            x[j] = EMPTY_ROW;
+}
+
+/* Transposes n rows of a key block (stride kv_row) into t[d][j], zeros
+ * past n. */
+INLINE void transpose_block(const float *rows, size_t kv_row, size_t D, uint32_t n,
+                            float t[CLATTN_MAX_HEAD_DIM][KEY_BLOCK])
+{
+    for (size_t d = 0; d < D; ++d)
+        for (uint32_t j = 0; j < KEY_BLOCK; ++j)
+            t[d][j] = j < n ? rows[j * kv_row + d] : 0.0f;
+}
+
+/* sc[j] = row . t[.][j] for the KEY_BLOCK keys of a transposed block. */
+INLINE void block_dots(const float *row, float t[CLATTN_MAX_HEAD_DIM][KEY_BLOCK], size_t D,
+                       float *sc)
+{
+    SIMD
+    for (uint32_t j = 0; j < KEY_BLOCK; ++j)
+        sc[j] = 0.0f;
+    for (size_t d = 0; d < D; ++d) {
+        const float x = row[d];
+        SIMD
+        for (uint32_t j = 0; j < KEY_BLOCK; ++j)
+            sc[j] += x * t[d][j];
+    }
+}
+
+/* O and the LSE pairs of a block of query rows, by online softmax. */
 HOT static void forward_job(const native_call *c, size_t job)
 {
     const clattn_shape *s = c->s;
-    const size_t D = s->head_dim, kv_row = (size_t)s->num_kv_heads * D;
-    const size_t head = job % s->num_heads, pos = job / s->num_heads % s->q_seq;
-    const size_t b = job / s->num_heads / s->q_seq;
-    const size_t row = row_index(s, b, pos, head);
-    const float *qr = c->q + row * D;
-    const float *kb = c->k + (size_t)b * s->kv_seq * kv_row + head / c->group * D;
-    const float *vb = c->v + (size_t)b * s->kv_seq * kv_row + head / c->group * D;
-    float acc[CLATTN_MAX_HEAD_DIM] = {0};
-    float m = EMPTY_ROW, l = 0.0f;
-    uint32_t lo, hi;
-    key_range(s, (uint32_t)pos, &lo, &hi);
-    for (uint32_t t0 = lo; t0 < hi; t0 += KEY_BLOCK) {
-        const uint32_t n = hi - t0 < KEY_BLOCK ? hi - t0 : KEY_BLOCK;
-        float sc[KEY_BLOCK], block_max = EMPTY_ROW;
-        for (uint32_t j = 0; j < n; ++j) {
-            sc[j] = dot(qr, kb + (t0 + j) * kv_row, D) * c->scale;
-            block_max = sc[j] > block_max ? sc[j] : block_max;
-        }
-        const float m_new = block_max > m ? block_max : m;
-        const float rescale = expf(m - m_new);
-        l *= rescale;
-        for (size_t d = 0; d < D; ++d)
-            acc[d] *= rescale;
-        for (uint32_t j = 0; j < KEY_BLOCK; ++j)
-            sc[j] = j < n ? sc[j] - m_new : EMPTY_ROW;
-        exp_block(sc);
-        for (uint32_t j = 0; j < n; ++j) {
-            const float *vr = vb + (t0 + j) * kv_row, e = sc[j];
-            l += e;
+    const size_t D = s->head_dim;
+    query_block qb;
+    query_block_of(c, job, &qb);
+    float kt[CLATTN_MAX_HEAD_DIM][KEY_BLOCK];
+    float acc[QUERY_BLOCK][CLATTN_MAX_HEAD_DIM], m[QUERY_BLOCK], l[QUERY_BLOCK];
+    for (size_t r = 0; r < qb.rows; ++r) {
+        memset(acc[r], 0, D * sizeof(float));
+        m[r] = EMPTY_ROW;
+        l[r] = 0.0f;
+    }
+    for (uint32_t t0 = qb.lo; t0 < qb.hi; t0 += KEY_BLOCK) {
+        const uint32_t n = qb.hi - t0 < KEY_BLOCK ? qb.hi - t0 : KEY_BLOCK;
+        transpose_block(qb.kb + t0 * qb.kv_row, qb.kv_row, D, n, kt);
+        for (size_t r = 0; r < qb.rows; ++r) {
+            const uint32_t pos = (uint32_t)(qb.pos0 + r);
+            const size_t row = row_index(s, qb.b, pos, qb.head);
+            float sc[KEY_BLOCK];
+            block_dots(c->q + row * D, kt, D, sc);
+            float block_max = EMPTY_ROW;
+            for (uint32_t j = 0; j < KEY_BLOCK; ++j)
+                sc[j] *= c->scale;
+            mask_scores(s, pos, t0, n, sc);
+            for (uint32_t j = 0; j < KEY_BLOCK; ++j)
+                block_max = sc[j] > block_max ? sc[j] : block_max;
+            if (block_max == EMPTY_ROW)
+                continue;
+            const float m_new = block_max > m[r] ? block_max : m[r];
+            const float rescale = expf(m[r] - m_new);
+            l[r] *= rescale;
             SIMD
             for (size_t d = 0; d < D; ++d)
-                acc[d] += e * vr[d];
+                acc[r][d] *= rescale;
+            SIMD
+            for (uint32_t j = 0; j < KEY_BLOCK; ++j)
+                sc[j] -= m_new;
+            exp_block(sc);
+            for (uint32_t j = 0; j < n; ++j) {
+                const float *vr = qb.vb + (t0 + j) * qb.kv_row, e = sc[j];
+                if (e == 0.0f)
+                    continue;
+                l[r] += e;
+                SIMD
+                for (size_t d = 0; d < D; ++d)
+                    acc[r][d] += e * vr[d];
+            }
+            m[r] = m_new;
         }
-        m = m_new;
     }
-    float *orow = c->o_out + row * D;
-    for (size_t d = 0; d < D; ++d)
-        orow[d] = l > 0.0f ? acc[d] / l : 0.0f;
-    float *pair = c->lse_out + 2 * row;
-    pair[0] = l > 0.0f ? m : EMPTY_ROW;
-    pair[1] = l > 0.0f ? logf(l) : EMPTY_ROW;
+    for (size_t r = 0; r < qb.rows; ++r) {
+        const size_t row = row_index(s, qb.b, qb.pos0 + r, qb.head);
+        float *orow = c->o_out + row * D;
+        for (size_t d = 0; d < D; ++d)
+            orow[d] = l[r] > 0.0f ? acc[r][d] / l[r] : 0.0f;
+        float *pair = c->lse_out + 2 * row;
+        pair[0] = l[r] > 0.0f ? m[r] : EMPTY_ROW;
+        pair[1] = l[r] > 0.0f ? logf(l[r]) : EMPTY_ROW;
+    }
 }
 
-/* dQ of one query row. */
+/* dQ of a block of query rows. */
 HOT static void grad_q_job(const native_call *c, size_t job)
 {
     const clattn_shape *s = c->s;
-    const size_t D = s->head_dim, kv_row = (size_t)s->num_kv_heads * D;
-    const size_t head = job % s->num_heads, pos = job / s->num_heads % s->q_seq;
-    const size_t b = job / s->num_heads / s->q_seq;
-    const size_t row = row_index(s, b, pos, head);
-    const float *qr = c->q + row * D, *dor = c->d_out + row * D;
-    const float *kb = c->k + (size_t)b * s->kv_seq * kv_row + head / c->group * D;
-    const float *vb = c->v + (size_t)b * s->kv_seq * kv_row + head / c->group * D;
-    const float m = c->lse[2 * row], l = c->lse[2 * row + 1];
-    const float dsum = dot(dor, c->o + row * D, D);
-    float acc[CLATTN_MAX_HEAD_DIM] = {0};
-    uint32_t lo, hi;
-    key_range(s, (uint32_t)pos, &lo, &hi);
-    for (uint32_t t0 = lo; t0 < hi; t0 += KEY_BLOCK) {
-        const uint32_t n = hi - t0 < KEY_BLOCK ? hi - t0 : KEY_BLOCK;
-        float pr[KEY_BLOCK], dp[KEY_BLOCK];
-        for (uint32_t j = 0; j < KEY_BLOCK; ++j) {
-            pr[j] = j < n ? min0(dot(qr, kb + (t0 + j) * kv_row, D) * c->scale - m) - l
-                          : EMPTY_ROW;
-            dp[j] = j < n ? dot(dor, vb + (t0 + j) * kv_row, D) : 0.0f;
-        }
-        exp_block(pr);
-        for (uint32_t j = 0; j < n; ++j) {
-            const float *kr = kb + (t0 + j) * kv_row;
-            const float ds = c->scale * pr[j] * (dp[j] - dsum);
+    const size_t D = s->head_dim;
+    query_block qb;
+    query_block_of(c, job, &qb);
+    float kt[CLATTN_MAX_HEAD_DIM][KEY_BLOCK], vt[CLATTN_MAX_HEAD_DIM][KEY_BLOCK];
+    float acc[QUERY_BLOCK][CLATTN_MAX_HEAD_DIM], dsum[QUERY_BLOCK];
+    for (size_t r = 0; r < qb.rows; ++r) {
+        const size_t row = row_index(s, qb.b, qb.pos0 + r, qb.head);
+        memset(acc[r], 0, D * sizeof(float));
+        dsum[r] = dot(c->d_out + row * D, c->o + row * D, D);
+    }
+    for (uint32_t t0 = qb.lo; t0 < qb.hi; t0 += KEY_BLOCK) {
+        const uint32_t n = qb.hi - t0 < KEY_BLOCK ? qb.hi - t0 : KEY_BLOCK;
+        transpose_block(qb.kb + t0 * qb.kv_row, qb.kv_row, D, n, kt);
+        transpose_block(qb.vb + t0 * qb.kv_row, qb.kv_row, D, n, vt);
+        for (size_t r = 0; r < qb.rows; ++r) {
+            const uint32_t pos = (uint32_t)(qb.pos0 + r);
+            const size_t row = row_index(s, qb.b, pos, qb.head);
+            const float m = c->lse[2 * row], l = c->lse[2 * row + 1];
+            float pr[KEY_BLOCK], dp[KEY_BLOCK];
+            block_dots(c->q + row * D, kt, D, pr);
+            block_dots(c->d_out + row * D, vt, D, dp);
             SIMD
-            for (size_t d = 0; d < D; ++d)
-                acc[d] += ds * kr[d];
+            for (uint32_t j = 0; j < KEY_BLOCK; ++j)
+                pr[j] = min0(pr[j] * c->scale - m) - l;
+            mask_scores(s, pos, t0, n, pr);
+            exp_block(pr);
+            for (uint32_t j = 0; j < n; ++j) {
+                if (pr[j] == 0.0f)
+                    continue;
+                const float *kr = qb.kb + (t0 + j) * qb.kv_row;
+                const float ds = c->scale * pr[j] * (dp[j] - dsum[r]);
+                SIMD
+                for (size_t d = 0; d < D; ++d)
+                    acc[r][d] += ds * kr[d];
+            }
         }
     }
-    memcpy(c->dq + row * D, acc, D * sizeof(float));
+    for (size_t r = 0; r < qb.rows; ++r)
+        memcpy(c->dq + row_index(s, qb.b, qb.pos0 + r, qb.head) * D, acc[r], D * sizeof(float));
 }
 
 HOT static void dsum_job(const native_call *c, size_t row)
@@ -343,6 +435,8 @@ static clattn_status native_run(clattn_context *ctx, clattn_op op, const clattn_
     c.blocks_per_head = (s->kv_seq + (size_t)KEY_BLOCK - 1) / KEY_BLOCK;
     const size_t key_jobs = c.blocks_per_head * s->num_kv_heads * s->batch;
     const size_t rows = sz->lse / 2;
+    const size_t query_jobs = (s->q_seq + (size_t)QUERY_BLOCK - 1) / QUERY_BLOCK * s->num_heads *
+                              s->batch;
     const int n = ctx->num_threads;
     float *dsum = NULL;
 
@@ -350,7 +444,7 @@ static clattn_status native_run(clattn_context *ctx, clattn_op op, const clattn_
     case CLATTN_OP_FORWARD:
         c.o_out = (float *)t[CLATTN_R_O];
         c.lse_out = (float *)t[CLATTN_R_LSE];
-        run_jobs(&c, forward_job, rows, n);
+        run_jobs(&c, forward_job, query_jobs, n);
         return CLATTN_OK;
     case CLATTN_OP_GRAD_V:
         c.dv = (float *)t[CLATTN_R_DV];
@@ -358,7 +452,7 @@ static clattn_status native_run(clattn_context *ctx, clattn_op op, const clattn_
         return CLATTN_OK;
     case CLATTN_OP_GRAD_Q:
         c.dq = (float *)t[CLATTN_R_DQ];
-        run_jobs(&c, grad_q_job, rows, n);
+        run_jobs(&c, grad_q_job, query_jobs, n);
         return CLATTN_OK;
     case CLATTN_OP_GRAD_K:
     case CLATTN_OP_BACKWARD:
@@ -374,7 +468,7 @@ static clattn_status native_run(clattn_context *ctx, clattn_op op, const clattn_
         run_jobs(&c, key_block_job, key_jobs, n);
         if (op == CLATTN_OP_BACKWARD) {
             c.dq = (float *)t[CLATTN_R_DQ];
-            run_jobs(&c, grad_q_job, rows, n);
+            run_jobs(&c, grad_q_job, query_jobs, n);
         }
         free(dsum);
         return CLATTN_OK;
