@@ -376,37 +376,47 @@ START_TEST(native_threads_agree)
 }
 END_TEST
 
-typedef struct shared_run {
-    clattn_context *ctx;
+typedef struct thread_run {
+    clattn_context *shared; /* NULL: the thread makes a context of its own */
     const problem *p;
     float *dv;
     clattn_status st;
-} shared_run;
+} thread_run;
 
-static void *run_shared(void *arg)
+static void *run_thread(void *arg)
 {
-    shared_run *r = arg;
+    thread_run *r = arg;
+    clattn_context *ctx = r->shared;
+    if (!ctx) {
+        clattn_options o = clattn_options_default();
+        o.backend = CLATTN_BACKEND_NATIVE;
+        o.num_threads = 2;
+        r->st = clattn_context_create(&o, &ctx);
+    }
     for (int i = 0; i < 5 && r->st == CLATTN_OK; ++i)
-        r->st = clattn_grad_v(r->ctx, &r->p->s, r->p->d_out, r->p->q, r->p->k, r->p->lse, r->dv);
+        r->st = clattn_grad_v(ctx, &r->p->s, r->p->d_out, r->p->q, r->p->k, r->p->lse, r->dv);
+    if (!r->shared)
+        clattn_context_destroy(ctx);
     return NULL;
 }
 
-/* Threads sharing one context take turns and all get the right answer. */
-START_TEST(shared_context_threads)
+/* Four threads run grad-V at once, on one shared context or on a context
+ * each; every one gets the right answer. */
+static void check_threads(clattn_context *shared, int causal, uint64_t seed)
 {
     clattn_shape s = small_shape();
     s.q_seq = s.kv_seq = 40;
+    s.causal = causal;
     problem p;
-    problem_make(&p, &s, 11, 1.0f);
+    problem_make(&p, &s, seed, 1.0f);
     double *ref = malloc(p.nkv * sizeof(double)), *mag = malloc(p.nkv * sizeof(double));
     ref_grad_v(&p, ref, mag);
-    clattn_context *ctx = native_context(2);
     enum { T = 4 };
     pthread_t tid[T];
-    shared_run runs[T];
+    thread_run runs[T];
     for (int i = 0; i < T; ++i) {
-        runs[i] = (shared_run){ctx, &p, nan_array(p.nkv), CLATTN_OK};
-        ck_assert_int_eq(pthread_create(&tid[i], NULL, run_shared, &runs[i]), 0);
+        runs[i] = (thread_run){shared, &p, nan_array(p.nkv), CLATTN_OK};
+        ck_assert_int_eq(pthread_create(&tid[i], NULL, run_thread, &runs[i]), 0);
     }
     for (int i = 0; i < T; ++i) {
         pthread_join(tid[i], NULL);
@@ -415,61 +425,21 @@ START_TEST(shared_context_threads)
         ck_assert(worst_error(runs[i].dv, ref, mag, p.nkv, &at) <= 1.0);
         free(runs[i].dv);
     }
-    clattn_context_destroy(ctx);
     free(ref);
     free(mag);
     problem_free(&p);
+}
+
+/* Threads sharing one context take turns. */
+START_TEST(shared_context_threads)
+{
+    clattn_context *ctx = native_context(2);
+    check_threads(ctx, 0, 11);
+    clattn_context_destroy(ctx);
 }
 END_TEST
 
-typedef struct own_run {
-    const problem *p;
-    float *dv;
-    clattn_status st;
-} own_run;
-
-static void *run_own(void *arg)
-{
-    own_run *r = arg;
-    clattn_options o = clattn_options_default();
-    o.backend = CLATTN_BACKEND_NATIVE;
-    o.num_threads = 2;
-    clattn_context *ctx = NULL;
-    r->st = clattn_context_create(&o, &ctx);
-    for (int i = 0; i < 5 && r->st == CLATTN_OK; ++i)
-        r->st = clattn_grad_v(ctx, &r->p->s, r->p->d_out, r->p->q, r->p->k, r->p->lse, r->dv);
-    clattn_context_destroy(ctx);
-    return NULL;
-}
-
-/* Threads with a context each run at once and all get the right answer. */
-START_TEST(context_per_thread)
-{
-    clattn_shape s = small_shape();
-    s.q_seq = s.kv_seq = 40;
-    s.causal = 1;
-    problem p;
-    problem_make(&p, &s, 12, 1.0f);
-    double *ref = malloc(p.nkv * sizeof(double)), *mag = malloc(p.nkv * sizeof(double));
-    ref_grad_v(&p, ref, mag);
-    enum { T = 4 };
-    pthread_t tid[T];
-    own_run runs[T];
-    for (int i = 0; i < T; ++i) {
-        runs[i] = (own_run){&p, nan_array(p.nkv), CLATTN_OK};
-        ck_assert_int_eq(pthread_create(&tid[i], NULL, run_own, &runs[i]), 0);
-    }
-    for (int i = 0; i < T; ++i) {
-        pthread_join(tid[i], NULL);
-        ck_assert_status(runs[i].st, CLATTN_OK);
-        size_t at;
-        ck_assert(worst_error(runs[i].dv, ref, mag, p.nkv, &at) <= 1.0);
-        free(runs[i].dv);
-    }
-    free(ref);
-    free(mag);
-    problem_free(&p);
-}
+START_TEST(context_per_thread) { check_threads(NULL, 1, 12); }
 END_TEST
 
 Suite *api_suite(void)

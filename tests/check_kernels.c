@@ -137,19 +137,11 @@ static void check_ops(clattn_context *ctx, const clattn_shape *s, float q_gain, 
     problem_free(&p);
 }
 
-/* The backend under test, as clattn_variant_name() knows it. */
-static clattn_backend tested_backend(void)
-{
-    return !strcmp(test_backend, "opencl-gpu")   ? CLATTN_BACKEND_OPENCL_GPU
-           : !strcmp(test_backend, "opencl-cpu") ? CLATTN_BACKEND_OPENCL_CPU
-                                                 : CLATTN_BACKEND_NATIVE;
-}
-
 /* Case i on every variant of the backend, one context each. */
 static void run_cases(const shape_case *cases, int i)
 {
     const char *name;
-    for (size_t v = 0; (name = clattn_variant_name(tested_backend(), v)) != NULL; ++v) {
+    for (size_t v = 0; (name = clattn_variant_name(test_backend_kind(), v)) != NULL; ++v) {
         clattn_context *ctx = test_context(name);
         clattn_shape s = to_shape(&cases[i]);
         current_variant = name;
@@ -308,10 +300,10 @@ END_TEST
 START_TEST(named_variant)
 {
     clattn_context *ctx = test_context(NULL);
-    ck_assert_str_eq(clattn_context_variant(ctx), clattn_variant_name(tested_backend(), 0));
+    ck_assert_str_eq(clattn_context_variant(ctx), clattn_variant_name(test_backend_kind(), 0));
     clattn_context_destroy(ctx);
     const char *name;
-    for (size_t v = 0; (name = clattn_variant_name(tested_backend(), v)) != NULL; ++v) {
+    for (size_t v = 0; (name = clattn_variant_name(test_backend_kind(), v)) != NULL; ++v) {
         ctx = test_context(name);
         ck_assert_str_eq(clattn_context_variant(ctx), name);
         clattn_context_destroy(ctx);
@@ -574,7 +566,7 @@ START_TEST(device_faults)
     /* Options that break the compile: the status, the log, no context. */
     setenv("CLATTN_CL_OPTIONS", "-DHEAD_DIM=not_a_number -Dfloat=syntax_error", 1);
     clattn_options o = clattn_options_default();
-    o.device = !strcmp(test_backend, "opencl-gpu") ? "gpu" : "cpu";
+    o.device = test_selector();
     ctx = NULL;
     ck_assert_status(clattn_context_create(&o, &ctx), CLATTN_ERROR_BUILD_FAILED);
     ck_assert_ptr_null(ctx);

@@ -15,21 +15,30 @@ enum { EXIT_SKIP = 77 };
 
 const char *test_backend = "native";
 
+const char *test_selector(void)
+{
+    return !strcmp(test_backend, "opencl-gpu")   ? "gpu"
+           : !strcmp(test_backend, "opencl-cpu") ? "cpu"
+                                                 : "native";
+}
+
+clattn_backend test_backend_kind(void)
+{
+    return !strcmp(test_backend, "opencl-gpu")   ? CLATTN_BACKEND_OPENCL_GPU
+           : !strcmp(test_backend, "opencl-cpu") ? CLATTN_BACKEND_OPENCL_CPU
+                                                 : CLATTN_BACKEND_NATIVE;
+}
+
 clattn_context *test_context(const char *variant)
 {
     clattn_options o = clattn_options_default();
-    o.device = !strcmp(test_backend, "opencl-gpu")   ? "gpu"
-               : !strcmp(test_backend, "opencl-cpu") ? "cpu"
-                                                     : "native";
+    o.device = test_selector();
     o.variant = variant;
     clattn_context *ctx = NULL;
     clattn_status st = clattn_context_create(&o, &ctx);
     ck_assert_msg(st == CLATTN_OK, "context on %s: %s: %s", test_backend,
                   clattn_status_string(st), clattn_last_error());
-    ck_assert_int_eq(clattn_context_backend(ctx),
-                     !strcmp(test_backend, "opencl-gpu")   ? CLATTN_BACKEND_OPENCL_GPU
-                     : !strcmp(test_backend, "opencl-cpu") ? CLATTN_BACKEND_OPENCL_CPU
-                                                           : CLATTN_BACKEND_NATIVE);
+    ck_assert_int_eq(clattn_context_backend(ctx), test_backend_kind());
     return ctx;
 }
 
@@ -43,7 +52,7 @@ static int backend_present(void)
     if (pid == 0) {
         clattn_context *ctx = NULL;
         clattn_options o = clattn_options_default();
-        o.device = !strcmp(test_backend, "opencl-gpu") ? "gpu" : "cpu";
+        o.device = test_selector();
         clattn_status st = clattn_context_create(&o, &ctx);
         if (st != CLATTN_OK)
             printf("no %s backend here: %s: %s\n", test_backend, clattn_status_string(st),

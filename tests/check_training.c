@@ -169,9 +169,7 @@ START_TEST(train_reaches_target)
 {
     const char *cli = getenv("CLATTN_CLI");
     ck_assert_msg(cli != NULL, "CLATTN_CLI is not set");
-    const char *sel = !strcmp(test_backend, "opencl-gpu")   ? "gpu"
-                      : !strcmp(test_backend, "opencl-cpu") ? "cpu"
-                                                            : "native";
+    const char *sel = test_selector();
     char out[] = "/tmp/clattn-train-XXXXXX";
     int fd = mkstemp(out);
     ck_assert_int_ge(fd, 0);

@@ -10,6 +10,11 @@
  * "opencl-gpu"; set by main before any test forks. */
 extern const char *test_backend;
 
+/* test_backend as a device selector ("gpu", "cpu", "native") and as the
+ * backend a context on it reports. */
+const char *test_selector(void);
+clattn_backend test_backend_kind(void);
+
 /* A context on test_backend, created inside the (forked) test. */
 clattn_context *test_context(const char *variant);
 
