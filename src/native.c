@@ -114,6 +114,148 @@ INLINE size_t row_index(const clattn_shape *s, size_t b, size_t pos, size_t head
     return (b * s->q_seq + pos) * s->num_heads + head;
 }
 
+/* The two products everything below is made of. Both keep one side
+ * transposed, so that a tile's KEY_BLOCK keys (or QUERY_BLOCK query rows)
+ * lie along one vector, and broadcast single elements of plain rows against
+ * it: no horizontal sums, and enough independent accumulators (eight) to
+ * keep both FMA pipes busy. The vector type is 16 floats, one AVX-512
+ * register; the AVX2 and baseline clones split it. */
+typedef float vec __attribute__((vector_size(KEY_BLOCK * sizeof(float))));
+typedef float tile_row[KEY_BLOCK];
+enum { DOT_ROWS = 8, ACC_DIMS = 8 };
+
+/* Unaligned, aliasing loads and stores of a vec: macros, as functions that
+ * pass a vec by value would draw ABI warnings for the baseline clone. */
+typedef float vec_u __attribute__((vector_size(KEY_BLOCK * sizeof(float)), aligned(4), may_alias));
+#define vload(p) (*(const vec_u *)(p))
+#define vstore(p, v) (*(vec_u *)(p) = (v))
+
+static const float zero_row[CLATTN_MAX_HEAD_DIM];
+
+/* out[i][.] = sum_d rows[i][d] * t[d][.] for DOT_ROWS rows. */
+INLINE void dots(const float *const *rows, const tile_row *t, size_t D, tile_row *out)
+{
+    vec a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0}, a4 = {0}, a5 = {0}, a6 = {0}, a7 = {0};
+    const float *r0 = rows[0], *r1 = rows[1], *r2 = rows[2], *r3 = rows[3];
+    const float *r4 = rows[4], *r5 = rows[5], *r6 = rows[6], *r7 = rows[7];
+    for (size_t d = 0; d < D; ++d) {
+        const vec x = vload(t[d]);
+        a0 += r0[d] * x;
+        a1 += r1[d] * x;
+        a2 += r2[d] * x;
+        a3 += r3[d] * x;
+        a4 += r4[d] * x;
+        a5 += r5[d] * x;
+        a6 += r6[d] * x;
+        a7 += r7[d] * x;
+    }
+    vstore(out[0], a0);
+    vstore(out[1], a1);
+    vstore(out[2], a2);
+    vstore(out[3], a3);
+    vstore(out[4], a4);
+    vstore(out[5], a5);
+    vstore(out[6], a6);
+    vstore(out[7], a7);
+}
+
+/* acc[d][.] += sum_r rows[r][d] * w[r][.] for r < n: ACC_DIMS rows of the
+ * transposed accumulator stay in registers while the n rows stream by. */
+INLINE void accumulate(tile_row *acc, size_t D, const float *const *rows, const tile_row *w,
+                       size_t n)
+{
+    size_t d = 0;
+    for (; d + ACC_DIMS <= D; d += ACC_DIMS) {
+        vec c0 = vload(acc[d]), c1 = vload(acc[d + 1]), c2 = vload(acc[d + 2]),
+            c3 = vload(acc[d + 3]), c4 = vload(acc[d + 4]), c5 = vload(acc[d + 5]),
+            c6 = vload(acc[d + 6]), c7 = vload(acc[d + 7]);
+        for (size_t r = 0; r < n; ++r) {
+            const vec x = vload(w[r]);
+            const float *row = rows[r] + d;
+            c0 += row[0] * x;
+            c1 += row[1] * x;
+            c2 += row[2] * x;
+            c3 += row[3] * x;
+            c4 += row[4] * x;
+            c5 += row[5] * x;
+            c6 += row[6] * x;
+            c7 += row[7] * x;
+        }
+        vstore(acc[d], c0);
+        vstore(acc[d + 1], c1);
+        vstore(acc[d + 2], c2);
+        vstore(acc[d + 3], c3);
+        vstore(acc[d + 4], c4);
+        vstore(acc[d + 5], c5);
+        vstore(acc[d + 6], c6);
+        vstore(acc[d + 7], c7);
+    }
+    for (; d < D; ++d) {
+        vec c = vload(acc[d]);
+        for (size_t r = 0; r < n; ++r)
+            c += rows[r][d] * vload(w[r]);
+        vstore(acc[d], c);
+    }
+}
+
+/* t[d][j] = rows[j][d] for the KEY_BLOCK rows of a tile. */
+INLINE void transpose_in(const float *const *rows, size_t D, tile_row *t)
+{
+    for (size_t d = 0; d < D; ++d)
+        for (uint32_t j = 0; j < KEY_BLOCK; ++j)
+            t[d][j] = rows[j][d];
+}
+
+/* Key-side jobs gather the query rows (every head of the group at each
+ * position) that see any key of the block, CHUNK at a time. */
+enum { CHUNK = 32 };
+
+typedef struct key_chunk {
+    const float *q[CHUNK], *d_out[CHUNK];
+    float m[CHUNK], l[CHUNK], dsum[CHUNK];
+    uint32_t lo[CHUNK], hi[CHUNK]; /* keys of the block the row sees */
+    size_t n;
+} key_chunk;
+
+/* Adds one chunk of query rows to the block's transposed dK and dV. */
+INLINE void key_chunk_run(const native_call *c, key_chunk *ch, const tile_row *kt,
+                          const tile_row *vt, tile_row *dkt, tile_row *dvt)
+{
+    const size_t D = c->s->head_dim, n = ch->n;
+    _Alignas(64) tile_row p[CHUNK], ds[CHUNK];
+    for (size_t r = n; r % DOT_ROWS; ++r) {
+        ch->q[r] = ch->d_out[r] = zero_row;
+        ch->lo[r] = ch->hi[r] = 0;
+    }
+    for (size_t r = 0; r < n; r += DOT_ROWS) {
+        dots(ch->q + r, kt, D, p + r);
+        if (dkt)
+            dots(ch->d_out + r, vt, D, ds + r);
+    }
+    for (size_t r = 0; r < n; ++r) {
+        const float m = ch->m[r], l = ch->l[r], scale = c->scale;
+        SIMD
+        for (uint32_t j = 0; j < KEY_BLOCK; ++j)
+            p[r][j] = min0(p[r][j] * scale - m) - l;
+        exp_block(p[r]);
+        const uint32_t lo = ch->lo[r], hi = ch->hi[r];
+        SIMD
+        for (uint32_t j = 0; j < KEY_BLOCK; ++j)
+            p[r][j] = j >= lo && j < hi ? p[r][j] : 0.0f;
+        if (dkt) {
+            const float dsum = ch->dsum[r];
+            SIMD
+            for (uint32_t j = 0; j < KEY_BLOCK; ++j)
+                ds[r][j] = scale * p[r][j] * (ds[r][j] - dsum);
+        }
+    }
+    if (dvt)
+        accumulate(dvt, D, ch->d_out, p, n);
+    if (dkt)
+        accumulate(dkt, D, ch->q, ds, n);
+    ch->n = 0;
+}
+
 /* dV and/or dK of KEY_BLOCK keys of one (batch, KV head). */
 HOT static void key_block_job(const native_call *c, size_t job)
 {
@@ -126,23 +268,26 @@ HOT static void key_block_job(const native_call *c, size_t job)
     const uint32_t nt = s->kv_seq - t0 < KEY_BLOCK ? s->kv_seq - t0 : KEY_BLOCK;
     const int want_dk = c->dk != NULL, want_dv = c->dv != NULL;
 
-    float kt[CLATTN_MAX_HEAD_DIM][KEY_BLOCK], vt[CLATTN_MAX_HEAD_DIM][KEY_BLOCK];
-    float dk[KEY_BLOCK][CLATTN_MAX_HEAD_DIM], dv[KEY_BLOCK][CLATTN_MAX_HEAD_DIM];
+    _Alignas(64) tile_row kt[CLATTN_MAX_HEAD_DIM], vt[CLATTN_MAX_HEAD_DIM];
+    _Alignas(64) tile_row dkt[CLATTN_MAX_HEAD_DIM], dvt[CLATTN_MAX_HEAD_DIM];
     const size_t first = ((size_t)b * s->kv_seq + t0) * kv_row + kv_head * D;
-    for (size_t d = 0; d < D; ++d)
-        for (uint32_t j = 0; j < KEY_BLOCK; ++j) {
-            kt[d][j] = j < nt ? c->k[first + j * kv_row + d] : 0.0f;
-            vt[d][j] = j < nt && want_dk ? c->v[first + j * kv_row + d] : 0.0f;
-        }
+    const float *krows[KEY_BLOCK], *vrows[KEY_BLOCK];
     for (uint32_t j = 0; j < KEY_BLOCK; ++j) {
-        memset(dk[j], 0, D * sizeof(float));
-        memset(dv[j], 0, D * sizeof(float));
+        krows[j] = j < nt ? c->k + first + j * kv_row : zero_row;
+        vrows[j] = j < nt && want_dk ? c->v + first + j * kv_row : zero_row;
     }
+    transpose_in(krows, D, kt);
+    if (want_dk)
+        transpose_in(vrows, D, vt);
+    memset(dkt, 0, D * sizeof dkt[0]);
+    memset(dvt, 0, D * sizeof dvt[0]);
 
     /* The queries that see any key of the block. */
     uint32_t start, end, unused;
     clattn_query_range(s, t0, &start, &unused);
     clattn_query_range(s, t0 + nt - 1, &unused, &end);
+    key_chunk ch;
+    ch.n = 0;
     for (uint32_t pos = start; pos < end; ++pos) {
         /* Keys of the block that pos sees: [lo, hi). */
         uint32_t lo = 0, hi = nt;
@@ -154,49 +299,26 @@ HOT static void key_block_job(const native_call *c, size_t job)
             continue;
         for (size_t head = kv_head * c->group; head < (kv_head + 1) * c->group; ++head) {
             const size_t row = row_index(s, b, pos, head);
-            const float *qr = c->q + row * D, *dor = c->d_out + row * D;
-            float sc[KEY_BLOCK] = {0}, dp[KEY_BLOCK] = {0};
-            for (size_t d = 0; d < D; ++d) {
-                const float qd = qr[d];
-                SIMD
-                for (uint32_t j = 0; j < KEY_BLOCK; ++j)
-                    sc[j] += qd * kt[d][j];
-            }
-            if (want_dk)
-                for (size_t d = 0; d < D; ++d) {
-                    const float od = dor[d];
-                    SIMD
-                    for (uint32_t j = 0; j < KEY_BLOCK; ++j)
-                        dp[j] += od * vt[d][j];
-                }
-            const float m = c->lse[2 * row], l = c->lse[2 * row + 1];
-            float pr[KEY_BLOCK];
-            SIMD
-            for (uint32_t j = 0; j < KEY_BLOCK; ++j)
-                pr[j] = min0(sc[j] * c->scale - m) - l;
-            exp_block(pr);
-            for (uint32_t j = lo; j < hi; ++j) {
-                const float p = pr[j];
-                if (want_dv) {
-                    SIMD
-                    for (size_t d = 0; d < D; ++d)
-                        dv[j][d] += p * dor[d];
-                }
-                if (want_dk) {
-                    const float ds = c->scale * p * (dp[j] - c->dsum[row]);
-                    SIMD
-                    for (size_t d = 0; d < D; ++d)
-                        dk[j][d] += ds * qr[d];
-                }
-            }
+            ch.q[ch.n] = c->q + row * D;
+            ch.d_out[ch.n] = c->d_out + row * D;
+            ch.m[ch.n] = c->lse[2 * row];
+            ch.l[ch.n] = c->lse[2 * row + 1];
+            ch.dsum[ch.n] = want_dk ? c->dsum[row] : 0.0f;
+            ch.lo[ch.n] = lo;
+            ch.hi[ch.n] = hi;
+            if (++ch.n == CHUNK)
+                key_chunk_run(c, &ch, kt, vt, want_dk ? dkt : NULL, want_dv ? dvt : NULL);
         }
     }
-    for (uint32_t j = 0; j < nt; ++j) {
-        if (want_dv)
-            memcpy(c->dv + first + j * kv_row, dv[j], D * sizeof(float));
-        if (want_dk)
-            memcpy(c->dk + first + j * kv_row, dk[j], D * sizeof(float));
-    }
+    if (ch.n)
+        key_chunk_run(c, &ch, kt, vt, want_dk ? dkt : NULL, want_dv ? dvt : NULL);
+    for (uint32_t j = 0; j < nt; ++j)
+        for (size_t d = 0; d < D; ++d) {
+            if (want_dv)
+                c->dv[first + j * kv_row + d] = dvt[d][j];
+            if (want_dk)
+                c->dk[first + j * kv_row + d] = dkt[d][j];
+        }
 }
 
 /* The keys [*lo, *hi) that query pos sees. */
@@ -206,17 +328,21 @@ INLINE void key_range(const clattn_shape *s, uint32_t pos, uint32_t *lo, uint32_
     *hi = s->causal ? (pos + 1 < s->kv_seq ? pos + 1 : s->kv_seq) : s->kv_seq;
 }
 
-/* Query-side jobs take QUERY_BLOCK query rows of one (batch, head) and walk
- * the keys KEY_BLOCK at a time; each key block's K (and V, for grad-Q) is
- * transposed once and serves every row, so scores of a row against the
- * block vectorise along the keys with no horizontal sums. */
-enum { QUERY_BLOCK = 16 };
+/* Query-side jobs take QUERY_BLOCK query rows of one (batch, head), kept
+ * transposed so that the rows lie along a vector, and walk the keys
+ * KEY_BLOCK at a time: a key's scores against every row of the block are
+ * one vector, and per-row softmax state (max, sum, Dsum) is a vector too. */
+enum { QUERY_BLOCK = KEY_BLOCK };
 
 typedef struct query_block {
-    size_t b, head, pos0, rows; /* rows of [pos0, pos0 + rows) */
-    uint32_t lo, hi;            /* keys any of them sees */
-    const float *kb, *vb;       /* K and V of the KV head at key 0 */
+    size_t b, head, pos0, rows;      /* rows of [pos0, pos0 + rows) */
+    uint32_t lo, hi;                 /* keys any of them sees */
+    uint32_t row_lo[QUERY_BLOCK];    /* keys [row_lo, row_hi) row r sees; */
+    uint32_t row_hi[QUERY_BLOCK];    /* empty past the last row */
+    const float *kb, *vb;            /* K and V of the KV head at key 0 */
     size_t kv_row;
+    size_t row[QUERY_BLOCK];         /* row_index of each row */
+    const float *ptrs[QUERY_BLOCK];  /* scratch: row pointers to transpose */
 } query_block;
 
 INLINE void query_block_of(const native_call *c, size_t job, query_block *qb)
@@ -232,44 +358,46 @@ INLINE void query_block_of(const native_call *c, size_t job, query_block *qb)
     const size_t base = (size_t)qb->b * s->kv_seq * qb->kv_row + qb->head / c->group * D;
     qb->kb = c->k + base;
     qb->vb = c->v ? c->v + base : NULL;
-    uint32_t lo_last, hi_first;
-    key_range(s, (uint32_t)qb->pos0, &qb->lo, &hi_first);
-    key_range(s, (uint32_t)(qb->pos0 + qb->rows - 1), &lo_last, &qb->hi);
-}
-
-/* x[j] = keep ? x[j] : EMPTY_ROW for keys t0 + j that pos does not see. */
-INLINE void mask_scores(const clattn_shape *s, uint32_t pos, uint32_t t0, uint32_t n, float *x)
-{
-    uint32_t lo, hi;
-    key_range(s, pos, &lo, &hi);
-    for (uint32_t j = 0; j < KEY_BLOCK; ++j)
-        if (j >= n || t0 + j < lo || t0 + j >= hi)
-            x[j] = EMPTY_ROW;
-}
-
-/* Transposes n rows of a key block (stride kv_row) into t[d][j], zeros
- * past n. */
-INLINE void transpose_block(const float *rows, size_t kv_row, size_t D, uint32_t n,
-                            float t[CLATTN_MAX_HEAD_DIM][KEY_BLOCK])
-{
-    for (size_t d = 0; d < D; ++d)
-        for (uint32_t j = 0; j < KEY_BLOCK; ++j)
-            t[d][j] = j < n ? rows[j * kv_row + d] : 0.0f;
-}
-
-/* sc[j] = row . t[.][j] for the KEY_BLOCK keys of a transposed block. */
-INLINE void block_dots(const float *row, float t[CLATTN_MAX_HEAD_DIM][KEY_BLOCK], size_t D,
-                       float *sc)
-{
-    SIMD
-    for (uint32_t j = 0; j < KEY_BLOCK; ++j)
-        sc[j] = 0.0f;
-    for (size_t d = 0; d < D; ++d) {
-        const float x = row[d];
-        SIMD
-        for (uint32_t j = 0; j < KEY_BLOCK; ++j)
-            sc[j] += x * t[d][j];
+    qb->lo = UINT32_MAX;
+    qb->hi = 0;
+    for (size_t r = 0; r < QUERY_BLOCK; ++r) {
+        qb->row_lo[r] = qb->row_hi[r] = 0;
+        qb->row[r] = 0;
+        if (r >= qb->rows)
+            continue;
+        key_range(s, (uint32_t)(qb->pos0 + r), &qb->row_lo[r], &qb->row_hi[r]);
+        qb->lo = qb->row_lo[r] < qb->lo ? qb->row_lo[r] : qb->lo;
+        qb->hi = qb->row_hi[r] > qb->hi ? qb->row_hi[r] : qb->hi;
+        qb->row[r] = row_index(s, qb->b, qb->pos0 + r, qb->head);
     }
+    if (qb->lo > qb->hi)
+        qb->lo = qb->hi;
+}
+
+/* t[d][r] = x[row r][d] for the block's rows, zeros past them. */
+INLINE void query_block_transpose(const native_call *c, query_block *qb, const float *x,
+                                  tile_row *t)
+{
+    const size_t D = c->s->head_dim;
+    for (size_t r = 0; r < QUERY_BLOCK; ++r)
+        qb->ptrs[r] = r < qb->rows ? x + qb->row[r] * D : zero_row;
+    transpose_in(qb->ptrs, D, t);
+}
+
+/* The rows of keys [t0, t0 + n) of one KV head, zero rows past n. */
+INLINE void key_rows(const float *base, size_t kv_row, uint32_t t0, uint32_t n,
+                     const float *rows[KEY_BLOCK])
+{
+    for (uint32_t j = 0; j < KEY_BLOCK; ++j)
+        rows[j] = j < n ? base + (t0 + j) * kv_row : zero_row;
+}
+
+/* sc[j][r] for the keys t0 + j of a tile against the block's rows. */
+INLINE void tile_scores(const float *const *krows, const tile_row *qt,
+                        size_t D, tile_row *sc)
+{
+    for (uint32_t j = 0; j < KEY_BLOCK; j += DOT_ROWS)
+        dots(krows + j, qt, D, sc + j);
 }
 
 /* O and the LSE pairs of a block of query rows, by online softmax. */
@@ -279,57 +407,75 @@ HOT static void forward_job(const native_call *c, size_t job)
     const size_t D = s->head_dim;
     query_block qb;
     query_block_of(c, job, &qb);
-    float kt[CLATTN_MAX_HEAD_DIM][KEY_BLOCK];
-    float acc[QUERY_BLOCK][CLATTN_MAX_HEAD_DIM], m[QUERY_BLOCK], l[QUERY_BLOCK];
-    for (size_t r = 0; r < qb.rows; ++r) {
-        memset(acc[r], 0, D * sizeof(float));
+    _Alignas(64) tile_row qt[CLATTN_MAX_HEAD_DIM], ot[CLATTN_MAX_HEAD_DIM];
+    _Alignas(64) tile_row sc[KEY_BLOCK];
+    float m[QUERY_BLOCK], l[QUERY_BLOCK], rescale[QUERY_BLOCK];
+    query_block_transpose(c, &qb, c->q, qt);
+    memset(ot, 0, D * sizeof ot[0]);
+    for (size_t r = 0; r < QUERY_BLOCK; ++r) {
         m[r] = EMPTY_ROW;
         l[r] = 0.0f;
     }
+    const float scale = c->scale;
     for (uint32_t t0 = qb.lo; t0 < qb.hi; t0 += KEY_BLOCK) {
         const uint32_t n = qb.hi - t0 < KEY_BLOCK ? qb.hi - t0 : KEY_BLOCK;
-        transpose_block(qb.kb + t0 * qb.kv_row, qb.kv_row, D, n, kt);
-        for (size_t r = 0; r < qb.rows; ++r) {
-            const uint32_t pos = (uint32_t)(qb.pos0 + r);
-            const size_t row = row_index(s, qb.b, pos, qb.head);
-            float sc[KEY_BLOCK];
-            block_dots(c->q + row * D, kt, D, sc);
-            float block_max = EMPTY_ROW;
-            for (uint32_t j = 0; j < KEY_BLOCK; ++j)
-                sc[j] *= c->scale;
-            mask_scores(s, pos, t0, n, sc);
-            for (uint32_t j = 0; j < KEY_BLOCK; ++j)
-                block_max = sc[j] > block_max ? sc[j] : block_max;
-            if (block_max == EMPTY_ROW)
-                continue;
-            const float m_new = block_max > m[r] ? block_max : m[r];
-            const float rescale = expf(m[r] - m_new);
-            l[r] *= rescale;
+        const float *krows[KEY_BLOCK], *vrows[KEY_BLOCK];
+        key_rows(qb.kb, qb.kv_row, t0, n, krows);
+        key_rows(qb.vb, qb.kv_row, t0, n, vrows);
+        tile_scores(krows, qt, D, sc);
+        float block_max[QUERY_BLOCK];
+        for (size_t r = 0; r < QUERY_BLOCK; ++r)
+            block_max[r] = EMPTY_ROW;
+        for (uint32_t j = 0; j < KEY_BLOCK; ++j) {
+            const uint32_t t = t0 + j;
             SIMD
-            for (size_t d = 0; d < D; ++d)
-                acc[r][d] *= rescale;
-            SIMD
-            for (uint32_t j = 0; j < KEY_BLOCK; ++j)
-                sc[j] -= m_new;
-            exp_block(sc);
-            for (uint32_t j = 0; j < n; ++j) {
-                const float *vr = qb.vb + (t0 + j) * qb.kv_row, e = sc[j];
-                if (e == 0.0f)
-                    continue;
-                l[r] += e;
-                SIMD
-                for (size_t d = 0; d < D; ++d)
-                    acc[r][d] += e * vr[d];
+            for (size_t r = 0; r < QUERY_BLOCK; ++r) {
+                const float x = t >= qb.row_lo[r] && t < qb.row_hi[r] ? sc[j][r] * scale
+                                                                       : EMPTY_ROW;
+                sc[j][r] = x;
+                block_max[r] = x > block_max[r] ? x : block_max[r];
             }
+        }
+        SIMD
+        for (size_t r = 0; r < QUERY_BLOCK; ++r) {
+            const float m_new = block_max[r] > m[r] ? block_max[r] : m[r];
+            rescale[r] = m[r] - m_new;
             m[r] = m_new;
         }
+        exp_block(rescale);
+        float sum[QUERY_BLOCK];
+        SIMD
+        for (size_t r = 0; r < QUERY_BLOCK; ++r)
+            sum[r] = 0.0f;
+        for (uint32_t j = 0; j < KEY_BLOCK; ++j) {
+            float e[QUERY_BLOCK];
+            SIMD
+            for (size_t r = 0; r < QUERY_BLOCK; ++r)
+                e[r] = sc[j][r] - m[r];
+            exp_block(e);
+            SIMD
+            for (size_t r = 0; r < QUERY_BLOCK; ++r) {
+                /* Masked scores are exactly EMPTY_ROW; their weight is 0 even
+                 * while the row's max is EMPTY_ROW too. */
+                sc[j][r] = sc[j][r] == EMPTY_ROW ? 0.0f : e[r];
+                sum[r] += sc[j][r];
+            }
+        }
+        SIMD
+        for (size_t r = 0; r < QUERY_BLOCK; ++r)
+            l[r] = l[r] * rescale[r] + sum[r];
+        for (size_t d = 0; d < D; ++d) {
+            SIMD
+            for (size_t r = 0; r < QUERY_BLOCK; ++r)
+                ot[d][r] *= rescale[r];
+        }
+        accumulate(ot, D, vrows, sc, n);
     }
     for (size_t r = 0; r < qb.rows; ++r) {
-        const size_t row = row_index(s, qb.b, qb.pos0 + r, qb.head);
-        float *orow = c->o_out + row * D;
+        float *orow = c->o_out + qb.row[r] * D;
         for (size_t d = 0; d < D; ++d)
-            orow[d] = l[r] > 0.0f ? acc[r][d] / l[r] : 0.0f;
-        float *pair = c->lse_out + 2 * row;
+            orow[d] = l[r] > 0.0f ? ot[d][r] / l[r] : 0.0f;
+        float *pair = c->lse_out + 2 * qb.row[r];
         pair[0] = l[r] > 0.0f ? m[r] : EMPTY_ROW;
         pair[1] = l[r] > 0.0f ? logf(l[r]) : EMPTY_ROW;
     }
@@ -342,42 +488,46 @@ HOT static void grad_q_job(const native_call *c, size_t job)
     const size_t D = s->head_dim;
     query_block qb;
     query_block_of(c, job, &qb);
-    float kt[CLATTN_MAX_HEAD_DIM][KEY_BLOCK], vt[CLATTN_MAX_HEAD_DIM][KEY_BLOCK];
-    float acc[QUERY_BLOCK][CLATTN_MAX_HEAD_DIM], dsum[QUERY_BLOCK];
-    for (size_t r = 0; r < qb.rows; ++r) {
-        const size_t row = row_index(s, qb.b, qb.pos0 + r, qb.head);
-        memset(acc[r], 0, D * sizeof(float));
-        dsum[r] = dot(c->d_out + row * D, c->o + row * D, D);
+    _Alignas(64) tile_row qt[CLATTN_MAX_HEAD_DIM], dot_t[CLATTN_MAX_HEAD_DIM],
+        dqt[CLATTN_MAX_HEAD_DIM];
+    _Alignas(64) tile_row sc[KEY_BLOCK], dp[KEY_BLOCK];
+    float m[QUERY_BLOCK], l[QUERY_BLOCK], dsum[QUERY_BLOCK];
+    query_block_transpose(c, &qb, c->q, qt);
+    query_block_transpose(c, &qb, c->d_out, dot_t);
+    memset(dqt, 0, D * sizeof dqt[0]);
+    for (size_t r = 0; r < QUERY_BLOCK; ++r) {
+        const int live = r < qb.rows;
+        m[r] = live ? c->lse[2 * qb.row[r]] : 0.0f;
+        l[r] = live ? c->lse[2 * qb.row[r] + 1] : 0.0f;
+        dsum[r] = live ? dot(c->d_out + qb.row[r] * D, c->o + qb.row[r] * D, D) : 0.0f;
     }
+    const float scale = c->scale;
     for (uint32_t t0 = qb.lo; t0 < qb.hi; t0 += KEY_BLOCK) {
         const uint32_t n = qb.hi - t0 < KEY_BLOCK ? qb.hi - t0 : KEY_BLOCK;
-        transpose_block(qb.kb + t0 * qb.kv_row, qb.kv_row, D, n, kt);
-        transpose_block(qb.vb + t0 * qb.kv_row, qb.kv_row, D, n, vt);
-        for (size_t r = 0; r < qb.rows; ++r) {
-            const uint32_t pos = (uint32_t)(qb.pos0 + r);
-            const size_t row = row_index(s, qb.b, pos, qb.head);
-            const float m = c->lse[2 * row], l = c->lse[2 * row + 1];
-            float pr[KEY_BLOCK], dp[KEY_BLOCK];
-            block_dots(c->q + row * D, kt, D, pr);
-            block_dots(c->d_out + row * D, vt, D, dp);
+        const float *krows[KEY_BLOCK], *vrows[KEY_BLOCK];
+        key_rows(qb.kb, qb.kv_row, t0, n, krows);
+        key_rows(qb.vb, qb.kv_row, t0, n, vrows);
+        tile_scores(krows, qt, D, sc);
+        tile_scores(vrows, dot_t, D, dp);
+        for (uint32_t j = 0; j < KEY_BLOCK; ++j) {
+            const uint32_t t = t0 + j;
             SIMD
-            for (uint32_t j = 0; j < KEY_BLOCK; ++j)
-                pr[j] = min0(pr[j] * c->scale - m) - l;
-            mask_scores(s, pos, t0, n, pr);
-            exp_block(pr);
-            for (uint32_t j = 0; j < n; ++j) {
-                if (pr[j] == 0.0f)
-                    continue;
-                const float *kr = qb.kb + (t0 + j) * qb.kv_row;
-                const float ds = c->scale * pr[j] * (dp[j] - dsum[r]);
-                SIMD
-                for (size_t d = 0; d < D; ++d)
-                    acc[r][d] += ds * kr[d];
+            for (size_t r = 0; r < QUERY_BLOCK; ++r)
+                sc[j][r] = min0(sc[j][r] * scale - m[r]) - l[r];
+            exp_block(sc[j]);
+            SIMD
+            for (size_t r = 0; r < QUERY_BLOCK; ++r) {
+                const float p = t >= qb.row_lo[r] && t < qb.row_hi[r] ? sc[j][r] : 0.0f;
+                sc[j][r] = scale * p * (dp[j][r] - dsum[r]);
             }
         }
+        accumulate(dqt, D, krows, sc, n);
     }
-    for (size_t r = 0; r < qb.rows; ++r)
-        memcpy(c->dq + row_index(s, qb.b, qb.pos0 + r, qb.head) * D, acc[r], D * sizeof(float));
+    for (size_t r = 0; r < qb.rows; ++r) {
+        float *dq = c->dq + qb.row[r] * D;
+        for (size_t d = 0; d < D; ++d)
+            dq[d] = dqt[d][r];
+    }
 }
 
 HOT static void dsum_job(const native_call *c, size_t row)
