@@ -127,11 +127,16 @@ const char *clattn_variant_name(clattn_backend backend, size_t index)
         return index == 0 ? "blocked" : NULL;
     if (backend != CLATTN_BACKEND_OPENCL_GPU && backend != CLATTN_BACKEND_OPENCL_CPU)
         return NULL;
+    /* A CPU device's default is blocked (one work-item per block, no
+     * barriers: what PoCL runs fastest); a GPU's the first listed. */
+    const char *first = backend == CLATTN_BACKEND_OPENCL_CPU ? "blocked" : cl_variant_lines[0];
+    if (index == 0)
+        return first;
     for (size_t i = 0; i < CL_VARIANT_LINES; ++i) {
-        int seen = 0;
+        int seen = !strcmp(cl_variant_lines[i], first);
         for (size_t j = 0; j < i && !seen; ++j)
             seen = !strcmp(cl_variant_lines[i], cl_variant_lines[j]);
-        if (!seen && index-- == 0)
+        if (!seen && --index == 0)
             return cl_variant_lines[i];
     }
     return NULL;

@@ -91,13 +91,20 @@ static const tile_config tile_table[] = {
  * TFLOP/s against tree's 0.93), and tree's kernels run instead. */
 enum { TILED_MAX_HEAD_DIM = 64 };
 
-/* The kernels of one variant, built for one head_dim (tiled) or any. */
+/* How a kernel is launched: tree.cl's a work-group per row; tiled.cl's a
+ * work-group per block of rows (per pair of blocks under a causal mask);
+ * blocked.cl's a single work-item per block of BLOCKED_ROWS rows. */
+enum { KIND_TREE, KIND_TILED, KIND_BLOCKED };
+enum { BLOCKED_ROWS = 16 };
+
+/* The kernels of one variant, built for one head_dim (tiled, blocked) or
+ * any (tree). */
 typedef struct kernel_set {
     cl_program program[K_COUNT]; /* kernels of one source share a program */
     cl_kernel kernel[K_COUNT];
     size_t max_wg[K_COUNT];
     cl_ulong local_mem[K_COUNT];
-    int tiled[K_COUNT]; /* launched as tiled.cl's kernels, else tree.cl's */
+    int kind[K_COUNT];
 } kernel_set;
 
 struct clattn_cl_state {
@@ -106,8 +113,8 @@ struct clattn_cl_state {
     cl_command_queue queue;
     int own_context, own_queue;
     kernel_set generic;                   /* any head_dim; built with the context */
-    kernel_set *tiled[CLATTN_MAX_HEAD_DIM + 1]; /* per head_dim, on first use */
-    int use_tiled;
+    kernel_set *special[CLATTN_MAX_HEAD_DIM + 1]; /* per head_dim, on first use */
+    const char *special_variant; /* the variant built per head_dim, or NULL */
     tile_config tiles;
     cl_ulong max_alloc;
     cl_ulong local_mem;
@@ -306,9 +313,9 @@ static void release_state(struct clattn_cl_state *cl)
             clReleaseMemObject(cl->scratch[i]);
     release_set(&cl->generic);
     for (int d = 0; d <= CLATTN_MAX_HEAD_DIM; ++d)
-        if (cl->tiled[d]) {
-            release_set(cl->tiled[d]);
-            free(cl->tiled[d]);
+        if (cl->special[d]) {
+            release_set(cl->special[d]);
+            free(cl->special[d]);
         }
     if (cl->own_queue && cl->queue)
         clReleaseCommandQueue(cl->queue);
@@ -377,7 +384,9 @@ static clattn_status build_program(struct clattn_cl_state *cl, const cl_variant 
 static size_t local_bytes(const struct clattn_cl_state *cl, const kernel_set *set, int k,
                           uint32_t head_dim)
 {
-    if (set->tiled[k]) {
+    if (set->kind[k] == KIND_BLOCKED)
+        return sizeof(float); /* unused, but an argument wants a size */
+    if (set->kind[k] == KIND_TILED) {
         const size_t tiles = 2 * (size_t)cl->tiles.tile * head_dim + 3 * (size_t)cl->tiles.tile;
         const size_t combine = ((size_t)cl->tiles.split - 1) * cl->tiles.rows * (head_dim + 2);
         return (tiles > combine ? tiles : combine) * sizeof(float);
@@ -389,7 +398,9 @@ static size_t local_bytes(const struct clattn_cl_state *cl, const kernel_set *se
 static size_t work_group(const struct clattn_cl_state *cl, const kernel_set *set, int k,
                          uint32_t head_dim)
 {
-    return set->tiled[k] ? (size_t)cl->tiles.rows * cl->tiles.split : tree_work_group(head_dim);
+    return set->kind[k] == KIND_TILED     ? (size_t)cl->tiles.rows * cl->tiles.split
+           : set->kind[k] == KIND_BLOCKED ? 1
+                                          : tree_work_group(head_dim);
 }
 
 /* Builds the kernels of a variant into set: generic ones (head_dim 0) or
@@ -411,7 +422,9 @@ static clattn_status build_set(struct clattn_cl_state *cl, const char *variant,
                 continue; /* the backward runs GRAD_K and GRAD_V instead */
             return clattn_fail(CLATTN_ERROR_UNKNOWN_VARIANT, "no OpenCL variant '%s'", variant);
         }
-        set->tiled[k] = v->source == clattn_cl_tiled;
+        set->kind[k] = v->source == clattn_cl_tiled     ? KIND_TILED
+                       : v->source == clattn_cl_blocked ? KIND_BLOCKED
+                                                        : KIND_TREE;
         for (int j = 0; j < k && !set->program[k]; ++j) {
             const cl_variant *w = set->program[j] ? find_variant(j, variant) : NULL;
             if (w && w->source == v->source) {
@@ -436,7 +449,7 @@ static clattn_status build_set(struct clattn_cl_state *cl, const char *variant,
         const uint32_t largest = head_dim ? head_dim : CLATTN_MAX_HEAD_DIM;
         const size_t wg = work_group(cl, set, k, largest);
         const size_t local = local_bytes(cl, set, k, largest);
-        if ((strict_limits || set->tiled[k]) &&
+        if ((strict_limits || set->kind[k] != KIND_TREE) &&
             (set->max_wg[k] < wg || cl->local_mem < set->local_mem[k] + local))
             return clattn_fail(CLATTN_ERROR_WORK_GROUP_TOO_LARGE,
                                "%s needs work-groups of %zu and %zu bytes of local memory; "
@@ -447,28 +460,29 @@ static clattn_status build_set(struct clattn_cl_state *cl, const char *variant,
     return CLATTN_OK;
 }
 
-/* The kernels a call with this head_dim runs: the tiled ones specialised
- * for it (built on first use), or the generic set. */
+/* The kernels a call with this head_dim runs: the tiled or blocked ones
+ * specialised for it (built on first use), or the generic set. */
 static clattn_status kernels_for(struct clattn_cl_state *cl, uint32_t head_dim,
                                  kernel_set **out)
 {
-    if (!cl->use_tiled || head_dim > TILED_MAX_HEAD_DIM) {
+    if (!cl->special_variant ||
+        (!strcmp(cl->special_variant, "tiled") && head_dim > TILED_MAX_HEAD_DIM)) {
         *out = &cl->generic;
         return CLATTN_OK;
     }
-    if (!cl->tiled[head_dim]) {
+    if (!cl->special[head_dim]) {
         kernel_set *set = calloc(1, sizeof *set);
         if (!set)
             return clattn_fail(CLATTN_ERROR_OUT_OF_MEMORY, "out of host memory");
-        clattn_status st = build_set(cl, "tiled", head_dim, set, 0);
+        clattn_status st = build_set(cl, cl->special_variant, head_dim, set, 0);
         if (st != CLATTN_OK) {
             release_set(set);
             free(set);
             return st;
         }
-        cl->tiled[head_dim] = set;
+        cl->special[head_dim] = set;
     }
-    *out = cl->tiled[head_dim];
+    *out = cl->special[head_dim];
     return CLATTN_OK;
 }
 
@@ -480,8 +494,6 @@ static clattn_status init_on_device(clattn_context *ctx, const char *variant,
                                     cl_context context, cl_device_id device,
                                     cl_command_queue queue, int strict_limits)
 {
-    if (!variant)
-        variant = variants[0].name;
     struct clattn_cl_state *cl = calloc(1, sizeof *cl);
     if (!cl)
         return clattn_fail(CLATTN_ERROR_OUT_OF_MEMORY, "out of host memory");
@@ -519,6 +531,11 @@ static clattn_status init_on_device(clattn_context *ctx, const char *variant,
         st = cl_fail(err, "clGetDeviceInfo");
         goto fail;
     }
+    /* Each device type's default is the first variant listed for it. */
+    if (!variant)
+        variant = clattn_variant_name((type & CL_DEVICE_TYPE_CPU) ? CLATTN_BACKEND_OPENCL_CPU
+                                                                   : CLATTN_BACKEND_OPENCL_GPU,
+                                      0);
     cl->tiles = tile_table[0];
     for (size_t i = 0; i < sizeof tile_table / sizeof tile_table[0]; ++i)
         if (type & tile_table[i].type) {
@@ -542,16 +559,17 @@ static clattn_status init_on_device(clattn_context *ctx, const char *variant,
         cl->tiles.tile = tile;
         cl->tiles.split = split;
     }
-    /* A generic set always: the variant's own kernels, or for the tiled
-     * variant tree's, which run past its head_dims. The tiled ones are built
-     * for head_dim 64 now, so that a device that cannot compile them is
-     * never chosen, and for others on first use. */
-    cl->use_tiled = !strcmp(variant, "tiled");
-    if ((st = build_set(cl, cl->use_tiled ? "tree" : variant, 0, &cl->generic,
+    /* A generic set always: tree's kernels, which run any head_dim. The
+     * tiled and blocked ones are built for head_dim 64 now, so that a device
+     * that cannot compile them is never chosen, and for others on first use. */
+    cl->special_variant = !strcmp(variant, "tiled")     ? "tiled"
+                          : !strcmp(variant, "blocked") ? "blocked"
+                                                        : NULL;
+    if ((st = build_set(cl, cl->special_variant ? "tree" : variant, 0, &cl->generic,
                         strict_limits)) != CLATTN_OK)
         goto fail;
     kernel_set *probe = NULL;
-    if (cl->use_tiled && (st = kernels_for(cl, 64, &probe)) != CLATTN_OK)
+    if (cl->special_variant && (st = kernels_for(cl, 64, &probe)) != CLATTN_OK)
         goto fail;
 
     char name[128], platform_name[128];
@@ -714,12 +732,12 @@ static clattn_status enqueue_kernel(struct clattn_cl_state *cl, const kernel_set
         return clattn_fail(CLATTN_ERROR_OPENCL, "clSetKernelArg failed for kernel %d", k);
     const size_t rows = kd->key_rows ? s->kv_seq : s->q_seq;
     const size_t heads = kd->key_rows ? s->num_kv_heads : s->num_heads;
-    /* tree: a work-group per row; tiled: a block of rows per work-group,
-     * and under a causal mask two blocks. */
-    const size_t per_group = set->tiled[k] ? cl->tiles.rows : 1;
+    const size_t per_group = set->kind[k] == KIND_TILED     ? cl->tiles.rows
+                             : set->kind[k] == KIND_BLOCKED ? BLOCKED_ROWS
+                                                            : 1;
     const size_t blocks = (rows + per_group - 1) / per_group;
-    const size_t groups = s->causal ? (blocks + 1) / 2 : blocks;
-    size_t global[3] = {set->tiled[k] ? groups * wg : rows * wg, heads, s->batch};
+    const size_t groups = set->kind[k] == KIND_TILED && s->causal ? (blocks + 1) / 2 : blocks;
+    size_t global[3] = {groups * wg, heads, s->batch};
     size_t lsize[3] = {wg, 1, 1};
     err = clEnqueueNDRangeKernel(cl->queue, kn, 3, NULL, global, lsize, nwait,
                                  nwait ? wait : NULL, done);

@@ -1,0 +1,427 @@
+/*
+ * The `blocked` variants, for CPU devices (PoCL): one work-item per
+ * work-group and no barriers, since PoCL turns every barrier into loops over
+ * the work-group's items with their state saved between. Each work-item is
+ * the native backend's job (src/native.c), with float16 vectors for its
+ * 16-float tiles:
+ *  - key side (grad-V, grad-K, both): KB keys of one (batch, KV head), K and
+ *    V transposed so that the KB keys lie along a vector; the query rows
+ *    that see any of them (every head of the group) stream by CHUNK at a
+ *    time; dK and dV accumulate transposed and are written once.
+ *  - query side (forward, grad-Q): KB query rows of one (batch, head),
+ *    transposed so that the rows lie along a vector, so that a key's scores
+ *    against all of them, and the per-row softmax state, are one vector
+ *    each; the keys stream by KB at a time.
+ * Both products keep eight vector accumulators in registers and broadcast
+ * single elements of plain rows against a tile row.
+ *
+ * HEAD_DIM is a compile-time define (src/opencl.c builds one program per
+ * head_dim); the default lets the file compile alone.
+ * Launch: global (ceil(rows / KB), heads, batch), local (1, 1, 1), with rows
+ * and heads of the side the kernel runs on; the __local argument is unused.
+ */
+#ifndef HEAD_DIM
+#define HEAD_DIM 64
+#endif
+#define D HEAD_DIM
+#define KB 16
+#define CHUNK 32
+
+#define SHAPE_ARGS                                                                       \
+    uint q_seq, uint kv_seq, uint num_heads, uint num_kv_heads, uint head_dim, int causal, \
+        uint window, float scale
+
+/* The LSE pair of a row with no visible key, as in meganeura's forward;
+ * masked scores take it too. */
+#define EMPTY_ROW (-1e30f)
+
+/* out[i] = sum_d x[row[i] + d] * t[d] for 8 rows of x, t a transposed tile. */
+inline void dots8(__global const float *x, const ulong *row, const float *t, float16 *out)
+{
+    __global const float *r0 = x + row[0], *r1 = x + row[1], *r2 = x + row[2],
+                         *r3 = x + row[3], *r4 = x + row[4], *r5 = x + row[5],
+                         *r6 = x + row[6], *r7 = x + row[7];
+    float16 a0 = 0.0f, a1 = 0.0f, a2 = 0.0f, a3 = 0.0f, a4 = 0.0f, a5 = 0.0f, a6 = 0.0f,
+            a7 = 0.0f;
+    for (uint d = 0; d < D; ++d) {
+        const float16 y = vload16(d, t);
+        a0 += r0[d] * y;
+        a1 += r1[d] * y;
+        a2 += r2[d] * y;
+        a3 += r3[d] * y;
+        a4 += r4[d] * y;
+        a5 += r5[d] * y;
+        a6 += r6[d] * y;
+        a7 += r7[d] * y;
+    }
+    out[0] = a0;
+    out[1] = a1;
+    out[2] = a2;
+    out[3] = a3;
+    out[4] = a4;
+    out[5] = a5;
+    out[6] = a6;
+    out[7] = a7;
+}
+
+/* acc[d] += sum_r x[row[r] + d] * w[r] for r < n, acc a transposed tile:
+ * eight of its rows stay in registers while the n rows stream by. */
+inline void accumulate(float *acc, __global const float *x, const ulong *row, const float16 *w,
+                       uint n)
+{
+    uint d = 0;
+    for (; d + 8 <= D; d += 8) {
+        float16 c0 = vload16(d, acc), c1 = vload16(d + 1, acc), c2 = vload16(d + 2, acc),
+                c3 = vload16(d + 3, acc), c4 = vload16(d + 4, acc), c5 = vload16(d + 5, acc),
+                c6 = vload16(d + 6, acc), c7 = vload16(d + 7, acc);
+        for (uint r = 0; r < n; ++r) {
+            const float16 y = w[r];
+            __global const float *xr = x + row[r] + d;
+            c0 += xr[0] * y;
+            c1 += xr[1] * y;
+            c2 += xr[2] * y;
+            c3 += xr[3] * y;
+            c4 += xr[4] * y;
+            c5 += xr[5] * y;
+            c6 += xr[6] * y;
+            c7 += xr[7] * y;
+        }
+        vstore16(c0, d, acc);
+        vstore16(c1, d + 1, acc);
+        vstore16(c2, d + 2, acc);
+        vstore16(c3, d + 3, acc);
+        vstore16(c4, d + 4, acc);
+        vstore16(c5, d + 5, acc);
+        vstore16(c6, d + 6, acc);
+        vstore16(c7, d + 7, acc);
+    }
+    for (; d < D; ++d) {
+        float16 c = vload16(d, acc);
+        for (uint r = 0; r < n; ++r)
+            c += x[row[r] + d] * w[r];
+        vstore16(c, d, acc);
+    }
+}
+
+/* t[d][j] = x[row[j] + d], or 0 for j >= n. */
+inline void transpose_in(__global const float *x, const ulong *row, uint n, float *t)
+{
+    for (uint j = 0; j < KB; ++j)
+        for (uint d = 0; d < D; ++d)
+            t[d * KB + j] = j < n ? x[row[j] + d] : 0.0f;
+}
+
+/* Lane masks as float16 selects want them: -1 where true. */
+inline int16 lane_ids(void)
+{
+    return (int16)(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+}
+
+/* ---- key side ---------------------------------------------------------- */
+
+/* The query rows of a chunk: offsets of their Q and dO rows, LSE, Dsum, and
+ * the keys [lo, hi) of the block each sees. */
+typedef struct chunk {
+    ulong row[CHUNK];
+    float m[CHUNK], l[CHUNK], dsum[CHUNK];
+    uint lo[CHUNK], hi[CHUNK];
+    uint n;
+} chunk;
+
+inline void chunk_run(chunk *ch, __global const float *q, __global const float *d_out,
+                      const float *kt, const float *vt, float *dkt, float *dvt, float scale,
+                      bool want_dk, bool want_dv)
+{
+    float16 p[CHUNK], ds[CHUNK];
+    const uint n = ch->n;
+    for (uint r = n; r % 8; ++r) {
+        ch->row[r] = ch->row[0]; /* a valid row, masked out below */
+        ch->lo[r] = ch->hi[r] = 0;
+    }
+    for (uint r = 0; r < n; r += 8) {
+        dots8(q, ch->row + r, kt, p + r);
+        if (want_dk)
+            dots8(d_out, ch->row + r, vt, ds + r);
+    }
+    const int16 j = lane_ids();
+    for (uint r = 0; r < n; ++r) {
+        float16 e = exp(fmin(p[r] * scale - ch->m[r], 0.0f) - ch->l[r]);
+        e = select((float16)0.0f, e, j >= (int)ch->lo[r] && j < (int)ch->hi[r]);
+        p[r] = e;
+        if (want_dk)
+            ds[r] = scale * e * (ds[r] - ch->dsum[r]);
+    }
+    if (want_dv)
+        accumulate(dvt, d_out, ch->row, p, n);
+    if (want_dk)
+        accumulate(dkt, q, ch->row, ds, n);
+    ch->n = 0;
+}
+
+inline void key_job(__global const float *q, __global const float *k, __global const float *v,
+                    __global const float *d_out, __global const float *lse,
+                    __global const float *dsum, __global float *dk, __global float *dv,
+                    uint q_seq, uint kv_seq, uint num_heads, uint num_kv_heads, int causal,
+                    uint window, float scale, bool want_dk, bool want_dv)
+{
+    const uint t0 = get_global_id(0) * KB, kv_head = get_global_id(1), b = get_global_id(2);
+    if (t0 >= kv_seq)
+        return;
+    const uint nt = min((uint)KB, kv_seq - t0), group = num_heads / num_kv_heads;
+    const ulong kv_row = (ulong)num_kv_heads * D;
+    const ulong first = ((ulong)b * kv_seq + t0) * kv_row + (ulong)kv_head * D;
+    float kt[D * KB], vt[D * KB], dkt[D * KB], dvt[D * KB];
+    ulong keys[KB];
+    for (uint j = 0; j < KB; ++j)
+        keys[j] = first + min(j, nt - 1) * kv_row;
+    transpose_in(k, keys, nt, kt);
+    if (want_dk)
+        transpose_in(v, keys, nt, vt);
+    for (uint i = 0; i < D * KB; ++i)
+        dkt[i] = dvt[i] = 0.0f;
+
+    /* The queries that see any key of the block: pos >= t0 under the
+     * causal mask, pos < t + window under a window. */
+    const uint start = causal ? t0 : 0u;
+    const uint end = window ? (uint)min((ulong)q_seq, (ulong)t0 + nt - 1 + window) : q_seq;
+    chunk ch;
+    ch.n = 0;
+    for (uint pos = start; pos < end; ++pos) {
+        uint lo = 0, hi = nt;
+        if (causal && pos < t0 + nt)
+            hi = pos - t0 + 1;
+        if (window && pos >= window && pos - window + 1 > t0)
+            lo = pos - window + 1 - t0;
+        if (lo >= hi)
+            continue;
+        for (uint head = kv_head * group; head < (kv_head + 1) * group; ++head) {
+            const ulong row = ((ulong)b * q_seq + pos) * num_heads + head;
+            ch.row[ch.n] = row * D;
+            ch.m[ch.n] = lse[2 * row];
+            ch.l[ch.n] = lse[2 * row + 1];
+            ch.dsum[ch.n] = want_dk ? dsum[row] : 0.0f;
+            ch.lo[ch.n] = lo;
+            ch.hi[ch.n] = hi;
+            if (++ch.n == CHUNK)
+                chunk_run(&ch, q, d_out, kt, vt, dkt, dvt, scale, want_dk, want_dv);
+        }
+    }
+    if (ch.n)
+        chunk_run(&ch, q, d_out, kt, vt, dkt, dvt, scale, want_dk, want_dv);
+    for (uint j = 0; j < nt; ++j)
+        for (uint d = 0; d < D; ++d) {
+            if (want_dv)
+                dv[first + j * kv_row + d] = dvt[d * KB + j];
+            if (want_dk)
+                dk[first + j * kv_row + d] = dkt[d * KB + j];
+        }
+}
+
+__kernel void grad_v__blocked(__global const float *d_out, ulong d_out_off,
+                              __global const float *q, ulong q_off, __global const float *k,
+                              ulong k_off, __global const float *lse, ulong lse_off,
+                              __global float *dv, ulong dv_off, SHAPE_ARGS,
+                              __local float *unused)
+{
+    key_job(q + q_off, k + k_off, k + k_off, d_out + d_out_off, lse + lse_off, lse + lse_off,
+            dv + dv_off, dv + dv_off, q_seq, kv_seq, num_heads, num_kv_heads, causal, window,
+            scale, false, true);
+}
+
+__kernel void grad_k__blocked(__global const float *q, ulong q_off, __global const float *k,
+                              ulong k_off, __global const float *v, ulong v_off,
+                              __global const float *d_out, ulong d_out_off,
+                              __global const float *lse, ulong lse_off,
+                              __global const float *dsum, ulong dsum_off, __global float *dk,
+                              ulong dk_off, SHAPE_ARGS, __local float *unused)
+{
+    key_job(q + q_off, k + k_off, v + v_off, d_out + d_out_off, lse + lse_off, dsum + dsum_off,
+            dk + dk_off, dk + dk_off, q_seq, kv_seq, num_heads, num_kv_heads, causal, window,
+            scale, true, false);
+}
+
+__kernel void grad_kv__blocked(__global const float *q, ulong q_off, __global const float *k,
+                               ulong k_off, __global const float *v, ulong v_off,
+                               __global const float *d_out, ulong d_out_off,
+                               __global const float *lse, ulong lse_off,
+                               __global const float *dsum, ulong dsum_off, __global float *dk,
+                               ulong dk_off, __global float *dv, ulong dv_off, SHAPE_ARGS,
+                               __local float *unused)
+{
+    key_job(q + q_off, k + k_off, v + v_off, d_out + d_out_off, lse + lse_off, dsum + dsum_off,
+            dk + dk_off, dv + dv_off, q_seq, kv_seq, num_heads, num_kv_heads, causal, window,
+            scale, true, true);
+}
+
+/* ---- query side -------------------------------------------------------- */
+
+/* The block's rows: Q (or dO) row offsets, clamped to a valid row past the
+ * last, and the keys [lo, hi) each sees (empty past the last). */
+typedef struct rows {
+    ulong row[KB];
+    int16 lo, hi;
+    uint n, t_lo, t_hi; /* rows, and the keys any of them sees */
+} rows;
+
+inline void rows_of(rows *r, uint q_seq, uint kv_seq, uint num_heads, int causal, uint window)
+{
+    const uint pos0 = get_global_id(0) * KB, head = get_global_id(1), b = get_global_id(2);
+    r->n = min((uint)KB, q_seq - pos0);
+    int lo[KB], hi[KB];
+    r->t_lo = kv_seq;
+    r->t_hi = 0;
+    for (uint i = 0; i < KB; ++i) {
+        const uint pos = pos0 + min(i, r->n - 1);
+        r->row[i] = ((ulong)b * q_seq + pos) * num_heads + head;
+        const uint l = window && pos >= window ? pos - window + 1 : 0u;
+        const uint h = causal ? min(pos + 1, kv_seq) : kv_seq;
+        lo[i] = i < r->n ? (int)l : 0;
+        hi[i] = i < r->n ? (int)h : 0;
+        if (i < r->n && l < h) {
+            r->t_lo = min(r->t_lo, l);
+            r->t_hi = max(r->t_hi, h);
+        }
+    }
+    r->lo = vload16(0, lo);
+    r->hi = vload16(0, hi);
+    if (r->t_lo > r->t_hi)
+        r->t_lo = r->t_hi;
+}
+
+/* The rows of keys [t0, t0 + KB) of one KV head, clamped below t_hi. */
+inline void key_rows(ulong *keys, uint b, uint kv_seq, uint num_kv_heads, uint kv_head, uint t0,
+                     uint t_hi)
+{
+    for (uint j = 0; j < KB; ++j)
+        keys[j] = (((ulong)b * kv_seq + min(t0 + j, t_hi - 1)) * num_kv_heads + kv_head) * D;
+}
+
+__kernel void forward__blocked(__global const float *q, ulong q_off, __global const float *k,
+                               ulong k_off, __global const float *v, ulong v_off,
+                               __global float *o, ulong o_off, __global float *lse,
+                               ulong lse_off, SHAPE_ARGS, __local float *unused)
+{
+    if (get_global_id(0) * KB >= q_seq)
+        return;
+    q += q_off;
+    k += k_off;
+    v += v_off;
+    o += o_off;
+    lse += lse_off;
+    rows r;
+    rows_of(&r, q_seq, kv_seq, num_heads, causal, window);
+    const uint b = get_global_id(2), kv_head = get_global_id(1) / (num_heads / num_kv_heads);
+    ulong qrow[KB];
+    for (uint i = 0; i < KB; ++i)
+        qrow[i] = r.row[i] * D;
+    float qt[D * KB], ot[D * KB];
+    transpose_in(q, qrow, KB, qt);
+    for (uint i = 0; i < D * KB; ++i)
+        ot[i] = 0.0f;
+    float16 m = EMPTY_ROW, l = 0.0f;
+    for (uint t0 = r.t_lo; t0 < r.t_hi; t0 += KB) {
+        const uint n = min((uint)KB, r.t_hi - t0);
+        ulong keys[KB];
+        float16 sc[KB];
+        key_rows(keys, b, kv_seq, num_kv_heads, kv_head, t0, r.t_hi);
+        dots8(k, keys, qt, sc);
+        dots8(k, keys + 8, qt, sc + 8);
+        float16 block_max = EMPTY_ROW;
+        for (uint j = 0; j < KB; ++j) {
+            const int t = (int)(t0 + j);
+            sc[j] = select((float16)EMPTY_ROW, sc[j] * scale, t >= r.lo && t < r.hi);
+            block_max = fmax(block_max, sc[j]);
+        }
+        const float16 m_new = fmax(m, block_max), rescale = exp(m - m_new);
+        float16 sum = 0.0f;
+        for (uint j = 0; j < KB; ++j) {
+            /* Masked scores are exactly EMPTY_ROW; their weight is 0 even
+             * while the row's max is EMPTY_ROW too. */
+            sc[j] = select(exp(sc[j] - m_new), (float16)0.0f, sc[j] == EMPTY_ROW);
+            sum += sc[j];
+        }
+        l = l * rescale + sum;
+        m = m_new;
+        for (uint d = 0; d < D; ++d)
+            vstore16(vload16(d, ot) * rescale, d, ot);
+        accumulate(ot, v, keys, sc, n);
+    }
+    float lv[KB], mv[KB];
+    vstore16(l, 0, lv);
+    vstore16(m, 0, mv);
+    for (uint i = 0; i < r.n; ++i) {
+        for (uint d = 0; d < D; ++d)
+            o[qrow[i] + d] = lv[i] > 0.0f ? ot[d * KB + i] / lv[i] : 0.0f;
+        lse[2 * r.row[i]] = lv[i] > 0.0f ? mv[i] : EMPTY_ROW;
+        lse[2 * r.row[i] + 1] = lv[i] > 0.0f ? log(lv[i]) : EMPTY_ROW;
+    }
+}
+
+__kernel void grad_q__blocked(__global const float *q, ulong q_off, __global const float *k,
+                              ulong k_off, __global const float *v, ulong v_off,
+                              __global const float *d_out, ulong d_out_off,
+                              __global const float *lse, ulong lse_off,
+                              __global const float *dsum, ulong dsum_off, __global float *dq,
+                              ulong dq_off, SHAPE_ARGS, __local float *unused)
+{
+    if (get_global_id(0) * KB >= q_seq)
+        return;
+    q += q_off;
+    k += k_off;
+    v += v_off;
+    d_out += d_out_off;
+    lse += lse_off;
+    dsum += dsum_off;
+    dq += dq_off;
+    rows r;
+    rows_of(&r, q_seq, kv_seq, num_heads, causal, window);
+    const uint b = get_global_id(2), kv_head = get_global_id(1) / (num_heads / num_kv_heads);
+    ulong qrow[KB];
+    float mv[KB], lv[KB], sv[KB];
+    for (uint i = 0; i < KB; ++i) {
+        qrow[i] = r.row[i] * D;
+        mv[i] = lse[2 * r.row[i]];
+        lv[i] = lse[2 * r.row[i] + 1];
+        sv[i] = dsum[r.row[i]];
+    }
+    const float16 m = vload16(0, mv), l = vload16(0, lv), ds_row = vload16(0, sv);
+    float qt[D * KB], dot[D * KB], dqt[D * KB];
+    transpose_in(q, qrow, KB, qt);
+    transpose_in(d_out, qrow, KB, dot);
+    for (uint i = 0; i < D * KB; ++i)
+        dqt[i] = 0.0f;
+    for (uint t0 = r.t_lo; t0 < r.t_hi; t0 += KB) {
+        const uint n = min((uint)KB, r.t_hi - t0);
+        ulong keys[KB];
+        float16 sc[KB], dp[KB];
+        key_rows(keys, b, kv_seq, num_kv_heads, kv_head, t0, r.t_hi);
+        dots8(k, keys, qt, sc);
+        dots8(k, keys + 8, qt, sc + 8);
+        dots8(v, keys, dot, dp);
+        dots8(v, keys + 8, dot, dp + 8);
+        for (uint j = 0; j < KB; ++j) {
+            const int t = (int)(t0 + j);
+            const float16 p = exp(fmin(sc[j] * scale - m, 0.0f) - l);
+            sc[j] = select((float16)0.0f, scale * p * (dp[j] - ds_row), t >= r.lo && t < r.hi);
+        }
+        accumulate(dqt, k, keys, sc, n);
+    }
+    for (uint i = 0; i < r.n; ++i)
+        for (uint d = 0; d < D; ++d)
+            dq[qrow[i] + d] = dqt[d * KB + i];
+}
+
+/* Dsum = dO . O, a row per work-item, KB rows per work-item here too. */
+__kernel void dsum__blocked(__global const float *d_out, ulong d_out_off, __global const float *o,
+                            ulong o_off, __global float *dsum, ulong dsum_off, SHAPE_ARGS,
+                            __local float *unused)
+{
+    const uint pos0 = get_global_id(0) * KB, head = get_global_id(1), b = get_global_id(2);
+    for (uint pos = pos0; pos < min(pos0 + KB, q_seq); ++pos) {
+        const ulong row = ((ulong)b * q_seq + pos) * num_heads + head;
+        float sum = 0.0f;
+        for (uint d = 0; d < D; ++d)
+            sum += d_out[d_out_off + row * D + d] * o[o_off + row * D + d];
+        dsum[dsum_off + row] = sum;
+    }
+}
