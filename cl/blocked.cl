@@ -111,42 +111,52 @@ inline void transpose_in(__global const float *x, const ulong *row, uint n, floa
             t[d * KB + j] = j < n ? x[row[j] + d] : 0.0f;
 }
 
-/* Lane masks as float16 selects want them: -1 where true. */
-inline int16 lane_ids(void)
+/* Whether query pos sees key t, lane by lane, as float16 selects want it
+ * (-1 where true): under the causal mask only keys t <= pos, under a window
+ * only keys with pos < t + window. Written without t + window, which could
+ * wrap, and without clamped differences, which LLVM turns into saturating
+ * intrinsics that Oclgrind cannot run. */
+inline int16 visible(uint16 pos, uint16 t, int causal, uint window)
 {
-    return (int16)(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    const int16 past = t <= pos;
+    const int16 near = window ? pos - t < (uint16)window : (int16)(-1);
+    return select((int16)(causal ? 0 : -1), near, past);
+}
+
+inline uint16 lane_ids(void)
+{
+    return (uint16)(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
 }
 
 /* ---- key side ---------------------------------------------------------- */
 
-/* The query rows of a chunk: offsets of their Q and dO rows, LSE, Dsum, and
- * the keys [lo, hi) of the block each sees. */
+/* The query rows of a chunk: offsets of their Q and dO rows, positions,
+ * LSE and Dsum. */
 typedef struct chunk {
     ulong row[CHUNK];
+    uint pos[CHUNK];
     float m[CHUNK], l[CHUNK], dsum[CHUNK];
-    uint lo[CHUNK], hi[CHUNK];
     uint n;
 } chunk;
 
 inline void chunk_run(chunk *ch, __global const float *q, __global const float *d_out,
-                      const float *kt, const float *vt, float *dkt, float *dvt, float scale,
-                      bool want_dk, bool want_dv)
+                      const float *kt, const float *vt, float *dkt, float *dvt, uint t0,
+                      uint nt, int causal, uint window, float scale, bool want_dk, bool want_dv)
 {
     float16 p[CHUNK], ds[CHUNK];
     const uint n = ch->n;
-    for (uint r = n; r % 8; ++r) {
-        ch->row[r] = ch->row[0]; /* a valid row, masked out below */
-        ch->lo[r] = ch->hi[r] = 0;
-    }
+    for (uint r = n; r % 8; ++r)
+        ch->row[r] = ch->row[0]; /* a valid row; only the first n are used */
     for (uint r = 0; r < n; r += 8) {
         dots8(q, ch->row + r, kt, p + r);
         if (want_dk)
             dots8(d_out, ch->row + r, vt, ds + r);
     }
-    const int16 j = lane_ids();
+    const uint16 t = t0 + lane_ids();
+    const int16 live = lane_ids() < nt;
     for (uint r = 0; r < n; ++r) {
         float16 e = exp(fmin(p[r] * scale - ch->m[r], 0.0f) - ch->l[r]);
-        e = select((float16)0.0f, e, j >= (int)ch->lo[r] && j < (int)ch->hi[r]);
+        e = select((float16)0.0f, e, live & visible((uint16)ch->pos[r], t, causal, window));
         p[r] = e;
         if (want_dk)
             ds[r] = scale * e * (ds[r] - ch->dsum[r]);
@@ -187,27 +197,21 @@ inline void key_job(__global const float *q, __global const float *k, __global c
     chunk ch;
     ch.n = 0;
     for (uint pos = start; pos < end; ++pos) {
-        uint lo = 0, hi = nt;
-        if (causal && pos < t0 + nt)
-            hi = pos - t0 + 1;
-        if (window && pos >= window && pos - window + 1 > t0)
-            lo = pos - window + 1 - t0;
-        if (lo >= hi)
-            continue;
         for (uint head = kv_head * group; head < (kv_head + 1) * group; ++head) {
             const ulong row = ((ulong)b * q_seq + pos) * num_heads + head;
             ch.row[ch.n] = row * D;
             ch.m[ch.n] = lse[2 * row];
             ch.l[ch.n] = lse[2 * row + 1];
             ch.dsum[ch.n] = want_dk ? dsum[row] : 0.0f;
-            ch.lo[ch.n] = lo;
-            ch.hi[ch.n] = hi;
+            ch.pos[ch.n] = pos;
             if (++ch.n == CHUNK)
-                chunk_run(&ch, q, d_out, kt, vt, dkt, dvt, scale, want_dk, want_dv);
+                chunk_run(&ch, q, d_out, kt, vt, dkt, dvt, t0, nt, causal, window, scale,
+                          want_dk, want_dv);
         }
     }
     if (ch.n)
-        chunk_run(&ch, q, d_out, kt, vt, dkt, dvt, scale, want_dk, want_dv);
+        chunk_run(&ch, q, d_out, kt, vt, dkt, dvt, t0, nt, causal, window, scale, want_dk,
+                  want_dv);
     for (uint j = 0; j < nt; ++j)
         for (uint d = 0; d < D; ++d) {
             if (want_dv)
@@ -256,34 +260,29 @@ __kernel void grad_kv__blocked(__global const float *q, ulong q_off, __global co
 /* ---- query side -------------------------------------------------------- */
 
 /* The block's rows: Q (or dO) row offsets, clamped to a valid row past the
- * last, and the keys [lo, hi) each sees (empty past the last). */
+ * last, their positions, which rows are real, and the keys [t_lo, t_hi)
+ * that any of them may see. */
 typedef struct rows {
     ulong row[KB];
-    int16 lo, hi;
-    uint n, t_lo, t_hi; /* rows, and the keys any of them sees */
+    uint16 pos;
+    int16 live;
+    uint n, t_lo, t_hi;
 } rows;
 
 inline void rows_of(rows *r, uint q_seq, uint kv_seq, uint num_heads, int causal, uint window)
 {
     const uint pos0 = get_global_id(0) * KB, head = get_global_id(1), b = get_global_id(2);
     r->n = min((uint)KB, q_seq - pos0);
-    int lo[KB], hi[KB];
-    r->t_lo = kv_seq;
-    r->t_hi = 0;
-    for (uint i = 0; i < KB; ++i) {
-        const uint pos = pos0 + min(i, r->n - 1);
-        r->row[i] = ((ulong)b * q_seq + pos) * num_heads + head;
-        const uint l = window && pos >= window ? pos - window + 1 : 0u;
-        const uint h = causal ? min(pos + 1, kv_seq) : kv_seq;
-        lo[i] = i < r->n ? (int)l : 0;
-        hi[i] = i < r->n ? (int)h : 0;
-        if (i < r->n && l < h) {
-            r->t_lo = min(r->t_lo, l);
-            r->t_hi = max(r->t_hi, h);
-        }
-    }
-    r->lo = vload16(0, lo);
-    r->hi = vload16(0, hi);
+    const uint last = pos0 + r->n - 1;
+    for (uint i = 0; i < KB; ++i)
+        r->row[i] = ((ulong)b * q_seq + min(pos0 + i, last)) * num_heads + head;
+    r->pos = pos0 + lane_ids();
+    r->live = lane_ids() < r->n;
+    /* The first row sees no key before pos0 + 1 - window; the last none
+     * past itself under the causal mask. */
+    const long first = (long)pos0 + 1 - (long)window;
+    r->t_lo = window && first > 0 ? (uint)first : 0u;
+    r->t_hi = causal ? min(last + 1, kv_seq) : kv_seq;
     if (r->t_lo > r->t_hi)
         r->t_lo = r->t_hi;
 }
@@ -328,8 +327,8 @@ __kernel void forward__blocked(__global const float *q, ulong q_off, __global co
         dots8(k, keys + 8, qt, sc + 8);
         float16 block_max = EMPTY_ROW;
         for (uint j = 0; j < KB; ++j) {
-            const int t = (int)(t0 + j);
-            sc[j] = select((float16)EMPTY_ROW, sc[j] * scale, t >= r.lo && t < r.hi);
+            const int16 keep = r.live & visible(r.pos, (uint16)(t0 + j), causal, window);
+            sc[j] = select((float16)EMPTY_ROW, sc[j] * scale, j < n ? keep : (int16)0);
             block_max = fmax(block_max, sc[j]);
         }
         const float16 m_new = fmax(m, block_max), rescale = exp(m - m_new);
@@ -400,9 +399,9 @@ __kernel void grad_q__blocked(__global const float *q, ulong q_off, __global con
         dots8(v, keys, dot, dp);
         dots8(v, keys + 8, dot, dp + 8);
         for (uint j = 0; j < KB; ++j) {
-            const int t = (int)(t0 + j);
+            const int16 keep = r.live & visible(r.pos, (uint16)(t0 + j), causal, window);
             const float16 p = exp(fmin(sc[j] * scale - m, 0.0f) - l);
-            sc[j] = select((float16)0.0f, scale * p * (dp[j] - ds_row), t >= r.lo && t < r.hi);
+            sc[j] = select((float16)0.0f, scale * p * (dp[j] - ds_row), j < n ? keep : (int16)0);
         }
         accumulate(dqt, k, keys, sc, n);
     }

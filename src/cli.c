@@ -113,9 +113,13 @@ int open_context(const char *cmd, const char *device, const char *variant,
     o.variant = variant;
     clattn_status st = clattn_context_create(&o, ctx);
     if (st == CLATTN_OK) {
-        const char *log = clattn_context_log(*ctx);
-        if (log[0])
-            fprintf(stderr, "%s", log);
+        /* What auto skipped, and why; not the routine lines about builds. */
+        for (const char *line = clattn_context_log(*ctx); *line;) {
+            const size_t n = strcspn(line, "\n");
+            if (!strncmp(line, "auto", 4))
+                fprintf(stderr, "%.*s\n", (int)n, line);
+            line += n + (line[n] == '\n');
+        }
         return 0;
     }
     fprintf(stderr, "clattn %s: %s: %s\n", cmd, clattn_status_string(st), clattn_last_error());

@@ -9,6 +9,7 @@
 #include "clattn_cl.h"
 #include "clattn_kernels.h"
 #include "internal.h"
+#include "program_cache.h"
 
 #ifndef CL_PLATFORM_NOT_FOUND_KHR
 #define CL_PLATFORM_NOT_FOUND_KHR -1001
@@ -108,11 +109,13 @@ typedef struct kernel_set {
 } kernel_set;
 
 struct clattn_cl_state {
+    clattn_context *owner; /* for its log */
     cl_device_id device;
     cl_context context;
     cl_command_queue queue;
     int own_context, own_queue;
-    kernel_set generic;                   /* any head_dim; built with the context */
+    kernel_set generic;  /* tree's, any head_dim: with the context for tree, else lazily */
+    int generic_built;
     kernel_set *special[CLATTN_MAX_HEAD_DIM + 1]; /* per head_dim, on first use */
     const char *special_variant; /* the variant built per head_dim, or NULL */
     tile_config tiles;
@@ -356,14 +359,23 @@ static clattn_status build_program(struct clattn_cl_state *cl, const cl_variant 
     snprintf(options, sizeof options, "%s %s", defines, extra ? extra : "");
     cl_int err;
     const char *src = v->source;
+    if ((*out = clattn_cache_load(cl->context, cl->device, src, options)) != NULL) {
+        clattn_log_append(cl->owner, "%s kernels (%s): loaded from the program cache",
+                          v->name, options);
+        return CLATTN_OK;
+    }
     *out = clCreateProgramWithSource(cl->context, 1, &src, NULL, &err);
     if (err != CL_SUCCESS) {
         *out = NULL;
         return cl_fail(err, "clCreateProgramWithSource");
     }
     err = clBuildProgram(*out, 1, &cl->device, options, NULL, NULL);
-    if (err == CL_SUCCESS)
+    if (err == CL_SUCCESS) {
+        const int stored = clattn_cache_store(*out, cl->device, src, options);
+        clattn_log_append(cl->owner, "%s kernels (%s): compiled%s", v->name, options,
+                          stored ? ", stored in the program cache" : "");
         return CLATTN_OK;
+    }
     clattn_status st = clattn_fail(CLATTN_ERROR_BUILD_FAILED,
                                    "building %s of variant '%s' (%s) failed: %s (%d); build log:",
                                    v->function, v->name, options, cl_error_name(err), err);
@@ -467,6 +479,15 @@ static clattn_status kernels_for(struct clattn_cl_state *cl, uint32_t head_dim,
 {
     if (!cl->special_variant ||
         (!strcmp(cl->special_variant, "tiled") && head_dim > TILED_MAX_HEAD_DIM)) {
+        if (!cl->generic_built) {
+            clattn_status st = build_set(cl, "tree", 0, &cl->generic, 0);
+            if (st != CLATTN_OK) {
+                release_set(&cl->generic);
+                memset(&cl->generic, 0, sizeof cl->generic);
+                return st;
+            }
+            cl->generic_built = 1;
+        }
         *out = &cl->generic;
         return CLATTN_OK;
     }
@@ -497,6 +518,7 @@ static clattn_status init_on_device(clattn_context *ctx, const char *variant,
     struct clattn_cl_state *cl = calloc(1, sizeof *cl);
     if (!cl)
         return clattn_fail(CLATTN_ERROR_OUT_OF_MEMORY, "out of host memory");
+    cl->owner = ctx;
     cl->device = device;
     cl_int err = CL_SUCCESS;
     clattn_status st = CLATTN_OK;
@@ -559,15 +581,18 @@ static clattn_status init_on_device(clattn_context *ctx, const char *variant,
         cl->tiles.tile = tile;
         cl->tiles.split = split;
     }
-    /* A generic set always: tree's kernels, which run any head_dim. The
-     * tiled and blocked ones are built for head_dim 64 now, so that a device
-     * that cannot compile them is never chosen, and for others on first use. */
+    /* Each program is built once per context, when first needed, except
+     * one now, so that a device that cannot compile the variant is never
+     * chosen: tree's (any head_dim) for tree, or the tiled or blocked ones
+     * for head_dim 64. tiled falls back on tree's past its head_dims. */
     cl->special_variant = !strcmp(variant, "tiled")     ? "tiled"
                           : !strcmp(variant, "blocked") ? "blocked"
                                                         : NULL;
-    if ((st = build_set(cl, cl->special_variant ? "tree" : variant, 0, &cl->generic,
-                        strict_limits)) != CLATTN_OK)
-        goto fail;
+    if (!cl->special_variant) {
+        if ((st = build_set(cl, variant, 0, &cl->generic, strict_limits)) != CLATTN_OK)
+            goto fail;
+        cl->generic_built = 1;
+    }
     kernel_set *probe = NULL;
     if (cl->special_variant && (st = kernels_for(cl, 64, &probe)) != CLATTN_OK)
         goto fail;
