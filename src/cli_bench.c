@@ -297,8 +297,26 @@ int cmd_bench(int argc, char **argv)
             dev = selector;
         else
             dev = on_cl ? device : "native";
-        if ((rc = open_context(cmd, dev, name, &ctx)) != 0)
+        if (variant && !strcmp(variant, "all")) {
+            /* A variant this device cannot run (mma off NVIDIA) is left out. */
+            clattn_options o = clattn_options_default();
+            o.device = dev;
+            o.variant = name;
+            st = clattn_context_create(&o, &ctx);
+            if (st == CLATTN_ERROR_UNKNOWN_VARIANT) {
+                fprintf(stderr, "clattn bench: variant %s left out: %s\n", name,
+                        clattn_last_error());
+                continue;
+            }
+            if (st != CLATTN_OK) {
+                fprintf(stderr, "clattn bench: %s: %s\n", clattn_status_string(st),
+                        clattn_last_error());
+                rc = EXIT_DEVICE;
+                goto done;
+            }
+        } else if ((rc = open_context(cmd, dev, name, &ctx)) != 0) {
             goto done;
+        }
         double seconds = 0.0, err = NAN;
         st = time_variant(ctx, &b, (int)reps, &seconds, &err);
         clattn_context_destroy(ctx);

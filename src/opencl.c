@@ -95,8 +95,48 @@ enum { TILED_MAX_HEAD_DIM = 64 };
 /* How a kernel is launched: tree.cl's a work-group per row; tiled.cl's a
  * work-group per block of rows (per pair of blocks under a causal mask);
  * blocked.cl's a single work-item per block of BLOCKED_ROWS rows. */
-enum { KIND_TREE, KIND_TILED, KIND_BLOCKED };
+enum { KIND_TREE, KIND_TILED, KIND_BLOCKED, KIND_MMA };
 enum { BLOCKED_ROWS = 16 };
+/* mma.cl's work-groups: four warps of 16 rows; its local memory, as the
+ * file's MMA_LOCAL_FLOATS, for a head_dim padded to a multiple of 8. */
+enum { MMA_LANES = 128, MMA_ROWS = 64, MMA_MAX_HEAD_DIM = 64 };
+static size_t mma_local_floats(uint32_t head_dim)
+{
+    const size_t padded = (head_dim + 7u) / 8u * 8u;
+    return 2 * 64 * (padded + 4) + 3 * 64 + 4 * 224;
+}
+
+/* NVIDIA's cl_nv_device_attribute_query. */
+#define CLATTN_DEVICE_COMPUTE_CAPABILITY_MAJOR_NV 0x4000
+
+/* Whether the device runs mma.cl's tensor-core PTX: an NVIDIA GPU of
+ * compute capability 8.0 (Ampere) or later. */
+static int mma_capable(cl_device_id device)
+{
+    size_t len = 0;
+    if (clGetDeviceInfo(device, CL_DEVICE_EXTENSIONS, 0, NULL, &len) != CL_SUCCESS || !len)
+        return 0;
+    char *ext = malloc(len + 1);
+    int ok = 0;
+    if (ext && clGetDeviceInfo(device, CL_DEVICE_EXTENSIONS, len, ext, NULL) == CL_SUCCESS) {
+        ext[len] = '\0';
+        cl_uint major = 0;
+        ok = strstr(ext, "cl_nv_device_attribute_query") != NULL &&
+             clGetDeviceInfo(device, CLATTN_DEVICE_COMPUTE_CAPABILITY_MAJOR_NV, sizeof major,
+                             &major, NULL) == CL_SUCCESS &&
+             major >= 8;
+    }
+    free(ext);
+    return ok;
+}
+
+/* CLATTN_MMA_EMULATE=1: mma.cl's instructions emulated in local memory, so
+ * that its kernels run (slowly) on any device; for tests. */
+static int mma_emulated(void)
+{
+    const char *env = getenv("CLATTN_MMA_EMULATE");
+    return env && !strcmp(env, "1");
+}
 
 /* The kernels of one variant, built for one head_dim (tiled, blocked) or
  * any (tree). */
@@ -118,6 +158,7 @@ struct clattn_cl_state {
     int generic_built;
     kernel_set *special[CLATTN_MAX_HEAD_DIM + 1]; /* per head_dim, on first use */
     const char *special_variant; /* the variant built per head_dim, or NULL */
+    int mma_emulate;             /* build mma.cl with -DMMA_EMULATE */
     tile_config tiles;
     cl_ulong max_alloc;
     cl_ulong local_mem;
@@ -398,6 +439,8 @@ static size_t local_bytes(const struct clattn_cl_state *cl, const kernel_set *se
 {
     if (set->kind[k] == KIND_BLOCKED)
         return sizeof(float); /* unused, but an argument wants a size */
+    if (set->kind[k] == KIND_MMA)
+        return mma_local_floats(head_dim) * sizeof(float);
     if (set->kind[k] == KIND_TILED) {
         const size_t tiles = 2 * (size_t)cl->tiles.tile * head_dim + 3 * (size_t)cl->tiles.tile;
         const size_t combine = ((size_t)cl->tiles.split - 1) * cl->tiles.rows * (head_dim + 2);
@@ -412,6 +455,7 @@ static size_t work_group(const struct clattn_cl_state *cl, const kernel_set *set
 {
     return set->kind[k] == KIND_TILED     ? (size_t)cl->tiles.rows * cl->tiles.split
            : set->kind[k] == KIND_BLOCKED ? 1
+           : set->kind[k] == KIND_MMA     ? MMA_LANES
                                           : tree_work_group(head_dim);
 }
 
@@ -423,10 +467,10 @@ static size_t work_group(const struct clattn_cl_state *cl, const kernel_set *set
 static clattn_status build_set(struct clattn_cl_state *cl, const char *variant,
                                uint32_t head_dim, kernel_set *set, int strict_limits)
 {
-    char options[160];
-    snprintf(options, sizeof options, "%s -DHEAD_DIM=%u -DROWS=%u -DTILE=%u -DSPLIT=%u",
+    char options[192];
+    snprintf(options, sizeof options, "%s -DHEAD_DIM=%u -DROWS=%u -DTILE=%u -DSPLIT=%u%s",
              build_options, head_dim ? head_dim : 1u, cl->tiles.rows, cl->tiles.tile,
-             cl->tiles.split);
+             cl->tiles.split, cl->mma_emulate ? " -DMMA_EMULATE" : "");
     for (int k = 0; k < K_COUNT; ++k) {
         const cl_variant *v = find_variant(k, variant);
         if (!v) {
@@ -436,6 +480,7 @@ static clattn_status build_set(struct clattn_cl_state *cl, const char *variant,
         }
         set->kind[k] = v->source == clattn_cl_tiled     ? KIND_TILED
                        : v->source == clattn_cl_blocked ? KIND_BLOCKED
+                       : v->source == clattn_cl_mma     ? KIND_MMA
                                                         : KIND_TREE;
         for (int j = 0; j < k && !set->program[k]; ++j) {
             const cl_variant *w = set->program[j] ? find_variant(j, variant) : NULL;
@@ -478,7 +523,8 @@ static clattn_status kernels_for(struct clattn_cl_state *cl, uint32_t head_dim,
                                  kernel_set **out)
 {
     if (!cl->special_variant ||
-        (!strcmp(cl->special_variant, "tiled") && head_dim > TILED_MAX_HEAD_DIM)) {
+        (!strcmp(cl->special_variant, "tiled") && head_dim > TILED_MAX_HEAD_DIM) ||
+        (!strcmp(cl->special_variant, "mma") && head_dim > MMA_MAX_HEAD_DIM)) {
         if (!cl->generic_built) {
             clattn_status st = build_set(cl, "tree", 0, &cl->generic, 0);
             if (st != CLATTN_OK) {
@@ -553,11 +599,23 @@ static clattn_status init_on_device(clattn_context *ctx, const char *variant,
         st = cl_fail(err, "clGetDeviceInfo");
         goto fail;
     }
-    /* Each device type's default is the first variant listed for it. */
-    if (!variant)
-        variant = clattn_variant_name((type & CL_DEVICE_TYPE_CPU) ? CLATTN_BACKEND_OPENCL_CPU
-                                                                   : CLATTN_BACKEND_OPENCL_GPU,
-                                      0);
+    /* Each device type's default is the first variant listed for it that
+     * the device can run. */
+    const int can_mma = mma_capable(device) || mma_emulated();
+    cl->mma_emulate = mma_emulated();
+    if (!variant) {
+        const clattn_backend kind = (type & CL_DEVICE_TYPE_CPU) ? CLATTN_BACKEND_OPENCL_CPU
+                                                                : CLATTN_BACKEND_OPENCL_GPU;
+        for (size_t i = 0; (variant = clattn_variant_name(kind, i)) != NULL; ++i)
+            if (can_mma || strcmp(variant, "mma") != 0)
+                break;
+    }
+    if (!strcmp(variant, "mma") && !can_mma) {
+        st = clattn_fail(CLATTN_ERROR_UNKNOWN_VARIANT,
+                         "variant 'mma' needs an NVIDIA GPU of compute capability 8.0 or "
+                         "later (tensor-core PTX); this device is not one");
+        goto fail;
+    }
     cl->tiles = tile_table[0];
     for (size_t i = 0; i < sizeof tile_table / sizeof tile_table[0]; ++i)
         if (type & tile_table[i].type) {
@@ -587,6 +645,7 @@ static clattn_status init_on_device(clattn_context *ctx, const char *variant,
      * for head_dim 64. tiled falls back on tree's past its head_dims. */
     cl->special_variant = !strcmp(variant, "tiled")     ? "tiled"
                           : !strcmp(variant, "blocked") ? "blocked"
+                          : !strcmp(variant, "mma")     ? "mma"
                                                         : NULL;
     if (!cl->special_variant) {
         if ((st = build_set(cl, variant, 0, &cl->generic, strict_limits)) != CLATTN_OK)
@@ -759,6 +818,7 @@ static clattn_status enqueue_kernel(struct clattn_cl_state *cl, const kernel_set
     const size_t heads = kd->key_rows ? s->num_kv_heads : s->num_heads;
     const size_t per_group = set->kind[k] == KIND_TILED     ? cl->tiles.rows
                              : set->kind[k] == KIND_BLOCKED ? BLOCKED_ROWS
+                             : set->kind[k] == KIND_MMA     ? MMA_ROWS
                                                             : 1;
     const size_t blocks = (rows + per_group - 1) / per_group;
     const size_t groups = set->kind[k] == KIND_TILED && s->causal ? (blocks + 1) / 2 : blocks;

@@ -42,6 +42,24 @@ clattn_context *test_context(const char *variant)
     return ctx;
 }
 
+clattn_context *test_variant_context(const char *variant)
+{
+    clattn_options o = clattn_options_default();
+    o.device = test_selector();
+    o.variant = variant;
+    clattn_context *ctx = NULL;
+    clattn_status st = clattn_context_create(&o, &ctx);
+    if (st == CLATTN_ERROR_UNKNOWN_VARIANT && !strcmp(variant, "mma") &&
+        strstr(clattn_last_error(), "needs an NVIDIA GPU")) {
+        ck_assert_ptr_null(ctx);
+        return NULL;
+    }
+    ck_assert_msg(st == CLATTN_OK, "context on %s, variant %s: %s: %s", test_backend, variant,
+                  clattn_status_string(st), clattn_last_error());
+    ck_assert_int_eq(clattn_context_backend(ctx), test_backend_kind());
+    return ctx;
+}
+
 /* Whether a device of the backend exists and builds the kernels. Asked in a
  * child process, so that the parent, which forks every test, never starts
  * an OpenCL driver. Prints why not. */

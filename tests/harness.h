@@ -18,6 +18,11 @@ clattn_backend test_backend_kind(void);
 /* A context on test_backend, created inside the (forked) test. */
 clattn_context *test_context(const char *variant);
 
+/* The same for a named variant, or NULL where the device cannot run it
+ * (mma off NVIDIA tensor-core GPUs), after checking that the refusal says
+ * so with CLATTN_ERROR_UNKNOWN_VARIANT. */
+clattn_context *test_variant_context(const char *variant);
+
 Suite *kernels_suite(void);
 Suite *api_suite(void);
 Suite *cli_suite(void);

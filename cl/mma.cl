@@ -1,0 +1,606 @@
+/*
+ * The `mma` variants: FlashAttention-2's loop structure on NVIDIA tensor
+ * cores, reached from OpenCL C through inline PTX (mma.sync m16n8k8 on tf32
+ * operands, sm_80 and later), with fp32 accuracy kept by 3xTF32: each fp32
+ * operand x is split into big = x rounded to tf32 and small = (x - big)
+ * rounded to tf32, and a.b is computed as small_a.big_b + big_a.small_b +
+ * big_a.big_b (the small.small term is below fp32's rounding).
+ *
+ * A work-group is four warps; each warp owns 16 rows of the work-group's
+ * side (query rows for the forward and grad-Q, key rows for grad-K/V), held
+ * in registers as mma fragments, and the other side streams through local
+ * memory a tile at a time. Per tile a warp computes a 16 x KEY_TILE block of
+ * scores S (and dP) with mma, applies the mask and the softmax in registers,
+ * and feeds the probabilities straight back into mma as the A operand of
+ * the next product: the accumulator layout of m16n8k8 (lane holds columns
+ * 2t and 2t + 1) is not its A layout (columns t and t + 4), so the k index
+ * of that product is permuted - A's column t is tile row 2t, column t + 4 is
+ * tile row 2t + 1 - and the B operand is read from local memory in the same
+ * order. The sum over k does not care about its order.
+ *
+ * Fragment layouts (PTX ISA, mma.m16n8k8 with .tf32; g = lane / 4,
+ * t = lane % 4): A (16 x 8, row-major) a0 (g, t), a1 (g + 8, t),
+ * a2 (g, t + 4), a3 (g + 8, t + 4); B (8 x 8) b0 (t, g), b1 (t + 4, g);
+ * C (16 x 8) c0 (g, 2t), c1 (g, 2t + 1), c2 (g + 8, 2t), c3 (g + 8, 2t + 1).
+ *
+ * With MMA_EMULATE defined, mma and the warp shuffles are emulated through
+ * local memory with barriers, so that the same kernels run, slowly, on any
+ * OpenCL device: the tests use it to check the indexing on PoCL.
+ *
+ * HEAD_DIM is a compile-time define (src/opencl.c builds per head_dim, up
+ * to 64); dimensions are padded to a multiple of 8 with zeros.
+ * Launch: global (blocks * 128, heads, batch), local (128, 1, 1), blocks =
+ * ceil(rows / 64); `tiles` is a __local buffer of MMA_LOCAL_FLOATS floats.
+ */
+#ifndef HEAD_DIM
+#define HEAD_DIM 64
+#endif
+#define D HEAD_DIM
+#define DP ((D + 7) / 8 * 8) /* head_dim padded to whole k-steps */
+#define KS (DP / 8)          /* k-steps (and n-tiles) along head_dim */
+#define STRIDE (DP + 4)      /* local rows padded: fragment reads hit 32 banks */
+#define WARPS 4
+#define LANES (WARPS * 32)
+#define WG_ROWS (WARPS * 16)
+#define KEY_TILE 64  /* keys per tile for the query-side kernels */
+#define QTILE 32 /* queries per tile for the key-side kernels */
+#define EMU_FLOATS 224
+#define MMA_LOCAL_FLOATS (2 * KEY_TILE * STRIDE + 3 * KEY_TILE + WARPS * EMU_FLOATS)
+
+#ifdef MMA_EMULATE
+#define UNROLL
+#else
+#define UNROLL _Pragma("unroll")
+#endif
+
+#define SHAPE_ARGS                                                                       \
+    uint q_seq, uint kv_seq, uint num_heads, uint num_kv_heads, uint head_dim, int causal, \
+        uint window, float scale
+
+#define EMPTY_ROW (-1e30f)
+
+inline ulong at(uint b, uint rows, uint row, uint heads, uint head, uint d)
+{
+    return (((ulong)b * rows + row) * heads + head) * D + d;
+}
+
+inline bool visible(uint pos, uint t, int causal, uint window)
+{
+    return (!causal || t <= pos) && (window == 0u || (ulong)pos < (ulong)t + window);
+}
+
+/* x rounded to tf32 (10 mantissa bits), as mma reads it. */
+inline uint tf32(float x) { return (as_uint(x) + 0x1000u) & 0xffffe000u; }
+
+/* The big and small tf32 parts of 4 (or 2) values. */
+inline void split4(const float *x, uint *big, uint *small)
+{
+    UNROLL
+    for (int i = 0; i < 4; ++i) {
+        big[i] = tf32(x[i]);
+        small[i] = tf32(x[i] - as_float(big[i]));
+    }
+}
+
+inline void split2(float x0, float x1, uint *big, uint *small)
+{
+    big[0] = tf32(x0);
+    big[1] = tf32(x1);
+    small[0] = tf32(x0 - as_float(big[0]));
+    small[1] = tf32(x1 - as_float(big[1]));
+}
+
+/* c += a . b for one 16 x 8 x 8 product of the warp. */
+inline void mma(float *c, const uint *a, const uint *b, __local float *emu)
+{
+#ifdef MMA_EMULATE
+    const uint lane = get_local_id(0) & 31u, g = lane >> 2, t = lane & 3u;
+    __local float *ea = emu, *eb = emu + 128;
+    ea[g * 8 + t] = as_float(a[0] & 0xffffe000u);
+    ea[(g + 8) * 8 + t] = as_float(a[1] & 0xffffe000u);
+    ea[g * 8 + t + 4] = as_float(a[2] & 0xffffe000u);
+    ea[(g + 8) * 8 + t + 4] = as_float(a[3] & 0xffffe000u);
+    eb[t * 8 + g] = as_float(b[0] & 0xffffe000u);
+    eb[(t + 4) * 8 + g] = as_float(b[1] & 0xffffe000u);
+    barrier(CLK_LOCAL_MEM_FENCE);
+    for (uint k = 0; k < 8; ++k) {
+        c[0] = fma(ea[g * 8 + k], eb[k * 8 + 2 * t], c[0]);
+        c[1] = fma(ea[g * 8 + k], eb[k * 8 + 2 * t + 1], c[1]);
+        c[2] = fma(ea[(g + 8) * 8 + k], eb[k * 8 + 2 * t], c[2]);
+        c[3] = fma(ea[(g + 8) * 8 + k], eb[k * 8 + 2 * t + 1], c[3]);
+    }
+    barrier(CLK_LOCAL_MEM_FENCE);
+#else
+    __asm__ __volatile__("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 "
+                 "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+#endif
+}
+
+/* c += a . b in 3xTF32. */
+inline void mma3(float *c, const uint *a_big, const uint *a_small, const uint *b_big,
+                 const uint *b_small, __local float *emu)
+{
+    mma(c, a_small, b_big, emu);
+    mma(c, a_big, b_small, emu);
+    mma(c, a_big, b_big, emu);
+}
+
+/* x of the lane whose id differs from this one's in the bits of mask. */
+inline float shfl_xor(float x, uint mask, __local float *emu)
+{
+#ifdef MMA_EMULATE
+    __local float *ex = emu + 192;
+    const uint lane = get_local_id(0) & 31u;
+    ex[lane] = x;
+    barrier(CLK_LOCAL_MEM_FENCE);
+    const float y = ex[lane ^ mask];
+    barrier(CLK_LOCAL_MEM_FENCE);
+    return y;
+#else
+    uint y;
+    __asm__ __volatile__("shfl.sync.bfly.b32 %0, %1, %2, 31, -1;" : "=r"(y) : "r"(as_uint(x)), "r"(mask));
+    return as_float(y);
+#endif
+}
+
+/* Sum and max over the four lanes (t = 0..3) that hold one row. */
+inline float row_sum(float x, __local float *emu)
+{
+    x += shfl_xor(x, 1u, emu);
+    return x + shfl_xor(x, 2u, emu);
+}
+
+inline float row_max(float x, __local float *emu)
+{
+    x = fmax(x, shfl_xor(x, 1u, emu));
+    return fmax(x, shfl_xor(x, 2u, emu));
+}
+
+/* Loads rows [r0, r0 + n) of a [batch][rows][heads][D] tensor, times
+ * factor, into tile[n][STRIDE]; zeros past `end` and past D. */
+inline void load_tile(__local float *tile, __global const float *src, uint b, uint rows,
+                      uint r0, uint n, uint end, uint heads, uint head, float factor)
+{
+    for (uint i = get_local_id(0); i < n * DP; i += LANES) {
+        const uint r = i / DP, d = i % DP;
+        tile[r * STRIDE + d] =
+            r0 + r < end && d < D ? src[at(b, rows, r0 + r, heads, head, d)] * factor : 0.0f;
+    }
+}
+
+/* A fragment (16 rows from row0 and row1 = row0 + 8, k-step ks) of a
+ * [batch][rows][heads][D] tensor, times factor; zeros past `rows` and D. */
+inline void load_a(float *a, __global const float *src, uint b, uint rows, uint row0, uint heads,
+                   uint head, uint ks, float factor)
+{
+    const uint t = get_local_id(0) & 3u;
+    UNROLL
+    for (int i = 0; i < 4; ++i) {
+        const uint row = row0 + ((i & 1) ? 8u : 0u), d = ks * 8u + t + ((i & 2) ? 4u : 0u);
+        a[i] = row < rows && d < D ? src[at(b, rows, row, heads, head, d)] * factor : 0.0f;
+    }
+}
+
+/* The A operand, big and small, of a product over a tile's rows from a
+ * 16 x 8 accumulator block c (tile rows n * 8 ..): permuted as the header
+ * says. */
+inline void c_to_a(const float *c, uint *big, uint *small)
+{
+    const float a[4] = {c[0], c[2], c[1], c[3]};
+    split4(a, big, small);
+}
+
+/* ---- forward --------------------------------------------------------- */
+
+__kernel __attribute__((reqd_work_group_size(LANES, 1, 1))) void
+forward__mma(__global const float *q, ulong q_off, __global const float *k, ulong k_off,
+             __global const float *v, ulong v_off, __global float *o, ulong o_off,
+             __global float *lse, ulong lse_off, SHAPE_ARGS, __local float *tiles)
+{
+    q += q_off;
+    k += k_off;
+    v += v_off;
+    o += o_off;
+    lse += lse_off;
+    const uint lid = get_local_id(0), lane = lid & 31u, warp = lid >> 5;
+    const uint g = lane >> 2, t = lane & 3u;
+    __local float *kt = tiles, *vt = tiles + KEY_TILE * STRIDE;
+    __local float *emu = tiles + 2 * KEY_TILE * STRIDE + 3 * KEY_TILE + warp * EMU_FLOATS;
+    const uint head = get_group_id(1), b = get_group_id(2);
+    const uint kv_head = head / (num_heads / num_kv_heads);
+    /* Under the causal mask the last blocks have the most keys: first. */
+    const uint blocks = (q_seq + WG_ROWS - 1u) / WG_ROWS;
+    const uint r0 = (causal ? blocks - 1u - get_group_id(0) : get_group_id(0)) * WG_ROWS;
+    const uint row0 = r0 + warp * 16u + g, row1 = row0 + 8u;
+
+    float qf[KS][4]; /* Q * scale, this lane's part of the warp's 16 rows */
+    UNROLL
+    for (uint ks = 0; ks < KS; ++ks)
+        load_a(qf[ks], q, b, q_seq, row0, num_heads, head, ks, scale);
+    float acc[KS][4];
+    UNROLL
+    for (uint n = 0; n < KS; ++n)
+        acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.0f;
+    float m0 = EMPTY_ROW, m1 = EMPTY_ROW, l0 = 0.0f, l1 = 0.0f;
+
+    const uint last = min(r0 + WG_ROWS, q_seq) - 1u;
+    const uint lo = window > 0u && r0 >= window ? r0 - window + 1u : 0u;
+    const uint hi = causal ? min(last + 1u, kv_seq) : kv_seq;
+    for (uint t0 = lo; t0 < hi; t0 += KEY_TILE) {
+        barrier(CLK_LOCAL_MEM_FENCE);
+        load_tile(kt, k, b, kv_seq, t0, KEY_TILE, hi, num_kv_heads, kv_head, 1.0f);
+        load_tile(vt, v, b, kv_seq, t0, KEY_TILE, hi, num_kv_heads, kv_head, 1.0f);
+        barrier(CLK_LOCAL_MEM_FENCE);
+
+        float s[KEY_TILE / 8][4];
+        UNROLL
+        for (uint n = 0; n < KEY_TILE / 8; ++n)
+            s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
+        UNROLL
+        for (uint ks = 0; ks < KS; ++ks) {
+            uint ab[4], as[4];
+            split4(qf[ks], ab, as);
+            UNROLL
+            for (uint n = 0; n < KEY_TILE / 8; ++n) {
+                __local const float *kr = kt + (n * 8 + g) * STRIDE + ks * 8 + t;
+                uint bb[2], bs[2];
+                split2(kr[0], kr[4], bb, bs);
+                mma3(s[n], ab, as, bb, bs, emu);
+            }
+        }
+        /* Only tiles that some row sees in part are masked. */
+        const bool whole = t0 + KEY_TILE <= hi && (!causal || t0 + KEY_TILE - 1u <= r0) &&
+                           (window == 0u || (ulong)last < (ulong)t0 + window);
+        float mx0 = EMPTY_ROW, mx1 = EMPTY_ROW;
+        UNROLL
+        for (uint n = 0; n < KEY_TILE / 8; ++n) {
+            UNROLL
+            for (int i = 0; i < 4; ++i) {
+                const uint key = t0 + n * 8 + 2 * t + (i & 1), row = (i & 2) ? row1 : row0;
+                if (!whole && (key >= hi || !visible(row, key, causal, window)))
+                    s[n][i] = EMPTY_ROW;
+                if (i & 2)
+                    mx1 = fmax(mx1, s[n][i]);
+                else
+                    mx0 = fmax(mx0, s[n][i]);
+            }
+        }
+        const float n0 = fmax(m0, row_max(mx0, emu)), n1 = fmax(m1, row_max(mx1, emu));
+        const float c0 = exp(m0 - n0), c1 = exp(m1 - n1);
+        m0 = n0;
+        m1 = n1;
+        float sum0 = 0.0f, sum1 = 0.0f;
+        UNROLL
+        for (uint n = 0; n < KEY_TILE / 8; ++n) {
+            UNROLL
+            for (int i = 0; i < 4; ++i) {
+                /* Masked scores are exactly EMPTY_ROW; their weight is 0
+                 * even while the row's max is EMPTY_ROW too. */
+                const float e = s[n][i] == EMPTY_ROW ? 0.0f : exp(s[n][i] - ((i & 2) ? n1 : n0));
+                s[n][i] = e;
+                if (i & 2)
+                    sum1 += e;
+                else
+                    sum0 += e;
+            }
+        }
+        l0 = l0 * c0 + sum0;
+        l1 = l1 * c1 + sum1;
+        UNROLL
+        for (uint n = 0; n < KS; ++n) {
+            acc[n][0] *= c0;
+            acc[n][1] *= c0;
+            acc[n][2] *= c1;
+            acc[n][3] *= c1;
+        }
+        UNROLL
+        for (uint j = 0; j < KEY_TILE / 8; ++j) {
+            uint ab[4], as[4];
+            c_to_a(s[j], ab, as);
+            UNROLL
+            for (uint n = 0; n < KS; ++n) {
+                __local const float *vr = vt + (j * 8 + 2 * t) * STRIDE + n * 8 + g;
+                uint bb[2], bs[2];
+                split2(vr[0], vr[STRIDE], bb, bs);
+                mma3(acc[n], ab, as, bb, bs, emu);
+            }
+        }
+    }
+    l0 = row_sum(l0, emu);
+    l1 = row_sum(l1, emu);
+    UNROLL
+    for (uint n = 0; n < KS; ++n) {
+        UNROLL
+        for (int i = 0; i < 4; ++i) {
+            const uint row = (i & 2) ? row1 : row0, d = n * 8 + 2 * t + (i & 1);
+            const float l = (i & 2) ? l1 : l0;
+            if (row < q_seq && d < D)
+                o[at(b, q_seq, row, num_heads, head, d)] = l > 0.0f ? acc[n][i] / l : 0.0f;
+        }
+    }
+    if (t == 0)
+        for (int i = 0; i < 2; ++i) {
+            const uint row = i ? row1 : row0;
+            const float l = i ? l1 : l0, m = i ? m1 : m0;
+            if (row < q_seq) {
+                const ulong at_row = 2 * (((ulong)b * q_seq + row) * num_heads + head);
+                lse[at_row] = l > 0.0f ? m : EMPTY_ROW;
+                lse[at_row + 1] = l > 0.0f ? log(l) : EMPTY_ROW;
+            }
+        }
+}
+
+/* ---- grad-Q ---------------------------------------------------------- */
+
+__kernel __attribute__((reqd_work_group_size(LANES, 1, 1))) void
+grad_q__mma(__global const float *q, ulong q_off, __global const float *k, ulong k_off,
+            __global const float *v, ulong v_off, __global const float *d_out, ulong d_out_off,
+            __global const float *lse, ulong lse_off, __global const float *dsum,
+            ulong dsum_off, __global float *dq, ulong dq_off, SHAPE_ARGS,
+            __local float *tiles)
+{
+    q += q_off;
+    k += k_off;
+    v += v_off;
+    d_out += d_out_off;
+    lse += lse_off;
+    dsum += dsum_off;
+    dq += dq_off;
+    const uint lid = get_local_id(0), lane = lid & 31u, warp = lid >> 5;
+    const uint g = lane >> 2, t = lane & 3u;
+    __local float *kt = tiles, *vt = tiles + KEY_TILE * STRIDE;
+    __local float *emu = tiles + 2 * KEY_TILE * STRIDE + 3 * KEY_TILE + warp * EMU_FLOATS;
+    const uint head = get_group_id(1), b = get_group_id(2);
+    const uint kv_head = head / (num_heads / num_kv_heads);
+    const uint blocks = (q_seq + WG_ROWS - 1u) / WG_ROWS;
+    const uint r0 = (causal ? blocks - 1u - get_group_id(0) : get_group_id(0)) * WG_ROWS;
+    const uint row0 = r0 + warp * 16u + g, row1 = row0 + 8u;
+
+    float qf[KS][4], of[KS][4], acc[KS][4];
+    UNROLL
+    for (uint ks = 0; ks < KS; ++ks) {
+        load_a(qf[ks], q, b, q_seq, row0, num_heads, head, ks, scale);
+        load_a(of[ks], d_out, b, q_seq, row0, num_heads, head, ks, 1.0f);
+        acc[ks][0] = acc[ks][1] = acc[ks][2] = acc[ks][3] = 0.0f;
+    }
+    float m[2], l[2], ds_row[2];
+    for (int i = 0; i < 2; ++i) {
+        const uint row = min(i ? row1 : row0, q_seq - 1u);
+        const ulong at_row = ((ulong)b * q_seq + row) * num_heads + head;
+        m[i] = lse[2 * at_row];
+        l[i] = lse[2 * at_row + 1];
+        ds_row[i] = dsum[at_row];
+    }
+
+    const uint last = min(r0 + WG_ROWS, q_seq) - 1u;
+    const uint lo = window > 0u && r0 >= window ? r0 - window + 1u : 0u;
+    const uint hi = causal ? min(last + 1u, kv_seq) : kv_seq;
+    for (uint t0 = lo; t0 < hi; t0 += KEY_TILE) {
+        barrier(CLK_LOCAL_MEM_FENCE);
+        load_tile(kt, k, b, kv_seq, t0, KEY_TILE, hi, num_kv_heads, kv_head, 1.0f);
+        load_tile(vt, v, b, kv_seq, t0, KEY_TILE, hi, num_kv_heads, kv_head, 1.0f);
+        barrier(CLK_LOCAL_MEM_FENCE);
+
+        float s[KEY_TILE / 8][4], dp[KEY_TILE / 8][4];
+        UNROLL
+        for (uint n = 0; n < KEY_TILE / 8; ++n)
+            s[n][0] = s[n][1] = s[n][2] = s[n][3] = dp[n][0] = dp[n][1] = dp[n][2] = dp[n][3] =
+                0.0f;
+        UNROLL
+        for (uint ks = 0; ks < KS; ++ks) {
+            uint qb[4], qs[4], ob[4], os[4];
+            split4(qf[ks], qb, qs);
+            split4(of[ks], ob, os);
+            UNROLL
+            for (uint n = 0; n < KEY_TILE / 8; ++n) {
+                __local const float *kr = kt + (n * 8 + g) * STRIDE + ks * 8 + t;
+                __local const float *vr = vt + (n * 8 + g) * STRIDE + ks * 8 + t;
+                uint bb[2], bs[2];
+                split2(kr[0], kr[4], bb, bs);
+                mma3(s[n], qb, qs, bb, bs, emu);
+                split2(vr[0], vr[4], bb, bs);
+                mma3(dp[n], ob, os, bb, bs, emu);
+            }
+        }
+        const bool whole = t0 + KEY_TILE <= hi && (!causal || t0 + KEY_TILE - 1u <= r0) &&
+                           (window == 0u || (ulong)last < (ulong)t0 + window);
+        UNROLL
+        for (uint n = 0; n < KEY_TILE / 8; ++n) {
+            UNROLL
+            for (int i = 0; i < 4; ++i) {
+                const uint key = t0 + n * 8 + 2 * t + (i & 1), row = (i & 2) ? row1 : row0;
+                const int r = (i & 2) ? 1 : 0;
+                const float p = exp(fmin(s[n][i] - m[r], 0.0f) - l[r]);
+                const bool keep = whole || (key < hi && visible(row, key, causal, window));
+                s[n][i] = keep ? p * (dp[n][i] - ds_row[r]) : 0.0f;
+            }
+        }
+        UNROLL
+        for (uint j = 0; j < KEY_TILE / 8; ++j) {
+            uint ab[4], as[4];
+            c_to_a(s[j], ab, as);
+            UNROLL
+            for (uint n = 0; n < KS; ++n) {
+                __local const float *kr = kt + (j * 8 + 2 * t) * STRIDE + n * 8 + g;
+                uint bb[2], bs[2];
+                split2(kr[0], kr[STRIDE], bb, bs);
+                mma3(acc[n], ab, as, bb, bs, emu);
+            }
+        }
+    }
+    UNROLL
+    for (uint n = 0; n < KS; ++n) {
+        UNROLL
+        for (int i = 0; i < 4; ++i) {
+            const uint row = (i & 2) ? row1 : row0, d = n * 8 + 2 * t + (i & 1);
+            if (row < q_seq && d < D)
+                dq[at(b, q_seq, row, num_heads, head, d)] = scale * acc[n][i];
+        }
+    }
+}
+
+/* ---- grad-K and grad-V ----------------------------------------------- */
+
+/* dK and/or dV of the work-group's 64 keys: every query row of every head
+ * of the group that sees any of them streams through local memory QTILE
+ * rows at a time, with its LSE pair and Dsum. */
+inline void key_side(__global const float *q, __global const float *k, __global const float *v,
+                     __global const float *d_out, __global const float *lse,
+                     __global const float *dsum, __global float *dk, __global float *dv,
+                     uint q_seq, uint kv_seq, uint num_heads, uint num_kv_heads, int causal,
+                     uint window, float scale, __local float *tiles, bool want_dk,
+                     bool want_dv)
+{
+    const uint lid = get_local_id(0), lane = lid & 31u, warp = lid >> 5;
+    const uint g = lane >> 2, t = lane & 3u;
+    __local float *qt = tiles, *ot = tiles + QTILE * STRIDE;
+    __local float *mt = tiles + 2 * QTILE * STRIDE, *lt = mt + QTILE, *dt = lt + QTILE;
+    __local float *emu = tiles + 2 * KEY_TILE * STRIDE + 3 * KEY_TILE + warp * EMU_FLOATS;
+    const uint kv_head = get_group_id(1), b = get_group_id(2);
+    const uint group = num_heads / num_kv_heads;
+    const uint r0 = get_group_id(0) * WG_ROWS; /* causal: the first blocks are the heaviest */
+    const uint key0 = r0 + warp * 16u + g, key1 = key0 + 8u;
+
+    float kf[KS][4], vf[KS][4], dkf[KS][4], dvf[KS][4];
+    UNROLL
+    for (uint ks = 0; ks < KS; ++ks) {
+        load_a(kf[ks], k, b, kv_seq, key0, num_kv_heads, kv_head, ks, 1.0f);
+        if (want_dk)
+            load_a(vf[ks], v, b, kv_seq, key0, num_kv_heads, kv_head, ks, 1.0f);
+        dkf[ks][0] = dkf[ks][1] = dkf[ks][2] = dkf[ks][3] = 0.0f;
+        dvf[ks][0] = dvf[ks][1] = dvf[ks][2] = dvf[ks][3] = 0.0f;
+    }
+    /* The queries that see any key of [r0, last]. */
+    const uint last = min(r0 + WG_ROWS, kv_seq) - 1u;
+    const uint lo = causal ? r0 : 0u;
+    uint hi = q_seq;
+    if (window > 0u && last < q_seq && window < q_seq - last)
+        hi = last + window;
+
+    for (uint head = kv_head * group; head < (kv_head + 1u) * group; ++head)
+        for (uint p0 = lo; p0 < hi; p0 += QTILE) {
+            barrier(CLK_LOCAL_MEM_FENCE);
+            load_tile(qt, q, b, q_seq, p0, QTILE, hi, num_heads, head, scale);
+            load_tile(ot, d_out, b, q_seq, p0, QTILE, hi, num_heads, head, 1.0f);
+            for (uint i = lid; i < QTILE; i += LANES) {
+                const bool in = p0 + i < hi;
+                const ulong row = ((ulong)b * q_seq + (in ? p0 + i : 0u)) * num_heads + head;
+                mt[i] = in ? lse[2 * row] : 0.0f;
+                lt[i] = in ? lse[2 * row + 1] : 0.0f;
+                dt[i] = in && want_dk ? dsum[row] : 0.0f;
+            }
+            barrier(CLK_LOCAL_MEM_FENCE);
+
+            /* S^T and dP^T: 16 keys x QTILE queries per warp. */
+            float s[QTILE / 8][4], dp[QTILE / 8][4];
+            UNROLL
+            for (uint n = 0; n < QTILE / 8; ++n)
+                s[n][0] = s[n][1] = s[n][2] = s[n][3] = dp[n][0] = dp[n][1] = dp[n][2] =
+                    dp[n][3] = 0.0f;
+            UNROLL
+            for (uint ks = 0; ks < KS; ++ks) {
+                uint kb[4], ksm[4], vb[4], vs[4];
+                split4(kf[ks], kb, ksm);
+                if (want_dk)
+                    split4(vf[ks], vb, vs);
+                UNROLL
+                for (uint n = 0; n < QTILE / 8; ++n) {
+                    __local const float *qr = qt + (n * 8 + g) * STRIDE + ks * 8 + t;
+                    uint bb[2], bs[2];
+                    split2(qr[0], qr[4], bb, bs);
+                    mma3(s[n], kb, ksm, bb, bs, emu);
+                    if (want_dk) {
+                        __local const float *orow = ot + (n * 8 + g) * STRIDE + ks * 8 + t;
+                        split2(orow[0], orow[4], bb, bs);
+                        mma3(dp[n], vb, vs, bb, bs, emu);
+                    }
+                }
+            }
+            const bool whole = p0 + QTILE <= hi && (!causal || last <= p0) &&
+                               (window == 0u || (ulong)p0 + QTILE - 1u < (ulong)r0 + window);
+            UNROLL
+            for (uint n = 0; n < QTILE / 8; ++n) {
+                UNROLL
+                for (int i = 0; i < 4; ++i) {
+                    const uint j = n * 8 + 2 * t + (i & 1), key = (i & 2) ? key1 : key0;
+                    const float p = exp(fmin(s[n][i] - mt[j], 0.0f) - lt[j]);
+                    const bool keep =
+                        whole || (p0 + j < hi && visible(p0 + j, key, causal, window));
+                    s[n][i] = keep ? p : 0.0f;
+                    dp[n][i] = keep ? p * (dp[n][i] - dt[j]) : 0.0f;
+                }
+            }
+            UNROLL
+            for (uint j = 0; j < QTILE / 8; ++j) {
+                uint pb[4], ps[4], db[4], dsm[4];
+                if (want_dv)
+                    c_to_a(s[j], pb, ps);
+                if (want_dk)
+                    c_to_a(dp[j], db, dsm);
+                UNROLL
+                for (uint n = 0; n < KS; ++n) {
+                    uint bb[2], bs[2];
+                    if (want_dv) {
+                        __local const float *orow = ot + (j * 8 + 2 * t) * STRIDE + n * 8 + g;
+                        split2(orow[0], orow[STRIDE], bb, bs);
+                        mma3(dvf[n], pb, ps, bb, bs, emu);
+                    }
+                    if (want_dk) {
+                        __local const float *qr = qt + (j * 8 + 2 * t) * STRIDE + n * 8 + g;
+                        split2(qr[0], qr[STRIDE], bb, bs);
+                        mma3(dkf[n], db, dsm, bb, bs, emu);
+                    }
+                }
+            }
+        }
+    UNROLL
+    for (uint n = 0; n < KS; ++n) {
+        UNROLL
+        for (int i = 0; i < 4; ++i) {
+            const uint key = (i & 2) ? key1 : key0, d = n * 8 + 2 * t + (i & 1);
+            if (key < kv_seq && d < D) {
+                const ulong x = at(b, kv_seq, key, num_kv_heads, kv_head, d);
+                if (want_dk)
+                    dk[x] = dkf[n][i];
+                if (want_dv)
+                    dv[x] = dvf[n][i];
+            }
+        }
+    }
+}
+
+__kernel __attribute__((reqd_work_group_size(LANES, 1, 1))) void
+grad_v__mma(__global const float *d_out, ulong d_out_off, __global const float *q, ulong q_off,
+            __global const float *k, ulong k_off, __global const float *lse, ulong lse_off,
+            __global float *dv, ulong dv_off, SHAPE_ARGS, __local float *tiles)
+{
+    key_side(q + q_off, k + k_off, k + k_off, d_out + d_out_off, lse + lse_off, lse + lse_off,
+             dv + dv_off, dv + dv_off, q_seq, kv_seq, num_heads, num_kv_heads, causal, window,
+             scale, tiles, false, true);
+}
+
+__kernel __attribute__((reqd_work_group_size(LANES, 1, 1))) void
+grad_k__mma(__global const float *q, ulong q_off, __global const float *k, ulong k_off,
+            __global const float *v, ulong v_off, __global const float *d_out, ulong d_out_off,
+            __global const float *lse, ulong lse_off, __global const float *dsum,
+            ulong dsum_off, __global float *dk, ulong dk_off, SHAPE_ARGS,
+            __local float *tiles)
+{
+    key_side(q + q_off, k + k_off, v + v_off, d_out + d_out_off, lse + lse_off, dsum + dsum_off,
+             dk + dk_off, dk + dk_off, q_seq, kv_seq, num_heads, num_kv_heads, causal, window,
+             scale, tiles, true, false);
+}
+
+__kernel __attribute__((reqd_work_group_size(LANES, 1, 1))) void
+grad_kv__mma(__global const float *q, ulong q_off, __global const float *k, ulong k_off,
+             __global const float *v, ulong v_off, __global const float *d_out, ulong d_out_off,
+             __global const float *lse, ulong lse_off, __global const float *dsum,
+             ulong dsum_off, __global float *dk, ulong dk_off, __global float *dv, ulong dv_off,
+             SHAPE_ARGS, __local float *tiles)
+{
+    key_side(q + q_off, k + k_off, v + v_off, d_out + d_out_off, lse + lse_off, dsum + dsum_off,
+             dk + dk_off, dv + dv_off, q_seq, kv_seq, num_heads, num_kv_heads, causal, window,
+             scale, tiles, true, true);
+}
