@@ -118,13 +118,22 @@ inline void mma(float *c, const uint *a, const uint *b, __local float *emu)
 #endif
 }
 
-/* c += a . b in 3xTF32. */
+/* c += a . b in 3xTF32. The tensor cores add into their accumulator with
+ * truncation, not rounding: summed straight into c, over thousands of
+ * k-steps (dK and dV at q_seq 4096), that bias grew to ~1e-4 of the result.
+ * So each k-step's three products go into a zeroed accumulator, and that
+ * into c with an ordinary rounded add. */
 inline void mma3(float *c, const uint *a_big, const uint *a_small, const uint *b_big,
                  const uint *b_small, __local float *emu)
 {
-    mma(c, a_small, b_big, emu);
-    mma(c, a_big, b_small, emu);
-    mma(c, a_big, b_big, emu);
+    float step[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    mma(step, a_small, b_big, emu);
+    mma(step, a_big, b_small, emu);
+    mma(step, a_big, b_big, emu);
+    c[0] += step[0];
+    c[1] += step[1];
+    c[2] += step[2];
+    c[3] += step[3];
 }
 
 /* x of the lane whose id differs from this one's in the bits of mask. */

@@ -5,7 +5,7 @@ clattn/PyTorch ratios. GPU: clattn on the OpenCL GPU against torch on CUDA;
 CPU: clattn's native backend and PoCL against torch on the CPU, all at the
 same thread count. Needs torch; skips (exit 77) without it.
 
-    python3 tests/torch_bench.py BUILD/clattn [--threads N] [--reps R] [--no-cpu]
+    python3 tests/torch_bench.py BUILD/clattn [--threads N] [--reps R] [--no-cpu] [--no-gpu]
 
 FLOP are counted as clattn does (DESIGN.md): forward 4, backward 10 per
 visible (query, key) pair per head_dim element, so a ratio is a speed ratio."""
@@ -86,11 +86,12 @@ def main():
     ap.add_argument("--threads", type=int, default=os.cpu_count())
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--no-cpu", action="store_true")
+    ap.add_argument("--no-gpu", action="store_true")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     env = dict(os.environ, CLATTN_NUM_THREADS=str(args.threads))
     plans = []
-    if torch.cuda.is_available():
+    if torch.cuda.is_available() and not args.no_gpu:
         plans += [(shape, "gpu", "cuda") for shape in GPU_SHAPES]
     if not args.no_cpu:
         plans += [(shape, dev, "cpu") for shape in CPU_SHAPES for dev in ("native", "cpu")]

@@ -4,7 +4,10 @@ float64 on random cases (GQA, causal, windows, odd head_dim, batch), on
 every backend this machine has. Needs numpy and torch; skips (exit 77)
 without them.
 
-    python3 tests/torch_compare.py BUILD/clattn [--cases N] [--seed S]
+    python3 tests/torch_compare.py BUILD/clattn [--cases N] [--seed S] [--large]
+
+--large adds the benchmark's shapes (q_seq 4096, head_dim 64: 8 heads causal,
+and 32 heads on 8 KV heads), where long sums show accumulation error.
 
 Prints the worst error of each tensor per backend, as max |clattn - torch|
 divided by max |torch|, and exits 1 if any exceeds 1e-4."""
@@ -24,9 +27,13 @@ except ImportError as e:
 TOLERANCE = 1e-4
 
 
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
 def reference(q, k, v, d_out, causal, window, scale):
     """O, the log-sum-exp per row, and dQ dK dV by autograd, in float64."""
-    q, k, v, d_out = (torch.tensor(a, dtype=torch.float64) for a in (q, k, v, d_out))
+    q, k, v, d_out = (torch.tensor(a, dtype=torch.float64, device=DEVICE)
+                      for a in (q, k, v, d_out))
     for t in (q, k, v):
         t.requires_grad_(True)
     batch, q_seq, heads, _ = q.shape
@@ -36,9 +43,9 @@ def reference(q, k, v, d_out, causal, window, scale):
     kh = k.permute(0, 2, 1, 3).repeat_interleave(group, dim=1)
     vh = v.permute(0, 2, 1, 3).repeat_interleave(group, dim=1)
     s = qh @ kh.transpose(-1, -2) * scale
-    pos = torch.arange(q_seq).view(-1, 1)
-    t = torch.arange(kv_seq).view(1, -1)
-    visible = torch.ones(q_seq, kv_seq, dtype=torch.bool)
+    pos = torch.arange(q_seq, device=DEVICE).view(-1, 1)
+    t = torch.arange(kv_seq, device=DEVICE).view(1, -1)
+    visible = torch.ones(q_seq, kv_seq, dtype=torch.bool, device=DEVICE)
     if causal:
         visible &= t <= pos
     if window:
@@ -49,8 +56,9 @@ def reference(q, k, v, d_out, causal, window, scale):
     p = torch.exp(s - lse) * has_key
     o = (p @ vh).permute(0, 2, 1, 3)
     o.backward(d_out)
-    return (o.detach().numpy(), lse.squeeze(-1).permute(0, 2, 1).detach().numpy(),
-            has_key.view(-1).numpy(), q.grad.numpy(), k.grad.numpy(), v.grad.numpy())
+    cpu = lambda x: x.detach().cpu().numpy()
+    return (cpu(o), cpu(lse.squeeze(-1).permute(0, 2, 1)), cpu(has_key.view(-1)),
+            cpu(q.grad), cpu(k.grad), cpu(v.grad))
 
 
 def save(folder, name, array):
@@ -69,7 +77,9 @@ def main():
     ap.add_argument("cli")
     ap.add_argument("--cases", type=int, default=12)
     ap.add_argument("--seed", type=int, default=2026)
+    ap.add_argument("--large", action="store_true")
     args = ap.parse_args()
+    large = [(1, 4096, 8, 8, 64, True), (1, 4096, 32, 8, 64, False)] if args.large else []
     rng = np.random.default_rng(args.seed)
     devices = subprocess.run([args.cli, "devices"], capture_output=True, text=True).stdout
     backends = ["native"] + [b for b, kind in (("cpu", "opencl-cpu"), ("gpu", "opencl-gpu"))
@@ -77,7 +87,7 @@ def main():
     worst = {b: {} for b in backends}
     failed = False
     with tempfile.TemporaryDirectory() as folder:
-        for case in range(args.cases):
+        for case in range(args.cases + len(large)):
             kv_heads = int(rng.choice([1, 2, 3]))
             heads = kv_heads * int(rng.choice([1, 2, 4]))
             head_dim = int(rng.choice([1, 5, 13, 32, 64, 80, 127]))
@@ -88,6 +98,9 @@ def main():
             batch = int(rng.integers(1, 3))
             scale = float(rng.choice([0.0, 0.37]))
             gain = float(rng.choice([1.0, 4.0]))
+            if case >= args.cases:
+                batch, q_seq, heads, kv_heads, head_dim, causal = large[case - args.cases]
+                kv_seq, window, scale, gain = q_seq, 0, 0.0, 1.0
             q = rng.uniform(-gain, gain, (batch, q_seq, heads, head_dim))
             k = rng.uniform(-1, 1, (batch, kv_seq, kv_heads, head_dim))
             v = rng.uniform(-1, 1, (batch, kv_seq, kv_heads, head_dim))
@@ -142,6 +155,7 @@ def main():
                         print(f"{desc}: {b} {name} error {err:.3g}")
                         failed = True
     print(f"clattn against torch {torch.__version__} float64 autograd, {args.cases} cases "
+          f"{'and the 2 large shapes ' if large else ''}"
           f"(max |err| / max |ref|, tolerance {TOLERANCE:g}):")
     print("backend     " + "".join(f"{n:>11}" for n in ("O", "LSE", "dQ", "dK", "dV")))
     for b in backends:
