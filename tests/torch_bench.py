@@ -89,7 +89,9 @@ def main():
     ap.add_argument("--no-gpu", action="store_true")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
-    env = dict(os.environ, CLATTN_NUM_THREADS=str(args.threads))
+    # PoCL takes its thread count from its own variable.
+    env = dict(os.environ, CLATTN_NUM_THREADS=str(args.threads),
+               POCL_MAX_PTHREAD_COUNT=str(args.threads))
     plans = []
     if torch.cuda.is_available() and not args.no_gpu:
         plans += [(shape, "gpu", "cuda") for shape in GPU_SHAPES]
