@@ -42,10 +42,16 @@
 #define WARPS 4
 #define LANES (WARPS * 32)
 #define WG_ROWS (WARPS * 16)
-#define KEY_TILE 64  /* keys per tile for the query-side kernels */
-#define QTILE 32 /* queries per tile for the key-side kernels */
+#define KEY_TILE 32 /* keys per tile for the query-side kernels */
+#define QTILE 32    /* queries per tile for the key-side kernels */
+/* A tile in local memory is two planes of 32 rows: the values' big tf32
+ * parts, then their small ones, split once as the tile is loaded rather
+ * than by every warp that reads it. */
+#define PLANE (32 * STRIDE)
 #define EMU_FLOATS 224
-#define MMA_LOCAL_FLOATS (2 * KEY_TILE * STRIDE + 3 * KEY_TILE + WARPS * EMU_FLOATS)
+#define ROW_VALUES (4 * PLANE)             /* m, l and Dsum of a tile's rows */
+#define EMU_AT (ROW_VALUES + 3 * 32)
+#define MMA_LOCAL_FLOATS (EMU_AT + WARPS * EMU_FLOATS)
 
 #ifdef MMA_EMULATE
 #define UNROLL
@@ -72,7 +78,7 @@ inline bool visible(uint pos, uint t, int causal, uint window)
 /* x rounded to tf32 (10 mantissa bits), as mma reads it. */
 inline uint tf32(float x) { return (as_uint(x) + 0x1000u) & 0xffffe000u; }
 
-/* The big and small tf32 parts of 4 (or 2) values. */
+/* The big and small tf32 parts of 4 values. */
 inline void split4(const float *x, uint *big, uint *small)
 {
     UNROLL
@@ -82,13 +88,6 @@ inline void split4(const float *x, uint *big, uint *small)
     }
 }
 
-inline void split2(float x0, float x1, uint *big, uint *small)
-{
-    big[0] = tf32(x0);
-    big[1] = tf32(x1);
-    small[0] = tf32(x0 - as_float(big[0]));
-    small[1] = tf32(x1 - as_float(big[1]));
-}
 
 /* c += a . b for one 16 x 8 x 8 product of the warp. */
 inline void mma(float *c, const uint *a, const uint *b, __local float *emu)
@@ -168,15 +167,28 @@ inline float row_max(float x, __local float *emu)
 }
 
 /* Loads rows [r0, r0 + n) of a [batch][rows][heads][D] tensor, times
- * factor, into tile[n][STRIDE]; zeros past `end` and past D. */
+ * factor, into the two planes of tile[n][STRIDE]; zeros past `end` and
+ * past D. */
 inline void load_tile(__local float *tile, __global const float *src, uint b, uint rows,
                       uint r0, uint n, uint end, uint heads, uint head, float factor)
 {
     for (uint i = get_local_id(0); i < n * DP; i += LANES) {
         const uint r = i / DP, d = i % DP;
-        tile[r * STRIDE + d] =
+        const float x =
             r0 + r < end && d < D ? src[at(b, rows, r0 + r, heads, head, d)] * factor : 0.0f;
+        const uint big = tf32(x);
+        tile[r * STRIDE + d] = as_float(big);
+        tile[PLANE + r * STRIDE + d] = as_float(tf32(x - as_float(big)));
     }
+}
+
+/* A B operand from a tile: the elements at i and i + step, both parts. */
+inline void b_frag(__local const float *tile, uint i, uint step, uint *big, uint *small)
+{
+    big[0] = as_uint(tile[i]);
+    big[1] = as_uint(tile[i + step]);
+    small[0] = as_uint(tile[PLANE + i]);
+    small[1] = as_uint(tile[PLANE + i + step]);
 }
 
 /* A fragment (16 rows from row0 and row1 = row0 + 8, k-step ks) of a
@@ -215,8 +227,8 @@ forward__mma(__global const float *q, ulong q_off, __global const float *k, ulon
     lse += lse_off;
     const uint lid = get_local_id(0), lane = lid & 31u, warp = lid >> 5;
     const uint g = lane >> 2, t = lane & 3u;
-    __local float *kt = tiles, *vt = tiles + KEY_TILE * STRIDE;
-    __local float *emu = tiles + 2 * KEY_TILE * STRIDE + 3 * KEY_TILE + warp * EMU_FLOATS;
+    __local float *kt = tiles, *vt = tiles + 2 * PLANE;
+    __local float *emu = tiles + EMU_AT + warp * EMU_FLOATS;
     const uint head = get_group_id(1), b = get_group_id(2);
     const uint kv_head = head / (num_heads / num_kv_heads);
     /* Under the causal mask the last blocks have the most keys: first. */
@@ -253,9 +265,8 @@ forward__mma(__global const float *q, ulong q_off, __global const float *k, ulon
             split4(qf[ks], ab, as);
             UNROLL
             for (uint n = 0; n < KEY_TILE / 8; ++n) {
-                __local const float *kr = kt + (n * 8 + g) * STRIDE + ks * 8 + t;
                 uint bb[2], bs[2];
-                split2(kr[0], kr[4], bb, bs);
+                b_frag(kt, (n * 8 + g) * STRIDE + ks * 8 + t, 4, bb, bs);
                 mma3(s[n], ab, as, bb, bs, emu);
             }
         }
@@ -310,9 +321,8 @@ forward__mma(__global const float *q, ulong q_off, __global const float *k, ulon
             c_to_a(s[j], ab, as);
             UNROLL
             for (uint n = 0; n < KS; ++n) {
-                __local const float *vr = vt + (j * 8 + 2 * t) * STRIDE + n * 8 + g;
                 uint bb[2], bs[2];
-                split2(vr[0], vr[STRIDE], bb, bs);
+                b_frag(vt, (j * 8 + 2 * t) * STRIDE + n * 8 + g, STRIDE, bb, bs);
                 mma3(acc[n], ab, as, bb, bs, emu);
             }
         }
@@ -359,8 +369,8 @@ grad_q__mma(__global const float *q, ulong q_off, __global const float *k, ulong
     dq += dq_off;
     const uint lid = get_local_id(0), lane = lid & 31u, warp = lid >> 5;
     const uint g = lane >> 2, t = lane & 3u;
-    __local float *kt = tiles, *vt = tiles + KEY_TILE * STRIDE;
-    __local float *emu = tiles + 2 * KEY_TILE * STRIDE + 3 * KEY_TILE + warp * EMU_FLOATS;
+    __local float *kt = tiles, *vt = tiles + 2 * PLANE;
+    __local float *emu = tiles + EMU_AT + warp * EMU_FLOATS;
     const uint head = get_group_id(1), b = get_group_id(2);
     const uint kv_head = head / (num_heads / num_kv_heads);
     const uint blocks = (q_seq + WG_ROWS - 1u) / WG_ROWS;
@@ -404,12 +414,11 @@ grad_q__mma(__global const float *q, ulong q_off, __global const float *k, ulong
             split4(of[ks], ob, os);
             UNROLL
             for (uint n = 0; n < KEY_TILE / 8; ++n) {
-                __local const float *kr = kt + (n * 8 + g) * STRIDE + ks * 8 + t;
-                __local const float *vr = vt + (n * 8 + g) * STRIDE + ks * 8 + t;
+                const uint at_kv = (n * 8 + g) * STRIDE + ks * 8 + t;
                 uint bb[2], bs[2];
-                split2(kr[0], kr[4], bb, bs);
+                b_frag(kt, at_kv, 4, bb, bs);
                 mma3(s[n], qb, qs, bb, bs, emu);
-                split2(vr[0], vr[4], bb, bs);
+                b_frag(vt, at_kv, 4, bb, bs);
                 mma3(dp[n], ob, os, bb, bs, emu);
             }
         }
@@ -432,9 +441,8 @@ grad_q__mma(__global const float *q, ulong q_off, __global const float *k, ulong
             c_to_a(s[j], ab, as);
             UNROLL
             for (uint n = 0; n < KS; ++n) {
-                __local const float *kr = kt + (j * 8 + 2 * t) * STRIDE + n * 8 + g;
                 uint bb[2], bs[2];
-                split2(kr[0], kr[STRIDE], bb, bs);
+                b_frag(kt, (j * 8 + 2 * t) * STRIDE + n * 8 + g, STRIDE, bb, bs);
                 mma3(acc[n], ab, as, bb, bs, emu);
             }
         }
@@ -464,9 +472,9 @@ inline void key_side(__global const float *q, __global const float *k, __global 
 {
     const uint lid = get_local_id(0), lane = lid & 31u, warp = lid >> 5;
     const uint g = lane >> 2, t = lane & 3u;
-    __local float *qt = tiles, *ot = tiles + QTILE * STRIDE;
-    __local float *mt = tiles + 2 * QTILE * STRIDE, *lt = mt + QTILE, *dt = lt + QTILE;
-    __local float *emu = tiles + 2 * KEY_TILE * STRIDE + 3 * KEY_TILE + warp * EMU_FLOATS;
+    __local float *qt = tiles, *ot = tiles + 2 * PLANE;
+    __local float *mt = tiles + ROW_VALUES, *lt = mt + QTILE, *dt = lt + QTILE;
+    __local float *emu = tiles + EMU_AT + warp * EMU_FLOATS;
     const uint kv_head = get_group_id(1), b = get_group_id(2);
     const uint group = num_heads / num_kv_heads;
     const uint r0 = get_group_id(0) * WG_ROWS; /* causal: the first blocks are the heaviest */
@@ -516,13 +524,12 @@ inline void key_side(__global const float *q, __global const float *k, __global 
                     split4(vf[ks], vb, vs);
                 UNROLL
                 for (uint n = 0; n < QTILE / 8; ++n) {
-                    __local const float *qr = qt + (n * 8 + g) * STRIDE + ks * 8 + t;
+                    const uint at_q = (n * 8 + g) * STRIDE + ks * 8 + t;
                     uint bb[2], bs[2];
-                    split2(qr[0], qr[4], bb, bs);
+                    b_frag(qt, at_q, 4, bb, bs);
                     mma3(s[n], kb, ksm, bb, bs, emu);
                     if (want_dk) {
-                        __local const float *orow = ot + (n * 8 + g) * STRIDE + ks * 8 + t;
-                        split2(orow[0], orow[4], bb, bs);
+                        b_frag(ot, at_q, 4, bb, bs);
                         mma3(dp[n], vb, vs, bb, bs, emu);
                     }
                 }
@@ -550,15 +557,14 @@ inline void key_side(__global const float *q, __global const float *k, __global 
                     c_to_a(dp[j], db, dsm);
                 UNROLL
                 for (uint n = 0; n < KS; ++n) {
+                    const uint at_q = (j * 8 + 2 * t) * STRIDE + n * 8 + g;
                     uint bb[2], bs[2];
                     if (want_dv) {
-                        __local const float *orow = ot + (j * 8 + 2 * t) * STRIDE + n * 8 + g;
-                        split2(orow[0], orow[STRIDE], bb, bs);
+                        b_frag(ot, at_q, STRIDE, bb, bs);
                         mma3(dvf[n], pb, ps, bb, bs, emu);
                     }
                     if (want_dk) {
-                        __local const float *qr = qt + (j * 8 + 2 * t) * STRIDE + n * 8 + g;
-                        split2(qr[0], qr[STRIDE], bb, bs);
+                        b_frag(qt, at_q, STRIDE, bb, bs);
                         mma3(dkf[n], db, dsm, bb, bs, emu);
                     }
                 }

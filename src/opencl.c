@@ -103,7 +103,7 @@ enum { MMA_LANES = 128, MMA_ROWS = 64, MMA_MAX_HEAD_DIM = 64 };
 static size_t mma_local_floats(uint32_t head_dim)
 {
     const size_t padded = (head_dim + 7u) / 8u * 8u;
-    return 2 * 64 * (padded + 4) + 3 * 64 + 4 * 224;
+    return 4 * 32 * (padded + 4) + 3 * 32 + 4 * 224;
 }
 
 /* NVIDIA's cl_nv_device_attribute_query. */
