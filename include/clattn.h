@@ -88,8 +88,10 @@ typedef struct clattn_options {
      * `clattn devices` lists them) or a case-insensitive substring of an
      * OpenCL device name. The string is read during the call only. */
     const char *device;
-    /* A kernel variant by name, or NULL for the backend's default: OpenCL
-     * "tiled" (default) or "tree", native "blocked"; clattn_variant_name()
+    /* A kernel variant by name, or NULL for the device's default: OpenCL
+     * "mma" (tensor cores; NVIDIA GPUs of compute capability 8.0+ only, and
+     * their default), "tiled" (other GPUs' default), "blocked" (CPU
+     * devices' default) or "tree"; native "blocked". clattn_variant_name()
      * lists them. The string is read during the call only. */
     const char *variant;
     /* Threads of the native backend; 0 means CLATTN_NUM_THREADS when set,
@@ -108,9 +110,13 @@ typedef struct clattn_context clattn_context;
 /* Creates a context as opts says (NULL: clattn_options_default()). With
  * backend auto, a backend that fails (no platform, no device, a failed
  * build) is noted and the next is tried; clattn_context_log() says what
- * was tried. The variant's kernels are built here (tiled ones for head_dim
- * 64; other head_dims on first use), so a device that cannot compile them
- * is never chosen.
+ * was tried. The variant's kernels are built here (mma, tiled and blocked
+ * ones for head_dim 64; other head_dims on first use), so a device that
+ * cannot compile them is never chosen. Built programs are kept in an
+ * on-disk cache (CLATTN_CACHE_DIR, else $XDG_CACHE_HOME/clattn or
+ * ~/.cache/clattn; "off" disables it), so another context on the device
+ * loads them. CLATTN_ERROR_UNKNOWN_VARIANT also answers a variant the
+ * device cannot run ("mma" off NVIDIA tensor-core GPUs).
  * On success *ctx owns everything it created; release it with
  * clattn_context_destroy(). On failure *ctx is NULL and nothing is leaked.
  * Status: CLATTN_OK, CLATTN_ERROR_NULL_POINTER, CLATTN_ERROR_INVALID_OPTION,
@@ -208,8 +214,9 @@ clattn_status clattn_grad_k(clattn_context *ctx, const clattn_shape *shape, cons
                             const float *d_out, float *dk);
 
 /* The kernel variants a backend offers, by index from 0 (the first is its
- * default); NULL past the last, and for CLATTN_BACKEND_AUTO. The OpenCL
- * backends share one list. Static strings. */
+ * default where the device runs it: OpenCL GPUs list "mma" first, then
+ * "tiled"; OpenCL CPU devices "blocked"); NULL past the last, and for
+ * CLATTN_BACKEND_AUTO. Static strings. */
 const char *clattn_variant_name(clattn_backend backend, size_t index);
 
 typedef struct clattn_device_info {
