@@ -1,12 +1,13 @@
 /* The native backend: the contract in plain C, threaded.
  *
  * Key-side ops (grad-V, grad-K and both at once) are split into jobs of
- * KEY_BLOCK keys of one (batch, KV head); a job keeps its K and V transposed
- * so that the scores of all its keys against one query vectorise along the
- * block, and its dK and dV rows so that updates vectorise along head_dim.
- * Query-side ops (forward, grad-Q) are split into jobs of QUERY_BLOCK query
- * rows, with keys taken KEY_BLOCK at a time (an online softmax for the
- * forward), each key block transposed once for all the rows.
+ * KEY_BLOCK keys of one (batch, KV head); a job keeps its K and V, and its
+ * dK and dV, transposed, so that the block's keys lie along a vector, and
+ * streams the query rows that see them (every head of the group) CHUNK at a
+ * time. Query-side ops (forward, grad-Q) are split into jobs of QUERY_BLOCK
+ * query rows of one (batch, head), kept transposed so that the rows lie
+ * along a vector, and stream the keys KEY_BLOCK at a time (an online
+ * softmax for the forward, whose per-row state is a vector too).
  * Threads take jobs from a shared counter, so uneven causal work balances
  * itself, and no job depends on another's, so the result does not depend on
  * the thread count. */
