@@ -711,6 +711,29 @@ static const shape_case simulated[] = {
 START_TEST(simulated_sweep) { run_cases(simulated, _i); }
 END_TEST
 
+/* A reduced set for the mma kernels with their instructions emulated on
+ * the OpenCL CPU device, where each head_dim is a slow build: tails past a
+ * work-group (64 rows) and a tile (32), a head_dim padded to a multiple of
+ * 8 (7) and a whole one (64), GQA, causal, windows, kv_seq != q_seq, batch, a custom
+ * scale and large logits. The GPU runs mma through the full sweep. */
+static const shape_case emulated[] = {
+    {2, 70, 70, 4, 2, 64, 1, 20, 0, 1},   {1, 9, 37, 2, 1, 7, 0, 5, 0, 1},
+    {1, 33, 33, 3, 3, 64, 0, 0, 0.5f, 1}, {1, 66, 100, 2, 1, 7, 0, 0, 0, 1},
+    {1, 130, 130, 4, 1, 64, 1, 0, 0, 8},
+};
+START_TEST(emulated_sweep) { run_cases(emulated, _i); }
+END_TEST
+
+Suite *emulated_suite(void)
+{
+    Suite *s = suite_create("emulated");
+    TCase *tc = tcase_create("mma");
+    tcase_set_timeout(tc, 900);
+    tcase_add_loop_test(tc, emulated_sweep, 0, N(emulated));
+    suite_add_tcase(s, tc);
+    return s;
+}
+
 Suite *oclgrind_suite(void)
 {
     Suite *s = suite_create("oclgrind");

@@ -28,6 +28,7 @@ Suite *api_suite(void);
 Suite *cli_suite(void);
 Suite *gradcheck_suite(void);
 Suite *oclgrind_suite(void);
+Suite *emulated_suite(void);
 Suite *train_suite(void);
 /* Adds the per-backend tests of check_training.c to the kernel suite. */
 void add_training_tests(TCase *tc);
