@@ -75,6 +75,40 @@ inline bool visible(uint pos, uint t, int causal, uint window)
     return (!causal || t <= pos) && (window == 0u || (ulong)pos < (ulong)t + window);
 }
 
+/* The first query row of the work-group's block: under the causal mask the
+ * last blocks have the most keys, so they go first. */
+inline uint query_block(uint q_seq, int causal)
+{
+    const uint blocks = (q_seq + WG_ROWS - 1u) / WG_ROWS;
+    return (causal ? blocks - 1u - get_group_id(0) : get_group_id(0)) * WG_ROWS;
+}
+
+/* The keys [*lo, *hi) that any query of [first, last] sees. */
+inline void keys_of_queries(uint first, uint last, uint kv_seq, int causal, uint window,
+                            uint *lo, uint *hi)
+{
+    *lo = window > 0u && first >= window ? first - window + 1u : 0u;
+    *hi = causal ? min(last + 1u, kv_seq) : kv_seq;
+}
+
+/* The queries [*lo, *hi) that see any key of [first, last]. */
+inline void queries_of_keys(uint first, uint last, uint q_seq, int causal, uint window,
+                            uint *lo, uint *hi)
+{
+    *lo = causal ? first : 0u;
+    *hi = q_seq;
+    if (window > 0u && last < q_seq && window < q_seq - last)
+        *hi = last + window;
+}
+
+/* Whether every query of [q_first, q_last] sees every key of [k_first,
+ * k_last]: such tiles skip the mask. */
+inline bool all_visible(ulong q_first, ulong q_last, ulong k_first, ulong k_last, int causal,
+                        uint window)
+{
+    return (!causal || k_last <= q_first) && (window == 0u || q_last < k_first + window);
+}
+
 /* x rounded to tf32 (10 mantissa bits), as mma reads it. */
 inline uint tf32(float x) { return (as_uint(x) + 0x1000u) & 0xffffe000u; }
 
@@ -231,9 +265,7 @@ forward__mma(__global const float *q, ulong q_off, __global const float *k, ulon
     __local float *emu = tiles + EMU_AT + warp * EMU_FLOATS;
     const uint head = get_group_id(1), b = get_group_id(2);
     const uint kv_head = head / (num_heads / num_kv_heads);
-    /* Under the causal mask the last blocks have the most keys: first. */
-    const uint blocks = (q_seq + WG_ROWS - 1u) / WG_ROWS;
-    const uint r0 = (causal ? blocks - 1u - get_group_id(0) : get_group_id(0)) * WG_ROWS;
+    const uint r0 = query_block(q_seq, causal);
     const uint row0 = r0 + warp * 16u + g, row1 = row0 + 8u;
 
     float qf[KS][4]; /* Q * scale, this lane's part of the warp's 16 rows */
@@ -247,8 +279,8 @@ forward__mma(__global const float *q, ulong q_off, __global const float *k, ulon
     float m0 = EMPTY_ROW, m1 = EMPTY_ROW, l0 = 0.0f, l1 = 0.0f;
 
     const uint last = min(r0 + WG_ROWS, q_seq) - 1u;
-    const uint lo = window > 0u && r0 >= window ? r0 - window + 1u : 0u;
-    const uint hi = causal ? min(last + 1u, kv_seq) : kv_seq;
+    uint lo, hi;
+    keys_of_queries(r0, last, kv_seq, causal, window, &lo, &hi);
     for (uint t0 = lo; t0 < hi; t0 += KEY_TILE) {
         barrier(CLK_LOCAL_MEM_FENCE);
         load_tile(kt, k, b, kv_seq, t0, KEY_TILE, hi, num_kv_heads, kv_head, 1.0f);
@@ -271,8 +303,8 @@ forward__mma(__global const float *q, ulong q_off, __global const float *k, ulon
             }
         }
         /* Only tiles that some row sees in part are masked. */
-        const bool whole = t0 + KEY_TILE <= hi && (!causal || t0 + KEY_TILE - 1u <= r0) &&
-                           (window == 0u || (ulong)last < (ulong)t0 + window);
+        const bool whole = t0 + KEY_TILE <= hi &&
+                           all_visible(r0, last, t0, t0 + KEY_TILE - 1u, causal, window);
         float mx0 = EMPTY_ROW, mx1 = EMPTY_ROW;
         UNROLL
         for (uint n = 0; n < KEY_TILE / 8; ++n) {
@@ -373,8 +405,7 @@ grad_q__mma(__global const float *q, ulong q_off, __global const float *k, ulong
     __local float *emu = tiles + EMU_AT + warp * EMU_FLOATS;
     const uint head = get_group_id(1), b = get_group_id(2);
     const uint kv_head = head / (num_heads / num_kv_heads);
-    const uint blocks = (q_seq + WG_ROWS - 1u) / WG_ROWS;
-    const uint r0 = (causal ? blocks - 1u - get_group_id(0) : get_group_id(0)) * WG_ROWS;
+    const uint r0 = query_block(q_seq, causal);
     const uint row0 = r0 + warp * 16u + g, row1 = row0 + 8u;
 
     float qf[KS][4], of[KS][4], acc[KS][4];
@@ -394,8 +425,8 @@ grad_q__mma(__global const float *q, ulong q_off, __global const float *k, ulong
     }
 
     const uint last = min(r0 + WG_ROWS, q_seq) - 1u;
-    const uint lo = window > 0u && r0 >= window ? r0 - window + 1u : 0u;
-    const uint hi = causal ? min(last + 1u, kv_seq) : kv_seq;
+    uint lo, hi;
+    keys_of_queries(r0, last, kv_seq, causal, window, &lo, &hi);
     for (uint t0 = lo; t0 < hi; t0 += KEY_TILE) {
         barrier(CLK_LOCAL_MEM_FENCE);
         load_tile(kt, k, b, kv_seq, t0, KEY_TILE, hi, num_kv_heads, kv_head, 1.0f);
@@ -422,8 +453,8 @@ grad_q__mma(__global const float *q, ulong q_off, __global const float *k, ulong
                 mma3(dp[n], ob, os, bb, bs, emu);
             }
         }
-        const bool whole = t0 + KEY_TILE <= hi && (!causal || t0 + KEY_TILE - 1u <= r0) &&
-                           (window == 0u || (ulong)last < (ulong)t0 + window);
+        const bool whole = t0 + KEY_TILE <= hi &&
+                           all_visible(r0, last, t0, t0 + KEY_TILE - 1u, causal, window);
         UNROLL
         for (uint n = 0; n < KEY_TILE / 8; ++n) {
             UNROLL
@@ -489,12 +520,9 @@ inline void key_side(__global const float *q, __global const float *k, __global 
         dkf[ks][0] = dkf[ks][1] = dkf[ks][2] = dkf[ks][3] = 0.0f;
         dvf[ks][0] = dvf[ks][1] = dvf[ks][2] = dvf[ks][3] = 0.0f;
     }
-    /* The queries that see any key of [r0, last]. */
     const uint last = min(r0 + WG_ROWS, kv_seq) - 1u;
-    const uint lo = causal ? r0 : 0u;
-    uint hi = q_seq;
-    if (window > 0u && last < q_seq && window < q_seq - last)
-        hi = last + window;
+    uint lo, hi;
+    queries_of_keys(r0, last, q_seq, causal, window, &lo, &hi);
 
     for (uint head = kv_head * group; head < (kv_head + 1u) * group; ++head)
         for (uint p0 = lo; p0 < hi; p0 += QTILE) {
@@ -534,8 +562,8 @@ inline void key_side(__global const float *q, __global const float *k, __global 
                     }
                 }
             }
-            const bool whole = p0 + QTILE <= hi && (!causal || last <= p0) &&
-                               (window == 0u || (ulong)p0 + QTILE - 1u < (ulong)r0 + window);
+            const bool whole = p0 + QTILE <= hi &&
+                               all_visible(p0, (ulong)p0 + QTILE - 1u, r0, last, causal, window);
             UNROLL
             for (uint n = 0; n < QTILE / 8; ++n) {
                 UNROLL

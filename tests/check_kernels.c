@@ -714,8 +714,8 @@ END_TEST
 /* A reduced set for the mma kernels with their instructions emulated on
  * the OpenCL CPU device, where each head_dim is a slow build: tails past a
  * work-group (64 rows) and a tile (32), a head_dim padded to a multiple of
- * 8 (7) and a whole one (64), GQA, causal, windows, kv_seq != q_seq, batch, a custom
- * scale and large logits. The GPU runs mma through the full sweep. */
+ * 8 (7) and a whole one (64), GQA, causal, windows, kv_seq != q_seq, batch,
+ * a custom scale and large logits. The GPU runs mma through the full sweep. */
 static const shape_case emulated[] = {
     {2, 70, 70, 4, 2, 64, 1, 20, 0, 1},   {1, 9, 37, 2, 1, 7, 0, 5, 0, 1},
     {1, 33, 33, 3, 3, 64, 0, 0, 0.5f, 1}, {1, 66, 100, 2, 1, 7, 0, 0, 0, 1},
@@ -731,24 +731,25 @@ START_TEST(emulated_sweep)
 }
 END_TEST
 
-Suite *emulated_suite(void)
+/* A suite of one reduced sweep, on a slow device: a generous timeout. */
+static Suite *reduced_suite(const char *name, const char *tcase, const TTest *sweep, int cases)
 {
-    Suite *s = suite_create("emulated");
-    TCase *tc = tcase_create("mma");
+    Suite *s = suite_create(name);
+    TCase *tc = tcase_create(tcase);
     tcase_set_timeout(tc, 900);
-    tcase_add_loop_test(tc, emulated_sweep, 0, N(emulated));
+    tcase_add_loop_test(tc, sweep, 0, cases);
     suite_add_tcase(s, tc);
     return s;
 }
 
+Suite *emulated_suite(void)
+{
+    return reduced_suite("emulated", "mma", emulated_sweep, N(emulated));
+}
+
 Suite *oclgrind_suite(void)
 {
-    Suite *s = suite_create("oclgrind");
-    TCase *tc = tcase_create("simulated");
-    tcase_set_timeout(tc, 900);
-    tcase_add_loop_test(tc, simulated_sweep, 0, N(simulated));
-    suite_add_tcase(s, tc);
-    return s;
+    return reduced_suite("oclgrind", "simulated", simulated_sweep, N(simulated));
 }
 
 Suite *kernels_suite(void)
