@@ -27,14 +27,6 @@
 #define KB 16
 #define CHUNK 32
 
-#define SHAPE_ARGS                                                                       \
-    uint q_seq, uint kv_seq, uint num_heads, uint num_kv_heads, uint head_dim, int causal, \
-        uint window, float scale
-
-/* The LSE pair of a row with no visible key, as in meganeura's forward;
- * masked scores take it too. */
-#define EMPTY_ROW (-1e30f)
-
 /* out[i] = sum_d x[row[i] + d] * t[d] for 8 rows of x, t a transposed tile. */
 inline void dots8(__global const float *x, const ulong *row, const float *t, float16 *out)
 {
@@ -116,7 +108,7 @@ inline void transpose_in(__global const float *x, const ulong *row, uint n, floa
  * only keys with pos < t + window. Written without t + window, which could
  * wrap, and without clamped differences, which LLVM turns into saturating
  * intrinsics that Oclgrind cannot run. */
-inline int16 visible(uint16 pos, uint16 t, int causal, uint window)
+inline int16 visible16(uint16 pos, uint16 t, int causal, uint window)
 {
     const int16 past = t <= pos;
     const int16 near = window ? pos - t < (uint16)window : (int16)(-1);
@@ -156,7 +148,7 @@ inline void chunk_run(chunk *ch, __global const float *q, __global const float *
     const int16 live = lane_ids() < nt;
     for (uint r = 0; r < n; ++r) {
         float16 e = exp(fmin(p[r] * scale - ch->m[r], 0.0f) - ch->l[r]);
-        e = select((float16)0.0f, e, live & visible((uint16)ch->pos[r], t, causal, window));
+        e = select((float16)0.0f, e, live & visible16((uint16)ch->pos[r], t, causal, window));
         p[r] = e;
         if (want_dk)
             ds[r] = scale * e * (ds[r] - ch->dsum[r]);
@@ -327,7 +319,7 @@ __kernel void forward__blocked(__global const float *q, ulong q_off, __global co
         dots8(k, keys + 8, qt, sc + 8);
         float16 block_max = EMPTY_ROW;
         for (uint j = 0; j < KB; ++j) {
-            const int16 keep = r.live & visible(r.pos, (uint16)(t0 + j), causal, window);
+            const int16 keep = r.live & visible16(r.pos, (uint16)(t0 + j), causal, window);
             sc[j] = select((float16)EMPTY_ROW, sc[j] * scale, j < n ? keep : (int16)0);
             block_max = fmax(block_max, sc[j]);
         }
@@ -399,7 +391,7 @@ __kernel void grad_q__blocked(__global const float *q, ulong q_off, __global con
         dots8(v, keys, dot, dp);
         dots8(v, keys + 8, dot, dp + 8);
         for (uint j = 0; j < KB; ++j) {
-            const int16 keep = r.live & visible(r.pos, (uint16)(t0 + j), causal, window);
+            const int16 keep = r.live & visible16(r.pos, (uint16)(t0 + j), causal, window);
             const float16 p = exp(fmin(sc[j] * scale - m, 0.0f) - l);
             sc[j] = select((float16)0.0f, scale * p * (dp[j] - ds_row), j < n ? keep : (int16)0);
         }

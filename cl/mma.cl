@@ -6,13 +6,16 @@
  * rounded to tf32, and a.b is computed as small_a.big_b + big_a.small_b +
  * big_a.big_b (the small.small term is below fp32's rounding).
  *
- * A work-group is four warps; each warp owns 16 rows of the work-group's
- * side (query rows for the forward and grad-Q, key rows for grad-K/V), held
- * in registers as mma fragments, and the other side streams through local
- * memory a tile at a time. Per tile a warp computes a 16 x KEY_TILE block of
- * scores S (and dP) with mma, applies the mask and the softmax in registers,
+ * A work-group is WARPS warps; each group of WSPLIT warps owns 16 rows of
+ * the work-group's side (query rows for the forward and grad-Q, key rows for
+ * grad-K/V), each warp of it DW columns of head_dim, held in registers as
+ * mma fragments, and the other side streams through local memory TILE rows
+ * at a time. Per tile a warp computes a 16 x TILE block of scores S (and
+ * dP) with mma over its columns; with WSPLIT > 1 the warps of a group add
+ * their partial blocks through local memory, in one order, so that each
+ * holds the same sums. Each applies the mask and the softmax in registers,
  * and feeds the probabilities straight back into mma as the A operand of
- * the next product: the accumulator layout of m16n8k8 (lane holds columns
+ * the product that updates its columns of the output: the accumulator layout of m16n8k8 (lane holds columns
  * 2t and 2t + 1) is not its A layout (columns t and t + 4), so the k index
  * of that product is permuted - A's column t is tile row 2t, column t + 4 is
  * tile row 2t + 1 - and the B operand is read from local memory in the same
@@ -27,31 +30,61 @@
  * local memory with barriers, so that the same kernels run, slowly, on any
  * OpenCL device: the tests use it to check the indexing on PoCL.
  *
- * HEAD_DIM is a compile-time define (src/opencl.c builds per head_dim, up
- * to 64); dimensions are padded to a multiple of 8 with zeros.
- * Launch: global (blocks * 128, heads, batch), local (128, 1, 1), blocks =
- * ceil(rows / 64); `tiles` is a __local buffer of MMA_LOCAL_FLOATS floats.
+ * Splitting head_dim across warps keeps the registers of a lane near those
+ * of head_dim 64 at any head_dim (the key side holds K, V, dK and dV
+ * fragments: 16 * KW floats), at the price of one exchange per tile.
+ * A tile in local memory is either two planes (PLANES 2: the values' big
+ * tf32 parts, then their small ones, split once as the tile is loaded) or
+ * the fp32 values (PLANES 1: half the memory, split by every read).
+ *
+ * HEAD_DIM, WARPS, WSPLIT, MMA_TILE and PLANES are compile-time defines,
+ * chosen per head_dim by src/opencl.c; the defaults let the file compile
+ * alone. Columns are padded with zeros to a multiple of 8 * WSPLIT.
+ * Launch: global (blocks * LANES, heads, batch), local (LANES, 1, 1),
+ * blocks = ceil(rows / WG_ROWS); `tiles` is a __local buffer of
+ * MMA_LOCAL_FLOATS floats.
  */
 #ifndef HEAD_DIM
 #define HEAD_DIM 64
 #endif
-#define D HEAD_DIM
-#define DP ((D + 7) / 8 * 8) /* head_dim padded to whole k-steps */
-#define KS (DP / 8)          /* k-steps (and n-tiles) along head_dim */
-#define STRIDE (DP + 4)      /* local rows padded: fragment reads hit 32 banks */
+#ifndef WARPS
 #define WARPS 4
+#endif
+#ifndef WSPLIT
+#define WSPLIT 1
+#endif
+#ifndef MMA_TILE
+#define MMA_TILE 32
+#endif
+#ifndef PLANES
+#define PLANES 2
+#endif
+#define D HEAD_DIM
+#define DP ((D + 8 * WSPLIT - 1) / (8 * WSPLIT) * (8 * WSPLIT)) /* padded columns */
+#define DW (DP / WSPLIT)     /* a warp's columns */
+#define KW (DW / 8)          /* its k-steps (and n-tiles) along head_dim */
+#define STRIDE (DP + 4)      /* local rows padded: fragment reads hit 32 banks */
 #define LANES (WARPS * 32)
-#define WG_ROWS (WARPS * 16)
-#define KEY_TILE 32 /* keys per tile for the query-side kernels */
-#define QTILE 32    /* queries per tile for the key-side kernels */
-/* A tile in local memory is two planes of 32 rows: the values' big tf32
- * parts, then their small ones, split once as the tile is loaded rather
- * than by every warp that reads it. */
-#define PLANE (32 * STRIDE)
+#define WG_ROWS (WARPS / WSPLIT * 16)
+#define TILE MMA_TILE        /* keys (query side) or queries (key side) per tile */
+#define NT (TILE / 8)        /* n-tiles of a tile's rows */
+#define PLANE (TILE * STRIDE)
+#define TILE_FLOATS (PLANES * PLANE)
+#define ROW_AT (2 * TILE_FLOATS)    /* m, l and Dsum of a tile's rows */
+#define XCH_AT (ROW_AT + 3 * TILE)  /* partial S and dP blocks of every warp */
+#define XCH_MAT (WARPS * NT * 4 * 32)
+#if WSPLIT > 1
+#define XCH_FLOATS (2 * XCH_MAT)
+#else
+#define XCH_FLOATS 0
+#endif
+#define EMU_AT (XCH_AT + XCH_FLOATS)
 #define EMU_FLOATS 224
-#define ROW_VALUES (4 * PLANE)             /* m, l and Dsum of a tile's rows */
-#define EMU_AT (ROW_VALUES + 3 * 32)
+#ifdef MMA_EMULATE
 #define MMA_LOCAL_FLOATS (EMU_AT + WARPS * EMU_FLOATS)
+#else
+#define MMA_LOCAL_FLOATS EMU_AT
+#endif
 
 #ifdef MMA_EMULATE
 #define UNROLL
@@ -59,20 +92,9 @@
 #define UNROLL _Pragma("unroll")
 #endif
 
-#define SHAPE_ARGS                                                                       \
-    uint q_seq, uint kv_seq, uint num_heads, uint num_kv_heads, uint head_dim, int causal, \
-        uint window, float scale
-
-#define EMPTY_ROW (-1e30f)
-
 inline ulong at(uint b, uint rows, uint row, uint heads, uint head, uint d)
 {
     return (((ulong)b * rows + row) * heads + head) * D + d;
-}
-
-inline bool visible(uint pos, uint t, int causal, uint window)
-{
-    return (!causal || t <= pos) && (window == 0u || (ulong)pos < (ulong)t + window);
 }
 
 /* The first query row of the work-group's block: under the causal mask the
@@ -81,24 +103,6 @@ inline uint query_block(uint q_seq, int causal)
 {
     const uint blocks = (q_seq + WG_ROWS - 1u) / WG_ROWS;
     return (causal ? blocks - 1u - get_group_id(0) : get_group_id(0)) * WG_ROWS;
-}
-
-/* The keys [*lo, *hi) that any query of [first, last] sees. */
-inline void keys_of_queries(uint first, uint last, uint kv_seq, int causal, uint window,
-                            uint *lo, uint *hi)
-{
-    *lo = window > 0u && first >= window ? first - window + 1u : 0u;
-    *hi = causal ? min(last + 1u, kv_seq) : kv_seq;
-}
-
-/* The queries [*lo, *hi) that see any key of [first, last]. */
-inline void queries_of_keys(uint first, uint last, uint q_seq, int causal, uint window,
-                            uint *lo, uint *hi)
-{
-    *lo = causal ? first : 0u;
-    *hi = q_seq;
-    if (window > 0u && last < q_seq && window < q_seq - last)
-        *hi = last + window;
 }
 
 /* Whether every query of [q_first, q_last] sees every key of [k_first,
@@ -200,40 +204,53 @@ inline float row_max(float x, __local float *emu)
     return fmax(x, shfl_xor(x, 2u, emu));
 }
 
-/* Loads rows [r0, r0 + n) of a [batch][rows][heads][D] tensor, times
- * factor, into the two planes of tile[n][STRIDE]; zeros past `end` and
- * past D. */
+/* Loads rows [r0, r0 + TILE) of a [batch][rows][heads][D] tensor, times
+ * factor, into tile[TILE][STRIDE] (both planes with PLANES 2); zeros past
+ * `end` and past D. */
 inline void load_tile(__local float *tile, __global const float *src, uint b, uint rows,
-                      uint r0, uint n, uint end, uint heads, uint head, float factor)
+                      uint r0, uint end, uint heads, uint head, float factor)
 {
-    for (uint i = get_local_id(0); i < n * DP; i += LANES) {
+    for (uint i = get_local_id(0); i < TILE * DP; i += LANES) {
         const uint r = i / DP, d = i % DP;
         const float x =
             r0 + r < end && d < D ? src[at(b, rows, r0 + r, heads, head, d)] * factor : 0.0f;
+#if PLANES == 2
         const uint big = tf32(x);
         tile[r * STRIDE + d] = as_float(big);
         tile[PLANE + r * STRIDE + d] = as_float(tf32(x - as_float(big)));
+#else
+        tile[r * STRIDE + d] = x;
+#endif
     }
 }
 
 /* A B operand from a tile: the elements at i and i + step, both parts. */
 inline void b_frag(__local const float *tile, uint i, uint step, uint *big, uint *small)
 {
+#if PLANES == 2
     big[0] = as_uint(tile[i]);
     big[1] = as_uint(tile[i + step]);
     small[0] = as_uint(tile[PLANE + i]);
     small[1] = as_uint(tile[PLANE + i + step]);
+#else
+    const float x0 = tile[i], x1 = tile[i + step];
+    big[0] = tf32(x0);
+    big[1] = tf32(x1);
+    small[0] = tf32(x0 - as_float(big[0]));
+    small[1] = tf32(x1 - as_float(big[1]));
+#endif
 }
 
-/* A fragment (16 rows from row0 and row1 = row0 + 8, k-step ks) of a
- * [batch][rows][heads][D] tensor, times factor; zeros past `rows` and D. */
+/* An A fragment (16 rows from row0 and row1 = row0 + 8, the 8 columns from
+ * col) of a [batch][rows][heads][D] tensor, times factor; zeros past `rows`
+ * and D. */
 inline void load_a(float *a, __global const float *src, uint b, uint rows, uint row0, uint heads,
-                   uint head, uint ks, float factor)
+                   uint head, uint col, float factor)
 {
     const uint t = get_local_id(0) & 3u;
     UNROLL
     for (int i = 0; i < 4; ++i) {
-        const uint row = row0 + ((i & 1) ? 8u : 0u), d = ks * 8u + t + ((i & 2) ? 4u : 0u);
+        const uint row = row0 + ((i & 1) ? 8u : 0u), d = col + t + ((i & 2) ? 4u : 0u);
         a[i] = row < rows && d < D ? src[at(b, rows, row, heads, head, d)] * factor : 0.0f;
     }
 }
@@ -245,6 +262,50 @@ inline void c_to_a(const float *c, uint *big, uint *small)
 {
     const float a[4] = {c[0], c[2], c[1], c[3]};
     split4(a, big, small);
+}
+
+inline void zero(float *x, int n)
+{
+    UNROLL
+    for (int i = 0; i < n; ++i)
+        x[i] = 0.0f;
+}
+
+/* The warps of a group add their partial NT x 4 blocks x (over their own
+ * columns): each stores its block in mat, and after the caller's barrier
+ * xch_sum gives every one of them the sum, added in the same order. */
+inline void xch_store(const float *x, __local float *mat, uint warp, uint lane)
+{
+    UNROLL
+    for (uint i = 0; i < NT * 4; ++i)
+        mat[(warp * NT * 4 + i) * 32 + lane] = x[i];
+}
+
+inline void xch_sum(float *x, __local const float *mat, uint warp, uint lane)
+{
+    const uint first = warp / WSPLIT * WSPLIT;
+    UNROLL
+    for (uint i = 0; i < NT * 4; ++i) {
+        float sum = 0.0f;
+        UNROLL
+        for (uint w = 0; w < WSPLIT; ++w)
+            sum += mat[((first + w) * NT * 4 + i) * 32 + lane];
+        x[i] = sum;
+    }
+}
+
+/* s (and dp, when not NULL) summed over the warps of the group. */
+inline void sum_over_split(float *s, float *dp, __local float *xch, uint warp, uint lane)
+{
+#if WSPLIT > 1
+    xch_store(s, xch, warp, lane);
+    if (dp)
+        xch_store(dp, xch + XCH_MAT, warp, lane);
+    barrier(CLK_LOCAL_MEM_FENCE);
+    xch_sum(s, xch, warp, lane);
+    if (dp)
+        xch_sum(dp, xch + XCH_MAT, warp, lane);
+#endif
 }
 
 /* ---- forward --------------------------------------------------------- */
@@ -260,54 +321,51 @@ forward__mma(__global const float *q, ulong q_off, __global const float *k, ulon
     o += o_off;
     lse += lse_off;
     const uint lid = get_local_id(0), lane = lid & 31u, warp = lid >> 5;
-    const uint g = lane >> 2, t = lane & 3u;
-    __local float *kt = tiles, *vt = tiles + 2 * PLANE;
+    const uint g = lane >> 2, t = lane & 3u, d0 = warp % WSPLIT * DW;
+    __local float *kt = tiles, *vt = tiles + TILE_FLOATS, *xch = tiles + XCH_AT;
     __local float *emu = tiles + EMU_AT + warp * EMU_FLOATS;
     const uint head = get_group_id(1), b = get_group_id(2);
     const uint kv_head = head / (num_heads / num_kv_heads);
     const uint r0 = query_block(q_seq, causal);
-    const uint row0 = r0 + warp * 16u + g, row1 = row0 + 8u;
+    const uint row0 = r0 + warp / WSPLIT * 16u + g, row1 = row0 + 8u;
 
-    float qf[KS][4]; /* Q * scale, this lane's part of the warp's 16 rows */
+    float qf[KW][4]; /* Q * scale: this lane's part of its rows and columns */
     UNROLL
-    for (uint ks = 0; ks < KS; ++ks)
-        load_a(qf[ks], q, b, q_seq, row0, num_heads, head, ks, scale);
-    float acc[KS][4];
-    UNROLL
-    for (uint n = 0; n < KS; ++n)
-        acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.0f;
+    for (uint ks = 0; ks < KW; ++ks)
+        load_a(qf[ks], q, b, q_seq, row0, num_heads, head, d0 + ks * 8, scale);
+    float acc[KW][4];
+    zero(&acc[0][0], KW * 4);
     float m0 = EMPTY_ROW, m1 = EMPTY_ROW, l0 = 0.0f, l1 = 0.0f;
 
     const uint last = min(r0 + WG_ROWS, q_seq) - 1u;
     uint lo, hi;
     keys_of_queries(r0, last, kv_seq, causal, window, &lo, &hi);
-    for (uint t0 = lo; t0 < hi; t0 += KEY_TILE) {
+    for (uint t0 = lo; t0 < hi; t0 += TILE) {
         barrier(CLK_LOCAL_MEM_FENCE);
-        load_tile(kt, k, b, kv_seq, t0, KEY_TILE, hi, num_kv_heads, kv_head, 1.0f);
-        load_tile(vt, v, b, kv_seq, t0, KEY_TILE, hi, num_kv_heads, kv_head, 1.0f);
+        load_tile(kt, k, b, kv_seq, t0, hi, num_kv_heads, kv_head, 1.0f);
+        load_tile(vt, v, b, kv_seq, t0, hi, num_kv_heads, kv_head, 1.0f);
         barrier(CLK_LOCAL_MEM_FENCE);
 
-        float s[KEY_TILE / 8][4];
+        float s[NT][4];
+        zero(&s[0][0], NT * 4);
         UNROLL
-        for (uint n = 0; n < KEY_TILE / 8; ++n)
-            s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
-        UNROLL
-        for (uint ks = 0; ks < KS; ++ks) {
+        for (uint ks = 0; ks < KW; ++ks) {
             uint ab[4], as[4];
             split4(qf[ks], ab, as);
             UNROLL
-            for (uint n = 0; n < KEY_TILE / 8; ++n) {
+            for (uint n = 0; n < NT; ++n) {
                 uint bb[2], bs[2];
-                b_frag(kt, (n * 8 + g) * STRIDE + ks * 8 + t, 4, bb, bs);
+                b_frag(kt, (n * 8 + g) * STRIDE + d0 + ks * 8 + t, 4, bb, bs);
                 mma3(s[n], ab, as, bb, bs, emu);
             }
         }
+        sum_over_split(&s[0][0], 0, xch, warp, lane);
         /* Only tiles that some row sees in part are masked. */
-        const bool whole = t0 + KEY_TILE <= hi &&
-                           all_visible(r0, last, t0, t0 + KEY_TILE - 1u, causal, window);
+        const bool whole =
+            t0 + TILE <= hi && all_visible(r0, last, t0, t0 + TILE - 1u, causal, window);
         float mx0 = EMPTY_ROW, mx1 = EMPTY_ROW;
         UNROLL
-        for (uint n = 0; n < KEY_TILE / 8; ++n) {
+        for (uint n = 0; n < NT; ++n) {
             UNROLL
             for (int i = 0; i < 4; ++i) {
                 const uint key = t0 + n * 8 + 2 * t + (i & 1), row = (i & 2) ? row1 : row0;
@@ -325,7 +383,7 @@ forward__mma(__global const float *q, ulong q_off, __global const float *k, ulon
         m1 = n1;
         float sum0 = 0.0f, sum1 = 0.0f;
         UNROLL
-        for (uint n = 0; n < KEY_TILE / 8; ++n) {
+        for (uint n = 0; n < NT; ++n) {
             UNROLL
             for (int i = 0; i < 4; ++i) {
                 /* Masked scores are exactly EMPTY_ROW; their weight is 0
@@ -341,20 +399,20 @@ forward__mma(__global const float *q, ulong q_off, __global const float *k, ulon
         l0 = l0 * c0 + sum0;
         l1 = l1 * c1 + sum1;
         UNROLL
-        for (uint n = 0; n < KS; ++n) {
+        for (uint n = 0; n < KW; ++n) {
             acc[n][0] *= c0;
             acc[n][1] *= c0;
             acc[n][2] *= c1;
             acc[n][3] *= c1;
         }
         UNROLL
-        for (uint j = 0; j < KEY_TILE / 8; ++j) {
+        for (uint j = 0; j < NT; ++j) {
             uint ab[4], as[4];
             c_to_a(s[j], ab, as);
             UNROLL
-            for (uint n = 0; n < KS; ++n) {
+            for (uint n = 0; n < KW; ++n) {
                 uint bb[2], bs[2];
-                b_frag(vt, (j * 8 + 2 * t) * STRIDE + n * 8 + g, STRIDE, bb, bs);
+                b_frag(vt, (j * 8 + 2 * t) * STRIDE + d0 + n * 8 + g, STRIDE, bb, bs);
                 mma3(acc[n], ab, as, bb, bs, emu);
             }
         }
@@ -362,16 +420,16 @@ forward__mma(__global const float *q, ulong q_off, __global const float *k, ulon
     l0 = row_sum(l0, emu);
     l1 = row_sum(l1, emu);
     UNROLL
-    for (uint n = 0; n < KS; ++n) {
+    for (uint n = 0; n < KW; ++n) {
         UNROLL
         for (int i = 0; i < 4; ++i) {
-            const uint row = (i & 2) ? row1 : row0, d = n * 8 + 2 * t + (i & 1);
+            const uint row = (i & 2) ? row1 : row0, d = d0 + n * 8 + 2 * t + (i & 1);
             const float l = (i & 2) ? l1 : l0;
             if (row < q_seq && d < D)
                 o[at(b, q_seq, row, num_heads, head, d)] = l > 0.0f ? acc[n][i] / l : 0.0f;
         }
     }
-    if (t == 0)
+    if (t == 0 && d0 == 0)
         for (int i = 0; i < 2; ++i) {
             const uint row = i ? row1 : row0;
             const float l = i ? l1 : l0, m = i ? m1 : m0;
@@ -400,21 +458,21 @@ grad_q__mma(__global const float *q, ulong q_off, __global const float *k, ulong
     dsum += dsum_off;
     dq += dq_off;
     const uint lid = get_local_id(0), lane = lid & 31u, warp = lid >> 5;
-    const uint g = lane >> 2, t = lane & 3u;
-    __local float *kt = tiles, *vt = tiles + 2 * PLANE;
+    const uint g = lane >> 2, t = lane & 3u, d0 = warp % WSPLIT * DW;
+    __local float *kt = tiles, *vt = tiles + TILE_FLOATS, *xch = tiles + XCH_AT;
     __local float *emu = tiles + EMU_AT + warp * EMU_FLOATS;
     const uint head = get_group_id(1), b = get_group_id(2);
     const uint kv_head = head / (num_heads / num_kv_heads);
     const uint r0 = query_block(q_seq, causal);
-    const uint row0 = r0 + warp * 16u + g, row1 = row0 + 8u;
+    const uint row0 = r0 + warp / WSPLIT * 16u + g, row1 = row0 + 8u;
 
-    float qf[KS][4], of[KS][4], acc[KS][4];
+    float qf[KW][4], of[KW][4], acc[KW][4];
     UNROLL
-    for (uint ks = 0; ks < KS; ++ks) {
-        load_a(qf[ks], q, b, q_seq, row0, num_heads, head, ks, scale);
-        load_a(of[ks], d_out, b, q_seq, row0, num_heads, head, ks, 1.0f);
-        acc[ks][0] = acc[ks][1] = acc[ks][2] = acc[ks][3] = 0.0f;
+    for (uint ks = 0; ks < KW; ++ks) {
+        load_a(qf[ks], q, b, q_seq, row0, num_heads, head, d0 + ks * 8, scale);
+        load_a(of[ks], d_out, b, q_seq, row0, num_heads, head, d0 + ks * 8, 1.0f);
     }
+    zero(&acc[0][0], KW * 4);
     float m[2], l[2], ds_row[2];
     for (int i = 0; i < 2; ++i) {
         const uint row = min(i ? row1 : row0, q_seq - 1u);
@@ -427,25 +485,23 @@ grad_q__mma(__global const float *q, ulong q_off, __global const float *k, ulong
     const uint last = min(r0 + WG_ROWS, q_seq) - 1u;
     uint lo, hi;
     keys_of_queries(r0, last, kv_seq, causal, window, &lo, &hi);
-    for (uint t0 = lo; t0 < hi; t0 += KEY_TILE) {
+    for (uint t0 = lo; t0 < hi; t0 += TILE) {
         barrier(CLK_LOCAL_MEM_FENCE);
-        load_tile(kt, k, b, kv_seq, t0, KEY_TILE, hi, num_kv_heads, kv_head, 1.0f);
-        load_tile(vt, v, b, kv_seq, t0, KEY_TILE, hi, num_kv_heads, kv_head, 1.0f);
+        load_tile(kt, k, b, kv_seq, t0, hi, num_kv_heads, kv_head, 1.0f);
+        load_tile(vt, v, b, kv_seq, t0, hi, num_kv_heads, kv_head, 1.0f);
         barrier(CLK_LOCAL_MEM_FENCE);
 
-        float s[KEY_TILE / 8][4], dp[KEY_TILE / 8][4];
+        float s[NT][4], dp[NT][4];
+        zero(&s[0][0], NT * 4);
+        zero(&dp[0][0], NT * 4);
         UNROLL
-        for (uint n = 0; n < KEY_TILE / 8; ++n)
-            s[n][0] = s[n][1] = s[n][2] = s[n][3] = dp[n][0] = dp[n][1] = dp[n][2] = dp[n][3] =
-                0.0f;
-        UNROLL
-        for (uint ks = 0; ks < KS; ++ks) {
+        for (uint ks = 0; ks < KW; ++ks) {
             uint qb[4], qs[4], ob[4], os[4];
             split4(qf[ks], qb, qs);
             split4(of[ks], ob, os);
             UNROLL
-            for (uint n = 0; n < KEY_TILE / 8; ++n) {
-                const uint at_kv = (n * 8 + g) * STRIDE + ks * 8 + t;
+            for (uint n = 0; n < NT; ++n) {
+                const uint at_kv = (n * 8 + g) * STRIDE + d0 + ks * 8 + t;
                 uint bb[2], bs[2];
                 b_frag(kt, at_kv, 4, bb, bs);
                 mma3(s[n], qb, qs, bb, bs, emu);
@@ -453,10 +509,11 @@ grad_q__mma(__global const float *q, ulong q_off, __global const float *k, ulong
                 mma3(dp[n], ob, os, bb, bs, emu);
             }
         }
-        const bool whole = t0 + KEY_TILE <= hi &&
-                           all_visible(r0, last, t0, t0 + KEY_TILE - 1u, causal, window);
+        sum_over_split(&s[0][0], &dp[0][0], xch, warp, lane);
+        const bool whole =
+            t0 + TILE <= hi && all_visible(r0, last, t0, t0 + TILE - 1u, causal, window);
         UNROLL
-        for (uint n = 0; n < KEY_TILE / 8; ++n) {
+        for (uint n = 0; n < NT; ++n) {
             UNROLL
             for (int i = 0; i < 4; ++i) {
                 const uint key = t0 + n * 8 + 2 * t + (i & 1), row = (i & 2) ? row1 : row0;
@@ -467,22 +524,22 @@ grad_q__mma(__global const float *q, ulong q_off, __global const float *k, ulong
             }
         }
         UNROLL
-        for (uint j = 0; j < KEY_TILE / 8; ++j) {
+        for (uint j = 0; j < NT; ++j) {
             uint ab[4], as[4];
             c_to_a(s[j], ab, as);
             UNROLL
-            for (uint n = 0; n < KS; ++n) {
+            for (uint n = 0; n < KW; ++n) {
                 uint bb[2], bs[2];
-                b_frag(kt, (j * 8 + 2 * t) * STRIDE + n * 8 + g, STRIDE, bb, bs);
+                b_frag(kt, (j * 8 + 2 * t) * STRIDE + d0 + n * 8 + g, STRIDE, bb, bs);
                 mma3(acc[n], ab, as, bb, bs, emu);
             }
         }
     }
     UNROLL
-    for (uint n = 0; n < KS; ++n) {
+    for (uint n = 0; n < KW; ++n) {
         UNROLL
         for (int i = 0; i < 4; ++i) {
-            const uint row = (i & 2) ? row1 : row0, d = n * 8 + 2 * t + (i & 1);
+            const uint row = (i & 2) ? row1 : row0, d = d0 + n * 8 + 2 * t + (i & 1);
             if (row < q_seq && d < D)
                 dq[at(b, q_seq, row, num_heads, head, d)] = scale * acc[n][i];
         }
@@ -491,9 +548,9 @@ grad_q__mma(__global const float *q, ulong q_off, __global const float *k, ulong
 
 /* ---- grad-K and grad-V ----------------------------------------------- */
 
-/* dK and/or dV of the work-group's 64 keys: every query row of every head
- * of the group that sees any of them streams through local memory QTILE
- * rows at a time, with its LSE pair and Dsum. */
+/* dK and/or dV of the work-group's WG_ROWS keys: every query row of every
+ * head of the group that sees any of them streams through local memory
+ * TILE rows at a time, with its LSE pair and Dsum. */
 inline void key_side(__global const float *q, __global const float *k, __global const float *v,
                      __global const float *d_out, __global const float *lse,
                      __global const float *dsum, __global float *dk, __global float *dv,
@@ -502,34 +559,34 @@ inline void key_side(__global const float *q, __global const float *k, __global 
                      bool want_dv)
 {
     const uint lid = get_local_id(0), lane = lid & 31u, warp = lid >> 5;
-    const uint g = lane >> 2, t = lane & 3u;
-    __local float *qt = tiles, *ot = tiles + 2 * PLANE;
-    __local float *mt = tiles + ROW_VALUES, *lt = mt + QTILE, *dt = lt + QTILE;
+    const uint g = lane >> 2, t = lane & 3u, d0 = warp % WSPLIT * DW;
+    __local float *qt = tiles, *ot = tiles + TILE_FLOATS, *xch = tiles + XCH_AT;
+    __local float *mt = tiles + ROW_AT, *lt = mt + TILE, *dt = lt + TILE;
     __local float *emu = tiles + EMU_AT + warp * EMU_FLOATS;
     const uint kv_head = get_group_id(1), b = get_group_id(2);
     const uint group = num_heads / num_kv_heads;
     const uint r0 = get_group_id(0) * WG_ROWS; /* causal: the first blocks are the heaviest */
-    const uint key0 = r0 + warp * 16u + g, key1 = key0 + 8u;
+    const uint key0 = r0 + warp / WSPLIT * 16u + g, key1 = key0 + 8u;
 
-    float kf[KS][4], vf[KS][4], dkf[KS][4], dvf[KS][4];
+    float kf[KW][4], vf[KW][4], dkf[KW][4], dvf[KW][4];
     UNROLL
-    for (uint ks = 0; ks < KS; ++ks) {
-        load_a(kf[ks], k, b, kv_seq, key0, num_kv_heads, kv_head, ks, 1.0f);
+    for (uint ks = 0; ks < KW; ++ks) {
+        load_a(kf[ks], k, b, kv_seq, key0, num_kv_heads, kv_head, d0 + ks * 8, 1.0f);
         if (want_dk)
-            load_a(vf[ks], v, b, kv_seq, key0, num_kv_heads, kv_head, ks, 1.0f);
-        dkf[ks][0] = dkf[ks][1] = dkf[ks][2] = dkf[ks][3] = 0.0f;
-        dvf[ks][0] = dvf[ks][1] = dvf[ks][2] = dvf[ks][3] = 0.0f;
+            load_a(vf[ks], v, b, kv_seq, key0, num_kv_heads, kv_head, d0 + ks * 8, 1.0f);
     }
+    zero(&dkf[0][0], KW * 4);
+    zero(&dvf[0][0], KW * 4);
     const uint last = min(r0 + WG_ROWS, kv_seq) - 1u;
     uint lo, hi;
     queries_of_keys(r0, last, q_seq, causal, window, &lo, &hi);
 
     for (uint head = kv_head * group; head < (kv_head + 1u) * group; ++head)
-        for (uint p0 = lo; p0 < hi; p0 += QTILE) {
+        for (uint p0 = lo; p0 < hi; p0 += TILE) {
             barrier(CLK_LOCAL_MEM_FENCE);
-            load_tile(qt, q, b, q_seq, p0, QTILE, hi, num_heads, head, scale);
-            load_tile(ot, d_out, b, q_seq, p0, QTILE, hi, num_heads, head, 1.0f);
-            for (uint i = lid; i < QTILE; i += LANES) {
+            load_tile(qt, q, b, q_seq, p0, hi, num_heads, head, scale);
+            load_tile(ot, d_out, b, q_seq, p0, hi, num_heads, head, 1.0f);
+            for (uint i = lid; i < TILE; i += LANES) {
                 const bool in = p0 + i < hi;
                 const ulong row = ((ulong)b * q_seq + (in ? p0 + i : 0u)) * num_heads + head;
                 mt[i] = in ? lse[2 * row] : 0.0f;
@@ -538,21 +595,19 @@ inline void key_side(__global const float *q, __global const float *k, __global 
             }
             barrier(CLK_LOCAL_MEM_FENCE);
 
-            /* S^T and dP^T: 16 keys x QTILE queries per warp. */
-            float s[QTILE / 8][4], dp[QTILE / 8][4];
+            /* S^T and dP^T: 16 keys x TILE queries per warp. */
+            float s[NT][4], dp[NT][4];
+            zero(&s[0][0], NT * 4);
+            zero(&dp[0][0], NT * 4);
             UNROLL
-            for (uint n = 0; n < QTILE / 8; ++n)
-                s[n][0] = s[n][1] = s[n][2] = s[n][3] = dp[n][0] = dp[n][1] = dp[n][2] =
-                    dp[n][3] = 0.0f;
-            UNROLL
-            for (uint ks = 0; ks < KS; ++ks) {
+            for (uint ks = 0; ks < KW; ++ks) {
                 uint kb[4], ksm[4], vb[4], vs[4];
                 split4(kf[ks], kb, ksm);
                 if (want_dk)
                     split4(vf[ks], vb, vs);
                 UNROLL
-                for (uint n = 0; n < QTILE / 8; ++n) {
-                    const uint at_q = (n * 8 + g) * STRIDE + ks * 8 + t;
+                for (uint n = 0; n < NT; ++n) {
+                    const uint at_q = (n * 8 + g) * STRIDE + d0 + ks * 8 + t;
                     uint bb[2], bs[2];
                     b_frag(qt, at_q, 4, bb, bs);
                     mma3(s[n], kb, ksm, bb, bs, emu);
@@ -562,10 +617,11 @@ inline void key_side(__global const float *q, __global const float *k, __global 
                     }
                 }
             }
-            const bool whole = p0 + QTILE <= hi &&
-                               all_visible(p0, (ulong)p0 + QTILE - 1u, r0, last, causal, window);
+            sum_over_split(&s[0][0], want_dk ? &dp[0][0] : 0, xch, warp, lane);
+            const bool whole = p0 + TILE <= hi &&
+                               all_visible(p0, (ulong)p0 + TILE - 1u, r0, last, causal, window);
             UNROLL
-            for (uint n = 0; n < QTILE / 8; ++n) {
+            for (uint n = 0; n < NT; ++n) {
                 UNROLL
                 for (int i = 0; i < 4; ++i) {
                     const uint j = n * 8 + 2 * t + (i & 1), key = (i & 2) ? key1 : key0;
@@ -577,15 +633,15 @@ inline void key_side(__global const float *q, __global const float *k, __global 
                 }
             }
             UNROLL
-            for (uint j = 0; j < QTILE / 8; ++j) {
+            for (uint j = 0; j < NT; ++j) {
                 uint pb[4], ps[4], db[4], dsm[4];
                 if (want_dv)
                     c_to_a(s[j], pb, ps);
                 if (want_dk)
                     c_to_a(dp[j], db, dsm);
                 UNROLL
-                for (uint n = 0; n < KS; ++n) {
-                    const uint at_q = (j * 8 + 2 * t) * STRIDE + n * 8 + g;
+                for (uint n = 0; n < KW; ++n) {
+                    const uint at_q = (j * 8 + 2 * t) * STRIDE + d0 + n * 8 + g;
                     uint bb[2], bs[2];
                     if (want_dv) {
                         b_frag(ot, at_q, STRIDE, bb, bs);
@@ -599,10 +655,10 @@ inline void key_side(__global const float *q, __global const float *k, __global 
             }
         }
     UNROLL
-    for (uint n = 0; n < KS; ++n) {
+    for (uint n = 0; n < KW; ++n) {
         UNROLL
         for (int i = 0; i < 4; ++i) {
-            const uint key = (i & 2) ? key1 : key0, d = n * 8 + 2 * t + (i & 1);
+            const uint key = (i & 2) ? key1 : key0, d = d0 + n * 8 + 2 * t + (i & 1);
             if (key < kv_seq && d < D) {
                 const ulong x = at(b, kv_seq, key, num_kv_heads, kv_head, d);
                 if (want_dk)

@@ -36,14 +36,6 @@
 #define D HEAD_DIM
 #define LANES (ROWS * SPLIT)
 
-#define SHAPE_ARGS                                                                       \
-    uint q_seq, uint kv_seq, uint num_heads, uint num_kv_heads, uint head_dim, int causal, \
-        uint window, float scale
-
-/* A row with no visible key has this LSE pair, as in meganeura's forward;
- * masked scores take it too, so that exp() of them is 0. */
-#define EMPTY_ROW (-1e30f)
-
 inline ulong at(uint b, uint rows, uint row, uint heads, uint head, uint d)
 {
     return (((ulong)b * rows + row) * heads + head) * D + d;
@@ -52,29 +44,6 @@ inline ulong at(uint b, uint rows, uint row, uint heads, uint head, uint d)
 inline ulong row_of(uint b, uint q_seq, uint pos, uint num_heads, uint head)
 {
     return ((ulong)b * q_seq + pos) * num_heads + head;
-}
-
-inline bool visible(uint pos, uint t, int causal, uint window)
-{
-    return (!causal || t <= pos) && (window == 0u || (ulong)pos < (ulong)t + window);
-}
-
-/* The keys [*lo, *hi) that any query of [first, last] sees. */
-inline void keys_of_queries(uint first, uint last, uint kv_seq, int causal, uint window,
-                            uint *lo, uint *hi)
-{
-    *lo = window > 0u && first >= window ? first - window + 1u : 0u;
-    *hi = causal ? min(last + 1u, kv_seq) : kv_seq;
-}
-
-/* The queries [*lo, *hi) that any key of [first, last] is seen by. */
-inline void queries_of_keys(uint first, uint last, uint q_seq, int causal, uint window,
-                            uint *lo, uint *hi)
-{
-    *lo = causal ? first : 0u;
-    *hi = q_seq;
-    if (window > 0u && last < q_seq && window < q_seq - last)
-        *hi = last + window;
 }
 
 /* Loads rows [r0, r0 + TILE) of a [batch][rows][heads][D] tensor into

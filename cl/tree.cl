@@ -14,13 +14,6 @@
  * products at once. Tensor arguments are (buffer, offset in floats) pairs.
  */
 
-#define SHAPE_ARGS                                                                       \
-    uint q_seq, uint kv_seq, uint num_heads, uint num_kv_heads, uint head_dim, int causal, \
-        uint window, float scale
-
-/* A row with no visible key has this LSE pair, as in meganeura's forward. */
-#define EMPTY_ROW (-1e30f)
-
 /* Sums every lane's value; every lane of the work-group must call it. */
 inline float tree_sum(__local float *red, float mine, uint tid, uint wg)
 {
@@ -55,24 +48,6 @@ inline float2 tree_sum2(__local float *red, float a, float b, uint tid, uint wg)
     return sum;
 }
 
-/* The queries [*start, *end) that see key t: the seed's loop bounds,
- * written so that t + window cannot wrap. */
-inline void queries_of_key(uint t, uint q_seq, int causal, uint window, uint *start, uint *end)
-{
-    *start = causal ? t : 0u;
-    *end = q_seq;
-    if (window > 0u && t < q_seq && window < q_seq - t)
-        *end = t + window;
-}
-
-/* The keys [*start, *end) that query pos sees. */
-inline void keys_of_query(uint pos, uint kv_seq, int causal, uint window, uint *start,
-                          uint *end)
-{
-    *start = window > 0u && pos >= window ? pos - window + 1u : 0u;
-    *end = causal ? min(pos + 1u, kv_seq) : kv_seq;
-}
-
 /* Element offsets: [b][row][head][d] with `heads` heads. */
 inline ulong at(uint b, uint rows, uint row, uint heads, uint head, uint head_dim, uint d)
 {
@@ -94,7 +69,7 @@ __kernel void grad_v__tree(__global const float *d_out, ulong d_out_off,
     float my_dv = 0.0f;
 
     uint start, end;
-    queries_of_key(t, q_seq, causal, window, &start, &end);
+    queries_of_keys(t, t, q_seq, causal, window, &start, &end);
     for (uint pos = start; pos < end; ++pos) {
         for (uint head = kv_head * group; head < (kv_head + 1u) * group; ++head) {
             const ulong q_at = at(b, q_seq, pos, num_heads, head, head_dim, tid);
@@ -126,7 +101,7 @@ __kernel void forward__tree(__global const float *q, ulong q_off,
     float m = EMPTY_ROW, l = 0.0f, acc = 0.0f;
 
     uint start, end;
-    keys_of_query(pos, kv_seq, causal, window, &start, &end);
+    keys_of_queries(pos, pos, kv_seq, causal, window, &start, &end);
     for (uint t = start; t < end; ++t) {
         const ulong kv_at = at(b, kv_seq, t, num_kv_heads, kv_head, head_dim, tid);
         const float s = tree_sum(red, live ? q_d * k[k_off + kv_at] : 0.0f, tid, wg) * scale;
@@ -183,7 +158,7 @@ __kernel void grad_q__tree(__global const float *q, ulong q_off,
     float acc = 0.0f;
 
     uint start, end;
-    keys_of_query(pos, kv_seq, causal, window, &start, &end);
+    keys_of_queries(pos, pos, kv_seq, causal, window, &start, &end);
     for (uint t = start; t < end; ++t) {
         const ulong kv_at = at(b, kv_seq, t, num_kv_heads, kv_head, head_dim, tid);
         const float k_d = live ? k[k_off + kv_at] : 0.0f;
@@ -216,7 +191,7 @@ inline void grad_kv_row(__global const float *q, ulong q_off, __global const flo
     float dk_acc = 0.0f, dv_acc = 0.0f;
 
     uint start, end;
-    queries_of_key(t, q_seq, causal, window, &start, &end);
+    queries_of_keys(t, t, q_seq, causal, window, &start, &end);
     for (uint pos = start; pos < end; ++pos) {
         for (uint head = kv_head * group; head < (kv_head + 1u) * group; ++head) {
             const ulong q_at = at(b, q_seq, pos, num_heads, head, head_dim, tid);

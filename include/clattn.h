@@ -52,7 +52,8 @@ typedef enum clattn_status {
     CLATTN_ERROR_OPENCL = 15,            /* any other OpenCL failure; the code is in the message */
     CLATTN_ERROR_OUT_OF_MEMORY = 16,     /* a host allocation failed */
     CLATTN_ERROR_WRONG_BACKEND = 17,     /* an OpenCL-only call on a native context */
-    CLATTN_ERROR_INVALID_BUFFER = 18     /* a cl_mem too small for its tensor, of another context, or overlapping */
+    CLATTN_ERROR_INVALID_BUFFER = 18,    /* a cl_mem too small for its tensor, of another context, or overlapping */
+    CLATTN_ERROR_UNSUPPORTED_SHAPE = 19  /* the variant asked for by name has no kernels for the shape */
 } clattn_status;
 
 #define CLATTN_MAX_HEAD_DIM 256
@@ -140,6 +141,12 @@ const char *clattn_context_device(const clattn_context *ctx);
 
 /* The kernel variant the context runs, e.g. "tree". Owned by the context. */
 const char *clattn_context_variant(const clattn_context *ctx);
+
+/* The kernels the context's last successful op ran, in order and
+ * comma-separated, e.g. "dsum__tree,grad_kv__mma,grad_q__mma" ("" before
+ * the first): where auto fell back for a head_dim, the kernels that really
+ * ran. Owned by the context; valid until its next call. */
+const char *clattn_context_kernels(const clattn_context *ctx);
 
 /* What creation tried before settling, one line per attempt ("" when the
  * first choice worked). Owned by the context. */

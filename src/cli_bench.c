@@ -278,10 +278,10 @@ int cmd_bench(int argc, char **argv)
     const clattn_backend backend = clattn_context_backend(base);
     if (!json)
         printf("%s, batch %u, q_seq %u, kv_seq %u, %u heads, %u KV heads, head_dim %u%s, "
-               "window %u, on %s\n%-10s %12s %12s %12s\n",
+               "window %u, on %s\n%-10s %12s %12s %12s  %s\n",
                op_names[b.op], batch, q_seq, b.s.kv_seq, heads, b.s.num_kv_heads, head_dim,
                causal ? ", causal" : "", window, clattn_context_device(base), "variant",
-               "ms/call", "GFLOP/s", "max_error");
+               "ms/call", "GFLOP/s", "max_error", "kernels");
     for (size_t vi = 0;; ++vi) {
         const char *name = variant && strcmp(variant, "all") ? (vi ? NULL : variant)
                            : variant ? clattn_variant_name(backend, vi)
@@ -319,7 +319,13 @@ int cmd_bench(int argc, char **argv)
         }
         double seconds = 0.0, err = NAN;
         st = time_variant(ctx, &b, (int)reps, &seconds, &err);
+        char ran[160];
+        snprintf(ran, sizeof ran, "%s", clattn_context_kernels(ctx));
         clattn_context_destroy(ctx);
+        if (st == CLATTN_ERROR_UNSUPPORTED_SHAPE && variant && !strcmp(variant, "all")) {
+            fprintf(stderr, "clattn bench: variant %s left out: %s\n", name, clattn_last_error());
+            continue;
+        }
         if (st != CLATTN_OK) {
             fprintf(stderr, "clattn bench: variant %s: %s: %s\n", name, clattn_status_string(st),
                     clattn_last_error());
@@ -337,13 +343,13 @@ int cmd_bench(int argc, char **argv)
             json_text(clattn_context_device(base));
             printf("\", \"variant\": \"%s\", \"batch\": %u, \"q_seq\": %u, \"kv_seq\": %u, \"heads\": %u, \"kv_heads\": %u, "
                    "\"head_dim\": %u, \"causal\": %s, \"window\": %u, \"reps\": %u, "
-                   "\"seconds\": %.6g, \"gflops\": %.6g, \"max_error\": %s}\n",
+                   "\"seconds\": %.6g, \"gflops\": %.6g, \"max_error\": %s, \"kernels\": \"%s\"}\n",
                    name, batch, q_seq, b.s.kv_seq, heads, b.s.num_kv_heads, head_dim,
                    causal ? "true" : "false", window, reps, seconds, flop / seconds * 1e-9,
-                   errtext);
+                   errtext, ran);
         } else
-            printf("%-10s %12.3f %12.2f %12s\n", name, seconds * 1e3, flop / seconds * 1e-9,
-                   errtext);
+            printf("%-10s %12.3f %12.2f %12s  %s\n", name, seconds * 1e3, flop / seconds * 1e-9,
+                   errtext, ran);
         fflush(stdout);
     }
     rc = 0;

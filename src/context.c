@@ -66,6 +66,8 @@ const char *clattn_context_variant(const clattn_context *ctx)
 
 const char *clattn_context_log(const clattn_context *ctx) { return ctx ? ctx->log : ""; }
 
+const char *clattn_context_kernels(const clattn_context *ctx) { return ctx ? ctx->kernels : ""; }
+
 typedef enum plan { PLAN_AUTO, PLAN_NATIVE, PLAN_OPENCL } plan;
 
 static int parse_index(const char *s, size_t len, unsigned *out)

@@ -56,6 +56,7 @@ const char *clattn_status_string(clattn_status status)
         NAME(CLATTN_ERROR_OUT_OF_MEMORY)
         NAME(CLATTN_ERROR_WRONG_BACKEND)
         NAME(CLATTN_ERROR_INVALID_BUFFER)
+        NAME(CLATTN_ERROR_UNSUPPORTED_SHAPE)
 #undef NAME
     }
     return "CLATTN_ERROR_UNKNOWN_STATUS";

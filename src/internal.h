@@ -82,6 +82,7 @@ struct clattn_context {
     pthread_mutex_t lock;
     char device[320];
     char variant[32];
+    char kernels[160]; /* what the last call ran, comma-separated */
     char *log;       /* what auto tried; never NULL after creation */
     int num_threads; /* native */
     struct clattn_cl_state *cl; /* NULL on native */

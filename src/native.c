@@ -590,6 +590,15 @@ static clattn_status native_run(clattn_context *ctx, clattn_op op, const clattn_
                               s->batch;
     const int n = ctx->num_threads;
     float *dsum = NULL;
+    static const char *const ran[CLATTN_OP_COUNT] = {
+        [CLATTN_OP_FORWARD] = "forward__native",
+        [CLATTN_OP_GRAD_V] = "grad_v__native",
+        [CLATTN_OP_GRAD_Q] = "grad_q__native",
+        [CLATTN_OP_GRAD_K] = "dsum__native,grad_k__native",
+        [CLATTN_OP_BACKWARD] = "dsum__native,grad_kv__native,grad_q__native",
+    };
+    if (op < CLATTN_OP_COUNT)
+        snprintf(ctx->kernels, sizeof ctx->kernels, "%s", ran[op]);
 
     switch (op) {
     case CLATTN_OP_FORWARD:

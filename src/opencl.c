@@ -97,13 +97,30 @@ enum { TILED_MAX_HEAD_DIM = 64 };
  * blocked.cl's a single work-item per block of BLOCKED_ROWS rows. */
 enum { KIND_TREE, KIND_TILED, KIND_BLOCKED, KIND_MMA };
 enum { BLOCKED_ROWS = 16 };
-/* mma.cl's work-groups: four warps of 16 rows; its local memory, as the
- * file's MMA_LOCAL_FLOATS, for a head_dim padded to a multiple of 8. */
-enum { MMA_LANES = 128, MMA_ROWS = 64, MMA_MAX_HEAD_DIM = 64 };
-static size_t mma_local_floats(uint32_t head_dim)
+/* mma.cl's shapes per head_dim class: warps per work-group, warps that
+ * share 16 rows (each with a part of head_dim), rows per local tile, and
+ * whether tiles hold tf32 planes (2) or fp32 (1). A lane holds 16 * head_dim
+ * / (8 * wsplit) floats of fragments on the key side, and a work-group gets
+ * 48 KB of local memory on NVIDIA's OpenCL: past head_dim 64 the warps split
+ * head_dim, and past 128 the tiles hold fp32. CLATTN_MMA=W,S,T,P overrides
+ * the table for every head_dim. */
+typedef struct mma_config {
+    uint32_t max_head_dim;
+    unsigned warps, wsplit, tile, planes;
+} mma_config;
+static const mma_config mma_table[] = {
+    {64, 4, 1, 32, 2},
+    {128, 4, 2, 16, 2},
+    {CLATTN_MAX_HEAD_DIM, 4, 4, 16, 1},
+};
+
+/* mma.cl's MMA_LOCAL_FLOATS for a head_dim under config c. */
+static size_t mma_local_floats(const mma_config *c, uint32_t head_dim, int emulate)
 {
-    const size_t padded = (head_dim + 7u) / 8u * 8u;
-    return 4 * 32 * (padded + 4) + 3 * 32 + 4 * 224;
+    const size_t unit = 8u * c->wsplit, padded = (head_dim + unit - 1) / unit * unit;
+    const size_t tile = (size_t)c->planes * c->tile * (padded + 4);
+    const size_t exchange = c->wsplit > 1 ? 2 * (size_t)c->warps * c->tile / 8 * 4 * 32 : 0;
+    return 2 * tile + 3 * (size_t)c->tile + exchange + (emulate ? (size_t)c->warps * 224 : 0);
 }
 
 /* NVIDIA's cl_nv_device_attribute_query. */
@@ -143,6 +160,7 @@ static int mma_emulated(void)
 typedef struct kernel_set {
     cl_program program[K_COUNT]; /* kernels of one source share a program */
     cl_kernel kernel[K_COUNT];
+    const char *function[K_COUNT];
     size_t max_wg[K_COUNT];
     cl_ulong local_mem[K_COUNT];
     int kind[K_COUNT];
@@ -156,9 +174,13 @@ struct clattn_cl_state {
     int own_context, own_queue;
     kernel_set generic;  /* tree's, any head_dim: with the context for tree, else lazily */
     int generic_built;
-    kernel_set *special[CLATTN_MAX_HEAD_DIM + 1]; /* per head_dim, on first use */
+    /* Per head_dim, on first use; &generic where auto fell back on it. */
+    kernel_set *special[CLATTN_MAX_HEAD_DIM + 1];
     const char *special_variant; /* the variant built per head_dim, or NULL */
     int mma_emulate;             /* build mma.cl with -DMMA_EMULATE */
+    int mma_tuned;               /* CLATTN_MMA set: mma_tune for every head_dim */
+    mma_config mma_tune;
+    int named;                   /* the variant was asked for by name */
     tile_config tiles;
     cl_ulong max_alloc;
     cl_ulong local_mem;
@@ -166,6 +188,23 @@ struct clattn_cl_state {
     cl_mem scratch[CLATTN_R_COUNT];
     size_t scratch_bytes[CLATTN_R_COUNT];
 };
+
+static const mma_config *mma_config_for(const struct clattn_cl_state *cl, uint32_t head_dim)
+{
+    if (cl->mma_tuned)
+        return &cl->mma_tune;
+    size_t i = 0;
+    while (mma_table[i].max_head_dim < head_dim)
+        ++i;
+    return &mma_table[i];
+}
+
+/* Rows of a work-group of mma.cl: 16 for each group of wsplit warps. */
+static size_t mma_rows(const struct clattn_cl_state *cl, uint32_t head_dim)
+{
+    const mma_config *c = mma_config_for(cl, head_dim);
+    return 16u * c->warps / c->wsplit;
+}
 
 static const char *cl_error_name(cl_int err)
 {
@@ -357,7 +396,7 @@ static void release_state(struct clattn_cl_state *cl)
             clReleaseMemObject(cl->scratch[i]);
     release_set(&cl->generic);
     for (int d = 0; d <= CLATTN_MAX_HEAD_DIM; ++d)
-        if (cl->special[d]) {
+        if (cl->special[d] && cl->special[d] != &cl->generic) {
             release_set(cl->special[d]);
             free(cl->special[d]);
         }
@@ -391,15 +430,11 @@ static size_t tree_work_group(uint32_t head_dim)
     return wg;
 }
 
-static clattn_status build_program(struct clattn_cl_state *cl, const cl_variant *v,
-                                   const char *defines, cl_program *out)
+/* Loads src from the program cache, or compiles and stores it. */
+static clattn_status compile(struct clattn_cl_state *cl, const cl_variant *v, const char *src,
+                             const char *options, cl_program *out)
 {
-    /* CLATTN_CL_OPTIONS adds the caller's own compiler options. */
-    const char *extra = getenv("CLATTN_CL_OPTIONS");
-    char options[512];
-    snprintf(options, sizeof options, "%s %s", defines, extra ? extra : "");
     cl_int err;
-    const char *src = v->source;
     if ((*out = clattn_cache_load(cl->context, cl->device, src, options)) != NULL) {
         clattn_log_append(cl->owner, "%s kernels (%s): loaded from the program cache",
                           v->name, options);
@@ -433,6 +468,26 @@ static clattn_status build_program(struct clattn_cl_state *cl, const cl_variant 
     return st;
 }
 
+static clattn_status build_program(struct clattn_cl_state *cl, const cl_variant *v,
+                                   const char *defines, cl_program *out)
+{
+    /* CLATTN_CL_OPTIONS adds the caller's own compiler options. */
+    const char *extra = getenv("CLATTN_CL_OPTIONS");
+    char options[512];
+    snprintf(options, sizeof options, "%s %s", defines, extra ? extra : "");
+    /* The prelude goes ahead of the source, as one text: the cache's key
+     * covers both. */
+    const size_t prelude = strlen(clattn_cl_common), body = strlen(v->source);
+    char *src = malloc(prelude + body + 1);
+    if (!src)
+        return clattn_fail(CLATTN_ERROR_OUT_OF_MEMORY, "out of host memory");
+    memcpy(src, clattn_cl_common, prelude);
+    memcpy(src + prelude, v->source, body + 1);
+    clattn_status st = compile(cl, v, src, options, out);
+    free(src);
+    return st;
+}
+
 /* Local memory a kernel of the set needs for a head_dim, in bytes. */
 static size_t local_bytes(const struct clattn_cl_state *cl, const kernel_set *set, int k,
                           uint32_t head_dim)
@@ -440,7 +495,8 @@ static size_t local_bytes(const struct clattn_cl_state *cl, const kernel_set *se
     if (set->kind[k] == KIND_BLOCKED)
         return sizeof(float); /* unused, but an argument wants a size */
     if (set->kind[k] == KIND_MMA)
-        return mma_local_floats(head_dim) * sizeof(float);
+        return mma_local_floats(mma_config_for(cl, head_dim), head_dim, cl->mma_emulate) *
+               sizeof(float);
     if (set->kind[k] == KIND_TILED) {
         const size_t tiles = 2 * (size_t)cl->tiles.tile * head_dim + 3 * (size_t)cl->tiles.tile;
         const size_t combine = ((size_t)cl->tiles.split - 1) * cl->tiles.rows * (head_dim + 2);
@@ -455,7 +511,7 @@ static size_t work_group(const struct clattn_cl_state *cl, const kernel_set *set
 {
     return set->kind[k] == KIND_TILED     ? (size_t)cl->tiles.rows * cl->tiles.split
            : set->kind[k] == KIND_BLOCKED ? 1
-           : set->kind[k] == KIND_MMA     ? MMA_LANES
+           : set->kind[k] == KIND_MMA     ? 32u * mma_config_for(cl, head_dim)->warps
                                           : tree_work_group(head_dim);
 }
 
@@ -467,10 +523,16 @@ static size_t work_group(const struct clattn_cl_state *cl, const kernel_set *set
 static clattn_status build_set(struct clattn_cl_state *cl, const char *variant,
                                uint32_t head_dim, kernel_set *set, int strict_limits)
 {
-    char options[192];
-    snprintf(options, sizeof options, "%s -DHEAD_DIM=%u -DROWS=%u -DTILE=%u -DSPLIT=%u%s",
-             build_options, head_dim ? head_dim : 1u, cl->tiles.rows, cl->tiles.tile,
-             cl->tiles.split, cl->mma_emulate ? " -DMMA_EMULATE" : "");
+    char options[256];
+    int len = snprintf(options, sizeof options, "%s -DHEAD_DIM=%u -DROWS=%u -DTILE=%u -DSPLIT=%u",
+                       build_options, head_dim ? head_dim : 1u, cl->tiles.rows, cl->tiles.tile,
+                       cl->tiles.split);
+    if (!strcmp(variant, "mma")) {
+        const mma_config *c = mma_config_for(cl, head_dim);
+        snprintf(options + len, sizeof options - (size_t)len,
+                 " -DWARPS=%u -DWSPLIT=%u -DMMA_TILE=%u -DPLANES=%u%s", c->warps, c->wsplit,
+                 c->tile, c->planes, cl->mma_emulate ? " -DMMA_EMULATE" : "");
+    }
     for (int k = 0; k < K_COUNT; ++k) {
         const cl_variant *v = find_variant(k, variant);
         if (!v) {
@@ -493,6 +555,7 @@ static clattn_status build_set(struct clattn_cl_state *cl, const char *variant,
         if (!set->program[k] && (st = build_program(cl, v, options, &set->program[k])) != CLATTN_OK)
             return st;
         cl_int err;
+        set->function[k] = v->function;
         set->kernel[k] = clCreateKernel(set->program[k], v->function, &err);
         if (err != CL_SUCCESS) {
             set->kernel[k] = NULL;
@@ -517,25 +580,44 @@ static clattn_status build_set(struct clattn_cl_state *cl, const char *variant,
     return CLATTN_OK;
 }
 
-/* The kernels a call with this head_dim runs: the tiled or blocked ones
- * specialised for it (built on first use), or the generic set. */
+/* The generic kernels (tree's, any head_dim), built on first use. */
+static clattn_status generic_kernels(struct clattn_cl_state *cl, kernel_set **out)
+{
+    if (!cl->generic_built) {
+        clattn_status st = build_set(cl, "tree", 0, &cl->generic, 0);
+        if (st != CLATTN_OK) {
+            release_set(&cl->generic);
+            memset(&cl->generic, 0, sizeof cl->generic);
+            return st;
+        }
+        cl->generic_built = 1;
+    }
+    *out = &cl->generic;
+    return CLATTN_OK;
+}
+
+/* The kernels a call with this head_dim runs: the variant's own,
+ * specialised for it (built on first use), or the generic set. Past tiled's
+ * head_dims a variant asked for by name is refused; auto's runs tree's
+ * kernels, and the context log says so once per head_dim. */
 static clattn_status kernels_for(struct clattn_cl_state *cl, uint32_t head_dim,
                                  kernel_set **out)
 {
-    if (!cl->special_variant ||
-        (!strcmp(cl->special_variant, "tiled") && head_dim > TILED_MAX_HEAD_DIM) ||
-        (!strcmp(cl->special_variant, "mma") && head_dim > MMA_MAX_HEAD_DIM)) {
-        if (!cl->generic_built) {
-            clattn_status st = build_set(cl, "tree", 0, &cl->generic, 0);
-            if (st != CLATTN_OK) {
-                release_set(&cl->generic);
-                memset(&cl->generic, 0, sizeof cl->generic);
-                return st;
-            }
-            cl->generic_built = 1;
-        }
-        *out = &cl->generic;
-        return CLATTN_OK;
+    if (!cl->special_variant)
+        return generic_kernels(cl, out);
+    if (!strcmp(cl->special_variant, "tiled") && head_dim > TILED_MAX_HEAD_DIM) {
+        if (cl->named)
+            return clattn_fail(CLATTN_ERROR_UNSUPPORTED_SHAPE,
+                               "variant 'tiled' runs head_dims up to %d, not %u; 'tree' runs "
+                               "any",
+                               TILED_MAX_HEAD_DIM, head_dim);
+        if (!cl->special[head_dim])
+            clattn_log_append(cl->owner, "tiled has no kernels for head_dim %u: tree's run",
+                              head_dim);
+        clattn_status st = generic_kernels(cl, out);
+        if (st == CLATTN_OK)
+            cl->special[head_dim] = *out; /* marks the line as written */
+        return st;
     }
     if (!cl->special[head_dim]) {
         kernel_set *set = calloc(1, sizeof *set);
@@ -603,6 +685,7 @@ static clattn_status init_on_device(clattn_context *ctx, const char *variant,
      * the device can run. */
     const int can_mma = mma_capable(device) || mma_emulated();
     cl->mma_emulate = mma_emulated();
+    cl->named = variant != NULL;
     if (!variant) {
         const clattn_backend kind = (type & CL_DEVICE_TYPE_CPU) ? CLATTN_BACKEND_OPENCL_CPU
                                                                 : CLATTN_BACKEND_OPENCL_GPU;
@@ -639,10 +722,30 @@ static clattn_status init_on_device(clattn_context *ctx, const char *variant,
         cl->tiles.tile = tile;
         cl->tiles.split = split;
     }
+    const char *mma_tune = getenv("CLATTN_MMA");
+    if (mma_tune && *mma_tune) {
+        mma_config *c = &cl->mma_tune;
+        char end;
+        if (sscanf(mma_tune, "%u,%u,%u,%u%c", &c->warps, &c->wsplit, &c->tile, &c->planes,
+                   &end) != 4 ||
+            (c->warps != 1 && c->warps != 2 && c->warps != 4 && c->warps != 8) ||
+            (c->wsplit != 1 && c->wsplit != 2 && c->wsplit != 4) || c->warps % c->wsplit ||
+            (c->tile != 8 && c->tile != 16 && c->tile != 32) ||
+            (c->planes != 1 && c->planes != 2)) {
+            st = clattn_fail(CLATTN_ERROR_INVALID_OPTION,
+                             "CLATTN_MMA='%s': want WARPS,WSPLIT,TILE,PLANES with WARPS 1, 2, "
+                             "4 or 8, WSPLIT 1, 2 or 4 dividing WARPS, TILE 8, 16 or 32 and "
+                             "PLANES 1 or 2",
+                             mma_tune);
+            goto fail;
+        }
+        c->max_head_dim = CLATTN_MAX_HEAD_DIM;
+        cl->mma_tuned = 1;
+    }
     /* Each program is built once per context, when first needed, except
      * one now, so that a device that cannot compile the variant is never
      * chosen: tree's (any head_dim) for tree, or the tiled or blocked ones
-     * for head_dim 64. tiled falls back on tree's past its head_dims. */
+     * for head_dim 64. */
     cl->special_variant = !strcmp(variant, "tiled")     ? "tiled"
                           : !strcmp(variant, "blocked") ? "blocked"
                           : !strcmp(variant, "mma")     ? "mma"
@@ -818,7 +921,7 @@ static clattn_status enqueue_kernel(struct clattn_cl_state *cl, const kernel_set
     const size_t heads = kd->key_rows ? s->num_kv_heads : s->num_heads;
     const size_t per_group = set->kind[k] == KIND_TILED     ? cl->tiles.rows
                              : set->kind[k] == KIND_BLOCKED ? BLOCKED_ROWS
-                             : set->kind[k] == KIND_MMA     ? MMA_ROWS
+                             : set->kind[k] == KIND_MMA     ? mma_rows(cl, s->head_dim)
                                                             : 1;
     const size_t blocks = (rows + per_group - 1) / per_group;
     const size_t groups = set->kind[k] == KIND_TILED && s->causal ? (blocks + 1) / 2 : blocks;
@@ -866,6 +969,13 @@ static clattn_status enqueue_op(struct clattn_cl_state *cl, clattn_op op, const 
     }
     if (dsum)
         clReleaseMemObject(dsum);
+    if (st == CLATTN_OK) {
+        char *ran = cl->owner->kernels;
+        ran[0] = '\0';
+        for (int i = 0; plan[i] >= 0; ++i)
+            snprintf(ran + strlen(ran), sizeof cl->owner->kernels - strlen(ran), "%s%s",
+                     i ? "," : "", set->function[plan[i]]);
+    }
     if (st == CLATTN_OK && done)
         *done = prev;
     else if (prev)

@@ -712,14 +712,20 @@ START_TEST(simulated_sweep) { run_cases(simulated, _i); }
 END_TEST
 
 /* A reduced set for the mma kernels with their instructions emulated on
- * the OpenCL CPU device, where each head_dim is a slow build: tails past a
- * work-group (64 rows) and a tile (32), a head_dim padded to a multiple of
- * 8 (7) and a whole one (64), GQA, causal, windows, kv_seq != q_seq, batch,
- * a custom scale and large logits. The GPU runs mma through the full sweep. */
+ * the OpenCL CPU device, where each head_dim is a slow build. Every head_dim
+ * class of src/opencl.c's mma table: up to 64 (64-row work-groups, 32-row
+ * tiles), 65..128 (two warps per 16 rows, 32 rows, 16-row tiles) and
+ * 129..256 (four warps per 16 rows, 16 rows, fp32 tiles); each with tails
+ * past a work-group and a tile, a head_dim padded to whole k-steps of every
+ * warp (7, 100, 200) and whole ones, GQA, MQA, causal, windows,
+ * kv_seq != q_seq, batch, a custom scale and large logits. The GPU runs mma
+ * through the full sweep. */
 static const shape_case emulated[] = {
     {2, 70, 70, 4, 2, 64, 1, 20, 0, 1},   {1, 9, 37, 2, 1, 7, 0, 5, 0, 1},
     {1, 33, 33, 3, 3, 64, 0, 0, 0.5f, 1}, {1, 66, 100, 2, 1, 7, 0, 0, 0, 1},
-    {1, 130, 130, 4, 1, 64, 1, 0, 0, 8},
+    {1, 130, 130, 4, 1, 64, 1, 0, 0, 8},  {1, 40, 40, 4, 2, 100, 1, 0, 0, 1},
+    {2, 20, 33, 2, 1, 128, 0, 9, 0, 1},   {1, 37, 37, 2, 2, 200, 1, 5, 0, 1},
+    {1, 70, 20, 4, 1, 256, 0, 0, 0, 4},
 };
 START_TEST(emulated_sweep)
 {

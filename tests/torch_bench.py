@@ -6,6 +6,10 @@ CPU: clattn's native backend and PoCL against torch on the CPU, all at the
 same thread count. Needs torch; skips (exit 77) without it.
 
     python3 tests/torch_bench.py BUILD/clattn [--threads N] [--reps R] [--no-cpu] [--no-gpu]
+                                 [--variant NAME|all] [--head-dims 64,128] [--plot FILE.svg]
+
+--plot draws clattn's and PyTorch's figures per shape and op as bars
+(needs matplotlib; without it the table is still printed).
 
 FLOP are counted as clattn does (DESIGN.md): forward 4, backward 10 per
 visible (query, key) pair per head_dim element, so a ratio is a speed ratio."""
@@ -26,6 +30,12 @@ except ImportError as e:
 GPU_SHAPES = [  # (batch, q_seq, heads, kv_heads, head_dim, causal)
     (1, 4096, 8, 8, 64, True),
     (1, 4096, 32, 8, 64, False),
+    (1, 16384, 8, 8, 64, True),
+    (1, 2048, 16, 16, 80, True),
+    (1, 2048, 16, 16, 96, True),
+    (1, 4096, 32, 8, 128, True),
+    (1, 4096, 32, 8, 128, False),
+    (1, 2048, 8, 8, 256, True),
 ]
 CPU_SHAPES = [(1, 1024, 8, 2, 64, True)]
 
@@ -68,10 +78,10 @@ def torch_time(shape, op, device, reps):
     return times[len(times) // 2]
 
 
-def clattn_runs(cli, shape, op, device, reps, env):
+def clattn_runs(cli, shape, op, device, variant, reps, env):
     batch, s, h, kh, d, causal = shape
     cmd = [cli, "bench", "--op", op, "--q-seq", str(s), "--heads", str(h), "--kv-heads", str(kh),
-           "--head-dim", str(d), "--batch", str(batch), "--device", device, "--variant", "all",
+           "--head-dim", str(d), "--batch", str(batch), "--device", device, "--variant", variant,
            "--reps", str(reps), "--json"] + (["--causal"] if causal else [])
     run = subprocess.run(cmd, capture_output=True, text=True, env=env)
     if run.returncode:
@@ -87,16 +97,22 @@ def main():
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--no-cpu", action="store_true")
     ap.add_argument("--no-gpu", action="store_true")
+    ap.add_argument("--variant", default="all")
+    ap.add_argument("--head-dims", help="only shapes of these head_dims, comma-separated")
+    ap.add_argument("--plot", metavar="FILE.svg")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     # PoCL takes its thread count from its own variable.
     env = dict(os.environ, CLATTN_NUM_THREADS=str(args.threads),
                POCL_MAX_PTHREAD_COUNT=str(args.threads))
-    plans = []
+    plans, rows = [], []
     if torch.cuda.is_available() and not args.no_gpu:
         plans += [(shape, "gpu", "cuda") for shape in GPU_SHAPES]
     if not args.no_cpu:
         plans += [(shape, dev, "cpu") for shape in CPU_SHAPES for dev in ("native", "cpu")]
+    if args.head_dims:
+        keep = {int(d) for d in args.head_dims.split(",")}
+        plans = [p for p in plans if p[0][4] in keep]
     print(f"torch {torch.__version__}, {args.threads} CPU threads, median of {args.reps}")
     print(f"{'shape':<34}{'op':<10}{'clattn device / variant':<34}{'clattn':>10}{'torch':>10}"
           f"{'ratio':>8}")
@@ -107,13 +123,49 @@ def main():
             flop = (4 if op == "forward" else 10) * pairs(s, h, batch, causal) * d
             t_torch = torch_time(shape, op, tdev, args.reps)
             g_torch = flop / t_torch * 1e-9
-            for r in clattn_runs(args.cli, shape, op, dev, args.reps, env):
+            for r in clattn_runs(args.cli, shape, op, dev, args.variant, args.reps, env):
                 where = f"{r['backend']} / {r['variant']}"
                 print(f"{desc:<34}{op:<10}{where:<34}{r['gflops']:>10.1f}{g_torch:>10.1f}"
-                      f"{r['gflops'] / g_torch:>8.3f}")
+                      f"{r['gflops'] / g_torch:>8.3f}  {r.get('kernels', '')}")
+                rows.append((desc, op, where, r["gflops"], g_torch, tdev))
             sys.stdout.flush()
     print("(GFLOP/s; ratio = clattn / torch)")
+    if args.plot:
+        plot(rows, args.plot, torch.__version__)
     return 0
+
+
+def plot(rows, path, version):
+    """Bars per (shape, op): each clattn device / variant and PyTorch fp32."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError as e:
+        print(f"no plot: {e}")
+        return
+    groups = list(dict.fromkeys((desc, op) for desc, op, *_ in rows))
+    series = list(dict.fromkeys(where for _, _, where, *_ in rows))
+    names = series + ["PyTorch fp32 SDPA"]
+    width = 0.8 / len(names)
+    fig, ax = plt.subplots(figsize=(max(8, 1.1 * len(groups)), 4.8))
+    for i, name in enumerate(names):
+        xs, ys = [], []
+        for x, (desc, op) in enumerate(groups):
+            for d, o, where, g_clattn, g_torch, _ in rows:
+                if (d, o) == (desc, op) and (where == name or name == names[-1]):
+                    xs.append(x + (i - (len(names) - 1) / 2) * width)
+                    ys.append((g_torch if name == names[-1] else g_clattn) * 1e-3)
+                    break
+        ax.bar(xs, ys, width, label=name)
+    ax.set_xticks(range(len(groups)))
+    ax.set_xticklabels([f"{d}\n{o}" for d, o in groups], fontsize=7, rotation=30, ha="right")
+    ax.set_ylabel("TFLOP/s")
+    ax.set_title(f"clattn beside PyTorch {version} scaled_dot_product_attention (fp32)")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path)
+    print(f"plot: {path}")
 
 
 if __name__ == "__main__":

@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# One call on a lent GPU machine (the device tool): build, then the stages
+# named, logs under $OUT. Debian packages that machine lacks travel in
+# .devdebs (README: "Measuring on the H200").
+#   bash tests/device_run.sh [suite] [compare] [bench] [tune]
+#   suite    ctest's OpenCL GPU suites
+#   compare  tests/torch_compare.py --large on the GPU, tolerance 1e-5
+#   bench    tests/torch_bench.py on the GPU shapes, with a plot
+#   tune     clattn bench per CLATTN_MMA shape (TUNE_D64, TUNE_D128, ... override the lists)
+set -u
+OUT=${OUT:-/tmp/out}
+mkdir -p "$OUT"
+for f in .devdebs/*.deb; do dpkg -x "$f" /; done
+ldconfig
+nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,temperature.gpu,utilization.gpu --format=csv \
+  > "$OUT/gpu.txt" 2>&1
+{ cmake -S . -B build-dev -DCMAKE_BUILD_TYPE=Release && cmake --build build-dev -j16; } \
+  > "$OUT/build.log" 2>&1 || { tail -40 "$OUT/build.log"; exit 1; }
+cli=build-dev/clattn
+export PYTHONUNBUFFERED=1
+for stage in "$@"; do
+  case $stage in
+  suite)
+    ctest --test-dir build-dev -R 'opencl-gpu' --output-on-failure 2>&1 | tee "$OUT/suite.log" \
+      | grep -E 'Test #|tests passed|Failed|Error' ;;
+  compare)
+    python3 tests/torch_compare.py "$cli" --large --tolerance 1e-5 --backends gpu 2>&1 \
+      | tee "$OUT/compare.log" ;;
+  bench)
+    python3 tests/torch_bench.py "$cli" --no-cpu --variant "${BENCH_VARIANT:-mma}" --reps 5 \
+      --plot "$OUT/speed.svg" 2>&1 | tee "$OUT/bench.log" ;;
+  tune)
+    shapes=("64:--q-seq 4096 --heads 8 --causal" "96:--q-seq 2048 --heads 16 --causal"
+            "128:--q-seq 4096 --heads 32 --kv-heads 8 --causal" "256:--q-seq 2048 --heads 8 --causal")
+    for entry in "${shapes[@]}"; do
+      d=${entry%%:*}
+      var=TUNE_D$d
+      for cfg in ${!var:-}; do
+        for op in forward backward; do
+          printf 'd%s %s %s: ' "$d" "$cfg" "$op"
+          CLATTN_MMA=$cfg $cli bench --op $op --head-dim "$d" ${entry#*:} --variant mma --reps 5 \
+            2>&1 | tail -1
+        done
+      done
+    done 2>&1 | tee "$OUT/tune.log" ;;
+  *) echo "unknown stage $stage"; exit 2 ;;
+  esac
+done
