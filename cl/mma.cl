@@ -204,23 +204,41 @@ inline float row_max(float x, __local float *emu)
     return fmax(x, shfl_xor(x, 2u, emu));
 }
 
-/* Loads rows [r0, r0 + TILE) of a [batch][rows][heads][D] tensor, times
- * factor, into tile[TILE][STRIDE] (both planes with PLANES 2); zeros past
- * `end` and past D. */
-inline void load_tile(__local float *tile, __global const float *src, uint b, uint rows,
-                      uint r0, uint end, uint heads, uint head, float factor)
+/* A tile's elements that one lane loads. */
+#define PER_LANE ((TILE * DP + LANES - 1) / LANES)
+
+/* Fetches this lane's share of rows [r0, r0 + TILE) of a [batch][rows]
+ * [heads][D] tensor, times factor, into registers x; zeros past `end` and
+ * past D. Fetched a tile ahead, the loads are in flight while the current
+ * tile is computed. */
+inline void fetch_tile(float *x, __global const float *src, uint b, uint rows, uint r0, uint end,
+                       uint heads, uint head, float factor)
 {
-    for (uint i = get_local_id(0); i < TILE * DP; i += LANES) {
-        const uint r = i / DP, d = i % DP;
-        const float x =
-            r0 + r < end && d < D ? src[at(b, rows, r0 + r, heads, head, d)] * factor : 0.0f;
+    UNROLL
+    for (uint j = 0; j < PER_LANE; ++j) {
+        const uint i = get_local_id(0) + j * LANES, r = i / DP, d = i % DP;
+        x[j] = i < TILE * DP && r0 + r < end && d < D
+                   ? src[at(b, rows, r0 + r, heads, head, d)] * factor
+                   : 0.0f;
+    }
+}
+
+/* Stores what fetch_tile fetched into tile[TILE][STRIDE] (both planes with
+ * PLANES 2). */
+inline void store_tile(__local float *tile, const float *x)
+{
+    UNROLL
+    for (uint j = 0; j < PER_LANE; ++j) {
+        const uint i = get_local_id(0) + j * LANES, r = i / DP, d = i % DP;
+        if (i < TILE * DP) {
 #if PLANES == 2
-        const uint big = tf32(x);
-        tile[r * STRIDE + d] = as_float(big);
-        tile[PLANE + r * STRIDE + d] = as_float(tf32(x - as_float(big)));
+            const uint big = tf32(x[j]);
+            tile[r * STRIDE + d] = as_float(big);
+            tile[PLANE + r * STRIDE + d] = as_float(tf32(x[j] - as_float(big)));
 #else
-        tile[r * STRIDE + d] = x;
+            tile[r * STRIDE + d] = x[j];
 #endif
+        }
     }
 }
 
@@ -340,11 +358,18 @@ forward__mma(__global const float *q, ulong q_off, __global const float *k, ulon
     const uint last = min(r0 + WG_ROWS, q_seq) - 1u;
     uint lo, hi;
     keys_of_queries(r0, last, kv_seq, causal, window, &lo, &hi);
+    float kx[PER_LANE], vx[PER_LANE];
+    fetch_tile(kx, k, b, kv_seq, lo, hi, num_kv_heads, kv_head, 1.0f);
+    fetch_tile(vx, v, b, kv_seq, lo, hi, num_kv_heads, kv_head, 1.0f);
     for (uint t0 = lo; t0 < hi; t0 += TILE) {
         barrier(CLK_LOCAL_MEM_FENCE);
-        load_tile(kt, k, b, kv_seq, t0, hi, num_kv_heads, kv_head, 1.0f);
-        load_tile(vt, v, b, kv_seq, t0, hi, num_kv_heads, kv_head, 1.0f);
+        store_tile(kt, kx);
+        store_tile(vt, vx);
         barrier(CLK_LOCAL_MEM_FENCE);
+        if (t0 + TILE < hi) {
+            fetch_tile(kx, k, b, kv_seq, t0 + TILE, hi, num_kv_heads, kv_head, 1.0f);
+            fetch_tile(vx, v, b, kv_seq, t0 + TILE, hi, num_kv_heads, kv_head, 1.0f);
+        }
 
         float s[NT][4];
         zero(&s[0][0], NT * 4);
@@ -485,11 +510,18 @@ grad_q__mma(__global const float *q, ulong q_off, __global const float *k, ulong
     const uint last = min(r0 + WG_ROWS, q_seq) - 1u;
     uint lo, hi;
     keys_of_queries(r0, last, kv_seq, causal, window, &lo, &hi);
+    float kx[PER_LANE], vx[PER_LANE];
+    fetch_tile(kx, k, b, kv_seq, lo, hi, num_kv_heads, kv_head, 1.0f);
+    fetch_tile(vx, v, b, kv_seq, lo, hi, num_kv_heads, kv_head, 1.0f);
     for (uint t0 = lo; t0 < hi; t0 += TILE) {
         barrier(CLK_LOCAL_MEM_FENCE);
-        load_tile(kt, k, b, kv_seq, t0, hi, num_kv_heads, kv_head, 1.0f);
-        load_tile(vt, v, b, kv_seq, t0, hi, num_kv_heads, kv_head, 1.0f);
+        store_tile(kt, kx);
+        store_tile(vt, vx);
         barrier(CLK_LOCAL_MEM_FENCE);
+        if (t0 + TILE < hi) {
+            fetch_tile(kx, k, b, kv_seq, t0 + TILE, hi, num_kv_heads, kv_head, 1.0f);
+            fetch_tile(vx, v, b, kv_seq, t0 + TILE, hi, num_kv_heads, kv_head, 1.0f);
+        }
 
         float s[NT][4], dp[NT][4];
         zero(&s[0][0], NT * 4);
@@ -548,6 +580,19 @@ grad_q__mma(__global const float *q, ulong q_off, __global const float *k, ulong
 
 /* ---- grad-K and grad-V ----------------------------------------------- */
 
+/* m, l and (want_dk) Dsum of query row p0 + lid of a tile, for the lanes
+ * lid < TILE; zeros past `end`. */
+inline void fetch_rows(float *x, __global const float *lse, __global const float *dsum, uint b,
+                       uint q_seq, uint p0, uint end, uint num_heads, uint head, bool want_dk)
+{
+    const uint lid = get_local_id(0);
+    const bool in = lid < TILE && p0 + lid < end;
+    const ulong row = ((ulong)b * q_seq + (in ? p0 + lid : 0u)) * num_heads + head;
+    x[0] = in ? lse[2 * row] : 0.0f;
+    x[1] = in ? lse[2 * row + 1] : 0.0f;
+    x[2] = in && want_dk ? dsum[row] : 0.0f;
+}
+
 /* dK and/or dV of the work-group's WG_ROWS keys: every query row of every
  * head of the group that sees any of them streams through local memory
  * TILE rows at a time, with its LSE pair and Dsum. */
@@ -581,79 +626,91 @@ inline void key_side(__global const float *q, __global const float *k, __global 
     uint lo, hi;
     queries_of_keys(r0, last, q_seq, causal, window, &lo, &hi);
 
-    for (uint head = kv_head * group; head < (kv_head + 1u) * group; ++head)
-        for (uint p0 = lo; p0 < hi; p0 += TILE) {
-            barrier(CLK_LOCAL_MEM_FENCE);
-            load_tile(qt, q, b, q_seq, p0, hi, num_heads, head, scale);
-            load_tile(ot, d_out, b, q_seq, p0, hi, num_heads, head, 1.0f);
-            for (uint i = lid; i < TILE; i += LANES) {
-                const bool in = p0 + i < hi;
-                const ulong row = ((ulong)b * q_seq + (in ? p0 + i : 0u)) * num_heads + head;
-                mt[i] = in ? lse[2 * row] : 0.0f;
-                lt[i] = in ? lse[2 * row + 1] : 0.0f;
-                dt[i] = in && want_dk ? dsum[row] : 0.0f;
-            }
-            barrier(CLK_LOCAL_MEM_FENCE);
+    /* One loop over (head of the group, tile of its queries), so that the
+     * next tile is fetched while this one is computed. */
+    const uint per_head = (hi - lo + TILE - 1u) / TILE, steps = lo < hi ? group * per_head : 0u;
+    float qx[PER_LANE], ox[PER_LANE], rx[3];
+    fetch_tile(qx, q, b, q_seq, lo, hi, num_heads, kv_head * group, scale);
+    fetch_tile(ox, d_out, b, q_seq, lo, hi, num_heads, kv_head * group, 1.0f);
+    fetch_rows(rx, lse, dsum, b, q_seq, lo, hi, num_heads, kv_head * group, want_dk);
+    for (uint step = 0; step < steps; ++step) {
+        const uint p0 = lo + step % per_head * TILE;
+        barrier(CLK_LOCAL_MEM_FENCE);
+        store_tile(qt, qx);
+        store_tile(ot, ox);
+        if (lid < TILE) {
+            mt[lid] = rx[0];
+            lt[lid] = rx[1];
+            dt[lid] = rx[2];
+        }
+        barrier(CLK_LOCAL_MEM_FENCE);
+        if (step + 1u < steps) {
+            const uint head = kv_head * group + (step + 1u) / per_head;
+            const uint next = lo + (step + 1u) % per_head * TILE;
+            fetch_tile(qx, q, b, q_seq, next, hi, num_heads, head, scale);
+            fetch_tile(ox, d_out, b, q_seq, next, hi, num_heads, head, 1.0f);
+            fetch_rows(rx, lse, dsum, b, q_seq, next, hi, num_heads, head, want_dk);
+        }
 
-            /* S^T and dP^T: 16 keys x TILE queries per warp. */
-            float s[NT][4], dp[NT][4];
-            zero(&s[0][0], NT * 4);
-            zero(&dp[0][0], NT * 4);
-            UNROLL
-            for (uint ks = 0; ks < KW; ++ks) {
-                uint kb[4], ksm[4], vb[4], vs[4];
-                split4(kf[ks], kb, ksm);
-                if (want_dk)
-                    split4(vf[ks], vb, vs);
-                UNROLL
-                for (uint n = 0; n < NT; ++n) {
-                    const uint at_q = (n * 8 + g) * STRIDE + d0 + ks * 8 + t;
-                    uint bb[2], bs[2];
-                    b_frag(qt, at_q, 4, bb, bs);
-                    mma3(s[n], kb, ksm, bb, bs, emu);
-                    if (want_dk) {
-                        b_frag(ot, at_q, 4, bb, bs);
-                        mma3(dp[n], vb, vs, bb, bs, emu);
-                    }
-                }
-            }
-            sum_over_split(&s[0][0], want_dk ? &dp[0][0] : 0, xch, warp, lane);
-            const bool whole = p0 + TILE <= hi &&
-                               all_visible(p0, (ulong)p0 + TILE - 1u, r0, last, causal, window);
+        /* S^T and dP^T: 16 keys x TILE queries per warp. */
+        float s[NT][4], dp[NT][4];
+        zero(&s[0][0], NT * 4);
+        zero(&dp[0][0], NT * 4);
+        UNROLL
+        for (uint ks = 0; ks < KW; ++ks) {
+            uint kb[4], ksm[4], vb[4], vs[4];
+            split4(kf[ks], kb, ksm);
+            if (want_dk)
+                split4(vf[ks], vb, vs);
             UNROLL
             for (uint n = 0; n < NT; ++n) {
-                UNROLL
-                for (int i = 0; i < 4; ++i) {
-                    const uint j = n * 8 + 2 * t + (i & 1), key = (i & 2) ? key1 : key0;
-                    const float p = exp(fmin(s[n][i] - mt[j], 0.0f) - lt[j]);
-                    const bool keep =
-                        whole || (p0 + j < hi && visible(p0 + j, key, causal, window));
-                    s[n][i] = keep ? p : 0.0f;
-                    dp[n][i] = keep ? p * (dp[n][i] - dt[j]) : 0.0f;
-                }
-            }
-            UNROLL
-            for (uint j = 0; j < NT; ++j) {
-                uint pb[4], ps[4], db[4], dsm[4];
-                if (want_dv)
-                    c_to_a(s[j], pb, ps);
-                if (want_dk)
-                    c_to_a(dp[j], db, dsm);
-                UNROLL
-                for (uint n = 0; n < KW; ++n) {
-                    const uint at_q = (j * 8 + 2 * t) * STRIDE + d0 + n * 8 + g;
-                    uint bb[2], bs[2];
-                    if (want_dv) {
-                        b_frag(ot, at_q, STRIDE, bb, bs);
-                        mma3(dvf[n], pb, ps, bb, bs, emu);
-                    }
-                    if (want_dk) {
-                        b_frag(qt, at_q, STRIDE, bb, bs);
-                        mma3(dkf[n], db, dsm, bb, bs, emu);
-                    }
+                const uint at_q = (n * 8 + g) * STRIDE + d0 + ks * 8 + t;
+                uint bb[2], bs[2];
+                b_frag(qt, at_q, 4, bb, bs);
+                mma3(s[n], kb, ksm, bb, bs, emu);
+                if (want_dk) {
+                    b_frag(ot, at_q, 4, bb, bs);
+                    mma3(dp[n], vb, vs, bb, bs, emu);
                 }
             }
         }
+        sum_over_split(&s[0][0], want_dk ? &dp[0][0] : 0, xch, warp, lane);
+        const bool whole = p0 + TILE <= hi &&
+                           all_visible(p0, (ulong)p0 + TILE - 1u, r0, last, causal, window);
+        UNROLL
+        for (uint n = 0; n < NT; ++n) {
+            UNROLL
+            for (int i = 0; i < 4; ++i) {
+                const uint j = n * 8 + 2 * t + (i & 1), key = (i & 2) ? key1 : key0;
+                const float p = exp(fmin(s[n][i] - mt[j], 0.0f) - lt[j]);
+                const bool keep =
+                    whole || (p0 + j < hi && visible(p0 + j, key, causal, window));
+                s[n][i] = keep ? p : 0.0f;
+                dp[n][i] = keep ? p * (dp[n][i] - dt[j]) : 0.0f;
+            }
+        }
+        UNROLL
+        for (uint j = 0; j < NT; ++j) {
+            uint pb[4], ps[4], db[4], dsm[4];
+            if (want_dv)
+                c_to_a(s[j], pb, ps);
+            if (want_dk)
+                c_to_a(dp[j], db, dsm);
+            UNROLL
+            for (uint n = 0; n < KW; ++n) {
+                const uint at_q = (j * 8 + 2 * t) * STRIDE + d0 + n * 8 + g;
+                uint bb[2], bs[2];
+                if (want_dv) {
+                    b_frag(ot, at_q, STRIDE, bb, bs);
+                    mma3(dvf[n], pb, ps, bb, bs, emu);
+                }
+                if (want_dk) {
+                    b_frag(qt, at_q, STRIDE, bb, bs);
+                    mma3(dkf[n], db, dsm, bb, bs, emu);
+                }
+            }
+        }
+    }
     UNROLL
     for (uint n = 0; n < KW; ++n) {
         UNROLL

@@ -97,21 +97,31 @@ enum { TILED_MAX_HEAD_DIM = 64 };
  * blocked.cl's a single work-item per block of BLOCKED_ROWS rows. */
 enum { KIND_TREE, KIND_TILED, KIND_BLOCKED, KIND_MMA };
 enum { BLOCKED_ROWS = 16 };
-/* mma.cl's shapes per head_dim class: warps per work-group, warps that
- * share 16 rows (each with a part of head_dim), rows per local tile, and
- * whether tiles hold tf32 planes (2) or fp32 (1). A lane holds 16 * head_dim
- * / (8 * wsplit) floats of fragments on the key side, and a work-group gets
- * 48 KB of local memory on NVIDIA's OpenCL: past head_dim 64 the warps split
- * head_dim, and past 128 the tiles hold fp32. CLATTN_MMA=W,S,T,P overrides
- * the table for every head_dim. */
+/* mma.cl's shapes per head_dim class, one for the forward and one for the
+ * backward's kernels: warps per work-group, warps that share 16 rows (each
+ * with a part of head_dim), rows per local tile, and whether tiles hold tf32
+ * planes (2) or fp32 (1). A lane holds 16 * head_dim / (8 * wsplit) floats
+ * of fragments on the key side, and a work-group gets 48 KB of local memory
+ * on NVIDIA's OpenCL: past head_dim 64 the warps split head_dim. Measured
+ * on the H200, 2026-11-30 (`CLATTN_MMA=W,S,T,P clattn bench`, which sets
+ * every kernel's shape; TFLOP/s forward / backward): d64 q_seq 4096 8 heads
+ * causal 4,1,32,2 18.6 / 11.1, 8,1,32,2 17.1 / 13.0; d96 q_seq 2048 16
+ * heads causal 4,2,16,2 15.7 / 10.8, 8,2,16,2 15.9 / 13.8, 8,2,16,1 14.9 /
+ * 12.7; d128 q_seq 4096 32 heads on 8 causal 4,2,16,2 23.3 / 13.1,
+ * 8,2,16,1 18.7 / 15.7 (8,2,16,2 needs 50 KB); d256 q_seq 2048 8 heads
+ * causal 8,4,8,2 14.0 / 12.4, 4,4,16,1 12.8 / 7.0, 4,4,8,2 12.4 / 8.9. */
 typedef struct mma_config {
-    uint32_t max_head_dim;
     unsigned warps, wsplit, tile, planes;
 } mma_config;
-static const mma_config mma_table[] = {
-    {64, 4, 1, 32, 2},
-    {128, 4, 2, 16, 2},
-    {CLATTN_MAX_HEAD_DIM, 4, 4, 16, 1},
+typedef struct mma_class {
+    uint32_t max_head_dim;
+    mma_config forward, backward;
+} mma_class;
+static const mma_class mma_table[] = {
+    {64, {4, 1, 32, 2}, {8, 1, 32, 2}},
+    {96, {4, 2, 16, 2}, {8, 2, 16, 2}},
+    {128, {4, 2, 16, 2}, {8, 2, 16, 1}},
+    {CLATTN_MAX_HEAD_DIM, {8, 4, 8, 2}, {8, 4, 8, 2}},
 };
 
 /* mma.cl's MMA_LOCAL_FLOATS for a head_dim under config c. */
@@ -178,7 +188,7 @@ struct clattn_cl_state {
     kernel_set *special[CLATTN_MAX_HEAD_DIM + 1];
     const char *special_variant; /* the variant built per head_dim, or NULL */
     int mma_emulate;             /* build mma.cl with -DMMA_EMULATE */
-    int mma_tuned;               /* CLATTN_MMA set: mma_tune for every head_dim */
+    int mma_tuned;               /* CLATTN_MMA set: mma_tune for every kernel */
     mma_config mma_tune;
     int named;                   /* the variant was asked for by name */
     tile_config tiles;
@@ -189,20 +199,22 @@ struct clattn_cl_state {
     size_t scratch_bytes[CLATTN_R_COUNT];
 };
 
-static const mma_config *mma_config_for(const struct clattn_cl_state *cl, uint32_t head_dim)
+/* The shape of mma kernel k at a head_dim. */
+static const mma_config *mma_config_for(const struct clattn_cl_state *cl, uint32_t head_dim,
+                                        int k)
 {
     if (cl->mma_tuned)
         return &cl->mma_tune;
     size_t i = 0;
     while (mma_table[i].max_head_dim < head_dim)
         ++i;
-    return &mma_table[i];
+    return k == K_FORWARD ? &mma_table[i].forward : &mma_table[i].backward;
 }
 
 /* Rows of a work-group of mma.cl: 16 for each group of wsplit warps. */
-static size_t mma_rows(const struct clattn_cl_state *cl, uint32_t head_dim)
+static size_t mma_rows(const struct clattn_cl_state *cl, uint32_t head_dim, int k)
 {
-    const mma_config *c = mma_config_for(cl, head_dim);
+    const mma_config *c = mma_config_for(cl, head_dim, k);
     return 16u * c->warps / c->wsplit;
 }
 
@@ -495,7 +507,7 @@ static size_t local_bytes(const struct clattn_cl_state *cl, const kernel_set *se
     if (set->kind[k] == KIND_BLOCKED)
         return sizeof(float); /* unused, but an argument wants a size */
     if (set->kind[k] == KIND_MMA)
-        return mma_local_floats(mma_config_for(cl, head_dim), head_dim, cl->mma_emulate) *
+        return mma_local_floats(mma_config_for(cl, head_dim, k), head_dim, cl->mma_emulate) *
                sizeof(float);
     if (set->kind[k] == KIND_TILED) {
         const size_t tiles = 2 * (size_t)cl->tiles.tile * head_dim + 3 * (size_t)cl->tiles.tile;
@@ -511,8 +523,24 @@ static size_t work_group(const struct clattn_cl_state *cl, const kernel_set *set
 {
     return set->kind[k] == KIND_TILED     ? (size_t)cl->tiles.rows * cl->tiles.split
            : set->kind[k] == KIND_BLOCKED ? 1
-           : set->kind[k] == KIND_MMA     ? 32u * mma_config_for(cl, head_dim)->warps
+           : set->kind[k] == KIND_MMA     ? 32u * mma_config_for(cl, head_dim, k)->warps
                                           : tree_work_group(head_dim);
+}
+
+/* The defines kernel k of a kind is built with for a head_dim (0: any). */
+static const char *kernel_options(const struct clattn_cl_state *cl, int kind, uint32_t head_dim,
+                                  int k, char *buf, size_t size)
+{
+    const int len = snprintf(buf, size, "%s -DHEAD_DIM=%u -DROWS=%u -DTILE=%u -DSPLIT=%u",
+                             build_options, head_dim ? head_dim : 1u, cl->tiles.rows,
+                             cl->tiles.tile, cl->tiles.split);
+    if (kind == KIND_MMA && len > 0 && (size_t)len < size) {
+        const mma_config *c = mma_config_for(cl, head_dim, k);
+        snprintf(buf + len, size - (size_t)len,
+                 " -DWARPS=%u -DWSPLIT=%u -DMMA_TILE=%u -DPLANES=%u%s", c->warps, c->wsplit,
+                 c->tile, c->planes, cl->mma_emulate ? " -DMMA_EMULATE" : "");
+    }
+    return buf;
 }
 
 /* Builds the kernels of a variant into set: generic ones (head_dim 0) or
@@ -523,16 +551,6 @@ static size_t work_group(const struct clattn_cl_state *cl, const kernel_set *set
 static clattn_status build_set(struct clattn_cl_state *cl, const char *variant,
                                uint32_t head_dim, kernel_set *set, int strict_limits)
 {
-    char options[256];
-    int len = snprintf(options, sizeof options, "%s -DHEAD_DIM=%u -DROWS=%u -DTILE=%u -DSPLIT=%u",
-                       build_options, head_dim ? head_dim : 1u, cl->tiles.rows, cl->tiles.tile,
-                       cl->tiles.split);
-    if (!strcmp(variant, "mma")) {
-        const mma_config *c = mma_config_for(cl, head_dim);
-        snprintf(options + len, sizeof options - (size_t)len,
-                 " -DWARPS=%u -DWSPLIT=%u -DMMA_TILE=%u -DPLANES=%u%s", c->warps, c->wsplit,
-                 c->tile, c->planes, cl->mma_emulate ? " -DMMA_EMULATE" : "");
-    }
     for (int k = 0; k < K_COUNT; ++k) {
         const cl_variant *v = find_variant(k, variant);
         if (!v) {
@@ -544,9 +562,13 @@ static clattn_status build_set(struct clattn_cl_state *cl, const char *variant,
                        : v->source == clattn_cl_blocked ? KIND_BLOCKED
                        : v->source == clattn_cl_mma     ? KIND_MMA
                                                         : KIND_TREE;
+        char options[256], other[256];
+        kernel_options(cl, set->kind[k], head_dim, k, options, sizeof options);
         for (int j = 0; j < k && !set->program[k]; ++j) {
             const cl_variant *w = set->program[j] ? find_variant(j, variant) : NULL;
-            if (w && w->source == v->source) {
+            if (w && w->source == v->source &&
+                !strcmp(options, kernel_options(cl, set->kind[j], head_dim, j, other,
+                                                sizeof other))) {
                 set->program[k] = set->program[j];
                 clRetainProgram(set->program[k]);
             }
@@ -739,7 +761,6 @@ static clattn_status init_on_device(clattn_context *ctx, const char *variant,
                              mma_tune);
             goto fail;
         }
-        c->max_head_dim = CLATTN_MAX_HEAD_DIM;
         cl->mma_tuned = 1;
     }
     /* Each program is built once per context, when first needed, except
@@ -921,7 +942,7 @@ static clattn_status enqueue_kernel(struct clattn_cl_state *cl, const kernel_set
     const size_t heads = kd->key_rows ? s->num_kv_heads : s->num_heads;
     const size_t per_group = set->kind[k] == KIND_TILED     ? cl->tiles.rows
                              : set->kind[k] == KIND_BLOCKED ? BLOCKED_ROWS
-                             : set->kind[k] == KIND_MMA     ? mma_rows(cl, s->head_dim)
+                             : set->kind[k] == KIND_MMA     ? mma_rows(cl, s->head_dim, k)
                                                             : 1;
     const size_t blocks = (rows + per_group - 1) / per_group;
     const size_t groups = set->kind[k] == KIND_TILED && s->causal ? (blocks + 1) / 2 : blocks;
@@ -987,7 +1008,11 @@ static clattn_status opencl_run(clattn_context *ctx, clattn_op op, const clattn_
                                 const clattn_sizes *sz, const float *const host[CLATTN_R_COUNT])
 {
     struct clattn_cl_state *cl = ctx->cl;
+    kernel_set *set = NULL;
+    /* A head_dim the variant refuses or cannot build fails before any copy. */
     clattn_status st = check_alloc(cl, sz);
+    if (st == CLATTN_OK)
+        st = kernels_for(cl, s->head_dim, &set);
     if (st != CLATTN_OK)
         return st;
     const unsigned reads = clattn_op_reads[op], writes = clattn_op_writes[op];
