@@ -326,6 +326,29 @@ START_TEST(named_variant)
         if (!ctx)
             continue;
         ck_assert_str_eq(clattn_context_variant(ctx), name);
+        /* What ran is reported, and is the variant's own: its dQ kernel
+         * bears the variant's name (native's, "native"). */
+        ck_assert_str_eq(clattn_context_kernels(ctx), "");
+        clattn_shape s = clattn_shape_default();
+        s.q_seq = s.kv_seq = 20;
+        s.num_heads = 2;
+        s.num_kv_heads = 1;
+        s.head_dim = 64;
+        problem p;
+        problem_make(&p, &s, 7, 1.0f);
+        float *gq = nan_array(p.nq), *gk = nan_array(p.nkv), *gv = nan_array(p.nkv);
+        ck_assert_status(
+            clattn_backward(ctx, &s, p.q, p.k, p.v, p.o, p.lse, p.d_out, gq, gk, gv), CLATTN_OK);
+        char want[64];
+        snprintf(want, sizeof want, "grad_q__%s",
+                 test_backend_kind() == CLATTN_BACKEND_NATIVE ? "native" : name);
+        ck_assert_msg(strstr(clattn_context_kernels(ctx), want) != NULL,
+                      "variant %s ran %s, want %s among them", name,
+                      clattn_context_kernels(ctx), want);
+        free(gq);
+        free(gk);
+        free(gv);
+        problem_free(&p);
         clattn_context_destroy(ctx);
         if (!first)
             first = name;
