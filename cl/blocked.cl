@@ -16,7 +16,7 @@
  * single elements of plain rows against a tile row.
  *
  * HEAD_DIM is a compile-time define (src/opencl.c builds one program per
- * head_dim); the default lets the file compile alone.
+ * head_dim); with the default the file compiles after cl/common.cl.
  * Launch: global (ceil(rows / KB), heads, batch), local (1, 1, 1), with rows
  * and heads of the side the kernel runs on; the __local argument is unused.
  */

@@ -15,11 +15,12 @@
  * their partial blocks through local memory, in one order, so that each
  * holds the same sums. Each applies the mask and the softmax in registers,
  * and feeds the probabilities straight back into mma as the A operand of
- * the product that updates its columns of the output: the accumulator layout of m16n8k8 (lane holds columns
- * 2t and 2t + 1) is not its A layout (columns t and t + 4), so the k index
- * of that product is permuted - A's column t is tile row 2t, column t + 4 is
- * tile row 2t + 1 - and the B operand is read from local memory in the same
- * order. The sum over k does not care about its order.
+ * the product that updates its columns of the output: the accumulator
+ * layout of m16n8k8 (lane holds columns 2t and 2t + 1) is not its A layout
+ * (columns t and t + 4), so the k index of that product is permuted - A's
+ * column t is tile row 2t, column t + 4 is tile row 2t + 1 - and the B
+ * operand is read from local memory in the same order. The sum over k does
+ * not care about its order.
  *
  * Fragment layouts (PTX ISA, mma.m16n8k8 with .tf32; g = lane / 4,
  * t = lane % 4): A (16 x 8, row-major) a0 (g, t), a1 (g + 8, t),
@@ -38,8 +39,8 @@
  * the fp32 values (PLANES 1: half the memory, split by every read).
  *
  * HEAD_DIM, WARPS, WSPLIT, MMA_TILE and PLANES are compile-time defines,
- * chosen per head_dim by src/opencl.c; the defaults let the file compile
- * alone. Columns are padded with zeros to a multiple of 8 * WSPLIT.
+ * chosen per head_dim by src/opencl.c; with the defaults the file compiles
+ * after cl/common.cl, the prelude every program starts with. Columns are padded with zeros to a multiple of 8 * WSPLIT.
  * Launch: global (blocks * LANES, heads, batch), local (LANES, 1, 1),
  * blocks = ceil(rows / WG_ROWS); `tiles` is a __local buffer of
  * MMA_LOCAL_FLOATS floats.

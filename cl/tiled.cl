@@ -11,7 +11,8 @@
  * skipped through the loop bounds; only boundary tiles test the mask.
  *
  * HEAD_DIM, ROWS and TILE are compile-time defines, chosen per device by the
- * host (src/opencl.c); the defaults let the file compile alone.
+ * host (src/opencl.c); with the defaults the file compiles after
+ * cl/common.cl.
  * Causal work is uneven (the last query sees every key, the first one key),
  * so there each work-group takes a pair of row blocks, g and blocks - 1 - g,
  * and every group has about the same work. A loop, not two inlined copies,
