@@ -327,6 +327,39 @@ inline void sum_over_split(float *s, float *dp, __local float *xch, uint warp, u
 #endif
 }
 
+/* The warp's 16 x TILE block of a . x^T over its columns into s, x a tile
+ * of TILE rows, and of c . y^T into dp unless dp is NULL; each summed over
+ * the warps of the group. a and c are the warp's KW A fragments. */
+inline void tile_products(float *s, float *dp, const float *a, const float *c,
+                          __local const float *x, __local const float *y, uint d0,
+                          __local float *xch, __local float *emu)
+{
+    const uint lane = get_local_id(0) & 31u, warp = get_local_id(0) >> 5;
+    const uint g = lane >> 2, t = lane & 3u;
+    zero(s, NT * 4);
+    if (dp)
+        zero(dp, NT * 4);
+    UNROLL
+    for (uint ks = 0; ks < KW; ++ks) {
+        uint ab[4], as[4], cb[4], cs[4];
+        split4(a + ks * 4, ab, as);
+        if (dp)
+            split4(c + ks * 4, cb, cs);
+        UNROLL
+        for (uint n = 0; n < NT; ++n) {
+            const uint at_x = (n * 8 + g) * STRIDE + d0 + ks * 8 + t;
+            uint bb[2], bs[2];
+            b_frag(x, at_x, 4, bb, bs);
+            mma3(s + n * 4, ab, as, bb, bs, emu);
+            if (dp) {
+                b_frag(y, at_x, 4, bb, bs);
+                mma3(dp + n * 4, cb, cs, bb, bs, emu);
+            }
+        }
+    }
+    sum_over_split(s, dp, xch, warp, lane);
+}
+
 /* ---- forward --------------------------------------------------------- */
 
 __kernel __attribute__((reqd_work_group_size(LANES, 1, 1))) void
@@ -373,19 +406,7 @@ forward__mma(__global const float *q, ulong q_off, __global const float *k, ulon
         }
 
         float s[NT][4];
-        zero(&s[0][0], NT * 4);
-        UNROLL
-        for (uint ks = 0; ks < KW; ++ks) {
-            uint ab[4], as[4];
-            split4(qf[ks], ab, as);
-            UNROLL
-            for (uint n = 0; n < NT; ++n) {
-                uint bb[2], bs[2];
-                b_frag(kt, (n * 8 + g) * STRIDE + d0 + ks * 8 + t, 4, bb, bs);
-                mma3(s[n], ab, as, bb, bs, emu);
-            }
-        }
-        sum_over_split(&s[0][0], 0, xch, warp, lane);
+        tile_products(&s[0][0], 0, &qf[0][0], 0, kt, 0, d0, xch, emu);
         /* Only tiles that some row sees in part are masked. */
         const bool whole =
             t0 + TILE <= hi && all_visible(r0, last, t0, t0 + TILE - 1u, causal, window);
@@ -525,24 +546,7 @@ grad_q__mma(__global const float *q, ulong q_off, __global const float *k, ulong
         }
 
         float s[NT][4], dp[NT][4];
-        zero(&s[0][0], NT * 4);
-        zero(&dp[0][0], NT * 4);
-        UNROLL
-        for (uint ks = 0; ks < KW; ++ks) {
-            uint qb[4], qs[4], ob[4], os[4];
-            split4(qf[ks], qb, qs);
-            split4(of[ks], ob, os);
-            UNROLL
-            for (uint n = 0; n < NT; ++n) {
-                const uint at_kv = (n * 8 + g) * STRIDE + d0 + ks * 8 + t;
-                uint bb[2], bs[2];
-                b_frag(kt, at_kv, 4, bb, bs);
-                mma3(s[n], qb, qs, bb, bs, emu);
-                b_frag(vt, at_kv, 4, bb, bs);
-                mma3(dp[n], ob, os, bb, bs, emu);
-            }
-        }
-        sum_over_split(&s[0][0], &dp[0][0], xch, warp, lane);
+        tile_products(&s[0][0], &dp[0][0], &qf[0][0], &of[0][0], kt, vt, d0, xch, emu);
         const bool whole =
             t0 + TILE <= hi && all_visible(r0, last, t0, t0 + TILE - 1u, causal, window);
         UNROLL
@@ -655,27 +659,8 @@ inline void key_side(__global const float *q, __global const float *k, __global 
 
         /* S^T and dP^T: 16 keys x TILE queries per warp. */
         float s[NT][4], dp[NT][4];
-        zero(&s[0][0], NT * 4);
-        zero(&dp[0][0], NT * 4);
-        UNROLL
-        for (uint ks = 0; ks < KW; ++ks) {
-            uint kb[4], ksm[4], vb[4], vs[4];
-            split4(kf[ks], kb, ksm);
-            if (want_dk)
-                split4(vf[ks], vb, vs);
-            UNROLL
-            for (uint n = 0; n < NT; ++n) {
-                const uint at_q = (n * 8 + g) * STRIDE + d0 + ks * 8 + t;
-                uint bb[2], bs[2];
-                b_frag(qt, at_q, 4, bb, bs);
-                mma3(s[n], kb, ksm, bb, bs, emu);
-                if (want_dk) {
-                    b_frag(ot, at_q, 4, bb, bs);
-                    mma3(dp[n], vb, vs, bb, bs, emu);
-                }
-            }
-        }
-        sum_over_split(&s[0][0], want_dk ? &dp[0][0] : 0, xch, warp, lane);
+        tile_products(&s[0][0], want_dk ? &dp[0][0] : 0, &kf[0][0], &vf[0][0], qt, ot, d0, xch,
+                      emu);
         const bool whole = p0 + TILE <= hi &&
                            all_visible(p0, (ulong)p0 + TILE - 1u, r0, last, causal, window);
         UNROLL
@@ -687,7 +672,7 @@ inline void key_side(__global const float *q, __global const float *k, __global 
                 const bool keep =
                     whole || (p0 + j < hi && visible(p0 + j, key, causal, window));
                 s[n][i] = keep ? p : 0.0f;
-                dp[n][i] = keep ? p * (dp[n][i] - dt[j]) : 0.0f;
+                dp[n][i] = keep && want_dk ? p * (dp[n][i] - dt[j]) : 0.0f;
             }
         }
         UNROLL

@@ -329,11 +329,8 @@ START_TEST(named_variant)
         /* What ran is reported, and is the variant's own: its dQ kernel
          * bears the variant's name (native's, "native"). */
         ck_assert_str_eq(clattn_context_kernels(ctx), "");
-        clattn_shape s = clattn_shape_default();
-        s.q_seq = s.kv_seq = 20;
-        s.num_heads = 2;
-        s.num_kv_heads = 1;
-        s.head_dim = 64;
+        const shape_case c = {1, 20, 20, 2, 1, 64, 0, 0, 0, 1};
+        clattn_shape s = to_shape(&c);
         problem p;
         problem_make(&p, &s, 7, 1.0f);
         float *gq = nan_array(p.nq), *gk = nan_array(p.nkv), *gv = nan_array(p.nkv);
