@@ -88,8 +88,11 @@ def main():
              (1, 2048, 8, 2, 128, True), (1, 2048, 4, 4, 256, True)] if args.large else []
     rng = np.random.default_rng(args.seed)
     devices = subprocess.run([args.cli, "devices"], capture_output=True, text=True).stdout
+    # Device lines read "[*] P:D KIND NAME"; auto's own lines mention kinds too.
+    kinds = {line.lstrip("* ").split()[1] for line in devices.splitlines()
+             if line.lstrip("* ")[:1].isdigit()}
     backends = ["native"] + [b for b, kind in (("cpu", "opencl-cpu"), ("gpu", "opencl-gpu"))
-                             if kind in devices]
+                             if kind in kinds]
     if args.backends:
         backends = [b for b in backends if b in args.backends.split(",")]
     worst = {b: {} for b in backends}
