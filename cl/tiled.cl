@@ -10,17 +10,26 @@
  * at a time (a broadcast). Tiles that no row of the group can see are
  * skipped through the loop bounds; only boundary tiles test the mask.
  *
- * HEAD_DIM, ROWS and TILE are compile-time defines, chosen per device by the
- * host (src/opencl.c); with the defaults the file compiles after
- * cl/common.cl.
+ * Past a head_dim of 64 a row's vectors no longer fit a work-item's
+ * registers, so DSPLIT work-items share a row by columns as well: each holds
+ * DC = ceil(D / DSPLIT) columns of its vectors and of its accumulator, and
+ * computes partial dot products over them. The work-items of a row add their
+ * partials through local memory once per tile, each in the same order, so
+ * that all of them hold bitwise the same scores and the same softmax. Local
+ * tiles are DP = DSPLIT * DC columns wide, zero past D.
+ *
+ * HEAD_DIM, ROWS, TILE, SPLIT and DSPLIT are compile-time defines, chosen
+ * per device and head_dim by the host (src/opencl.c); with the defaults the
+ * file compiles after cl/common.cl.
  * Causal work is uneven (the last query sees every key, the first one key),
  * so there each work-group takes a pair of row blocks, g and blocks - 1 - g,
  * and every group has about the same work. A loop, not two inlined copies,
  * so that the pairing costs no registers.
  * Launch: global (B * LANES, heads, batch) with blocks = ceil(rows / ROWS)
  * and B = causal ? ceil(blocks / 2) : blocks; local (LANES, 1, 1); `tiles`
- * is a __local buffer of max(2 * TILE * D + 3 * TILE, (SPLIT - 1) * ROWS *
- * (D + 2)) floats.
+ * is a __local buffer of max(2 * TILE * DP + 3 * TILE + XCH, (SPLIT - 1) *
+ * ROWS * (DP + 2)) floats, XCH = 2 * DSPLIT * TILE * ROWS when DSPLIT > 1,
+ * else 0.
  */
 #ifndef HEAD_DIM
 #define HEAD_DIM 64
@@ -34,8 +43,14 @@
 #ifndef SPLIT
 #define SPLIT 1
 #endif
+#ifndef DSPLIT
+#define DSPLIT 1
+#endif
 #define D HEAD_DIM
-#define LANES (ROWS * SPLIT)
+#define DC ((D + DSPLIT - 1) / DSPLIT) /* columns a work-item holds */
+#define DP (DC * DSPLIT)               /* a local tile row's stride */
+#define LANES (ROWS * DSPLIT * SPLIT)
+#define XCH_AT (2 * TILE * DP + 3 * TILE) /* the partial dot products */
 
 inline ulong at(uint b, uint rows, uint row, uint heads, uint head, uint d)
 {
@@ -47,14 +62,46 @@ inline ulong row_of(uint b, uint q_seq, uint pos, uint num_heads, uint head)
     return ((ulong)b * q_seq + pos) * num_heads + head;
 }
 
+/* A work-item's place: its row of the group, its columns' part (DC columns
+ * from c0) and its part of each tile's rows. */
+typedef struct lane {
+    uint r, c0, part;
+} lane;
+
+inline lane lane_of(void)
+{
+    const uint id = get_local_id(0);
+    lane me = {id % ROWS, id / ROWS % DSPLIT * DC, id / (ROWS * DSPLIT)};
+    return me;
+}
+
+/* Loads DC columns from c0 of a row of a [batch][rows][heads][D] tensor,
+ * times gain, into x; zeros for a dead row or past D. */
+inline void load_row(float *x, __global const float *src, ulong off, uint b, uint rows,
+                     uint row, bool live, uint heads, uint head, uint c0, float gain)
+{
+    for (uint d = 0; d < DC; ++d)
+        x[d] = live && c0 + d < D ? src[off + at(b, rows, row, heads, head, c0 + d)] * gain
+                                  : 0.0f;
+}
+
+/* Stores DC columns from c0 of x, times gain, into a row. */
+inline void store_row(__global float *dst, ulong off, uint b, uint rows, uint row, uint heads,
+                      uint head, uint c0, const float *x, float gain)
+{
+    for (uint d = 0; d < DC && c0 + d < D; ++d)
+        dst[off + at(b, rows, row, heads, head, c0 + d)] = gain * x[d];
+}
+
 /* Loads rows [r0, r0 + TILE) of a [batch][rows][heads][D] tensor into
- * tile[TILE][D], zeros past `end`. Every work-item of the group calls it. */
+ * tile[TILE][DP], zeros past `end` and past D. Every work-item of the group
+ * calls it. */
 inline void load_tile(__local float *tile, __global const float *src, ulong off, uint b,
                       uint rows, uint r0, uint end, uint heads, uint head)
 {
-    for (uint i = get_local_id(0); i < TILE * D; i += LANES) {
-        const uint r = r0 + i / D;
-        tile[i] = r < end ? src[off + at(b, rows, r, heads, head, i % D)] : 0.0f;
+    for (uint i = get_local_id(0); i < TILE * DP; i += LANES) {
+        const uint r = r0 + i / DP, d = i % DP;
+        tile[i] = r < end && d < D ? src[off + at(b, rows, r, heads, head, d)] : 0.0f;
     }
 }
 
@@ -75,20 +122,73 @@ inline void load_rows(__local float *mt, __local float *lt, __local float *dt,
     }
 }
 
+/* Partial dot products of x's columns with those of the work-item's tile
+ * rows (every SPLIT-th from part). */
+inline void tile_dots(float *dots, const float *x, __local const float *tile, lane me)
+{
+    for (uint i = 0; i < TILE / SPLIT; ++i) {
+        __local const float *row = tile + (i * SPLIT + me.part) * DP + me.c0;
+        float dot = 0.0f;
+        for (uint d = 0; d < DC; ++d)
+            dot = fma(x[d], row[d], dot);
+        dots[i] = dot;
+    }
+}
+
+/* acc += w[i] * tile row i, over the work-item's tile rows and columns. */
+inline void tile_axpy(float *acc, const float *w, __local const float *tile, lane me)
+{
+    for (uint i = 0; i < TILE / SPLIT; ++i) {
+        __local const float *row = tile + (i * SPLIT + me.part) * DP + me.c0;
+        for (uint d = 0; d < DC; ++d)
+            acc[d] = fma(w[i], row[d], acc[d]);
+    }
+}
+
+/* Turns the partial dot products of a row's DSPLIT work-items into whole
+ * ones (a and, when b is not NULL, b), added in the order of the columns
+ * by every work-item of the row, so that all hold the same sums bitwise.
+ * Every work-item of the group calls it, after the tile's barrier. */
+inline void whole_dots(__local float *xch, float *a, float *b, lane me)
+{
+#if DSPLIT > 1
+    const uint c = me.c0 / DC;
+    for (uint i = 0; i < TILE / SPLIT; ++i) {
+        const uint j = i * SPLIT + me.part;
+        xch[(c * TILE + j) * ROWS + me.r] = a[i];
+        if (b)
+            xch[((DSPLIT + c) * TILE + j) * ROWS + me.r] = b[i];
+    }
+    barrier(CLK_LOCAL_MEM_FENCE);
+    for (uint i = 0; i < TILE / SPLIT; ++i) {
+        const uint j = i * SPLIT + me.part;
+        float sa = 0.0f, sb = 0.0f;
+        for (uint k = 0; k < DSPLIT; ++k) {
+            sa += xch[(k * TILE + j) * ROWS + me.r];
+            if (b)
+                sb += xch[((DSPLIT + k) * TILE + j) * ROWS + me.r];
+        }
+        a[i] = sa;
+        if (b)
+            b[i] = sb;
+    }
+#endif
+}
+
 /* Adds the partial sums of a row's other parts into part 0's acc, through
  * local memory (the tiles' space). Every work-item of the group calls it. */
-inline void sum_parts(__local float *comb, float *acc, uint part, uint r)
+inline void sum_parts(__local float *comb, float *acc, lane me)
 {
 #if SPLIT > 1
     barrier(CLK_LOCAL_MEM_FENCE);
-    if (part > 0)
-        for (uint d = 0; d < D; ++d)
-            comb[((part - 1u) * ROWS + r) * D + d] = acc[d];
+    if (me.part > 0)
+        for (uint d = 0; d < DC; ++d)
+            comb[((me.part - 1u) * ROWS + me.r) * DP + me.c0 + d] = acc[d];
     barrier(CLK_LOCAL_MEM_FENCE);
-    if (part == 0)
+    if (me.part == 0)
         for (uint p = 1; p < SPLIT; ++p)
-            for (uint d = 0; d < D; ++d)
-                acc[d] += comb[((p - 1u) * ROWS + r) * D + d];
+            for (uint d = 0; d < DC; ++d)
+                acc[d] += comb[((p - 1u) * ROWS + me.r) * DP + me.c0 + d];
 #endif
 }
 
@@ -97,16 +197,16 @@ inline void forward_block(__global const float *q, ulong q_off, __global const f
                           ulong o_off, __global float *lse, ulong lse_off, SHAPE_ARGS,
                           __local float *tiles, uint r0)
 {
-    __local float *kt = tiles, *vt = tiles + TILE * D;
+    __local float *kt = tiles, *vt = tiles + TILE * DP;
     const uint head = get_group_id(1), b = get_group_id(2);
-    const uint r = get_local_id(0) % ROWS, part = get_local_id(0) / ROWS, pos = r0 + r;
+    const lane me = lane_of();
+    const uint pos = r0 + me.r;
     const bool live = pos < q_seq;
     const uint kv_head = head / (num_heads / num_kv_heads);
-    float qr[D], acc[D];
-    for (uint d = 0; d < D; ++d) {
-        qr[d] = live ? q[q_off + at(b, q_seq, pos, num_heads, head, d)] * scale : 0.0f;
+    float qr[DC], acc[DC];
+    load_row(qr, q, q_off, b, q_seq, pos, live, num_heads, head, me.c0, scale);
+    for (uint d = 0; d < DC; ++d)
         acc[d] = 0.0f;
-    }
     float m = EMPTY_ROW, l = 0.0f;
     uint lo, hi;
     keys_of_queries(r0, min(r0 + ROWS, q_seq) - 1u, kv_seq, causal, window, &lo, &hi);
@@ -115,66 +215,68 @@ inline void forward_block(__global const float *q, ulong q_off, __global const f
         load_tile(kt, k, k_off, b, kv_seq, t0, hi, num_kv_heads, kv_head);
         load_tile(vt, v, v_off, b, kv_seq, t0, hi, num_kv_heads, kv_head);
         barrier(CLK_LOCAL_MEM_FENCE);
+        float s[TILE / SPLIT], tile_max = EMPTY_ROW;
+        tile_dots(s, qr, kt, me);
+        whole_dots(tiles + XCH_AT, s, 0, me);
         if (!live)
             continue;
-        float s[TILE / SPLIT], tile_max = EMPTY_ROW;
         for (uint i = 0; i < TILE / SPLIT; ++i) {
-            const uint j = i * SPLIT + part;
-            float dot = 0.0f;
-            for (uint d = 0; d < D; ++d)
-                dot = fma(qr[d], kt[j * D + d], dot);
-            s[i] = t0 + j < hi && visible(pos, t0 + j, causal, window) ? dot : EMPTY_ROW;
+            const uint t = t0 + i * SPLIT + me.part;
+            s[i] = t < hi && visible(pos, t, causal, window) ? s[i] : EMPTY_ROW;
             tile_max = fmax(tile_max, s[i]);
         }
         if (tile_max == EMPTY_ROW)
             continue;
         const float m_new = fmax(m, tile_max), rescale = exp(m - m_new);
         l *= rescale;
-        for (uint d = 0; d < D; ++d)
+        for (uint d = 0; d < DC; ++d)
             acc[d] *= rescale;
         for (uint i = 0; i < TILE / SPLIT; ++i) {
-            const uint j = i * SPLIT + part;
-            const float e = exp(s[i] - m_new);
-            l += e;
-            for (uint d = 0; d < D; ++d)
-                acc[d] = fma(e, vt[j * D + d], acc[d]);
+            s[i] = exp(s[i] - m_new);
+            l += s[i];
         }
+        tile_axpy(acc, s, vt, me);
         m = m_new;
     }
 #if SPLIT > 1
     /* Merge the parts' softmax states: rescale each to the largest m. */
     barrier(CLK_LOCAL_MEM_FENCE);
     __local float *comb = tiles;
-    if (part > 0) {
-        __local float *mine = comb + ((part - 1u) * ROWS + r) * (D + 2);
-        for (uint d = 0; d < D; ++d)
-            mine[d] = acc[d];
-        mine[D] = m;
-        mine[D + 1] = l;
+    if (me.part > 0) {
+        __local float *mine = comb + ((me.part - 1u) * ROWS + me.r) * (DP + 2);
+        for (uint d = 0; d < DC; ++d)
+            mine[me.c0 + d] = acc[d];
+        if (me.c0 == 0) {
+            mine[DP] = m;
+            mine[DP + 1] = l;
+        }
     }
     barrier(CLK_LOCAL_MEM_FENCE);
-    if (part > 0)
+    if (me.part > 0)
         return;
     float m_all = m;
     for (uint p = 1; p < SPLIT; ++p)
-        m_all = fmax(m_all, comb[((p - 1u) * ROWS + r) * (D + 2) + D]);
+        m_all = fmax(m_all, comb[((p - 1u) * ROWS + me.r) * (DP + 2) + DP]);
     const float own = exp(m - m_all);
     l *= own;
-    for (uint d = 0; d < D; ++d)
+    for (uint d = 0; d < DC; ++d)
         acc[d] *= own;
     for (uint p = 1; p < SPLIT; ++p) {
-        __local const float *other = comb + ((p - 1u) * ROWS + r) * (D + 2);
-        const float f = exp(other[D] - m_all);
-        l += other[D + 1] * f;
-        for (uint d = 0; d < D; ++d)
-            acc[d] = fma(other[d], f, acc[d]);
+        __local const float *other = comb + ((p - 1u) * ROWS + me.r) * (DP + 2);
+        const float f = exp(other[DP] - m_all);
+        l += other[DP + 1] * f;
+        for (uint d = 0; d < DC; ++d)
+            acc[d] = fma(other[me.c0 + d], f, acc[d]);
     }
     m = m_all;
 #endif
     if (!live)
         return;
-    for (uint d = 0; d < D; ++d)
-        o[o_off + at(b, q_seq, pos, num_heads, head, d)] = l > 0.0f ? acc[d] / l : 0.0f;
+    for (uint d = 0; d < DC; ++d)
+        acc[d] = l > 0.0f ? acc[d] / l : 0.0f;
+    store_row(o, o_off, b, q_seq, pos, num_heads, head, me.c0, acc, 1.0f);
+    if (me.c0 > 0)
+        return;
     const ulong row = lse_off + 2 * row_of(b, q_seq, pos, num_heads, head);
     lse[row] = l > 0.0f ? m : EMPTY_ROW;
     lse[row + 1] = l > 0.0f ? log(l) : EMPTY_ROW;
@@ -188,18 +290,18 @@ inline void grad_q_block(__global const float *q, ulong q_off, __global const fl
                          ulong dsum_off, __global float *dq, ulong dq_off, SHAPE_ARGS,
                          __local float *tiles, uint r0)
 {
-    __local float *kt = tiles, *vt = tiles + TILE * D;
+    __local float *kt = tiles, *vt = tiles + TILE * DP;
     const uint head = get_group_id(1), b = get_group_id(2);
-    const uint r = get_local_id(0) % ROWS, part = get_local_id(0) / ROWS, pos = r0 + r;
+    const lane me = lane_of();
+    const uint pos = r0 + me.r;
     const bool live = pos < q_seq;
     const uint kv_head = head / (num_heads / num_kv_heads);
     const ulong row = row_of(b, q_seq, live ? pos : 0u, num_heads, head);
-    float qr[D], dor[D], acc[D];
-    for (uint d = 0; d < D; ++d) {
-        qr[d] = live ? q[q_off + row * D + d] * scale : 0.0f;
-        dor[d] = live ? d_out[d_out_off + row * D + d] : 0.0f;
+    float qr[DC], dor[DC], acc[DC];
+    load_row(qr, q, q_off, b, q_seq, pos, live, num_heads, head, me.c0, scale);
+    load_row(dor, d_out, d_out_off, b, q_seq, pos, live, num_heads, head, me.c0, 1.0f);
+    for (uint d = 0; d < DC; ++d)
         acc[d] = 0.0f;
-    }
     const float m = lse[lse_off + 2 * row], l = lse[lse_off + 2 * row + 1];
     const float ds_row = dsum[dsum_off + row];
     uint lo, hi;
@@ -209,26 +311,23 @@ inline void grad_q_block(__global const float *q, ulong q_off, __global const fl
         load_tile(kt, k, k_off, b, kv_seq, t0, hi, num_kv_heads, kv_head);
         load_tile(vt, v, v_off, b, kv_seq, t0, hi, num_kv_heads, kv_head);
         barrier(CLK_LOCAL_MEM_FENCE);
+        float s[TILE / SPLIT], dp[TILE / SPLIT];
+        tile_dots(s, qr, kt, me);
+        tile_dots(dp, dor, vt, me);
+        whole_dots(tiles + XCH_AT, s, dp, me);
         if (!live)
             continue;
         for (uint i = 0; i < TILE / SPLIT; ++i) {
-            const uint j = i * SPLIT + part;
-            if (t0 + j >= hi || !visible(pos, t0 + j, causal, window))
-                continue;
-            float s = 0.0f, dp = 0.0f;
-            for (uint d = 0; d < D; ++d) {
-                s = fma(qr[d], kt[j * D + d], s);
-                dp = fma(dor[d], vt[j * D + d], dp);
-            }
-            const float ds = exp(fmin(s - m, 0.0f) - l) * (dp - ds_row);
-            for (uint d = 0; d < D; ++d)
-                acc[d] = fma(ds, kt[j * D + d], acc[d]);
+            const uint t = t0 + i * SPLIT + me.part;
+            s[i] = t < hi && visible(pos, t, causal, window)
+                       ? exp(fmin(s[i] - m, 0.0f) - l) * (dp[i] - ds_row)
+                       : 0.0f;
         }
+        tile_axpy(acc, s, kt, me);
     }
-    sum_parts(tiles, acc, part, r);
-    if (live && part == 0)
-        for (uint d = 0; d < D; ++d)
-            dq[dq_off + row * D + d] = scale * acc[d];
+    sum_parts(tiles, acc, me);
+    if (live && me.part == 0)
+        store_row(dq, dq_off, b, q_seq, pos, num_heads, head, me.c0, acc, scale);
 }
 
 /* dV of a key row, over the queries of its KV head's group that see it. */
@@ -237,16 +336,16 @@ inline void grad_v_block(__global const float *d_out, ulong d_out_off, __global 
                          __global const float *lse, ulong lse_off, __global float *dv,
                          ulong dv_off, SHAPE_ARGS, __local float *tiles, uint r0)
 {
-    __local float *qt = tiles, *ot = tiles + TILE * D, *mt = ot + TILE * D, *lt = mt + TILE;
+    __local float *qt = tiles, *ot = tiles + TILE * DP, *mt = ot + TILE * DP, *lt = mt + TILE;
     const uint kv_head = get_group_id(1), b = get_group_id(2);
-    const uint r = get_local_id(0) % ROWS, part = get_local_id(0) / ROWS, t = r0 + r;
+    const lane me = lane_of();
+    const uint t = r0 + me.r;
     const bool live = t < kv_seq;
     const uint group = num_heads / num_kv_heads;
-    float kr[D], acc[D];
-    for (uint d = 0; d < D; ++d) {
-        kr[d] = live ? k[k_off + at(b, kv_seq, t, num_kv_heads, kv_head, d)] * scale : 0.0f;
+    float kr[DC], acc[DC];
+    load_row(kr, k, k_off, b, kv_seq, t, live, num_kv_heads, kv_head, me.c0, scale);
+    for (uint d = 0; d < DC; ++d)
         acc[d] = 0.0f;
-    }
     uint lo, hi;
     queries_of_keys(r0, min(r0 + ROWS, kv_seq) - 1u, q_seq, causal, window, &lo, &hi);
     for (uint head = kv_head * group; head < (kv_head + 1u) * group; ++head) {
@@ -256,25 +355,23 @@ inline void grad_v_block(__global const float *d_out, ulong d_out_off, __global 
             load_tile(ot, d_out, d_out_off, b, q_seq, p0, hi, num_heads, head);
             load_rows(mt, lt, 0, lse, lse_off, 0, 0, b, q_seq, p0, hi, num_heads, head);
             barrier(CLK_LOCAL_MEM_FENCE);
+            float s[TILE / SPLIT];
+            tile_dots(s, kr, qt, me);
+            whole_dots(tiles + XCH_AT, s, 0, me);
             if (!live)
                 continue;
             for (uint i = 0; i < TILE / SPLIT; ++i) {
-                const uint j = i * SPLIT + part;
-                if (p0 + j >= hi || !visible(p0 + j, t, causal, window))
-                    continue;
-                float s = 0.0f;
-                for (uint d = 0; d < D; ++d)
-                    s = fma(kr[d], qt[j * D + d], s);
-                const float p = exp(fmin(s - mt[j], 0.0f) - lt[j]);
-                for (uint d = 0; d < D; ++d)
-                    acc[d] = fma(p, ot[j * D + d], acc[d]);
+                const uint j = i * SPLIT + me.part;
+                s[i] = p0 + j < hi && visible(p0 + j, t, causal, window)
+                           ? exp(fmin(s[i] - mt[j], 0.0f) - lt[j])
+                           : 0.0f;
             }
+            tile_axpy(acc, s, ot, me);
         }
     }
-    sum_parts(tiles, acc, part, r);
-    if (live && part == 0)
-        for (uint d = 0; d < D; ++d)
-            dv[dv_off + at(b, kv_seq, t, num_kv_heads, kv_head, d)] = acc[d];
+    sum_parts(tiles, acc, me);
+    if (live && me.part == 0)
+        store_row(dv, dv_off, b, kv_seq, t, num_kv_heads, kv_head, me.c0, acc, 1.0f);
 }
 
 /* dK of a key row: scale * sum of dS * Q over the queries that see it. */
@@ -285,19 +382,18 @@ inline void grad_k_block(__global const float *q, ulong q_off, __global const fl
                          ulong dsum_off, __global float *dk, ulong dk_off, SHAPE_ARGS,
                          __local float *tiles, uint r0)
 {
-    __local float *qt = tiles, *ot = tiles + TILE * D, *mt = ot + TILE * D, *lt = mt + TILE;
+    __local float *qt = tiles, *ot = tiles + TILE * DP, *mt = ot + TILE * DP, *lt = mt + TILE;
     __local float *dt = lt + TILE;
     const uint kv_head = get_group_id(1), b = get_group_id(2);
-    const uint r = get_local_id(0) % ROWS, part = get_local_id(0) / ROWS, t = r0 + r;
+    const lane me = lane_of();
+    const uint t = r0 + me.r;
     const bool live = t < kv_seq;
     const uint group = num_heads / num_kv_heads;
-    float kr[D], vr[D], acc[D];
-    for (uint d = 0; d < D; ++d) {
-        const ulong kv = at(b, kv_seq, live ? t : 0u, num_kv_heads, kv_head, d);
-        kr[d] = live ? k[k_off + kv] * scale : 0.0f;
-        vr[d] = live ? v[v_off + kv] : 0.0f;
+    float kr[DC], vr[DC], acc[DC];
+    load_row(kr, k, k_off, b, kv_seq, t, live, num_kv_heads, kv_head, me.c0, scale);
+    load_row(vr, v, v_off, b, kv_seq, t, live, num_kv_heads, kv_head, me.c0, 1.0f);
+    for (uint d = 0; d < DC; ++d)
         acc[d] = 0.0f;
-    }
     uint lo, hi;
     queries_of_keys(r0, min(r0 + ROWS, kv_seq) - 1u, q_seq, causal, window, &lo, &hi);
     for (uint head = kv_head * group; head < (kv_head + 1u) * group; ++head) {
@@ -308,27 +404,24 @@ inline void grad_k_block(__global const float *q, ulong q_off, __global const fl
             load_rows(mt, lt, dt, lse, lse_off, dsum, dsum_off, b, q_seq, p0, hi, num_heads,
                       head);
             barrier(CLK_LOCAL_MEM_FENCE);
+            float s[TILE / SPLIT], dp[TILE / SPLIT];
+            tile_dots(s, kr, qt, me);
+            tile_dots(dp, vr, ot, me);
+            whole_dots(tiles + XCH_AT, s, dp, me);
             if (!live)
                 continue;
             for (uint i = 0; i < TILE / SPLIT; ++i) {
-                const uint j = i * SPLIT + part;
-                if (p0 + j >= hi || !visible(p0 + j, t, causal, window))
-                    continue;
-                float s = 0.0f, dp = 0.0f;
-                for (uint d = 0; d < D; ++d) {
-                    s = fma(kr[d], qt[j * D + d], s);
-                    dp = fma(vr[d], ot[j * D + d], dp);
-                }
-                const float ds = exp(fmin(s - mt[j], 0.0f) - lt[j]) * (dp - dt[j]);
-                for (uint d = 0; d < D; ++d)
-                    acc[d] = fma(ds, qt[j * D + d], acc[d]);
+                const uint j = i * SPLIT + me.part;
+                s[i] = p0 + j < hi && visible(p0 + j, t, causal, window)
+                           ? exp(fmin(s[i] - mt[j], 0.0f) - lt[j]) * (dp[i] - dt[j])
+                           : 0.0f;
             }
+            tile_axpy(acc, s, qt, me);
         }
     }
-    sum_parts(tiles, acc, part, r);
-    if (live && part == 0)
-        for (uint d = 0; d < D; ++d)
-            dk[dk_off + at(b, kv_seq, t, num_kv_heads, kv_head, d)] = scale * acc[d];
+    sum_parts(tiles, acc, me);
+    if (live && me.part == 0)
+        store_row(dk, dk_off, b, kv_seq, t, num_kv_heads, kv_head, me.c0, acc, scale);
 }
 
 /* Each kernel runs its block function on row block g and, under a causal

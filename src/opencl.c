@@ -72,25 +72,34 @@ static const int op_plans[CLATTN_OP_COUNT][5] = {
 static const int backward_unfused[5] = {K_DSUM, K_GRAD_K, K_GRAD_V, K_GRAD_Q, -1};
 
 /* The tiled kernels' shapes per device type: rows per work-group, keys (or
- * queries) per local-memory tile, and work-items per row. A GPU wants more
- * work-items in flight than rows (causal attention with 8 heads of 4096
- * rows has only 32K rows); a CPU runs a work-group's items as a loop and
- * wants no split. On the H200, 2026-11-30, forward and backward at q_seq
- * 4096 (8 heads causal; 32 heads on 8 KV heads): 64,32,2 gave 8.6/10.2 and
- * 7.4/7.5 TFLOP/s, against 5.9/10.8 and 4.3/7.3 for 64,32,1 and 9.7/11.7
- * and 5.6/5.8 for 32,16,4 (`CLATTN_TILED=R,T,S clattn bench`). */
+ * queries) per local-memory tile, work-items per row by the tile's rows,
+ * and the most columns of head_dim one work-item holds (more work-items
+ * share a row by columns past it). A GPU wants more work-items in flight
+ * than rows (causal attention with 8 heads of 4096 rows has only 32K rows);
+ * a CPU runs a work-group's items as a loop and wants no split. On the
+ * H200, 2026-11-30, forward and backward at q_seq 4096 (8 heads causal; 32
+ * heads on 8 KV heads): 64,32,2 gave 8.6/10.2 and 7.4/7.5 TFLOP/s, against
+ * 5.9/10.8 and 4.3/7.3 for 64,32,1 and 9.7/11.7 and 5.6/5.8 for 32,16,4
+ * (`CLATTN_TILED=R,T,S clattn bench`). Past head_dim 64 a work-item's two
+ * or three whole vectors spill (the backward at head_dim 128 ran at 0.78
+ * TFLOP/s, below tree's 0.93), hence `wide`: rows split by columns. */
 typedef struct tile_config {
-    cl_device_type type;
-    unsigned rows, tile, split;
+    unsigned rows, tile, split, columns;
 } tile_config;
-static const tile_config tile_table[] = {
-    {CL_DEVICE_TYPE_GPU | CL_DEVICE_TYPE_ACCELERATOR, 64, 32, 2},
-    {CL_DEVICE_TYPE_CPU, 64, 32, 1},
+typedef struct tile_class {
+    cl_device_type type;
+    tile_config narrow, wide; /* wide past narrow.columns */
+} tile_class;
+static const tile_class tile_table[] = {
+    {CL_DEVICE_TYPE_GPU | CL_DEVICE_TYPE_ACCELERATOR, {64, 32, 2, 64}, {32, 16, 1, 32}},
+    {CL_DEVICE_TYPE_CPU, {64, 32, 1, CLATTN_MAX_HEAD_DIM}, {64, 32, 1, CLATTN_MAX_HEAD_DIM}},
 };
-/* Registers hold two or three head_dim vectors per work-item; past this the
- * tiled kernels spill (on the H200 the backward at head_dim 128 ran at 0.78
- * TFLOP/s against tree's 0.93), and tree's kernels run instead. */
-enum { TILED_MAX_HEAD_DIM = 64 };
+
+/* Work-items that share a row by columns under c. */
+static unsigned tile_dsplit(const tile_config *c, uint32_t head_dim)
+{
+    return head_dim > c->columns ? (head_dim + c->columns - 1) / c->columns : 1u;
+}
 
 /* How a kernel is launched: tree.cl's a work-group per row; tiled.cl's a
  * work-group per block of rows (per pair of blocks under a causal mask);
@@ -191,13 +200,35 @@ struct clattn_cl_state {
     int mma_tuned;               /* CLATTN_MMA set: mma_tune for every kernel */
     mma_config mma_tune;
     int named;                   /* the variant was asked for by name */
-    tile_config tiles;
+    tile_class tiles;
     cl_ulong max_alloc;
     cl_ulong local_mem;
     /* Host-pointer calls copy through these buffers, grown as needed. */
     cl_mem scratch[CLATTN_R_COUNT];
     size_t scratch_bytes[CLATTN_R_COUNT];
 };
+
+/* tiled.cl's local buffer for a head_dim under c, in floats. */
+static size_t tiled_local_floats(const tile_config *c, uint32_t head_dim)
+{
+    const size_t dsplit = tile_dsplit(c, head_dim);
+    const size_t stride = (head_dim + dsplit - 1) / dsplit * dsplit;
+    const size_t exchange = dsplit > 1 ? 2 * dsplit * c->tile * c->rows : 0;
+    const size_t tiles = 2 * (size_t)c->tile * stride + 3 * (size_t)c->tile + exchange;
+    const size_t combine = ((size_t)c->split - 1) * c->rows * (stride + 2);
+    return tiles > combine ? tiles : combine;
+}
+
+/* The tiled kernels' shape for a head_dim: the table's, with its tile
+ * halved until the local buffer fits the device (head_dim 256 on a GPU). */
+static tile_config tile_config_for(const struct clattn_cl_state *cl, uint32_t head_dim)
+{
+    tile_config c = head_dim > cl->tiles.narrow.columns ? cl->tiles.wide : cl->tiles.narrow;
+    while (c.tile % 2 == 0 && (c.tile / 2) % c.split == 0 &&
+           tiled_local_floats(&c, head_dim) * sizeof(float) > cl->local_mem)
+        c.tile /= 2;
+    return c;
+}
 
 /* The shape of mma kernel k at a head_dim. */
 static const mma_config *mma_config_for(const struct clattn_cl_state *cl, uint32_t head_dim,
@@ -510,9 +541,8 @@ static size_t local_bytes(const struct clattn_cl_state *cl, const kernel_set *se
         return mma_local_floats(mma_config_for(cl, head_dim, k), head_dim, cl->mma_emulate) *
                sizeof(float);
     if (set->kind[k] == KIND_TILED) {
-        const size_t tiles = 2 * (size_t)cl->tiles.tile * head_dim + 3 * (size_t)cl->tiles.tile;
-        const size_t combine = ((size_t)cl->tiles.split - 1) * cl->tiles.rows * (head_dim + 2);
-        return (tiles > combine ? tiles : combine) * sizeof(float);
+        const tile_config c = tile_config_for(cl, head_dim);
+        return tiled_local_floats(&c, head_dim) * sizeof(float);
     }
     return tree_work_group(head_dim) * sizeof(float) * (size_t)kernel_descs[k].local_per_lane;
 }
@@ -521,7 +551,8 @@ static size_t local_bytes(const struct clattn_cl_state *cl, const kernel_set *se
 static size_t work_group(const struct clattn_cl_state *cl, const kernel_set *set, int k,
                          uint32_t head_dim)
 {
-    return set->kind[k] == KIND_TILED     ? (size_t)cl->tiles.rows * cl->tiles.split
+    const tile_config c = tile_config_for(cl, head_dim);
+    return set->kind[k] == KIND_TILED ? (size_t)c.rows * c.split * tile_dsplit(&c, head_dim)
            : set->kind[k] == KIND_BLOCKED ? 1
            : set->kind[k] == KIND_MMA     ? 32u * mma_config_for(cl, head_dim, k)->warps
                                           : tree_work_group(head_dim);
@@ -531,9 +562,11 @@ static size_t work_group(const struct clattn_cl_state *cl, const kernel_set *set
 static const char *kernel_options(const struct clattn_cl_state *cl, int kind, uint32_t head_dim,
                                   int k, char *buf, size_t size)
 {
-    const int len = snprintf(buf, size, "%s -DHEAD_DIM=%u -DROWS=%u -DTILE=%u -DSPLIT=%u",
-                             build_options, head_dim ? head_dim : 1u, cl->tiles.rows,
-                             cl->tiles.tile, cl->tiles.split);
+    const tile_config t = tile_config_for(cl, head_dim);
+    const int len = snprintf(buf, size,
+                             "%s -DHEAD_DIM=%u -DROWS=%u -DTILE=%u -DSPLIT=%u -DDSPLIT=%u",
+                             build_options, head_dim ? head_dim : 1u, t.rows, t.tile, t.split,
+                             tile_dsplit(&t, head_dim));
     if (kind == KIND_MMA && len > 0 && (size_t)len < size) {
         const mma_config *c = mma_config_for(cl, head_dim, k);
         snprintf(buf + len, size - (size_t)len,
@@ -627,20 +660,6 @@ static clattn_status kernels_for(struct clattn_cl_state *cl, uint32_t head_dim,
 {
     if (!cl->special_variant)
         return generic_kernels(cl, out);
-    if (!strcmp(cl->special_variant, "tiled") && head_dim > TILED_MAX_HEAD_DIM) {
-        if (cl->named)
-            return clattn_fail(CLATTN_ERROR_UNSUPPORTED_SHAPE,
-                               "variant 'tiled' runs head_dims up to %d, not %u; 'tree' runs "
-                               "any",
-                               TILED_MAX_HEAD_DIM, head_dim);
-        if (!cl->special[head_dim])
-            clattn_log_append(cl->owner, "tiled has no kernels for head_dim %u: tree's run",
-                              head_dim);
-        clattn_status st = generic_kernels(cl, out);
-        if (st == CLATTN_OK)
-            cl->special[head_dim] = *out; /* marks the line as written */
-        return st;
-    }
     if (!cl->special[head_dim]) {
         kernel_set *set = calloc(1, sizeof *set);
         if (!set)
@@ -730,19 +749,25 @@ static clattn_status init_on_device(clattn_context *ctx, const char *variant,
     /* A tuning override for a device the table does not know well. */
     const char *tune = getenv("CLATTN_TILED");
     if (tune && *tune) {
-        unsigned rows, tile, split;
+        unsigned rows, tile, split, columns = 0;
         char end;
-        if (sscanf(tune, "%u,%u,%u%c", &rows, &tile, &split, &end) != 3 || !rows || !tile ||
-            !split || tile % split || rows > 1024 || tile > 256 || rows * split > 1024) {
+        const int n = sscanf(tune, "%u,%u,%u,%u%c", &rows, &tile, &split, &columns, &end);
+        if ((n != 3 && n != 4) || !rows || !tile || !split || tile % split || rows > 1024 ||
+            tile > 256 || rows * split > 1024 || (n == 4 && !columns)) {
             st = clattn_fail(CLATTN_ERROR_INVALID_OPTION,
-                             "CLATTN_TILED='%s': want ROWS,TILE,SPLIT with SPLIT dividing "
-                             "TILE and ROWS * SPLIT <= 1024",
+                             "CLATTN_TILED='%s': want ROWS,TILE,SPLIT[,COLUMNS] with SPLIT "
+                             "dividing TILE and ROWS * SPLIT <= 1024",
                              tune);
             goto fail;
         }
-        cl->tiles.rows = rows;
-        cl->tiles.tile = tile;
-        cl->tiles.split = split;
+        tile_config *both[2] = {&cl->tiles.narrow, &cl->tiles.wide};
+        for (int i = 0; i < 2; ++i) {
+            both[i]->rows = rows;
+            both[i]->tile = tile;
+            both[i]->split = split;
+            if (columns)
+                both[i]->columns = columns;
+        }
     }
     const char *mma_tune = getenv("CLATTN_MMA");
     if (mma_tune && *mma_tune) {
@@ -940,7 +965,7 @@ static clattn_status enqueue_kernel(struct clattn_cl_state *cl, const kernel_set
         return clattn_fail(CLATTN_ERROR_OPENCL, "clSetKernelArg failed for kernel %d", k);
     const size_t rows = kd->key_rows ? s->kv_seq : s->q_seq;
     const size_t heads = kd->key_rows ? s->num_kv_heads : s->num_heads;
-    const size_t per_group = set->kind[k] == KIND_TILED     ? cl->tiles.rows
+    const size_t per_group = set->kind[k] == KIND_TILED     ? tile_config_for(cl, s->head_dim).rows
                              : set->kind[k] == KIND_BLOCKED ? BLOCKED_ROWS
                              : set->kind[k] == KIND_MMA     ? mma_rows(cl, s->head_dim, k)
                                                             : 1;

@@ -123,15 +123,19 @@ int main(int argc, char **argv)
         suite = oclgrind_suite();
     else if (suite_name && !strcmp(suite_name, "emulated"))
         suite = emulated_suite();
+    else if (suite_name && !strcmp(suite_name, "split"))
+        suite = split_suite();
     if (!suite || (strcmp(test_backend, "native") && strcmp(test_backend, "opencl-cpu") &&
                    strcmp(test_backend, "opencl-gpu"))) {
-        fprintf(stderr, "usage: %s --suite kernels|train|oclgrind|emulated|api|cli|gradcheck [--backend "
-                        "native|opencl-cpu|opencl-gpu]\n",
+        fprintf(stderr,
+                "usage: %s --suite kernels|train|oclgrind|emulated|split|api|cli|gradcheck "
+                "[--backend native|opencl-cpu|opencl-gpu]\n",
                 argv[0]);
         return 2;
     }
     const int per_backend = !strcmp(suite_name, "kernels") || !strcmp(suite_name, "train") ||
-                            !strcmp(suite_name, "oclgrind") || !strcmp(suite_name, "emulated");
+                            !strcmp(suite_name, "oclgrind") || !strcmp(suite_name, "emulated") ||
+                            !strcmp(suite_name, "split");
     if (per_backend && strcmp(test_backend, "native") &&
         !backend_present()) {
         if (required(test_backend)) {

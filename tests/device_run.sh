@@ -7,6 +7,8 @@
 #   compare  tests/torch_compare.py --large on the GPU, tolerance 1e-5
 #   bench    tests/torch_bench.py on the GPU shapes, with a plot
 #   tune     clattn bench per CLATTN_MMA shape (TUNE_D64, TUNE_D128, ... override the lists)
+#   tiled    clattn bench of tree and tiled at head_dims 64..256, and of tiled
+#            per CLATTN_TILED shape in TUNE_TILED
 set -u
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
@@ -43,6 +45,21 @@ for stage in "$@"; do
         done
       done
     done 2>&1 | tee "$OUT/tune.log" ;;
+  tiled)
+    shapes=("64:--q-seq 4096 --heads 8 --causal" "96:--q-seq 2048 --heads 16 --causal"
+            "128:--q-seq 4096 --heads 32 --kv-heads 8 --causal" "256:--q-seq 2048 --heads 8 --causal")
+    for entry in "${shapes[@]}"; do
+      d=${entry%%:*}
+      for op in forward backward; do
+        for run in tree tiled ${TUNE_TILED:-}; do
+          v=$run cfg=
+          case $run in tree | tiled) ;; *) v=tiled cfg=$run ;; esac
+          printf 'd%s %s %s %s: ' "$d" "$op" "$v" "$cfg"
+          CLATTN_TILED=$cfg $cli bench --op $op --head-dim "$d" ${entry#*:} --variant $v --reps 3 \
+            2>&1 | tail -1
+        done
+      done
+    done 2>&1 | tee "$OUT/tiled.log" ;;
   *) echo "unknown stage $stage"; exit 2 ;;
   esac
 done

@@ -29,6 +29,7 @@ Suite *cli_suite(void);
 Suite *gradcheck_suite(void);
 Suite *oclgrind_suite(void);
 Suite *emulated_suite(void);
+Suite *split_suite(void);
 Suite *train_suite(void);
 /* Adds the per-backend tests of check_training.c to the kernel suite. */
 void add_training_tests(TCase *tc);
