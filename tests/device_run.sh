@@ -8,7 +8,7 @@
 #   bench    tests/torch_bench.py on the GPU shapes, with a plot
 #   tune     clattn bench per CLATTN_MMA shape (TUNE_D64, TUNE_D128, ... override the lists)
 #   tiled    clattn bench of tree and tiled at head_dims 64..256, and of tiled
-#            per CLATTN_TILED shape in TUNE_TILED
+#            per CLATTN_TILED shape in TUNE_TILED (TILED_DIMS: the head_dims)
 set -u
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
@@ -50,6 +50,7 @@ for stage in "$@"; do
             "128:--q-seq 4096 --heads 32 --kv-heads 8 --causal" "256:--q-seq 2048 --heads 8 --causal")
     for entry in "${shapes[@]}"; do
       d=${entry%%:*}
+      case " ${TILED_DIMS:-64 96 128 256} " in *" $d "*) ;; *) continue ;; esac
       for op in forward backward; do
         for run in tree tiled ${TUNE_TILED:-}; do
           v=$run cfg=
