@@ -191,8 +191,8 @@ clattn_status clattn_shape_from_seed(const uint32_t params[8], clattn_shape *sha
  * CLATTN_ERROR_OUT_OF_MEMORY, and on a first call with a new head_dim
  * CLATTN_ERROR_BUILD_FAILED or CLATTN_ERROR_WORK_GROUP_TOO_LARGE;
  * CLATTN_ERROR_UNSUPPORTED_SHAPE where the variant was asked for by name
- * and has no kernels for the head_dim ("tiled" past 64; auto's default
- * runs tree's kernels there instead and logs it). */
+ * and has no kernels for the shape (none today: every variant runs every
+ * head_dim 1..256). */
 clattn_status clattn_grad_v(clattn_context *ctx, const clattn_shape *shape,
                             const float *d_out, const float *q, const float *k,
                             const float *lse, float *dv);
