@@ -163,18 +163,22 @@ int cmd_bench(int argc, char **argv)
                "--heads H\n"
                "                    [--kv-heads KH] --head-dim D [--batch B] [--causal] "
                "[--window W]\n"
-               "                    [--device SEL] [--variant NAME|all] [--reps R] [--json]\n"
+               "                    [--device SEL] [--variant NAME|all] [--reps R] [--threads N]\n"
+               "                    [--json]\n"
                "Times the op on random inputs: compile and a warm-up call excluded, the\n"
                "median of R timed calls (default 10). OpenCL devices run on buffers that\n"
                "stay on the device. --variant all measures every variant of the device side\n"
-               "by side. GFLOP/s count 4 (grad-v, forward) or 10 (backward) FLOP per visible\n"
+               "by side. --threads N runs the CPU backends on N threads (native's\n"
+               "CLATTN_NUM_THREADS and PoCL's POCL_MAX_PTHREAD_COUNT; 0 or none: every\n"
+               "core).\n"
+               "GFLOP/s count 4 (grad-v, forward) or 10 (backward) FLOP per visible\n"
                "(query, key) pair per head_dim element; max_error is max |out - native| /\n"
                "max |native| over the outputs (null on native itself).\n");
         return 0;
     }
     const char *op_name = NULL, *device = NULL, *variant = NULL;
     uint32_t q_seq = 0, kv_seq = 0, heads = 0, kv_heads = 0, head_dim = 0, batch = 1;
-    uint32_t window = 0, reps = 10;
+    uint32_t window = 0, reps = 10, threads = 0;
     int causal = 0, json = 0;
     opt opts[] = {
         {"--op", OPT_STRING, &op_name, 1, 0},       {"--q-seq", OPT_UINT, &q_seq, 1, 0},
@@ -183,7 +187,7 @@ int cmd_bench(int argc, char **argv)
         {"--batch", OPT_UINT, &batch, 0, 0},        {"--causal", OPT_FLAG, &causal, 0, 0},
         {"--window", OPT_UINT, &window, 0, 0},      {"--device", OPT_STRING, &device, 0, 0},
         {"--variant", OPT_STRING, &variant, 0, 0},  {"--reps", OPT_UINT, &reps, 0, 0},
-        {"--json", OPT_FLAG, &json, 0, 0},
+        {"--threads", OPT_UINT, &threads, 0, 0},    {"--json", OPT_FLAG, &json, 0, 0},
     };
     if (!parse_opts(cmd, argc, argv, opts, sizeof opts / sizeof opts[0]))
         return EXIT_INPUT;
@@ -203,6 +207,19 @@ int cmd_bench(int argc, char **argv)
     if (reps == 0 || reps > 100000) {
         fprintf(stderr, "clattn bench: --reps wants 1 to 100000\n");
         return EXIT_INPUT;
+    }
+    if (threads > 256) {
+        fprintf(stderr, "clattn bench: --threads wants 1 to 256\n");
+        return EXIT_INPUT;
+    }
+    if (threads) {
+        /* Before any context: PoCL reads its variable when it starts. */
+        char text[16];
+        snprintf(text, sizeof text, "%u", threads);
+        if (setenv("CLATTN_NUM_THREADS", text, 1) || setenv("POCL_MAX_PTHREAD_COUNT", text, 1)) {
+            fprintf(stderr, "clattn bench: cannot set the thread count\n");
+            return EXIT_INPUT;
+        }
     }
     b.s = clattn_shape_default();
     b.s.batch = batch;
@@ -342,10 +359,11 @@ int cmd_bench(int argc, char **argv)
                    clattn_backend_name(backend));
             json_text(clattn_context_device(base));
             printf("\", \"variant\": \"%s\", \"batch\": %u, \"q_seq\": %u, \"kv_seq\": %u, \"heads\": %u, \"kv_heads\": %u, "
-                   "\"head_dim\": %u, \"causal\": %s, \"window\": %u, \"reps\": %u, "
+                   "\"head_dim\": %u, \"causal\": %s, \"window\": %u, \"reps\": %u, \"threads\": %u, "
                    "\"seconds\": %.6g, \"gflops\": %.6g, \"max_error\": %s, \"kernels\": \"%s\"}\n",
                    name, batch, q_seq, b.s.kv_seq, heads, b.s.num_kv_heads, head_dim,
-                   causal ? "true" : "false", window, reps, seconds, flop / seconds * 1e-9,
+                   causal ? "true" : "false", window, reps, threads, seconds,
+                   flop / seconds * 1e-9,
                    errtext, ran);
         } else
             printf("%-10s %12.3f %12.2f %12s  %s\n", name, seconds * 1e3, flop / seconds * 1e-9,

@@ -85,6 +85,7 @@ struct clattn_context {
     char kernels[160]; /* what the last call ran, comma-separated */
     char *log;       /* what auto tried; never NULL after creation */
     int num_threads; /* native */
+    const struct native_kernels *native; /* native: the hot loops it runs */
     struct clattn_cl_state *cl; /* NULL on native */
 };
 

@@ -224,11 +224,25 @@ START_TEST(environment_selects)
     ck_assert_status(clattn_context_create(NULL, &ctx), CLATTN_ERROR_INVALID_OPTION);
     setenv("CLATTN_NUM_THREADS", "3", 1);
     ctx = native_context(0);
-    ck_assert_str_eq(clattn_context_device(ctx), "native: 3 threads");
+    ck_assert_ptr_nonnull(strstr(clattn_context_device(ctx), "native: 3 threads, "));
     clattn_context_destroy(ctx);
     ctx = native_context(1);
-    ck_assert_str_eq(clattn_context_device(ctx), "native: 1 thread");
+    ck_assert_ptr_nonnull(strstr(clattn_context_device(ctx), "native: 1 thread, "));
     clattn_context_destroy(ctx);
+    /* CLATTN_NATIVE_LEVEL caps the hot loops' level, and the device string
+     * names the one that runs. */
+    setenv("CLATTN_NATIVE_LEVEL", "baseline", 1);
+    ctx = native_context(1);
+    ck_assert_str_eq(clattn_context_device(ctx), "native: 1 thread, baseline code");
+    clattn_context_destroy(ctx);
+    setenv("CLATTN_NATIVE_LEVEL", "v5", 1);
+    o = clattn_options_default();
+    o.device = "native";
+    ctx = NULL;
+    ck_assert_status(clattn_context_create(&o, &ctx), CLATTN_ERROR_INVALID_OPTION);
+    ck_assert_ptr_null(ctx);
+    ck_assert_ptr_nonnull(strstr(clattn_last_error(), "CLATTN_NATIVE_LEVEL='v5'"));
+    unsetenv("CLATTN_NATIVE_LEVEL");
 }
 END_TEST
 

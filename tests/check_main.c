@@ -145,6 +145,29 @@ int main(int argc, char **argv)
         printf("SKIP: %s\n", test_backend);
         return EXIT_SKIP;
     }
+    /* A run for one level of the native hot loops (ctest kernels.native-v3
+     * and -baseline): that level must be the one that runs, or the run is
+     * skipped where the CPU lacks it. */
+    const char *level = getenv("CLATTN_NATIVE_LEVEL");
+    if (per_backend && !strcmp(test_backend, "native") && level && *level) {
+        clattn_context *ctx = NULL;
+        clattn_options o = clattn_options_default();
+        o.device = "native";
+        if (clattn_context_create(&o, &ctx) != CLATTN_OK) {
+            printf("FAIL: %s\n", clattn_last_error());
+            return 1;
+        }
+        char want[64];
+        snprintf(want, sizeof want, ", %s%s code", strcmp(level, "baseline") ? "x86-64-" : "",
+                 level);
+        const int runs = strstr(clattn_context_device(ctx), want) != NULL;
+        printf("native runs on %s\n", clattn_context_device(ctx));
+        clattn_context_destroy(ctx);
+        if (!runs) {
+            printf("SKIP: this CPU has no %s\n", level);
+            return EXIT_SKIP;
+        }
+    }
     SRunner *runner = srunner_create(suite);
     srunner_run_all(runner, CK_NORMAL);
     int failed = srunner_ntests_failed(runner);

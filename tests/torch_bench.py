@@ -5,8 +5,12 @@ clattn/PyTorch ratios. GPU: clattn on the OpenCL GPU against torch on CUDA;
 CPU: clattn's native backend and PoCL against torch on the CPU, all at the
 same thread count. Needs torch; skips (exit 77) without it.
 
-    python3 tests/torch_bench.py BUILD/clattn [--threads N] [--reps R] [--no-cpu] [--no-gpu]
-                                 [--variant NAME|all] [--head-dims 64,128] [--plot FILE.svg]
+    python3 tests/torch_bench.py BUILD/clattn [--threads N[,N...]] [--reps R] [--no-cpu]
+                                 [--no-gpu] [--variant NAME|all] [--head-dims 64,128]
+                                 [--plot FILE.svg]
+
+--threads 1,2,4,8,16 runs the CPU shapes at each thread count (torch, native
+and PoCL alike): a scaling table.
 
 --plot draws clattn's and PyTorch's figures per shape and op as bars
 (needs matplotlib; without it the table is still printed).
@@ -37,7 +41,14 @@ GPU_SHAPES = [  # (batch, q_seq, heads, kv_heads, head_dim, causal)
     (1, 4096, 32, 8, 128, False),
     (1, 2048, 8, 8, 256, True),
 ]
-CPU_SHAPES = [(1, 1024, 8, 2, 64, True)]
+CPU_SHAPES = [  # issue 11's three, then head_dims 32, 96 and 256
+    (1, 1024, 8, 2, 64, True),
+    (1, 1024, 16, 4, 128, True),
+    (4, 512, 8, 8, 64, False),
+    (2, 1024, 8, 8, 32, True),
+    (2, 512, 12, 4, 96, False),
+    (1, 512, 8, 8, 256, True),
+]
 
 
 def pairs(q_seq, heads, batch, causal):
@@ -93,7 +104,8 @@ def clattn_runs(cli, shape, op, device, variant, reps, env):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("cli")
-    ap.add_argument("--threads", type=int, default=os.cpu_count())
+    ap.add_argument("--threads", default=str(os.cpu_count()),
+                    help="CPU thread counts, comma-separated")
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--no-cpu", action="store_true")
     ap.add_argument("--no-gpu", action="store_true")
@@ -101,28 +113,35 @@ def main():
     ap.add_argument("--head-dims", help="only shapes of these head_dims, comma-separated")
     ap.add_argument("--plot", metavar="FILE.svg")
     args = ap.parse_args()
-    torch.set_num_threads(args.threads)
-    # PoCL takes its thread count from its own variable.
-    env = dict(os.environ, CLATTN_NUM_THREADS=str(args.threads),
-               POCL_MAX_PTHREAD_COUNT=str(args.threads))
+    counts = [int(n) for n in args.threads.split(",")]
     plans, rows = [], []
     if torch.cuda.is_available() and not args.no_gpu:
-        plans += [(shape, "gpu", "cuda") for shape in GPU_SHAPES]
+        plans += [(shape, "gpu", "cuda", counts[0]) for shape in GPU_SHAPES]
     if not args.no_cpu:
-        plans += [(shape, dev, "cpu") for shape in CPU_SHAPES for dev in ("native", "cpu")]
+        plans += [(shape, dev, "cpu", n) for n in counts for shape in CPU_SHAPES
+                  for dev in ("native", "cpu")]
     if args.head_dims:
         keep = {int(d) for d in args.head_dims.split(",")}
         plans = [p for p in plans if p[0][4] in keep]
     print(f"torch {torch.__version__}, {args.threads} CPU threads, median of {args.reps}")
     print(f"{'shape':<34}{'op':<10}{'clattn device / variant':<34}{'clattn':>10}{'torch':>10}"
           f"{'ratio':>8}")
-    for shape, dev, tdev in plans:
+    torch_times = {}
+    for shape, dev, tdev, threads in plans:
         batch, s, h, kh, d, causal = shape
         desc = f"b{batch} s{s} h{h}/{kh} d{d}{' causal' if causal else ''}"
+        if tdev == "cpu":
+            desc += f" t{threads}"
+        torch.set_num_threads(threads)
+        # PoCL takes its thread count from its own variable.
+        env = dict(os.environ, CLATTN_NUM_THREADS=str(threads),
+                   POCL_MAX_PTHREAD_COUNT=str(threads))
         for op in ("forward", "backward"):
             flop = (4 if op == "forward" else 10) * pairs(s, h, batch, causal) * d
-            t_torch = torch_time(shape, op, tdev, args.reps)
-            g_torch = flop / t_torch * 1e-9
+            key = (shape, op, tdev, threads)  # once per shape, not per clattn device
+            if key not in torch_times:
+                torch_times[key] = torch_time(shape, op, tdev, args.reps)
+            g_torch = flop / torch_times[key] * 1e-9
             for r in clattn_runs(args.cli, shape, op, dev, args.variant, args.reps, env):
                 where = f"{r['backend']} / {r['variant']}"
                 print(f"{desc:<34}{op:<10}{where:<34}{r['gflops']:>10.1f}{g_torch:>10.1f}"

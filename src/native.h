@@ -1,0 +1,55 @@
+/* The native backend's parts: the call its jobs share and the hot loops,
+ * which src/native_kernels.c compiles once per x86-64 level (see
+ * CMakeLists.txt) and src/native.c picks from at context creation. */
+#ifndef CLATTN_NATIVE_H
+#define CLATTN_NATIVE_H
+
+#include <stdatomic.h>
+#include <stddef.h>
+
+#include "internal.h"
+
+/* Keys of a key-side job, and query rows of a query-side one: one 16-float
+ * vector. */
+enum { KEY_BLOCK = 16, QUERY_BLOCK = KEY_BLOCK };
+
+/* meganeura's LSE pair for a row with no visible key. */
+#define EMPTY_ROW (-1e30f)
+
+typedef struct native_call {
+    const clattn_shape *s;
+    const float *q, *k, *v, *o, *lse, *d_out;
+    float *dq, *dk, *dv, *o_out, *lse_out;
+    const float *dsum; /* dO . O per query row, for grad-K */
+    /* K and V ([batch][kv head][key][D]) for the query side, Q and dO
+     * ([batch][head][pos][D]) for the key side: copies, head-major, so that
+     * the rows a job streams lie next to each other (the tensors' own rows
+     * are heads * D floats apart). */
+    const float *kh, *vh, *qh, *oh;
+    const float *pack_src; /* a copy being made: pack_src to pack_dst, */
+    float *pack_dst;       /* pack_heads heads of pack_rows rows */
+    size_t pack_heads, pack_rows;
+    float scale;
+    size_t group;           /* query heads per KV head */
+    size_t blocks_per_head; /* key blocks of one (batch, KV head) */
+    void (*job)(const struct native_call *c, size_t job);
+    size_t jobs;
+    atomic_size_t next;
+} native_call;
+
+typedef void (*native_job)(const native_call *c, size_t job);
+
+/* The hot loops of one compilation: forward and grad-Q jobs take a block of
+ * query rows, key-block jobs a block of keys (dK and/or dV), dsum jobs a
+ * row. */
+typedef struct native_kernels {
+    const char *name; /* the instruction set it was compiled for */
+    native_job forward, grad_q, key_block, dsum;
+} native_kernels;
+
+extern const native_kernels clattn_native_baseline;
+#if CLATTN_NATIVE_LEVELS
+extern const native_kernels clattn_native_v3, clattn_native_v4;
+#endif
+
+#endif

@@ -1,0 +1,495 @@
+/* The native backend's hot loops (see src/native.c for the jobs' shapes).
+ * This file is compiled once per instruction-set level, each with its own
+ * -m flags and NATIVE_LEVEL (v4: AVX-512 F/BW/CD/DQ/VL; v3: AVX2 with FMA;
+ * baseline: the build's target), rather than cloned by target_clones: GCC
+ * lowers some generic vector operations (integer comparisons) for the
+ * baseline before it clones, and GCC 13 left a loop of the AVX-512 clone
+ * scalar that GCC 12 vectorised, so the clones ran 2-3x below the code
+ * compiled for their level (issue 11). */
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "native.h"
+
+#ifndef NATIVE_LEVEL
+#define NATIVE_LEVEL baseline
+#define NATIVE_NAME "baseline"
+#endif
+#define NATIVE_TABLE_(level) clattn_native_##level
+#define NATIVE_TABLE(level) NATIVE_TABLE_(level)
+
+#if defined(__GNUC__)
+#define INLINE static inline __attribute__((always_inline))
+#else
+#define INLINE static inline
+#endif
+
+/* A dot product with eight partial sums, so that it vectorises without
+ * reassociating float additions behind the compiler's back. */
+INLINE float dot(const float *a, const float *b, size_t n)
+{
+    float part[8] = {0};
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        for (int j = 0; j < 8; ++j)
+            part[j] += a[i + j] * b[i + j];
+    for (; i < n; ++i)
+        part[i & 7] += a[i] * b[i];
+    return ((part[0] + part[4]) + (part[1] + part[5])) + ((part[2] + part[6]) + (part[3] + part[7]));
+}
+
+INLINE size_t row_index(const clattn_shape *s, size_t b, size_t pos, size_t head)
+{
+    return (b * s->q_seq + pos) * s->num_heads + head;
+}
+
+/* Element-wise work on a tile row (masks, softmax, exp) is written on
+ * vectors of the level's own width, HW floats, KEY_BLOCK / HW of them a
+ * row (`EACH_PART`), not left to the loop vectoriser: GCC 13 turned
+ * exp_block's loop into scalar code that GCC 12 vectorised, and GCC lowers
+ * comparisons of vectors wider than the hardware's to scalar code. Masks are
+ * comparison results (lanes 0 or -1); HSELECT takes a's lanes where the
+ * mask is set, else b's; HSPLAT broadcasts a scalar. */
+#if defined(__AVX512F__)
+#define HW 16
+#elif defined(__AVX__)
+#define HW 8
+#else
+#define HW 4
+#endif
+typedef float hvec __attribute__((vector_size(HW * sizeof(float))));
+typedef int32_t hivec __attribute__((vector_size(HW * sizeof(int32_t))));
+typedef uint32_t huvec __attribute__((vector_size(HW * sizeof(uint32_t))));
+typedef float hvec_u __attribute__((vector_size(HW * sizeof(float)), aligned(4), may_alias));
+typedef uint32_t huvec_u
+    __attribute__((vector_size(HW * sizeof(uint32_t)), aligned(4), may_alias));
+#define hload(p) (*(const hvec_u *)(p))
+#define hstore(p, v) (*(hvec_u *)(p) = (v))
+#define huload(p) (*(const huvec_u *)(p))
+#define HSELECT(mask, a, b) \
+    ((hvec)(((hivec)(mask) & (hivec)(a)) | (~(hivec)(mask) & (hivec)(b))))
+#define HSPLAT(x) ((hvec){0} + (x))
+#define HMIN0(x) HSELECT((x) < 0.0f, (x), HSPLAT(0.0f)) /* min(x, 0), NaN to 0 */
+#define EACH_PART(h) for (int h = 0; h < KEY_BLOCK; h += HW)
+
+/* The two products everything below is made of. Both keep one side
+ * transposed, so that a tile's KEY_BLOCK keys (or QUERY_BLOCK query rows)
+ * lie along one row of floats, and broadcast single elements of plain rows
+ * against it, one hardware vector of the row at a time: no horizontal sums,
+ * and eight independent accumulators to keep both FMA pipes busy (8 + 1 of
+ * the 16 registers AVX2 and SSE have, of AVX-512's 32). */
+typedef float tile_row[KEY_BLOCK];
+enum { DOT_ROWS = 8, ACC_DIMS = 8 };
+
+/* lane_index[j] = j: the key of a tile row's lane. */
+static const uint32_t lane_index[KEY_BLOCK] = {0, 1, 2,  3,  4,  5,  6,  7,
+                                               8, 9, 10, 11, 12, 13, 14, 15};
+
+/* exp() of the KEY_BLOCK values at x, in place: Cody-Waite range reduction
+ * by ln 2 and a degree-6 polynomial (the constants of Cephes' expf), within
+ * 2 ulp of expf(). Inputs below -87.3 give about 1e-38 rather than less,
+ * far below anything the sums can see. */
+INLINE void exp_block(float *x)
+{
+    EACH_PART(h) {
+        hvec v = hload(x + h);
+        v = HSELECT(v < -87.3f, HSPLAT(-87.3f), v);
+        v = HSELECT(v > 88.3f, HSPLAT(88.3f), v);
+        /* Round v / ln 2 to an integer with the 1.5 * 2^23 trick. */
+        const hvec n = (v * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
+        hvec r = v - n * 0.693359375f;
+        r = r - n * -2.12194440e-4f;
+        hvec poly = HSPLAT(1.9875691500e-4f);
+        poly = poly * r + 1.3981999507e-3f;
+        poly = poly * r + 8.3334519073e-3f;
+        poly = poly * r + 4.1665795894e-2f;
+        poly = poly * r + 1.6666665459e-1f;
+        poly = poly * r + 5.0000001201e-1f;
+        const hvec y = poly * r * r + r + 1.0f;
+        const hivec bits = (__builtin_convertvector(n, hivec) + 127) << 23;
+        hstore(x + h, y * (hvec)bits);
+    }
+}
+
+static const float zero_row[CLATTN_MAX_HEAD_DIM];
+
+/* out[i][.] = sum_d rows[i][d] * t[d][.] for DOT_ROWS rows. */
+INLINE void dots(const float *const *rows, const tile_row *t, size_t D, tile_row *out)
+{
+    EACH_PART(h) {
+        hvec a[DOT_ROWS];
+        for (int i = 0; i < DOT_ROWS; ++i)
+            a[i] = HSPLAT(0.0f);
+        for (size_t d = 0; d < D; ++d) {
+            const hvec x = hload(t[d] + h);
+            for (int i = 0; i < DOT_ROWS; ++i)
+                a[i] += rows[i][d] * x;
+        }
+        for (int i = 0; i < DOT_ROWS; ++i)
+            hstore(out[i] + h, a[i]);
+    }
+}
+
+/* acc[d][.] += sum_r rows[r][d] * w[r][.] for r < n: ACC_DIMS rows of the
+ * transposed accumulator stay in registers while the n rows stream by. */
+INLINE void accumulate(tile_row *acc, size_t D, const float *const *rows, const tile_row *w,
+                       size_t n)
+{
+    EACH_PART(h) {
+        size_t d = 0;
+        for (; d + ACC_DIMS <= D; d += ACC_DIMS) {
+            hvec c[ACC_DIMS];
+            for (int i = 0; i < ACC_DIMS; ++i)
+                c[i] = hload(acc[d + i] + h);
+            for (size_t r = 0; r < n; ++r) {
+                const hvec x = hload(w[r] + h);
+                const float *row = rows[r] + d;
+                for (int i = 0; i < ACC_DIMS; ++i)
+                    c[i] += row[i] * x;
+            }
+            for (int i = 0; i < ACC_DIMS; ++i)
+                hstore(acc[d + i] + h, c[i]);
+        }
+        for (; d < D; ++d) {
+            hvec c = hload(acc[d] + h);
+            for (size_t r = 0; r < n; ++r)
+                c += rows[r][d] * hload(w[r] + h);
+            hstore(acc[d] + h, c);
+        }
+    }
+}
+
+/* t[d][j] = rows[j][d] for the KEY_BLOCK rows of a tile. */
+INLINE void transpose_in(const float *const *rows, size_t D, tile_row *t)
+{
+    for (size_t d = 0; d < D; ++d)
+        for (uint32_t j = 0; j < KEY_BLOCK; ++j)
+            t[d][j] = rows[j][d];
+}
+
+/* Key-side jobs gather the query rows (every head of the group at each
+ * position) that see any key of the block, CHUNK at a time. */
+enum { CHUNK = 32 };
+
+typedef struct key_chunk {
+    const float *q[CHUNK], *d_out[CHUNK];
+    float m[CHUNK], l[CHUNK], dsum[CHUNK];
+    uint32_t lo[CHUNK], hi[CHUNK]; /* keys of the block the row sees */
+    size_t n;
+} key_chunk;
+
+/* Adds one chunk of query rows to the block's transposed dK and dV. */
+INLINE void key_chunk_run(const native_call *c, key_chunk *ch, const tile_row *kt,
+                          const tile_row *vt, tile_row *dkt, tile_row *dvt)
+{
+    const size_t D = c->s->head_dim, n = ch->n;
+    _Alignas(64) tile_row p[CHUNK], ds[CHUNK];
+    for (size_t r = n; r % DOT_ROWS; ++r) {
+        ch->q[r] = ch->d_out[r] = zero_row;
+        ch->lo[r] = ch->hi[r] = 0;
+    }
+    for (size_t r = 0; r < n; r += DOT_ROWS) {
+        dots(ch->q + r, kt, D, p + r);
+        if (dkt)
+            dots(ch->d_out + r, vt, D, ds + r);
+    }
+    const float scale = c->scale;
+    for (size_t r = 0; r < n; ++r) {
+        EACH_PART(h) {
+            const hvec x = hload(p[r] + h) * scale - ch->m[r];
+            hstore(p[r] + h, HMIN0(x) - ch->l[r]);
+        }
+        exp_block(p[r]);
+        EACH_PART(h) {
+            const huvec j = huload(lane_index + h);
+            const hvec pr = HSELECT((j >= ch->lo[r]) & (j < ch->hi[r]), hload(p[r] + h),
+                                    HSPLAT(0.0f));
+            hstore(p[r] + h, pr);
+            if (dkt)
+                hstore(ds[r] + h, scale * pr * (hload(ds[r] + h) - ch->dsum[r]));
+        }
+    }
+    if (dvt)
+        accumulate(dvt, D, ch->d_out, p, n);
+    if (dkt)
+        accumulate(dkt, D, ch->q, ds, n);
+    ch->n = 0;
+}
+
+/* dV and/or dK of KEY_BLOCK keys of one (batch, KV head). */
+static void key_block_job(const native_call *c, size_t job)
+{
+    const clattn_shape *s = c->s;
+    const size_t D = s->head_dim, kv_row = (size_t)s->num_kv_heads * D;
+    const size_t block = job % c->blocks_per_head;
+    const size_t kv_head = job / c->blocks_per_head % s->num_kv_heads;
+    const size_t b = job / c->blocks_per_head / s->num_kv_heads;
+    const uint32_t t0 = (uint32_t)(block * KEY_BLOCK);
+    const uint32_t nt = s->kv_seq - t0 < KEY_BLOCK ? s->kv_seq - t0 : KEY_BLOCK;
+    const int want_dk = c->dk != NULL, want_dv = c->dv != NULL;
+
+    _Alignas(64) tile_row kt[CLATTN_MAX_HEAD_DIM], vt[CLATTN_MAX_HEAD_DIM];
+    _Alignas(64) tile_row dkt[CLATTN_MAX_HEAD_DIM], dvt[CLATTN_MAX_HEAD_DIM];
+    const size_t first = ((size_t)b * s->kv_seq + t0) * kv_row + kv_head * D;
+    const float *krows[KEY_BLOCK], *vrows[KEY_BLOCK];
+    for (uint32_t j = 0; j < KEY_BLOCK; ++j) {
+        krows[j] = j < nt ? c->k + first + j * kv_row : zero_row;
+        vrows[j] = j < nt && want_dk ? c->v + first + j * kv_row : zero_row;
+    }
+    transpose_in(krows, D, kt);
+    if (want_dk)
+        transpose_in(vrows, D, vt);
+    memset(dkt, 0, D * sizeof dkt[0]);
+    memset(dvt, 0, D * sizeof dvt[0]);
+
+    /* The queries that see any key of the block. */
+    uint32_t start, end, unused;
+    clattn_query_range(s, t0, &start, &unused);
+    clattn_query_range(s, t0 + nt - 1, &unused, &end);
+    key_chunk ch;
+    ch.n = 0;
+    for (uint32_t pos = start; pos < end; ++pos) {
+        /* Keys of the block that pos sees: [lo, hi). */
+        uint32_t lo = 0, hi = nt;
+        if (s->causal && pos < t0 + nt)
+            hi = pos >= t0 ? pos - t0 + 1 : 0;
+        if (s->window > 0 && pos >= s->window && pos - s->window + 1 > t0)
+            lo = pos - s->window + 1 - t0;
+        if (lo >= hi)
+            continue;
+        for (size_t head = kv_head * c->group; head < (kv_head + 1) * c->group; ++head) {
+            const size_t row = row_index(s, b, pos, head);
+            const size_t at = ((b * s->num_heads + head) * s->q_seq + pos) * D;
+            ch.q[ch.n] = c->qh + at;
+            ch.d_out[ch.n] = c->oh + at;
+            ch.m[ch.n] = c->lse[2 * row];
+            ch.l[ch.n] = c->lse[2 * row + 1];
+            ch.dsum[ch.n] = want_dk ? c->dsum[row] : 0.0f;
+            ch.lo[ch.n] = lo;
+            ch.hi[ch.n] = hi;
+            if (++ch.n == CHUNK)
+                key_chunk_run(c, &ch, kt, vt, want_dk ? dkt : NULL, want_dv ? dvt : NULL);
+        }
+    }
+    if (ch.n)
+        key_chunk_run(c, &ch, kt, vt, want_dk ? dkt : NULL, want_dv ? dvt : NULL);
+    for (uint32_t j = 0; j < nt; ++j)
+        for (size_t d = 0; d < D; ++d) {
+            if (want_dv)
+                c->dv[first + j * kv_row + d] = dvt[d][j];
+            if (want_dk)
+                c->dk[first + j * kv_row + d] = dkt[d][j];
+        }
+}
+
+/* The keys [*lo, *hi) that query pos sees. */
+INLINE void key_range(const clattn_shape *s, uint32_t pos, uint32_t *lo, uint32_t *hi)
+{
+    *lo = s->window > 0 && pos >= s->window ? pos - s->window + 1 : 0;
+    *hi = s->causal ? (pos + 1 < s->kv_seq ? pos + 1 : s->kv_seq) : s->kv_seq;
+}
+
+/* Query-side jobs take QUERY_BLOCK query rows of one (batch, head), kept
+ * transposed so that the rows lie along a vector, and walk the keys
+ * KEY_BLOCK at a time: a key's scores against every row of the block are
+ * one vector, and per-row softmax state (max, sum, Dsum) is a vector too. */
+
+typedef struct query_block {
+    size_t b, head, pos0, rows;      /* rows of [pos0, pos0 + rows) */
+    uint32_t lo, hi;                 /* keys any of them sees */
+    uint32_t row_lo[QUERY_BLOCK];    /* keys [row_lo, row_hi) row r sees; */
+    uint32_t row_hi[QUERY_BLOCK];    /* empty past the last row */
+    const float *kb, *vb;            /* K and V of the KV head at key 0 */
+    size_t kv_row;
+    size_t row[QUERY_BLOCK];         /* row_index of each row */
+    const float *ptrs[QUERY_BLOCK];  /* scratch: row pointers to transpose */
+} query_block;
+
+INLINE void query_block_of(const native_call *c, size_t job, query_block *qb)
+{
+    const clattn_shape *s = c->s;
+    const size_t blocks = (s->q_seq + (size_t)QUERY_BLOCK - 1) / QUERY_BLOCK;
+    const size_t D = s->head_dim;
+    /* Blocks of one head are consecutive jobs, so that the threads running
+     * at once share that head's K and V in cache: with heads fastest, 8 KV
+     * heads ran 35% slower than 2. */
+    qb->pos0 = job % blocks * QUERY_BLOCK;
+    qb->head = job / blocks % s->num_heads;
+    qb->b = job / blocks / s->num_heads;
+    qb->rows = s->q_seq - qb->pos0 < QUERY_BLOCK ? s->q_seq - qb->pos0 : QUERY_BLOCK;
+    qb->kv_row = D; /* in the head-major copies */
+    const size_t base = (qb->b * s->num_kv_heads + qb->head / c->group) * s->kv_seq * D;
+    qb->kb = c->kh + base;
+    qb->vb = c->vh + base;
+    qb->lo = UINT32_MAX;
+    qb->hi = 0;
+    for (size_t r = 0; r < QUERY_BLOCK; ++r) {
+        qb->row_lo[r] = qb->row_hi[r] = 0;
+        qb->row[r] = 0;
+        if (r >= qb->rows)
+            continue;
+        key_range(s, (uint32_t)(qb->pos0 + r), &qb->row_lo[r], &qb->row_hi[r]);
+        qb->lo = qb->row_lo[r] < qb->lo ? qb->row_lo[r] : qb->lo;
+        qb->hi = qb->row_hi[r] > qb->hi ? qb->row_hi[r] : qb->hi;
+        qb->row[r] = row_index(s, qb->b, qb->pos0 + r, qb->head);
+    }
+    if (qb->lo > qb->hi)
+        qb->lo = qb->hi;
+}
+
+/* t[d][r] = x[row r][d] for the block's rows, zeros past them. */
+INLINE void query_block_transpose(const native_call *c, query_block *qb, const float *x,
+                                  tile_row *t)
+{
+    const size_t D = c->s->head_dim;
+    for (size_t r = 0; r < QUERY_BLOCK; ++r)
+        qb->ptrs[r] = r < qb->rows ? x + qb->row[r] * D : zero_row;
+    transpose_in(qb->ptrs, D, t);
+}
+
+/* The rows of keys [t0, t0 + n) of one KV head, zero rows past n. */
+INLINE void key_rows(const float *base, size_t kv_row, uint32_t t0, uint32_t n,
+                     const float *rows[KEY_BLOCK])
+{
+    for (uint32_t j = 0; j < KEY_BLOCK; ++j)
+        rows[j] = j < n ? base + (t0 + j) * kv_row : zero_row;
+}
+
+/* sc[j][r] for the keys t0 + j of a tile against the block's rows. */
+INLINE void tile_scores(const float *const *krows, const tile_row *qt,
+                        size_t D, tile_row *sc)
+{
+    for (uint32_t j = 0; j < KEY_BLOCK; j += DOT_ROWS)
+        dots(krows + j, qt, D, sc + j);
+}
+
+/* O and the LSE pairs of a block of query rows, by online softmax. */
+static void forward_job(const native_call *c, size_t job)
+{
+    const clattn_shape *s = c->s;
+    const size_t D = s->head_dim;
+    query_block qb;
+    query_block_of(c, job, &qb);
+    _Alignas(64) tile_row qt[CLATTN_MAX_HEAD_DIM], ot[CLATTN_MAX_HEAD_DIM];
+    _Alignas(64) tile_row sc[KEY_BLOCK];
+    float m[QUERY_BLOCK], l[QUERY_BLOCK], rescale[QUERY_BLOCK];
+    query_block_transpose(c, &qb, c->q, qt);
+    memset(ot, 0, D * sizeof ot[0]);
+    for (size_t r = 0; r < QUERY_BLOCK; ++r) {
+        m[r] = EMPTY_ROW;
+        l[r] = 0.0f;
+    }
+    const float scale = c->scale;
+    for (uint32_t t0 = qb.lo; t0 < qb.hi; t0 += KEY_BLOCK) {
+        const uint32_t n = qb.hi - t0 < KEY_BLOCK ? qb.hi - t0 : KEY_BLOCK;
+        const float *krows[KEY_BLOCK], *vrows[KEY_BLOCK];
+        key_rows(qb.kb, qb.kv_row, t0, n, krows);
+        key_rows(qb.vb, qb.kv_row, t0, n, vrows);
+        tile_scores(krows, qt, D, sc);
+        EACH_PART(h) {
+            const huvec row_lo = huload(qb.row_lo + h), row_hi = huload(qb.row_hi + h);
+            hvec block_max = HSPLAT(EMPTY_ROW);
+            for (uint32_t j = 0; j < KEY_BLOCK; ++j) {
+                const uint32_t t = t0 + j;
+                const hvec x = HSELECT((t >= row_lo) & (t < row_hi), hload(sc[j] + h) * scale,
+                                       HSPLAT(EMPTY_ROW));
+                hstore(sc[j] + h, x);
+                block_max = HSELECT(x > block_max, x, block_max);
+            }
+            const hvec m_old = hload(m + h);
+            const hvec m_new = HSELECT(block_max > m_old, block_max, m_old);
+            hstore(rescale + h, m_old - m_new);
+            hstore(m + h, m_new);
+        }
+        exp_block(rescale);
+        _Alignas(64) float sum[QUERY_BLOCK] = {0}, e[QUERY_BLOCK];
+        for (uint32_t j = 0; j < KEY_BLOCK; ++j) {
+            EACH_PART(h)
+            hstore(e + h, hload(sc[j] + h) - hload(m + h));
+            exp_block(e);
+            EACH_PART(h) {
+                /* Masked scores are exactly EMPTY_ROW; their weight is 0
+                 * even while the row's max is EMPTY_ROW too. */
+                const hvec w = HSELECT(hload(sc[j] + h) == EMPTY_ROW, HSPLAT(0.0f), hload(e + h));
+                hstore(sc[j] + h, w);
+                hstore(sum + h, hload(sum + h) + w);
+            }
+        }
+        EACH_PART(h)
+        hstore(l + h, hload(l + h) * hload(rescale + h) + hload(sum + h));
+        for (size_t d = 0; d < D; ++d)
+            EACH_PART(h)
+            hstore(ot[d] + h, hload(ot[d] + h) * hload(rescale + h));
+        accumulate(ot, D, vrows, sc, n);
+    }
+    for (size_t r = 0; r < qb.rows; ++r) {
+        float *orow = c->o_out + qb.row[r] * D;
+        for (size_t d = 0; d < D; ++d)
+            orow[d] = l[r] > 0.0f ? ot[d][r] / l[r] : 0.0f;
+        float *pair = c->lse_out + 2 * qb.row[r];
+        pair[0] = l[r] > 0.0f ? m[r] : EMPTY_ROW;
+        pair[1] = l[r] > 0.0f ? logf(l[r]) : EMPTY_ROW;
+    }
+}
+
+/* dQ of a block of query rows. */
+static void grad_q_job(const native_call *c, size_t job)
+{
+    const clattn_shape *s = c->s;
+    const size_t D = s->head_dim;
+    query_block qb;
+    query_block_of(c, job, &qb);
+    _Alignas(64) tile_row qt[CLATTN_MAX_HEAD_DIM], dot_t[CLATTN_MAX_HEAD_DIM],
+        dqt[CLATTN_MAX_HEAD_DIM];
+    _Alignas(64) tile_row sc[KEY_BLOCK], dp[KEY_BLOCK];
+    float m[QUERY_BLOCK], l[QUERY_BLOCK], dsum[QUERY_BLOCK];
+    query_block_transpose(c, &qb, c->q, qt);
+    query_block_transpose(c, &qb, c->d_out, dot_t);
+    memset(dqt, 0, D * sizeof dqt[0]);
+    for (size_t r = 0; r < QUERY_BLOCK; ++r) {
+        const int live = r < qb.rows;
+        m[r] = live ? c->lse[2 * qb.row[r]] : 0.0f;
+        l[r] = live ? c->lse[2 * qb.row[r] + 1] : 0.0f;
+        dsum[r] = live ? dot(c->d_out + qb.row[r] * D, c->o + qb.row[r] * D, D) : 0.0f;
+    }
+    const float scale = c->scale;
+    for (uint32_t t0 = qb.lo; t0 < qb.hi; t0 += KEY_BLOCK) {
+        const uint32_t n = qb.hi - t0 < KEY_BLOCK ? qb.hi - t0 : KEY_BLOCK;
+        const float *krows[KEY_BLOCK], *vrows[KEY_BLOCK];
+        key_rows(qb.kb, qb.kv_row, t0, n, krows);
+        key_rows(qb.vb, qb.kv_row, t0, n, vrows);
+        tile_scores(krows, qt, D, sc);
+        tile_scores(vrows, dot_t, D, dp);
+        for (uint32_t j = 0; j < KEY_BLOCK; ++j) {
+            const uint32_t t = t0 + j;
+            EACH_PART(h) {
+                const hvec x = hload(sc[j] + h) * scale - hload(m + h);
+                hstore(sc[j] + h, HMIN0(x) - hload(l + h));
+            }
+            exp_block(sc[j]);
+            EACH_PART(h) {
+                const huvec row_lo = huload(qb.row_lo + h), row_hi = huload(qb.row_hi + h);
+                const hvec p = HSELECT((t >= row_lo) & (t < row_hi), hload(sc[j] + h),
+                                       HSPLAT(0.0f));
+                hstore(sc[j] + h, scale * p * (hload(dp[j] + h) - hload(dsum + h)));
+            }
+        }
+        accumulate(dqt, D, krows, sc, n);
+    }
+    for (size_t r = 0; r < qb.rows; ++r) {
+        float *dq = c->dq + qb.row[r] * D;
+        for (size_t d = 0; d < D; ++d)
+            dq[d] = dqt[d][r];
+    }
+}
+
+static void dsum_job(const native_call *c, size_t row)
+{
+    const size_t D = c->s->head_dim;
+    ((float *)c->dsum)[row] = dot(c->d_out + row * D, c->o + row * D, D);
+}
+
+const native_kernels NATIVE_TABLE(NATIVE_LEVEL) = {
+    NATIVE_NAME, forward_job, grad_q_job, key_block_job, dsum_job,
+};
