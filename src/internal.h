@@ -86,6 +86,7 @@ struct clattn_context {
     char *log;       /* what auto tried; never NULL after creation */
     int num_threads; /* native */
     const struct native_kernels *native; /* native: the hot loops it runs */
+    struct native_pool *pool;            /* native: its threads, once started */
     struct clattn_cl_state *cl; /* NULL on native */
 };
 

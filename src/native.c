@@ -76,25 +76,125 @@ static void *worker(void *arg)
     }
 }
 
-/* Runs every job of c on up to n threads, the caller's among them. A thread
- * that cannot be started leaves its share to the others, so this cannot
- * fail. */
-static void run_jobs(native_call *c, void (*job)(const native_call *, size_t), size_t jobs,
-                     int n)
+/* A context's worker threads, started on its first threaded call and kept
+ * until it is destroyed, rather than started and joined for each of a
+ * call's rounds of jobs (up to six). Each round bumps `round`; helper i takes
+ * part when i < want, and the caller waits until `running` is 0. The
+ * context's lock keeps one call at a time. */
+typedef struct native_pool {
+    pthread_mutex_t lock;
+    pthread_cond_t start, done;
+    native_call *call;
+    unsigned long round;
+    int want, running, stop, started;
+    struct native_helper {
+        struct native_pool *pool;
+        int index;
+        pthread_t tid;
+    } helper[MAX_THREADS];
+} native_pool;
+
+static void *helper_main(void *arg)
+{
+    struct native_helper *h = arg;
+    native_pool *p = h->pool;
+    unsigned long seen = 0;
+    pthread_mutex_lock(&p->lock);
+    for (;;) {
+        while (!p->stop && p->round == seen)
+            pthread_cond_wait(&p->start, &p->lock);
+        if (p->stop)
+            break;
+        seen = p->round;
+        if (h->index >= p->want)
+            continue;
+        native_call *c = p->call;
+        pthread_mutex_unlock(&p->lock);
+        worker(c);
+        pthread_mutex_lock(&p->lock);
+        if (--p->running == 0)
+            pthread_cond_signal(&p->done);
+    }
+    pthread_mutex_unlock(&p->lock);
+    return NULL;
+}
+
+static void pool_destroy(native_pool *p)
+{
+    if (!p)
+        return;
+    pthread_mutex_lock(&p->lock);
+    p->stop = 1;
+    pthread_cond_broadcast(&p->start);
+    pthread_mutex_unlock(&p->lock);
+    for (int i = 0; i < p->started; ++i)
+        pthread_join(p->helper[i].tid, NULL);
+    pthread_cond_destroy(&p->start);
+    pthread_cond_destroy(&p->done);
+    pthread_mutex_destroy(&p->lock);
+    free(p);
+}
+
+/* A pool of up to `helpers` threads; NULL (the caller then works alone)
+ * when not even its memory can be had. Threads that cannot be started
+ * leave their share to the others. */
+static native_pool *pool_create(int helpers)
+{
+    native_pool *p = calloc(1, sizeof *p);
+    if (!p)
+        return NULL;
+    if (pthread_mutex_init(&p->lock, NULL)) {
+        free(p);
+        return NULL;
+    }
+    if (pthread_cond_init(&p->start, NULL)) {
+        pthread_mutex_destroy(&p->lock);
+        free(p);
+        return NULL;
+    }
+    if (pthread_cond_init(&p->done, NULL)) {
+        pthread_cond_destroy(&p->start);
+        pthread_mutex_destroy(&p->lock);
+        free(p);
+        return NULL;
+    }
+    for (int i = 0; i < helpers; ++i) {
+        struct native_helper *h = &p->helper[p->started];
+        h->pool = p;
+        h->index = p->started;
+        if (pthread_create(&h->tid, NULL, helper_main, h) == 0)
+            ++p->started;
+    }
+    return p;
+}
+
+/* Runs every job of c on up to n threads: the caller's and the pool's.
+ * This cannot fail. */
+static void run_jobs(native_pool *p, native_call *c, void (*job)(const native_call *, size_t),
+                     size_t jobs, int n)
 {
     c->job = job;
     c->jobs = jobs;
     atomic_store(&c->next, 0);
-    if ((size_t)n > jobs)
-        n = (int)jobs;
-    pthread_t tid[MAX_THREADS];
-    int started = 0;
-    for (int i = 1; i < n; ++i)
-        if (pthread_create(&tid[started], NULL, worker, c) == 0)
-            ++started;
+    int helpers = (size_t)n > jobs ? (int)jobs - 1 : n - 1;
+    if (!p || helpers > p->started)
+        helpers = p ? p->started : 0;
+    if (helpers <= 0) {
+        worker(c);
+        return;
+    }
+    pthread_mutex_lock(&p->lock);
+    p->call = c;
+    p->want = helpers;
+    p->running = helpers;
+    ++p->round;
+    pthread_cond_broadcast(&p->start);
+    pthread_mutex_unlock(&p->lock);
     worker(c);
-    for (int i = 0; i < started; ++i)
-        pthread_join(tid[i], NULL);
+    pthread_mutex_lock(&p->lock);
+    while (p->running)
+        pthread_cond_wait(&p->done, &p->lock);
+    pthread_mutex_unlock(&p->lock);
 }
 
 /* Copies one (batch, head) of a [batch][rows][heads][D] tensor to its
@@ -119,7 +219,7 @@ static const float *head_major(native_call *c, const float *x, size_t heads, siz
     c->pack_dst = dst;
     c->pack_heads = heads;
     c->pack_rows = rows;
-    run_jobs(c, pack_job, c->s->batch * heads, threads);
+    run_jobs(c->pool, c, pack_job, c->s->batch * heads, threads);
     return dst;
 }
 
@@ -127,8 +227,11 @@ static clattn_status native_run(clattn_context *ctx, clattn_op op, const clattn_
                                 const clattn_sizes *sz, const float *const t[CLATTN_R_COUNT])
 {
     const native_kernels *hot = ctx->native;
+    if (!ctx->pool && ctx->num_threads > 1)
+        ctx->pool = pool_create(ctx->num_threads - 1);
     native_call c;
     memset(&c, 0, sizeof c);
+    c.pool = ctx->pool;
     c.s = s;
     c.q = t[CLATTN_R_Q];
     c.k = t[CLATTN_R_K];
@@ -139,10 +242,12 @@ static clattn_status native_run(clattn_context *ctx, clattn_op op, const clattn_
     c.scale = clattn_effective_scale(s);
     c.group = s->num_heads / s->num_kv_heads;
     c.blocks_per_head = (s->kv_seq + (size_t)KEY_BLOCK - 1) / KEY_BLOCK;
-    const size_t key_jobs = c.blocks_per_head * s->num_kv_heads * s->batch;
+    const size_t key_jobs =
+        (c.blocks_per_head + JOB_BLOCKS - 1) / JOB_BLOCKS * s->num_kv_heads * s->batch;
     const size_t rows = sz->lse / 2;
-    const size_t query_jobs = (s->q_seq + (size_t)QUERY_BLOCK - 1) / QUERY_BLOCK * s->num_heads *
-                              s->batch;
+    const size_t query_blocks = (s->q_seq + (size_t)QUERY_BLOCK - 1) / QUERY_BLOCK;
+    const size_t query_jobs =
+        (query_blocks + JOB_BLOCKS - 1) / JOB_BLOCKS * s->num_heads * s->batch;
     const int n = ctx->num_threads;
     static const char *const ran[CLATTN_OP_COUNT] = {
         [CLATTN_OP_FORWARD] = "forward__native",
@@ -181,31 +286,31 @@ static clattn_status native_run(clattn_context *ctx, clattn_op op, const clattn_
     }
     if (want_dsum) {
         c.dsum = next;
-        run_jobs(&c, hot->dsum, rows, n);
+        run_jobs(c.pool, &c, hot->dsum, rows, n);
     }
     switch (op) {
     case CLATTN_OP_FORWARD:
         c.o_out = (float *)t[CLATTN_R_O];
         c.lse_out = (float *)t[CLATTN_R_LSE];
-        run_jobs(&c, hot->forward, query_jobs, n);
+        run_jobs(c.pool, &c, hot->forward, query_jobs, n);
         break;
     case CLATTN_OP_GRAD_V:
         c.dv = (float *)t[CLATTN_R_DV];
-        run_jobs(&c, hot->key_block, key_jobs, n);
+        run_jobs(c.pool, &c, hot->key_block, key_jobs, n);
         break;
     case CLATTN_OP_GRAD_Q:
         c.dq = (float *)t[CLATTN_R_DQ];
-        run_jobs(&c, hot->grad_q, query_jobs, n);
+        run_jobs(c.pool, &c, hot->grad_q, query_jobs, n);
         break;
     case CLATTN_OP_GRAD_K:
     case CLATTN_OP_BACKWARD:
         c.dk = (float *)t[CLATTN_R_DK];
         if (op == CLATTN_OP_BACKWARD)
             c.dv = (float *)t[CLATTN_R_DV];
-        run_jobs(&c, hot->key_block, key_jobs, n);
+        run_jobs(c.pool, &c, hot->key_block, key_jobs, n);
         if (op == CLATTN_OP_BACKWARD) {
             c.dq = (float *)t[CLATTN_R_DQ];
-            run_jobs(&c, hot->grad_q, query_jobs, n);
+            run_jobs(c.pool, &c, hot->grad_q, query_jobs, n);
         }
         break;
     case CLATTN_OP_COUNT:
@@ -215,7 +320,11 @@ static clattn_status native_run(clattn_context *ctx, clattn_op op, const clattn_
     return CLATTN_OK;
 }
 
-static void native_destroy(clattn_context *ctx) { (void)ctx; }
+static void native_destroy(clattn_context *ctx)
+{
+    pool_destroy(ctx->pool);
+    ctx->pool = NULL;
+}
 
 static const clattn_backend_ops native_ops = {native_run, native_destroy};
 

@@ -9,9 +9,12 @@
 
 #include "internal.h"
 
-/* Keys of a key-side job, and query rows of a query-side one: one 16-float
- * vector. */
-enum { KEY_BLOCK = 16, QUERY_BLOCK = KEY_BLOCK };
+/* Keys of a key-side block, and query rows of a query-side one: one
+ * 16-float vector. A job takes JOB_BLOCKS consecutive blocks of one head,
+ * so that the rows the blocks stream (all of the head's keys, or all of its
+ * queries) come from the thread's own cache after the first: with a block a
+ * job, jobs of one head ran on different threads and each streamed them. */
+enum { KEY_BLOCK = 16, QUERY_BLOCK = KEY_BLOCK, JOB_BLOCKS = 4 };
 
 /* meganeura's LSE pair for a row with no visible key. */
 #define EMPTY_ROW (-1e30f)
@@ -26,6 +29,7 @@ typedef struct native_call {
      * the rows a job streams lie next to each other (the tensors' own rows
      * are heads * D floats apart). */
     const float *kh, *vh, *qh, *oh;
+    struct native_pool *pool; /* the threads that run its jobs */
     const float *pack_src; /* a copy being made: pack_src to pack_dst, */
     float *pack_dst;       /* pack_heads heads of pack_rows rows */
     size_t pack_heads, pack_rows;

@@ -218,7 +218,7 @@ INLINE void key_chunk_run(const native_call *c, key_chunk *ch, const tile_row *k
 }
 
 /* dV and/or dK of KEY_BLOCK keys of one (batch, KV head). */
-static void key_block_job(const native_call *c, size_t job)
+static void key_block(const native_call *c, size_t job)
 {
     const clattn_shape *s = c->s;
     const size_t D = s->head_dim, kv_row = (size_t)s->num_kv_heads * D;
@@ -311,9 +311,7 @@ INLINE void query_block_of(const native_call *c, size_t job, query_block *qb)
     const clattn_shape *s = c->s;
     const size_t blocks = (s->q_seq + (size_t)QUERY_BLOCK - 1) / QUERY_BLOCK;
     const size_t D = s->head_dim;
-    /* Blocks of one head are consecutive jobs, so that the threads running
-     * at once share that head's K and V in cache: with heads fastest, 8 KV
-     * heads ran 35% slower than 2. */
+    /* Blocks of one head are consecutive, as run_blocks groups them. */
     qb->pos0 = job % blocks * QUERY_BLOCK;
     qb->head = job / blocks % s->num_heads;
     qb->b = job / blocks / s->num_heads;
@@ -365,7 +363,7 @@ INLINE void tile_scores(const float *const *krows, const tile_row *qt,
 }
 
 /* O and the LSE pairs of a block of query rows, by online softmax. */
-static void forward_job(const native_call *c, size_t job)
+static void forward_block(const native_call *c, size_t job)
 {
     const clattn_shape *s = c->s;
     const size_t D = s->head_dim;
@@ -434,7 +432,7 @@ static void forward_job(const native_call *c, size_t job)
 }
 
 /* dQ of a block of query rows. */
-static void grad_q_job(const native_call *c, size_t job)
+static void grad_q_block(const native_call *c, size_t job)
 {
     const clattn_shape *s = c->s;
     const size_t D = s->head_dim;
@@ -488,6 +486,37 @@ static void dsum_job(const native_call *c, size_t row)
 {
     const size_t D = c->s->head_dim;
     ((float *)c->dsum)[row] = dot(c->d_out + row * D, c->o + row * D, D);
+}
+
+/* A job is JOB_BLOCKS consecutive blocks of one head (see native.h), the
+ * heaviest under a causal mask first: the last query blocks, the first key
+ * blocks. block(c, i) takes block i of the per-block numbering, blocks per
+ * head fastest. */
+INLINE void run_blocks(const native_call *c, size_t job, size_t blocks, int last_first,
+                       void (*block)(const native_call *, size_t))
+{
+    const size_t jobs_per_head = (blocks + JOB_BLOCKS - 1) / JOB_BLOCKS;
+    size_t first = job % jobs_per_head * JOB_BLOCKS;
+    if (last_first)
+        first = (jobs_per_head - 1 - job % jobs_per_head) * JOB_BLOCKS;
+    const size_t head = job / jobs_per_head;
+    for (size_t i = first; i < first + JOB_BLOCKS && i < blocks; ++i)
+        block(c, head * blocks + i);
+}
+
+static void forward_job(const native_call *c, size_t job)
+{
+    run_blocks(c, job, (c->s->q_seq + (size_t)QUERY_BLOCK - 1) / QUERY_BLOCK, 1, forward_block);
+}
+
+static void grad_q_job(const native_call *c, size_t job)
+{
+    run_blocks(c, job, (c->s->q_seq + (size_t)QUERY_BLOCK - 1) / QUERY_BLOCK, 1, grad_q_block);
+}
+
+static void key_block_job(const native_call *c, size_t job)
+{
+    run_blocks(c, job, c->blocks_per_head, 0, key_block);
 }
 
 const native_kernels NATIVE_TABLE(NATIVE_LEVEL) = {
