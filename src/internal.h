@@ -87,6 +87,8 @@ struct clattn_context {
     int num_threads; /* native */
     const struct native_kernels *native; /* native: the hot loops it runs */
     struct native_pool *pool;            /* native: its threads, once started */
+    float *scratch;                      /* native: head-major copies and Dsum */
+    size_t scratch_floats;
     struct clattn_cl_state *cl; /* NULL on native */
 };
 

@@ -7,6 +7,8 @@
 #   compare  tests/torch_compare.py --large on the GPU, tolerance 1e-5
 #   bench    tests/torch_bench.py on the GPU shapes, with a plot
 #   tune     clattn bench per CLATTN_MMA shape (TUNE_D64, TUNE_D128, ... override the lists)
+#   cpu      tests/torch_bench.py on the CPU shapes, native and PoCL blocked beside
+#            torch, at the thread counts in CPU_THREADS (default 1,2,4,8,16)
 #   tiled    clattn bench of tree and tiled at head_dims 64..256, and of tiled
 #            per CLATTN_TILED shape in TUNE_TILED (TILED_DIMS: the head_dims)
 set -u
@@ -45,6 +47,9 @@ for stage in "$@"; do
         done
       done
     done 2>&1 | tee "$OUT/tune.log" ;;
+  cpu)
+    python3 tests/torch_bench.py "$cli" --no-gpu --variant blocked --reps 3 \
+      --threads "${CPU_THREADS:-1,2,4,8,16}" 2>&1 | tee "$OUT/cpu.log" ;;
   tiled)
     shapes=("64:--q-seq 4096 --heads 8 --causal" "96:--q-seq 2048 --heads 16 --causal"
             "128:--q-seq 4096 --heads 32 --kv-heads 8 --causal" "256:--q-seq 2048 --heads 8 --causal")
