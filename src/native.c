@@ -209,6 +209,17 @@ static void pack_job(const native_call *c, size_t job)
                D * sizeof(float));
 }
 
+/* The next n floats of the scratch (NULL for none: no arithmetic on a
+ * scratch that was never needed, and is NULL). */
+static float *take(float **next, size_t n)
+{
+    if (!n)
+        return NULL;
+    float *p = *next;
+    *next += n;
+    return p;
+}
+
 /* x head-major: itself where it has one head, else a copy in dst. */
 static const float *head_major(native_call *c, const float *x, size_t heads, size_t rows,
                                float *dst, int threads)
@@ -269,9 +280,8 @@ static clattn_status native_run(clattn_context *ctx, clattn_op op, const clattn_
     const size_t q_floats = s->num_heads > 1 ? sz->q : 0;
     const size_t scratch = (query_side ? 2 * kv_floats : 0) + (key_side ? 2 * q_floats : 0) +
                            (want_dsum ? rows : 0);
-    /* Kept by the context and grown as needed: a fresh allocation a call
-     * came back as new pages for the kernel to fault in and zero (10% of a
-     * 1-thread forward at b4 s512 h8 d64 here, in `perf`). */
+    /* Kept by the context and grown as needed, rather than a fresh
+     * allocation (new pages to fault in) every call. */
     if (scratch > ctx->scratch_floats) {
         float *grown = malloc(scratch * sizeof(float));
         if (!grown)
@@ -283,17 +293,15 @@ static clattn_status native_run(clattn_context *ctx, clattn_op op, const clattn_
     }
     float *next = ctx->scratch;
     if (query_side) {
-        c.kh = head_major(&c, c.k, s->num_kv_heads, s->kv_seq, next, n);
-        c.vh = head_major(&c, c.v, s->num_kv_heads, s->kv_seq, next + kv_floats, n);
-        next += 2 * kv_floats;
+        c.kh = head_major(&c, c.k, s->num_kv_heads, s->kv_seq, take(&next, kv_floats), n);
+        c.vh = head_major(&c, c.v, s->num_kv_heads, s->kv_seq, take(&next, kv_floats), n);
     }
     if (key_side) {
-        c.qh = head_major(&c, c.q, s->num_heads, s->q_seq, next, n);
-        c.oh = head_major(&c, c.d_out, s->num_heads, s->q_seq, next + q_floats, n);
-        next += 2 * q_floats;
+        c.qh = head_major(&c, c.q, s->num_heads, s->q_seq, take(&next, q_floats), n);
+        c.oh = head_major(&c, c.d_out, s->num_heads, s->q_seq, take(&next, q_floats), n);
     }
     if (want_dsum) {
-        c.dsum = next;
+        c.dsum = take(&next, rows);
         run_jobs(c.pool, &c, hot->dsum, rows, n);
     }
     switch (op) {
