@@ -124,13 +124,13 @@ typedef struct mma_config {
 } mma_config;
 typedef struct mma_class {
     uint32_t max_head_dim;
-    mma_config forward, backward;
+    mma_config forward, backward, grad_q; /* backward: dK and dV */
 } mma_class;
 static const mma_class mma_table[] = {
-    {64, {4, 1, 32, 2}, {8, 1, 32, 2}},
-    {96, {4, 2, 16, 2}, {8, 2, 16, 2}},
-    {128, {4, 2, 16, 2}, {8, 2, 16, 1}},
-    {CLATTN_MAX_HEAD_DIM, {8, 4, 8, 2}, {8, 4, 8, 2}},
+    {64, {4, 1, 32, 2}, {8, 1, 32, 2}, {8, 1, 32, 2}},
+    {96, {4, 2, 16, 2}, {8, 2, 16, 2}, {8, 2, 16, 2}},
+    {128, {4, 2, 16, 2}, {8, 2, 16, 1}, {8, 2, 16, 1}},
+    {CLATTN_MAX_HEAD_DIM, {8, 4, 8, 2}, {8, 4, 8, 2}, {8, 4, 8, 2}},
 };
 
 /* mma.cl's MMA_LOCAL_FLOATS for a head_dim under config c. */
@@ -140,6 +140,25 @@ static size_t mma_local_floats(const mma_config *c, uint32_t head_dim, int emula
     const size_t tile = (size_t)c->planes * c->tile * (padded + 4);
     const size_t exchange = c->wsplit > 1 ? 2 * (size_t)c->warps * c->tile / 8 * 4 * 32 : 0;
     return 2 * tile + 3 * (size_t)c->tile + exchange + (emulate ? (size_t)c->warps * 224 : 0);
+}
+
+/* A tuning override of mma shapes from the variable `name`, if set. */
+static clattn_status mma_override(const char *name, mma_config *c, int *set)
+{
+    const char *text = getenv(name);
+    if (!text || !*text)
+        return CLATTN_OK;
+    char end;
+    if (sscanf(text, "%u,%u,%u,%u%c", &c->warps, &c->wsplit, &c->tile, &c->planes, &end) != 4 ||
+        (c->warps != 1 && c->warps != 2 && c->warps != 4 && c->warps != 8) ||
+        (c->wsplit != 1 && c->wsplit != 2 && c->wsplit != 4) || c->warps % c->wsplit ||
+        (c->tile != 8 && c->tile != 16 && c->tile != 32) || (c->planes != 1 && c->planes != 2))
+        return clattn_fail(CLATTN_ERROR_INVALID_OPTION,
+                           "%s='%s': want WARPS,WSPLIT,TILE,PLANES with WARPS 1, 2, 4 or 8, "
+                           "WSPLIT 1, 2 or 4 dividing WARPS, TILE 8, 16 or 32 and PLANES 1 or 2",
+                           name, text);
+    *set = 1;
+    return CLATTN_OK;
 }
 
 /* NVIDIA's cl_nv_device_attribute_query. */
@@ -199,6 +218,8 @@ struct clattn_cl_state {
     int mma_emulate;             /* build mma.cl with -DMMA_EMULATE */
     int mma_tuned;               /* CLATTN_MMA set: mma_tune for every kernel */
     mma_config mma_tune;
+    int grad_q_tuned;            /* CLATTN_MMA_GRAD_Q set: grad_q_tune for grad-Q */
+    mma_config grad_q_tune;
     int named;                   /* the variant was asked for by name */
     tile_class tiles;
     cl_ulong max_alloc;
@@ -234,12 +255,16 @@ static tile_config tile_config_for(const struct clattn_cl_state *cl, uint32_t he
 static const mma_config *mma_config_for(const struct clattn_cl_state *cl, uint32_t head_dim,
                                         int k)
 {
+    if (k == K_GRAD_Q && cl->grad_q_tuned)
+        return &cl->grad_q_tune;
     if (cl->mma_tuned)
         return &cl->mma_tune;
     size_t i = 0;
     while (mma_table[i].max_head_dim < head_dim)
         ++i;
-    return k == K_FORWARD ? &mma_table[i].forward : &mma_table[i].backward;
+    return k == K_FORWARD  ? &mma_table[i].forward
+           : k == K_GRAD_Q ? &mma_table[i].grad_q
+                           : &mma_table[i].backward;
 }
 
 /* Rows of a work-group of mma.cl: 16 for each group of wsplit warps. */
@@ -769,25 +794,10 @@ static clattn_status init_on_device(clattn_context *ctx, const char *variant,
                 both[i]->columns = columns;
         }
     }
-    const char *mma_tune = getenv("CLATTN_MMA");
-    if (mma_tune && *mma_tune) {
-        mma_config *c = &cl->mma_tune;
-        char end;
-        if (sscanf(mma_tune, "%u,%u,%u,%u%c", &c->warps, &c->wsplit, &c->tile, &c->planes,
-                   &end) != 4 ||
-            (c->warps != 1 && c->warps != 2 && c->warps != 4 && c->warps != 8) ||
-            (c->wsplit != 1 && c->wsplit != 2 && c->wsplit != 4) || c->warps % c->wsplit ||
-            (c->tile != 8 && c->tile != 16 && c->tile != 32) ||
-            (c->planes != 1 && c->planes != 2)) {
-            st = clattn_fail(CLATTN_ERROR_INVALID_OPTION,
-                             "CLATTN_MMA='%s': want WARPS,WSPLIT,TILE,PLANES with WARPS 1, 2, "
-                             "4 or 8, WSPLIT 1, 2 or 4 dividing WARPS, TILE 8, 16 or 32 and "
-                             "PLANES 1 or 2",
-                             mma_tune);
-            goto fail;
-        }
-        cl->mma_tuned = 1;
-    }
+    if ((st = mma_override("CLATTN_MMA", &cl->mma_tune, &cl->mma_tuned)) != CLATTN_OK ||
+        (st = mma_override("CLATTN_MMA_GRAD_Q", &cl->grad_q_tune, &cl->grad_q_tuned)) !=
+            CLATTN_OK)
+        goto fail;
     /* Each program is built once per context, when first needed, except
      * one now, so that a device that cannot compile the variant is never
      * chosen: tree's (any head_dim) for tree, or the tiled or blocked ones
