@@ -118,7 +118,12 @@ enum { BLOCKED_ROWS = 16 };
  * heads causal 4,2,16,2 15.7 / 10.8, 8,2,16,2 15.9 / 13.8, 8,2,16,1 14.9 /
  * 12.7; d128 q_seq 4096 32 heads on 8 causal 4,2,16,2 23.3 / 13.1,
  * 8,2,16,1 18.7 / 15.7 (8,2,16,2 needs 50 KB); d256 q_seq 2048 8 heads
- * causal 8,4,8,2 14.0 / 12.4, 4,4,16,1 12.8 / 7.0, 4,4,8,2 12.4 / 8.9. */
+ * causal 8,4,8,2 14.0 / 12.4, 4,4,16,1 12.8 / 7.0, 4,4,8,2 12.4 / 8.9.
+ * grad-Q's own shape (`CLATTN_MMA_GRAD_Q`, the backward's TFLOP/s with the
+ * table's dK/dV shape, same day): d64 causal 8,1,32,2 13.9, 8,1,16,2 14.9,
+ * 4,1,16,2 14.5, 4,1,32,2 11.9; d64 32/8 heads 21.9, 22.8, 21.8, 19.6;
+ * d128 32/8 causal 8,2,16,1 16.5, 8,2,8,2 17.1, 4,2,16,2 15.2; d128 32/8
+ * non-causal 17.8, 18.3, 16.3; d96 causal 8,2,16,2 13.6 stays the best. */
 typedef struct mma_config {
     unsigned warps, wsplit, tile, planes;
 } mma_config;
@@ -127,9 +132,9 @@ typedef struct mma_class {
     mma_config forward, backward, grad_q; /* backward: dK and dV */
 } mma_class;
 static const mma_class mma_table[] = {
-    {64, {4, 1, 32, 2}, {8, 1, 32, 2}, {8, 1, 32, 2}},
+    {64, {4, 1, 32, 2}, {8, 1, 32, 2}, {8, 1, 16, 2}},
     {96, {4, 2, 16, 2}, {8, 2, 16, 2}, {8, 2, 16, 2}},
-    {128, {4, 2, 16, 2}, {8, 2, 16, 1}, {8, 2, 16, 1}},
+    {128, {4, 2, 16, 2}, {8, 2, 16, 1}, {8, 2, 8, 2}},
     {CLATTN_MAX_HEAD_DIM, {8, 4, 8, 2}, {8, 4, 8, 2}, {8, 4, 8, 2}},
 };
 
