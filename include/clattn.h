@@ -2,7 +2,9 @@
  * clattn: OpenCL kernels for training multi-head attention, with a plain-C
  * fallback that computes the same results.
  *
- * Tensors are dense, row-major float32:
+ * Tensors are dense and row-major, of shape.dtype's elements (float32 by
+ * default; float16 or bfloat16 as uint16_t bit patterns); the LSE pairs are
+ * always float32:
  *   Q, dO, O, dQ  [batch][q_seq][num_heads][head_dim]
  *   K, V, dK, dV  [batch][kv_seq][num_kv_heads][head_dim]
  *   LSE           [batch][q_seq][num_heads][2]   the pair (m, l) of a row
@@ -53,7 +55,8 @@ typedef enum clattn_status {
     CLATTN_ERROR_OUT_OF_MEMORY = 16,     /* a host allocation failed */
     CLATTN_ERROR_WRONG_BACKEND = 17,     /* an OpenCL-only call on a native context */
     CLATTN_ERROR_INVALID_BUFFER = 18,    /* a cl_mem too small for its tensor, of another context, or overlapping */
-    CLATTN_ERROR_UNSUPPORTED_SHAPE = 19  /* the variant asked for by name has no kernels for the shape */
+    CLATTN_ERROR_UNSUPPORTED_SHAPE = 19, /* the backend or variant has no kernels for the shape or dtype */
+    CLATTN_ERROR_INVALID_DTYPE = 20      /* shape.dtype is not a clattn_dtype */
 } clattn_status;
 
 #define CLATTN_MAX_HEAD_DIM 256
@@ -152,6 +155,16 @@ const char *clattn_context_kernels(const clattn_context *ctx);
  * first choice worked). Owned by the context. */
 const char *clattn_context_log(const clattn_context *ctx);
 
+/* The element type of Q, K, V, O, dO, dQ, dK and dV; the LSE pairs are
+ * float whatever it is. 16-bit elements are passed as their bit patterns
+ * (uint16_t). Softmax, the LSE, Dsum and every sum are float32 inside;
+ * 16-bit outputs are rounded to nearest even once, at the end. */
+typedef enum clattn_dtype {
+    CLATTN_DTYPE_F32 = 0, /* IEEE binary32: float */
+    CLATTN_DTYPE_F16 = 1, /* IEEE binary16 */
+    CLATTN_DTYPE_BF16 = 2 /* bfloat16: the top 16 bits of a binary32 */
+} clattn_dtype;
+
 typedef struct clattn_shape {
     uint32_t batch;
     uint32_t q_seq;
@@ -162,9 +175,11 @@ typedef struct clattn_shape {
     int causal;            /* non-zero: key t is visible to query pos only if t <= pos */
     uint32_t window;       /* non-zero: key t is visible to query pos only if pos < t + window */
     float scale;           /* 0: 1 / sqrt(head_dim) */
+    clattn_dtype dtype;    /* of the tensors; 0 (CLATTN_DTYPE_F32) by default */
 } clattn_shape;
 
-/* batch 1, everything else 0, no mask, default scale: set the sizes. */
+/* batch 1, everything else 0, no mask, default scale, float32: set the
+ * sizes. */
 clattn_shape clattn_shape_default(void);
 
 /* Checks a shape against the contract without a context: the status that a
@@ -190,20 +205,20 @@ clattn_status clattn_shape_from_seed(const uint32_t params[8], clattn_shape *sha
  * CLATTN_ERROR_TOO_LARGE_FOR_DEVICE, CLATTN_ERROR_OPENCL,
  * CLATTN_ERROR_OUT_OF_MEMORY, and on a first call with a new head_dim
  * CLATTN_ERROR_BUILD_FAILED or CLATTN_ERROR_WORK_GROUP_TOO_LARGE;
- * CLATTN_ERROR_UNSUPPORTED_SHAPE where the variant was asked for by name
- * and has no kernels for the shape (none today: every variant runs every
- * head_dim 1..256). */
+ * CLATTN_ERROR_UNSUPPORTED_SHAPE where the backend has no kernels for the
+ * shape: 16-bit dtypes run on the native backend only so far (every
+ * variant runs every head_dim 1..256). */
 clattn_status clattn_grad_v(clattn_context *ctx, const clattn_shape *shape,
-                            const float *d_out, const float *q, const float *k,
-                            const float *lse, float *dv);
+                            const void *d_out, const void *q, const void *k,
+                            const float *lse, void *dv);
 
 /* The forward: for each query row, O = sum over visible keys of p * V[t]
  * and the LSE pair (m, l), m the largest visible score, l = log of the sum
  * of exp(score - m); p = exp(score - m - l). A row with no visible key gets
  * O = 0 and (m, l) = (-1e30, -1e30). o and lse are written whole.
  * Status: as clattn_grad_v(). */
-clattn_status clattn_forward(clattn_context *ctx, const clattn_shape *shape, const float *q,
-                             const float *k, const float *v, float *o, float *lse);
+clattn_status clattn_forward(clattn_context *ctx, const clattn_shape *shape, const void *q,
+                             const void *k, const void *v, void *o, float *lse);
 
 /* The backward from the forward's o and lse and the output gradient d_out:
  * dQ, dK and dV, with Dsum = dO . O per row, dS = p * (dO . V[t] - Dsum),
@@ -211,17 +226,17 @@ clattn_status clattn_forward(clattn_context *ctx, const clattn_shape *shape, con
  * dV sum over every query head of the KV head's group. Deterministic: no
  * atomics, no order that depends on threads. Outputs are written whole.
  * Status: as clattn_grad_v(). */
-clattn_status clattn_backward(clattn_context *ctx, const clattn_shape *shape, const float *q,
-                              const float *k, const float *v, const float *o, const float *lse,
-                              const float *d_out, float *dq, float *dk, float *dv);
+clattn_status clattn_backward(clattn_context *ctx, const clattn_shape *shape, const void *q,
+                              const void *k, const void *v, const void *o, const float *lse,
+                              const void *d_out, void *dq, void *dk, void *dv);
 
 /* dQ alone, and dK alone, as clattn_backward() computes them. */
-clattn_status clattn_grad_q(clattn_context *ctx, const clattn_shape *shape, const float *q,
-                            const float *k, const float *v, const float *o, const float *lse,
-                            const float *d_out, float *dq);
-clattn_status clattn_grad_k(clattn_context *ctx, const clattn_shape *shape, const float *q,
-                            const float *k, const float *v, const float *o, const float *lse,
-                            const float *d_out, float *dk);
+clattn_status clattn_grad_q(clattn_context *ctx, const clattn_shape *shape, const void *q,
+                            const void *k, const void *v, const void *o, const float *lse,
+                            const void *d_out, void *dq);
+clattn_status clattn_grad_k(clattn_context *ctx, const clattn_shape *shape, const void *q,
+                            const void *k, const void *v, const void *o, const float *lse,
+                            const void *d_out, void *dk);
 
 /* The kernel variants a backend offers, by index from 0 (the first is its
  * default where the device runs it: OpenCL GPUs list "mma" first, then

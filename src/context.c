@@ -236,7 +236,7 @@ clattn_status clattn_context_create(const clattn_options *opts, clattn_context *
 
 /* Validates and runs one op on ctx's backend under its lock. */
 static clattn_status run_op(clattn_context *ctx, clattn_op op, const clattn_shape *shape,
-                            const float *const t[CLATTN_R_COUNT])
+                            const void *const t[CLATTN_R_COUNT])
 {
     clattn_clear_error();
     if (!ctx)
@@ -256,10 +256,10 @@ static clattn_status run_op(clattn_context *ctx, clattn_op op, const clattn_shap
     return st;
 }
 
-clattn_status clattn_forward(clattn_context *ctx, const clattn_shape *shape, const float *q,
-                             const float *k, const float *v, float *o, float *lse)
+clattn_status clattn_forward(clattn_context *ctx, const clattn_shape *shape, const void *q,
+                             const void *k, const void *v, void *o, float *lse)
 {
-    const float *t[CLATTN_R_COUNT] = {0};
+    const void *t[CLATTN_R_COUNT] = {0};
     t[CLATTN_R_Q] = q;
     t[CLATTN_R_K] = k;
     t[CLATTN_R_V] = v;
@@ -269,10 +269,10 @@ clattn_status clattn_forward(clattn_context *ctx, const clattn_shape *shape, con
 }
 
 clattn_status clattn_grad_v(clattn_context *ctx, const clattn_shape *shape,
-                            const float *d_out, const float *q, const float *k,
-                            const float *lse, float *dv)
+                            const void *d_out, const void *q, const void *k,
+                            const float *lse, void *dv)
 {
-    const float *t[CLATTN_R_COUNT] = {0};
+    const void *t[CLATTN_R_COUNT] = {0};
     t[CLATTN_R_DO] = d_out;
     t[CLATTN_R_Q] = q;
     t[CLATTN_R_K] = k;
@@ -283,31 +283,31 @@ clattn_status clattn_grad_v(clattn_context *ctx, const clattn_shape *shape,
 
 /* The ops that read everything the forward made: Q K V O LSE dO. */
 static clattn_status run_backward_op(clattn_context *ctx, clattn_op op, const clattn_shape *shape,
-                                     const float *q, const float *k, const float *v,
-                                     const float *o, const float *lse, const float *d_out,
-                                     float *dq, float *dk, float *dv)
+                                     const void *q, const void *k, const void *v,
+                                     const void *o, const float *lse, const void *d_out,
+                                     void *dq, void *dk, void *dv)
 {
-    const float *t[CLATTN_R_COUNT] = {q, k, v, o, lse, d_out, dq, dk, dv};
+    const void *t[CLATTN_R_COUNT] = {q, k, v, o, lse, d_out, dq, dk, dv};
     return run_op(ctx, op, shape, t);
 }
 
-clattn_status clattn_grad_q(clattn_context *ctx, const clattn_shape *shape, const float *q,
-                            const float *k, const float *v, const float *o, const float *lse,
-                            const float *d_out, float *dq)
+clattn_status clattn_grad_q(clattn_context *ctx, const clattn_shape *shape, const void *q,
+                            const void *k, const void *v, const void *o, const float *lse,
+                            const void *d_out, void *dq)
 {
     return run_backward_op(ctx, CLATTN_OP_GRAD_Q, shape, q, k, v, o, lse, d_out, dq, NULL, NULL);
 }
 
-clattn_status clattn_grad_k(clattn_context *ctx, const clattn_shape *shape, const float *q,
-                            const float *k, const float *v, const float *o, const float *lse,
-                            const float *d_out, float *dk)
+clattn_status clattn_grad_k(clattn_context *ctx, const clattn_shape *shape, const void *q,
+                            const void *k, const void *v, const void *o, const float *lse,
+                            const void *d_out, void *dk)
 {
     return run_backward_op(ctx, CLATTN_OP_GRAD_K, shape, q, k, v, o, lse, d_out, NULL, dk, NULL);
 }
 
-clattn_status clattn_backward(clattn_context *ctx, const clattn_shape *shape, const float *q,
-                              const float *k, const float *v, const float *o, const float *lse,
-                              const float *d_out, float *dq, float *dk, float *dv)
+clattn_status clattn_backward(clattn_context *ctx, const clattn_shape *shape, const void *q,
+                              const void *k, const void *v, const void *o, const float *lse,
+                              const void *d_out, void *dq, void *dk, void *dv)
 {
     return run_backward_op(ctx, CLATTN_OP_BACKWARD, shape, q, k, v, o, lse, d_out, dq, dk, dv);
 }

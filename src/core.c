@@ -57,6 +57,7 @@ const char *clattn_status_string(clattn_status status)
         NAME(CLATTN_ERROR_WRONG_BACKEND)
         NAME(CLATTN_ERROR_INVALID_BUFFER)
         NAME(CLATTN_ERROR_UNSUPPORTED_SHAPE)
+        NAME(CLATTN_ERROR_INVALID_DTYPE)
 #undef NAME
     }
     return "CLATTN_ERROR_UNKNOWN_STATUS";
@@ -131,6 +132,10 @@ clattn_status clattn_check_shape(const clattn_shape *s, clattn_sizes *sizes)
         return clattn_fail(CLATTN_ERROR_CAUSAL_SEQ_MISMATCH,
                            "causal attention needs kv_seq == q_seq (got %u and %u)", s->kv_seq,
                            s->q_seq);
+    if (s->dtype != CLATTN_DTYPE_F32 && s->dtype != CLATTN_DTYPE_F16 &&
+        s->dtype != CLATTN_DTYPE_BF16)
+        return clattn_fail(CLATTN_ERROR_INVALID_DTYPE,
+                           "dtype %d is not CLATTN_DTYPE_F32, _F16 or _BF16", (int)s->dtype);
     if (!(s->scale >= 0.0f) || isinf(s->scale))
         return clattn_fail(CLATTN_ERROR_INVALID_SCALE,
                            "scale %g is not a finite positive number (0 means default)",

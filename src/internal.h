@@ -70,7 +70,7 @@ size_t clattn_role_elems(const clattn_sizes *sz, clattn_role r);
  * shape and pointers are validated before run is called, under ctx's lock. */
 typedef struct clattn_backend_ops {
     clattn_status (*run)(clattn_context *ctx, clattn_op op, const clattn_shape *s,
-                         const clattn_sizes *sz, const float *const t[CLATTN_R_COUNT]);
+                         const clattn_sizes *sz, const void *const t[CLATTN_R_COUNT]);
     void (*destroy)(clattn_context *ctx);
 } clattn_backend_ops;
 

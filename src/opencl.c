@@ -1044,13 +1044,26 @@ static clattn_status enqueue_op(struct clattn_cl_state *cl, clattn_op op, const 
     return st;
 }
 
+/* 16-bit tensors have no OpenCL kernels yet: refused before anything. */
+static clattn_status check_dtype(const clattn_shape *s)
+{
+    if (s->dtype == CLATTN_DTYPE_F32)
+        return CLATTN_OK;
+    return clattn_fail(CLATTN_ERROR_UNSUPPORTED_SHAPE,
+                       "16-bit tensors (dtype %d) run on the native backend only so far; the "
+                       "OpenCL kernels take float32",
+                       (int)s->dtype);
+}
+
 static clattn_status opencl_run(clattn_context *ctx, clattn_op op, const clattn_shape *s,
-                                const clattn_sizes *sz, const float *const host[CLATTN_R_COUNT])
+                                const clattn_sizes *sz, const void *const host[CLATTN_R_COUNT])
 {
     struct clattn_cl_state *cl = ctx->cl;
     kernel_set *set = NULL;
     /* A head_dim the variant refuses or cannot build fails before any copy. */
-    clattn_status st = check_alloc(cl, sz);
+    clattn_status st = check_dtype(s);
+    if (st == CLATTN_OK)
+        st = check_alloc(cl, sz);
     if (st == CLATTN_OK)
         st = kernels_for(cl, s->head_dim, &set);
     if (st != CLATTN_OK)
@@ -1159,6 +1172,8 @@ static clattn_status run_cl(clattn_context *ctx, clattn_op op, const clattn_shap
     if (!ctx->cl)
         return clattn_fail(CLATTN_ERROR_WRONG_BACKEND,
                            "the _cl calls need an OpenCL context; this one is %s", ctx->device);
+    if ((st = check_dtype(shape)) != CLATTN_OK)
+        return st;
     if (nwait && !wait)
         return clattn_fail(CLATTN_ERROR_NULL_POINTER, "event_wait_list is NULL with %u events",
                            nwait);

@@ -32,7 +32,7 @@ static clattn_context *native_context(int threads)
 
 START_TEST(status_strings)
 {
-    for (int st = CLATTN_OK; st <= CLATTN_ERROR_UNSUPPORTED_SHAPE; ++st) {
+    for (int st = CLATTN_OK; st <= CLATTN_ERROR_INVALID_DTYPE; ++st) {
         const char *name = clattn_status_string((clattn_status)st);
         ck_assert_msg(strncmp(name, "CLATTN_", 7) == 0 &&
                           strcmp(name, "CLATTN_ERROR_UNKNOWN_STATUS") != 0,
@@ -90,6 +90,16 @@ START_TEST(shape_statuses)
         s.scale = bad_scales[i];
         ck_assert_status(clattn_shape_validate(&s), CLATTN_ERROR_INVALID_SCALE);
     }
+    /* The dtype: float32 by default, the three formats, nothing else. */
+    s = small_shape();
+    ck_assert_int_eq(s.dtype, CLATTN_DTYPE_F32);
+    const int dtypes[] = {CLATTN_DTYPE_F16, CLATTN_DTYPE_BF16, 3, -1, 1000};
+    for (int i = 0; i < 5; ++i) {
+        s.dtype = (clattn_dtype)dtypes[i];
+        ck_assert_status(clattn_shape_validate(&s),
+                         i < 2 ? CLATTN_OK : CLATTN_ERROR_INVALID_DTYPE);
+    }
+    ck_assert_ptr_nonnull(strstr(clattn_last_error(), "dtype 1000"));
     s = small_shape();
     s.batch = s.q_seq = s.kv_seq = s.num_heads = 0xFFFFFFFFu;
     s.num_kv_heads = 1;

@@ -138,6 +138,138 @@ static void check_ops(clattn_context *ctx, const clattn_shape *s, float q_gain, 
     problem_free(&p);
 }
 
+/* 16-bit tensors. The test's own conversions: bf16 by its bits, f16 by
+ * the compiler's _Float16 where it has one (else the f16 cases are not
+ * run, and say so). */
+#if defined(__FLT16_MAX__)
+#define HAVE_F16 1
+#else
+#define HAVE_F16 0
+#endif
+
+static float from_16(uint16_t h, clattn_dtype dtype)
+{
+    if (dtype == CLATTN_DTYPE_BF16) {
+        const uint32_t x = (uint32_t)h << 16;
+        float f;
+        memcpy(&f, &x, sizeof f);
+        return f;
+    }
+#if HAVE_F16
+    _Float16 f;
+    memcpy(&f, &h, sizeof h);
+    return (float)f;
+#else
+    return NAN;
+#endif
+}
+
+/* x rounded to dtype, in place; the bits in out. */
+static void round_16(float *x, uint16_t *out, size_t n, clattn_dtype dtype)
+{
+    for (size_t i = 0; i < n; ++i) {
+        if (dtype == CLATTN_DTYPE_BF16) {
+            uint32_t b;
+            memcpy(&b, &x[i], sizeof b);
+            out[i] = (uint16_t)((b + 0x7fffu + ((b >> 16) & 1u)) >> 16);
+        } else {
+#if HAVE_F16
+            const _Float16 f = (_Float16)x[i];
+            memcpy(&out[i], &f, sizeof f);
+#endif
+        }
+        x[i] = from_16(out[i], dtype);
+    }
+}
+
+static uint16_t *halves(size_t n)
+{
+    uint16_t *a = malloc((n ? n : 1) * sizeof(uint16_t));
+    ck_assert_ptr_nonnull(a);
+    for (size_t i = 0; i < n; ++i)
+        a[i] = 0x7e00u; /* a NaN in both formats: unwritten outputs fail */
+    return a;
+}
+
+/* 16-bit outputs against the float64 reference of the rounded inputs: the
+ * float32 tolerance plus the one rounding of the output to dtype (unit
+ * roundoff 2^-8 for bf16, 2^-11 for f16, of |ref|). */
+static void expect_close_16(const char *what, const clattn_shape *s, const uint16_t *got,
+                            const double *ref, const double *mag, size_t n)
+{
+    const double u = s->dtype == CLATTN_DTYPE_BF16 ? 0x1p-8 : 0x1p-11;
+    double worst = 0.0;
+    size_t at = 0;
+    for (size_t i = 0; i < n; ++i) {
+        const double g = from_16(got[i], s->dtype);
+        double e = fabs(g - ref[i]) / (TOL_REL * mag[i] + TOL_ABS + u * fabs(ref[i]));
+        if (isnan(e))
+            e = INFINITY;
+        if (e > worst) {
+            worst = e;
+            at = i;
+        }
+    }
+    ck_assert_msg(worst <= 1.0,
+                  "%s (dtype %d) on %s: b%u q%u kv%u heads %u/%u d%u causal %d window %u: "
+                  "element %zu is %.9g, reference %.9g; %.3g times the tolerance",
+                  what, (int)s->dtype, test_backend, s->batch, s->q_seq, s->kv_seq,
+                  s->num_heads, s->num_kv_heads, s->head_dim, s->causal, s->window, at,
+                  (double)from_16(got[at], s->dtype), ref[at], worst);
+}
+
+/* Every op with 16-bit tensors on ctx, against float64 from the rounded
+ * inputs; the LSE pairs stay float32. */
+static void check_ops_16(clattn_context *ctx, const clattn_shape *s, float q_gain, uint64_t seed)
+{
+    problem p;
+    problem_make(&p, s, seed, q_gain);
+    uint16_t *q = halves(p.nq), *k = halves(p.nkv), *v = halves(p.nkv), *d_out = halves(p.nq);
+    uint16_t *o_in = halves(p.nq);
+    round_16(p.q, q, p.nq, s->dtype);
+    round_16(p.k, k, p.nkv, s->dtype);
+    round_16(p.v, v, p.nkv, s->dtype);
+    round_16(p.d_out, d_out, p.nq, s->dtype);
+    double *o_ref = doubles(p.nq), *o_mag = doubles(p.nq), *lse_ref = doubles(p.nlse);
+    ref_forward(&p, o_ref, o_mag, lse_ref);
+    for (size_t i = 0; i < p.nq; ++i)
+        p.o[i] = (float)o_ref[i];
+    for (size_t i = 0; i < p.nlse; ++i)
+        p.lse[i] = (float)lse_ref[i];
+    round_16(p.o, o_in, p.nq, s->dtype); /* the backward's O, as a 16-bit forward gives it */
+
+    uint16_t *o = halves(p.nq), *gq = halves(p.nq), *gk = halves(p.nkv), *gv = halves(p.nkv);
+    float *lse = nan_array(p.nlse);
+    ck_assert_status(clattn_forward(ctx, s, q, k, v, o, lse), CLATTN_OK);
+    expect_close_16("forward O", s, o, o_ref, o_mag, p.nq);
+    expect_lse(s, lse, lse_ref, p.nlse);
+
+    double *dq = doubles(p.nq), *dq_mag = doubles(p.nq), *dk = doubles(p.nkv);
+    double *dk_mag = doubles(p.nkv), *dv = doubles(p.nkv), *dv_mag = doubles(p.nkv);
+    ref_backward(&p, dq, dq_mag, dk, dk_mag, dv, dv_mag);
+    ck_assert_status(clattn_backward(ctx, s, q, k, v, o_in, p.lse, d_out, gq, gk, gv),
+                     CLATTN_OK);
+    expect_close_16("backward dQ", s, gq, dq, dq_mag, p.nq);
+    expect_close_16("backward dK", s, gk, dk, dk_mag, p.nkv);
+    expect_close_16("backward dV", s, gv, dv, dv_mag, p.nkv);
+    uint16_t *one = halves(p.nkv);
+    ck_assert_status(clattn_grad_v(ctx, s, d_out, q, k, p.lse, one), CLATTN_OK);
+    expect_close_16("grad-V", s, one, dv, dv_mag, p.nkv);
+    ck_assert_status(clattn_grad_k(ctx, s, q, k, v, o_in, p.lse, d_out, one), CLATTN_OK);
+    expect_close_16("grad-K", s, one, dk, dk_mag, p.nkv);
+    free(one);
+    one = halves(p.nq);
+    ck_assert_status(clattn_grad_q(ctx, s, q, k, v, o_in, p.lse, d_out, one), CLATTN_OK);
+    expect_close_16("grad-Q", s, one, dq, dq_mag, p.nq);
+    free(one);
+
+    void *frees[] = {q, k, v, d_out, o_in, o, gq, gk, gv, lse, o_ref, o_mag, lse_ref,
+                     dq, dq_mag, dk, dk_mag, dv, dv_mag};
+    for (size_t i = 0; i < sizeof frees / sizeof *frees; ++i)
+        free(frees[i]);
+    problem_free(&p);
+}
+
 /* Case i on every variant of the backend, one context each. */
 static void run_cases(const shape_case *cases, int i)
 {
@@ -747,6 +879,38 @@ static const shape_case emulated[] = {
     {2, 20, 33, 2, 1, 128, 0, 9, 0, 1},   {1, 37, 37, 2, 2, 200, 1, 5, 0, 1},
     {1, 70, 20, 4, 1, 256, 0, 0, 0, 4},
 };
+/* 16-bit tensors on the reduced set's shapes, in both formats: native
+ * computes them; the OpenCL backends refuse them (no 16-bit kernels yet)
+ * with CLATTN_ERROR_UNSUPPORTED_SHAPE and leave the outputs alone. */
+START_TEST(dtype_sweep)
+{
+    const clattn_dtype dtypes[] = {CLATTN_DTYPE_BF16, CLATTN_DTYPE_F16};
+    for (int d = 0; d < 2; ++d) {
+        if (dtypes[d] == CLATTN_DTYPE_F16 && !HAVE_F16) {
+            printf("f16 cases not run: this compiler has no _Float16\n");
+            continue;
+        }
+        clattn_shape s = to_shape(&emulated[_i]);
+        s.dtype = dtypes[d];
+        clattn_context *ctx = test_context(NULL);
+        if (!strcmp(test_backend, "native")) {
+            check_ops_16(ctx, &s, emulated[_i].q_gain, 3000u + (uint64_t)_i);
+        } else {
+            problem p;
+            problem_make(&p, &s, 1, 1.0f);
+            uint16_t *o = halves(p.nq);
+            ck_assert_status(clattn_forward(ctx, &s, p.q, p.k, p.v, o, p.lse),
+                             CLATTN_ERROR_UNSUPPORTED_SHAPE);
+            ck_assert_ptr_nonnull(strstr(clattn_last_error(), "native backend only"));
+            ck_assert_uint_eq(o[0], 0x7e00u);
+            free(o);
+            problem_free(&p);
+        }
+        clattn_context_destroy(ctx);
+    }
+}
+END_TEST
+
 START_TEST(emulated_sweep)
 {
     /* Not a silent pass where mma is refused: this suite is for it. */
@@ -813,6 +977,7 @@ Suite *kernels_suite(void)
     tcase_add_loop_test(tc, large_logits, 0, N(large));
     tcase_add_loop_test(tc, caller_scale, 0, N(scales));
     tcase_add_loop_test(tc, seed_uniform_block, 0, N(seed_blocks));
+    tcase_add_loop_test(tc, dtype_sweep, 0, N(emulated));
     tcase_add_test(tc, one_context_many_calls);
     tcase_add_test(tc, named_variant);
     tcase_add_test(tc, caller_buffers);
