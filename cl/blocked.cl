@@ -28,23 +28,23 @@
 #define CHUNK 32
 
 /* out[i] = sum_d x[row[i] + d] * t[d] for 8 rows of x, t a transposed tile. */
-inline void dots8(__global const float *x, const ulong *row, const float *t, float16 *out)
+inline void dots8(__global const elem *x, const ulong *row, const float *t, float16 *out)
 {
-    __global const float *r0 = x + row[0], *r1 = x + row[1], *r2 = x + row[2],
+    __global const elem *r0 = x + row[0], *r1 = x + row[1], *r2 = x + row[2],
                          *r3 = x + row[3], *r4 = x + row[4], *r5 = x + row[5],
                          *r6 = x + row[6], *r7 = x + row[7];
     float16 a0 = 0.0f, a1 = 0.0f, a2 = 0.0f, a3 = 0.0f, a4 = 0.0f, a5 = 0.0f, a6 = 0.0f,
             a7 = 0.0f;
     for (uint d = 0; d < D; ++d) {
         const float16 y = vload16(d, t);
-        a0 += r0[d] * y;
-        a1 += r1[d] * y;
-        a2 += r2[d] * y;
-        a3 += r3[d] * y;
-        a4 += r4[d] * y;
-        a5 += r5[d] * y;
-        a6 += r6[d] * y;
-        a7 += r7[d] * y;
+        a0 += LOAD(r0, d) * y;
+        a1 += LOAD(r1, d) * y;
+        a2 += LOAD(r2, d) * y;
+        a3 += LOAD(r3, d) * y;
+        a4 += LOAD(r4, d) * y;
+        a5 += LOAD(r5, d) * y;
+        a6 += LOAD(r6, d) * y;
+        a7 += LOAD(r7, d) * y;
     }
     out[0] = a0;
     out[1] = a1;
@@ -58,7 +58,7 @@ inline void dots8(__global const float *x, const ulong *row, const float *t, flo
 
 /* acc[d] += sum_r x[row[r] + d] * w[r] for r < n, acc a transposed tile:
  * eight of its rows stay in registers while the n rows stream by. */
-inline void accumulate(float *acc, __global const float *x, const ulong *row, const float16 *w,
+inline void accumulate(float *acc, __global const elem *x, const ulong *row, const float16 *w,
                        uint n)
 {
     uint d = 0;
@@ -68,15 +68,15 @@ inline void accumulate(float *acc, __global const float *x, const ulong *row, co
                 c6 = vload16(d + 6, acc), c7 = vload16(d + 7, acc);
         for (uint r = 0; r < n; ++r) {
             const float16 y = w[r];
-            __global const float *xr = x + row[r] + d;
-            c0 += xr[0] * y;
-            c1 += xr[1] * y;
-            c2 += xr[2] * y;
-            c3 += xr[3] * y;
-            c4 += xr[4] * y;
-            c5 += xr[5] * y;
-            c6 += xr[6] * y;
-            c7 += xr[7] * y;
+            __global const elem *xr = x + row[r] + d;
+            c0 += LOAD(xr, 0) * y;
+            c1 += LOAD(xr, 1) * y;
+            c2 += LOAD(xr, 2) * y;
+            c3 += LOAD(xr, 3) * y;
+            c4 += LOAD(xr, 4) * y;
+            c5 += LOAD(xr, 5) * y;
+            c6 += LOAD(xr, 6) * y;
+            c7 += LOAD(xr, 7) * y;
         }
         vstore16(c0, d, acc);
         vstore16(c1, d + 1, acc);
@@ -90,17 +90,17 @@ inline void accumulate(float *acc, __global const float *x, const ulong *row, co
     for (; d < D; ++d) {
         float16 c = vload16(d, acc);
         for (uint r = 0; r < n; ++r)
-            c += x[row[r] + d] * w[r];
+            c += LOAD(x, row[r] + d) * w[r];
         vstore16(c, d, acc);
     }
 }
 
 /* t[d][j] = x[row[j] + d], or 0 for j >= n. */
-inline void transpose_in(__global const float *x, const ulong *row, uint n, float *t)
+inline void transpose_in(__global const elem *x, const ulong *row, uint n, float *t)
 {
     for (uint j = 0; j < KB; ++j)
         for (uint d = 0; d < D; ++d)
-            t[d * KB + j] = j < n ? x[row[j] + d] : 0.0f;
+            t[d * KB + j] = j < n ? LOAD(x, row[j] + d) : 0.0f;
 }
 
 /* Whether query pos sees key t, lane by lane, as float16 selects want it
@@ -131,7 +131,7 @@ typedef struct chunk {
     uint n;
 } chunk;
 
-inline void chunk_run(chunk *ch, __global const float *q, __global const float *d_out,
+inline void chunk_run(chunk *ch, __global const elem *q, __global const elem *d_out,
                       const float *kt, const float *vt, float *dkt, float *dvt, uint t0,
                       uint nt, int causal, uint window, float scale, bool want_dk, bool want_dv)
 {
@@ -160,9 +160,9 @@ inline void chunk_run(chunk *ch, __global const float *q, __global const float *
     ch->n = 0;
 }
 
-inline void key_job(__global const float *q, __global const float *k, __global const float *v,
-                    __global const float *d_out, __global const float *lse,
-                    __global const float *dsum, __global float *dk, __global float *dv,
+inline void key_job(__global const elem *q, __global const elem *k, __global const elem *v,
+                    __global const elem *d_out, __global const float *lse,
+                    __global const float *dsum, __global elem *dk, __global elem *dv,
                     uint q_seq, uint kv_seq, uint num_heads, uint num_kv_heads, int causal,
                     uint window, float scale, bool want_dk, bool want_dv)
 {
@@ -207,16 +207,16 @@ inline void key_job(__global const float *q, __global const float *k, __global c
     for (uint j = 0; j < nt; ++j)
         for (uint d = 0; d < D; ++d) {
             if (want_dv)
-                dv[first + j * kv_row + d] = dvt[d * KB + j];
+                STORE(dv, first + j * kv_row + d, dvt[d * KB + j]);
             if (want_dk)
-                dk[first + j * kv_row + d] = dkt[d * KB + j];
+                STORE(dk, first + j * kv_row + d, dkt[d * KB + j]);
         }
 }
 
-__kernel void grad_v__blocked(__global const float *d_out, ulong d_out_off,
-                              __global const float *q, ulong q_off, __global const float *k,
+__kernel void grad_v__blocked(__global const elem *d_out, ulong d_out_off,
+                              __global const elem *q, ulong q_off, __global const elem *k,
                               ulong k_off, __global const float *lse, ulong lse_off,
-                              __global float *dv, ulong dv_off, SHAPE_ARGS,
+                              __global elem *dv, ulong dv_off, SHAPE_ARGS,
                               __local float *unused)
 {
     key_job(q + q_off, k + k_off, k + k_off, d_out + d_out_off, lse + lse_off, lse + lse_off,
@@ -224,11 +224,11 @@ __kernel void grad_v__blocked(__global const float *d_out, ulong d_out_off,
             scale, false, true);
 }
 
-__kernel void grad_k__blocked(__global const float *q, ulong q_off, __global const float *k,
-                              ulong k_off, __global const float *v, ulong v_off,
-                              __global const float *d_out, ulong d_out_off,
+__kernel void grad_k__blocked(__global const elem *q, ulong q_off, __global const elem *k,
+                              ulong k_off, __global const elem *v, ulong v_off,
+                              __global const elem *d_out, ulong d_out_off,
                               __global const float *lse, ulong lse_off,
-                              __global const float *dsum, ulong dsum_off, __global float *dk,
+                              __global const float *dsum, ulong dsum_off, __global elem *dk,
                               ulong dk_off, SHAPE_ARGS, __local float *unused)
 {
     key_job(q + q_off, k + k_off, v + v_off, d_out + d_out_off, lse + lse_off, dsum + dsum_off,
@@ -236,12 +236,12 @@ __kernel void grad_k__blocked(__global const float *q, ulong q_off, __global con
             scale, true, false);
 }
 
-__kernel void grad_kv__blocked(__global const float *q, ulong q_off, __global const float *k,
-                               ulong k_off, __global const float *v, ulong v_off,
-                               __global const float *d_out, ulong d_out_off,
+__kernel void grad_kv__blocked(__global const elem *q, ulong q_off, __global const elem *k,
+                               ulong k_off, __global const elem *v, ulong v_off,
+                               __global const elem *d_out, ulong d_out_off,
                                __global const float *lse, ulong lse_off,
-                               __global const float *dsum, ulong dsum_off, __global float *dk,
-                               ulong dk_off, __global float *dv, ulong dv_off, SHAPE_ARGS,
+                               __global const float *dsum, ulong dsum_off, __global elem *dk,
+                               ulong dk_off, __global elem *dv, ulong dv_off, SHAPE_ARGS,
                                __local float *unused)
 {
     key_job(q + q_off, k + k_off, v + v_off, d_out + d_out_off, lse + lse_off, dsum + dsum_off,
@@ -287,9 +287,9 @@ inline void key_rows(ulong *keys, uint b, uint kv_seq, uint num_kv_heads, uint k
         keys[j] = (((ulong)b * kv_seq + min(t0 + j, t_hi - 1)) * num_kv_heads + kv_head) * D;
 }
 
-__kernel void forward__blocked(__global const float *q, ulong q_off, __global const float *k,
-                               ulong k_off, __global const float *v, ulong v_off,
-                               __global float *o, ulong o_off, __global float *lse,
+__kernel void forward__blocked(__global const elem *q, ulong q_off, __global const elem *k,
+                               ulong k_off, __global const elem *v, ulong v_off,
+                               __global elem *o, ulong o_off, __global float *lse,
                                ulong lse_off, SHAPE_ARGS, __local float *unused)
 {
     if (get_global_id(0) * KB >= q_seq)
@@ -342,17 +342,17 @@ __kernel void forward__blocked(__global const float *q, ulong q_off, __global co
     vstore16(m, 0, mv);
     for (uint i = 0; i < r.n; ++i) {
         for (uint d = 0; d < D; ++d)
-            o[qrow[i] + d] = lv[i] > 0.0f ? ot[d * KB + i] / lv[i] : 0.0f;
+            STORE(o, qrow[i] + d, lv[i] > 0.0f ? ot[d * KB + i] / lv[i] : 0.0f);
         lse[2 * r.row[i]] = lv[i] > 0.0f ? mv[i] : EMPTY_ROW;
         lse[2 * r.row[i] + 1] = lv[i] > 0.0f ? log(lv[i]) : EMPTY_ROW;
     }
 }
 
-__kernel void grad_q__blocked(__global const float *q, ulong q_off, __global const float *k,
-                              ulong k_off, __global const float *v, ulong v_off,
-                              __global const float *d_out, ulong d_out_off,
+__kernel void grad_q__blocked(__global const elem *q, ulong q_off, __global const elem *k,
+                              ulong k_off, __global const elem *v, ulong v_off,
+                              __global const elem *d_out, ulong d_out_off,
                               __global const float *lse, ulong lse_off,
-                              __global const float *dsum, ulong dsum_off, __global float *dq,
+                              __global const float *dsum, ulong dsum_off, __global elem *dq,
                               ulong dq_off, SHAPE_ARGS, __local float *unused)
 {
     if (get_global_id(0) * KB >= q_seq)
@@ -399,11 +399,11 @@ __kernel void grad_q__blocked(__global const float *q, ulong q_off, __global con
     }
     for (uint i = 0; i < r.n; ++i)
         for (uint d = 0; d < D; ++d)
-            dq[qrow[i] + d] = dqt[d * KB + i];
+            STORE(dq, qrow[i] + d, dqt[d * KB + i]);
 }
 
 /* Dsum = dO . O, a row per work-item, KB rows per work-item here too. */
-__kernel void dsum__blocked(__global const float *d_out, ulong d_out_off, __global const float *o,
+__kernel void dsum__blocked(__global const elem *d_out, ulong d_out_off, __global const elem *o,
                             ulong o_off, __global float *dsum, ulong dsum_off, SHAPE_ARGS,
                             __local float *unused)
 {
@@ -412,7 +412,7 @@ __kernel void dsum__blocked(__global const float *d_out, ulong d_out_off, __glob
         const ulong row = ((ulong)b * q_seq + pos) * num_heads + head;
         float sum = 0.0f;
         for (uint d = 0; d < D; ++d)
-            sum += d_out[d_out_off + row * D + d] * o[o_off + row * D + d];
+            sum += LOAD(d_out, d_out_off + row * D + d) * LOAD(o, o_off + row * D + d);
         dsum[dsum_off + row] = sum;
     }
 }

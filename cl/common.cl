@@ -5,6 +5,36 @@
  * written once.
  */
 
+/* The tensors' element type (DTYPE, a build option: 0 float32, 1 float16,
+ * 2 bfloat16); LOAD and STORE convert to and from float32, stores rounding
+ * to nearest even. Everything inside is float32; the LSE pairs and Dsum are
+ * float32 in memory too. float16 goes through vload_half and
+ * vstore_half_rte (core OpenCL 1.2: no cl_khr_fp16), bfloat16 through its
+ * bits. */
+#ifndef DTYPE
+#define DTYPE 0
+#endif
+#if DTYPE == 0
+#define elem float
+#define LOAD(p, i) ((p)[i])
+#define STORE(p, i, x) ((p)[i] = (x))
+#elif DTYPE == 1
+#define elem half
+#define LOAD(p, i) vload_half((i), (p))
+#define STORE(p, i, x) vstore_half_rte((x), (i), (p))
+#else
+#define elem ushort
+#define LOAD(p, i) as_float((uint)(p)[i] << 16)
+#define STORE(p, i, x) ((p)[i] = bf16_rte(x))
+inline ushort bf16_rte(float x)
+{
+    const uint b = as_uint(x);
+    if ((b & 0x7fffffffu) > 0x7f800000u)
+        return (ushort)((b >> 16) | 0x40u); /* a quiet NaN */
+    return (ushort)((b + 0x7fffu + ((b >> 16) & 1u)) >> 16);
+}
+#endif
+
 /* Every kernel's shape arguments, after its tensors. */
 #define SHAPE_ARGS                                                                       \
     uint q_seq, uint kv_seq, uint num_heads, uint num_kv_heads, uint head_dim, int causal, \

@@ -77,31 +77,31 @@ inline lane lane_of(void)
 
 /* Loads DC columns from c0 of a row of a [batch][rows][heads][D] tensor,
  * times gain, into x; zeros for a dead row or past D. */
-inline void load_row(float *x, __global const float *src, ulong off, uint b, uint rows,
+inline void load_row(float *x, __global const elem *src, ulong off, uint b, uint rows,
                      uint row, bool live, uint heads, uint head, uint c0, float gain)
 {
     for (uint d = 0; d < DC; ++d)
-        x[d] = live && c0 + d < D ? src[off + at(b, rows, row, heads, head, c0 + d)] * gain
+        x[d] = live && c0 + d < D ? LOAD(src, off + at(b, rows, row, heads, head, c0 + d)) * gain
                                   : 0.0f;
 }
 
 /* Stores DC columns from c0 of x, times gain, into a row. */
-inline void store_row(__global float *dst, ulong off, uint b, uint rows, uint row, uint heads,
+inline void store_row(__global elem *dst, ulong off, uint b, uint rows, uint row, uint heads,
                       uint head, uint c0, const float *x, float gain)
 {
     for (uint d = 0; d < DC && c0 + d < D; ++d)
-        dst[off + at(b, rows, row, heads, head, c0 + d)] = gain * x[d];
+        STORE(dst, off + at(b, rows, row, heads, head, c0 + d), gain * x[d]);
 }
 
 /* Loads rows [r0, r0 + TILE) of a [batch][rows][heads][D] tensor into
  * tile[TILE][DP], zeros past `end` and past D. Every work-item of the group
  * calls it. */
-inline void load_tile(__local float *tile, __global const float *src, ulong off, uint b,
+inline void load_tile(__local float *tile, __global const elem *src, ulong off, uint b,
                       uint rows, uint r0, uint end, uint heads, uint head)
 {
     for (uint i = get_local_id(0); i < TILE * DP; i += LANES) {
         const uint r = r0 + i / DP, d = i % DP;
-        tile[i] = r < end && d < D ? src[off + at(b, rows, r, heads, head, d)] : 0.0f;
+        tile[i] = r < end && d < D ? LOAD(src, off + at(b, rows, r, heads, head, d)) : 0.0f;
     }
 }
 
@@ -192,8 +192,8 @@ inline void sum_parts(__local float *comb, float *acc, lane me)
 #endif
 }
 
-inline void forward_block(__global const float *q, ulong q_off, __global const float *k,
-                          ulong k_off, __global const float *v, ulong v_off, __global float *o,
+inline void forward_block(__global const elem *q, ulong q_off, __global const elem *k,
+                          ulong k_off, __global const elem *v, ulong v_off, __global elem *o,
                           ulong o_off, __global float *lse, ulong lse_off, SHAPE_ARGS,
                           __local float *tiles, uint r0)
 {
@@ -283,11 +283,11 @@ inline void forward_block(__global const float *q, ulong q_off, __global const f
 }
 
 /* dQ of a query row: sum over its keys of scale * dS * K[t]. */
-inline void grad_q_block(__global const float *q, ulong q_off, __global const float *k,
-                         ulong k_off, __global const float *v, ulong v_off,
-                         __global const float *d_out, ulong d_out_off,
+inline void grad_q_block(__global const elem *q, ulong q_off, __global const elem *k,
+                         ulong k_off, __global const elem *v, ulong v_off,
+                         __global const elem *d_out, ulong d_out_off,
                          __global const float *lse, ulong lse_off, __global const float *dsum,
-                         ulong dsum_off, __global float *dq, ulong dq_off, SHAPE_ARGS,
+                         ulong dsum_off, __global elem *dq, ulong dq_off, SHAPE_ARGS,
                          __local float *tiles, uint r0)
 {
     __local float *kt = tiles, *vt = tiles + TILE * DP;
@@ -331,9 +331,9 @@ inline void grad_q_block(__global const float *q, ulong q_off, __global const fl
 }
 
 /* dV of a key row, over the queries of its KV head's group that see it. */
-inline void grad_v_block(__global const float *d_out, ulong d_out_off, __global const float *q,
-                         ulong q_off, __global const float *k, ulong k_off,
-                         __global const float *lse, ulong lse_off, __global float *dv,
+inline void grad_v_block(__global const elem *d_out, ulong d_out_off, __global const elem *q,
+                         ulong q_off, __global const elem *k, ulong k_off,
+                         __global const float *lse, ulong lse_off, __global elem *dv,
                          ulong dv_off, SHAPE_ARGS, __local float *tiles, uint r0)
 {
     __local float *qt = tiles, *ot = tiles + TILE * DP, *mt = ot + TILE * DP, *lt = mt + TILE;
@@ -375,11 +375,11 @@ inline void grad_v_block(__global const float *d_out, ulong d_out_off, __global 
 }
 
 /* dK of a key row: scale * sum of dS * Q over the queries that see it. */
-inline void grad_k_block(__global const float *q, ulong q_off, __global const float *k,
-                         ulong k_off, __global const float *v, ulong v_off,
-                         __global const float *d_out, ulong d_out_off,
+inline void grad_k_block(__global const elem *q, ulong q_off, __global const elem *k,
+                         ulong k_off, __global const elem *v, ulong v_off,
+                         __global const elem *d_out, ulong d_out_off,
                          __global const float *lse, ulong lse_off, __global const float *dsum,
-                         ulong dsum_off, __global float *dk, ulong dk_off, SHAPE_ARGS,
+                         ulong dsum_off, __global elem *dk, ulong dk_off, SHAPE_ARGS,
                          __local float *tiles, uint r0)
 {
     __local float *qt = tiles, *ot = tiles + TILE * DP, *mt = ot + TILE * DP, *lt = mt + TILE;
@@ -436,8 +436,8 @@ inline void grad_k_block(__global const float *q, ulong q_off, __global const fl
     }
 
 __kernel __attribute__((reqd_work_group_size(LANES, 1, 1))) void
-forward__tiled(__global const float *q, ulong q_off, __global const float *k, ulong k_off,
-               __global const float *v, ulong v_off, __global float *o, ulong o_off,
+forward__tiled(__global const elem *q, ulong q_off, __global const elem *k, ulong k_off,
+               __global const elem *v, ulong v_off, __global elem *o, ulong o_off,
                __global float *lse, ulong lse_off, SHAPE_ARGS, __local float *tiles)
 {
     PAIRED(q_seq, forward_block(q, q_off, k, k_off, v, v_off, o, o_off, lse, lse_off, q_seq,
@@ -446,10 +446,10 @@ forward__tiled(__global const float *q, ulong q_off, __global const float *k, ul
 }
 
 __kernel __attribute__((reqd_work_group_size(LANES, 1, 1))) void
-grad_q__tiled(__global const float *q, ulong q_off, __global const float *k, ulong k_off,
-              __global const float *v, ulong v_off, __global const float *d_out,
+grad_q__tiled(__global const elem *q, ulong q_off, __global const elem *k, ulong k_off,
+              __global const elem *v, ulong v_off, __global const elem *d_out,
               ulong d_out_off, __global const float *lse, ulong lse_off,
-              __global const float *dsum, ulong dsum_off, __global float *dq, ulong dq_off,
+              __global const float *dsum, ulong dsum_off, __global elem *dq, ulong dq_off,
               SHAPE_ARGS, __local float *tiles)
 {
     PAIRED(q_seq, grad_q_block(q, q_off, k, k_off, v, v_off, d_out, d_out_off, lse, lse_off,
@@ -458,9 +458,9 @@ grad_q__tiled(__global const float *q, ulong q_off, __global const float *k, ulo
 }
 
 __kernel __attribute__((reqd_work_group_size(LANES, 1, 1))) void
-grad_v__tiled(__global const float *d_out, ulong d_out_off, __global const float *q,
-              ulong q_off, __global const float *k, ulong k_off, __global const float *lse,
-              ulong lse_off, __global float *dv, ulong dv_off, SHAPE_ARGS,
+grad_v__tiled(__global const elem *d_out, ulong d_out_off, __global const elem *q,
+              ulong q_off, __global const elem *k, ulong k_off, __global const float *lse,
+              ulong lse_off, __global elem *dv, ulong dv_off, SHAPE_ARGS,
               __local float *tiles)
 {
     PAIRED(kv_seq, grad_v_block(d_out, d_out_off, q, q_off, k, k_off, lse, lse_off, dv, dv_off,
@@ -469,10 +469,10 @@ grad_v__tiled(__global const float *d_out, ulong d_out_off, __global const float
 }
 
 __kernel __attribute__((reqd_work_group_size(LANES, 1, 1))) void
-grad_k__tiled(__global const float *q, ulong q_off, __global const float *k, ulong k_off,
-              __global const float *v, ulong v_off, __global const float *d_out,
+grad_k__tiled(__global const elem *q, ulong q_off, __global const elem *k, ulong k_off,
+              __global const elem *v, ulong v_off, __global const elem *d_out,
               ulong d_out_off, __global const float *lse, ulong lse_off,
-              __global const float *dsum, ulong dsum_off, __global float *dk, ulong dk_off,
+              __global const float *dsum, ulong dsum_off, __global elem *dk, ulong dk_off,
               SHAPE_ARGS, __local float *tiles)
 {
     PAIRED(kv_seq, grad_k_block(q, q_off, k, k_off, v, v_off, d_out, d_out_off, lse, lse_off,

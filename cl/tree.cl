@@ -54,18 +54,18 @@ inline ulong at(uint b, uint rows, uint row, uint heads, uint head, uint head_di
     return (((ulong)b * rows + row) * heads + head) * head_dim + d;
 }
 
-__kernel void grad_v__tree(__global const float *d_out, ulong d_out_off,
-                           __global const float *q, ulong q_off,
-                           __global const float *k, ulong k_off,
+__kernel void grad_v__tree(__global const elem *d_out, ulong d_out_off,
+                           __global const elem *q, ulong q_off,
+                           __global const elem *k, ulong k_off,
                            __global const float *lse, ulong lse_off,
-                           __global float *dv, ulong dv_off, SHAPE_ARGS, __local float *red)
+                           __global elem *dv, ulong dv_off, SHAPE_ARGS, __local float *red)
 {
     const uint wg = get_local_size(0), tid = get_local_id(0);
     const uint t = get_group_id(0), kv_head = get_group_id(1), b = get_group_id(2);
     const bool live = tid < head_dim;
     const uint group = num_heads / num_kv_heads;
     const ulong kv_at = at(b, kv_seq, t, num_kv_heads, kv_head, head_dim, tid);
-    const float k_t = live ? k[k_off + kv_at] : 0.0f;
+    const float k_t = live ? LOAD(k, k_off + kv_at) : 0.0f;
     float my_dv = 0.0f;
 
     uint start, end;
@@ -74,22 +74,22 @@ __kernel void grad_v__tree(__global const float *d_out, ulong d_out_off,
         for (uint head = kv_head * group; head < (kv_head + 1u) * group; ++head) {
             const ulong q_at = at(b, q_seq, pos, num_heads, head, head_dim, tid);
             const float score =
-                tree_sum(red, live ? q[q_off + q_at] * k_t : 0.0f, tid, wg) * scale;
+                tree_sum(red, live ? LOAD(q, q_off + q_at) * k_t : 0.0f, tid, wg) * scale;
             const ulong row = lse_off + 2 * at(b, q_seq, pos, num_heads, head, 1, 0);
             const float p = exp(fmin(score - lse[row], 0.0f) - lse[row + 1]);
             if (live)
-                my_dv += p * d_out[d_out_off + q_at];
+                my_dv += p * LOAD(d_out, d_out_off + q_at);
         }
     }
     if (live)
-        dv[dv_off + kv_at] = my_dv;
+        STORE(dv, dv_off + kv_at, my_dv);
 }
 
 /* O and the LSE pair of one query row, by online softmax over its keys. */
-__kernel void forward__tree(__global const float *q, ulong q_off,
-                            __global const float *k, ulong k_off,
-                            __global const float *v, ulong v_off,
-                            __global float *o, ulong o_off,
+__kernel void forward__tree(__global const elem *q, ulong q_off,
+                            __global const elem *k, ulong k_off,
+                            __global const elem *v, ulong v_off,
+                            __global elem *o, ulong o_off,
                             __global float *lse, ulong lse_off, SHAPE_ARGS, __local float *red)
 {
     const uint wg = get_local_size(0), tid = get_local_id(0);
@@ -97,22 +97,22 @@ __kernel void forward__tree(__global const float *q, ulong q_off,
     const bool live = tid < head_dim;
     const uint kv_head = head / (num_heads / num_kv_heads);
     const ulong q_at = at(b, q_seq, pos, num_heads, head, head_dim, tid);
-    const float q_d = live ? q[q_off + q_at] : 0.0f;
+    const float q_d = live ? LOAD(q, q_off + q_at) : 0.0f;
     float m = EMPTY_ROW, l = 0.0f, acc = 0.0f;
 
     uint start, end;
     keys_of_queries(pos, pos, kv_seq, causal, window, &start, &end);
     for (uint t = start; t < end; ++t) {
         const ulong kv_at = at(b, kv_seq, t, num_kv_heads, kv_head, head_dim, tid);
-        const float s = tree_sum(red, live ? q_d * k[k_off + kv_at] : 0.0f, tid, wg) * scale;
+        const float s = tree_sum(red, live ? q_d * LOAD(k, k_off + kv_at) : 0.0f, tid, wg) * scale;
         const float m_new = fmax(m, s);
         const float rescale = exp(m - m_new), e = exp(s - m_new);
         l = l * rescale + e;
-        acc = acc * rescale + (live ? e * v[v_off + kv_at] : 0.0f);
+        acc = acc * rescale + (live ? e * LOAD(v, v_off + kv_at) : 0.0f);
         m = m_new;
     }
     if (live)
-        o[o_off + q_at] = l > 0.0f ? acc / l : 0.0f;
+        STORE(o, o_off + q_at, l > 0.0f ? acc / l : 0.0f);
     if (tid == 0) {
         const ulong row = lse_off + 2 * at(b, q_seq, pos, num_heads, head, 1, 0);
         lse[row] = l > 0.0f ? m : EMPTY_ROW;
@@ -122,8 +122,8 @@ __kernel void forward__tree(__global const float *q, ulong q_off,
 
 /* Dsum = dO . O for one query row: the pre-pass that grad-Q, grad-K and
  * grad-KV read instead of recomputing it per key. */
-__kernel void dsum__tree(__global const float *d_out, ulong d_out_off,
-                         __global const float *o, ulong o_off,
+__kernel void dsum__tree(__global const elem *d_out, ulong d_out_off,
+                         __global const elem *o, ulong o_off,
                          __global float *dsum, ulong dsum_off, SHAPE_ARGS, __local float *red)
 {
     const uint wg = get_local_size(0), tid = get_local_id(0);
@@ -131,19 +131,19 @@ __kernel void dsum__tree(__global const float *d_out, ulong d_out_off,
     const bool live = tid < head_dim;
     const ulong q_at = at(b, q_seq, pos, num_heads, head, head_dim, tid);
     const float sum =
-        tree_sum(red, live ? d_out[d_out_off + q_at] * o[o_off + q_at] : 0.0f, tid, wg);
+        tree_sum(red, live ? LOAD(d_out, d_out_off + q_at) * LOAD(o, o_off + q_at) : 0.0f, tid, wg);
     if (tid == 0)
         dsum[dsum_off + at(b, q_seq, pos, num_heads, head, 1, 0)] = sum;
 }
 
 /* dQ of one query row: sum over its keys of scale * dS * K[t]. */
-__kernel void grad_q__tree(__global const float *q, ulong q_off,
-                           __global const float *k, ulong k_off,
-                           __global const float *v, ulong v_off,
-                           __global const float *d_out, ulong d_out_off,
+__kernel void grad_q__tree(__global const elem *q, ulong q_off,
+                           __global const elem *k, ulong k_off,
+                           __global const elem *v, ulong v_off,
+                           __global const elem *d_out, ulong d_out_off,
                            __global const float *lse, ulong lse_off,
                            __global const float *dsum, ulong dsum_off,
-                           __global float *dq, ulong dq_off, SHAPE_ARGS, __local float *red)
+                           __global elem *dq, ulong dq_off, SHAPE_ARGS, __local float *red)
 {
     const uint wg = get_local_size(0), tid = get_local_id(0);
     const uint pos = get_group_id(0), head = get_group_id(1), b = get_group_id(2);
@@ -151,8 +151,8 @@ __kernel void grad_q__tree(__global const float *q, ulong q_off,
     const uint kv_head = head / (num_heads / num_kv_heads);
     const ulong q_at = at(b, q_seq, pos, num_heads, head, head_dim, tid);
     const ulong row = at(b, q_seq, pos, num_heads, head, 1, 0);
-    const float q_d = live ? q[q_off + q_at] : 0.0f;
-    const float do_d = live ? d_out[d_out_off + q_at] : 0.0f;
+    const float q_d = live ? LOAD(q, q_off + q_at) : 0.0f;
+    const float do_d = live ? LOAD(d_out, d_out_off + q_at) : 0.0f;
     const float m = lse[lse_off + 2 * row], l = lse[lse_off + 2 * row + 1];
     const float ds_row = dsum[dsum_off + row];
     float acc = 0.0f;
@@ -161,24 +161,24 @@ __kernel void grad_q__tree(__global const float *q, ulong q_off,
     keys_of_queries(pos, pos, kv_seq, causal, window, &start, &end);
     for (uint t = start; t < end; ++t) {
         const ulong kv_at = at(b, kv_seq, t, num_kv_heads, kv_head, head_dim, tid);
-        const float k_d = live ? k[k_off + kv_at] : 0.0f;
-        const float v_d = live ? v[v_off + kv_at] : 0.0f;
+        const float k_d = live ? LOAD(k, k_off + kv_at) : 0.0f;
+        const float v_d = live ? LOAD(v, v_off + kv_at) : 0.0f;
         const float2 sums = tree_sum2(red, q_d * k_d, do_d * v_d, tid, wg);
         const float p = exp(fmin(sums.x * scale - m, 0.0f) - l);
         acc += scale * p * (sums.y - ds_row) * k_d;
     }
     if (live)
-        dq[dq_off + q_at] = acc;
+        STORE(dq, dq_off + q_at, acc);
 }
 
 /* dK (and dV when dv is not NULL) of one key row, over the queries of its
  * KV head's group that see it; each score is shared by both. */
-inline void grad_kv_row(__global const float *q, ulong q_off, __global const float *k,
-                        ulong k_off, __global const float *v, ulong v_off,
-                        __global const float *d_out, ulong d_out_off,
+inline void grad_kv_row(__global const elem *q, ulong q_off, __global const elem *k,
+                        ulong k_off, __global const elem *v, ulong v_off,
+                        __global const elem *d_out, ulong d_out_off,
                         __global const float *lse, ulong lse_off,
-                        __global const float *dsum, ulong dsum_off, __global float *dk,
-                        ulong dk_off, __global float *dv, ulong dv_off, SHAPE_ARGS,
+                        __global const float *dsum, ulong dsum_off, __global elem *dk,
+                        ulong dk_off, __global elem *dv, ulong dv_off, SHAPE_ARGS,
                         __local float *red)
 {
     const uint wg = get_local_size(0), tid = get_local_id(0);
@@ -186,8 +186,8 @@ inline void grad_kv_row(__global const float *q, ulong q_off, __global const flo
     const bool live = tid < head_dim;
     const uint group = num_heads / num_kv_heads;
     const ulong kv_at = at(b, kv_seq, t, num_kv_heads, kv_head, head_dim, tid);
-    const float k_d = live ? k[k_off + kv_at] : 0.0f;
-    const float v_d = live ? v[v_off + kv_at] : 0.0f;
+    const float k_d = live ? LOAD(k, k_off + kv_at) : 0.0f;
+    const float v_d = live ? LOAD(v, v_off + kv_at) : 0.0f;
     float dk_acc = 0.0f, dv_acc = 0.0f;
 
     uint start, end;
@@ -196,8 +196,8 @@ inline void grad_kv_row(__global const float *q, ulong q_off, __global const flo
         for (uint head = kv_head * group; head < (kv_head + 1u) * group; ++head) {
             const ulong q_at = at(b, q_seq, pos, num_heads, head, head_dim, tid);
             const ulong row = at(b, q_seq, pos, num_heads, head, 1, 0);
-            const float q_d = live ? q[q_off + q_at] : 0.0f;
-            const float do_d = live ? d_out[d_out_off + q_at] : 0.0f;
+            const float q_d = live ? LOAD(q, q_off + q_at) : 0.0f;
+            const float do_d = live ? LOAD(d_out, d_out_off + q_at) : 0.0f;
             const float2 sums = tree_sum2(red, q_d * k_d, do_d * v_d, tid, wg);
             const float p =
                 exp(fmin(sums.x * scale - lse[lse_off + 2 * row], 0.0f) - lse[lse_off + 2 * row + 1]);
@@ -206,33 +206,33 @@ inline void grad_kv_row(__global const float *q, ulong q_off, __global const flo
         }
     }
     if (live) {
-        dk[dk_off + kv_at] = dk_acc;
+        STORE(dk, dk_off + kv_at, dk_acc);
         if (dv)
-            dv[dv_off + kv_at] = dv_acc;
+            STORE(dv, dv_off + kv_at, dv_acc);
     }
 }
 
-__kernel void grad_k__tree(__global const float *q, ulong q_off,
-                           __global const float *k, ulong k_off,
-                           __global const float *v, ulong v_off,
-                           __global const float *d_out, ulong d_out_off,
+__kernel void grad_k__tree(__global const elem *q, ulong q_off,
+                           __global const elem *k, ulong k_off,
+                           __global const elem *v, ulong v_off,
+                           __global const elem *d_out, ulong d_out_off,
                            __global const float *lse, ulong lse_off,
                            __global const float *dsum, ulong dsum_off,
-                           __global float *dk, ulong dk_off, SHAPE_ARGS, __local float *red)
+                           __global elem *dk, ulong dk_off, SHAPE_ARGS, __local float *red)
 {
     grad_kv_row(q, q_off, k, k_off, v, v_off, d_out, d_out_off, lse, lse_off, dsum, dsum_off,
                 dk, dk_off, 0, 0, q_seq, kv_seq, num_heads, num_kv_heads, head_dim, causal,
                 window, scale, red);
 }
 
-__kernel void grad_kv__tree(__global const float *q, ulong q_off,
-                            __global const float *k, ulong k_off,
-                            __global const float *v, ulong v_off,
-                            __global const float *d_out, ulong d_out_off,
+__kernel void grad_kv__tree(__global const elem *q, ulong q_off,
+                            __global const elem *k, ulong k_off,
+                            __global const elem *v, ulong v_off,
+                            __global const elem *d_out, ulong d_out_off,
                             __global const float *lse, ulong lse_off,
                             __global const float *dsum, ulong dsum_off,
-                            __global float *dk, ulong dk_off,
-                            __global float *dv, ulong dv_off, SHAPE_ARGS, __local float *red)
+                            __global elem *dk, ulong dk_off,
+                            __global elem *dv, ulong dv_off, SHAPE_ARGS, __local float *red)
 {
     grad_kv_row(q, q_off, k, k_off, v, v_off, d_out, d_out_off, lse, lse_off, dsum, dsum_off,
                 dk, dk_off, dv, dv_off, q_seq, kv_seq, num_heads, num_kv_heads, head_dim,

@@ -39,8 +39,9 @@ clattn_status clattn_context_create_from_cl(const clattn_options *opts, cl_conte
                                             cl_device_id device, cl_command_queue queue,
                                             clattn_context **ctx);
 
-/* A float32 tensor inside a cl_mem: offset counts floats, not bytes, from
- * the start of buffer, so it needs no alignment. */
+/* A tensor inside a cl_mem: offset counts elements of the shape's dtype
+ * (floats for the LSE pairs), not bytes, from the start of buffer, so it
+ * needs no alignment beyond the element's. */
 typedef struct clattn_cl_tensor {
     cl_mem buffer;
     size_t offset;

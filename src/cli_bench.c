@@ -359,7 +359,8 @@ int cmd_bench(int argc, char **argv)
                    clattn_backend_name(backend));
             json_text(clattn_context_device(base));
             printf("\", \"variant\": \"%s\", \"batch\": %u, \"q_seq\": %u, \"kv_seq\": %u, \"heads\": %u, \"kv_heads\": %u, "
-                   "\"head_dim\": %u, \"causal\": %s, \"window\": %u, \"reps\": %u, \"threads\": %u, "
+                   "\"head_dim\": %u, \"causal\": %s, \"window\": %u, \"reps\": %u, "
+                   "\"threads\": %u, "
                    "\"seconds\": %.6g, \"gflops\": %.6g, \"max_error\": %s, \"kernels\": \"%s\"}\n",
                    name, batch, q_seq, b.s.kv_seq, heads, b.s.num_kv_heads, head_dim,
                    causal ? "true" : "false", window, reps, threads, seconds,

@@ -215,10 +215,11 @@ struct clattn_cl_state {
     cl_context context;
     cl_command_queue queue;
     int own_context, own_queue;
-    kernel_set generic;  /* tree's, any head_dim: with the context for tree, else lazily */
-    int generic_built;
+    /* Per dtype: */
+    kernel_set generic[3]; /* tree's, any head_dim: with the context for tree, else lazily */
+    int generic_built[3];
     /* Per head_dim, on first use; &generic where auto fell back on it. */
-    kernel_set *special[CLATTN_MAX_HEAD_DIM + 1];
+    kernel_set *special[3][CLATTN_MAX_HEAD_DIM + 1];
     const char *special_variant; /* the variant built per head_dim, or NULL */
     int mma_emulate;             /* build mma.cl with -DMMA_EMULATE */
     int mma_tuned;               /* CLATTN_MMA set: mma_tune for every kernel */
@@ -467,12 +468,14 @@ static void release_state(struct clattn_cl_state *cl)
     for (int i = 0; i < CLATTN_R_COUNT; ++i)
         if (cl->scratch[i])
             clReleaseMemObject(cl->scratch[i]);
-    release_set(&cl->generic);
-    for (int d = 0; d <= CLATTN_MAX_HEAD_DIM; ++d)
-        if (cl->special[d] && cl->special[d] != &cl->generic) {
-            release_set(cl->special[d]);
-            free(cl->special[d]);
-        }
+    for (int t = 0; t < 3; ++t) {
+        release_set(&cl->generic[t]);
+        for (int d = 0; d <= CLATTN_MAX_HEAD_DIM; ++d)
+            if (cl->special[t][d]) {
+                release_set(cl->special[t][d]);
+                free(cl->special[t][d]);
+            }
+    }
     if (cl->own_queue && cl->queue)
         clReleaseCommandQueue(cl->queue);
     if (cl->own_context && cl->context)
@@ -590,13 +593,14 @@ static size_t work_group(const struct clattn_cl_state *cl, const kernel_set *set
 
 /* The defines kernel k of a kind is built with for a head_dim (0: any). */
 static const char *kernel_options(const struct clattn_cl_state *cl, int kind, uint32_t head_dim,
-                                  int k, char *buf, size_t size)
+                                  clattn_dtype dtype, int k, char *buf, size_t size)
 {
     const tile_config t = tile_config_for(cl, head_dim);
     const int len = snprintf(buf, size,
-                             "%s -DHEAD_DIM=%u -DROWS=%u -DTILE=%u -DSPLIT=%u -DDSPLIT=%u",
+                             "%s -DHEAD_DIM=%u -DROWS=%u -DTILE=%u -DSPLIT=%u -DDSPLIT=%u "
+                             "-DDTYPE=%d",
                              build_options, head_dim ? head_dim : 1u, t.rows, t.tile, t.split,
-                             tile_dsplit(&t, head_dim));
+                             tile_dsplit(&t, head_dim), (int)dtype);
     if (kind == KIND_MMA && len > 0 && (size_t)len < size) {
         const mma_config *c = mma_config_for(cl, head_dim, k);
         snprintf(buf + len, size - (size_t)len,
@@ -612,7 +616,8 @@ static const char *kernel_options(const struct clattn_cl_state *cl, int kind, ui
  * run; strict_limits makes falling short an error rather than a per-call
  * refusal. */
 static clattn_status build_set(struct clattn_cl_state *cl, const char *variant,
-                               uint32_t head_dim, kernel_set *set, int strict_limits)
+                               uint32_t head_dim, clattn_dtype dtype, kernel_set *set,
+                               int strict_limits)
 {
     for (int k = 0; k < K_COUNT; ++k) {
         const cl_variant *v = find_variant(k, variant);
@@ -626,11 +631,11 @@ static clattn_status build_set(struct clattn_cl_state *cl, const char *variant,
                        : v->source == clattn_cl_mma     ? KIND_MMA
                                                         : KIND_TREE;
         char options[256], other[256];
-        kernel_options(cl, set->kind[k], head_dim, k, options, sizeof options);
+        kernel_options(cl, set->kind[k], head_dim, dtype, k, options, sizeof options);
         for (int j = 0; j < k && !set->program[k]; ++j) {
             const cl_variant *w = set->program[j] ? find_variant(j, variant) : NULL;
             if (w && w->source == v->source &&
-                !strcmp(options, kernel_options(cl, set->kind[j], head_dim, j, other,
+                !strcmp(options, kernel_options(cl, set->kind[j], head_dim, dtype, j, other,
                                                 sizeof other))) {
                 set->program[k] = set->program[j];
                 clRetainProgram(set->program[k]);
@@ -665,45 +670,65 @@ static clattn_status build_set(struct clattn_cl_state *cl, const char *variant,
     return CLATTN_OK;
 }
 
-/* The generic kernels (tree's, any head_dim), built on first use. */
-static clattn_status generic_kernels(struct clattn_cl_state *cl, kernel_set **out)
+/* The generic kernels (tree's, any head_dim) for a dtype, built on first
+ * use. */
+static clattn_status generic_kernels(struct clattn_cl_state *cl, clattn_dtype dtype,
+                                     kernel_set **out)
 {
-    if (!cl->generic_built) {
-        clattn_status st = build_set(cl, "tree", 0, &cl->generic, 0);
+    if (!cl->generic_built[dtype]) {
+        clattn_status st = build_set(cl, "tree", 0, dtype, &cl->generic[dtype], 0);
         if (st != CLATTN_OK) {
-            release_set(&cl->generic);
-            memset(&cl->generic, 0, sizeof cl->generic);
+            release_set(&cl->generic[dtype]);
+            memset(&cl->generic[dtype], 0, sizeof cl->generic[dtype]);
             return st;
         }
-        cl->generic_built = 1;
+        cl->generic_built[dtype] = 1;
     }
-    *out = &cl->generic;
+    *out = &cl->generic[dtype];
     return CLATTN_OK;
 }
 
-/* The kernels a call with this head_dim runs: the variant's own,
- * specialised for it (built on first use), or the generic set. Past tiled's
- * head_dims a variant asked for by name is refused; auto's runs tree's
- * kernels, and the context log says so once per head_dim. */
+/* The kernels a call with this head_dim and dtype runs: the variant's own,
+ * specialised for them (built on first use), or the generic set. mma has
+ * no 16-bit kernels yet: asked for by name it refuses them; as auto's
+ * default it runs tiled's for them, and the context log says so once per
+ * head_dim. */
 static clattn_status kernels_for(struct clattn_cl_state *cl, uint32_t head_dim,
-                                 kernel_set **out)
+                                 clattn_dtype dtype, kernel_set **out)
 {
-    if (!cl->special_variant)
-        return generic_kernels(cl, out);
-    if (!cl->special[head_dim]) {
+    const char *variant = cl->special_variant;
+    if (variant && !strcmp(variant, "mma") && dtype != CLATTN_DTYPE_F32) {
+        if (cl->named)
+            return clattn_fail(CLATTN_ERROR_UNSUPPORTED_SHAPE,
+                               "variant 'mma' has no 16-bit kernels yet; 'tiled' runs them");
+        if (!cl->special[dtype][head_dim])
+            clattn_log_append(cl->owner, "mma has no 16-bit kernels: tiled's run for dtype %d, "
+                                         "head_dim %u",
+                              (int)dtype, head_dim);
+        variant = "tiled";
+    }
+    if (!variant)
+        return generic_kernels(cl, dtype, out);
+    if (!cl->special[dtype][head_dim]) {
         kernel_set *set = calloc(1, sizeof *set);
         if (!set)
             return clattn_fail(CLATTN_ERROR_OUT_OF_MEMORY, "out of host memory");
-        clattn_status st = build_set(cl, cl->special_variant, head_dim, set, 0);
+        clattn_status st = build_set(cl, variant, head_dim, dtype, set, 0);
         if (st != CLATTN_OK) {
             release_set(set);
             free(set);
             return st;
         }
-        cl->special[head_dim] = set;
+        cl->special[dtype][head_dim] = set;
     }
-    *out = cl->special[head_dim];
+    *out = cl->special[dtype][head_dim];
     return CLATTN_OK;
+}
+
+/* Bytes of one element of role r (R_DSUM and the LSE pairs are float). */
+static size_t role_bytes(int r, clattn_dtype dtype)
+{
+    return r == CLATTN_R_LSE || r == R_DSUM || dtype == CLATTN_DTYPE_F32 ? sizeof(float) : 2u;
 }
 
 static const clattn_backend_ops opencl_ops;
@@ -812,12 +837,13 @@ static clattn_status init_on_device(clattn_context *ctx, const char *variant,
                           : !strcmp(variant, "mma")     ? "mma"
                                                         : NULL;
     if (!cl->special_variant) {
-        if ((st = build_set(cl, variant, 0, &cl->generic, strict_limits)) != CLATTN_OK)
+        if ((st = build_set(cl, variant, 0, CLATTN_DTYPE_F32, &cl->generic[0], strict_limits)) !=
+            CLATTN_OK)
             goto fail;
-        cl->generic_built = 1;
+        cl->generic_built[0] = 1;
     }
     kernel_set *probe = NULL;
-    if (cl->special_variant && (st = kernels_for(cl, 64, &probe)) != CLATTN_OK)
+    if (cl->special_variant && (st = kernels_for(cl, 64, CLATTN_DTYPE_F32, &probe)) != CLATTN_OK)
         goto fail;
 
     char name[128], platform_name[128];
@@ -932,14 +958,16 @@ static clattn_status scratch(struct clattn_cl_state *cl, int role, size_t bytes)
     return CLATTN_OK;
 }
 
-static clattn_status check_alloc(const struct clattn_cl_state *cl, const clattn_sizes *sz)
+static clattn_status check_alloc(const struct clattn_cl_state *cl, const clattn_sizes *sz,
+                                 clattn_dtype dtype)
 {
-    size_t largest = sz->q > sz->kv ? sz->q : sz->kv;
-    if ((cl_ulong)largest * sizeof(float) > cl->max_alloc)
+    const size_t largest = sz->q > sz->kv ? sz->q : sz->kv;
+    const size_t bytes = largest * role_bytes(CLATTN_R_Q, dtype);
+    if ((cl_ulong)bytes > cl->max_alloc || sz->lse * sizeof(float) > cl->max_alloc)
         return clattn_fail(CLATTN_ERROR_TOO_LARGE_FOR_DEVICE,
                            "a tensor of %zu bytes exceeds the device's largest allocation, "
                            "%llu bytes",
-                           largest * sizeof(float), (unsigned long long)cl->max_alloc);
+                           bytes, (unsigned long long)cl->max_alloc);
     return CLATTN_OK;
 }
 
@@ -1003,7 +1031,7 @@ static clattn_status enqueue_op(struct clattn_cl_state *cl, clattn_op op, const 
                                 cl_uint nwait, const cl_event *wait, cl_event *done)
 {
     kernel_set *set = NULL;
-    clattn_status st = kernels_for(cl, s->head_dim, &set);
+    clattn_status st = kernels_for(cl, s->head_dim, s->dtype, &set);
     if (st != CLATTN_OK)
         return st;
     const int *plan = op == CLATTN_OP_BACKWARD && !set->kernel[K_GRAD_KV] ? backward_unfused
@@ -1044,28 +1072,15 @@ static clattn_status enqueue_op(struct clattn_cl_state *cl, clattn_op op, const 
     return st;
 }
 
-/* 16-bit tensors have no OpenCL kernels yet: refused before anything. */
-static clattn_status check_dtype(const clattn_shape *s)
-{
-    if (s->dtype == CLATTN_DTYPE_F32)
-        return CLATTN_OK;
-    return clattn_fail(CLATTN_ERROR_UNSUPPORTED_SHAPE,
-                       "16-bit tensors (dtype %d) run on the native backend only so far; the "
-                       "OpenCL kernels take float32",
-                       (int)s->dtype);
-}
-
 static clattn_status opencl_run(clattn_context *ctx, clattn_op op, const clattn_shape *s,
                                 const clattn_sizes *sz, const void *const host[CLATTN_R_COUNT])
 {
     struct clattn_cl_state *cl = ctx->cl;
     kernel_set *set = NULL;
     /* A head_dim the variant refuses or cannot build fails before any copy. */
-    clattn_status st = check_dtype(s);
+    clattn_status st = check_alloc(cl, sz, s->dtype);
     if (st == CLATTN_OK)
-        st = check_alloc(cl, sz);
-    if (st == CLATTN_OK)
-        st = kernels_for(cl, s->head_dim, &set);
+        st = kernels_for(cl, s->head_dim, s->dtype, &set);
     if (st != CLATTN_OK)
         return st;
     const unsigned reads = clattn_op_reads[op], writes = clattn_op_writes[op];
@@ -1074,8 +1089,8 @@ static clattn_status opencl_run(clattn_context *ctx, clattn_op op, const clattn_
     for (int r = 0; r < CLATTN_R_COUNT; ++r) {
         if (!((reads | writes) & CLATTN_BIT(r)))
             continue;
-        if ((st = scratch(cl, r, clattn_role_elems(sz, (clattn_role)r) * sizeof(float))) !=
-            CLATTN_OK)
+        const size_t bytes = clattn_role_elems(sz, (clattn_role)r) * role_bytes(r, s->dtype);
+        if ((st = scratch(cl, r, bytes)) != CLATTN_OK)
             return st;
         t[r].buffer = cl->scratch[r];
     }
@@ -1085,9 +1100,9 @@ static clattn_status opencl_run(clattn_context *ctx, clattn_op op, const clattn_
     cl_int err = CL_SUCCESS;
     for (int r = 0; r < CLATTN_R_COUNT && err == CL_SUCCESS; ++r)
         if (reads & CLATTN_BIT(r)) {
-            err = clEnqueueWriteBuffer(cl->queue, t[r].buffer, CL_FALSE, 0,
-                                       clattn_role_elems(sz, (clattn_role)r) * sizeof(float),
-                                       host[r], 0, NULL, &ev[nev]);
+            const size_t bytes = clattn_role_elems(sz, (clattn_role)r) * role_bytes(r, s->dtype);
+            err = clEnqueueWriteBuffer(cl->queue, t[r].buffer, CL_FALSE, 0, bytes, host[r], 0,
+                                       NULL, &ev[nev]);
             if (err == CL_SUCCESS)
                 ++nev;
         }
@@ -1100,9 +1115,9 @@ static clattn_status opencl_run(clattn_context *ctx, clattn_op op, const clattn_
     nev = 0;
     for (int r = 0; r < CLATTN_R_COUNT && st == CLATTN_OK; ++r)
         if (writes & CLATTN_BIT(r)) {
-            err = clEnqueueReadBuffer(cl->queue, t[r].buffer, CL_FALSE, 0,
-                                      clattn_role_elems(sz, (clattn_role)r) * sizeof(float),
-                                      (float *)host[r], 1, &kernels_done, &ev[nev]);
+            const size_t bytes = clattn_role_elems(sz, (clattn_role)r) * role_bytes(r, s->dtype);
+            err = clEnqueueReadBuffer(cl->queue, t[r].buffer, CL_FALSE, 0, bytes, (void *)host[r],
+                                      1, &kernels_done, &ev[nev]);
             if (err == CL_SUCCESS)
                 ++nev;
             else
@@ -1124,7 +1139,7 @@ static const clattn_backend_ops opencl_ops = {opencl_run, opencl_destroy};
 
 /* Checks that a caller's tensor lies inside its buffer, of ctx's context. */
 static clattn_status check_tensor(const struct clattn_cl_state *cl, clattn_cl_tensor t,
-                                  size_t elems, const char *name)
+                                  size_t elems, size_t bytes, const char *name)
 {
     if (!t.buffer)
         return clattn_fail(CLATTN_ERROR_NULL_POINTER, "%s buffer is NULL", name);
@@ -1139,11 +1154,12 @@ static clattn_status check_tensor(const struct clattn_cl_state *cl, clattn_cl_te
     if (owner != cl->context)
         return clattn_fail(CLATTN_ERROR_INVALID_BUFFER,
                            "%s belongs to another cl_context than the clattn context's", name);
-    size_t cap = size / sizeof(float);
+    size_t cap = size / bytes;
     if (t.offset > cap || elems > cap - t.offset)
         return clattn_fail(CLATTN_ERROR_INVALID_BUFFER,
-                           "%s needs %zu floats from offset %zu, the buffer holds %zu", name,
-                           elems, t.offset, cap);
+                           "%s needs %zu elements of %zu bytes from offset %zu, the buffer "
+                           "holds %zu",
+                           name, elems, bytes, t.offset, cap);
     return CLATTN_OK;
 }
 
@@ -1172,8 +1188,6 @@ static clattn_status run_cl(clattn_context *ctx, clattn_op op, const clattn_shap
     if (!ctx->cl)
         return clattn_fail(CLATTN_ERROR_WRONG_BACKEND,
                            "the _cl calls need an OpenCL context; this one is %s", ctx->device);
-    if ((st = check_dtype(shape)) != CLATTN_OK)
-        return st;
     if (nwait && !wait)
         return clattn_fail(CLATTN_ERROR_NULL_POINTER, "event_wait_list is NULL with %u events",
                            nwait);
@@ -1181,24 +1195,28 @@ static clattn_status run_cl(clattn_context *ctx, clattn_op op, const clattn_shap
     for (int r = 0; r < CLATTN_R_COUNT; ++r)
         if (((reads | writes) & CLATTN_BIT(r)) &&
             (st = check_tensor(ctx->cl, t[r], clattn_role_elems(&sz, (clattn_role)r),
-                               clattn_role_name((clattn_role)r))) != CLATTN_OK)
+                               role_bytes(r, shape->dtype), clattn_role_name((clattn_role)r))) !=
+                CLATTN_OK)
             return st;
     /* An output may overlap no other tensor of the call. */
     for (int w = 0; w < CLATTN_R_COUNT; ++w) {
         if (!(writes & CLATTN_BIT(w)))
             continue;
-        const size_t wn = clattn_role_elems(&sz, (clattn_role)w);
+        /* In bytes: the LSE pairs' elements are wider than 16-bit tensors'. */
+        const size_t wb = role_bytes(w, shape->dtype), w0 = t[w].offset * wb;
+        const size_t w1 = w0 + clattn_role_elems(&sz, (clattn_role)w) * wb;
         for (int r = 0; r < CLATTN_R_COUNT; ++r) {
             if (r == w || !((reads | writes) & CLATTN_BIT(r)) || t[r].buffer != t[w].buffer)
                 continue;
-            const size_t rn = clattn_role_elems(&sz, (clattn_role)r);
-            if (t[r].offset < t[w].offset + wn && t[w].offset < t[r].offset + rn)
+            const size_t rb = role_bytes(r, shape->dtype), r0 = t[r].offset * rb;
+            const size_t r1 = r0 + clattn_role_elems(&sz, (clattn_role)r) * rb;
+            if (r0 < w1 && w0 < r1)
                 return clattn_fail(CLATTN_ERROR_INVALID_BUFFER, "%s overlaps %s",
                                    clattn_role_name((clattn_role)w),
                                    clattn_role_name((clattn_role)r));
         }
     }
-    if ((st = check_alloc(ctx->cl, &sz)) != CLATTN_OK)
+    if ((st = check_alloc(ctx->cl, &sz, shape->dtype)) != CLATTN_OK)
         return st;
     pthread_mutex_lock(&ctx->lock);
     st = enqueue_op(ctx->cl, op, shape, &sz, t, nwait, wait, event);

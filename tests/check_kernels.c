@@ -211,9 +211,9 @@ static void expect_close_16(const char *what, const clattn_shape *s, const uint1
         }
     }
     ck_assert_msg(worst <= 1.0,
-                  "%s (dtype %d) on %s: b%u q%u kv%u heads %u/%u d%u causal %d window %u: "
+                  "%s (dtype %d) on %s/%s: b%u q%u kv%u heads %u/%u d%u causal %d window %u: "
                   "element %zu is %.9g, reference %.9g; %.3g times the tolerance",
-                  what, (int)s->dtype, test_backend, s->batch, s->q_seq, s->kv_seq,
+                  what, (int)s->dtype, test_backend, current_variant, s->batch, s->q_seq, s->kv_seq,
                   s->num_heads, s->num_kv_heads, s->head_dim, s->causal, s->window, at,
                   (double)from_16(got[at], s->dtype), ref[at], worst);
 }
@@ -879,9 +879,16 @@ static const shape_case emulated[] = {
     {2, 20, 33, 2, 1, 128, 0, 9, 0, 1},   {1, 37, 37, 2, 2, 200, 1, 5, 0, 1},
     {1, 70, 20, 4, 1, 256, 0, 0, 0, 4},
 };
-/* 16-bit tensors on the reduced set's shapes, in both formats: native
- * computes them; the OpenCL backends refuse them (no 16-bit kernels yet)
- * with CLATTN_ERROR_UNSUPPORTED_SHAPE and leave the outputs alone. */
+/* 16-bit tensors, in both formats, on every variant of the backend and on
+ * the GPU's default context (where mma runs tiled's kernels for them); mma
+ * asked for by name refuses them, before touching an output. Shapes: tails
+ * past a work-group and a tile, GQA, MQA, causal, windows, kv_seq != q_seq,
+ * batch, large logits, an odd head_dim and padded ones (each head_dim is a
+ * build per variant and dtype on the OpenCL CPU device). */
+static const shape_case dtype_cases[] = {
+    {2, 70, 70, 4, 2, 64, 1, 20, 0, 1},  {1, 9, 37, 2, 1, 7, 0, 5, 0, 1},
+    {1, 70, 70, 4, 1, 100, 1, 0, 0, 8},  {1, 37, 37, 2, 2, 200, 1, 5, 0, 1},
+};
 START_TEST(dtype_sweep)
 {
     const clattn_dtype dtypes[] = {CLATTN_DTYPE_BF16, CLATTN_DTYPE_F16};
@@ -890,24 +897,101 @@ START_TEST(dtype_sweep)
             printf("f16 cases not run: this compiler has no _Float16\n");
             continue;
         }
-        clattn_shape s = to_shape(&emulated[_i]);
+        clattn_shape s = to_shape(&dtype_cases[_i]);
         s.dtype = dtypes[d];
-        clattn_context *ctx = test_context(NULL);
-        if (!strcmp(test_backend, "native")) {
-            check_ops_16(ctx, &s, emulated[_i].q_gain, 3000u + (uint64_t)_i);
-        } else {
-            problem p;
-            problem_make(&p, &s, 1, 1.0f);
-            uint16_t *o = halves(p.nq);
-            ck_assert_status(clattn_forward(ctx, &s, p.q, p.k, p.v, o, p.lse),
-                             CLATTN_ERROR_UNSUPPORTED_SHAPE);
-            ck_assert_ptr_nonnull(strstr(clattn_last_error(), "native backend only"));
-            ck_assert_uint_eq(o[0], 0x7e00u);
-            free(o);
-            problem_free(&p);
+        const float gain = dtype_cases[_i].q_gain;
+        const uint64_t seed = 3000u + (uint64_t)_i;
+        clattn_context *ctx = NULL;
+        if (test_backend_kind() == CLATTN_BACKEND_OPENCL_GPU) {
+            current_variant = "default";
+            ctx = test_context(NULL);
+            check_ops_16(ctx, &s, gain, seed);
+            clattn_context_destroy(ctx);
         }
-        clattn_context_destroy(ctx);
+        const char *name;
+        for (size_t v = 0; (name = clattn_variant_name(test_backend_kind(), v)) != NULL; ++v) {
+            const char *only = getenv("CLATTN_TEST_VARIANT");
+            if (only && strcmp(only, name))
+                continue;
+            if (!(ctx = test_variant_context(name)))
+                continue;
+            current_variant = name;
+            if (!strcmp(name, "mma")) {
+                problem p;
+                problem_make(&p, &s, 1, 1.0f);
+                uint16_t *o = halves(p.nq);
+                ck_assert_status(clattn_forward(ctx, &s, p.q, p.k, p.v, o, p.lse),
+                                 CLATTN_ERROR_UNSUPPORTED_SHAPE);
+                ck_assert_ptr_nonnull(strstr(clattn_last_error(), "no 16-bit kernels"));
+                ck_assert_uint_eq(o[0], 0x7e00u);
+                free(o);
+                problem_free(&p);
+            } else {
+                check_ops_16(ctx, &s, gain, seed);
+            }
+            clattn_context_destroy(ctx);
+        }
     }
+}
+END_TEST
+
+/* 16-bit tensors in a caller's cl_mem, at odd element offsets: the forward
+ * gives the host-pointer call's bits, and a buffer one bfloat16 short is
+ * refused (sizes count 2-byte elements, the LSE pairs 4-byte ones). */
+START_TEST(dtype_buffers)
+{
+    if (!strcmp(test_backend, "native"))
+        return; /* no cl_mem there; the refusal is caller_buffers' */
+    clattn_context *ctx = test_context(NULL);
+    shape_case c = {1, 33, 33, 4, 2, 24, 1, 0, 0, 1};
+    clattn_shape s = to_shape(&c);
+    s.dtype = CLATTN_DTYPE_BF16;
+    problem p;
+    problem_make(&p, &s, 77, 1.0f);
+    uint16_t *q = halves(p.nq), *k = halves(p.nkv), *v = halves(p.nkv), *o = halves(p.nq);
+    round_16(p.q, q, p.nq, s.dtype);
+    round_16(p.k, k, p.nkv, s.dtype);
+    round_16(p.v, v, p.nkv, s.dtype);
+    float *lse = nan_array(p.nlse);
+    ck_assert_status(clattn_forward(ctx, &s, q, k, v, o, lse), CLATTN_OK);
+
+    cl_context cctx = clattn_context_cl_context(ctx);
+    cl_command_queue queue = clattn_context_cl_queue(ctx);
+    const size_t off[4] = {1, 1 + p.nq + 3, 1 + p.nq + p.nkv + 5, 1 + p.nq + 2 * p.nkv + 7};
+    const size_t halves_total = off[3] + p.nq;
+    uint16_t *host = halves(halves_total);
+    memcpy(host + off[0], q, p.nq * 2);
+    memcpy(host + off[1], k, p.nkv * 2);
+    memcpy(host + off[2], v, p.nkv * 2);
+    cl_int err;
+    cl_mem buf = clCreateBuffer(cctx, CL_MEM_READ_WRITE | CL_MEM_COPY_HOST_PTR,
+                                halves_total * 2, host, &err);
+    ck_assert_int_eq(err, CL_SUCCESS);
+    cl_mem lse_buf = clCreateBuffer(cctx, CL_MEM_READ_WRITE, (p.nlse + 1) * 4, NULL, &err);
+    ck_assert_int_eq(err, CL_SUCCESS);
+    clattn_cl_tensor tq = {buf, off[0]}, tk = {buf, off[1]}, tv = {buf, off[2]};
+    clattn_cl_tensor to = {buf, off[3]}, tl = {lse_buf, 1};
+    cl_event done = NULL;
+    ck_assert_status(clattn_forward_cl(ctx, &s, tq, tk, tv, to, tl, 0, NULL, &done), CLATTN_OK);
+    ck_assert_int_eq(clWaitForEvents(1, &done), CL_SUCCESS);
+    clReleaseEvent(done);
+    uint16_t *back = halves(p.nq);
+    ck_assert_int_eq(clEnqueueReadBuffer(queue, buf, CL_TRUE, off[3] * 2, p.nq * 2, back, 0,
+                                         NULL, NULL),
+                     CL_SUCCESS);
+    ck_assert_int_eq(memcmp(back, o, p.nq * 2), 0);
+    /* O one element past the buffer's end. */
+    clattn_cl_tensor late = {buf, off[3] + 1};
+    ck_assert_status(clattn_forward_cl(ctx, &s, tq, tk, tv, late, tl, 0, NULL, NULL),
+                     CLATTN_ERROR_INVALID_BUFFER);
+    ck_assert_ptr_nonnull(strstr(clattn_last_error(), "of 2 bytes"));
+    clReleaseMemObject(buf);
+    clReleaseMemObject(lse_buf);
+    void *frees[] = {q, k, v, o, lse, host, back};
+    for (size_t i = 0; i < sizeof frees / sizeof *frees; ++i)
+        free(frees[i]);
+    problem_free(&p);
+    clattn_context_destroy(ctx);
 }
 END_TEST
 
@@ -977,7 +1061,8 @@ Suite *kernels_suite(void)
     tcase_add_loop_test(tc, large_logits, 0, N(large));
     tcase_add_loop_test(tc, caller_scale, 0, N(scales));
     tcase_add_loop_test(tc, seed_uniform_block, 0, N(seed_blocks));
-    tcase_add_loop_test(tc, dtype_sweep, 0, N(emulated));
+    tcase_add_loop_test(tc, dtype_sweep, 0, N(dtype_cases));
+    tcase_add_test(tc, dtype_buffers);
     tcase_add_test(tc, one_context_many_calls);
     tcase_add_test(tc, named_variant);
     tcase_add_test(tc, caller_buffers);
