@@ -114,8 +114,12 @@ int npy_parse(const unsigned char *b, size_t size, npy_array *out, char *err, si
     const char *shape = dict_value(h, "shape");
     if (h[0] != '{' || !descr || !order || !shape)
         rc = fail(err, errlen, "malformed .npy header: %.80s", h);
-    else if (strncmp(descr, "'<f4'", 5) != 0)
-        rc = fail(err, errlen, "dtype is %.8s, want float32 little-endian ('<f4')", descr);
+    else if (strncmp(descr, "'<f4'", 5) != 0) {
+        /* The quoted value alone, not what follows it in the header. */
+        const char *close = descr[0] == '\'' ? strchr(descr + 1, '\'') : NULL;
+        const int len = close && close - descr < 16 ? (int)(close - descr + 1) : 8;
+        rc = fail(err, errlen, "dtype is %.*s, want float32 little-endian ('<f4')", len, descr);
+    }
     else if (strncmp(order, "False", 5) != 0)
         rc = fail(err, errlen, "array is in Fortran order, want C order");
     else
