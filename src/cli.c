@@ -239,8 +239,56 @@ typedef struct input_paths {
     const char *q, *k, *v, *o, *lse, *d_out;
 } input_paths;
 
+/* The tensors' dtype, from their descrs and --dtype (NULL, "f32", "f16" or
+ * "bf16"): Q, K, V, O and dO share one; '<u2' and '<i2' are bfloat16 bits
+ * only when --dtype bf16 says so; the LSE pairs are '<f4'. */
+static int inputs_dtype(const char *cmd, const input_paths *paths, const inputs *in,
+                        const char *want, clattn_dtype *dtype)
+{
+    const npy_array *t[5] = {&in->q, &in->k, &in->v, &in->o, &in->d_out};
+    const char *names[5] = {paths->q, paths->k, paths->v, paths->o, paths->d_out};
+    for (int i = 1; i < 5; ++i)
+        if (names[i] && strcmp(t[i]->descr, in->q.descr)) {
+            fprintf(stderr, "clattn %s: %s is '%s' and %s '%s': the tensors share one dtype\n",
+                    cmd, names[i], t[i]->descr, paths->q, in->q.descr);
+            return 0;
+        }
+    if (paths->lse && strcmp(in->lse.descr, "<f4")) {
+        fprintf(stderr, "clattn %s: %s is '%s': the LSE pairs are float32 ('<f4')\n", cmd,
+                paths->lse, in->lse.descr);
+        return 0;
+    }
+    const char *d = in->q.descr;
+    const int bits = !strcmp(d, "<u2") || !strcmp(d, "<i2");
+    if (want && strcmp(want, "f32") && strcmp(want, "f16") && strcmp(want, "bf16")) {
+        fprintf(stderr, "clattn %s: --dtype wants f32, f16 or bf16, not '%s'\n", cmd, want);
+        return 0;
+    }
+    if (bits && !(want && !strcmp(want, "bf16"))) {
+        fprintf(stderr,
+                "clattn %s: %s holds 16-bit integers ('%s'); --dtype bf16 reads them as "
+                "bfloat16 bit patterns\n",
+                cmd, paths->q, d);
+        return 0;
+    }
+    *dtype = bits ? CLATTN_DTYPE_BF16 : !strcmp(d, "<f2") ? CLATTN_DTYPE_F16 : CLATTN_DTYPE_F32;
+    static const char *const names_of[3] = {"f32", "f16", "bf16"};
+    if (want && strcmp(want, names_of[*dtype])) {
+        fprintf(stderr, "clattn %s: --dtype %s, but %s is '%s'%s\n", cmd, want, paths->q, d,
+                !strcmp(want, "bf16") ? " (bfloat16 wants '<u2' or '<i2' bit patterns)" : "");
+        return 0;
+    }
+    return 1;
+}
+
+/* The elements of a tensor input, whichever its dtype. */
+static const void *elements(const npy_array *a)
+{
+    return a->data ? (const void *)a->data : (const void *)a->bits;
+}
+
 static int load_inputs(const char *cmd, const input_paths *paths, inputs *in, int causal,
-                       uint32_t window, float scale, clattn_shape *s)
+                       uint32_t window, float scale, const char *want, clattn_shape *s)
 {
     if (!load(cmd, paths->q, &in->q) || !load(cmd, paths->k, &in->k) ||
         (paths->v && !load(cmd, paths->v, &in->v)) ||
@@ -264,6 +312,8 @@ static int load_inputs(const char *cmd, const input_paths *paths, inputs *in, in
         (paths->lse && !check_dims(cmd, "LSE", &in->lse, batched, ls)))
         return 0;
     *s = clattn_shape_default();
+    if (!inputs_dtype(cmd, paths, in, want, &s->dtype))
+        return 0;
     s->batch = (uint32_t)qs[0];
     s->q_seq = (uint32_t)qs[1];
     s->num_heads = (uint32_t)qs[2];
@@ -287,7 +337,8 @@ typedef struct output {
     const char *path;
     const size_t *shape;
     int ndim;
-    float *data;
+    const char *descr;
+    void *data;
 } output;
 
 /* Writes every output to a temporary beside it, then renames them all;
@@ -297,8 +348,8 @@ static int write_outputs(const char *cmd, const output *outs, int n)
     char tmp[8][4096], err[512];
     int made = 0, ok = 1;
     for (; made < n && ok; ++made)
-        ok = npy_write_temp(outs[made].path, outs[made].shape, outs[made].ndim, outs[made].data,
-                            tmp[made], sizeof tmp[made], err, sizeof err) == 0;
+        ok = npy_write_temp(outs[made].path, outs[made].shape, outs[made].ndim, outs[made].descr,
+                            outs[made].data, tmp[made], sizeof tmp[made], err, sizeof err) == 0;
     if (!ok) {
         --made; /* the failed one removed its own temporary */
         for (int i = 0; i < made; ++i)
@@ -346,7 +397,7 @@ static const file_command file_commands[] = {
     {"forward",
      "usage: clattn forward --q Q.npy --k K.npy --v V.npy --out O.npy --lse-out LSE.npy\n"
      "                      [--causal] [--window N] [--scale S] [--device SEL] "
-     "[--variant NAME]\n"
+     "[--variant NAME] [--dtype T]\n"
      "Attention's forward: O (q_seq, heads, head_dim) and the LSE pairs (q_seq,\n"
      "heads, 2) that the gradients read. Arrays as for grad-v; exit 0, 1 on a\n"
      "device failure, 2 on bad input (and then no output is left).\n",
@@ -355,7 +406,7 @@ static const file_command file_commands[] = {
      "usage: clattn backward --q Q.npy --k K.npy --v V.npy --o O.npy --lse LSE.npy\n"
      "                       --d-out DO.npy --dq DQ.npy --dk DK.npy --dv DV.npy\n"
      "                       [--causal] [--window N] [--scale S] [--device SEL] "
-     "[--variant NAME]\n"
+     "[--variant NAME] [--dtype T]\n"
      "Attention's backward from the forward's O and LSE and the output gradient\n"
      "dO: dQ like Q, dK and dV like K. Exit 0, 1 on a device failure, 2 on bad\n"
      "input (and then none of the outputs is left).\n",
@@ -364,12 +415,15 @@ static const file_command file_commands[] = {
     {"grad-v",
      "usage: clattn grad-v --q Q.npy --k K.npy --d-out DO.npy --lse LSE.npy --out DV.npy\n"
      "                    [--causal] [--window N] [--scale S] [--device SEL] "
-     "[--variant NAME]\n"
-     "The gradient of attention with respect to V. Arrays are float32 .npy, C order:\n"
+     "[--variant NAME] [--dtype T]\n"
+     "The gradient of attention with respect to V. Arrays are .npy, C order:\n"
      "Q and dO (q_seq, heads, head_dim), K (kv_seq, kv_heads, head_dim), LSE\n"
      "(q_seq, heads, 2), each with an optional leading batch dimension; DV is\n"
-     "written as (kv_seq, kv_heads, head_dim). Exit 0 on success, 1 on a device\n"
-     "failure, 2 on bad input (and then no output file is left).\n",
+     "written as (kv_seq, kv_heads, head_dim). The tensors share one dtype:\n"
+     "float32 '<f4', float16 '<f2', or with --dtype bf16 bfloat16 bit patterns in\n"
+     "'<u2' or '<i2'; outputs are written in it, the LSE pairs always in '<f4'.\n"
+     "Exit 0 on success, 1 on a device failure, 2 on bad input (and then no\n"
+     "output file is left).\n",
      READS_LSE | READS_DO, 1, {"--out"}, {LIKE_K}},
 };
 
@@ -381,7 +435,7 @@ static int cmd_file(const file_command *fc, int argc, char **argv)
         return 0;
     }
     input_paths paths = {0};
-    const char *outp[3] = {NULL, NULL, NULL}, *device = NULL, *variant = NULL;
+    const char *outp[3] = {NULL, NULL, NULL}, *device = NULL, *variant = NULL, *dtype = NULL;
     int causal = 0;
     uint32_t window = 0;
     float scale = 0.0f;
@@ -389,9 +443,9 @@ static int cmd_file(const file_command *fc, int argc, char **argv)
         {"--q", OPT_STRING, &paths.q, 1, 0},     {"--k", OPT_STRING, &paths.k, 1, 0},
         {"--causal", OPT_FLAG, &causal, 0, 0},   {"--window", OPT_UINT, &window, 0, 0},
         {"--scale", OPT_POSITIVE, &scale, 0, 0}, {"--device", OPT_STRING, &device, 0, 0},
-        {"--variant", OPT_STRING, &variant, 0, 0},
+        {"--variant", OPT_STRING, &variant, 0, 0}, {"--dtype", OPT_STRING, &dtype, 0, 0},
     };
-    size_t n = 7;
+    size_t n = 8;
     const struct {
         unsigned bit;
         const char *name;
@@ -411,19 +465,23 @@ static int cmd_file(const file_command *fc, int argc, char **argv)
     inputs in = {0};
     clattn_shape s;
     clattn_context *ctx = NULL;
-    float *out[3] = {NULL, NULL, NULL};
+    void *out[3] = {NULL, NULL, NULL};
     output outs[3];
     size_t lse_shape[NPY_MAX_DIMS];
     int rc = EXIT_INPUT;
-    if (!load_inputs(cmd, &paths, &in, causal, window, scale, &s))
+    if (!load_inputs(cmd, &paths, &in, causal, window, scale, dtype, &s))
         goto done;
     memcpy(lse_shape, in.q.shape, sizeof lse_shape);
     lse_shape[in.q.ndim - 1] = 2;
     for (int i = 0; i < fc->nout; ++i) {
         const npy_array *like = fc->out_like[i] == LIKE_K ? &in.k : &in.q;
-        size_t count = fc->out_like[i] == LIKE_LSE ? in.q.count / s.head_dim * 2 : like->count;
-        outs[i] = (output){outp[i], fc->out_like[i] == LIKE_LSE ? lse_shape : like->shape,
-                           like->ndim, out[i] = alloc_floats(count)};
+        const int lse = fc->out_like[i] == LIKE_LSE;
+        const size_t count = lse ? in.q.count / s.head_dim * 2 : like->count;
+        /* Written in the inputs' dtype (as their descr), the LSE pairs in float32. */
+        const size_t elem = lse || s.dtype == CLATTN_DTYPE_F32 ? sizeof(float) : 2;
+        out[i] = malloc(count ? count * elem : 1);
+        outs[i] = (output){outp[i], lse ? lse_shape : like->shape, like->ndim,
+                           lse ? "<f4" : in.q.descr, out[i]};
         if (!out[i]) {
             fprintf(stderr, "clattn %s: out of memory\n", cmd);
             rc = EXIT_DEVICE;
@@ -434,12 +492,15 @@ static int cmd_file(const file_command *fc, int argc, char **argv)
         goto done;
     clattn_status st;
     if (fc->nout == 2)
-        st = clattn_forward(ctx, &s, in.q.data, in.k.data, in.v.data, out[0], out[1]);
+        st = clattn_forward(ctx, &s, elements(&in.q), elements(&in.k), elements(&in.v), out[0],
+                            out[1]);
     else if (fc->nout == 3)
-        st = clattn_backward(ctx, &s, in.q.data, in.k.data, in.v.data, in.o.data, in.lse.data,
-                             in.d_out.data, out[0], out[1], out[2]);
+        st = clattn_backward(ctx, &s, elements(&in.q), elements(&in.k), elements(&in.v),
+                             elements(&in.o), in.lse.data, elements(&in.d_out), out[0], out[1],
+                             out[2]);
     else
-        st = clattn_grad_v(ctx, &s, in.d_out.data, in.q.data, in.k.data, in.lse.data, out[0]);
+        st = clattn_grad_v(ctx, &s, elements(&in.d_out), elements(&in.q), elements(&in.k),
+                           in.lse.data, out[0]);
     if (st != CLATTN_OK) {
         rc = op_failed(cmd, st);
         goto done;

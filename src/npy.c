@@ -25,7 +25,9 @@ void npy_free(npy_array *a)
     if (!a)
         return;
     free(a->data);
+    free(a->bits);
     a->data = NULL;
+    a->bits = NULL;
 }
 
 /* Finds the value text after 'key': in the header dict. */
@@ -114,38 +116,49 @@ int npy_parse(const unsigned char *b, size_t size, npy_array *out, char *err, si
     const char *shape = dict_value(h, "shape");
     if (h[0] != '{' || !descr || !order || !shape)
         rc = fail(err, errlen, "malformed .npy header: %.80s", h);
-    else if (strncmp(descr, "'<f4'", 5) != 0) {
+    else if (strncmp(descr, "'<f4'", 5) && strncmp(descr, "'<f2'", 5) &&
+             strncmp(descr, "'<u2'", 5) && strncmp(descr, "'<i2'", 5)) {
         /* The quoted value alone, not what follows it in the header. */
         const char *close = descr[0] == '\'' ? strchr(descr + 1, '\'') : NULL;
         const int len = close && close - descr < 16 ? (int)(close - descr + 1) : 8;
-        rc = fail(err, errlen, "dtype is %.*s, want float32 little-endian ('<f4')", len, descr);
+        rc = fail(err, errlen,
+                  "dtype is %.*s, want little-endian float32 ('<f4'), float16 ('<f2') or "
+                  "bfloat16 bits ('<u2', '<i2')",
+                  len, descr);
     }
     else if (strncmp(order, "False", 5) != 0)
         rc = fail(err, errlen, "array is in Fortran order, want C order");
     else
         rc = parse_shape(shape, out, err, errlen);
+    if (rc == 0)
+        memcpy(out->descr, descr + 1, 3);
     free(h);
     if (rc)
         return rc;
+    const size_t elem = out->descr[2] == '4' ? sizeof(float) : sizeof(uint16_t);
     size_t count = 1;
     for (int i = 0; i < out->ndim; ++i) {
-        if (out->shape[i] && count > SIZE_MAX / sizeof(float) / out->shape[i])
+        if (out->shape[i] && count > SIZE_MAX / elem / out->shape[i])
             return fail(err, errlen, "array too large");
         count *= out->shape[i];
     }
     size_t have = size - start - hlen;
-    if (have < count * sizeof(float))
+    if (have < count * elem)
         return fail(err, errlen, "truncated: %zu data bytes, the shape needs %zu", have,
-                    count * sizeof(float));
-    if (have > count * sizeof(float))
+                    count * elem);
+    if (have > count * elem)
         return fail(err, errlen, "%zu bytes past the data the shape describes",
-                    have - count * sizeof(float));
+                    have - count * elem);
     out->count = count;
-    out->data = malloc(count ? count * sizeof(float) : 1);
-    if (!out->data)
-        return fail(err, errlen, "out of memory for %zu floats", count);
-    /* The hosts clattn runs on are little-endian, as '<f4' is. */
-    memcpy(out->data, b + start + hlen, count * sizeof(float));
+    void *data = malloc(count ? count * elem : 1);
+    if (!data)
+        return fail(err, errlen, "out of memory for %zu elements", count);
+    /* The hosts clattn runs on are little-endian, as these descrs are. */
+    memcpy(data, b + start + hlen, count * elem);
+    if (elem == sizeof(float))
+        out->data = data;
+    else
+        out->bits = data;
     return 0;
 }
 
@@ -186,9 +199,10 @@ int npy_read(const char *path, npy_array *out, char *err, size_t errlen)
     return rc;
 }
 
-int npy_write_temp(const char *path, const size_t *shape, int ndim, const float *data,
-                   char *tmp, size_t tmplen, char *err, size_t errlen)
+int npy_write_temp(const char *path, const size_t *shape, int ndim, const char *descr,
+                   const void *data, char *tmp, size_t tmplen, char *err, size_t errlen)
 {
+    const size_t elem = strcmp(descr, "<f4") ? sizeof(uint16_t) : sizeof(float);
     if ((size_t)snprintf(tmp, tmplen, "%s.tmp.XXXXXX", path) >= tmplen)
         return fail(err, errlen, "%s: path too long", path);
     int fd = mkstemp(tmp);
@@ -200,7 +214,8 @@ int npy_write_temp(const char *path, const size_t *shape, int ndim, const float 
     umask(mask);
     fchmod(fd, 0666 & ~mask);
     char dict[256];
-    int n = snprintf(dict, sizeof dict, "{'descr': '<f4', 'fortran_order': False, 'shape': (");
+    int n = snprintf(dict, sizeof dict, "{'descr': '%.3s', 'fortran_order': False, 'shape': (",
+                     descr);
     size_t count = 1;
     for (int i = 0; i < ndim; ++i) {
         n += snprintf(dict + n, sizeof dict - (size_t)n, "%zu%s", shape[i],
@@ -223,7 +238,7 @@ int npy_write_temp(const char *path, const size_t *shape, int ndim, const float 
     int ok = fwrite(head, 1, 10, f) == 10 && fwrite(dict, 1, (size_t)n, f) == (size_t)n;
     for (size_t i = 0; ok && i < pad; ++i)
         ok = fputc(' ', f) != EOF;
-    ok = ok && fputc('\n', f) != EOF && fwrite(data, sizeof(float), count, f) == count;
+    ok = ok && fputc('\n', f) != EOF && fwrite(data, elem, count, f) == count;
     ok = (fflush(f) == 0) && ok;
     if (fclose(f) != 0 || !ok) {
         unlink(tmp);

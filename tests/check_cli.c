@@ -85,7 +85,7 @@ static int run(const char *arg0, ...)
 static void save(const char *name, const size_t *shape, int ndim, const float *data)
 {
     char tmp[600], err[256];
-    ck_assert_msg(npy_write_temp(path(name), shape, ndim, data, tmp, sizeof tmp, err,
+    ck_assert_msg(npy_write_temp(path(name), shape, ndim, "<f4", data, tmp, sizeof tmp, err,
                                  sizeof err) == 0 &&
                       npy_commit(tmp, path(name), err, sizeof err) == 0,
                   "%s", err);
@@ -181,6 +181,7 @@ static void expect_file(const char *name, int ndim, const size_t *shape, const d
         ck_assert_uint_eq(a.shape[i], shape[i]);
     size_t at;
     ck_assert_uint_eq(a.count, n);
+    ck_assert_str_eq(a.descr, "<f4");
     ck_assert_msg(worst_error(a.data, ref, mag, n, &at) <= 1.0, "%s[%zu] is %g, want %g", name,
                   at, (double)a.data[at], ref[at]);
     npy_free(&a);
@@ -295,6 +296,121 @@ START_TEST(forward_backward_files)
     double *all[] = {o, o_mag, lse, ones, dq, dq_mag, dk, dk_mag, dv, dv_mag};
     for (size_t i = 0; i < sizeof all / sizeof *all; ++i)
         free(all[i]);
+    problem_free(&p);
+    cleanup();
+}
+END_TEST
+
+/* 16-bit .npy files: float16 as '<f2'; bfloat16 bits as '<i2' (what
+ * tensor.view(torch.int16) gives) with --dtype bf16. The outputs come back
+ * in the inputs' descr (the LSE pairs in '<f4'), equal to the float32 run
+ * on the same (rounded) values up to the outputs' one rounding; mixed or
+ * unmarked inputs exit 2 naming the file, and leave no output. */
+START_TEST(sixteen_bit_files)
+{
+    make_dir();
+    clattn_shape s = cli_shape();
+    s.causal = 1;
+    problem p;
+    problem_make(&p, &s, 5, 1.0f);
+    size_t qs[3] = {12, 4, 8}, ks[3] = {12, 2, 8};
+    const char *descr[2] = {"<f2", "<i2"};
+    for (int fmt = 0; fmt < 2; ++fmt) {
+#if !defined(__FLT16_MAX__)
+        if (fmt == 0)
+            continue; /* no _Float16 here to write float16 with */
+#endif
+        float *src[3] = {p.q, p.k, p.v};
+        const size_t n[3] = {p.nq, p.nkv, p.nkv};
+        const char *name16[3] = {"q16.npy", "k16.npy", "v16.npy"};
+        const char *name32[3] = {"q32.npy", "k32.npy", "v32.npy"};
+        for (int t = 0; t < 3; ++t) {
+            uint16_t *bits = malloc(n[t] * 2);
+            float *round = malloc(n[t] * 4);
+            for (size_t i = 0; i < n[t]; ++i) {
+                if (fmt == 1) {
+                    uint32_t b;
+                    memcpy(&b, &src[t][i], 4);
+                    bits[i] = (uint16_t)(b >> 16);
+                    b = (uint32_t)bits[i] << 16;
+                    memcpy(&round[i], &b, 4);
+                } else {
+#if defined(__FLT16_MAX__)
+                    const _Float16 h = (_Float16)src[t][i];
+                    memcpy(&bits[i], &h, 2);
+                    round[i] = (float)h;
+#endif
+                }
+            }
+            char tmp[600], err[256];
+            ck_assert_msg(npy_write_temp(path(name16[t]), t ? ks : qs, 3, descr[fmt], bits, tmp,
+                                         sizeof tmp, err, sizeof err) == 0 &&
+                              npy_commit(tmp, path(name16[t]), err, sizeof err) == 0,
+                          "%s", err);
+            save(name32[t], t ? ks : qs, 3, round);
+            free(bits);
+            free(round);
+        }
+        const char *dtype_opt = fmt ? "--dtype" : NULL;
+        ck_assert_int_eq(run("forward", "--q", path("q16.npy"), "--k", path("k16.npy"), "--v",
+                             path("v16.npy"), "--out", path("o16.npy"), "--lse-out",
+                             path("l16.npy"), "--causal", "--device", "native", dtype_opt,
+                             "bf16", NULL),
+                         0);
+        ck_assert_int_eq(run("forward", "--q", path("q32.npy"), "--k", path("k32.npy"), "--v",
+                             path("v32.npy"), "--out", path("o32.npy"), "--lse-out",
+                             path("l32.npy"), "--causal", "--device", "native", NULL),
+                         0);
+        npy_array o16, o32, l16, l32;
+        char err[256];
+        ck_assert(npy_read(path("o16.npy"), &o16, err, sizeof err) == 0);
+        ck_assert(npy_read(path("o32.npy"), &o32, err, sizeof err) == 0);
+        ck_assert(npy_read(path("l16.npy"), &l16, err, sizeof err) == 0);
+        ck_assert(npy_read(path("l32.npy"), &l32, err, sizeof err) == 0);
+        ck_assert_str_eq(o16.descr, descr[fmt]);
+        ck_assert_str_eq(l16.descr, "<f4");
+        ck_assert_int_eq(memcmp(l16.data, l32.data, p.nlse * 4), 0);
+        const double u = fmt ? 0x1p-8 : 0x1p-11;
+        for (size_t i = 0; i < p.nq; ++i) {
+            float got;
+            if (fmt) {
+                const uint32_t b = (uint32_t)o16.bits[i] << 16;
+                memcpy(&got, &b, 4);
+            } else {
+#if defined(__FLT16_MAX__)
+                _Float16 h;
+                memcpy(&h, &o16.bits[i], 2);
+                got = (float)h;
+#endif
+            }
+            ck_assert_msg(fabs((double)got - o32.data[i]) <= u * fabs(o32.data[i]),
+                          "%s O[%zu] is %g, float32 gives %g", descr[fmt], i, (double)got,
+                          (double)o32.data[i]);
+        }
+        npy_free(&o16);
+        npy_free(&o32);
+        npy_free(&l16);
+        npy_free(&l32);
+    }
+    /* Bad combinations: exit 2, the file named, nothing written. */
+    const int before = count_entries();
+    struct {
+        const char *q, *k, *dtype, *says;
+    } bad[] = {
+        {"q16.npy", "k32.npy", "bf16", "k32.npy is '<f4'"},
+        {"q16.npy", "k16.npy", NULL, "--dtype bf16 reads them"},
+        {"q32.npy", "k32.npy", "bf16", "bfloat16 wants '<u2' or '<i2'"},
+        {"q32.npy", "k32.npy", "f8", "--dtype wants f32, f16 or bf16"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; ++i) {
+        const int rc = run("forward", "--q", path(bad[i].q), "--k", path(bad[i].k), "--v",
+                           path(bad[i].k), "--out", path("bad.npy"), "--lse-out",
+                           path("badl.npy"), "--device", "native",
+                           bad[i].dtype ? "--dtype" : NULL, bad[i].dtype, NULL);
+        ck_assert_msg(rc == 2 && strstr(err_text, bad[i].says), "case %zu: exit %d: %s", i, rc,
+                      err_text);
+        ck_assert_int_eq(count_entries(), before);
+    }
     problem_free(&p);
     cleanup();
 }
@@ -483,6 +599,7 @@ Suite *cli_suite(void)
     tcase_add_test(tc, grad_v_batched_masked);
     tcase_add_test(tc, bad_input_leaves_nothing);
     tcase_add_test(tc, forward_backward_files);
+    tcase_add_test(tc, sixteen_bit_files);
     tcase_add_test(tc, multiple_outputs_all_or_nothing);
     tcase_add_test(tc, device_failure_exit_one);
     tcase_add_test(tc, devices_and_demo);
