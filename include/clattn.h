@@ -178,6 +178,13 @@ typedef struct clattn_shape {
     clattn_dtype dtype;    /* of the tensors; 0 (CLATTN_DTYPE_F32) by default */
 } clattn_shape;
 
+/* n elements of dtype to float32 and back, as clattn converts them:
+ * 16-bit to float32 exactly, float32 to 16-bit rounded to nearest even
+ * (NaN stays NaN, overflow becomes infinity); float32 is copied. An invalid
+ * dtype converts nothing. */
+void clattn_to_f32(clattn_dtype dtype, const void *src, float *dst, size_t n);
+void clattn_from_f32(clattn_dtype dtype, const float *src, void *dst, size_t n);
+
 /* batch 1, everything else 0, no mask, default scale, float32: set the
  * sizes. */
 clattn_shape clattn_shape_default(void);

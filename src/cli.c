@@ -669,20 +669,32 @@ static int cmd_train(int argc, char **argv)
 {
     const char *cmd = "train";
     if (wants_help(argc, argv)) {
-        printf("usage: clattn train [--steps N] [--device SEL] [--variant NAME]\n"
+        printf("usage: clattn train [--steps N] [--device SEL] [--variant NAME] [--dtype T]\n"
                "Trains one causal attention layer (q_seq 64, 4 heads, 2 KV heads, head_dim\n"
                "16) whose Q, K and V are parameters, with Adam on forward + backward, to\n"
                "reproduce the output of a fixed random target layer. Prints the first and\n"
-               "last loss; exits 1 unless the loss fell at least 100-fold. Default 300 steps.\n");
+               "last loss; exits 1 unless the loss fell at least 100-fold. Default 300 steps.\n"
+               "--dtype f16 or bf16 keeps float32 master weights and runs the op on 16-bit\n"
+               "tensors, as mixed-precision training does (default f32).\n");
         return 0;
     }
-    const char *device = NULL, *variant = NULL;
+    const char *device = NULL, *variant = NULL, *dtype_name = "f32";
     uint32_t steps = 300;
     opt opts[] = {{"--device", OPT_STRING, &device, 0, 0},
                   {"--variant", OPT_STRING, &variant, 0, 0},
-                  {"--steps", OPT_UINT, &steps, 0, 0}};
-    if (!parse_opts(cmd, argc, argv, opts, 3))
+                  {"--steps", OPT_UINT, &steps, 0, 0},
+                  {"--dtype", OPT_STRING, &dtype_name, 0, 0}};
+    if (!parse_opts(cmd, argc, argv, opts, 4))
         return EXIT_INPUT;
+    static const char *const dtype_names[3] = {"f32", "f16", "bf16"};
+    static const char *const dtype_words[3] = {"float32", "float16", "bfloat16"};
+    int dt = 0;
+    while (dt < 3 && strcmp(dtype_name, dtype_names[dt]))
+        ++dt;
+    if (dt == 3) {
+        fprintf(stderr, "clattn train: --dtype wants f32, f16 or bf16, not '%s'\n", dtype_name);
+        return EXIT_INPUT;
+    }
     if (steps == 0) {
         fprintf(stderr, "clattn train: --steps must be at least 1\n");
         return EXIT_INPUT;
@@ -701,7 +713,14 @@ static int cmd_train(int argc, char **argv)
     float *param[3], *grad[3], *mom1[3], *mom2[3];
     float *target = alloc_floats(nq), *o = alloc_floats(nq), *d_out = alloc_floats(nq);
     float *lse = alloc_floats(nlse);
+    /* The op's tensors in the dtype: parameters, gradients, O and dO (the
+     * float32 run passes the float arrays themselves). */
+    const size_t elem = dt ? 2 : sizeof(float);
+    void *t16[8] = {NULL};
+    const size_t t16_n[8] = {nq, nkv, nkv, nq, nkv, nkv, nq, nq};
     int ok = target && o && d_out && lse;
+    for (int i = 0; i < 8 && dt; ++i)
+        ok = ok && (t16[i] = malloc(t16_n[i] * elem)) != NULL;
     for (int i = 0; i < 3; ++i) {
         param[i] = alloc_floats(sizes[i]);
         grad[i] = alloc_floats(sizes[i]);
@@ -723,19 +742,29 @@ static int cmd_train(int argc, char **argv)
     for (int i = 0; i < 3; ++i)
         fill_uniform(param[i], sizes[i], 1.0f, &state);
     clattn_status st = clattn_forward(ctx, &s, param[0], param[1], param[2], target, lse);
+    s.dtype = (clattn_dtype)dt;
+    void *p_op[3], *g_op[3], *o_op = dt ? t16[6] : (void *)o, *do_op = dt ? t16[7] : (void *)d_out;
+    for (int i = 0; i < 3; ++i) {
+        p_op[i] = dt ? t16[i] : (void *)param[i];
+        g_op[i] = dt ? t16[3 + i] : (void *)grad[i];
+    }
     for (int i = 0; i < 3; ++i)
         fill_uniform(param[i], sizes[i], 1.0f, &state);
     printf("clattn train on %s, variant %s: causal, q_seq %u, %u heads, %u KV heads, "
-           "head_dim %u, Adam, %u steps\n",
+           "head_dim %u, %s tensors, Adam, %u steps\n",
            clattn_context_device(ctx), clattn_context_variant(ctx), s.q_seq, s.num_heads,
-           s.num_kv_heads, s.head_dim, steps);
+           s.num_kv_heads, s.head_dim, dtype_words[dt], steps);
     fflush(stdout);
     const int tty = isatty(fileno(stderr));
     double first = 0.0, loss = 0.0;
     for (uint32_t step = 1; step <= steps && st == CLATTN_OK; ++step) {
-        st = clattn_forward(ctx, &s, param[0], param[1], param[2], o, lse);
+        for (int i = 0; i < 3 && dt; ++i)
+            clattn_from_f32(s.dtype, param[i], p_op[i], sizes[i]);
+        st = clattn_forward(ctx, &s, p_op[0], p_op[1], p_op[2], o_op, lse);
         if (st != CLATTN_OK)
             break;
+        if (dt)
+            clattn_to_f32(s.dtype, o_op, o, nq);
         loss = 0.0;
         for (size_t i = 0; i < nq; ++i) {
             const double diff = (double)o[i] - target[i];
@@ -744,8 +773,12 @@ static int cmd_train(int argc, char **argv)
         }
         if (step == 1)
             first = loss;
-        st = clattn_backward(ctx, &s, param[0], param[1], param[2], o, lse, d_out, grad[0],
-                             grad[1], grad[2]);
+        if (dt)
+            clattn_from_f32(s.dtype, d_out, do_op, nq);
+        st = clattn_backward(ctx, &s, p_op[0], p_op[1], p_op[2], o_op, lse, do_op, g_op[0],
+                             g_op[1], g_op[2]);
+        for (int i = 0; i < 3 && dt && st == CLATTN_OK; ++i)
+            clattn_to_f32(s.dtype, g_op[i], grad[i], sizes[i]);
         for (int i = 0; i < 3 && st == CLATTN_OK; ++i)
             adam_step(param[i], grad[i], mom1[i], mom2[i], sizes[i], (int)step, 0.05f);
         progress(tty, (int)step, (int)steps, loss);
@@ -766,6 +799,8 @@ done:
         free(mom1[i]);
         free(mom2[i]);
     }
+    for (int i = 0; i < 8; ++i)
+        free(t16[i]);
     free(target);
     free(o);
     free(d_out);

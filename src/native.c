@@ -336,88 +336,6 @@ static clattn_status run_f32(clattn_context *ctx, clattn_op op, const clattn_sha
     return CLATTN_OK;
 }
 
-/* 16-bit elements to float32 and back (round to nearest even; NaN stays a
- * quiet NaN, overflow becomes infinity), in portable C. */
-static float bf16_to_f32(uint16_t h)
-{
-    const uint32_t x = (uint32_t)h << 16;
-    float f;
-    memcpy(&f, &x, sizeof f);
-    return f;
-}
-
-static uint16_t f32_to_bf16(float f)
-{
-    uint32_t x;
-    memcpy(&x, &f, sizeof x);
-    if ((x & 0x7fffffffu) > 0x7f800000u)
-        return (uint16_t)((x >> 16) | 0x40u);
-    return (uint16_t)((x + 0x7fffu + ((x >> 16) & 1u)) >> 16);
-}
-
-static float f16_to_f32(uint16_t h)
-{
-    const uint32_t sign = (uint32_t)(h & 0x8000u) << 16, exp = (h >> 10) & 0x1fu;
-    uint32_t mant = h & 0x3ffu, x;
-    if (exp == 0x1fu)
-        x = sign | 0x7f800000u | (mant << 13);
-    else if (exp)
-        x = sign | ((exp + 112u) << 23) | (mant << 13);
-    else if (!mant)
-        x = sign;
-    else { /* subnormal: mant * 2^-24 */
-        uint32_t e = 113;
-        while (!(mant & 0x400u)) {
-            mant <<= 1;
-            --e;
-        }
-        x = sign | (e << 23) | ((mant & 0x3ffu) << 13);
-    }
-    float f;
-    memcpy(&f, &x, sizeof f);
-    return f;
-}
-
-static uint16_t f32_to_f16(float f)
-{
-    uint32_t x;
-    memcpy(&x, &f, sizeof x);
-    const uint32_t sign = (x >> 16) & 0x8000u, mant = x & 0x7fffffu;
-    const int exp = (int)((x >> 23) & 0xffu);
-    if (exp == 0xff)
-        return (uint16_t)(sign | 0x7c00u | (mant ? 0x200u | (mant >> 13) : 0u));
-    const int e = exp - 112; /* the binary16 exponent field */
-    if (e >= 31)
-        return (uint16_t)(sign | 0x7c00u);
-    uint32_t m = mant, shift = 13;
-    if (e <= 0) { /* subnormal (or zero) in binary16 */
-        if (e < -10)
-            return (uint16_t)sign;
-        m |= 0x800000u;
-        shift = (uint32_t)(14 - e);
-    }
-    uint32_t h = (e > 0 ? (uint32_t)e << 10 : 0u) | (m >> shift);
-    const uint32_t rem = m & ((1u << shift) - 1u), half = 1u << (shift - 1u);
-    if (rem > half || (rem == half && (h & 1u)))
-        ++h; /* a carry rounds up into the exponent, as it should */
-    return (uint16_t)(sign | h);
-}
-
-/* n elements of dtype at src to float32 at dst, and back. */
-static void widen(float *dst, const void *src, size_t n, clattn_dtype dtype)
-{
-    const uint16_t *h = src;
-    for (size_t i = 0; i < n; ++i)
-        dst[i] = dtype == CLATTN_DTYPE_BF16 ? bf16_to_f32(h[i]) : f16_to_f32(h[i]);
-}
-
-static void narrow(void *dst, const float *src, size_t n, clattn_dtype dtype)
-{
-    uint16_t *h = dst;
-    for (size_t i = 0; i < n; ++i)
-        h[i] = dtype == CLATTN_DTYPE_BF16 ? f32_to_bf16(src[i]) : f32_to_f16(src[i]);
-}
-
 /* A 16-bit op runs on float32 copies of its tensors (the LSE pairs are
  * float32 already), and its outputs are rounded once, at the end. */
 static clattn_status native_run(clattn_context *ctx, clattn_op op, const clattn_shape *s,
@@ -445,14 +363,14 @@ static clattn_status native_run(clattn_context *ctx, clattn_op op, const clattn_
             continue;
         const size_t n = clattn_role_elems(sz, (clattn_role)r);
         if (reads & CLATTN_BIT(r))
-            widen(next, t[r], n, s->dtype);
+            clattn_to_f32(s->dtype, t[r], next, n);
         ft[r] = next;
         next += n;
     }
     const clattn_status st = run_f32(ctx, op, s, sz, ft);
     for (int r = 0; r < CLATTN_R_COUNT && st == CLATTN_OK; ++r)
         if (r != CLATTN_R_LSE && (writes & CLATTN_BIT(r)))
-            narrow((void *)t[r], ft[r], clattn_role_elems(sz, (clattn_role)r), s->dtype);
+            clattn_from_f32(s->dtype, ft[r], (void *)t[r], clattn_role_elems(sz, (clattn_role)r));
     free(buf);
     return st;
 }

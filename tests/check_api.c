@@ -46,6 +46,44 @@ START_TEST(status_strings)
 }
 END_TEST
 
+/* The public conversions: exact widening, nearest-even narrowing, the
+ * special values, and nothing done for an invalid dtype. */
+START_TEST(dtype_conversions)
+{
+    const float in[8] = {1.0f, -2.5f, 1.0f + 0x1p-8f, 1.0f + 0x1p-9f, 65520.0f, 0x1p-25f,
+                         INFINITY, NAN};
+    uint16_t bf[8], h[8];
+    float back[8];
+    clattn_from_f32(CLATTN_DTYPE_BF16, in, bf, 8);
+    clattn_from_f32(CLATTN_DTYPE_F16, in, h, 8);
+    const uint16_t want_bf[7] = {0x3f80, 0xc020, 0x3f80 /* tie to even */, 0x3f80, 0x4780,
+                                 0x3300, 0x7f80};
+    const uint16_t want_h[7] = {0x3c00, 0xc100, 0x3c04, 0x3c02, 0x7c00 /* overflow */,
+                                0x0000 /* 2^-25 ties to even zero */, 0x7c00};
+    for (int i = 0; i < 7; ++i) {
+        ck_assert_msg(bf[i] == want_bf[i], "bf16 of %g is %04x", (double)in[i], bf[i]);
+        ck_assert_msg(h[i] == want_h[i], "f16 of %g is %04x", (double)in[i], h[i]);
+    }
+    const float ties[2] = {1.0f + 0x1p-11f, 1.0f + 0x3p-11f};
+    uint16_t th[2];
+    clattn_from_f32(CLATTN_DTYPE_F16, ties, th, 2);
+    ck_assert(th[0] == 0x3c00 && th[1] == 0x3c02); /* halfway: to the even one */
+    clattn_to_f32(CLATTN_DTYPE_BF16, bf, back, 8);
+    ck_assert(back[1] == -2.5f && isinf(back[6]) && isnan(back[7]));
+    clattn_to_f32(CLATTN_DTYPE_F16, h, back, 8);
+    ck_assert(back[0] == 1.0f && back[1] == -2.5f && isnan(back[7]));
+    const uint16_t sub = 0x0001; /* float16's smallest subnormal, 2^-24 */
+    clattn_to_f32(CLATTN_DTYPE_F16, &sub, back, 1);
+    ck_assert(back[0] == 0x1p-24f);
+    float copy[8] = {0};
+    clattn_to_f32(CLATTN_DTYPE_F32, in, copy, 6);
+    ck_assert_int_eq(memcmp(copy, in, 6 * sizeof(float)), 0);
+    uint16_t keep = 0x1234;
+    clattn_from_f32((clattn_dtype)7, in, &keep, 1);
+    ck_assert_uint_eq(keep, 0x1234);
+}
+END_TEST
+
 START_TEST(version)
 {
     char want[32];
@@ -472,6 +510,7 @@ Suite *api_suite(void)
     TCase *tc = tcase_create("api");
     tcase_set_timeout(tc, 300);
     tcase_add_test(tc, status_strings);
+    tcase_add_test(tc, dtype_conversions);
     tcase_add_test(tc, version);
     tcase_add_test(tc, shape_statuses);
     tcase_add_test(tc, grad_v_statuses);

@@ -164,9 +164,12 @@ Suite *gradcheck_suite(void)
     return s;
 }
 
-/* `clattn train --device <backend>` from outside: it must reach its target. */
+/* `clattn train --device <backend>` from outside, in float32 and in
+ * bfloat16 (float32 master weights, 16-bit tensors through the op): it
+ * must reach its target. */
 START_TEST(train_reaches_target)
 {
+    const char *dtype = _i ? "bf16" : "f32";
     const char *cli = getenv("CLATTN_CLI");
     ck_assert_msg(cli != NULL, "CLATTN_CLI is not set");
     const char *sel = test_selector();
@@ -177,7 +180,7 @@ START_TEST(train_reaches_target)
     pid_t pid = fork();
     if (pid == 0) {
         dup2(fd, 1);
-        execl(cli, cli, "train", "--device", sel, (char *)NULL);
+        execl(cli, cli, "train", "--device", sel, "--dtype", dtype, (char *)NULL);
         _exit(127);
     }
     int status;
@@ -188,8 +191,10 @@ START_TEST(train_reaches_target)
     close(fd);
     unlink(out);
     printf("%s", text);
-    ck_assert_msg(WIFEXITED(status) && WEXITSTATUS(status) == 0, "train failed: %s", text);
+    ck_assert_msg(WIFEXITED(status) && WEXITSTATUS(status) == 0, "train (%s) failed: %s",
+                  dtype, text);
     ck_assert(strstr(text, "(target 100): ok") != NULL);
+    ck_assert_ptr_nonnull(strstr(text, _i ? "bfloat16 tensors" : "float32 tensors"));
 }
 END_TEST
 
@@ -198,7 +203,7 @@ Suite *train_suite(void)
     Suite *s = suite_create("train");
     TCase *tc = tcase_create(test_backend);
     tcase_set_timeout(tc, 600);
-    tcase_add_test(tc, train_reaches_target);
+    tcase_add_loop_test(tc, train_reaches_target, 0, 2);
     suite_add_tcase(s, tc);
     return s;
 }
