@@ -21,12 +21,21 @@ enum { T_Q, T_K, T_V, T_O, T_LSE, T_DO, T_OUT0, T_OUT1, T_OUT2, T_COUNT };
 
 typedef struct bench {
     bench_op op;
-    clattn_shape s;
+    clattn_shape s; /* its dtype is the timed calls' */
     size_t n[T_COUNT];
-    float *host[T_COUNT];
-    float *want[3]; /* native's outputs, the reference for OpenCL devices */
+    float *host[T_COUNT]; /* float32 values (rounded to the dtype when it is 16-bit) */
+    void *elems[T_COUNT]; /* the inputs as the timed calls take them: host, or 16-bit */
+    float *want[3]; /* native's float32 outputs on the same values: the reference */
     int nout;
 } bench;
+
+/* Bytes of one element of tensor i in the timed calls: the LSE pairs
+ * (input, or the forward's second output) are float32. */
+static size_t elem_bytes(const bench *b, int i)
+{
+    const int lse = i == T_LSE || (b->op == BENCH_FORWARD && i == T_OUT1);
+    return lse || b->s.dtype == CLATTN_DTYPE_F32 ? sizeof(float) : 2;
+}
 
 /* Writes text as a JSON string's contents. */
 static void json_text(const char *text)
@@ -48,9 +57,9 @@ static int cmp_double(const void *a, const void *b)
 }
 
 /* Runs the op once on host pointers; out receives the outputs. */
-static clattn_status run_host(clattn_context *ctx, const bench *b, float *const out[3])
+static clattn_status run_host(clattn_context *ctx, const bench *b, void *const out[3])
 {
-    float *const *h = b->host;
+    void *const *h = b->elems;
     switch (b->op) {
     case BENCH_GRAD_V:
         return clattn_grad_v(ctx, &b->s, h[T_DO], h[T_Q], h[T_K], h[T_LSE], out[0]);
@@ -88,11 +97,13 @@ static clattn_status time_variant(clattn_context *ctx, const bench *b, int reps,
 {
     double *times = malloc((size_t)reps * sizeof(double));
     float *out[3] = {NULL, NULL, NULL};
+    void *raw[3] = {NULL, NULL, NULL}; /* the outputs in the call's dtype */
     clattn_cl_tensor t[T_COUNT];
     memset(t, 0, sizeof t);
     clattn_status st = CLATTN_OK;
     for (int i = 0; i < b->nout; ++i)
-        if (!(out[i] = alloc_floats(b->n[T_OUT0 + i])))
+        if (!(out[i] = alloc_floats(b->n[T_OUT0 + i])) ||
+            !(raw[i] = malloc(b->n[T_OUT0 + i] * elem_bytes(b, T_OUT0 + i) + 1)))
             st = CLATTN_ERROR_OUT_OF_MEMORY;
     if (!times)
         st = CLATTN_ERROR_OUT_OF_MEMORY;
@@ -101,9 +112,9 @@ static clattn_status time_variant(clattn_context *ctx, const bench *b, int reps,
     cl_command_queue queue = clattn_context_cl_queue(ctx);
     for (int i = 0; i < T_OUT0 + b->nout && on_cl && st == CLATTN_OK; ++i) {
         cl_int err;
-        t[i].buffer = clCreateBuffer(cctx, CL_MEM_READ_WRITE | (i < T_OUT0 ? CL_MEM_COPY_HOST_PTR : 0),
-                                     b->n[i] * sizeof(float), i < T_OUT0 ? b->host[i] : NULL,
-                                     &err);
+        const cl_mem_flags flags = CL_MEM_READ_WRITE | (i < T_OUT0 ? CL_MEM_COPY_HOST_PTR : 0);
+        t[i].buffer = clCreateBuffer(cctx, flags, b->n[i] * elem_bytes(b, i) + 1,
+                                     i < T_OUT0 ? b->elems[i] : NULL, &err);
         if (err != CL_SUCCESS) {
             fprintf(stderr, "clattn bench: clCreateBuffer of %zu floats failed (%d)\n", b->n[i],
                     err);
@@ -121,21 +132,24 @@ static clattn_status time_variant(clattn_context *ctx, const bench *b, int reps,
             if (done)
                 clReleaseEvent(done);
         } else {
-            st = run_host(ctx, b, out);
+            st = run_host(ctx, b, raw);
         }
         if (r >= 0)
             times[r] = now() - t0;
     }
     for (int i = 0; i < b->nout && on_cl && st == CLATTN_OK; ++i)
         if (clEnqueueReadBuffer(queue, t[T_OUT0 + i].buffer, CL_TRUE, 0,
-                                b->n[T_OUT0 + i] * sizeof(float), out[i], 0, NULL,
+                                b->n[T_OUT0 + i] * elem_bytes(b, T_OUT0 + i), raw[i], 0, NULL,
                                 NULL) != CL_SUCCESS)
             st = CLATTN_ERROR_OPENCL;
+    for (int i = 0; i < b->nout && st == CLATTN_OK; ++i)
+        clattn_to_f32(elem_bytes(b, T_OUT0 + i) == 2 ? b->s.dtype : CLATTN_DTYPE_F32, raw[i],
+                      out[i], b->n[T_OUT0 + i]);
     if (st == CLATTN_OK) {
         qsort(times, (size_t)reps, sizeof(double), cmp_double);
         *seconds = times[reps / 2];
         *max_error = NAN;
-        if (on_cl) {
+        if (on_cl || b->s.dtype != CLATTN_DTYPE_F32) {
             double diff = 0.0, ref = 0.0;
             for (int i = 0; i < b->nout; ++i)
                 for (size_t j = 0; j < b->n[T_OUT0 + i]; ++j) {
@@ -149,8 +163,10 @@ static clattn_status time_variant(clattn_context *ctx, const bench *b, int reps,
     for (int i = 0; i < T_COUNT; ++i)
         if (t[i].buffer)
             clReleaseMemObject(t[i].buffer);
-    for (int i = 0; i < 3; ++i)
+    for (int i = 0; i < 3; ++i) {
         free(out[i]);
+        free(raw[i]);
+    }
     free(times);
     return st;
 }
@@ -164,19 +180,21 @@ int cmd_bench(int argc, char **argv)
                "                    [--kv-heads KH] --head-dim D [--batch B] [--causal] "
                "[--window W]\n"
                "                    [--device SEL] [--variant NAME|all] [--reps R] [--threads N]\n"
-               "                    [--json]\n"
+               "                    [--dtype f32|f16|bf16] [--json]\n"
                "Times the op on random inputs: compile and a warm-up call excluded, the\n"
                "median of R timed calls (default 10). OpenCL devices run on buffers that\n"
                "stay on the device. --variant all measures every variant of the device side\n"
                "by side. --threads N runs the CPU backends on N threads (native's\n"
                "CLATTN_NUM_THREADS and PoCL's POCL_MAX_PTHREAD_COUNT; 0 or none: every\n"
-               "core).\n"
+               "core). --dtype times 16-bit tensors (default f32); the inputs are then\n"
+               "values of that dtype and max_error is against native's float32 outputs\n"
+               "on them (so it shows the outputs' rounding, on native too).\n"
                "GFLOP/s count 4 (grad-v, forward) or 10 (backward) FLOP per visible\n"
                "(query, key) pair per head_dim element; max_error is max |out - native| /\n"
                "max |native| over the outputs (null on native itself).\n");
         return 0;
     }
-    const char *op_name = NULL, *device = NULL, *variant = NULL;
+    const char *op_name = NULL, *device = NULL, *variant = NULL, *dtype_name = "f32";
     uint32_t q_seq = 0, kv_seq = 0, heads = 0, kv_heads = 0, head_dim = 0, batch = 1;
     uint32_t window = 0, reps = 10, threads = 0;
     int causal = 0, json = 0;
@@ -188,6 +206,7 @@ int cmd_bench(int argc, char **argv)
         {"--window", OPT_UINT, &window, 0, 0},      {"--device", OPT_STRING, &device, 0, 0},
         {"--variant", OPT_STRING, &variant, 0, 0},  {"--reps", OPT_UINT, &reps, 0, 0},
         {"--threads", OPT_UINT, &threads, 0, 0},    {"--json", OPT_FLAG, &json, 0, 0},
+        {"--dtype", OPT_STRING, &dtype_name, 0, 0},
     };
     if (!parse_opts(cmd, argc, argv, opts, sizeof opts / sizeof opts[0]))
         return EXIT_INPUT;
@@ -206,6 +225,14 @@ int cmd_bench(int argc, char **argv)
     }
     if (reps == 0 || reps > 100000) {
         fprintf(stderr, "clattn bench: --reps wants 1 to 100000\n");
+        return EXIT_INPUT;
+    }
+    static const char *const dtype_names[3] = {"f32", "f16", "bf16"};
+    int dt = 0;
+    while (dt < 3 && strcmp(dtype_name, dtype_names[dt]))
+        ++dt;
+    if (dt == 3) {
+        fprintf(stderr, "clattn bench: --dtype wants f32, f16 or bf16, not '%s'\n", dtype_name);
         return EXIT_INPUT;
     }
     if (threads > 256) {
@@ -260,8 +287,12 @@ int cmd_bench(int argc, char **argv)
     clattn_context *base = NULL, *native = NULL;
     int rc = EXIT_DEVICE;
     int ok = 1;
-    for (int i = 0; i < T_OUT0; ++i)
+    for (int i = 0; i < T_OUT0; ++i) {
         ok = ok && (b.host[i] = alloc_floats(b.n[i])) != NULL;
+        b.elems[i] = b.host[i];
+        if (ok && dt && i != T_LSE)
+            ok = (b.elems[i] = malloc(b.n[i] * 2 + 1)) != NULL;
+    }
     for (int i = 0; i < b.nout; ++i)
         ok = ok && (b.want[i] = alloc_floats(b.n[T_OUT0 + i])) != NULL;
     if (!ok) {
@@ -273,19 +304,37 @@ int cmd_bench(int argc, char **argv)
     fill_uniform(b.host[T_K], nkv, 1.0f, &state);
     fill_uniform(b.host[T_V], nkv, 1.0f, &state);
     fill_uniform(b.host[T_DO], nq, 1.0f, &state);
+    /* 16-bit: every input a value of the dtype, so that the float32
+     * reference sees what the timed calls see. */
+    const int inputs16[4] = {T_Q, T_K, T_V, T_DO};
+    for (int i = 0; i < 4 && dt; ++i) {
+        clattn_from_f32((clattn_dtype)dt, b.host[inputs16[i]], b.elems[inputs16[i]],
+                        b.n[inputs16[i]]);
+        clattn_to_f32((clattn_dtype)dt, b.elems[inputs16[i]], b.host[inputs16[i]],
+                      b.n[inputs16[i]]);
+    }
     if ((rc = open_context(cmd, device, NULL, &base)) != 0)
         goto done;
     rc = EXIT_DEVICE;
     clattn_options no = clattn_options_default();
     no.backend = CLATTN_BACKEND_NATIVE;
     st = clattn_context_create(&no, &native);
-    /* O and LSE from the native forward; native's outputs are the reference. */
+    /* O and LSE from the native forward; native's float32 outputs are the
+     * reference. */
     if (st == CLATTN_OK)
         st = clattn_forward(native, &b.s, b.host[T_Q], b.host[T_K], b.host[T_V], b.host[T_O],
                             b.host[T_LSE]);
+    if (st == CLATTN_OK && dt) { /* O as a 16-bit forward gives it */
+        clattn_from_f32((clattn_dtype)dt, b.host[T_O], b.elems[T_O], b.n[T_O]);
+        clattn_to_f32((clattn_dtype)dt, b.elems[T_O], b.host[T_O], b.n[T_O]);
+    }
     const int on_cl = clattn_context_backend(base) != CLATTN_BACKEND_NATIVE;
-    if (st == CLATTN_OK && on_cl)
-        st = run_host(native, &b, b.want);
+    if (st == CLATTN_OK && (on_cl || dt)) {
+        bench f32 = b;
+        memcpy(f32.elems, b.host, sizeof f32.elems);
+        st = run_host(native, &f32, (void *const *)b.want);
+    }
+    b.s.dtype = (clattn_dtype)dt;
     if (st != CLATTN_OK) {
         fprintf(stderr, "clattn bench: %s: %s\n", clattn_status_string(st), clattn_last_error());
         goto done;
@@ -295,9 +344,9 @@ int cmd_bench(int argc, char **argv)
     const clattn_backend backend = clattn_context_backend(base);
     if (!json)
         printf("%s, batch %u, q_seq %u, kv_seq %u, %u heads, %u KV heads, head_dim %u%s, "
-               "window %u, on %s\n%-10s %12s %12s %12s  %s\n",
+               "window %u, %s, on %s\n%-10s %12s %12s %12s  %s\n",
                op_names[b.op], batch, q_seq, b.s.kv_seq, heads, b.s.num_kv_heads, head_dim,
-               causal ? ", causal" : "", window, clattn_context_device(base), "variant",
+               causal ? ", causal" : "", window, dtype_name, clattn_context_device(base), "variant",
                "ms/call", "GFLOP/s", "max_error", "kernels");
     for (size_t vi = 0;; ++vi) {
         const char *name = variant && strcmp(variant, "all") ? (vi ? NULL : variant)
@@ -360,10 +409,10 @@ int cmd_bench(int argc, char **argv)
             json_text(clattn_context_device(base));
             printf("\", \"variant\": \"%s\", \"batch\": %u, \"q_seq\": %u, \"kv_seq\": %u, \"heads\": %u, \"kv_heads\": %u, "
                    "\"head_dim\": %u, \"causal\": %s, \"window\": %u, \"reps\": %u, "
-                   "\"threads\": %u, "
+                   "\"threads\": %u, \"dtype\": \"%s\", "
                    "\"seconds\": %.6g, \"gflops\": %.6g, \"max_error\": %s, \"kernels\": \"%s\"}\n",
                    name, batch, q_seq, b.s.kv_seq, heads, b.s.num_kv_heads, head_dim,
-                   causal ? "true" : "false", window, reps, threads, seconds,
+                   causal ? "true" : "false", window, reps, threads, dtype_name, seconds,
                    flop / seconds * 1e-9,
                    errtext, ran);
         } else
@@ -375,8 +424,11 @@ int cmd_bench(int argc, char **argv)
 done:
     clattn_context_destroy(base);
     clattn_context_destroy(native);
-    for (int i = 0; i < T_OUT0; ++i)
+    for (int i = 0; i < T_OUT0; ++i) {
+        if (b.elems[i] != b.host[i])
+            free(b.elems[i]);
         free(b.host[i]);
+    }
     for (int i = 0; i < 3; ++i)
         free(b.want[i]);
     return rc;
