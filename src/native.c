@@ -51,7 +51,8 @@ static clattn_status pick_kernels(const native_kernels **out)
 #if CLATTN_NATIVE_LEVELS
     __builtin_cpu_init();
     const int v3 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-                   __builtin_cpu_supports("bmi") && __builtin_cpu_supports("bmi2");
+                   __builtin_cpu_supports("bmi") && __builtin_cpu_supports("bmi2") &&
+                   __builtin_cpu_supports("f16c");
     const int v4 = v3 && __builtin_cpu_supports("avx512f") &&
                    __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512cd") &&
                    __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl");
@@ -336,6 +337,30 @@ static clattn_status run_f32(clattn_context *ctx, clattn_op op, const clattn_sha
     return CLATTN_OK;
 }
 
+/* Conversions run as jobs of CONV_CHUNK elements, on every thread. */
+enum { CONV_CHUNK = 1 << 16 };
+
+static void convert_job(const native_call *c, size_t job)
+{
+    const size_t first = job * CONV_CHUNK;
+    const size_t n = c->conv_n - first < CONV_CHUNK ? c->conv_n - first : CONV_CHUNK;
+    if (c->conv_widen)
+        c->hot->widen(c->s->dtype, (const uint16_t *)c->conv_src + first,
+                      (float *)c->conv_dst + first, n);
+    else
+        c->hot->narrow(c->s->dtype, (const float *)c->conv_src + first,
+                       (uint16_t *)c->conv_dst + first, n);
+}
+
+static void convert(native_call *c, const void *src, void *dst, size_t n, int widen, int threads)
+{
+    c->conv_src = src;
+    c->conv_dst = dst;
+    c->conv_n = n;
+    c->conv_widen = widen;
+    run_jobs(c->pool, c, convert_job, (n + CONV_CHUNK - 1) / CONV_CHUNK, threads);
+}
+
 /* A 16-bit op runs on float32 copies of its tensors (the LSE pairs are
  * float32 already), and its outputs are rounded once, at the end. */
 static clattn_status native_run(clattn_context *ctx, clattn_op op, const clattn_shape *s,
@@ -356,6 +381,13 @@ static clattn_status native_run(clattn_context *ctx, clattn_op op, const clattn_
     if (!buf)
         return clattn_fail(CLATTN_ERROR_OUT_OF_MEMORY,
                            "out of host memory for %zu floats of float32 copies", total);
+    if (!ctx->pool && ctx->num_threads > 1)
+        ctx->pool = pool_create(ctx->num_threads - 1);
+    native_call c;
+    memset(&c, 0, sizeof c);
+    c.s = s;
+    c.pool = ctx->pool;
+    c.hot = ctx->native;
     float *next = buf;
     for (int r = 0; r < CLATTN_R_COUNT; ++r) {
         ft[r] = r == CLATTN_R_LSE ? t[r] : NULL;
@@ -363,14 +395,15 @@ static clattn_status native_run(clattn_context *ctx, clattn_op op, const clattn_
             continue;
         const size_t n = clattn_role_elems(sz, (clattn_role)r);
         if (reads & CLATTN_BIT(r))
-            clattn_to_f32(s->dtype, t[r], next, n);
+            convert(&c, t[r], next, n, 1, ctx->num_threads);
         ft[r] = next;
         next += n;
     }
     const clattn_status st = run_f32(ctx, op, s, sz, ft);
     for (int r = 0; r < CLATTN_R_COUNT && st == CLATTN_OK; ++r)
         if (r != CLATTN_R_LSE && (writes & CLATTN_BIT(r)))
-            clattn_from_f32(s->dtype, ft[r], (void *)t[r], clattn_role_elems(sz, (clattn_role)r));
+            convert(&c, ft[r], (void *)t[r], clattn_role_elems(sz, (clattn_role)r), 0,
+                    ctx->num_threads);
     free(buf);
     return st;
 }

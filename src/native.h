@@ -30,6 +30,11 @@ typedef struct native_call {
      * are heads * D floats apart). */
     const float *kh, *vh, *qh, *oh;
     struct native_pool *pool; /* the threads that run its jobs */
+    const struct native_kernels *hot;
+    const void *conv_src; /* a conversion being made: conv_n elements, */
+    void *conv_dst;       /* widened (16-bit to float32) or narrowed */
+    size_t conv_n;
+    int conv_widen;
     const float *pack_src; /* a copy being made: pack_src to pack_dst, */
     float *pack_dst;       /* pack_heads heads of pack_rows rows */
     size_t pack_heads, pack_rows;
@@ -49,6 +54,9 @@ typedef void (*native_job)(const native_call *c, size_t job);
 typedef struct native_kernels {
     const char *name; /* the instruction set it was compiled for */
     native_job forward, grad_q, key_block, dsum;
+    /* clattn_to_f32 and clattn_from_f32, compiled for the level */
+    void (*widen)(clattn_dtype dtype, const void *src, float *dst, size_t n);
+    void (*narrow)(clattn_dtype dtype, const float *src, void *dst, size_t n);
 } native_kernels;
 
 extern const native_kernels clattn_native_baseline;

@@ -519,6 +519,35 @@ static void key_block_job(const native_call *c, size_t job)
     run_blocks(c, job, c->blocks_per_head, 0, key_block);
 }
 
+/* n elements of a 16-bit dtype to float32 and back, as clattn_to_f32 and
+ * clattn_from_f32 do, with F16C's conversions where the level has them (a
+ * cast of _Float16 rounds to nearest even, as they do). */
+static void widen(clattn_dtype dtype, const void *src, float *dst, size_t n)
+{
+#if defined(__F16C__) && defined(__FLT16_MAX__)
+    if (dtype == CLATTN_DTYPE_F16) {
+        const _Float16 *h = src;
+        for (size_t i = 0; i < n; ++i)
+            dst[i] = (float)h[i];
+        return;
+    }
+#endif
+    clattn_to_f32(dtype, src, dst, n);
+}
+
+static void narrow(clattn_dtype dtype, const float *src, void *dst, size_t n)
+{
+#if defined(__F16C__) && defined(__FLT16_MAX__)
+    if (dtype == CLATTN_DTYPE_F16) {
+        _Float16 *h = dst;
+        for (size_t i = 0; i < n; ++i)
+            h[i] = (_Float16)src[i];
+        return;
+    }
+#endif
+    clattn_from_f32(dtype, src, dst, n);
+}
+
 const native_kernels NATIVE_TABLE(NATIVE_LEVEL) = {
-    NATIVE_NAME, forward_job, grad_q_job, key_block_job, dsum_job,
+    NATIVE_NAME, forward_job, grad_q_job, key_block_job, dsum_job, widen, narrow,
 };
