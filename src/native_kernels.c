@@ -4,8 +4,9 @@
  * baseline: the build's target), rather than cloned by target_clones: GCC
  * lowers some generic vector operations (integer comparisons) for the
  * baseline before it clones, and GCC 13 left a loop of the AVX-512 clone
- * scalar that GCC 12 vectorised, so the clones ran 2-3x below the code
- * compiled for their level (issue 11). */
+ * scalar that GCC 12 vectorised: on the H200 host, one thread, the d64
+ * causal forward ran at 25 GFLOP/s from GCC 13's clones, 59 from GCC 12's,
+ * and 96 from this file built by GCC 13 (issue 11). */
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
