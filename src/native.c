@@ -20,6 +20,10 @@
 
 #include "native.h"
 
+#if CLATTN_NATIVE_LEVELS
+#include <cpuid.h>
+#endif
+
 enum { MAX_THREADS = 256 };
 
 static int default_threads(void)
@@ -50,9 +54,11 @@ static clattn_status pick_kernels(const native_kernels **out)
     *out = &clattn_native_baseline;
 #if CLATTN_NATIVE_LEVELS
     __builtin_cpu_init();
+    /* F16C from CPUID itself: Clang's __builtin_cpu_supports has no "f16c". */
+    unsigned eax, ebx, ecx = 0, edx;
+    const int f16c = __get_cpuid(1, &eax, &ebx, &ecx, &edx) && (ecx & bit_F16C);
     const int v3 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-                   __builtin_cpu_supports("bmi") && __builtin_cpu_supports("bmi2") &&
-                   __builtin_cpu_supports("f16c");
+                   __builtin_cpu_supports("bmi") && __builtin_cpu_supports("bmi2") && f16c;
     const int v4 = v3 && __builtin_cpu_supports("avx512f") &&
                    __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512cd") &&
                    __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl");
