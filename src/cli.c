@@ -239,6 +239,18 @@ typedef struct input_paths {
     const char *q, *k, *v, *o, *lse, *d_out;
 } input_paths;
 
+int parse_dtype(const char *cmd, const char *name, clattn_dtype *dtype)
+{
+    static const char *const names[3] = {"f32", "f16", "bf16"};
+    for (int i = 0; i < 3; ++i)
+        if (!strcmp(name, names[i])) {
+            *dtype = (clattn_dtype)i;
+            return 1;
+        }
+    fprintf(stderr, "clattn %s: --dtype wants f32, f16 or bf16, not '%s'\n", cmd, name);
+    return 0;
+}
+
 /* The tensors' dtype, from their descrs and --dtype (NULL, "f32", "f16" or
  * "bf16"): Q, K, V, O and dO share one; '<u2' and '<i2' are bfloat16 bits
  * only when --dtype bf16 says so; the LSE pairs are '<f4'. */
@@ -260,11 +272,10 @@ static int inputs_dtype(const char *cmd, const input_paths *paths, const inputs 
     }
     const char *d = in->q.descr;
     const int bits = !strcmp(d, "<u2") || !strcmp(d, "<i2");
-    if (want && strcmp(want, "f32") && strcmp(want, "f16") && strcmp(want, "bf16")) {
-        fprintf(stderr, "clattn %s: --dtype wants f32, f16 or bf16, not '%s'\n", cmd, want);
+    clattn_dtype asked = CLATTN_DTYPE_F32;
+    if (want && !parse_dtype(cmd, want, &asked))
         return 0;
-    }
-    if (bits && !(want && !strcmp(want, "bf16"))) {
+    if (bits && !(want && asked == CLATTN_DTYPE_BF16)) {
         fprintf(stderr,
                 "clattn %s: %s holds 16-bit integers ('%s'); --dtype bf16 reads them as "
                 "bfloat16 bit patterns\n",
@@ -272,10 +283,10 @@ static int inputs_dtype(const char *cmd, const input_paths *paths, const inputs 
         return 0;
     }
     *dtype = bits ? CLATTN_DTYPE_BF16 : !strcmp(d, "<f2") ? CLATTN_DTYPE_F16 : CLATTN_DTYPE_F32;
-    static const char *const names_of[3] = {"f32", "f16", "bf16"};
-    if (want && strcmp(want, names_of[*dtype])) {
+    if (want && asked != *dtype) {
         fprintf(stderr, "clattn %s: --dtype %s, but %s is '%s'%s\n", cmd, want, paths->q, d,
-                !strcmp(want, "bf16") ? " (bfloat16 wants '<u2' or '<i2' bit patterns)" : "");
+                asked == CLATTN_DTYPE_BF16 ? " (bfloat16 wants '<u2' or '<i2' bit patterns)"
+                                           : "");
         return 0;
     }
     return 1;
@@ -686,15 +697,10 @@ static int cmd_train(int argc, char **argv)
                   {"--dtype", OPT_STRING, &dtype_name, 0, 0}};
     if (!parse_opts(cmd, argc, argv, opts, 4))
         return EXIT_INPUT;
-    static const char *const dtype_names[3] = {"f32", "f16", "bf16"};
     static const char *const dtype_words[3] = {"float32", "float16", "bfloat16"};
-    int dt = 0;
-    while (dt < 3 && strcmp(dtype_name, dtype_names[dt]))
-        ++dt;
-    if (dt == 3) {
-        fprintf(stderr, "clattn train: --dtype wants f32, f16 or bf16, not '%s'\n", dtype_name);
+    clattn_dtype dt;
+    if (!parse_dtype(cmd, dtype_name, &dt))
         return EXIT_INPUT;
-    }
     if (steps == 0) {
         fprintf(stderr, "clattn train: --steps must be at least 1\n");
         return EXIT_INPUT;

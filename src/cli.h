@@ -30,6 +30,9 @@ int open_context(const char *cmd, const char *device, const char *variant, clatt
 float next_uniform(uint64_t *state);
 void fill_uniform(float *a, size_t n, float gain, uint64_t *state);
 float *alloc_floats(size_t n);
+/* --dtype's value, f32, f16 or bf16, into *dtype; prints one line and
+ * returns 0 for anything else. */
+int parse_dtype(const char *cmd, const char *name, clattn_dtype *dtype);
 
 int cmd_bench(int argc, char **argv);
 /* The whole command line; main() calls it, and so does the fuzzer. */

@@ -227,14 +227,9 @@ int cmd_bench(int argc, char **argv)
         fprintf(stderr, "clattn bench: --reps wants 1 to 100000\n");
         return EXIT_INPUT;
     }
-    static const char *const dtype_names[3] = {"f32", "f16", "bf16"};
-    int dt = 0;
-    while (dt < 3 && strcmp(dtype_name, dtype_names[dt]))
-        ++dt;
-    if (dt == 3) {
-        fprintf(stderr, "clattn bench: --dtype wants f32, f16 or bf16, not '%s'\n", dtype_name);
+    clattn_dtype dt;
+    if (!parse_dtype(cmd, dtype_name, &dt))
         return EXIT_INPUT;
-    }
     if (threads > 256) {
         fprintf(stderr, "clattn bench: --threads wants 1 to 256\n");
         return EXIT_INPUT;
