@@ -246,8 +246,6 @@ static clattn_status run_f32(clattn_context *ctx, clattn_op op, const clattn_sha
                              const clattn_sizes *sz, const float *const t[CLATTN_R_COUNT])
 {
     const native_kernels *hot = ctx->native;
-    if (!ctx->pool && ctx->num_threads > 1)
-        ctx->pool = pool_create(ctx->num_threads - 1);
     native_call c;
     memset(&c, 0, sizeof c);
     c.pool = ctx->pool;
@@ -372,6 +370,9 @@ static void convert(native_call *c, const void *src, void *dst, size_t n, int wi
 static clattn_status native_run(clattn_context *ctx, clattn_op op, const clattn_shape *s,
                                 const clattn_sizes *sz, const void *const t[CLATTN_R_COUNT])
 {
+    /* The context's threads, once, for every round of jobs below. */
+    if (!ctx->pool && ctx->num_threads > 1)
+        ctx->pool = pool_create(ctx->num_threads - 1);
     const float *ft[CLATTN_R_COUNT];
     if (s->dtype == CLATTN_DTYPE_F32) {
         for (int r = 0; r < CLATTN_R_COUNT; ++r)
@@ -387,8 +388,6 @@ static clattn_status native_run(clattn_context *ctx, clattn_op op, const clattn_
     if (!buf)
         return clattn_fail(CLATTN_ERROR_OUT_OF_MEMORY,
                            "out of host memory for %zu floats of float32 copies", total);
-    if (!ctx->pool && ctx->num_threads > 1)
-        ctx->pool = pool_create(ctx->num_threads - 1);
     native_call c;
     memset(&c, 0, sizeof c);
     c.s = s;
