@@ -21,6 +21,9 @@ nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,temperature.gpu,utilization.
 { cmake -S . -B build-dev -DCMAKE_BUILD_TYPE=Release && cmake --build build-dev -j16; } \
   > "$OUT/build.log" 2>&1 || { tail -40 "$OUT/build.log"; exit 1; }
 cli=build-dev/clattn
+# The shape per head_dim class, for the tune and tiled stages.
+shapes=("64:--q-seq 4096 --heads 8 --causal" "96:--q-seq 2048 --heads 16 --causal"
+        "128:--q-seq 4096 --heads 32 --kv-heads 8 --causal" "256:--q-seq 2048 --heads 8 --causal")
 export PYTHONUNBUFFERED=1
 for stage in "$@"; do
   case $stage in
@@ -34,8 +37,6 @@ for stage in "$@"; do
     python3 tests/torch_bench.py "$cli" --no-cpu --variant "${BENCH_VARIANT:-mma}" --reps 5 \
       --plot "$OUT/speed.svg" 2>&1 | tee "$OUT/bench.log" ;;
   tune)
-    shapes=("64:--q-seq 4096 --heads 8 --causal" "96:--q-seq 2048 --heads 16 --causal"
-            "128:--q-seq 4096 --heads 32 --kv-heads 8 --causal" "256:--q-seq 2048 --heads 8 --causal")
     for entry in "${shapes[@]}"; do
       d=${entry%%:*}
       var=TUNE_D$d
@@ -51,8 +52,6 @@ for stage in "$@"; do
     python3 tests/torch_bench.py "$cli" --no-gpu --variant blocked --reps 3 \
       --threads "${CPU_THREADS:-1,2,4,8,16}" 2>&1 | tee "$OUT/cpu.log" ;;
   tiled)
-    shapes=("64:--q-seq 4096 --heads 8 --causal" "96:--q-seq 2048 --heads 16 --causal"
-            "128:--q-seq 4096 --heads 32 --kv-heads 8 --causal" "256:--q-seq 2048 --heads 8 --causal")
     for entry in "${shapes[@]}"; do
       d=${entry%%:*}
       case " ${TILED_DIMS:-64 96 128 256} " in *" $d "*) ;; *) continue ;; esac
