@@ -316,10 +316,9 @@ START_TEST(sixteen_bit_files)
     size_t qs[3] = {12, 4, 8}, ks[3] = {12, 2, 8};
     const char *descr[2] = {"<f2", "<i2"};
     for (int fmt = 0; fmt < 2; ++fmt) {
-#if !defined(__FLT16_MAX__)
-        if (fmt == 0)
+        if (fmt == 0 && !HAVE_F16)
             continue; /* no _Float16 here to write float16 with */
-#endif
+        const clattn_dtype dtype = fmt ? CLATTN_DTYPE_BF16 : CLATTN_DTYPE_F16;
         float *src[3] = {p.q, p.k, p.v};
         const size_t n[3] = {p.nq, p.nkv, p.nkv};
         const char *name16[3] = {"q16.npy", "k16.npy", "v16.npy"};
@@ -327,21 +326,8 @@ START_TEST(sixteen_bit_files)
         for (int t = 0; t < 3; ++t) {
             uint16_t *bits = malloc(n[t] * 2);
             float *round = malloc(n[t] * 4);
-            for (size_t i = 0; i < n[t]; ++i) {
-                if (fmt == 1) {
-                    uint32_t b;
-                    memcpy(&b, &src[t][i], 4);
-                    bits[i] = (uint16_t)(b >> 16);
-                    b = (uint32_t)bits[i] << 16;
-                    memcpy(&round[i], &b, 4);
-                } else {
-#if defined(__FLT16_MAX__)
-                    const _Float16 h = (_Float16)src[t][i];
-                    memcpy(&bits[i], &h, 2);
-                    round[i] = (float)h;
-#endif
-                }
-            }
+            memcpy(round, src[t], n[t] * 4);
+            round_16(round, bits, n[t], dtype);
             char tmp[600], err[256];
             ck_assert_msg(npy_write_temp(path(name16[t]), t ? ks : qs, 3, descr[fmt], bits, tmp,
                                          sizeof tmp, err, sizeof err) == 0 &&
@@ -372,17 +358,7 @@ START_TEST(sixteen_bit_files)
         ck_assert_int_eq(memcmp(l16.data, l32.data, p.nlse * 4), 0);
         const double u = fmt ? 0x1p-8 : 0x1p-11;
         for (size_t i = 0; i < p.nq; ++i) {
-            float got;
-            if (fmt) {
-                const uint32_t b = (uint32_t)o16.bits[i] << 16;
-                memcpy(&got, &b, 4);
-            } else {
-#if defined(__FLT16_MAX__)
-                _Float16 h;
-                memcpy(&h, &o16.bits[i], 2);
-                got = (float)h;
-#endif
-            }
+            const float got = from_16(o16.bits[i], dtype);
             ck_assert_msg(fabs((double)got - o32.data[i]) <= u * fabs(o32.data[i]),
                           "%s O[%zu] is %g, float32 gives %g", descr[fmt], i, (double)got,
                           (double)o32.data[i]);

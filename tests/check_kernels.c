@@ -138,50 +138,6 @@ static void check_ops(clattn_context *ctx, const clattn_shape *s, float q_gain, 
     problem_free(&p);
 }
 
-/* 16-bit tensors. The test's own conversions: bf16 by its bits, f16 by
- * the compiler's _Float16 where it has one (else the f16 cases are not
- * run, and say so). */
-#if defined(__FLT16_MAX__)
-#define HAVE_F16 1
-#else
-#define HAVE_F16 0
-#endif
-
-static float from_16(uint16_t h, clattn_dtype dtype)
-{
-    if (dtype == CLATTN_DTYPE_BF16) {
-        const uint32_t x = (uint32_t)h << 16;
-        float f;
-        memcpy(&f, &x, sizeof f);
-        return f;
-    }
-#if HAVE_F16
-    _Float16 f;
-    memcpy(&f, &h, sizeof h);
-    return (float)f;
-#else
-    return NAN;
-#endif
-}
-
-/* x rounded to dtype, in place; the bits in out. */
-static void round_16(float *x, uint16_t *out, size_t n, clattn_dtype dtype)
-{
-    for (size_t i = 0; i < n; ++i) {
-        if (dtype == CLATTN_DTYPE_BF16) {
-            uint32_t b;
-            memcpy(&b, &x[i], sizeof b);
-            out[i] = (uint16_t)((b + 0x7fffu + ((b >> 16) & 1u)) >> 16);
-        } else {
-#if HAVE_F16
-            const _Float16 f = (_Float16)x[i];
-            memcpy(&out[i], &f, sizeof f);
-#endif
-        }
-        x[i] = from_16(out[i], dtype);
-    }
-}
-
 static uint16_t *halves(size_t n)
 {
     uint16_t *a = malloc((n ? n : 1) * sizeof(uint16_t));

@@ -267,3 +267,37 @@ float *nan_array(size_t n)
         a[i] = NAN;
     return a;
 }
+
+float from_16(uint16_t h, clattn_dtype dtype)
+{
+    if (dtype == CLATTN_DTYPE_BF16) {
+        const uint32_t x = (uint32_t)h << 16;
+        float f;
+        memcpy(&f, &x, sizeof f);
+        return f;
+    }
+#if HAVE_F16
+    _Float16 f;
+    memcpy(&f, &h, sizeof h);
+    return (float)f;
+#else
+    return NAN;
+#endif
+}
+
+void round_16(float *x, uint16_t *out, size_t n, clattn_dtype dtype)
+{
+    for (size_t i = 0; i < n; ++i) {
+        if (dtype == CLATTN_DTYPE_BF16) {
+            uint32_t b;
+            memcpy(&b, &x[i], sizeof b);
+            out[i] = (uint16_t)((b + 0x7fffu + ((b >> 16) & 1u)) >> 16);
+        } else {
+#if HAVE_F16
+            const _Float16 f = (_Float16)x[i];
+            memcpy(&out[i], &f, sizeof f);
+#endif
+        }
+        x[i] = from_16(out[i], dtype);
+    }
+}

@@ -56,6 +56,19 @@ void seed_grad_v(const uint32_t params[8], const float *d_out, const float *q, c
 double worst_error(const float *got, const double *ref, const double *mag, size_t n,
                    size_t *worst_at);
 
+/* 16-bit tensors, by the tests' own conversions (not the library's): bf16
+ * by its bits, f16 by the compiler's _Float16 where it has one (HAVE_F16;
+ * else f16 cases are not run, and say so). from_16 gives NaN for f16
+ * without _Float16. */
+#if defined(__FLT16_MAX__)
+#define HAVE_F16 1
+#else
+#define HAVE_F16 0
+#endif
+float from_16(uint16_t h, clattn_dtype dtype);
+/* x rounded to nearest even in dtype, in place; the bits in out. */
+void round_16(float *x, uint16_t *out, size_t n, clattn_dtype dtype);
+
 /* A float array of n NaNs, so that unwritten outputs fail comparisons. */
 float *nan_array(size_t n);
 
