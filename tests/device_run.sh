@@ -5,7 +5,8 @@
 #   bash tests/device_run.sh [suite] [compare] [bench] [tune]
 #   suite    ctest's OpenCL GPU suites
 #   compare  tests/torch_compare.py --large on the GPU, tolerance 1e-5
-#   bench    tests/torch_bench.py on the GPU shapes, with a plot
+#   bench    tests/torch_bench.py on the GPU shapes, with a plot (BENCH_VARIANT, BENCH_DTYPE,
+#            BENCH_DIMS: variant, dtype and head_dims; defaults mma, f32, all)
 #   tune     clattn bench per CLATTN_MMA shape (TUNE_D64, TUNE_D128, ... override the lists)
 #   cpu      tests/torch_bench.py on the CPU shapes, native and PoCL blocked beside
 #            torch, at the thread counts in CPU_THREADS (default 1,2,4,8,16)
@@ -34,8 +35,10 @@ for stage in "$@"; do
     python3 tests/torch_compare.py "$cli" --large --tolerance 1e-5 --backends gpu 2>&1 \
       | tee "$OUT/compare.log" ;;
   bench)
+    dtype=${BENCH_DTYPE:-f32}
     python3 tests/torch_bench.py "$cli" --no-cpu --variant "${BENCH_VARIANT:-mma}" --reps 5 \
-      --plot "$OUT/speed.svg" 2>&1 | tee "$OUT/bench.log" ;;
+      --dtype "$dtype" ${BENCH_DIMS:+--head-dims "$BENCH_DIMS"} --plot "$OUT/speed-$dtype.svg" \
+      2>&1 | tee "$OUT/bench-$dtype.log" ;;
   tune)
     for entry in "${shapes[@]}"; do
       d=${entry%%:*}

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Times PyTorch's scaled_dot_product_attention (fp32, forward and backward)
+"""Times PyTorch's scaled_dot_product_attention (forward and backward)
 beside `clattn bench` on the same shapes, in one run, and prints
 clattn/PyTorch ratios. GPU: clattn on the OpenCL GPU against torch on CUDA;
 CPU: clattn's native backend and PoCL against torch on the CPU, all at the
@@ -7,10 +7,13 @@ same thread count. Needs torch; skips (exit 77) without it.
 
     python3 tests/torch_bench.py BUILD/clattn [--threads N[,N...]] [--reps R] [--no-cpu]
                                  [--no-gpu] [--variant NAME|all] [--head-dims 64,128]
-                                 [--plot FILE.svg]
+                                 [--plot FILE.svg] [--dtype f32|f16|bf16]
 
 --threads 1,2,4,8,16 runs the CPU shapes at each thread count (torch, native
 and PoCL alike): a scaling table.
+
+--dtype runs both sides on 16-bit tensors (torch's float16/bfloat16 SDPA,
+`clattn bench --dtype`); the default is float32.
 
 --plot draws clattn's and PyTorch's figures per shape and op as bars
 (needs matplotlib; without it the table is still printed).
@@ -55,10 +58,14 @@ def pairs(q_seq, heads, batch, causal):
     return (q_seq * (q_seq + 1) // 2 if causal else q_seq * q_seq) * heads * batch
 
 
-def torch_time(shape, op, device, reps):
+TORCH_DTYPES = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}
+
+
+def torch_time(shape, op, device, reps, dtype):
     batch, s, h, kh, d, causal = shape
     g = torch.Generator(device="cpu").manual_seed(0)
-    mk = lambda heads: (torch.rand(batch, heads, s, d, generator=g) * 2 - 1).to(device)
+    mk = lambda heads: (torch.rand(batch, heads, s, d, generator=g) * 2 - 1).to(
+        device, TORCH_DTYPES[dtype])
     q, k, v = mk(h), mk(kh), mk(kh)
     for t in (q, k, v):
         t.requires_grad_(op == "backward")
@@ -89,11 +96,11 @@ def torch_time(shape, op, device, reps):
     return times[len(times) // 2]
 
 
-def clattn_runs(cli, shape, op, device, variant, reps, env):
+def clattn_runs(cli, shape, op, device, variant, reps, env, dtype):
     batch, s, h, kh, d, causal = shape
     cmd = [cli, "bench", "--op", op, "--q-seq", str(s), "--heads", str(h), "--kv-heads", str(kh),
            "--head-dim", str(d), "--batch", str(batch), "--device", device, "--variant", variant,
-           "--reps", str(reps), "--json"] + (["--causal"] if causal else [])
+           "--reps", str(reps), "--dtype", dtype, "--json"] + (["--causal"] if causal else [])
     run = subprocess.run(cmd, capture_output=True, text=True, env=env)
     if run.returncode:
         print(f"clattn bench failed: {' '.join(cmd)}\n{run.stderr}")
@@ -112,6 +119,7 @@ def main():
     ap.add_argument("--variant", default="all")
     ap.add_argument("--head-dims", help="only shapes of these head_dims, comma-separated")
     ap.add_argument("--plot", metavar="FILE.svg")
+    ap.add_argument("--dtype", default="f32", choices=sorted(TORCH_DTYPES))
     args = ap.parse_args()
     counts = [int(n) for n in args.threads.split(",")]
     plans, rows = [], []
@@ -123,7 +131,8 @@ def main():
     if args.head_dims:
         keep = {int(d) for d in args.head_dims.split(",")}
         plans = [p for p in plans if p[0][4] in keep]
-    print(f"torch {torch.__version__}, {args.threads} CPU threads, median of {args.reps}")
+    print(f"torch {torch.__version__}, {args.dtype}, {args.threads} CPU threads, "
+          f"median of {args.reps}")
     print(f"{'shape':<34}{'op':<10}{'clattn device / variant':<34}{'clattn':>10}{'torch':>10}"
           f"{'ratio':>8}")
     torch_times = {}
@@ -140,9 +149,10 @@ def main():
             flop = (4 if op == "forward" else 10) * pairs(s, h, batch, causal) * d
             key = (shape, op, tdev, threads)  # once per shape, not per clattn device
             if key not in torch_times:
-                torch_times[key] = torch_time(shape, op, tdev, args.reps)
+                torch_times[key] = torch_time(shape, op, tdev, args.reps, args.dtype)
             g_torch = flop / torch_times[key] * 1e-9
-            for r in clattn_runs(args.cli, shape, op, dev, args.variant, args.reps, env):
+            for r in clattn_runs(args.cli, shape, op, dev, args.variant, args.reps, env,
+                                 args.dtype):
                 where = f"{r['backend']} / {r['variant']}"
                 print(f"{desc:<34}{op:<10}{where:<34}{r['gflops']:>10.1f}{g_torch:>10.1f}"
                       f"{r['gflops'] / g_torch:>8.3f}  {r.get('kernels', '')}")
@@ -150,12 +160,12 @@ def main():
             sys.stdout.flush()
     print("(GFLOP/s; ratio = clattn / torch)")
     if args.plot:
-        plot(rows, args.plot, torch.__version__)
+        plot(rows, args.plot, torch.__version__, args.dtype)
     return 0
 
 
-def plot(rows, path, version):
-    """Bars per (shape, op): each clattn device / variant and PyTorch fp32."""
+def plot(rows, path, version, dtype):
+    """Bars per (shape, op): each clattn device / variant and PyTorch's SDPA."""
     try:
         import matplotlib
         matplotlib.use("Agg")
@@ -165,7 +175,7 @@ def plot(rows, path, version):
         return
     groups = list(dict.fromkeys((desc, op) for desc, op, *_ in rows))
     series = list(dict.fromkeys(where for _, _, where, *_ in rows))
-    names = series + ["PyTorch fp32 SDPA"]
+    names = series + [f"PyTorch {dtype} SDPA"]
     width = 0.8 / len(names)
     fig, ax = plt.subplots(figsize=(max(8, 1.1 * len(groups)), 4.8))
     for i, name in enumerate(names):
@@ -180,7 +190,7 @@ def plot(rows, path, version):
     ax.set_xticks(range(len(groups)))
     ax.set_xticklabels([f"{d}\n{o}" for d, o in groups], fontsize=7, rotation=30, ha="right")
     ax.set_ylabel("TFLOP/s")
-    ax.set_title(f"clattn beside PyTorch {version} scaled_dot_product_attention (fp32)")
+    ax.set_title(f"clattn beside PyTorch {version} scaled_dot_product_attention ({dtype})")
     ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path)
