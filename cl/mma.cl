@@ -38,12 +38,32 @@
  * tf32 parts, then their small ones, split once as the tile is loaded) or
  * the fp32 values (PLANES 1: half the memory, split by every read).
  *
- * HEAD_DIM, WARPS, WSPLIT, MMA_TILE and PLANES are compile-time defines,
- * chosen per head_dim by src/opencl.c; with the defaults the file compiles
- * after cl/common.cl, the prelude every program starts with. Columns are padded with zeros to a multiple of 8 * WSPLIT.
+ * 16-bit tensors (DTYPE 1 float16, 2 bfloat16) use the 16-bit tensor-core
+ * product instead, mma.sync m16n8k16 with float32 accumulation, on the
+ * tensors' own bits: one product per k-step of 16, no splitting. Its
+ * layouts (PTX ISA, .f16/.bf16; each register holds two elements, the
+ * lower k in the lower half): A (16 x 16) a0 (g, 2t..2t+1), a1 (g + 8,
+ * 2t..), a2 (g, 2t + 8..), a3 (g + 8, 2t + 8..); B (16 x 8) b0 (2t..2t+1,
+ * g), b1 (2t + 8.., g); C as above. Two neighbouring 8-column C blocks are
+ * then exactly one A fragment, so the probabilities (and dS) go back into
+ * mma as 16-bit operands, rounded to nearest even, as FlashAttention does,
+ * with no permutation. A B operand wants two consecutive k of one n: for
+ * products over head_dim (S = Q K^T) those are a row's neighbouring
+ * columns, for products over a tile's rows (P V) two rows' elements of one
+ * column, so a tile is kept by rows, by columns, or both, as the kernel's
+ * products read it: 32-bit words of two elements either way. Q's scale is
+ * applied to the scores in float32 (and to dK at the end), not to the
+ * 16-bit operands, which would round again. Softmax, the LSE, Dsum and
+ * every sum are float32, as for float32 tensors.
+ *
+ * HEAD_DIM, WARPS, WSPLIT, MMA_TILE, PLANES and DTYPE are compile-time
+ * defines, chosen per head_dim by src/opencl.c; with the defaults the file
+ * compiles after cl/common.cl, the prelude every program starts with.
+ * Columns are padded with zeros to a multiple of KSTEP * WSPLIT.
  * Launch: global (blocks * LANES, heads, batch), local (LANES, 1, 1),
  * blocks = ceil(rows / WG_ROWS); `tiles` is a __local buffer of
- * MMA_LOCAL_FLOATS floats.
+ * TILES_AT floats plus the kernel's tiles (src/opencl.c's
+ * mma_local_floats mirrors this).
  */
 #ifndef HEAD_DIM
 #define HEAD_DIM 64
@@ -60,32 +80,58 @@
 #ifndef PLANES
 #define PLANES 2
 #endif
+#if DTYPE == 0
+#define KSTEP 8  /* k of one product: tf32 */
+#else
+#define KSTEP 16 /* f16, bf16 */
+#endif
 #define D HEAD_DIM
-#define DP ((D + 8 * WSPLIT - 1) / (8 * WSPLIT) * (8 * WSPLIT)) /* padded columns */
+#define DP ((D + KSTEP * WSPLIT - 1) / (KSTEP * WSPLIT) * (KSTEP * WSPLIT)) /* padded */
 #define DW (DP / WSPLIT)     /* a warp's columns */
-#define KW (DW / 8)          /* its k-steps (and n-tiles) along head_dim */
-#define STRIDE (DP + 4)      /* local rows padded: fragment reads hit 32 banks */
+#define KW (DW / 8)          /* its n-tiles along head_dim */
+#define KS (DW / KSTEP)      /* its k-steps along head_dim */
 #define LANES (WARPS * 32)
 #define WG_ROWS (WARPS / WSPLIT * 16)
 #define TILE MMA_TILE        /* keys (query side) or queries (key side) per tile */
 #define NT (TILE / 8)        /* n-tiles of a tile's rows */
+#if DTYPE == 0
+#define STRIDE (DP + 4)      /* local rows padded: fragment reads hit 32 banks */
 #define PLANE (TILE * STRIDE)
-#define TILE_FLOATS (PLANES * PLANE)
-#define ROW_AT (2 * TILE_FLOATS)    /* m, l and Dsum of a tile's rows */
-#define XCH_AT (ROW_AT + 3 * TILE)  /* partial S and dP blocks of every warp */
+#define ROW_TILE (PLANES * PLANE) /* floats of a tile (read by rows only) */
+#define COL_TILE 0
+#define PER_LANE ((TILE * DP + LANES - 1) / LANES) /* a tile's elements per lane */
+typedef float frag;          /* an A register: one fp32 element */
+#else
+#define RW (DP / 2 + 4)      /* words per row of a tile by rows (padded: 32 banks) */
+#define CW (TILE / 2 + 4)    /* words per column of a tile by columns */
+#define ROW_TILE (TILE * RW)
+#define COL_TILE (DP * CW)
+#define PER_LANE ((TILE * DP / 2 + LANES - 1) / LANES) /* a tile's words per lane */
+typedef uint frag;           /* an A register: two 16-bit elements */
+#endif
 #define XCH_MAT (WARPS * NT * 4 * 32)
 #if WSPLIT > 1
 #define XCH_FLOATS (2 * XCH_MAT)
 #else
 #define XCH_FLOATS 0
 #endif
-#define EMU_AT (XCH_AT + XCH_FLOATS)
-#define EMU_FLOATS 224
-#ifdef MMA_EMULATE
-#define MMA_LOCAL_FLOATS (EMU_AT + WARPS * EMU_FLOATS)
+#if DTYPE == 0
+#define EMU_FLOATS 224 /* A 16 x 8, B 8 x 8, a warp's shuffle */
 #else
-#define MMA_LOCAL_FLOATS EMU_AT
+#define EMU_FLOATS 416 /* A 16 x 16, B 16 x 8, a warp's shuffle */
 #endif
+#define EMU_SHFL (EMU_FLOATS - 32)
+#ifdef MMA_EMULATE
+#define EMU_TOTAL (WARPS * EMU_FLOATS)
+#else
+#define EMU_TOTAL 0
+#endif
+/* The local buffer: m, l and Dsum of a tile's rows, the partial S and dP
+ * blocks of every warp, the emulation's scratch, then the kernel's tiles. */
+#define ROW_AT 0
+#define XCH_AT (3 * TILE)
+#define EMU_AT (XCH_AT + XCH_FLOATS)
+#define TILES_AT (EMU_AT + EMU_TOTAL)
 
 #ifdef MMA_EMULATE
 #define UNROLL
@@ -114,6 +160,109 @@ inline bool all_visible(ulong q_first, ulong q_last, ulong k_first, ulong k_last
     return (!causal || k_last <= q_first) && (window == 0u || q_last < k_first + window);
 }
 
+/* A streamed tensor's tiles in the local buffer, from *next: by rows (*rows)
+ * and/or by columns (*cols), as the kernel's products read it; NULL where
+ * not kept. fp32 tiles are read by rows only: both name one tile. */
+inline void tile_slot(__local float **next, bool by_rows, bool by_cols, __local float **rows,
+                      __local float **cols)
+{
+#if DTYPE == 0
+    *rows = *cols = by_rows || by_cols ? *next : 0;
+    *next += by_rows || by_cols ? ROW_TILE : 0;
+#else
+    *rows = by_rows ? *next : 0;
+    *next += by_rows ? ROW_TILE : 0;
+    *cols = by_cols ? *next : 0;
+    *next += by_cols ? COL_TILE : 0;
+#endif
+}
+
+/* x of the lane whose id differs from this one's in the bits of mask. */
+inline float shfl_xor(float x, uint mask, __local float *emu)
+{
+#ifdef MMA_EMULATE
+    __local float *ex = emu + EMU_SHFL;
+    const uint lane = get_local_id(0) & 31u;
+    ex[lane] = x;
+    barrier(CLK_LOCAL_MEM_FENCE);
+    const float y = ex[lane ^ mask];
+    barrier(CLK_LOCAL_MEM_FENCE);
+    return y;
+#else
+    uint y;
+    __asm__ __volatile__("shfl.sync.bfly.b32 %0, %1, %2, 31, -1;" : "=r"(y) : "r"(as_uint(x)), "r"(mask));
+    return as_float(y);
+#endif
+}
+
+/* Sum and max over the four lanes (t = 0..3) that hold one row. */
+inline float row_sum(float x, __local float *emu)
+{
+    x += shfl_xor(x, 1u, emu);
+    return x + shfl_xor(x, 2u, emu);
+}
+
+inline float row_max(float x, __local float *emu)
+{
+    x = fmax(x, shfl_xor(x, 1u, emu));
+    return fmax(x, shfl_xor(x, 2u, emu));
+}
+
+inline void zero(float *x, int n)
+{
+    UNROLL
+    for (int i = 0; i < n; ++i)
+        x[i] = 0.0f;
+}
+
+/* x *= f over n values: Q's scale on 16-bit scores and dK. */
+inline void scale_by(float *x, int n, float f)
+{
+    UNROLL
+    for (int i = 0; i < n; ++i)
+        x[i] *= f;
+}
+
+/* The warps of a group add their partial NT x 4 blocks x (over their own
+ * columns): each stores its block in mat, and after the caller's barrier
+ * xch_sum gives every one of them the sum, added in the same order. */
+inline void xch_store(const float *x, __local float *mat, uint warp, uint lane)
+{
+    UNROLL
+    for (uint i = 0; i < NT * 4; ++i)
+        mat[(warp * NT * 4 + i) * 32 + lane] = x[i];
+}
+
+inline void xch_sum(float *x, __local const float *mat, uint warp, uint lane)
+{
+    const uint first = warp / WSPLIT * WSPLIT;
+    UNROLL
+    for (uint i = 0; i < NT * 4; ++i) {
+        float sum = 0.0f;
+        UNROLL
+        for (uint w = 0; w < WSPLIT; ++w)
+            sum += mat[((first + w) * NT * 4 + i) * 32 + lane];
+        x[i] = sum;
+    }
+}
+
+/* s (and dp, when not NULL) summed over the warps of the group. */
+inline void sum_over_split(float *s, float *dp, __local float *xch, uint warp, uint lane)
+{
+#if WSPLIT > 1
+    xch_store(s, xch, warp, lane);
+    if (dp)
+        xch_store(dp, xch + XCH_MAT, warp, lane);
+    barrier(CLK_LOCAL_MEM_FENCE);
+    xch_sum(s, xch, warp, lane);
+    if (dp)
+        xch_sum(dp, xch + XCH_MAT, warp, lane);
+#endif
+}
+
+#if DTYPE == 0
+/* ---- fp32 tensors: 3xTF32 on m16n8k8 ---------------------------------- */
+
 /* x rounded to tf32 (10 mantissa bits), as mma reads it. */
 inline uint tf32(float x) { return (as_uint(x) + 0x1000u) & 0xffffe000u; }
 
@@ -126,7 +275,6 @@ inline void split4(const float *x, uint *big, uint *small)
         small[i] = tf32(x[i] - as_float(big[i]));
     }
 }
-
 
 /* c += a . b for one 16 x 8 x 8 product of the warp. */
 inline void mma(float *c, const uint *a, const uint *b, __local float *emu)
@@ -174,45 +322,11 @@ inline void mma3(float *c, const uint *a_big, const uint *a_small, const uint *b
     c[3] += step[3];
 }
 
-/* x of the lane whose id differs from this one's in the bits of mask. */
-inline float shfl_xor(float x, uint mask, __local float *emu)
-{
-#ifdef MMA_EMULATE
-    __local float *ex = emu + 192;
-    const uint lane = get_local_id(0) & 31u;
-    ex[lane] = x;
-    barrier(CLK_LOCAL_MEM_FENCE);
-    const float y = ex[lane ^ mask];
-    barrier(CLK_LOCAL_MEM_FENCE);
-    return y;
-#else
-    uint y;
-    __asm__ __volatile__("shfl.sync.bfly.b32 %0, %1, %2, 31, -1;" : "=r"(y) : "r"(as_uint(x)), "r"(mask));
-    return as_float(y);
-#endif
-}
-
-/* Sum and max over the four lanes (t = 0..3) that hold one row. */
-inline float row_sum(float x, __local float *emu)
-{
-    x += shfl_xor(x, 1u, emu);
-    return x + shfl_xor(x, 2u, emu);
-}
-
-inline float row_max(float x, __local float *emu)
-{
-    x = fmax(x, shfl_xor(x, 1u, emu));
-    return fmax(x, shfl_xor(x, 2u, emu));
-}
-
-/* A tile's elements that one lane loads. */
-#define PER_LANE ((TILE * DP + LANES - 1) / LANES)
-
 /* Fetches this lane's share of rows [r0, r0 + TILE) of a [batch][rows]
  * [heads][D] tensor, times factor, into registers x; zeros past `end` and
  * past D. Fetched a tile ahead, the loads are in flight while the current
  * tile is computed. */
-inline void fetch_tile(float *x, __global const float *src, uint b, uint rows, uint r0, uint end,
+inline void fetch_tile(float *x, __global const elem *src, uint b, uint rows, uint r0, uint end,
                        uint heads, uint head, float factor)
 {
     UNROLL
@@ -225,9 +339,12 @@ inline void fetch_tile(float *x, __global const float *src, uint b, uint rows, u
 }
 
 /* Stores what fetch_tile fetched into tile[TILE][STRIDE] (both planes with
- * PLANES 2). */
-inline void store_tile(__local float *tile, const float *x)
+ * PLANES 2); fp32 tiles have no layout by columns (`cols` names the same
+ * tile). */
+inline void store_tile(__local float *tile, __local float *cols, const float *x)
 {
+    if (!tile)
+        tile = cols;
     UNROLL
     for (uint j = 0; j < PER_LANE; ++j) {
         const uint i = get_local_id(0) + j * LANES, r = i / DP, d = i % DP;
@@ -263,7 +380,7 @@ inline void b_frag(__local const float *tile, uint i, uint step, uint *big, uint
 /* An A fragment (16 rows from row0 and row1 = row0 + 8, the 8 columns from
  * col) of a [batch][rows][heads][D] tensor, times factor; zeros past `rows`
  * and D. */
-inline void load_a(float *a, __global const float *src, uint b, uint rows, uint row0, uint heads,
+inline void load_a(float *a, __global const elem *src, uint b, uint rows, uint row0, uint heads,
                    uint head, uint col, float factor)
 {
     const uint t = get_local_id(0) & 3u;
@@ -274,62 +391,9 @@ inline void load_a(float *a, __global const float *src, uint b, uint rows, uint 
     }
 }
 
-/* The A operand, big and small, of a product over a tile's rows from a
- * 16 x 8 accumulator block c (tile rows n * 8 ..): permuted as the header
- * says. */
-inline void c_to_a(const float *c, uint *big, uint *small)
-{
-    const float a[4] = {c[0], c[2], c[1], c[3]};
-    split4(a, big, small);
-}
-
-inline void zero(float *x, int n)
-{
-    UNROLL
-    for (int i = 0; i < n; ++i)
-        x[i] = 0.0f;
-}
-
-/* The warps of a group add their partial NT x 4 blocks x (over their own
- * columns): each stores its block in mat, and after the caller's barrier
- * xch_sum gives every one of them the sum, added in the same order. */
-inline void xch_store(const float *x, __local float *mat, uint warp, uint lane)
-{
-    UNROLL
-    for (uint i = 0; i < NT * 4; ++i)
-        mat[(warp * NT * 4 + i) * 32 + lane] = x[i];
-}
-
-inline void xch_sum(float *x, __local const float *mat, uint warp, uint lane)
-{
-    const uint first = warp / WSPLIT * WSPLIT;
-    UNROLL
-    for (uint i = 0; i < NT * 4; ++i) {
-        float sum = 0.0f;
-        UNROLL
-        for (uint w = 0; w < WSPLIT; ++w)
-            sum += mat[((first + w) * NT * 4 + i) * 32 + lane];
-        x[i] = sum;
-    }
-}
-
-/* s (and dp, when not NULL) summed over the warps of the group. */
-inline void sum_over_split(float *s, float *dp, __local float *xch, uint warp, uint lane)
-{
-#if WSPLIT > 1
-    xch_store(s, xch, warp, lane);
-    if (dp)
-        xch_store(dp, xch + XCH_MAT, warp, lane);
-    barrier(CLK_LOCAL_MEM_FENCE);
-    xch_sum(s, xch, warp, lane);
-    if (dp)
-        xch_sum(dp, xch + XCH_MAT, warp, lane);
-#endif
-}
-
 /* The warp's 16 x TILE block of a . x^T over its columns into s, x a tile
  * of TILE rows, and of c . y^T into dp unless dp is NULL; each summed over
- * the warps of the group. a and c are the warp's KW A fragments. */
+ * the warps of the group. a and c are the warp's KS A fragments. */
 inline void tile_products(float *s, float *dp, const float *a, const float *c,
                           __local const float *x, __local const float *y, uint d0,
                           __local float *xch, __local float *emu)
@@ -340,7 +404,7 @@ inline void tile_products(float *s, float *dp, const float *a, const float *c,
     if (dp)
         zero(dp, NT * 4);
     UNROLL
-    for (uint ks = 0; ks < KW; ++ks) {
+    for (uint ks = 0; ks < KS; ++ks) {
         uint ab[4], as[4], cb[4], cs[4];
         split4(a + ks * 4, ab, as);
         if (dp)
@@ -360,11 +424,218 @@ inline void tile_products(float *s, float *dp, const float *a, const float *c,
     sum_over_split(s, dp, xch, warp, lane);
 }
 
+/* acc (the warp's KW 16 x 8 blocks of its columns) += p . x, p the warp's
+ * 16 x TILE block and x a tile of TILE rows. The accumulator layout of
+ * m16n8k8 is not its A layout, so the k index is permuted, as the header
+ * says: A's column t is tile row 2t, column t + 4 tile row 2t + 1. */
+inline void tile_times(float *acc, const float *p, __local const float *x, uint d0,
+                       __local float *emu)
+{
+    const uint t = get_local_id(0) & 3u, g = (get_local_id(0) & 31u) >> 2;
+    UNROLL
+    for (uint j = 0; j < NT; ++j) {
+        const float a[4] = {p[j * 4], p[j * 4 + 2], p[j * 4 + 1], p[j * 4 + 3]};
+        uint ab[4], as[4];
+        split4(a, ab, as);
+        UNROLL
+        for (uint n = 0; n < KW; ++n) {
+            uint bb[2], bs[2];
+            b_frag(x, (j * 8 + 2 * t) * STRIDE + d0 + n * 8 + g, STRIDE, bb, bs);
+            mma3(acc + n * 4, ab, as, bb, bs, emu);
+        }
+    }
+}
+
+#else
+/* ---- 16-bit tensors: m16n8k16 ----------------------------------------- */
+
+/* A 16-bit element's value. */
+inline float from16(uint h)
+{
+#if DTYPE == 2
+    return as_float(h << 16);
+#else
+    const ushort u = (ushort)h;
+    return vload_half(0, (const __private half *)&u);
+#endif
+}
+
+/* Two floats as one operand register, each rounded to nearest even: lo in
+ * the lower half. */
+inline uint pack2(float lo, float hi)
+{
+#ifdef MMA_EMULATE
+#if DTYPE == 2
+    return (uint)bf16_rte(lo) | (uint)bf16_rte(hi) << 16;
+#else
+    ushort u[2];
+    vstore_half_rte(lo, 0, (__private half *)u);
+    vstore_half_rte(hi, 1, (__private half *)u);
+    return (uint)u[0] | (uint)u[1] << 16;
+#endif
+#else
+    uint r;
+#if DTYPE == 2
+    __asm__("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+#else
+    __asm__("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+#endif
+    return r;
+#endif
+}
+
+/* c += a . b for one 16 x 8 x 16 product of the warp. */
+inline void mma16(float *c, const uint *a, const uint *b, __local float *emu)
+{
+#ifdef MMA_EMULATE
+    const uint lane = get_local_id(0) & 31u, g = lane >> 2, t = lane & 3u;
+    __local float *ea = emu, *eb = emu + 256;
+    for (int i = 0; i < 4; ++i) {
+        const uint row = g + ((i & 1) ? 8u : 0u), col = 2 * t + ((i & 2) ? 8u : 0u);
+        ea[row * 16 + col] = from16(a[i] & 0xffffu);
+        ea[row * 16 + col + 1] = from16(a[i] >> 16);
+    }
+    for (int i = 0; i < 2; ++i) {
+        const uint k = 2 * t + (i ? 8u : 0u);
+        eb[k * 8 + g] = from16(b[i] & 0xffffu);
+        eb[(k + 1) * 8 + g] = from16(b[i] >> 16);
+    }
+    barrier(CLK_LOCAL_MEM_FENCE);
+    for (uint k = 0; k < 16; ++k) {
+        c[0] = fma(ea[g * 16 + k], eb[k * 8 + 2 * t], c[0]);
+        c[1] = fma(ea[g * 16 + k], eb[k * 8 + 2 * t + 1], c[1]);
+        c[2] = fma(ea[(g + 8) * 16 + k], eb[k * 8 + 2 * t], c[2]);
+        c[3] = fma(ea[(g + 8) * 16 + k], eb[k * 8 + 2 * t + 1], c[3]);
+    }
+    barrier(CLK_LOCAL_MEM_FENCE);
+#else
+#if DTYPE == 2
+    __asm__ __volatile__("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+#else
+    __asm__ __volatile__("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
+#endif
+                 "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+#endif
+}
+
+/* The bits of elements d and d + 1 of row `row` as one word; zeros past D. */
+inline uint pair_at(__global const ushort *src, uint b, uint rows, uint row, uint heads,
+                    uint head, uint d)
+{
+    const ulong i = at(b, rows, row, heads, head, d);
+    return (d < D ? (uint)src[i] : 0u) | (d + 1u < D ? (uint)src[i + 1] << 16 : 0u);
+}
+
+/* Fetches this lane's share of rows [r0, r0 + TILE) of a [batch][rows]
+ * [heads][D] tensor into registers x, two elements a word; zeros past `end`
+ * and past D. (16-bit operands are never scaled: `factor` is fp32's.) */
+inline void fetch_tile(uint *x, __global const elem *src, uint b, uint rows, uint r0, uint end,
+                       uint heads, uint head, float factor)
+{
+    __global const ushort *bits = (__global const ushort *)src;
+    UNROLL
+    for (uint j = 0; j < PER_LANE; ++j) {
+        const uint i = get_local_id(0) + j * LANES, r = i / (DP / 2), d = i % (DP / 2) * 2;
+        x[j] = i < TILE * DP / 2 && r0 + r < end
+                   ? pair_at(bits, b, rows, r0 + r, heads, head, d)
+                   : 0u;
+    }
+}
+
+/* Stores what fetch_tile fetched by rows ([TILE][RW] words) and/or by
+ * columns ([DP][CW] words, a column's consecutive rows in a word). */
+inline void store_tile(__local float *rows, __local float *cols, const uint *x)
+{
+    __local uint *rw = (__local uint *)rows;
+    __local ushort *cw = (__local ushort *)cols;
+    UNROLL
+    for (uint j = 0; j < PER_LANE; ++j) {
+        const uint i = get_local_id(0) + j * LANES, r = i / (DP / 2), w = i % (DP / 2);
+        if (i < TILE * DP / 2) {
+            if (rows)
+                rw[r * RW + w] = x[j];
+            if (cols) {
+                cw[2 * w * (2 * CW) + r] = (ushort)x[j];
+                cw[(2 * w + 1) * (2 * CW) + r] = (ushort)(x[j] >> 16);
+            }
+        }
+    }
+}
+
+/* An A fragment (16 rows from row0 and row1 = row0 + 8, the 16 columns
+ * from col) of a [batch][rows][heads][D] tensor; zeros past `rows` and D. */
+inline void load_a(uint *a, __global const elem *src, uint b, uint rows, uint row0, uint heads,
+                   uint head, uint col, float factor)
+{
+    __global const ushort *bits = (__global const ushort *)src;
+    const uint t = get_local_id(0) & 3u;
+    UNROLL
+    for (int i = 0; i < 4; ++i) {
+        const uint row = row0 + ((i & 1) ? 8u : 0u), d = col + 2 * t + ((i & 2) ? 8u : 0u);
+        a[i] = row < rows ? pair_at(bits, b, rows, row, heads, head, d) : 0u;
+    }
+}
+
+/* The warp's 16 x TILE block of a . x^T over its columns into s, x a tile
+ * of TILE rows (by rows), and of c . y^T into dp unless dp is NULL; each
+ * summed over the warps of the group. a and c are the warp's KS A
+ * fragments. */
+inline void tile_products(float *s, float *dp, const uint *a, const uint *c,
+                          __local const float *x, __local const float *y, uint d0,
+                          __local float *xch, __local float *emu)
+{
+    const uint lane = get_local_id(0) & 31u, warp = get_local_id(0) >> 5;
+    const uint g = lane >> 2, t = lane & 3u;
+    __local const uint *xw = (__local const uint *)x, *yw = (__local const uint *)y;
+    zero(s, NT * 4);
+    if (dp)
+        zero(dp, NT * 4);
+    UNROLL
+    for (uint ks = 0; ks < KS; ++ks) {
+        UNROLL
+        for (uint n = 0; n < NT; ++n) {
+            const uint w = (n * 8 + g) * RW + (d0 + ks * 16) / 2 + t;
+            const uint bx[2] = {xw[w], xw[w + 4]};
+            mma16(s + n * 4, a + ks * 4, bx, emu);
+            if (dp) {
+                const uint by[2] = {yw[w], yw[w + 4]};
+                mma16(dp + n * 4, c + ks * 4, by, emu);
+            }
+        }
+    }
+    sum_over_split(s, dp, xch, warp, lane);
+}
+
+/* acc (the warp's KW 16 x 8 blocks of its columns) += p . x, p the warp's
+ * 16 x TILE block in float32 (rounded here to 16 bits) and x a tile of
+ * TILE rows, by columns. */
+inline void tile_times(float *acc, const float *p, __local const float *x, uint d0,
+                       __local float *emu)
+{
+    const uint t = get_local_id(0) & 3u, g = (get_local_id(0) & 31u) >> 2;
+    __local const uint *xw = (__local const uint *)x;
+    UNROLL
+    for (uint kk = 0; kk < TILE / 16; ++kk) {
+        const float *lo = p + 2 * kk * 4, *hi = lo + 4;
+        const uint a[4] = {pack2(lo[0], lo[1]), pack2(lo[2], lo[3]), pack2(hi[0], hi[1]),
+                           pack2(hi[2], hi[3])};
+        UNROLL
+        for (uint n = 0; n < KW; ++n) {
+            const uint w = (d0 + n * 8 + g) * CW + kk * 8 + t;
+            const uint b[2] = {xw[w], xw[w + 4]};
+            mma16(acc + n * 4, a, b, emu);
+        }
+    }
+}
+#endif
+
 /* ---- forward --------------------------------------------------------- */
 
 __kernel __attribute__((reqd_work_group_size(LANES, 1, 1))) void
-forward__mma(__global const float *q, ulong q_off, __global const float *k, ulong k_off,
-             __global const float *v, ulong v_off, __global float *o, ulong o_off,
+forward__mma(__global const elem *q, ulong q_off, __global const elem *k, ulong k_off,
+             __global const elem *v, ulong v_off, __global elem *o, ulong o_off,
              __global float *lse, ulong lse_off, SHAPE_ARGS, __local float *tiles)
 {
     q += q_off;
@@ -374,17 +645,19 @@ forward__mma(__global const float *q, ulong q_off, __global const float *k, ulon
     lse += lse_off;
     const uint lid = get_local_id(0), lane = lid & 31u, warp = lid >> 5;
     const uint g = lane >> 2, t = lane & 3u, d0 = warp % WSPLIT * DW;
-    __local float *kt = tiles, *vt = tiles + TILE_FLOATS, *xch = tiles + XCH_AT;
-    __local float *emu = tiles + EMU_AT + warp * EMU_FLOATS;
+    __local float *xch = tiles + XCH_AT, *emu = tiles + EMU_AT + warp * EMU_FLOATS;
+    __local float *next = tiles + TILES_AT, *kt, *vt, *unused;
+    tile_slot(&next, true, false, &kt, &unused); /* S = Q K^T reads K by rows */
+    tile_slot(&next, false, true, &unused, &vt); /* P V reads V by columns */
     const uint head = get_group_id(1), b = get_group_id(2);
     const uint kv_head = head / (num_heads / num_kv_heads);
     const uint r0 = query_block(q_seq, causal);
     const uint row0 = r0 + warp / WSPLIT * 16u + g, row1 = row0 + 8u;
 
-    float qf[KW][4]; /* Q * scale: this lane's part of its rows and columns */
+    frag qf[KS][4]; /* Q (times scale for fp32): this lane's part of its rows and columns */
     UNROLL
-    for (uint ks = 0; ks < KW; ++ks)
-        load_a(qf[ks], q, b, q_seq, row0, num_heads, head, d0 + ks * 8, scale);
+    for (uint ks = 0; ks < KS; ++ks)
+        load_a(qf[ks], q, b, q_seq, row0, num_heads, head, d0 + ks * KSTEP, scale);
     float acc[KW][4];
     zero(&acc[0][0], KW * 4);
     float m0 = EMPTY_ROW, m1 = EMPTY_ROW, l0 = 0.0f, l1 = 0.0f;
@@ -392,13 +665,13 @@ forward__mma(__global const float *q, ulong q_off, __global const float *k, ulon
     const uint last = min(r0 + WG_ROWS, q_seq) - 1u;
     uint lo, hi;
     keys_of_queries(r0, last, kv_seq, causal, window, &lo, &hi);
-    float kx[PER_LANE], vx[PER_LANE];
+    frag kx[PER_LANE], vx[PER_LANE];
     fetch_tile(kx, k, b, kv_seq, lo, hi, num_kv_heads, kv_head, 1.0f);
     fetch_tile(vx, v, b, kv_seq, lo, hi, num_kv_heads, kv_head, 1.0f);
     for (uint t0 = lo; t0 < hi; t0 += TILE) {
         barrier(CLK_LOCAL_MEM_FENCE);
-        store_tile(kt, kx);
-        store_tile(vt, vx);
+        store_tile(kt, 0, kx);
+        store_tile(0, vt, vx);
         barrier(CLK_LOCAL_MEM_FENCE);
         if (t0 + TILE < hi) {
             fetch_tile(kx, k, b, kv_seq, t0 + TILE, hi, num_kv_heads, kv_head, 1.0f);
@@ -407,6 +680,9 @@ forward__mma(__global const float *q, ulong q_off, __global const float *k, ulon
 
         float s[NT][4];
         tile_products(&s[0][0], 0, &qf[0][0], 0, kt, 0, d0, xch, emu);
+#if DTYPE != 0
+        scale_by(&s[0][0], NT * 4, scale);
+#endif
         /* Only tiles that some row sees in part are masked. */
         const bool whole =
             t0 + TILE <= hi && all_visible(r0, last, t0, t0 + TILE - 1u, causal, window);
@@ -452,17 +728,7 @@ forward__mma(__global const float *q, ulong q_off, __global const float *k, ulon
             acc[n][2] *= c1;
             acc[n][3] *= c1;
         }
-        UNROLL
-        for (uint j = 0; j < NT; ++j) {
-            uint ab[4], as[4];
-            c_to_a(s[j], ab, as);
-            UNROLL
-            for (uint n = 0; n < KW; ++n) {
-                uint bb[2], bs[2];
-                b_frag(vt, (j * 8 + 2 * t) * STRIDE + d0 + n * 8 + g, STRIDE, bb, bs);
-                mma3(acc[n], ab, as, bb, bs, emu);
-            }
-        }
+        tile_times(&acc[0][0], &s[0][0], vt, d0, emu);
     }
     l0 = row_sum(l0, emu);
     l1 = row_sum(l1, emu);
@@ -473,7 +739,7 @@ forward__mma(__global const float *q, ulong q_off, __global const float *k, ulon
             const uint row = (i & 2) ? row1 : row0, d = d0 + n * 8 + 2 * t + (i & 1);
             const float l = (i & 2) ? l1 : l0;
             if (row < q_seq && d < D)
-                o[at(b, q_seq, row, num_heads, head, d)] = l > 0.0f ? acc[n][i] / l : 0.0f;
+                STORE(o, at(b, q_seq, row, num_heads, head, d), l > 0.0f ? acc[n][i] / l : 0.0f);
         }
     }
     if (t == 0 && d0 == 0)
@@ -491,10 +757,10 @@ forward__mma(__global const float *q, ulong q_off, __global const float *k, ulon
 /* ---- grad-Q ---------------------------------------------------------- */
 
 __kernel __attribute__((reqd_work_group_size(LANES, 1, 1))) void
-grad_q__mma(__global const float *q, ulong q_off, __global const float *k, ulong k_off,
-            __global const float *v, ulong v_off, __global const float *d_out, ulong d_out_off,
+grad_q__mma(__global const elem *q, ulong q_off, __global const elem *k, ulong k_off,
+            __global const elem *v, ulong v_off, __global const elem *d_out, ulong d_out_off,
             __global const float *lse, ulong lse_off, __global const float *dsum,
-            ulong dsum_off, __global float *dq, ulong dq_off, SHAPE_ARGS,
+            ulong dsum_off, __global elem *dq, ulong dq_off, SHAPE_ARGS,
             __local float *tiles)
 {
     q += q_off;
@@ -506,18 +772,23 @@ grad_q__mma(__global const float *q, ulong q_off, __global const float *k, ulong
     dq += dq_off;
     const uint lid = get_local_id(0), lane = lid & 31u, warp = lid >> 5;
     const uint g = lane >> 2, t = lane & 3u, d0 = warp % WSPLIT * DW;
-    __local float *kt = tiles, *vt = tiles + TILE_FLOATS, *xch = tiles + XCH_AT;
-    __local float *emu = tiles + EMU_AT + warp * EMU_FLOATS;
+    __local float *xch = tiles + XCH_AT, *emu = tiles + EMU_AT + warp * EMU_FLOATS;
+    /* S = Q K^T and dP = dO V^T read K and V by rows, dS K reads K by
+     * columns. */
+    __local float *next = tiles + TILES_AT, *kt, *kc, *vt, *unused;
+    tile_slot(&next, true, true, &kt, &kc);
+    tile_slot(&next, true, false, &vt, &unused);
     const uint head = get_group_id(1), b = get_group_id(2);
     const uint kv_head = head / (num_heads / num_kv_heads);
     const uint r0 = query_block(q_seq, causal);
     const uint row0 = r0 + warp / WSPLIT * 16u + g, row1 = row0 + 8u;
 
-    float qf[KW][4], of[KW][4], acc[KW][4];
+    frag qf[KS][4], of[KS][4];
+    float acc[KW][4];
     UNROLL
-    for (uint ks = 0; ks < KW; ++ks) {
-        load_a(qf[ks], q, b, q_seq, row0, num_heads, head, d0 + ks * 8, scale);
-        load_a(of[ks], d_out, b, q_seq, row0, num_heads, head, d0 + ks * 8, 1.0f);
+    for (uint ks = 0; ks < KS; ++ks) {
+        load_a(qf[ks], q, b, q_seq, row0, num_heads, head, d0 + ks * KSTEP, scale);
+        load_a(of[ks], d_out, b, q_seq, row0, num_heads, head, d0 + ks * KSTEP, 1.0f);
     }
     zero(&acc[0][0], KW * 4);
     float m[2], l[2], ds_row[2];
@@ -532,13 +803,13 @@ grad_q__mma(__global const float *q, ulong q_off, __global const float *k, ulong
     const uint last = min(r0 + WG_ROWS, q_seq) - 1u;
     uint lo, hi;
     keys_of_queries(r0, last, kv_seq, causal, window, &lo, &hi);
-    float kx[PER_LANE], vx[PER_LANE];
+    frag kx[PER_LANE], vx[PER_LANE];
     fetch_tile(kx, k, b, kv_seq, lo, hi, num_kv_heads, kv_head, 1.0f);
     fetch_tile(vx, v, b, kv_seq, lo, hi, num_kv_heads, kv_head, 1.0f);
     for (uint t0 = lo; t0 < hi; t0 += TILE) {
         barrier(CLK_LOCAL_MEM_FENCE);
-        store_tile(kt, kx);
-        store_tile(vt, vx);
+        store_tile(kt, kc, kx);
+        store_tile(vt, 0, vx);
         barrier(CLK_LOCAL_MEM_FENCE);
         if (t0 + TILE < hi) {
             fetch_tile(kx, k, b, kv_seq, t0 + TILE, hi, num_kv_heads, kv_head, 1.0f);
@@ -547,6 +818,9 @@ grad_q__mma(__global const float *q, ulong q_off, __global const float *k, ulong
 
         float s[NT][4], dp[NT][4];
         tile_products(&s[0][0], &dp[0][0], &qf[0][0], &of[0][0], kt, vt, d0, xch, emu);
+#if DTYPE != 0
+        scale_by(&s[0][0], NT * 4, scale);
+#endif
         const bool whole =
             t0 + TILE <= hi && all_visible(r0, last, t0, t0 + TILE - 1u, causal, window);
         UNROLL
@@ -560,17 +834,7 @@ grad_q__mma(__global const float *q, ulong q_off, __global const float *k, ulong
                 s[n][i] = keep ? p * (dp[n][i] - ds_row[r]) : 0.0f;
             }
         }
-        UNROLL
-        for (uint j = 0; j < NT; ++j) {
-            uint ab[4], as[4];
-            c_to_a(s[j], ab, as);
-            UNROLL
-            for (uint n = 0; n < KW; ++n) {
-                uint bb[2], bs[2];
-                b_frag(kt, (j * 8 + 2 * t) * STRIDE + d0 + n * 8 + g, STRIDE, bb, bs);
-                mma3(acc[n], ab, as, bb, bs, emu);
-            }
-        }
+        tile_times(&acc[0][0], &s[0][0], kc, d0, emu);
     }
     UNROLL
     for (uint n = 0; n < KW; ++n) {
@@ -578,7 +842,7 @@ grad_q__mma(__global const float *q, ulong q_off, __global const float *k, ulong
         for (int i = 0; i < 4; ++i) {
             const uint row = (i & 2) ? row1 : row0, d = d0 + n * 8 + 2 * t + (i & 1);
             if (row < q_seq && d < D)
-                dq[at(b, q_seq, row, num_heads, head, d)] = scale * acc[n][i];
+                STORE(dq, at(b, q_seq, row, num_heads, head, d), scale * acc[n][i]);
         }
     }
 }
@@ -601,29 +865,34 @@ inline void fetch_rows(float *x, __global const float *lse, __global const float
 /* dK and/or dV of the work-group's WG_ROWS keys: every query row of every
  * head of the group that sees any of them streams through local memory
  * TILE rows at a time, with its LSE pair and Dsum. */
-inline void key_side(__global const float *q, __global const float *k, __global const float *v,
-                     __global const float *d_out, __global const float *lse,
-                     __global const float *dsum, __global float *dk, __global float *dv,
+inline void key_side(__global const elem *q, __global const elem *k, __global const elem *v,
+                     __global const elem *d_out, __global const float *lse,
+                     __global const float *dsum, __global elem *dk, __global elem *dv,
                      uint q_seq, uint kv_seq, uint num_heads, uint num_kv_heads, int causal,
                      uint window, float scale, __local float *tiles, bool want_dk,
                      bool want_dv)
 {
     const uint lid = get_local_id(0), lane = lid & 31u, warp = lid >> 5;
     const uint g = lane >> 2, t = lane & 3u, d0 = warp % WSPLIT * DW;
-    __local float *qt = tiles, *ot = tiles + TILE_FLOATS, *xch = tiles + XCH_AT;
+    __local float *xch = tiles + XCH_AT, *emu = tiles + EMU_AT + warp * EMU_FLOATS;
     __local float *mt = tiles + ROW_AT, *lt = mt + TILE, *dt = lt + TILE;
-    __local float *emu = tiles + EMU_AT + warp * EMU_FLOATS;
+    /* S^T = K Q^T reads Q by rows, dP^T = V dO^T dO by rows; dS^T Q reads Q
+     * by columns, P^T dO dO by columns. */
+    __local float *next = tiles + TILES_AT, *qt, *qc, *ot, *oc;
+    tile_slot(&next, true, want_dk, &qt, &qc);
+    tile_slot(&next, want_dk, want_dv, &ot, &oc);
     const uint kv_head = get_group_id(1), b = get_group_id(2);
     const uint group = num_heads / num_kv_heads;
     const uint r0 = get_group_id(0) * WG_ROWS; /* causal: the first blocks are the heaviest */
     const uint key0 = r0 + warp / WSPLIT * 16u + g, key1 = key0 + 8u;
 
-    float kf[KW][4], vf[KW][4], dkf[KW][4], dvf[KW][4];
+    frag kf[KS][4], vf[KS][4];
+    float dkf[KW][4], dvf[KW][4];
     UNROLL
-    for (uint ks = 0; ks < KW; ++ks) {
-        load_a(kf[ks], k, b, kv_seq, key0, num_kv_heads, kv_head, d0 + ks * 8, 1.0f);
+    for (uint ks = 0; ks < KS; ++ks) {
+        load_a(kf[ks], k, b, kv_seq, key0, num_kv_heads, kv_head, d0 + ks * KSTEP, 1.0f);
         if (want_dk)
-            load_a(vf[ks], v, b, kv_seq, key0, num_kv_heads, kv_head, d0 + ks * 8, 1.0f);
+            load_a(vf[ks], v, b, kv_seq, key0, num_kv_heads, kv_head, d0 + ks * KSTEP, 1.0f);
     }
     zero(&dkf[0][0], KW * 4);
     zero(&dvf[0][0], KW * 4);
@@ -634,15 +903,16 @@ inline void key_side(__global const float *q, __global const float *k, __global 
     /* One loop over (head of the group, tile of its queries), so that the
      * next tile is fetched while this one is computed. */
     const uint per_head = (hi - lo + TILE - 1u) / TILE, steps = lo < hi ? group * per_head : 0u;
-    float qx[PER_LANE], ox[PER_LANE], rx[3];
+    frag qx[PER_LANE], ox[PER_LANE];
+    float rx[3];
     fetch_tile(qx, q, b, q_seq, lo, hi, num_heads, kv_head * group, scale);
     fetch_tile(ox, d_out, b, q_seq, lo, hi, num_heads, kv_head * group, 1.0f);
     fetch_rows(rx, lse, dsum, b, q_seq, lo, hi, num_heads, kv_head * group, want_dk);
     for (uint step = 0; step < steps; ++step) {
         const uint p0 = lo + step % per_head * TILE;
         barrier(CLK_LOCAL_MEM_FENCE);
-        store_tile(qt, qx);
-        store_tile(ot, ox);
+        store_tile(qt, qc, qx);
+        store_tile(ot, oc, ox);
         if (lid < TILE) {
             mt[lid] = rx[0];
             lt[lid] = rx[1];
@@ -651,16 +921,19 @@ inline void key_side(__global const float *q, __global const float *k, __global 
         barrier(CLK_LOCAL_MEM_FENCE);
         if (step + 1u < steps) {
             const uint head = kv_head * group + (step + 1u) / per_head;
-            const uint next = lo + (step + 1u) % per_head * TILE;
-            fetch_tile(qx, q, b, q_seq, next, hi, num_heads, head, scale);
-            fetch_tile(ox, d_out, b, q_seq, next, hi, num_heads, head, 1.0f);
-            fetch_rows(rx, lse, dsum, b, q_seq, next, hi, num_heads, head, want_dk);
+            const uint next_p = lo + (step + 1u) % per_head * TILE;
+            fetch_tile(qx, q, b, q_seq, next_p, hi, num_heads, head, scale);
+            fetch_tile(ox, d_out, b, q_seq, next_p, hi, num_heads, head, 1.0f);
+            fetch_rows(rx, lse, dsum, b, q_seq, next_p, hi, num_heads, head, want_dk);
         }
 
         /* S^T and dP^T: 16 keys x TILE queries per warp. */
         float s[NT][4], dp[NT][4];
         tile_products(&s[0][0], want_dk ? &dp[0][0] : 0, &kf[0][0], &vf[0][0], qt, ot, d0, xch,
                       emu);
+#if DTYPE != 0
+        scale_by(&s[0][0], NT * 4, scale);
+#endif
         const bool whole = p0 + TILE <= hi &&
                            all_visible(p0, (ulong)p0 + TILE - 1u, r0, last, causal, window);
         UNROLL
@@ -675,28 +948,14 @@ inline void key_side(__global const float *q, __global const float *k, __global 
                 dp[n][i] = keep && want_dk ? p * (dp[n][i] - dt[j]) : 0.0f;
             }
         }
-        UNROLL
-        for (uint j = 0; j < NT; ++j) {
-            uint pb[4], ps[4], db[4], dsm[4];
-            if (want_dv)
-                c_to_a(s[j], pb, ps);
-            if (want_dk)
-                c_to_a(dp[j], db, dsm);
-            UNROLL
-            for (uint n = 0; n < KW; ++n) {
-                const uint at_q = (j * 8 + 2 * t) * STRIDE + d0 + n * 8 + g;
-                uint bb[2], bs[2];
-                if (want_dv) {
-                    b_frag(ot, at_q, STRIDE, bb, bs);
-                    mma3(dvf[n], pb, ps, bb, bs, emu);
-                }
-                if (want_dk) {
-                    b_frag(qt, at_q, STRIDE, bb, bs);
-                    mma3(dkf[n], db, dsm, bb, bs, emu);
-                }
-            }
-        }
+        if (want_dv)
+            tile_times(&dvf[0][0], &s[0][0], oc, d0, emu);
+        if (want_dk)
+            tile_times(&dkf[0][0], &dp[0][0], qc, d0, emu);
     }
+#if DTYPE != 0
+    scale_by(&dkf[0][0], KW * 4, scale); /* dS^T Q took Q unscaled */
+#endif
     UNROLL
     for (uint n = 0; n < KW; ++n) {
         UNROLL
@@ -705,18 +964,18 @@ inline void key_side(__global const float *q, __global const float *k, __global 
             if (key < kv_seq && d < D) {
                 const ulong x = at(b, kv_seq, key, num_kv_heads, kv_head, d);
                 if (want_dk)
-                    dk[x] = dkf[n][i];
+                    STORE(dk, x, dkf[n][i]);
                 if (want_dv)
-                    dv[x] = dvf[n][i];
+                    STORE(dv, x, dvf[n][i]);
             }
         }
     }
 }
 
 __kernel __attribute__((reqd_work_group_size(LANES, 1, 1))) void
-grad_v__mma(__global const float *d_out, ulong d_out_off, __global const float *q, ulong q_off,
-            __global const float *k, ulong k_off, __global const float *lse, ulong lse_off,
-            __global float *dv, ulong dv_off, SHAPE_ARGS, __local float *tiles)
+grad_v__mma(__global const elem *d_out, ulong d_out_off, __global const elem *q, ulong q_off,
+            __global const elem *k, ulong k_off, __global const float *lse, ulong lse_off,
+            __global elem *dv, ulong dv_off, SHAPE_ARGS, __local float *tiles)
 {
     key_side(q + q_off, k + k_off, k + k_off, d_out + d_out_off, lse + lse_off, lse + lse_off,
              dv + dv_off, dv + dv_off, q_seq, kv_seq, num_heads, num_kv_heads, causal, window,
@@ -724,10 +983,10 @@ grad_v__mma(__global const float *d_out, ulong d_out_off, __global const float *
 }
 
 __kernel __attribute__((reqd_work_group_size(LANES, 1, 1))) void
-grad_k__mma(__global const float *q, ulong q_off, __global const float *k, ulong k_off,
-            __global const float *v, ulong v_off, __global const float *d_out, ulong d_out_off,
+grad_k__mma(__global const elem *q, ulong q_off, __global const elem *k, ulong k_off,
+            __global const elem *v, ulong v_off, __global const elem *d_out, ulong d_out_off,
             __global const float *lse, ulong lse_off, __global const float *dsum,
-            ulong dsum_off, __global float *dk, ulong dk_off, SHAPE_ARGS,
+            ulong dsum_off, __global elem *dk, ulong dk_off, SHAPE_ARGS,
             __local float *tiles)
 {
     key_side(q + q_off, k + k_off, v + v_off, d_out + d_out_off, lse + lse_off, dsum + dsum_off,
@@ -736,10 +995,10 @@ grad_k__mma(__global const float *q, ulong q_off, __global const float *k, ulong
 }
 
 __kernel __attribute__((reqd_work_group_size(LANES, 1, 1))) void
-grad_kv__mma(__global const float *q, ulong q_off, __global const float *k, ulong k_off,
-             __global const float *v, ulong v_off, __global const float *d_out, ulong d_out_off,
+grad_kv__mma(__global const elem *q, ulong q_off, __global const elem *k, ulong k_off,
+             __global const elem *v, ulong v_off, __global const elem *d_out, ulong d_out_off,
              __global const float *lse, ulong lse_off, __global const float *dsum,
-             ulong dsum_off, __global float *dk, ulong dk_off, __global float *dv, ulong dv_off,
+             ulong dsum_off, __global elem *dk, ulong dk_off, __global elem *dv, ulong dv_off,
              SHAPE_ARGS, __local float *tiles)
 {
     key_side(q + q_off, k + k_off, v + v_off, d_out + d_out_off, lse + lse_off, dsum + dsum_off,

@@ -137,14 +137,47 @@ static const mma_class mma_table[] = {
     {128, {4, 2, 16, 2}, {8, 2, 16, 1}, {8, 2, 8, 2}},
     {CLATTN_MAX_HEAD_DIM, {8, 4, 8, 2}, {8, 4, 8, 2}, {8, 4, 8, 2}},
 };
+/* The same for 16-bit tensors (m16n8k16; `planes` unused): tiles of
+ * 16-bit words, kept by rows and/or by columns per kernel, so they are
+ * smaller than fp32's and longer tiles fit; a tile is a whole number of
+ * k-steps of 16. Measured on the H200, 2026-11-30, bfloat16, every kernel
+ * in one shape (`CLATTN_MMA=W,S,T,P clattn bench --dtype bf16`; TFLOP/s
+ * forward / backward): d64 q_seq 4096 8 heads causal 4,1,32 34.7 / 35.1,
+ * 8,1,64 33.0 / 39.7, 8,1,16 42.7 / 32.2, 4,1,16 35.9 / 30.6; d128 q_seq
+ * 4096 32 heads on 8 causal 8,1,32 61.2 / 48.5, 4,1,16 59.4 / 38.9,
+ * 8,2,16 35.9 / 20.4 (4,1,64 and 4,2,32 exceed 48 KB of local memory).
+ * Past 128 the rows split by columns, untuned. */
+static const mma_class mma16_table[] = {
+    {64, {8, 1, 16, 1}, {8, 1, 64, 1}, {8, 1, 64, 1}},
+    {128, {8, 1, 32, 1}, {8, 1, 32, 1}, {8, 1, 32, 1}},
+    {CLATTN_MAX_HEAD_DIM, {4, 2, 16, 1}, {2, 2, 16, 1}, {4, 2, 16, 1}},
+};
 
-/* mma.cl's MMA_LOCAL_FLOATS for a head_dim under config c. */
-static size_t mma_local_floats(const mma_config *c, uint32_t head_dim, int emulate)
+/* mma.cl's local buffer for kernel k at a head_dim under config c, in
+ * floats: the tile rows' m, l and Dsum, the warps' exchange, the
+ * emulation's scratch, then the kernel's tiles (fp32: two tensors by rows;
+ * 16-bit: words by rows, [tile][padded / 2 + 4], and by columns,
+ * [padded][tile / 2 + 4], as mma.cl's tile_slot calls ask). */
+static size_t mma_local_floats(const mma_config *c, uint32_t head_dim, int emulate,
+                               clattn_dtype dtype, int k)
 {
-    const size_t unit = 8u * c->wsplit, padded = (head_dim + unit - 1) / unit * unit;
-    const size_t tile = (size_t)c->planes * c->tile * (padded + 4);
+    const size_t kstep = dtype == CLATTN_DTYPE_F32 ? 8u : 16u;
+    const size_t unit = kstep * c->wsplit, padded = (head_dim + unit - 1) / unit * unit;
     const size_t exchange = c->wsplit > 1 ? 2 * (size_t)c->warps * c->tile / 8 * 4 * 32 : 0;
-    return 2 * tile + 3 * (size_t)c->tile + exchange + (emulate ? (size_t)c->warps * 224 : 0);
+    const size_t emu = emulate ? (size_t)c->warps * (dtype == CLATTN_DTYPE_F32 ? 224 : 416) : 0;
+    size_t tiles;
+    if (dtype == CLATTN_DTYPE_F32) {
+        tiles = 2 * (size_t)c->planes * c->tile * (padded + 4);
+    } else {
+        const size_t by_rows = (size_t)c->tile * (padded / 2 + 4);
+        const size_t by_cols = padded * ((size_t)c->tile / 2 + 4);
+        /* tensors by rows and by columns: forward K | V; grad-Q K K | V;
+         * grad-V Q | dO; grad-K Q Q | dO; grad-KV Q Q | dO dO */
+        const int rows = k == K_FORWARD || k == K_GRAD_V ? 1 : 2;
+        const int cols = k == K_GRAD_KV ? 2 : 1;
+        tiles = rows * by_rows + cols * by_cols;
+    }
+    return 3 * (size_t)c->tile + exchange + emu + tiles;
 }
 
 /* A tuning override of mma shapes from the variable `name`, if set. */
@@ -157,10 +190,12 @@ static clattn_status mma_override(const char *name, mma_config *c, int *set)
     if (sscanf(text, "%u,%u,%u,%u%c", &c->warps, &c->wsplit, &c->tile, &c->planes, &end) != 4 ||
         (c->warps != 1 && c->warps != 2 && c->warps != 4 && c->warps != 8) ||
         (c->wsplit != 1 && c->wsplit != 2 && c->wsplit != 4) || c->warps % c->wsplit ||
-        (c->tile != 8 && c->tile != 16 && c->tile != 32) || (c->planes != 1 && c->planes != 2))
+        (c->tile != 8 && c->tile != 16 && c->tile != 32 && c->tile != 64) ||
+        (c->planes != 1 && c->planes != 2))
         return clattn_fail(CLATTN_ERROR_INVALID_OPTION,
                            "%s='%s': want WARPS,WSPLIT,TILE,PLANES with WARPS 1, 2, 4 or 8, "
-                           "WSPLIT 1, 2 or 4 dividing WARPS, TILE 8, 16 or 32 and PLANES 1 or 2",
+                           "WSPLIT 1, 2 or 4 dividing WARPS, TILE 8, 16, 32 or 64 (16-bit "
+                           "tensors: 16 or more) and PLANES 1 or 2",
                            name, text);
     *set = 1;
     return CLATTN_OK;
@@ -207,6 +242,7 @@ typedef struct kernel_set {
     size_t max_wg[K_COUNT];
     cl_ulong local_mem[K_COUNT];
     int kind[K_COUNT];
+    clattn_dtype dtype;
 } kernel_set;
 
 struct clattn_cl_state {
@@ -226,7 +262,6 @@ struct clattn_cl_state {
     mma_config mma_tune;
     int grad_q_tuned;            /* CLATTN_MMA_GRAD_Q set: grad_q_tune for grad-Q */
     mma_config grad_q_tune;
-    int named;                   /* the variant was asked for by name */
     tile_class tiles;
     cl_ulong max_alloc;
     cl_ulong local_mem;
@@ -257,26 +292,28 @@ static tile_config tile_config_for(const struct clattn_cl_state *cl, uint32_t he
     return c;
 }
 
-/* The shape of mma kernel k at a head_dim. */
+/* The shape of mma kernel k at a head_dim for a dtype. */
 static const mma_config *mma_config_for(const struct clattn_cl_state *cl, uint32_t head_dim,
-                                        int k)
+                                        clattn_dtype dtype, int k)
 {
     if (k == K_GRAD_Q && cl->grad_q_tuned)
         return &cl->grad_q_tune;
     if (cl->mma_tuned)
         return &cl->mma_tune;
+    const mma_class *table = dtype == CLATTN_DTYPE_F32 ? mma_table : mma16_table;
     size_t i = 0;
-    while (mma_table[i].max_head_dim < head_dim)
+    while (table[i].max_head_dim < head_dim)
         ++i;
-    return k == K_FORWARD  ? &mma_table[i].forward
-           : k == K_GRAD_Q ? &mma_table[i].grad_q
-                           : &mma_table[i].backward;
+    return k == K_FORWARD  ? &table[i].forward
+           : k == K_GRAD_Q ? &table[i].grad_q
+                           : &table[i].backward;
 }
 
 /* Rows of a work-group of mma.cl: 16 for each group of wsplit warps. */
-static size_t mma_rows(const struct clattn_cl_state *cl, uint32_t head_dim, int k)
+static size_t mma_rows(const struct clattn_cl_state *cl, uint32_t head_dim, clattn_dtype dtype,
+                       int k)
 {
-    const mma_config *c = mma_config_for(cl, head_dim, k);
+    const mma_config *c = mma_config_for(cl, head_dim, dtype, k);
     return 16u * c->warps / c->wsplit;
 }
 
@@ -571,7 +608,8 @@ static size_t local_bytes(const struct clattn_cl_state *cl, const kernel_set *se
     if (set->kind[k] == KIND_BLOCKED)
         return sizeof(float); /* unused, but an argument wants a size */
     if (set->kind[k] == KIND_MMA)
-        return mma_local_floats(mma_config_for(cl, head_dim, k), head_dim, cl->mma_emulate) *
+        return mma_local_floats(mma_config_for(cl, head_dim, set->dtype, k), head_dim,
+                                cl->mma_emulate, set->dtype, k) *
                sizeof(float);
     if (set->kind[k] == KIND_TILED) {
         const tile_config c = tile_config_for(cl, head_dim);
@@ -587,7 +625,7 @@ static size_t work_group(const struct clattn_cl_state *cl, const kernel_set *set
     const tile_config c = tile_config_for(cl, head_dim);
     return set->kind[k] == KIND_TILED ? (size_t)c.rows * c.split * tile_dsplit(&c, head_dim)
            : set->kind[k] == KIND_BLOCKED ? 1
-           : set->kind[k] == KIND_MMA     ? 32u * mma_config_for(cl, head_dim, k)->warps
+           : set->kind[k] == KIND_MMA     ? 32u * mma_config_for(cl, head_dim, set->dtype, k)->warps
                                           : tree_work_group(head_dim);
 }
 
@@ -602,7 +640,7 @@ static const char *kernel_options(const struct clattn_cl_state *cl, int kind, ui
                              build_options, head_dim ? head_dim : 1u, t.rows, t.tile, t.split,
                              tile_dsplit(&t, head_dim), (int)dtype);
     if (kind == KIND_MMA && len > 0 && (size_t)len < size) {
-        const mma_config *c = mma_config_for(cl, head_dim, k);
+        const mma_config *c = mma_config_for(cl, head_dim, dtype, k);
         snprintf(buf + len, size - (size_t)len,
                  " -DWARPS=%u -DWSPLIT=%u -DMMA_TILE=%u -DPLANES=%u%s", c->warps, c->wsplit,
                  c->tile, c->planes, cl->mma_emulate ? " -DMMA_EMULATE" : "");
@@ -619,6 +657,7 @@ static clattn_status build_set(struct clattn_cl_state *cl, const char *variant,
                                uint32_t head_dim, clattn_dtype dtype, kernel_set *set,
                                int strict_limits)
 {
+    set->dtype = dtype;
     for (int k = 0; k < K_COUNT; ++k) {
         const cl_variant *v = find_variant(k, variant);
         if (!v) {
@@ -630,6 +669,11 @@ static clattn_status build_set(struct clattn_cl_state *cl, const char *variant,
                        : v->source == clattn_cl_blocked ? KIND_BLOCKED
                        : v->source == clattn_cl_mma     ? KIND_MMA
                                                         : KIND_TREE;
+        if (set->kind[k] == KIND_MMA && dtype != CLATTN_DTYPE_F32 &&
+            mma_config_for(cl, head_dim, dtype, k)->tile % 16)
+            return clattn_fail(CLATTN_ERROR_INVALID_OPTION,
+                               "mma's 16-bit kernels want tiles of 16 rows or more (CLATTN_MMA, "
+                               "CLATTN_MMA_GRAD_Q)");
         char options[256], other[256];
         kernel_options(cl, set->kind[k], head_dim, dtype, k, options, sizeof options);
         for (int j = 0; j < k && !set->program[k]; ++j) {
@@ -689,24 +733,11 @@ static clattn_status generic_kernels(struct clattn_cl_state *cl, clattn_dtype dt
 }
 
 /* The kernels a call with this head_dim and dtype runs: the variant's own,
- * specialised for them (built on first use), or the generic set. mma has
- * no 16-bit kernels yet: asked for by name it refuses them; as auto's
- * default it runs tiled's for them, and the context log says so once per
- * head_dim. */
+ * specialised for them (built on first use), or the generic set. */
 static clattn_status kernels_for(struct clattn_cl_state *cl, uint32_t head_dim,
                                  clattn_dtype dtype, kernel_set **out)
 {
     const char *variant = cl->special_variant;
-    if (variant && !strcmp(variant, "mma") && dtype != CLATTN_DTYPE_F32) {
-        if (cl->named)
-            return clattn_fail(CLATTN_ERROR_UNSUPPORTED_SHAPE,
-                               "variant 'mma' has no 16-bit kernels yet; 'tiled' runs them");
-        if (!cl->special[dtype][head_dim])
-            clattn_log_append(cl->owner, "mma has no 16-bit kernels: tiled's run for dtype %d, "
-                                         "head_dim %u",
-                              (int)dtype, head_dim);
-        variant = "tiled";
-    }
     if (!variant)
         return generic_kernels(cl, dtype, out);
     if (!cl->special[dtype][head_dim]) {
@@ -781,7 +812,6 @@ static clattn_status init_on_device(clattn_context *ctx, const char *variant,
      * the device can run. */
     const int can_mma = mma_capable(device) || mma_emulated();
     cl->mma_emulate = mma_emulated();
-    cl->named = variant != NULL;
     if (!variant) {
         const clattn_backend kind = (type & CL_DEVICE_TYPE_CPU) ? CLATTN_BACKEND_OPENCL_CPU
                                                                 : CLATTN_BACKEND_OPENCL_GPU;
@@ -1010,7 +1040,7 @@ static clattn_status enqueue_kernel(struct clattn_cl_state *cl, const kernel_set
     const size_t heads = kd->key_rows ? s->num_kv_heads : s->num_heads;
     const size_t per_group = set->kind[k] == KIND_TILED     ? tile_config_for(cl, s->head_dim).rows
                              : set->kind[k] == KIND_BLOCKED ? BLOCKED_ROWS
-                             : set->kind[k] == KIND_MMA     ? mma_rows(cl, s->head_dim, k)
+                             : set->kind[k] == KIND_MMA ? mma_rows(cl, s->head_dim, s->dtype, k)
                                                             : 1;
     const size_t blocks = (rows + per_group - 1) / per_group;
     const size_t groups = set->kind[k] == KIND_TILED && s->causal ? (blocks + 1) / 2 : blocks;

@@ -148,8 +148,12 @@ static uint16_t *halves(size_t n)
 }
 
 /* 16-bit outputs against the float64 reference of the rounded inputs: the
- * float32 tolerance plus the one rounding of the output to dtype (unit
- * roundoff 2^-8 for bf16, 2^-11 for f16, of |ref|). */
+ * float32 tolerance, plus the one rounding of the output to dtype (unit
+ * roundoff u = 2^-8 for bf16, 2^-11 for f16, of |ref|), plus the rounding
+ * of the second product's operands where a kernel feeds P or dS back to
+ * 16-bit tensor-core products (mma, as FlashAttention): each term p_j x_j
+ * of a sum is off by at most u |p_j x_j|, so the sum by u times the sum of
+ * the terms' magnitudes, which is mag. */
 static void expect_close_16(const char *what, const clattn_shape *s, const uint16_t *got,
                             const double *ref, const double *mag, size_t n)
 {
@@ -158,7 +162,8 @@ static void expect_close_16(const char *what, const clattn_shape *s, const uint1
     size_t at = 0;
     for (size_t i = 0; i < n; ++i) {
         const double g = from_16(got[i], s->dtype);
-        double e = fabs(g - ref[i]) / (TOL_REL * mag[i] + TOL_ABS + u * fabs(ref[i]));
+        double e =
+            fabs(g - ref[i]) / (TOL_REL * mag[i] + TOL_ABS + u * (fabs(ref[i]) + mag[i]));
         if (isnan(e))
             e = INFINITY;
         if (e > worst) {
@@ -836,8 +841,7 @@ static const shape_case emulated[] = {
     {1, 70, 20, 4, 1, 256, 0, 0, 0, 4},
 };
 /* 16-bit tensors, in both formats, on every variant of the backend and on
- * the GPU's default context (where mma runs tiled's kernels for them); mma
- * asked for by name refuses them, before touching an output. Shapes: tails
+ * the GPU's default context. Shapes: tails
  * past a work-group and a tile, GQA, MQA, causal, windows, kv_seq != q_seq,
  * batch, large logits, an odd head_dim and padded ones (each head_dim is a
  * build per variant and dtype on the OpenCL CPU device). */
@@ -872,19 +876,7 @@ START_TEST(dtype_sweep)
             if (!(ctx = test_variant_context(name)))
                 continue;
             current_variant = name;
-            if (!strcmp(name, "mma")) {
-                problem p;
-                problem_make(&p, &s, 1, 1.0f);
-                uint16_t *o = halves(p.nq);
-                ck_assert_status(clattn_forward(ctx, &s, p.q, p.k, p.v, o, p.lse),
-                                 CLATTN_ERROR_UNSUPPORTED_SHAPE);
-                ck_assert_ptr_nonnull(strstr(clattn_last_error(), "no 16-bit kernels"));
-                ck_assert_uint_eq(o[0], 0x7e00u);
-                free(o);
-                problem_free(&p);
-            } else {
-                check_ops_16(ctx, &s, gain, seed);
-            }
+            check_ops_16(ctx, &s, gain, seed);
             clattn_context_destroy(ctx);
         }
     }
@@ -961,6 +953,22 @@ START_TEST(emulated_sweep)
 }
 END_TEST
 
+/* mma's 16-bit kernels (m16n8k16, P and dS fed back as 16-bit operands),
+ * emulated, on the 16-bit sweep's shapes: bfloat16 and float16 by turns
+ * (each head_dim and dtype is a slow build), so that both formats and
+ * every head_dim class run. */
+START_TEST(emulated_16)
+{
+    clattn_shape s = to_shape(&dtype_cases[_i]);
+    s.dtype = _i % 2 && HAVE_F16 ? CLATTN_DTYPE_F16 : CLATTN_DTYPE_BF16;
+    clattn_context *ctx = test_variant_context("mma");
+    ck_assert_msg(ctx != NULL, "the mma variant is refused here; set CLATTN_MMA_EMULATE=1");
+    current_variant = "mma";
+    check_ops_16(ctx, &s, dtype_cases[_i].q_gain, 3000u + (uint64_t)_i);
+    clattn_context_destroy(ctx);
+}
+END_TEST
+
 /* The tiled kernels in the shape a GPU runs them past head_dim 64, with
  * work-items that share a row by columns (whose partial scores meet in
  * local memory) and by tile rows, on the OpenCL CPU device: CLATTN_TILED
@@ -988,7 +996,12 @@ static Suite *reduced_suite(const char *name, const char *tcase, const TTest *sw
 
 Suite *emulated_suite(void)
 {
-    return reduced_suite("emulated", "mma", emulated_sweep, N(emulated));
+    Suite *s = reduced_suite("emulated", "mma", emulated_sweep, N(emulated));
+    TCase *tc = tcase_create("mma-16");
+    tcase_set_timeout(tc, 900);
+    tcase_add_loop_test(tc, emulated_16, 0, N(dtype_cases));
+    suite_add_tcase(s, tc);
+    return s;
 }
 
 Suite *split_suite(void)

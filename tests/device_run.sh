@@ -7,7 +7,8 @@
 #   compare  tests/torch_compare.py --large on the GPU, tolerance 1e-5
 #   bench    tests/torch_bench.py on the GPU shapes, with a plot (BENCH_VARIANT, BENCH_DTYPE,
 #            BENCH_DIMS: variant, dtype and head_dims; defaults mma, f32, all)
-#   tune     clattn bench per CLATTN_MMA shape (TUNE_D64, TUNE_D128, ... override the lists)
+#   tune     clattn bench per CLATTN_MMA shape (TUNE_D64, TUNE_D128, ... override the lists;
+#            TUNE_DTYPE the tensors' dtype, default f32)
 #   cpu      tests/torch_bench.py on the CPU shapes, native and PoCL blocked beside
 #            torch, at the thread counts in CPU_THREADS (default 1,2,4,8,16)
 #   tiled    clattn bench of tree and tiled at head_dims 64..256, and of tiled
@@ -47,7 +48,7 @@ for stage in "$@"; do
         for op in forward backward; do
           printf 'd%s %s %s: ' "$d" "$cfg" "$op"
           CLATTN_MMA=$cfg $cli bench --op $op --head-dim "$d" ${entry#*:} --variant mma --reps 5 \
-            2>&1 | tail -1
+            --dtype "${TUNE_DTYPE:-f32}" 2>&1 | tail -1
         done
       done
     done 2>&1 | tee "$OUT/tune.log" ;;
