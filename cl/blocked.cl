@@ -27,24 +27,62 @@
 #define KB 16
 #define CHUNK 32
 
-/* out[i] = sum_d x[row[i] + d] * t[d] for 8 rows of x, t a transposed tile. */
-inline void dots8(__global const elem *x, const ulong *row, const float *t, float16 *out)
+/* The rows the products below stream: fp32 rows straight from global
+ * memory; 16-bit rows converted once into a private buffer (stage()), so
+ * that the inner loops load floats rather than convert every element at
+ * every use (PoCL's vload_half there ran the f16 backward at a fifth of
+ * fp32's speed). */
+#if DTYPE == 0
+#define SRC __global const float
+#define STAGED(rows) 1 /* no buffer */
+#else
+#define SRC const float
+#define STAGED(rows) ((rows) * D)
+#endif
+
+/* Rows row[0..n) of x as the products read them: x itself with at = row
+ * (fp32), or buf with at[i] = i * D, the rows converted (16-bit). */
+inline SRC *stage(float *buf, __global const elem *x, const ulong *row, uint n, ulong *at)
 {
-    __global const elem *r0 = x + row[0], *r1 = x + row[1], *r2 = x + row[2],
-                         *r3 = x + row[3], *r4 = x + row[4], *r5 = x + row[5],
-                         *r6 = x + row[6], *r7 = x + row[7];
+#if DTYPE == 0
+    for (uint i = 0; i < n; ++i)
+        at[i] = row[i];
+    return x;
+#else
+    for (uint i = 0; i < n; ++i) {
+        __global const elem *r = x + row[i];
+        uint d = 0;
+        for (; d + 16 <= D; d += 16) /* 16 at a time: F16C where the CPU has it */
+#if DTYPE == 1
+            vstore16(vload_half16(0, r + d), 0, buf + i * D + d);
+#else
+            vstore16(as_float16(convert_uint16(vload16(0, r + d)) << 16), 0, buf + i * D + d);
+#endif
+        for (; d < D; ++d)
+            buf[i * D + d] = LOAD(r, d);
+        at[i] = i * D;
+    }
+    return buf;
+#endif
+}
+
+/* out[i] = sum_d x[row[i] + d] * t[d] for 8 rows of x, t a transposed tile. */
+inline void dots8(SRC *x, const ulong *row, const float *t, float16 *out)
+{
+    SRC *r0 = x + row[0], *r1 = x + row[1], *r2 = x + row[2], *r3 = x + row[3],
+        *r4 = x + row[4], *r5 = x + row[5], *r6 = x + row[6], *r7 = x + row[7];
     float16 a0 = 0.0f, a1 = 0.0f, a2 = 0.0f, a3 = 0.0f, a4 = 0.0f, a5 = 0.0f, a6 = 0.0f,
             a7 = 0.0f;
     for (uint d = 0; d < D; ++d) {
         const float16 y = vload16(d, t);
-        a0 += LOAD(r0, d) * y;
-        a1 += LOAD(r1, d) * y;
-        a2 += LOAD(r2, d) * y;
-        a3 += LOAD(r3, d) * y;
-        a4 += LOAD(r4, d) * y;
-        a5 += LOAD(r5, d) * y;
-        a6 += LOAD(r6, d) * y;
-        a7 += LOAD(r7, d) * y;
+        a0 += r0[d] * y;
+        a1 += r1[d] * y;
+        a2 += r2[d] * y;
+        a3 += r3[d] * y;
+        a4 += r4[d] * y;
+        a5 += r5[d] * y;
+        a6 += r6[d] * y;
+        a7 += r7[d] * y;
     }
     out[0] = a0;
     out[1] = a1;
@@ -58,8 +96,7 @@ inline void dots8(__global const elem *x, const ulong *row, const float *t, floa
 
 /* acc[d] += sum_r x[row[r] + d] * w[r] for r < n, acc a transposed tile:
  * eight of its rows stay in registers while the n rows stream by. */
-inline void accumulate(float *acc, __global const elem *x, const ulong *row, const float16 *w,
-                       uint n)
+inline void accumulate(float *acc, SRC *x, const ulong *row, const float16 *w, uint n)
 {
     uint d = 0;
     for (; d + 8 <= D; d += 8) {
@@ -68,15 +105,15 @@ inline void accumulate(float *acc, __global const elem *x, const ulong *row, con
                 c6 = vload16(d + 6, acc), c7 = vload16(d + 7, acc);
         for (uint r = 0; r < n; ++r) {
             const float16 y = w[r];
-            __global const elem *xr = x + row[r] + d;
-            c0 += LOAD(xr, 0) * y;
-            c1 += LOAD(xr, 1) * y;
-            c2 += LOAD(xr, 2) * y;
-            c3 += LOAD(xr, 3) * y;
-            c4 += LOAD(xr, 4) * y;
-            c5 += LOAD(xr, 5) * y;
-            c6 += LOAD(xr, 6) * y;
-            c7 += LOAD(xr, 7) * y;
+            SRC *xr = x + row[r] + d;
+            c0 += xr[0] * y;
+            c1 += xr[1] * y;
+            c2 += xr[2] * y;
+            c3 += xr[3] * y;
+            c4 += xr[4] * y;
+            c5 += xr[5] * y;
+            c6 += xr[6] * y;
+            c7 += xr[7] * y;
         }
         vstore16(c0, d, acc);
         vstore16(c1, d + 1, acc);
@@ -90,7 +127,7 @@ inline void accumulate(float *acc, __global const elem *x, const ulong *row, con
     for (; d < D; ++d) {
         float16 c = vload16(d, acc);
         for (uint r = 0; r < n; ++r)
-            c += LOAD(x, row[r] + d) * w[r];
+            c += x[row[r] + d] * w[r];
         vstore16(c, d, acc);
     }
 }
@@ -136,13 +173,17 @@ inline void chunk_run(chunk *ch, __global const elem *q, __global const elem *d_
                       uint nt, int causal, uint window, float scale, bool want_dk, bool want_dv)
 {
     float16 p[CHUNK], ds[CHUNK];
-    const uint n = ch->n;
-    for (uint r = n; r % 8; ++r)
+    const uint n = ch->n, n8 = (n + 7u) / 8u * 8u;
+    for (uint r = n; r < n8; ++r)
         ch->row[r] = ch->row[0]; /* a valid row; only the first n are used */
+    float qs[STAGED(CHUNK)], os[STAGED(CHUNK)];
+    ulong at[CHUNK];
+    SRC *qx = stage(qs, q, ch->row, n8, at);
+    SRC *ox = stage(os, d_out, ch->row, n8, at);
     for (uint r = 0; r < n; r += 8) {
-        dots8(q, ch->row + r, kt, p + r);
+        dots8(qx, at + r, kt, p + r);
         if (want_dk)
-            dots8(d_out, ch->row + r, vt, ds + r);
+            dots8(ox, at + r, vt, ds + r);
     }
     const uint16 t = t0 + lane_ids();
     const int16 live = lane_ids() < nt;
@@ -154,9 +195,9 @@ inline void chunk_run(chunk *ch, __global const elem *q, __global const elem *d_
             ds[r] = scale * e * (ds[r] - ch->dsum[r]);
     }
     if (want_dv)
-        accumulate(dvt, d_out, ch->row, p, n);
+        accumulate(dvt, ox, at, p, n);
     if (want_dk)
-        accumulate(dkt, q, ch->row, ds, n);
+        accumulate(dkt, qx, at, ds, n);
     ch->n = 0;
 }
 
@@ -315,8 +356,12 @@ __kernel void forward__blocked(__global const elem *q, ulong q_off, __global con
         ulong keys[KB];
         float16 sc[KB];
         key_rows(keys, b, kv_seq, num_kv_heads, kv_head, t0, r.t_hi);
-        dots8(k, keys, qt, sc);
-        dots8(k, keys + 8, qt, sc + 8);
+        float ks[STAGED(KB)], vs[STAGED(KB)];
+        ulong at[KB];
+        SRC *kx = stage(ks, k, keys, KB, at);
+        SRC *vx = stage(vs, v, keys, KB, at);
+        dots8(kx, at, qt, sc);
+        dots8(kx, at + 8, qt, sc + 8);
         float16 block_max = EMPTY_ROW;
         for (uint j = 0; j < KB; ++j) {
             const int16 keep = r.live & visible16(r.pos, (uint16)(t0 + j), causal, window);
@@ -335,7 +380,7 @@ __kernel void forward__blocked(__global const elem *q, ulong q_off, __global con
         m = m_new;
         for (uint d = 0; d < D; ++d)
             vstore16(vload16(d, ot) * rescale, d, ot);
-        accumulate(ot, v, keys, sc, n);
+        accumulate(ot, vx, at, sc, n);
     }
     float lv[KB], mv[KB];
     vstore16(l, 0, lv);
@@ -386,16 +431,20 @@ __kernel void grad_q__blocked(__global const elem *q, ulong q_off, __global cons
         ulong keys[KB];
         float16 sc[KB], dp[KB];
         key_rows(keys, b, kv_seq, num_kv_heads, kv_head, t0, r.t_hi);
-        dots8(k, keys, qt, sc);
-        dots8(k, keys + 8, qt, sc + 8);
-        dots8(v, keys, dot, dp);
-        dots8(v, keys + 8, dot, dp + 8);
+        float ks[STAGED(KB)], vs[STAGED(KB)];
+        ulong at[KB];
+        SRC *kx = stage(ks, k, keys, KB, at);
+        SRC *vx = stage(vs, v, keys, KB, at);
+        dots8(kx, at, qt, sc);
+        dots8(kx, at + 8, qt, sc + 8);
+        dots8(vx, at, dot, dp);
+        dots8(vx, at + 8, dot, dp + 8);
         for (uint j = 0; j < KB; ++j) {
             const int16 keep = r.live & visible16(r.pos, (uint16)(t0 + j), causal, window);
             const float16 p = exp(fmin(sc[j] * scale - m, 0.0f) - l);
             sc[j] = select((float16)0.0f, scale * p * (dp[j] - ds_row), j < n ? keep : (int16)0);
         }
-        accumulate(dqt, k, keys, sc, n);
+        accumulate(dqt, kx, at, sc, n);
     }
     for (uint i = 0; i < r.n; ++i)
         for (uint d = 0; d < D; ++d)
