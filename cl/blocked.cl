@@ -96,7 +96,7 @@ inline void dots8(SRC *x, const ulong *row, const float *t, float16 *out)
 
 /* acc[d] += sum_r x[row[r] + d] * w[r] for r < n, acc a transposed tile:
  * eight of its rows stay in registers while the n rows stream by. */
-inline void accumulate(float *acc, SRC *x, const ulong *row, const float16 *w, uint n)
+inline void add_rows(float *acc, SRC *x, const ulong *row, const float16 *w, uint n)
 {
     uint d = 0;
     for (; d + 8 <= D; d += 8) {
@@ -141,14 +141,16 @@ inline void transpose_in(__global const elem *x, const ulong *row, uint n, float
 }
 
 /* Whether query pos sees key t, lane by lane, as float16 selects want it
- * (-1 where true): under the causal mask only keys t <= pos, under a window
- * only keys with pos < t + window. Written without t + window, which could
- * wrap, and without clamped differences, which LLVM turns into saturating
- * intrinsics that Oclgrind cannot run. */
-inline int16 visible16(uint16 pos, uint16 t, int causal, uint window)
+ * (-1 where true): with at = pos + delta (global positions compared), under
+ * the causal mask only keys t <= at, under a window only keys with at <
+ * t + window. In 64 bits, so that nothing wraps, and without clamped
+ * differences, which LLVM turns into saturating intrinsics that Oclgrind
+ * cannot run. */
+inline int16 visible16(uint16 pos, uint16 t, int causal, uint window, long delta)
 {
-    const int16 past = t <= pos;
-    const int16 near = window ? pos - t < (uint16)window : (int16)(-1);
+    const long16 at = convert_long16(pos) + delta, key = convert_long16(t);
+    const int16 past = convert_int16(key <= at);
+    const int16 near = window ? convert_int16(at - key < (long16)window) : (int16)(-1);
     return select((int16)(causal ? 0 : -1), near, past);
 }
 
@@ -170,7 +172,8 @@ typedef struct chunk {
 
 inline void chunk_run(chunk *ch, __global const elem *q, __global const elem *d_out,
                       const float *kt, const float *vt, float *dkt, float *dvt, uint t0,
-                      uint nt, int causal, uint window, float scale, bool want_dk, bool want_dv)
+                      uint nt, int causal, uint window, long delta, float scale, bool want_dk,
+                      bool want_dv)
 {
     float16 p[CHUNK], ds[CHUNK];
     const uint n = ch->n, n8 = (n + 7u) / 8u * 8u;
@@ -189,15 +192,15 @@ inline void chunk_run(chunk *ch, __global const elem *q, __global const elem *d_
     const int16 live = lane_ids() < nt;
     for (uint r = 0; r < n; ++r) {
         float16 e = exp(fmin(p[r] * scale - ch->m[r], 0.0f) - ch->l[r]);
-        e = select((float16)0.0f, e, live & visible16((uint16)ch->pos[r], t, causal, window));
+        e = select((float16)0.0f, e, live & visible16((uint16)ch->pos[r], t, causal, window, delta));
         p[r] = e;
         if (want_dk)
             ds[r] = scale * e * (ds[r] - ch->dsum[r]);
     }
     if (want_dv)
-        accumulate(dvt, ox, at, p, n);
+        add_rows(dvt, ox, at, p, n);
     if (want_dk)
-        accumulate(dkt, qx, at, ds, n);
+        add_rows(dkt, qx, at, ds, n);
     ch->n = 0;
 }
 
@@ -205,7 +208,8 @@ inline void key_job(__global const elem *q, __global const elem *k, __global con
                     __global const elem *d_out, __global const float *lse,
                     __global const float *dsum, __global elem *dk, __global elem *dv,
                     uint q_seq, uint kv_seq, uint num_heads, uint num_kv_heads, int causal,
-                    uint window, float scale, bool want_dk, bool want_dv)
+                    uint window, long delta, float scale, int accumulate, bool want_dk,
+                    bool want_dv)
 {
     const uint t0 = get_global_id(0) * KB, kv_head = get_global_id(1), b = get_global_id(2);
     if (t0 >= kv_seq)
@@ -223,10 +227,9 @@ inline void key_job(__global const elem *q, __global const elem *k, __global con
     for (uint i = 0; i < D * KB; ++i)
         dkt[i] = dvt[i] = 0.0f;
 
-    /* The queries that see any key of the block: pos >= t0 under the
-     * causal mask, pos < t + window under a window. */
-    const uint start = causal ? t0 : 0u;
-    const uint end = window ? (uint)min((ulong)q_seq, (ulong)t0 + nt - 1 + window) : q_seq;
+    /* The queries that see any key of the block. */
+    uint start, end;
+    queries_of_keys(t0, t0 + nt - 1, q_seq, causal, window, delta, &start, &end);
     chunk ch;
     ch.n = 0;
     for (uint pos = start; pos < end; ++pos) {
@@ -238,19 +241,19 @@ inline void key_job(__global const elem *q, __global const elem *k, __global con
             ch.dsum[ch.n] = want_dk ? dsum[row] : 0.0f;
             ch.pos[ch.n] = pos;
             if (++ch.n == CHUNK)
-                chunk_run(&ch, q, d_out, kt, vt, dkt, dvt, t0, nt, causal, window, scale,
+                chunk_run(&ch, q, d_out, kt, vt, dkt, dvt, t0, nt, causal, window, delta, scale,
                           want_dk, want_dv);
         }
     }
     if (ch.n)
-        chunk_run(&ch, q, d_out, kt, vt, dkt, dvt, t0, nt, causal, window, scale, want_dk,
+        chunk_run(&ch, q, d_out, kt, vt, dkt, dvt, t0, nt, causal, window, delta, scale, want_dk,
                   want_dv);
     for (uint j = 0; j < nt; ++j)
         for (uint d = 0; d < D; ++d) {
             if (want_dv)
-                STORE(dv, first + j * kv_row + d, dvt[d * KB + j]);
+                STORE_GRAD(dv, first + j * kv_row + d, dvt[d * KB + j], accumulate);
             if (want_dk)
-                STORE(dk, first + j * kv_row + d, dkt[d * KB + j]);
+                STORE_GRAD(dk, first + j * kv_row + d, dkt[d * KB + j], accumulate);
         }
 }
 
@@ -261,8 +264,8 @@ __kernel void grad_v__blocked(__global const elem *d_out, ulong d_out_off,
                               __local float *unused)
 {
     key_job(q + q_off, k + k_off, k + k_off, d_out + d_out_off, lse + lse_off, lse + lse_off,
-            dv + dv_off, dv + dv_off, q_seq, kv_seq, num_heads, num_kv_heads, causal, window,
-            scale, false, true);
+            dv + dv_off, dv + dv_off, q_seq, kv_seq, num_heads, num_kv_heads, causal, window, delta,
+            scale, accumulate, false, true);
 }
 
 __kernel void grad_k__blocked(__global const elem *q, ulong q_off, __global const elem *k,
@@ -273,8 +276,8 @@ __kernel void grad_k__blocked(__global const elem *q, ulong q_off, __global cons
                               ulong dk_off, SHAPE_ARGS, __local float *unused)
 {
     key_job(q + q_off, k + k_off, v + v_off, d_out + d_out_off, lse + lse_off, dsum + dsum_off,
-            dk + dk_off, dk + dk_off, q_seq, kv_seq, num_heads, num_kv_heads, causal, window,
-            scale, true, false);
+            dk + dk_off, dk + dk_off, q_seq, kv_seq, num_heads, num_kv_heads, causal, window, delta,
+            scale, accumulate, true, false);
 }
 
 __kernel void grad_kv__blocked(__global const elem *q, ulong q_off, __global const elem *k,
@@ -286,8 +289,8 @@ __kernel void grad_kv__blocked(__global const elem *q, ulong q_off, __global con
                                __local float *unused)
 {
     key_job(q + q_off, k + k_off, v + v_off, d_out + d_out_off, lse + lse_off, dsum + dsum_off,
-            dk + dk_off, dv + dv_off, q_seq, kv_seq, num_heads, num_kv_heads, causal, window,
-            scale, true, true);
+            dk + dk_off, dv + dv_off, q_seq, kv_seq, num_heads, num_kv_heads, causal, window, delta,
+            scale, accumulate, true, true);
 }
 
 /* ---- query side -------------------------------------------------------- */
@@ -302,7 +305,8 @@ typedef struct rows {
     uint n, t_lo, t_hi;
 } rows;
 
-inline void rows_of(rows *r, uint q_seq, uint kv_seq, uint num_heads, int causal, uint window)
+inline void rows_of(rows *r, uint q_seq, uint kv_seq, uint num_heads, int causal, uint window,
+                    long delta)
 {
     const uint pos0 = get_global_id(0) * KB, head = get_global_id(1), b = get_global_id(2);
     r->n = min((uint)KB, q_seq - pos0);
@@ -311,13 +315,7 @@ inline void rows_of(rows *r, uint q_seq, uint kv_seq, uint num_heads, int causal
         r->row[i] = ((ulong)b * q_seq + min(pos0 + i, last)) * num_heads + head;
     r->pos = pos0 + lane_ids();
     r->live = lane_ids() < r->n;
-    /* The first row sees no key before pos0 + 1 - window; the last none
-     * past itself under the causal mask. */
-    const long first = (long)pos0 + 1 - (long)window;
-    r->t_lo = window && first > 0 ? (uint)first : 0u;
-    r->t_hi = causal ? min(last + 1, kv_seq) : kv_seq;
-    if (r->t_lo > r->t_hi)
-        r->t_lo = r->t_hi;
+    keys_of_queries(pos0, last, kv_seq, causal, window, delta, &r->t_lo, &r->t_hi);
 }
 
 /* The rows of keys [t0, t0 + KB) of one KV head, clamped below t_hi. */
@@ -341,7 +339,7 @@ __kernel void forward__blocked(__global const elem *q, ulong q_off, __global con
     o += o_off;
     lse += lse_off;
     rows r;
-    rows_of(&r, q_seq, kv_seq, num_heads, causal, window);
+    rows_of(&r, q_seq, kv_seq, num_heads, causal, window, delta);
     const uint b = get_global_id(2), kv_head = get_global_id(1) / (num_heads / num_kv_heads);
     ulong qrow[KB];
     for (uint i = 0; i < KB; ++i)
@@ -364,7 +362,7 @@ __kernel void forward__blocked(__global const elem *q, ulong q_off, __global con
         dots8(kx, at + 8, qt, sc + 8);
         float16 block_max = EMPTY_ROW;
         for (uint j = 0; j < KB; ++j) {
-            const int16 keep = r.live & visible16(r.pos, (uint16)(t0 + j), causal, window);
+            const int16 keep = r.live & visible16(r.pos, (uint16)(t0 + j), causal, window, delta);
             sc[j] = select((float16)EMPTY_ROW, sc[j] * scale, j < n ? keep : (int16)0);
             block_max = fmax(block_max, sc[j]);
         }
@@ -380,7 +378,7 @@ __kernel void forward__blocked(__global const elem *q, ulong q_off, __global con
         m = m_new;
         for (uint d = 0; d < D; ++d)
             vstore16(vload16(d, ot) * rescale, d, ot);
-        accumulate(ot, vx, at, sc, n);
+        add_rows(ot, vx, at, sc, n);
     }
     float lv[KB], mv[KB];
     vstore16(l, 0, lv);
@@ -410,7 +408,7 @@ __kernel void grad_q__blocked(__global const elem *q, ulong q_off, __global cons
     dsum += dsum_off;
     dq += dq_off;
     rows r;
-    rows_of(&r, q_seq, kv_seq, num_heads, causal, window);
+    rows_of(&r, q_seq, kv_seq, num_heads, causal, window, delta);
     const uint b = get_global_id(2), kv_head = get_global_id(1) / (num_heads / num_kv_heads);
     ulong qrow[KB];
     float mv[KB], lv[KB], sv[KB];
@@ -440,15 +438,15 @@ __kernel void grad_q__blocked(__global const elem *q, ulong q_off, __global cons
         dots8(vx, at, dot, dp);
         dots8(vx, at + 8, dot, dp + 8);
         for (uint j = 0; j < KB; ++j) {
-            const int16 keep = r.live & visible16(r.pos, (uint16)(t0 + j), causal, window);
+            const int16 keep = r.live & visible16(r.pos, (uint16)(t0 + j), causal, window, delta);
             const float16 p = exp(fmin(sc[j] * scale - m, 0.0f) - l);
             sc[j] = select((float16)0.0f, scale * p * (dp[j] - ds_row), j < n ? keep : (int16)0);
         }
-        accumulate(dqt, kx, at, sc, n);
+        add_rows(dqt, kx, at, sc, n);
     }
     for (uint i = 0; i < r.n; ++i)
         for (uint d = 0; d < D; ++d)
-            STORE(dq, qrow[i] + d, dqt[d * KB + i]);
+            STORE_GRAD(dq, qrow[i] + d, dqt[d * KB + i], accumulate);
 }
 
 /* Dsum = dO . O, a row per work-item, KB rows per work-item here too. */

@@ -35,36 +35,47 @@ inline ushort bf16_rte(float x)
 }
 #endif
 
-/* Every kernel's shape arguments, after its tensors. */
+/* Every kernel's shape arguments, after its tensors: delta is q_offset -
+ * kv_offset (the masks compare global positions), accumulate makes the
+ * gradient kernels add into their outputs. */
 #define SHAPE_ARGS                                                                       \
     uint q_seq, uint kv_seq, uint num_heads, uint num_kv_heads, uint head_dim, int causal, \
-        uint window, float scale
+        uint window, long delta, float scale, int accumulate
+
+/* The shape arguments passed on, in SHAPE_ARGS's order. */
+#define SHAPE_PASS \
+    q_seq, kv_seq, num_heads, num_kv_heads, head_dim, causal, window, delta, scale, accumulate
+
+/* A gradient's element i of p: x, or x added to it under accumulate. */
+#define STORE_GRAD(p, i, x, accumulate) STORE(p, i, (accumulate) ? LOAD(p, i) + (x) : (x))
 
 /* The LSE pair of a row with no visible key, as in meganeura's forward;
  * masked scores take it too, so that exp() of them is 0. */
 #define EMPTY_ROW (-1e30f)
 
-/* Whether query pos sees key t (t < kv_seq is the caller's to test). */
-inline bool visible(uint pos, uint t, int causal, uint window)
+/* Whether query pos sees key t (t < kv_seq is the caller's to test): the
+ * global positions are pos + q_offset and t + kv_offset, so the masks
+ * compare pos + delta with t, in 64 bits. */
+inline bool visible(uint pos, uint t, int causal, uint window, long delta)
 {
-    return (!causal || t <= pos) && (window == 0u || (ulong)pos < (ulong)t + window);
+    const long at = (long)pos + delta;
+    return (!causal || (long)t <= at) && (window == 0u || at < (long)t + (long)window);
 }
+
+inline uint clamp_to(long x, uint n) { return x < 0 ? 0u : x > (long)n ? n : (uint)x; }
 
 /* The keys [*lo, *hi) that any query of [first, last] sees. */
 inline void keys_of_queries(uint first, uint last, uint kv_seq, int causal, uint window,
-                            uint *lo, uint *hi)
+                            long delta, uint *lo, uint *hi)
 {
-    *lo = window > 0u && first >= window ? first - window + 1u : 0u;
-    *hi = causal ? min(last + 1u, kv_seq) : kv_seq;
+    *hi = causal ? clamp_to((long)last + delta + 1, kv_seq) : kv_seq;
+    *lo = window > 0u ? clamp_to((long)first + delta - (long)window + 1, *hi) : 0u;
 }
 
-/* The queries [*lo, *hi) that see any key of [first, last]; written so that
- * last + window cannot wrap. */
+/* The queries [*lo, *hi) that see any key of [first, last]. */
 inline void queries_of_keys(uint first, uint last, uint q_seq, int causal, uint window,
-                            uint *lo, uint *hi)
+                            long delta, uint *lo, uint *hi)
 {
-    *lo = causal ? first : 0u;
-    *hi = q_seq;
-    if (window > 0u && last < q_seq && window < q_seq - last)
-        *hi = last + window;
+    *hi = window > 0u ? clamp_to((long)last - delta + (long)window, q_seq) : q_seq;
+    *lo = causal ? clamp_to((long)first - delta, *hi) : 0u;
 }

@@ -153,11 +153,13 @@ inline uint query_block(uint q_seq, int causal)
 }
 
 /* Whether every query of [q_first, q_last] sees every key of [k_first,
- * k_last]: such tiles skip the mask. */
-inline bool all_visible(ulong q_first, ulong q_last, ulong k_first, ulong k_last, int causal,
-                        uint window)
+ * k_last] (queries at global position + delta in the keys' terms): such
+ * tiles skip the mask. */
+inline bool all_visible(long q_first, long q_last, long k_first, long k_last, int causal,
+                        uint window, long delta)
 {
-    return (!causal || k_last <= q_first) && (window == 0u || q_last < k_first + window);
+    return (!causal || k_last <= q_first + delta) &&
+           (window == 0u || q_last + delta < k_first + (long)window);
 }
 
 /* A streamed tensor's tiles in the local buffer, from *next: by rows (*rows)
@@ -664,7 +666,7 @@ forward__mma(__global const elem *q, ulong q_off, __global const elem *k, ulong 
 
     const uint last = min(r0 + WG_ROWS, q_seq) - 1u;
     uint lo, hi;
-    keys_of_queries(r0, last, kv_seq, causal, window, &lo, &hi);
+    keys_of_queries(r0, last, kv_seq, causal, window, delta, &lo, &hi);
     frag kx[PER_LANE], vx[PER_LANE];
     fetch_tile(kx, k, b, kv_seq, lo, hi, num_kv_heads, kv_head, 1.0f);
     fetch_tile(vx, v, b, kv_seq, lo, hi, num_kv_heads, kv_head, 1.0f);
@@ -685,14 +687,14 @@ forward__mma(__global const elem *q, ulong q_off, __global const elem *k, ulong 
 #endif
         /* Only tiles that some row sees in part are masked. */
         const bool whole =
-            t0 + TILE <= hi && all_visible(r0, last, t0, t0 + TILE - 1u, causal, window);
+            t0 + TILE <= hi && all_visible(r0, last, t0, t0 + TILE - 1u, causal, window, delta);
         float mx0 = EMPTY_ROW, mx1 = EMPTY_ROW;
         UNROLL
         for (uint n = 0; n < NT; ++n) {
             UNROLL
             for (int i = 0; i < 4; ++i) {
                 const uint key = t0 + n * 8 + 2 * t + (i & 1), row = (i & 2) ? row1 : row0;
-                if (!whole && (key >= hi || !visible(row, key, causal, window)))
+                if (!whole && (key >= hi || !visible(row, key, causal, window, delta)))
                     s[n][i] = EMPTY_ROW;
                 if (i & 2)
                     mx1 = fmax(mx1, s[n][i]);
@@ -802,7 +804,7 @@ grad_q__mma(__global const elem *q, ulong q_off, __global const elem *k, ulong k
 
     const uint last = min(r0 + WG_ROWS, q_seq) - 1u;
     uint lo, hi;
-    keys_of_queries(r0, last, kv_seq, causal, window, &lo, &hi);
+    keys_of_queries(r0, last, kv_seq, causal, window, delta, &lo, &hi);
     frag kx[PER_LANE], vx[PER_LANE];
     fetch_tile(kx, k, b, kv_seq, lo, hi, num_kv_heads, kv_head, 1.0f);
     fetch_tile(vx, v, b, kv_seq, lo, hi, num_kv_heads, kv_head, 1.0f);
@@ -822,7 +824,7 @@ grad_q__mma(__global const elem *q, ulong q_off, __global const elem *k, ulong k
         scale_by(&s[0][0], NT * 4, scale);
 #endif
         const bool whole =
-            t0 + TILE <= hi && all_visible(r0, last, t0, t0 + TILE - 1u, causal, window);
+            t0 + TILE <= hi && all_visible(r0, last, t0, t0 + TILE - 1u, causal, window, delta);
         UNROLL
         for (uint n = 0; n < NT; ++n) {
             UNROLL
@@ -830,7 +832,7 @@ grad_q__mma(__global const elem *q, ulong q_off, __global const elem *k, ulong k
                 const uint key = t0 + n * 8 + 2 * t + (i & 1), row = (i & 2) ? row1 : row0;
                 const int r = (i & 2) ? 1 : 0;
                 const float p = exp(fmin(s[n][i] - m[r], 0.0f) - l[r]);
-                const bool keep = whole || (key < hi && visible(row, key, causal, window));
+                const bool keep = whole || (key < hi && visible(row, key, causal, window, delta));
                 s[n][i] = keep ? p * (dp[n][i] - ds_row[r]) : 0.0f;
             }
         }
@@ -842,7 +844,8 @@ grad_q__mma(__global const elem *q, ulong q_off, __global const elem *k, ulong k
         for (int i = 0; i < 4; ++i) {
             const uint row = (i & 2) ? row1 : row0, d = d0 + n * 8 + 2 * t + (i & 1);
             if (row < q_seq && d < D)
-                STORE(dq, at(b, q_seq, row, num_heads, head, d), scale * acc[n][i]);
+                STORE_GRAD(dq, at(b, q_seq, row, num_heads, head, d), scale * acc[n][i],
+                           accumulate);
         }
     }
 }
@@ -869,8 +872,8 @@ inline void key_side(__global const elem *q, __global const elem *k, __global co
                      __global const elem *d_out, __global const float *lse,
                      __global const float *dsum, __global elem *dk, __global elem *dv,
                      uint q_seq, uint kv_seq, uint num_heads, uint num_kv_heads, int causal,
-                     uint window, float scale, __local float *tiles, bool want_dk,
-                     bool want_dv)
+                     uint window, long delta, float scale, int accumulate,
+                     __local float *tiles, bool want_dk, bool want_dv)
 {
     const uint lid = get_local_id(0), lane = lid & 31u, warp = lid >> 5;
     const uint g = lane >> 2, t = lane & 3u, d0 = warp % WSPLIT * DW;
@@ -898,7 +901,7 @@ inline void key_side(__global const elem *q, __global const elem *k, __global co
     zero(&dvf[0][0], KW * 4);
     const uint last = min(r0 + WG_ROWS, kv_seq) - 1u;
     uint lo, hi;
-    queries_of_keys(r0, last, q_seq, causal, window, &lo, &hi);
+    queries_of_keys(r0, last, q_seq, causal, window, delta, &lo, &hi);
 
     /* One loop over (head of the group, tile of its queries), so that the
      * next tile is fetched while this one is computed. */
@@ -935,7 +938,7 @@ inline void key_side(__global const elem *q, __global const elem *k, __global co
         scale_by(&s[0][0], NT * 4, scale);
 #endif
         const bool whole = p0 + TILE <= hi &&
-                           all_visible(p0, (ulong)p0 + TILE - 1u, r0, last, causal, window);
+                           all_visible(p0, (long)p0 + TILE - 1, r0, last, causal, window, delta);
         UNROLL
         for (uint n = 0; n < NT; ++n) {
             UNROLL
@@ -943,7 +946,7 @@ inline void key_side(__global const elem *q, __global const elem *k, __global co
                 const uint j = n * 8 + 2 * t + (i & 1), key = (i & 2) ? key1 : key0;
                 const float p = exp(fmin(s[n][i] - mt[j], 0.0f) - lt[j]);
                 const bool keep =
-                    whole || (p0 + j < hi && visible(p0 + j, key, causal, window));
+                    whole || (p0 + j < hi && visible(p0 + j, key, causal, window, delta));
                 s[n][i] = keep ? p : 0.0f;
                 dp[n][i] = keep && want_dk ? p * (dp[n][i] - dt[j]) : 0.0f;
             }
@@ -964,9 +967,9 @@ inline void key_side(__global const elem *q, __global const elem *k, __global co
             if (key < kv_seq && d < D) {
                 const ulong x = at(b, kv_seq, key, num_kv_heads, kv_head, d);
                 if (want_dk)
-                    STORE(dk, x, dkf[n][i]);
+                    STORE_GRAD(dk, x, dkf[n][i], accumulate);
                 if (want_dv)
-                    STORE(dv, x, dvf[n][i]);
+                    STORE_GRAD(dv, x, dvf[n][i], accumulate);
             }
         }
     }
@@ -978,8 +981,8 @@ grad_v__mma(__global const elem *d_out, ulong d_out_off, __global const elem *q,
             __global elem *dv, ulong dv_off, SHAPE_ARGS, __local float *tiles)
 {
     key_side(q + q_off, k + k_off, k + k_off, d_out + d_out_off, lse + lse_off, lse + lse_off,
-             dv + dv_off, dv + dv_off, q_seq, kv_seq, num_heads, num_kv_heads, causal, window,
-             scale, tiles, false, true);
+             dv + dv_off, dv + dv_off, q_seq, kv_seq, num_heads, num_kv_heads, causal, window, delta,
+             scale, accumulate, tiles, false, true);
 }
 
 __kernel __attribute__((reqd_work_group_size(LANES, 1, 1))) void
@@ -990,8 +993,8 @@ grad_k__mma(__global const elem *q, ulong q_off, __global const elem *k, ulong k
             __local float *tiles)
 {
     key_side(q + q_off, k + k_off, v + v_off, d_out + d_out_off, lse + lse_off, dsum + dsum_off,
-             dk + dk_off, dk + dk_off, q_seq, kv_seq, num_heads, num_kv_heads, causal, window,
-             scale, tiles, true, false);
+             dk + dk_off, dk + dk_off, q_seq, kv_seq, num_heads, num_kv_heads, causal, window, delta,
+             scale, accumulate, tiles, true, false);
 }
 
 __kernel __attribute__((reqd_work_group_size(LANES, 1, 1))) void
@@ -1002,6 +1005,6 @@ grad_kv__mma(__global const elem *q, ulong q_off, __global const elem *k, ulong 
              SHAPE_ARGS, __local float *tiles)
 {
     key_side(q + q_off, k + k_off, v + v_off, d_out + d_out_off, lse + lse_off, dsum + dsum_off,
-             dk + dk_off, dv + dv_off, q_seq, kv_seq, num_heads, num_kv_heads, causal, window,
-             scale, tiles, true, true);
+             dk + dk_off, dv + dv_off, q_seq, kv_seq, num_heads, num_kv_heads, causal, window, delta,
+             scale, accumulate, tiles, true, true);
 }

@@ -85,12 +85,13 @@ inline void load_row(float *x, __global const elem *src, ulong off, uint b, uint
                                   : 0.0f;
 }
 
-/* Stores DC columns from c0 of x, times gain, into a row. */
+/* Stores DC columns from c0 of x, times gain, into a row (added to it
+ * under accumulate). */
 inline void store_row(__global elem *dst, ulong off, uint b, uint rows, uint row, uint heads,
-                      uint head, uint c0, const float *x, float gain)
+                      uint head, uint c0, const float *x, float gain, int accumulate)
 {
     for (uint d = 0; d < DC && c0 + d < D; ++d)
-        STORE(dst, off + at(b, rows, row, heads, head, c0 + d), gain * x[d]);
+        STORE_GRAD(dst, off + at(b, rows, row, heads, head, c0 + d), gain * x[d], accumulate);
 }
 
 /* Loads rows [r0, r0 + TILE) of a [batch][rows][heads][D] tensor into
@@ -209,7 +210,7 @@ inline void forward_block(__global const elem *q, ulong q_off, __global const el
         acc[d] = 0.0f;
     float m = EMPTY_ROW, l = 0.0f;
     uint lo, hi;
-    keys_of_queries(r0, min(r0 + ROWS, q_seq) - 1u, kv_seq, causal, window, &lo, &hi);
+    keys_of_queries(r0, min(r0 + ROWS, q_seq) - 1u, kv_seq, causal, window, delta, &lo, &hi);
     for (uint t0 = lo; t0 < hi; t0 += TILE) {
         barrier(CLK_LOCAL_MEM_FENCE);
         load_tile(kt, k, k_off, b, kv_seq, t0, hi, num_kv_heads, kv_head);
@@ -222,7 +223,7 @@ inline void forward_block(__global const elem *q, ulong q_off, __global const el
             continue;
         for (uint i = 0; i < TILE / SPLIT; ++i) {
             const uint t = t0 + i * SPLIT + me.part;
-            s[i] = t < hi && visible(pos, t, causal, window) ? s[i] : EMPTY_ROW;
+            s[i] = t < hi && visible(pos, t, causal, window, delta) ? s[i] : EMPTY_ROW;
             tile_max = fmax(tile_max, s[i]);
         }
         if (tile_max == EMPTY_ROW)
@@ -274,7 +275,7 @@ inline void forward_block(__global const elem *q, ulong q_off, __global const el
         return;
     for (uint d = 0; d < DC; ++d)
         acc[d] = l > 0.0f ? acc[d] / l : 0.0f;
-    store_row(o, o_off, b, q_seq, pos, num_heads, head, me.c0, acc, 1.0f);
+    store_row(o, o_off, b, q_seq, pos, num_heads, head, me.c0, acc, 1.0f, 0);
     if (me.c0 > 0)
         return;
     const ulong row = lse_off + 2 * row_of(b, q_seq, pos, num_heads, head);
@@ -305,7 +306,7 @@ inline void grad_q_block(__global const elem *q, ulong q_off, __global const ele
     const float m = lse[lse_off + 2 * row], l = lse[lse_off + 2 * row + 1];
     const float ds_row = dsum[dsum_off + row];
     uint lo, hi;
-    keys_of_queries(r0, min(r0 + ROWS, q_seq) - 1u, kv_seq, causal, window, &lo, &hi);
+    keys_of_queries(r0, min(r0 + ROWS, q_seq) - 1u, kv_seq, causal, window, delta, &lo, &hi);
     for (uint t0 = lo; t0 < hi; t0 += TILE) {
         barrier(CLK_LOCAL_MEM_FENCE);
         load_tile(kt, k, k_off, b, kv_seq, t0, hi, num_kv_heads, kv_head);
@@ -319,7 +320,7 @@ inline void grad_q_block(__global const elem *q, ulong q_off, __global const ele
             continue;
         for (uint i = 0; i < TILE / SPLIT; ++i) {
             const uint t = t0 + i * SPLIT + me.part;
-            s[i] = t < hi && visible(pos, t, causal, window)
+            s[i] = t < hi && visible(pos, t, causal, window, delta)
                        ? exp(fmin(s[i] - m, 0.0f) - l) * (dp[i] - ds_row)
                        : 0.0f;
         }
@@ -327,7 +328,7 @@ inline void grad_q_block(__global const elem *q, ulong q_off, __global const ele
     }
     sum_parts(tiles, acc, me);
     if (live && me.part == 0)
-        store_row(dq, dq_off, b, q_seq, pos, num_heads, head, me.c0, acc, scale);
+        store_row(dq, dq_off, b, q_seq, pos, num_heads, head, me.c0, acc, scale, accumulate);
 }
 
 /* dV of a key row, over the queries of its KV head's group that see it. */
@@ -347,7 +348,7 @@ inline void grad_v_block(__global const elem *d_out, ulong d_out_off, __global c
     for (uint d = 0; d < DC; ++d)
         acc[d] = 0.0f;
     uint lo, hi;
-    queries_of_keys(r0, min(r0 + ROWS, kv_seq) - 1u, q_seq, causal, window, &lo, &hi);
+    queries_of_keys(r0, min(r0 + ROWS, kv_seq) - 1u, q_seq, causal, window, delta, &lo, &hi);
     for (uint head = kv_head * group; head < (kv_head + 1u) * group; ++head) {
         for (uint p0 = lo; p0 < hi; p0 += TILE) {
             barrier(CLK_LOCAL_MEM_FENCE);
@@ -362,7 +363,7 @@ inline void grad_v_block(__global const elem *d_out, ulong d_out_off, __global c
                 continue;
             for (uint i = 0; i < TILE / SPLIT; ++i) {
                 const uint j = i * SPLIT + me.part;
-                s[i] = p0 + j < hi && visible(p0 + j, t, causal, window)
+                s[i] = p0 + j < hi && visible(p0 + j, t, causal, window, delta)
                            ? exp(fmin(s[i] - mt[j], 0.0f) - lt[j])
                            : 0.0f;
             }
@@ -371,7 +372,7 @@ inline void grad_v_block(__global const elem *d_out, ulong d_out_off, __global c
     }
     sum_parts(tiles, acc, me);
     if (live && me.part == 0)
-        store_row(dv, dv_off, b, kv_seq, t, num_kv_heads, kv_head, me.c0, acc, 1.0f);
+        store_row(dv, dv_off, b, kv_seq, t, num_kv_heads, kv_head, me.c0, acc, 1.0f, accumulate);
 }
 
 /* dK of a key row: scale * sum of dS * Q over the queries that see it. */
@@ -395,7 +396,7 @@ inline void grad_k_block(__global const elem *q, ulong q_off, __global const ele
     for (uint d = 0; d < DC; ++d)
         acc[d] = 0.0f;
     uint lo, hi;
-    queries_of_keys(r0, min(r0 + ROWS, kv_seq) - 1u, q_seq, causal, window, &lo, &hi);
+    queries_of_keys(r0, min(r0 + ROWS, kv_seq) - 1u, q_seq, causal, window, delta, &lo, &hi);
     for (uint head = kv_head * group; head < (kv_head + 1u) * group; ++head) {
         for (uint p0 = lo; p0 < hi; p0 += TILE) {
             barrier(CLK_LOCAL_MEM_FENCE);
@@ -412,7 +413,7 @@ inline void grad_k_block(__global const elem *q, ulong q_off, __global const ele
                 continue;
             for (uint i = 0; i < TILE / SPLIT; ++i) {
                 const uint j = i * SPLIT + me.part;
-                s[i] = p0 + j < hi && visible(p0 + j, t, causal, window)
+                s[i] = p0 + j < hi && visible(p0 + j, t, causal, window, delta)
                            ? exp(fmin(s[i] - mt[j], 0.0f) - lt[j]) * (dp[i] - dt[j])
                            : 0.0f;
             }
@@ -421,7 +422,7 @@ inline void grad_k_block(__global const elem *q, ulong q_off, __global const ele
     }
     sum_parts(tiles, acc, me);
     if (live && me.part == 0)
-        store_row(dk, dk_off, b, kv_seq, t, num_kv_heads, kv_head, me.c0, acc, scale);
+        store_row(dk, dk_off, b, kv_seq, t, num_kv_heads, kv_head, me.c0, acc, scale, accumulate);
 }
 
 /* Each kernel runs its block function on row block g and, under a causal
@@ -440,9 +441,7 @@ forward__tiled(__global const elem *q, ulong q_off, __global const elem *k, ulon
                __global const elem *v, ulong v_off, __global elem *o, ulong o_off,
                __global float *lse, ulong lse_off, SHAPE_ARGS, __local float *tiles)
 {
-    PAIRED(q_seq, forward_block(q, q_off, k, k_off, v, v_off, o, o_off, lse, lse_off, q_seq,
-                                kv_seq, num_heads, num_kv_heads, head_dim, causal, window,
-                                scale, tiles, r0))
+    PAIRED(q_seq, forward_block(q, q_off, k, k_off, v, v_off, o, o_off, lse, lse_off, SHAPE_PASS, tiles, r0))
 }
 
 __kernel __attribute__((reqd_work_group_size(LANES, 1, 1))) void
@@ -453,8 +452,7 @@ grad_q__tiled(__global const elem *q, ulong q_off, __global const elem *k, ulong
               SHAPE_ARGS, __local float *tiles)
 {
     PAIRED(q_seq, grad_q_block(q, q_off, k, k_off, v, v_off, d_out, d_out_off, lse, lse_off,
-                               dsum, dsum_off, dq, dq_off, q_seq, kv_seq, num_heads,
-                               num_kv_heads, head_dim, causal, window, scale, tiles, r0))
+                               dsum, dsum_off, dq, dq_off, SHAPE_PASS, tiles, r0))
 }
 
 __kernel __attribute__((reqd_work_group_size(LANES, 1, 1))) void
@@ -464,8 +462,7 @@ grad_v__tiled(__global const elem *d_out, ulong d_out_off, __global const elem *
               __local float *tiles)
 {
     PAIRED(kv_seq, grad_v_block(d_out, d_out_off, q, q_off, k, k_off, lse, lse_off, dv, dv_off,
-                                q_seq, kv_seq, num_heads, num_kv_heads, head_dim, causal,
-                                window, scale, tiles, r0))
+                                SHAPE_PASS, tiles, r0))
 }
 
 __kernel __attribute__((reqd_work_group_size(LANES, 1, 1))) void
@@ -476,6 +473,5 @@ grad_k__tiled(__global const elem *q, ulong q_off, __global const elem *k, ulong
               SHAPE_ARGS, __local float *tiles)
 {
     PAIRED(kv_seq, grad_k_block(q, q_off, k, k_off, v, v_off, d_out, d_out_off, lse, lse_off,
-                                dsum, dsum_off, dk, dk_off, q_seq, kv_seq, num_heads,
-                                num_kv_heads, head_dim, causal, window, scale, tiles, r0))
+                                dsum, dsum_off, dk, dk_off, SHAPE_PASS, tiles, r0))
 }

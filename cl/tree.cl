@@ -69,7 +69,7 @@ __kernel void grad_v__tree(__global const elem *d_out, ulong d_out_off,
     float my_dv = 0.0f;
 
     uint start, end;
-    queries_of_keys(t, t, q_seq, causal, window, &start, &end);
+    queries_of_keys(t, t, q_seq, causal, window, delta, &start, &end);
     for (uint pos = start; pos < end; ++pos) {
         for (uint head = kv_head * group; head < (kv_head + 1u) * group; ++head) {
             const ulong q_at = at(b, q_seq, pos, num_heads, head, head_dim, tid);
@@ -82,7 +82,7 @@ __kernel void grad_v__tree(__global const elem *d_out, ulong d_out_off,
         }
     }
     if (live)
-        STORE(dv, dv_off + kv_at, my_dv);
+        STORE_GRAD(dv, dv_off + kv_at, my_dv, accumulate);
 }
 
 /* O and the LSE pair of one query row, by online softmax over its keys. */
@@ -101,7 +101,7 @@ __kernel void forward__tree(__global const elem *q, ulong q_off,
     float m = EMPTY_ROW, l = 0.0f, acc = 0.0f;
 
     uint start, end;
-    keys_of_queries(pos, pos, kv_seq, causal, window, &start, &end);
+    keys_of_queries(pos, pos, kv_seq, causal, window, delta, &start, &end);
     for (uint t = start; t < end; ++t) {
         const ulong kv_at = at(b, kv_seq, t, num_kv_heads, kv_head, head_dim, tid);
         const float s = tree_sum(red, live ? q_d * LOAD(k, k_off + kv_at) : 0.0f, tid, wg) * scale;
@@ -158,7 +158,7 @@ __kernel void grad_q__tree(__global const elem *q, ulong q_off,
     float acc = 0.0f;
 
     uint start, end;
-    keys_of_queries(pos, pos, kv_seq, causal, window, &start, &end);
+    keys_of_queries(pos, pos, kv_seq, causal, window, delta, &start, &end);
     for (uint t = start; t < end; ++t) {
         const ulong kv_at = at(b, kv_seq, t, num_kv_heads, kv_head, head_dim, tid);
         const float k_d = live ? LOAD(k, k_off + kv_at) : 0.0f;
@@ -168,7 +168,7 @@ __kernel void grad_q__tree(__global const elem *q, ulong q_off,
         acc += scale * p * (sums.y - ds_row) * k_d;
     }
     if (live)
-        STORE(dq, dq_off + q_at, acc);
+        STORE_GRAD(dq, dq_off + q_at, acc, accumulate);
 }
 
 /* dK (and dV when dv is not NULL) of one key row, over the queries of its
@@ -191,7 +191,7 @@ inline void grad_kv_row(__global const elem *q, ulong q_off, __global const elem
     float dk_acc = 0.0f, dv_acc = 0.0f;
 
     uint start, end;
-    queries_of_keys(t, t, q_seq, causal, window, &start, &end);
+    queries_of_keys(t, t, q_seq, causal, window, delta, &start, &end);
     for (uint pos = start; pos < end; ++pos) {
         for (uint head = kv_head * group; head < (kv_head + 1u) * group; ++head) {
             const ulong q_at = at(b, q_seq, pos, num_heads, head, head_dim, tid);
@@ -206,9 +206,9 @@ inline void grad_kv_row(__global const elem *q, ulong q_off, __global const elem
         }
     }
     if (live) {
-        STORE(dk, dk_off + kv_at, dk_acc);
+        STORE_GRAD(dk, dk_off + kv_at, dk_acc, accumulate);
         if (dv)
-            STORE(dv, dv_off + kv_at, dv_acc);
+            STORE_GRAD(dv, dv_off + kv_at, dv_acc, accumulate);
     }
 }
 
@@ -221,8 +221,7 @@ __kernel void grad_k__tree(__global const elem *q, ulong q_off,
                            __global elem *dk, ulong dk_off, SHAPE_ARGS, __local float *red)
 {
     grad_kv_row(q, q_off, k, k_off, v, v_off, d_out, d_out_off, lse, lse_off, dsum, dsum_off,
-                dk, dk_off, 0, 0, q_seq, kv_seq, num_heads, num_kv_heads, head_dim, causal,
-                window, scale, red);
+                dk, dk_off, 0, 0, SHAPE_PASS, red);
 }
 
 __kernel void grad_kv__tree(__global const elem *q, ulong q_off,
@@ -235,6 +234,33 @@ __kernel void grad_kv__tree(__global const elem *q, ulong q_off,
                             __global elem *dv, ulong dv_off, SHAPE_ARGS, __local float *red)
 {
     grad_kv_row(q, q_off, k, k_off, v, v_off, d_out, d_out_off, lse, lse_off, dsum, dsum_off,
-                dk, dk_off, dv, dv_off, q_seq, kv_seq, num_heads, num_kv_heads, head_dim,
-                causal, window, scale, red);
+                dk, dk_off, dv, dv_off, SHAPE_PASS, red);
+}
+
+/* clattn_merge_cl(): two partial results over disjoint key sets, (o1,
+ * lse1) and (o2, lse2), into the (o, lse) of their union, a work-item per
+ * row. A row's log-sum-exp is m + log l; the merged one is their log of
+ * summed exponentials, each O weighted by exp(its LSE - the merged one).
+ * Elementwise per row, so o may be o1 or o2 (in place). */
+__kernel void merge__tree(__global const elem *o1, ulong o1_off, __global const float *lse1,
+                          ulong lse1_off, __global const elem *o2, ulong o2_off,
+                          __global const float *lse2, ulong lse2_off, __global elem *o,
+                          ulong o_off, __global float *lse, ulong lse_off, ulong rows,
+                          uint head_dim)
+{
+    const ulong row = get_global_id(0);
+    if (row >= rows)
+        return;
+    const float m1 = lse1[lse1_off + 2 * row], l1 = lse1[lse1_off + 2 * row + 1];
+    const float m2 = lse2[lse2_off + 2 * row], l2 = lse2[lse2_off + 2 * row + 1];
+    const bool e1 = l1 == EMPTY_ROW, e2 = l2 == EMPTY_ROW;
+    const float m = e1 ? m2 : e2 ? m1 : fmax(m1, m2);
+    const float s1 = e1 ? 0.0f : exp(m1 - m + l1), s2 = e2 ? 0.0f : exp(m2 - m + l2);
+    const float sum = s1 + s2, w1 = sum > 0.0f ? s1 / sum : 0.0f, w2 = sum > 0.0f ? s2 / sum : 0.0f;
+    for (uint d = 0; d < head_dim; ++d) {
+        const ulong i = row * head_dim + d;
+        STORE(o, o_off + i, w1 * LOAD(o1, o1_off + i) + w2 * LOAD(o2, o2_off + i));
+    }
+    lse[lse_off + 2 * row] = sum > 0.0f ? m : EMPTY_ROW;
+    lse[lse_off + 2 * row + 1] = sum > 0.0f ? log(sum) : EMPTY_ROW;
 }

@@ -168,7 +168,7 @@ typedef enum clattn_dtype {
 typedef struct clattn_shape {
     uint32_t batch;
     uint32_t q_seq;
-    uint32_t kv_seq;       /* must equal q_seq when causal */
+    uint32_t kv_seq;       /* must equal q_seq when causal with both offsets 0 */
     uint32_t num_heads;
     uint32_t num_kv_heads; /* divides num_heads; 1 is multi-query attention */
     uint32_t head_dim;     /* 1 .. CLATTN_MAX_HEAD_DIM */
@@ -176,6 +176,18 @@ typedef struct clattn_shape {
     uint32_t window;       /* non-zero: key t is visible to query pos only if pos < t + window */
     float scale;           /* 0: 1 / sqrt(head_dim) */
     clattn_dtype dtype;    /* of the tensors; 0 (CLATTN_DTYPE_F32) by default */
+    /* Global positions of the first query row and the first key (0, 0 by
+     * default): the causal and window masks compare q_offset + i with
+     * kv_offset + j, so that a chunk of a longer sequence is masked as in
+     * the whole. A continuation (bottom-right causal alignment) is
+     * q_offset = kv_seq - q_seq. Rows that see no key get O = 0 and the
+     * LSE pair (-1e30, -1e30). */
+    uint32_t q_offset;
+    uint32_t kv_offset;
+    /* Non-zero: the backward ops add their dQ, dK and dV into the output
+     * tensors instead of overwriting them (BLAS's beta = 1), so that a
+     * caller sums the gradients of several key chunks in place. */
+    int accumulate;
 } clattn_shape;
 
 /* n elements of dtype to float32 and back, as clattn converts them:
@@ -231,11 +243,29 @@ clattn_status clattn_forward(clattn_context *ctx, const clattn_shape *shape, con
  * dQ, dK and dV, with Dsum = dO . O per row, dS = p * (dO . V[t] - Dsum),
  * dV[t] += p * dO, dK[t] += scale * dS * Q, dQ += scale * dS * K[t]; dK and
  * dV sum over every query head of the KV head's group. Deterministic: no
- * atomics, no order that depends on threads. Outputs are written whole.
+ * atomics, no order that depends on threads. Outputs are written whole, or
+ * added to with shape->accumulate. Given the O and LSE of the whole key
+ * set (after clattn_merge()), the backward of one key chunk (with its
+ * offsets) is that chunk's exact share of the gradients.
  * Status: as clattn_grad_v(). */
 clattn_status clattn_backward(clattn_context *ctx, const clattn_shape *shape, const void *q,
                               const void *k, const void *v, const void *o, const float *lse,
                               const void *d_out, void *dq, void *dk, void *dv);
+
+/* Merges two partial results of the same queries over disjoint key sets,
+ * (o1, lse1) and (o2, lse2), as forwards over two key chunks give them,
+ * into the (o, lse) of their union: each row's log-sum-exp is m + l of its
+ * pair; the merged one is the log of their summed exponentials, and o the
+ * sum of o1 and o2 weighted by exp(their LSE - the merged LSE). The pair
+ * written is (the larger m, the log-sum-exp relative to it). Rows empty in
+ * both stay O = 0, (-1e30, -1e30). Uses the shape's batch, q_seq,
+ * num_heads, head_dim and dtype (o1, o2, o of that dtype; the pairs float).
+ * o and lse may be o1 and lse1, or o2 and lse2: merged in place. The
+ * host-pointer form runs on the host for every backend; clattn_merge_cl()
+ * runs on the device. Status: as clattn_forward(). */
+clattn_status clattn_merge(clattn_context *ctx, const clattn_shape *shape, const void *o1,
+                           const float *lse1, const void *o2, const float *lse2, void *o,
+                           float *lse);
 
 /* dQ alone, and dK alone, as clattn_backward() computes them. */
 clattn_status clattn_grad_q(clattn_context *ctx, const clattn_shape *shape, const void *q,

@@ -88,6 +88,15 @@ clattn_status clattn_backward_cl(clattn_context *ctx, const clattn_shape *shape,
                                  cl_uint num_events_in_wait_list,
                                  const cl_event *event_wait_list, cl_event *event);
 
+/* clattn_merge() on the device, enqueued like clattn_forward_cl(): o1, o2
+ * and o of the shape's dtype and Q's size, the LSE pairs float; o may be o1
+ * or o2 (in place). */
+clattn_status clattn_merge_cl(clattn_context *ctx, const clattn_shape *shape, clattn_cl_tensor o1,
+                              clattn_cl_tensor lse1, clattn_cl_tensor o2, clattn_cl_tensor lse2,
+                              clattn_cl_tensor o, clattn_cl_tensor lse,
+                              cl_uint num_events_in_wait_list, const cl_event *event_wait_list,
+                              cl_event *event);
+
 /* dQ alone, and dK alone, enqueued likewise. */
 clattn_status clattn_grad_q_cl(clattn_context *ctx, const clattn_shape *shape,
                                clattn_cl_tensor q, clattn_cl_tensor k, clattn_cl_tensor v,

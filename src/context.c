@@ -1,6 +1,7 @@
 /* Contexts and the dispatcher: which backend and device a context gets. */
 #include <ctype.h>
 #include <errno.h>
+#include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -231,6 +232,54 @@ clattn_status clattn_context_create(const clattn_options *opts, clattn_context *
     }
     clattn_clear_error();
     *ctx = c;
+    return CLATTN_OK;
+}
+
+/* clattn_merge() of one row of n elements, in float32. */
+static void merge_row(const float *o1, const float *lse1, const float *o2, const float *lse2,
+                      float *o, float *lse, size_t n)
+{
+    const float empty = -1e30f;
+    const int e1 = lse1[1] == empty, e2 = lse2[1] == empty;
+    const float m = e1 ? lse2[0] : e2 ? lse1[0] : fmaxf(lse1[0], lse2[0]);
+    const float s1 = e1 ? 0.0f : expf(lse1[0] - m + lse1[1]);
+    const float s2 = e2 ? 0.0f : expf(lse2[0] - m + lse2[1]);
+    const float sum = s1 + s2;
+    const float w1 = sum > 0.0f ? s1 / sum : 0.0f, w2 = sum > 0.0f ? s2 / sum : 0.0f;
+    for (size_t d = 0; d < n; ++d)
+        o[d] = w1 * o1[d] + w2 * o2[d];
+    lse[0] = sum > 0.0f ? m : empty;
+    lse[1] = sum > 0.0f ? logf(sum) : empty;
+}
+
+clattn_status clattn_merge(clattn_context *ctx, const clattn_shape *shape, const void *o1,
+                           const float *lse1, const void *o2, const float *lse2, void *o,
+                           float *lse)
+{
+    clattn_clear_error();
+    if (!ctx)
+        return clattn_fail(CLATTN_ERROR_NULL_POINTER, "ctx is NULL");
+    clattn_sizes sz;
+    clattn_status st = clattn_check_shape(shape, &sz);
+    if (st != CLATTN_OK)
+        return st;
+    const void *const ptrs[6] = {o1, lse1, o2, lse2, o, lse};
+    static const char *const names[6] = {"o1", "lse1", "o2", "lse2", "o", "lse"};
+    for (int i = 0; i < 6; ++i)
+        if (!ptrs[i])
+            return clattn_fail(CLATTN_ERROR_NULL_POINTER, "%s is NULL", names[i]);
+    const size_t n = shape->head_dim, rows = sz.lse / 2;
+    const size_t bytes = shape->dtype == CLATTN_DTYPE_F32 ? sizeof(float) : 2u;
+    float a[CLATTN_MAX_HEAD_DIM], b[CLATTN_MAX_HEAD_DIM], out[CLATTN_MAX_HEAD_DIM], pair[2];
+    for (size_t r = 0; r < rows; ++r) {
+        const size_t at = r * n * bytes;
+        clattn_to_f32(shape->dtype, (const char *)o1 + at, a, n);
+        clattn_to_f32(shape->dtype, (const char *)o2 + at, b, n);
+        merge_row(a, lse1 + 2 * r, b, lse2 + 2 * r, out, pair, n);
+        clattn_from_f32(shape->dtype, out, (char *)o + at, n);
+        lse[2 * r] = pair[0];
+        lse[2 * r + 1] = pair[1];
+    }
     return CLATTN_OK;
 }
 

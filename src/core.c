@@ -128,10 +128,17 @@ clattn_status clattn_check_shape(const clattn_shape *s, clattn_sizes *sizes)
     if (s->head_dim > CLATTN_MAX_HEAD_DIM)
         return clattn_fail(CLATTN_ERROR_HEAD_DIM_TOO_LARGE, "head_dim %u is above %d",
                            s->head_dim, CLATTN_MAX_HEAD_DIM);
-    if (s->causal && s->kv_seq != s->q_seq)
+    if (s->causal && s->kv_seq != s->q_seq && !s->q_offset && !s->kv_offset)
         return clattn_fail(CLATTN_ERROR_CAUSAL_SEQ_MISMATCH,
-                           "causal attention needs kv_seq == q_seq (got %u and %u)", s->kv_seq,
-                           s->q_seq);
+                           "causal attention with both offsets 0 needs kv_seq == q_seq (got %u "
+                           "and %u); a continuation sets q_offset = kv_seq - q_seq",
+                           s->kv_seq, s->q_seq);
+    if ((uint64_t)s->q_offset + s->q_seq > UINT32_MAX ||
+        (uint64_t)s->kv_offset + s->kv_seq > UINT32_MAX)
+        return clattn_fail(CLATTN_ERROR_SIZE_OVERFLOW,
+                           "positions past 2^32 - 1: q_offset %u + q_seq %u, kv_offset %u + "
+                           "kv_seq %u",
+                           s->q_offset, s->q_seq, s->kv_offset, s->kv_seq);
     if (s->dtype != CLATTN_DTYPE_F32 && s->dtype != CLATTN_DTYPE_F16 &&
         s->dtype != CLATTN_DTYPE_BF16)
         return clattn_fail(CLATTN_ERROR_INVALID_DTYPE,
@@ -163,13 +170,30 @@ float clattn_effective_scale(const clattn_shape *s)
     return s->scale > 0.0f ? s->scale : 1.0f / sqrtf((float)s->head_dim);
 }
 
+int64_t clattn_mask_delta(const clattn_shape *s)
+{
+    return (int64_t)s->q_offset - (int64_t)s->kv_offset;
+}
+
+static uint32_t clamp_to(int64_t x, uint32_t n)
+{
+    return x < 0 ? 0 : x > (int64_t)n ? n : (uint32_t)x;
+}
+
 void clattn_query_range(const clattn_shape *s, uint32_t t, uint32_t *start, uint32_t *end)
 {
-    *start = s->causal ? t : 0;
-    *end = s->q_seq;
-    /* Written so that t + window cannot wrap. */
-    if (s->window > 0 && t < s->q_seq && s->window < s->q_seq - t)
-        *end = t + s->window;
+    /* Key t sees the queries i with t <= i + delta (causal) and
+     * i + delta < t + window, in 64 bits so that nothing wraps. */
+    const int64_t delta = clattn_mask_delta(s);
+    *end = s->window > 0 ? clamp_to((int64_t)t - delta + s->window, s->q_seq) : s->q_seq;
+    *start = s->causal ? clamp_to((int64_t)t - delta, *end) : 0;
+}
+
+void clattn_key_range(const clattn_shape *s, uint32_t pos, uint32_t *lo, uint32_t *hi)
+{
+    const int64_t at = (int64_t)pos + clattn_mask_delta(s);
+    *hi = s->causal ? clamp_to(at + 1, s->kv_seq) : s->kv_seq;
+    *lo = s->window > 0 ? clamp_to(at - s->window + 1, *hi) : 0;
 }
 
 uint64_t clattn_shape_visible_pairs(const clattn_shape *s)
@@ -178,12 +202,9 @@ uint64_t clattn_shape_visible_pairs(const clattn_shape *s)
         return 0;
     uint64_t pairs = 0;
     for (uint32_t pos = 0; pos < s->q_seq; ++pos) {
-        uint64_t hi = s->causal ? pos : (uint64_t)s->kv_seq - 1; /* last visible key */
-        uint64_t lo = 0;
-        if (s->window > 0 && pos >= s->window)
-            lo = (uint64_t)pos - s->window + 1;
-        if (hi >= lo)
-            pairs += hi - lo + 1;
+        uint32_t lo, hi;
+        clattn_key_range(s, pos, &lo, &hi);
+        pairs += hi - lo;
     }
     return pairs * s->num_heads * s->batch;
 }

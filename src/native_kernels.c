@@ -252,11 +252,10 @@ static void key_block(const native_call *c, size_t job)
     ch.n = 0;
     for (uint32_t pos = start; pos < end; ++pos) {
         /* Keys of the block that pos sees: [lo, hi). */
-        uint32_t lo = 0, hi = nt;
-        if (s->causal && pos < t0 + nt)
-            hi = pos >= t0 ? pos - t0 + 1 : 0;
-        if (s->window > 0 && pos >= s->window && pos - s->window + 1 > t0)
-            lo = pos - s->window + 1 - t0;
+        uint32_t lo, hi;
+        clattn_key_range(s, pos, &lo, &hi);
+        lo = lo > t0 ? lo - t0 : 0;
+        hi = hi > t0 + nt ? nt : hi > t0 ? hi - t0 : 0;
         if (lo >= hi)
             continue;
         for (size_t head = kv_head * c->group; head < (kv_head + 1) * c->group; ++head) {
@@ -277,18 +276,13 @@ static void key_block(const native_call *c, size_t job)
         key_chunk_run(c, &ch, kt, vt, want_dk ? dkt : NULL, want_dv ? dvt : NULL);
     for (uint32_t j = 0; j < nt; ++j)
         for (size_t d = 0; d < D; ++d) {
+            const size_t at = first + j * kv_row + d;
+            /* s->accumulate: add into the outputs (beta = 1) */
             if (want_dv)
-                c->dv[first + j * kv_row + d] = dvt[d][j];
+                c->dv[at] = s->accumulate ? c->dv[at] + dvt[d][j] : dvt[d][j];
             if (want_dk)
-                c->dk[first + j * kv_row + d] = dkt[d][j];
+                c->dk[at] = s->accumulate ? c->dk[at] + dkt[d][j] : dkt[d][j];
         }
-}
-
-/* The keys [*lo, *hi) that query pos sees. */
-INLINE void key_range(const clattn_shape *s, uint32_t pos, uint32_t *lo, uint32_t *hi)
-{
-    *lo = s->window > 0 && pos >= s->window ? pos - s->window + 1 : 0;
-    *hi = s->causal ? (pos + 1 < s->kv_seq ? pos + 1 : s->kv_seq) : s->kv_seq;
 }
 
 /* Query-side jobs take QUERY_BLOCK query rows of one (batch, head), kept
@@ -328,7 +322,7 @@ INLINE void query_block_of(const native_call *c, size_t job, query_block *qb)
         qb->row[r] = 0;
         if (r >= qb->rows)
             continue;
-        key_range(s, (uint32_t)(qb->pos0 + r), &qb->row_lo[r], &qb->row_hi[r]);
+        clattn_key_range(s, (uint32_t)(qb->pos0 + r), &qb->row_lo[r], &qb->row_hi[r]);
         qb->lo = qb->row_lo[r] < qb->lo ? qb->row_lo[r] : qb->lo;
         qb->hi = qb->row_hi[r] > qb->hi ? qb->row_hi[r] : qb->hi;
         qb->row[r] = row_index(s, qb->b, qb->pos0 + r, qb->head);
@@ -479,7 +473,7 @@ static void grad_q_block(const native_call *c, size_t job)
     for (size_t r = 0; r < qb.rows; ++r) {
         float *dq = c->dq + qb.row[r] * D;
         for (size_t d = 0; d < D; ++d)
-            dq[d] = dqt[d][r];
+            dq[d] = c->s->accumulate ? dq[d] + dqt[d][r] : dqt[d][r];
     }
 }
 

@@ -256,6 +256,7 @@ struct clattn_cl_state {
     int generic_built[3];
     /* Per head_dim, on first use; &generic where auto fell back on it. */
     kernel_set *special[3][CLATTN_MAX_HEAD_DIM + 1];
+    cl_kernel merge[3]; /* tree.cl's merge__tree, per dtype, on first use */
     const char *special_variant; /* the variant built per head_dim, or NULL */
     int mma_emulate;             /* build mma.cl with -DMMA_EMULATE */
     int mma_tuned;               /* CLATTN_MMA set: mma_tune for every kernel */
@@ -506,6 +507,8 @@ static void release_state(struct clattn_cl_state *cl)
         if (cl->scratch[i])
             clReleaseMemObject(cl->scratch[i]);
     for (int t = 0; t < 3; ++t) {
+        if (cl->merge[t])
+            clReleaseKernel(cl->merge[t]);
         release_set(&cl->generic[t]);
         for (int d = 0; d <= CLATTN_MAX_HEAD_DIM; ++d)
             if (cl->special[t][d]) {
@@ -1032,7 +1035,11 @@ static clattn_status enqueue_kernel(struct clattn_cl_state *cl, const kernel_set
     err |= clSetKernelArg(kn, arg++, sizeof(cl_uint), &s->head_dim);
     err |= clSetKernelArg(kn, arg++, sizeof causal, &causal);
     err |= clSetKernelArg(kn, arg++, sizeof(cl_uint), &s->window);
+    cl_long delta = clattn_mask_delta(s);
+    cl_int accumulate = s->accumulate ? 1 : 0;
+    err |= clSetKernelArg(kn, arg++, sizeof delta, &delta);
     err |= clSetKernelArg(kn, arg++, sizeof scale, &scale);
+    err |= clSetKernelArg(kn, arg++, sizeof accumulate, &accumulate);
     err |= clSetKernelArg(kn, arg++, local, NULL);
     if (err != CL_SUCCESS)
         return clattn_fail(CLATTN_ERROR_OPENCL, "clSetKernelArg failed for kernel %d", k);
@@ -1113,7 +1120,11 @@ static clattn_status opencl_run(clattn_context *ctx, clattn_op op, const clattn_
         st = kernels_for(cl, s->head_dim, s->dtype, &set);
     if (st != CLATTN_OK)
         return st;
-    const unsigned reads = clattn_op_reads[op], writes = clattn_op_writes[op];
+    const unsigned writes = clattn_op_writes[op];
+    /* Accumulating gradients are read first (uploaded), then written. */
+    const unsigned grads = CLATTN_BIT(CLATTN_R_DQ) | CLATTN_BIT(CLATTN_R_DK) |
+                           CLATTN_BIT(CLATTN_R_DV);
+    const unsigned reads = clattn_op_reads[op] | (s->accumulate ? writes & grads : 0u);
     clattn_cl_tensor t[R_ALL];
     memset(t, 0, sizeof t);
     for (int r = 0; r < CLATTN_R_COUNT; ++r) {
@@ -1201,6 +1212,69 @@ cl_context clattn_context_cl_context(const clattn_context *ctx)
 cl_command_queue clattn_context_cl_queue(const clattn_context *ctx)
 {
     return ctx && ctx->cl ? ctx->cl->queue : NULL;
+}
+
+clattn_status clattn_merge_cl(clattn_context *ctx, const clattn_shape *shape, clattn_cl_tensor o1,
+                              clattn_cl_tensor lse1, clattn_cl_tensor o2, clattn_cl_tensor lse2,
+                              clattn_cl_tensor o, clattn_cl_tensor lse,
+                              cl_uint num_events_in_wait_list, const cl_event *event_wait_list,
+                              cl_event *event)
+{
+    clattn_clear_error();
+    if (!ctx)
+        return clattn_fail(CLATTN_ERROR_NULL_POINTER, "ctx is NULL");
+    clattn_sizes sz;
+    clattn_status st = clattn_check_shape(shape, &sz);
+    if (st != CLATTN_OK)
+        return st;
+    if (!ctx->cl)
+        return clattn_fail(CLATTN_ERROR_WRONG_BACKEND,
+                           "the _cl calls need an OpenCL context; this one is %s", ctx->device);
+    if (num_events_in_wait_list && !event_wait_list)
+        return clattn_fail(CLATTN_ERROR_NULL_POINTER, "event_wait_list is NULL with %u events",
+                           num_events_in_wait_list);
+    struct clattn_cl_state *cl = ctx->cl;
+    const clattn_cl_tensor t[6] = {o1, lse1, o2, lse2, o, lse};
+    static const char *const names[6] = {"o1", "lse1", "o2", "lse2", "o", "lse"};
+    const size_t ob = role_bytes(CLATTN_R_O, shape->dtype);
+    for (int i = 0; i < 6; ++i)
+        if ((st = check_tensor(cl, t[i], i % 2 ? sz.lse : sz.q, i % 2 ? sizeof(float) : ob,
+                               names[i])) != CLATTN_OK)
+            return st;
+    pthread_mutex_lock(&ctx->lock);
+    kernel_set *set = NULL;
+    const clattn_dtype dtype = shape->dtype;
+    cl_int err = CL_SUCCESS;
+    if (!cl->merge[dtype] && (st = generic_kernels(cl, dtype, &set)) == CLATTN_OK) {
+        cl->merge[dtype] = clCreateKernel(set->program[K_FORWARD], "merge__tree", &err);
+        if (err != CL_SUCCESS) {
+            cl->merge[dtype] = NULL;
+            st = cl_fail(err, "clCreateKernel(merge__tree)");
+        }
+    }
+    if (st == CLATTN_OK) {
+        cl_kernel kn = cl->merge[dtype];
+        cl_uint arg = 0;
+        for (int i = 0; i < 6; ++i) {
+            cl_ulong off = t[i].offset;
+            err |= clSetKernelArg(kn, arg++, sizeof(cl_mem), &t[i].buffer);
+            err |= clSetKernelArg(kn, arg++, sizeof off, &off);
+        }
+        cl_ulong rows = sz.lse / 2;
+        cl_uint head_dim = shape->head_dim;
+        err |= clSetKernelArg(kn, arg++, sizeof rows, &rows);
+        err |= clSetKernelArg(kn, arg++, sizeof head_dim, &head_dim);
+        const size_t local = 64, global = (sz.lse / 2 + local - 1) / local * local;
+        if (err == CL_SUCCESS)
+            err = clEnqueueNDRangeKernel(cl->queue, kn, 1, NULL, &global, &local,
+                                         num_events_in_wait_list,
+                                         num_events_in_wait_list ? event_wait_list : NULL,
+                                         event);
+        if (err != CL_SUCCESS)
+            st = cl_fail(err, "enqueueing merge__tree");
+    }
+    pthread_mutex_unlock(&ctx->lock);
+    return st;
 }
 
 /* Validates the caller's buffers for op and enqueues it. */

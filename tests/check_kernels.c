@@ -231,8 +231,8 @@ static void check_ops_16(clattn_context *ctx, const clattn_shape *s, float q_gai
     problem_free(&p);
 }
 
-/* Case i on every variant of the backend, one context each. */
-static void run_cases(const shape_case *cases, int i)
+/* A shape on every variant of the backend, one context each. */
+static void run_shape(const clattn_shape *s, float q_gain, uint64_t seed)
 {
     const char *name;
     for (size_t v = 0; (name = clattn_variant_name(test_backend_kind(), v)) != NULL; ++v) {
@@ -242,12 +242,167 @@ static void run_cases(const shape_case *cases, int i)
         clattn_context *ctx = test_variant_context(name);
         if (!ctx)
             continue; /* not on this device; test_variant_context checked the refusal */
-        clattn_shape s = to_shape(&cases[i]);
         current_variant = name;
-        check_ops(ctx, &s, cases[i].q_gain, 1000u + (uint64_t)i);
+        check_ops(ctx, s, q_gain, seed);
         clattn_context_destroy(ctx);
     }
 }
+
+/* Case i on every variant of the backend. */
+static void run_cases(const shape_case *cases, int i)
+{
+    clattn_shape s = to_shape(&cases[i]);
+    run_shape(&s, cases[i].q_gain, 1000u + (uint64_t)i);
+}
+
+/* Global positions: a continuation (bottom-right causal, q_offset = kv_seq
+ * - q_seq), chunks in the middle of a sequence with causal and window masks
+ * crossing them, queries before every key (empty rows), keys past the
+ * queries, GQA, MQA, batch and a padded head_dim. */
+static const struct {
+    shape_case c;
+    uint32_t q_offset, kv_offset;
+} offsets[] = {
+    {{1, 20, 50, 4, 2, 16, 1, 0, 0, 1}, 30, 0},  {{1, 33, 40, 4, 2, 64, 1, 9, 0, 1}, 70, 50},
+    {{2, 17, 23, 3, 1, 7, 1, 0, 0, 1}, 5, 12},   {{1, 40, 30, 2, 2, 100, 0, 6, 0, 1}, 100, 90},
+    {{1, 65, 37, 4, 1, 32, 1, 20, 0, 4}, 37, 0}, {{1, 9, 70, 2, 1, 24, 0, 5, 0, 1}, 0, 3},
+};
+START_TEST(offset_sweep)
+{
+    clattn_shape s = to_shape(&offsets[_i].c);
+    s.q_offset = offsets[_i].q_offset;
+    s.kv_offset = offsets[_i].kv_offset;
+    run_shape(&s, offsets[_i].c.q_gain, 1500u + (uint64_t)_i);
+}
+
+/* A sequence split into chunks equals the whole: queries cut at one point
+ * and keys at two, the causal and window masks crossing the cuts (the
+ * chunk pair at the start has equal lengths, as causal with both offsets 0
+ * needs). Each query chunk's forwards over the key chunks, with their
+ * offsets, merge (clattn_merge, in place) into the whole's O and LSE; the
+ * backward of every (query chunk, key chunk) pair, given the whole's O and
+ * LSE, accumulates into dQ, dK and dV. On every variant, in float32. */
+static const shape_case splits[] = {
+    {1, 45, 45, 4, 2, 32, 1, 13, 0, 1}, {1, 45, 45, 3, 3, 20, 1, 0, 0, 1},
+    {1, 45, 45, 2, 1, 64, 0, 9, 0, 1},  {1, 45, 45, 4, 2, 8, 0, 0, 0, 4},
+};
+START_TEST(split_sweep_offsets)
+{
+    const clattn_shape whole = to_shape(&splits[_i]);
+    const uint32_t q_cuts[] = {0, 15, 45}, kv_cuts[] = {0, 15, 32, 45};
+    const size_t qrow = (size_t)whole.num_heads * whole.head_dim;
+    const size_t kvrow = (size_t)whole.num_kv_heads * whole.head_dim;
+    const size_t lrow = 2u * whole.num_heads;
+    problem p;
+    problem_make(&p, &whole, 4000u + (uint64_t)_i, splits[_i].q_gain);
+    double *o_ref = doubles(p.nq), *o_mag = doubles(p.nq), *lse_ref = doubles(p.nlse);
+    double *dq = doubles(p.nq), *dq_mag = doubles(p.nq), *dk = doubles(p.nkv);
+    double *dk_mag = doubles(p.nkv), *dv = doubles(p.nkv), *dv_mag = doubles(p.nkv);
+    ref_forward(&p, o_ref, o_mag, lse_ref);
+    ref_backward(&p, dq, dq_mag, dk, dk_mag, dv, dv_mag);
+    float *o = nan_array(p.nq), *lse = nan_array(p.nlse), *o_part = nan_array(p.nq);
+    float *lse_part = nan_array(p.nlse), *gq = nan_array(p.nq), *gk = nan_array(p.nkv);
+    float *gv = nan_array(p.nkv);
+    const char *name;
+    for (size_t v = 0; (name = clattn_variant_name(test_backend_kind(), v)) != NULL; ++v) {
+        const char *only = getenv("CLATTN_TEST_VARIANT");
+        if (only && strcmp(only, name))
+            continue;
+        clattn_context *ctx = test_variant_context(name);
+        if (!ctx)
+            continue;
+        current_variant = name;
+        for (int a = 0; a + 1 < 3; ++a) {
+            const uint32_t q0 = q_cuts[a], nq = q_cuts[a + 1] - q0;
+            for (int b = 0; b + 1 < 4; ++b) {
+                clattn_shape c = whole;
+                c.q_seq = nq;
+                c.kv_seq = kv_cuts[b + 1] - kv_cuts[b];
+                c.q_offset = q0;
+                c.kv_offset = kv_cuts[b];
+                float *ko = p.k + kv_cuts[b] * kvrow, *vo = p.v + kv_cuts[b] * kvrow;
+                float *into = b ? o_part : o + q0 * qrow, *lse_into = b ? lse_part : lse + q0 * lrow;
+                ck_assert_status(clattn_forward(ctx, &c, p.q + q0 * qrow, ko, vo, into, lse_into),
+                                 CLATTN_OK);
+                if (b)
+                    ck_assert_status(clattn_merge(ctx, &c, o + q0 * qrow, lse + q0 * lrow,
+                                                  o_part, lse_part, o + q0 * qrow,
+                                                  lse + q0 * lrow),
+                                     CLATTN_OK);
+            }
+        }
+        expect_close("split forward O", &whole, 1.0f, o, o_ref, o_mag, p.nq);
+        expect_lse(&whole, lse, lse_ref, p.nlse);
+
+        memset(gq, 0, p.nq * sizeof(float));
+        memset(gk, 0, p.nkv * sizeof(float));
+        memset(gv, 0, p.nkv * sizeof(float));
+        for (int a = 0; a + 1 < 3; ++a)
+            for (int b = 0; b + 1 < 4; ++b) {
+                clattn_shape c = whole;
+                c.q_seq = q_cuts[a + 1] - q_cuts[a];
+                c.kv_seq = kv_cuts[b + 1] - kv_cuts[b];
+                c.q_offset = q_cuts[a];
+                c.kv_offset = kv_cuts[b];
+                c.accumulate = 1;
+                const size_t qa = q_cuts[a] * qrow, ka = kv_cuts[b] * kvrow;
+                ck_assert_status(clattn_backward(ctx, &c, p.q + qa, p.k + ka, p.v + ka, p.o + qa,
+                                                 p.lse + q_cuts[a] * lrow, p.d_out + qa, gq + qa,
+                                                 gk + ka, gv + ka),
+                                 CLATTN_OK);
+            }
+        expect_close("split dQ", &whole, 1.0f, gq, dq, dq_mag, p.nq);
+        expect_close("split dK", &whole, 1.0f, gk, dk, dk_mag, p.nkv);
+        expect_close("split dV", &whole, 1.0f, gv, dv, dv_mag, p.nkv);
+
+        /* The device's merge of the last two parts gives the host's. */
+        if (strcmp(test_backend, "native")) {
+            clattn_shape c = whole;
+            cl_context cctx = clattn_context_cl_context(ctx);
+            cl_int err;
+            const size_t ob = p.nq * sizeof(float), lb = p.nlse * sizeof(float);
+            cl_mem bo = clCreateBuffer(cctx, CL_MEM_READ_WRITE | CL_MEM_COPY_HOST_PTR, ob, o, &err);
+            ck_assert_int_eq(err, CL_SUCCESS);
+            cl_mem bl = clCreateBuffer(cctx, CL_MEM_READ_WRITE | CL_MEM_COPY_HOST_PTR, lb, lse, &err);
+            ck_assert_int_eq(err, CL_SUCCESS);
+            cl_mem bo2 = clCreateBuffer(cctx, CL_MEM_READ_WRITE | CL_MEM_COPY_HOST_PTR, ob, p.o, &err);
+            ck_assert_int_eq(err, CL_SUCCESS);
+            cl_mem bl2 = clCreateBuffer(cctx, CL_MEM_READ_WRITE | CL_MEM_COPY_HOST_PTR, lb, p.lse,
+                                        &err);
+            ck_assert_int_eq(err, CL_SUCCESS);
+            clattn_cl_tensor t1 = {bo, 0}, l1 = {bl, 0}, t2 = {bo2, 0}, l2 = {bl2, 0};
+            ck_assert_status(clattn_merge_cl(ctx, &c, t1, l1, t2, l2, t1, l1, 0, NULL, NULL),
+                             CLATTN_OK);
+            ck_assert_status(clattn_merge(ctx, &c, o, lse, p.o, p.lse, o_part, lse_part),
+                             CLATTN_OK);
+            float *dev_o = nan_array(p.nq), *dev_l = nan_array(p.nlse);
+            cl_command_queue queue = clattn_context_cl_queue(ctx);
+            ck_assert_int_eq(clEnqueueReadBuffer(queue, bo, CL_TRUE, 0, ob, dev_o, 0, NULL, NULL),
+                             CL_SUCCESS);
+            ck_assert_int_eq(clEnqueueReadBuffer(queue, bl, CL_TRUE, 0, lb, dev_l, 0, NULL, NULL),
+                             CL_SUCCESS);
+            for (size_t i = 0; i < p.nq; ++i)
+                ck_assert_msg(fabsf(dev_o[i] - o_part[i]) <= 1e-6f * (1.0f + fabsf(o_part[i])),
+                              "merge_cl O[%zu] %g, host %g", i, (double)dev_o[i], (double)o_part[i]);
+            for (size_t i = 0; i < p.nlse; ++i)
+                ck_assert_msg(fabsf(dev_l[i] - lse_part[i]) <= 1e-6f * (1.0f + fabsf(lse_part[i])),
+                              "merge_cl LSE[%zu] %g, host %g", i, (double)dev_l[i],
+                              (double)lse_part[i]);
+            free(dev_o);
+            free(dev_l);
+            cl_mem bufs[4] = {bo, bl, bo2, bl2};
+            for (int i = 0; i < 4; ++i)
+                clReleaseMemObject(bufs[i]);
+        }
+        clattn_context_destroy(ctx);
+    }
+    void *frees[] = {o_ref, o_mag, lse_ref, dq, dq_mag, dk, dk_mag, dv, dv_mag, o, lse,
+                     o_part, lse_part, gq, gk, gv};
+    for (size_t i = 0; i < sizeof frees / sizeof *frees; ++i)
+        free(frees[i]);
+    problem_free(&p);
+}
+END_TEST
 
 /* Every head_dim the issue names, alternating the masks. */
 static const shape_case head_dims[] = {
@@ -1001,6 +1156,13 @@ Suite *emulated_suite(void)
     tcase_set_timeout(tc, 900);
     tcase_add_loop_test(tc, emulated_16, 0, N(dtype_cases));
     suite_add_tcase(s, tc);
+    /* Global positions and accumulated gradients, at head_dim 64: one
+     * offsets case and one split sequence. */
+    tc = tcase_create("mma-offsets");
+    tcase_set_timeout(tc, 900);
+    tcase_add_loop_test(tc, offset_sweep, 1, 2);
+    tcase_add_loop_test(tc, split_sweep_offsets, 2, 3);
+    suite_add_tcase(s, tc);
     return s;
 }
 
@@ -1031,6 +1193,8 @@ Suite *kernels_suite(void)
     tcase_add_loop_test(tc, caller_scale, 0, N(scales));
     tcase_add_loop_test(tc, seed_uniform_block, 0, N(seed_blocks));
     tcase_add_loop_test(tc, dtype_sweep, 0, N(dtype_cases));
+    tcase_add_loop_test(tc, offset_sweep, 0, N(offsets));
+    tcase_add_loop_test(tc, split_sweep_offsets, 0, N(splits));
     tcase_add_test(tc, dtype_buffers);
     tcase_add_test(tc, one_context_many_calls);
     tcase_add_test(tc, named_variant);

@@ -16,8 +16,10 @@ static float uniform(uint64_t *x)
 
 int ref_visible(const clattn_shape *s, uint32_t pos, uint32_t t)
 {
-    return t < s->kv_seq && (!s->causal || t <= pos) &&
-           (s->window == 0 || (uint64_t)pos < (uint64_t)t + s->window);
+    /* Global positions: the masks compare q_offset + pos with kv_offset + t. */
+    const int64_t at = (int64_t)s->q_offset + pos, key = (int64_t)s->kv_offset + t;
+    return t < s->kv_seq && (!s->causal || key <= at) &&
+           (s->window == 0 || at < key + (int64_t)s->window);
 }
 
 static double ref_scale(const clattn_shape *s)
