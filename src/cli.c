@@ -209,7 +209,7 @@ static int check_dims(const char *cmd, const char *what, const npy_array *a, int
         if (*w == 0) {
             *w = a->shape[i];
         } else if (*w != a->shape[i]) {
-            fprintf(stderr, "clattn %s: %s dimension %d is %zu, want %zu to agree with Q\n",
+            fprintf(stderr, "clattn %s: %s dimension %d is %zu, want %zu to agree with the first array\n",
                     cmd, what, i, a->shape[i], *w);
             return 0;
         }
@@ -298,8 +298,15 @@ static const void *elements(const npy_array *a)
     return a->data ? (const void *)a->data : (const void *)a->bits;
 }
 
-static int load_inputs(const char *cmd, const input_paths *paths, inputs *in, int causal,
-                       uint32_t window, float scale, const char *want, clattn_shape *s)
+/* The mask and scale options of the file commands. */
+typedef struct mask_opts {
+    int causal;
+    uint32_t window, q_offset, kv_offset;
+    float scale;
+} mask_opts;
+
+static int load_inputs(const char *cmd, const input_paths *paths, inputs *in,
+                       const mask_opts *mask, const char *want, clattn_shape *s)
 {
     if (!load(cmd, paths->q, &in->q) || !load(cmd, paths->k, &in->k) ||
         (paths->v && !load(cmd, paths->v, &in->v)) ||
@@ -331,9 +338,11 @@ static int load_inputs(const char *cmd, const input_paths *paths, inputs *in, in
     s->head_dim = (uint32_t)qs[3];
     s->kv_seq = (uint32_t)ks[1];
     s->num_kv_heads = (uint32_t)ks[2];
-    s->causal = causal;
-    s->window = window;
-    s->scale = scale;
+    s->causal = mask->causal;
+    s->window = mask->window;
+    s->scale = mask->scale;
+    s->q_offset = mask->q_offset;
+    s->kv_offset = mask->kv_offset;
     clattn_status st = clattn_shape_validate(s);
     if (st != CLATTN_OK) {
         fprintf(stderr, "clattn %s: %s: %s\n", cmd, clattn_status_string(st),
@@ -407,8 +416,8 @@ typedef struct file_command {
 static const file_command file_commands[] = {
     {"forward",
      "usage: clattn forward --q Q.npy --k K.npy --v V.npy --out O.npy --lse-out LSE.npy\n"
-     "                      [--causal] [--window N] [--scale S] [--device SEL] "
-     "[--variant NAME] [--dtype T]\n"
+     "                      [--causal] [--window N] [--scale S] [--q-offset N] [--kv-offset N]\n"
+     "                      [--device SEL] [--variant NAME] [--dtype T]\n"
      "Attention's forward: O (q_seq, heads, head_dim) and the LSE pairs (q_seq,\n"
      "heads, 2) that the gradients read. Arrays as for grad-v; exit 0, 1 on a\n"
      "device failure, 2 on bad input (and then no output is left).\n",
@@ -416,8 +425,8 @@ static const file_command file_commands[] = {
     {"backward",
      "usage: clattn backward --q Q.npy --k K.npy --v V.npy --o O.npy --lse LSE.npy\n"
      "                       --d-out DO.npy --dq DQ.npy --dk DK.npy --dv DV.npy\n"
-     "                       [--causal] [--window N] [--scale S] [--device SEL] "
-     "[--variant NAME] [--dtype T]\n"
+     "                       [--causal] [--window N] [--scale S] [--q-offset N]\n"
+     "                       [--kv-offset N] [--device SEL] [--variant NAME] [--dtype T]\n"
      "Attention's backward from the forward's O and LSE and the output gradient\n"
      "dO: dQ like Q, dK and dV like K. Exit 0, 1 on a device failure, 2 on bad\n"
      "input (and then none of the outputs is left).\n",
@@ -425,8 +434,8 @@ static const file_command file_commands[] = {
      {LIKE_Q, LIKE_K, LIKE_K}},
     {"grad-v",
      "usage: clattn grad-v --q Q.npy --k K.npy --d-out DO.npy --lse LSE.npy --out DV.npy\n"
-     "                    [--causal] [--window N] [--scale S] [--device SEL] "
-     "[--variant NAME] [--dtype T]\n"
+     "                    [--causal] [--window N] [--scale S] [--q-offset N] [--kv-offset N]\n"
+     "                    [--device SEL] [--variant NAME] [--dtype T]\n"
      "The gradient of attention with respect to V. Arrays are .npy, C order:\n"
      "Q and dO (q_seq, heads, head_dim), K (kv_seq, kv_heads, head_dim), LSE\n"
      "(q_seq, heads, 2), each with an optional leading batch dimension; DV is\n"
@@ -434,7 +443,9 @@ static const file_command file_commands[] = {
      "float32 '<f4', float16 '<f2', or with --dtype bf16 bfloat16 bit patterns in\n"
      "'<u2' or '<i2'; outputs are written in it, the LSE pairs always in '<f4'.\n"
      "Exit 0 on success, 1 on a device failure, 2 on bad input (and then no\n"
-     "output file is left).\n",
+     "output file is left). --q-offset and --kv-offset are the global positions\n"
+     "of the first query and key (default 0): the causal and window masks compare\n"
+     "global positions, so causal needs kv_seq == q_seq only when both are 0.\n",
      READS_LSE | READS_DO, 1, {"--out"}, {LIKE_K}},
 };
 
@@ -447,16 +458,20 @@ static int cmd_file(const file_command *fc, int argc, char **argv)
     }
     input_paths paths = {0};
     const char *outp[3] = {NULL, NULL, NULL}, *device = NULL, *variant = NULL, *dtype = NULL;
-    int causal = 0;
-    uint32_t window = 0;
-    float scale = 0.0f;
-    opt opts[16] = {
-        {"--q", OPT_STRING, &paths.q, 1, 0},     {"--k", OPT_STRING, &paths.k, 1, 0},
-        {"--causal", OPT_FLAG, &causal, 0, 0},   {"--window", OPT_UINT, &window, 0, 0},
-        {"--scale", OPT_POSITIVE, &scale, 0, 0}, {"--device", OPT_STRING, &device, 0, 0},
-        {"--variant", OPT_STRING, &variant, 0, 0}, {"--dtype", OPT_STRING, &dtype, 0, 0},
+    mask_opts mask = {0, 0, 0, 0, 0.0f};
+    opt opts[18] = {
+        {"--q", OPT_STRING, &paths.q, 1, 0},
+        {"--k", OPT_STRING, &paths.k, 1, 0},
+        {"--causal", OPT_FLAG, &mask.causal, 0, 0},
+        {"--window", OPT_UINT, &mask.window, 0, 0},
+        {"--scale", OPT_POSITIVE, &mask.scale, 0, 0},
+        {"--q-offset", OPT_UINT, &mask.q_offset, 0, 0},
+        {"--kv-offset", OPT_UINT, &mask.kv_offset, 0, 0},
+        {"--device", OPT_STRING, &device, 0, 0},
+        {"--variant", OPT_STRING, &variant, 0, 0},
+        {"--dtype", OPT_STRING, &dtype, 0, 0},
     };
-    size_t n = 8;
+    size_t n = 10;
     const struct {
         unsigned bit;
         const char *name;
@@ -480,7 +495,7 @@ static int cmd_file(const file_command *fc, int argc, char **argv)
     output outs[3];
     size_t lse_shape[NPY_MAX_DIMS];
     int rc = EXIT_INPUT;
-    if (!load_inputs(cmd, &paths, &in, causal, window, scale, dtype, &s))
+    if (!load_inputs(cmd, &paths, &in, &mask, dtype, &s))
         goto done;
     memcpy(lse_shape, in.q.shape, sizeof lse_shape);
     lse_shape[in.q.ndim - 1] = 2;
@@ -521,6 +536,97 @@ done:
     clattn_context_destroy(ctx);
     for (int i = 0; i < 3; ++i)
         free(out[i]);
+    inputs_free(&in);
+    return rc;
+}
+
+/* clattn merge: two partial (O, LSE) results into that of their union. */
+static int cmd_merge(int argc, char **argv)
+{
+    const char *cmd = "merge";
+    if (wants_help(argc, argv)) {
+        printf("usage: clattn merge --o O1.npy --lse L1.npy --o2 O2.npy --lse2 L2.npy\n"
+               "                    --out O.npy --lse-out L.npy [--device SEL] [--dtype T]\n"
+               "Merges two forwards' results over disjoint key sets of the same queries\n"
+               "(O (q_seq, heads, head_dim) with an optional leading batch, LSE (q_seq,\n"
+               "heads, 2) in '<f4') into those of all the keys, as clattn_merge(). O1 and\n"
+               "O2 share a dtype, as for forward; outputs are written in it. Exit 0, 1 on a\n"
+               "device failure, 2 on bad input (and then no output is left).\n");
+        return 0;
+    }
+    input_paths paths = {0};
+    const char *out_o = NULL, *out_lse = NULL, *lse2 = NULL, *device = NULL, *dtype = NULL;
+    opt opts[] = {
+        {"--o", OPT_STRING, &paths.q, 1, 0},       {"--lse", OPT_STRING, &paths.lse, 1, 0},
+        {"--o2", OPT_STRING, &paths.o, 1, 0},      {"--lse2", OPT_STRING, &lse2, 1, 0},
+        {"--out", OPT_STRING, &out_o, 1, 0},       {"--lse-out", OPT_STRING, &out_lse, 1, 0},
+        {"--device", OPT_STRING, &device, 0, 0},   {"--dtype", OPT_STRING, &dtype, 0, 0},
+    };
+    if (!parse_opts(cmd, argc, argv, opts, sizeof opts / sizeof opts[0]))
+        return EXIT_INPUT;
+    /* O1 sits where a command's Q does, O2 where its O does. */
+    inputs in = {0};
+    npy_array l2 = {0};
+    clattn_context *ctx = NULL;
+    void *o = NULL;
+    float *lse = NULL;
+    int rc = EXIT_INPUT;
+    if (!load(cmd, paths.q, &in.q) || !load(cmd, paths.o, &in.o) ||
+        !load(cmd, paths.lse, &in.lse) || !load(cmd, lse2, &l2))
+        goto done;
+    const int batched = in.q.ndim == 4;
+    size_t qs[4] = {batched ? 0 : 1, 0, 0, 0}, ls[4];
+    if (!check_dims(cmd, "O", &in.q, batched, qs))
+        goto done;
+    memcpy(ls, qs, 3 * sizeof(size_t));
+    ls[3] = 2;
+    if (!check_dims(cmd, "O2", &in.o, batched, qs) || !check_dims(cmd, "LSE", &in.lse, batched, ls))
+        goto done;
+    memcpy(ls, qs, 3 * sizeof(size_t));
+    ls[3] = 2;
+    if (!check_dims(cmd, "LSE2", &l2, batched, ls))
+        goto done;
+    if (strcmp(l2.descr, "<f4")) {
+        fprintf(stderr, "clattn %s: %s is '%s': the LSE pairs are float32 ('<f4')\n", cmd, lse2,
+                l2.descr);
+        goto done;
+    }
+    clattn_shape s = clattn_shape_default();
+    if (!inputs_dtype(cmd, &paths, &in, dtype, &s.dtype))
+        goto done;
+    s.batch = (uint32_t)qs[0];
+    s.q_seq = s.kv_seq = (uint32_t)qs[1];
+    s.num_heads = s.num_kv_heads = (uint32_t)qs[2];
+    s.head_dim = (uint32_t)qs[3];
+    clattn_status st = clattn_shape_validate(&s);
+    if (st != CLATTN_OK) {
+        fprintf(stderr, "clattn %s: %s: %s\n", cmd, clattn_status_string(st),
+                clattn_last_error());
+        goto done;
+    }
+    const size_t elem = s.dtype == CLATTN_DTYPE_F32 ? sizeof(float) : 2;
+    o = malloc(in.q.count * elem);
+    lse = alloc_floats(in.lse.count);
+    if (!o || !lse) {
+        fprintf(stderr, "clattn %s: out of memory\n", cmd);
+        rc = EXIT_DEVICE;
+        goto done;
+    }
+    if ((rc = open_context(cmd, device, NULL, &ctx)) != 0)
+        goto done;
+    st = clattn_merge(ctx, &s, elements(&in.q), in.lse.data, elements(&in.o), l2.data, o, lse);
+    if (st != CLATTN_OK) {
+        rc = op_failed(cmd, st);
+        goto done;
+    }
+    const output outs[2] = {{out_o, in.q.shape, in.q.ndim, in.q.descr, o},
+                            {out_lse, in.lse.shape, in.lse.ndim, "<f4", lse}};
+    rc = write_outputs(cmd, outs, 2) ? 0 : EXIT_INPUT;
+done:
+    clattn_context_destroy(ctx);
+    free(o);
+    free(lse);
+    npy_free(&l2);
     inputs_free(&in);
     return rc;
 }
@@ -821,6 +927,7 @@ static void usage(FILE *f)
                "  forward   attention's forward, O and the LSE pairs, on .npy files\n"
                "  backward  dQ, dK and dV from the forward's O and LSE, on .npy files\n"
                "  grad-v    the gradient of attention with respect to V, on .npy files\n"
+               "  merge     two partial forwards' (O, LSE) over disjoint keys into one\n"
                "  demo      grad-V on an embedded layer, checked against native\n"
                "  train     train an embedded attention layer with Adam; the loss must fall\n"
                "            100-fold\n"
@@ -849,6 +956,8 @@ int clattn_cli_main(int argc, char **argv)
     for (size_t i = 0; i < sizeof file_commands / sizeof file_commands[0]; ++i)
         if (!strcmp(c, file_commands[i].name))
             return cmd_file(&file_commands[i], argc - 2, argv + 2);
+    if (!strcmp(c, "merge"))
+        return cmd_merge(argc - 2, argv + 2);
     if (!strcmp(c, "demo"))
         return cmd_demo(argc - 2, argv + 2);
     if (!strcmp(c, "train"))
