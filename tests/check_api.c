@@ -122,6 +122,20 @@ START_TEST(shape_statuses)
     ck_assert_status(clattn_shape_validate(&s), CLATTN_ERROR_CAUSAL_SEQ_MISMATCH);
     s.causal = 0;
     ck_assert_status(clattn_shape_validate(&s), CLATTN_OK);
+    /* Causal with kv_seq != q_seq once an offset places the chunks. */
+    s.causal = 1;
+    s.q_offset = 1;
+    ck_assert_status(clattn_shape_validate(&s), CLATTN_OK);
+    s.q_offset = 0;
+    s.kv_offset = 5;
+    ck_assert_status(clattn_shape_validate(&s), CLATTN_OK);
+    /* Positions past 2^32 - 1 are refused, not wrapped. */
+    s.kv_offset = 0xFFFFFFFFu - 8;
+    ck_assert_status(clattn_shape_validate(&s), CLATTN_ERROR_SIZE_OVERFLOW);
+    s.kv_offset = 0;
+    s.q_offset = 0xFFFFFFFFu;
+    ck_assert_status(clattn_shape_validate(&s), CLATTN_ERROR_SIZE_OVERFLOW);
+    ck_assert_ptr_nonnull(strstr(clattn_last_error(), "q_offset"));
     const float bad_scales[] = {-1.0f, NAN, INFINITY, -INFINITY};
     for (int i = 0; i < 4; ++i) {
         s = small_shape();
@@ -414,6 +428,113 @@ START_TEST(visible_pairs)
                 }
     s.num_kv_heads = 2;
     ck_assert_uint_eq(clattn_shape_visible_pairs(&s), 0);
+    /* With offsets: causal and windows over global positions. */
+    for (uint32_t qo = 0; qo < 20; qo += 7)
+        for (uint32_t ko = 0; ko < 20; ko += 6)
+            for (uint32_t w = 0; w < 14; w += 5)
+                for (int causal = 0; causal < 2; ++causal) {
+                    s = clattn_shape_default();
+                    s.q_seq = 9;
+                    s.kv_seq = 13;
+                    s.num_heads = s.num_kv_heads = s.head_dim = 1;
+                    s.causal = causal;
+                    s.window = w;
+                    s.q_offset = qo;
+                    s.kv_offset = ko;
+                    if (clattn_shape_validate(&s) != CLATTN_OK)
+                        continue; /* causal at offsets 0 with unequal lengths */
+                    uint64_t count = 0;
+                    for (uint32_t pos = 0; pos < s.q_seq; ++pos)
+                        for (uint32_t t = 0; t < s.kv_seq; ++t)
+                            count += (uint64_t)ref_visible(&s, pos, t);
+                    ck_assert_uint_eq(clattn_shape_visible_pairs(&s), count);
+                }
+}
+END_TEST
+
+/* clattn_merge(): statuses, the union of two key sets, empty rows on either
+ * side and both, in place. */
+START_TEST(merge_rows)
+{
+    clattn_context *ctx = native_context(1);
+    clattn_shape s = clattn_shape_default();
+    s.q_seq = s.kv_seq = 4;
+    s.num_heads = s.num_kv_heads = 1;
+    s.head_dim = 2;
+    const float e = -1e30f;
+    /* Rows: both sides; left only; right only; neither. */
+    float o1[8] = {1, 2, 3, 4, 0, 0, 0, 0}, l1[8] = {0.5f, 0.0f, 1.0f, 0.2f, e, e, e, e};
+    float o2[8] = {5, 6, 0, 0, 7, 8, 0, 0}, l2[8] = {2.0f, 0.3f, e, e, -1.0f, 0.0f, e, e};
+    float o[8], l[8];
+    ck_assert_status(clattn_merge(NULL, &s, o1, l1, o2, l2, o, l), CLATTN_ERROR_NULL_POINTER);
+    ck_assert_status(clattn_merge(ctx, NULL, o1, l1, o2, l2, o, l), CLATTN_ERROR_NULL_POINTER);
+    ck_assert_status(clattn_merge(ctx, &s, o1, l1, NULL, l2, o, l), CLATTN_ERROR_NULL_POINTER);
+    ck_assert_ptr_nonnull(strstr(clattn_last_error(), "o2 is NULL"));
+    s.head_dim = 0;
+    ck_assert_status(clattn_merge(ctx, &s, o1, l1, o2, l2, o, l), CLATTN_ERROR_ZERO_SIZE);
+    s.head_dim = 2;
+    ck_assert_status(clattn_merge(ctx, &s, o1, l1, o2, l2, o, l), CLATTN_OK);
+    /* Row 0: weights exp(LSE_i) / (exp(LSE_1) + exp(LSE_2)), LSE = m + l. */
+    const double a = exp(0.5 + 0.0), b = exp(2.0 + 0.3);
+    ck_assert_double_eq_tol(o[0], (a * 1 + b * 5) / (a + b), 1e-6);
+    ck_assert_double_eq_tol(o[1], (a * 2 + b * 6) / (a + b), 1e-6);
+    ck_assert_double_eq_tol((double)l[0] + l[1], log(a + b), 1e-6);
+    ck_assert_float_eq(l[0], 2.0f); /* the larger max */
+    ck_assert_float_eq(o[2], 3.0f);
+    ck_assert_float_eq(o[3], 4.0f);
+    ck_assert_double_eq_tol((double)l[2] + l[3], 1.2, 1e-6);
+    ck_assert_float_eq(o[4], 7.0f);
+    ck_assert_float_eq(o[5], 8.0f);
+    ck_assert_double_eq_tol((double)l[4] + l[5], -1.0, 1e-6);
+    ck_assert_float_eq(o[6], 0.0f);
+    ck_assert_float_eq(o[7], 0.0f);
+    ck_assert_float_eq(l[6], e);
+    ck_assert_float_eq(l[7], e);
+    /* In place, into the first pair: the same result. */
+    ck_assert_status(clattn_merge(ctx, &s, o1, l1, o2, l2, o1, l1), CLATTN_OK);
+    ck_assert_mem_eq(o1, o, sizeof o);
+    ck_assert_mem_eq(l1, l, sizeof l);
+    clattn_context_destroy(ctx);
+}
+END_TEST
+
+/* With shape.accumulate the backward adds into dQ, dK and dV: twice from
+ * zero is twice once; other ops ignore it. */
+START_TEST(accumulate_gradients)
+{
+    clattn_context *ctx = native_context(2);
+    clattn_shape s = small_shape();
+    s.causal = 1;
+    s.kv_seq = s.q_seq;
+    problem p;
+    problem_make(&p, &s, 9, 1.0f);
+    float *once[3] = {nan_array(p.nq), nan_array(p.nkv), nan_array(p.nkv)};
+    float *twice[3] = {nan_array(p.nq), nan_array(p.nkv), nan_array(p.nkv)};
+    const size_t n[3] = {p.nq, p.nkv, p.nkv};
+    ck_assert_status(clattn_backward(ctx, &s, p.q, p.k, p.v, p.o, p.lse, p.d_out, once[0],
+                                     once[1], once[2]),
+                     CLATTN_OK);
+    for (int i = 0; i < 3; ++i)
+        memset(twice[i], 0, n[i] * sizeof(float));
+    s.accumulate = 1;
+    for (int rep = 0; rep < 2; ++rep)
+        ck_assert_status(clattn_backward(ctx, &s, p.q, p.k, p.v, p.o, p.lse, p.d_out, twice[0],
+                                         twice[1], twice[2]),
+                         CLATTN_OK);
+    for (int i = 0; i < 3; ++i)
+        for (size_t j = 0; j < n[i]; ++j)
+            ck_assert_float_eq(twice[i][j], 2.0f * once[i][j]);
+    float *o = nan_array(p.nq);
+    ck_assert_status(clattn_forward(ctx, &s, p.q, p.k, p.v, o, p.lse), CLATTN_OK);
+    for (size_t j = 0; j < p.nq; ++j)
+        ck_assert(!isnan(o[j]));
+    free(o);
+    for (int i = 0; i < 3; ++i) {
+        free(once[i]);
+        free(twice[i]);
+    }
+    problem_free(&p);
+    clattn_context_destroy(ctx);
 }
 END_TEST
 
@@ -523,6 +644,8 @@ Suite *api_suite(void)
     tcase_add_test(tc, null_context_queries);
     tcase_add_test(tc, seed_block_conversion);
     tcase_add_test(tc, visible_pairs);
+    tcase_add_test(tc, merge_rows);
+    tcase_add_test(tc, accumulate_gradients);
     tcase_add_test(tc, native_threads_agree);
     tcase_add_test(tc, shared_context_threads);
     tcase_add_test(tc, context_per_thread);

@@ -199,10 +199,11 @@ static void check_output(const problem *p, const char *name, int ndim, const siz
 START_TEST(help_and_usage)
 {
     make_dir();
-    const char *cmds[] = {"devices", "grad-v", "demo", "forward", "backward", "train", "bench"};
+    const char *cmds[] = {"devices", "grad-v", "demo",  "forward",
+                          "backward", "train", "bench", "merge"};
     ck_assert_int_eq(run("--help", NULL), 0);
     ck_assert(strstr(out_text, "grad-v") != NULL);
-    for (int i = 0; i < 7; ++i) {
+    for (int i = 0; i < 8; ++i) {
         ck_assert_int_eq(run(cmds[i], "--help", NULL), 0);
         ck_assert(strstr(out_text, "usage: clattn") != NULL);
     }
@@ -294,6 +295,82 @@ START_TEST(forward_backward_files)
     expect_file("dk.npy", 4, kshape, dk, dk_mag, p.nkv);
     expect_file("dv.npy", 4, kshape, dv, dv_mag, p.nkv);
     double *all[] = {o, o_mag, lse, ones, dq, dq_mag, dk, dk_mag, dv, dv_mag};
+    for (size_t i = 0; i < sizeof all / sizeof *all; ++i)
+        free(all[i]);
+    problem_free(&p);
+    cleanup();
+}
+END_TEST
+
+/* Global positions and merging through files: a forward with --q-offset
+ * and --kv-offset (causal and window masks crossing the key chunks) equals
+ * the float64 reference on those positions, and so does the merge of the
+ * forwards over the two halves of the keys; a merge whose inputs disagree
+ * exits 2 and leaves no output. */
+START_TEST(offsets_and_merge)
+{
+    make_dir();
+    clattn_shape s = cli_shape();
+    s.causal = 1;
+    s.window = 6;
+    s.q_offset = 20;
+    s.kv_offset = 15;
+    problem p;
+    write_problem(&p, &s, 0);
+    const char *mask[] = {"--causal", "--window", "6", "--q-offset", "20", "--device", "native"};
+    ck_assert_int_eq(run("forward", "--q", path("q.npy"), "--k", path("k.npy"), "--v",
+                         path("v.npy"), "--out", path("o_all.npy"), "--lse-out",
+                         path("l_all.npy"), mask[0], mask[1], mask[2], mask[3], mask[4],
+                         "--kv-offset", "15", mask[5], mask[6], NULL),
+                     0);
+    double *o = malloc(p.nq * sizeof(double)), *o_mag = malloc(p.nq * sizeof(double));
+    double *lse = malloc(p.nlse * sizeof(double)), *ones = malloc(p.nlse * sizeof(double));
+    ref_forward(&p, o, o_mag, lse);
+    const size_t qshape[3] = {s.q_seq, s.num_heads, s.head_dim};
+    const size_t lshape[3] = {s.q_seq, s.num_heads, 2};
+    expect_file("o_all.npy", 3, qshape, o, o_mag, p.nq);
+    /* The keys in two halves of 6 rows, at positions 15 and 21. */
+    const size_t half[3] = {s.kv_seq / 2, s.num_kv_heads, s.head_dim};
+    const size_t half_elems = p.nkv / 2;
+    save("k1.npy", half, 3, p.k);
+    save("v1.npy", half, 3, p.v);
+    save("k2.npy", half, 3, p.k + half_elems);
+    save("v2.npy", half, 3, p.v + half_elems);
+    ck_assert_int_eq(run("forward", "--q", path("q.npy"), "--k", path("k1.npy"), "--v",
+                         path("v1.npy"), "--out", path("o1.npy"), "--lse-out", path("l1.npy"),
+                         mask[0], mask[1], mask[2], mask[3], mask[4], "--kv-offset", "15",
+                         mask[5], mask[6], NULL),
+                     0);
+    ck_assert_int_eq(run("forward", "--q", path("q.npy"), "--k", path("k2.npy"), "--v",
+                         path("v2.npy"), "--out", path("o2.npy"), "--lse-out", path("l2.npy"),
+                         mask[0], mask[1], mask[2], mask[3], mask[4], "--kv-offset", "21",
+                         mask[5], mask[6], NULL),
+                     0);
+    ck_assert_int_eq(run("merge", "--o", path("o1.npy"), "--lse", path("l1.npy"), "--o2",
+                         path("o2.npy"), "--lse2", path("l2.npy"), "--out", path("om.npy"),
+                         "--lse-out", path("lm.npy"), "--device", "native", NULL),
+                     0);
+    expect_file("om.npy", 3, qshape, o, o_mag, p.nq);
+    /* The LSE: the merged pair's sum is the whole's log-sum-exp (rows
+     * that see no key keep the empty pair). */
+    for (size_t i = 0; i < p.nlse; ++i)
+        ones[i] = 1.0 + fabs(lse[i]);
+    expect_file("lm.npy", 3, lshape, lse, ones, p.nlse);
+    /* O2 with another head count: exit 2, nothing written. */
+    ck_assert_int_eq(run("merge", "--o", path("o1.npy"), "--lse", path("l1.npy"), "--o2",
+                         path("k1.npy"), "--lse2", path("l2.npy"), "--out", path("bad.npy"),
+                         "--lse-out", path("badl.npy"), NULL),
+                     2);
+    ck_assert(strstr(err_text, "O2") != NULL);
+    ck_assert(!exists("bad.npy") && !exists("badl.npy"));
+    /* Causal chunks of unequal lengths at offsets 0 are refused. */
+    ck_assert_int_eq(run("forward", "--q", path("q.npy"), "--k", path("k1.npy"), "--v",
+                         path("v1.npy"), "--out", path("bad.npy"), "--lse-out",
+                         path("badl.npy"), "--causal", NULL),
+                     2);
+    ck_assert(strstr(err_text, "offsets") != NULL);
+    ck_assert(!exists("bad.npy"));
+    double *all[] = {o, o_mag, lse, ones};
     for (size_t i = 0; i < sizeof all / sizeof *all; ++i)
         free(all[i]);
     problem_free(&p);
@@ -573,6 +650,7 @@ Suite *cli_suite(void)
     tcase_add_test(tc, help_and_usage);
     tcase_add_test(tc, grad_v_files);
     tcase_add_test(tc, grad_v_batched_masked);
+    tcase_add_test(tc, offsets_and_merge);
     tcase_add_test(tc, bad_input_leaves_nothing);
     tcase_add_test(tc, forward_backward_files);
     tcase_add_test(tc, sixteen_bit_files);

@@ -27,11 +27,14 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     s.causal = (int)(w[6] & 1);
     s.window = w[7];
     memcpy(&s.scale, &w[8], sizeof s.scale);
+    s.q_offset = w[9] & 0xffffu;
+    s.kv_offset = w[9] >> 16;
+    s.accumulate = (int)(w[6] >> 1 & 1); /* the outputs start zeroed */
     if (clattn_shape_validate(&s) != CLATTN_OK)
         return 0;
     /* Small shapes only: the fuzzer wants many runs, not big ones. */
     s.q_seq %= 40;
-    s.kv_seq = s.causal ? s.q_seq : s.kv_seq % 40;
+    s.kv_seq = s.causal && !s.q_offset && !s.kv_offset ? s.q_seq : s.kv_seq % 40;
     s.num_heads %= 9;
     s.head_dim %= 40;
     if (clattn_shape_validate(&s) != CLATTN_OK)
