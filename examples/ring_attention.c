@@ -10,8 +10,8 @@
  * The sequence is cut into 2N chunks of S / (2N) positions; rank r owns
  * chunks r and 2N - 1 - r (zigzag sharding), so that under a causal mask
  * every rank has the same work. Self-attention (kv_seq = q_seq), batch 1.
- * "{rank}" in SEL becomes the rank (--device gpu:{rank} for a GPU per rank,
- * where the host numbers its GPUs so).
+ * "{rank}" in SEL becomes the rank: --device 1:{rank} gives rank r device r
+ * of OpenCL platform 1 (as `clattn devices` numbers them), a GPU per rank.
  *
  * Forward: at each of N steps a rank runs clattn_forward() for its two
  * query chunks against the two K/V chunks it holds (with their global
