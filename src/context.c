@@ -235,6 +235,15 @@ clattn_status clattn_context_create(const clattn_options *opts, clattn_context *
     return CLATTN_OK;
 }
 
+clattn_status clattn_call_begin(const clattn_context *ctx, const clattn_shape *s,
+                                clattn_sizes *sz)
+{
+    clattn_clear_error();
+    if (!ctx)
+        return clattn_fail(CLATTN_ERROR_NULL_POINTER, "ctx is NULL");
+    return clattn_check_shape(s, sz);
+}
+
 /* clattn_merge() of one row of n elements, in float32. */
 static void merge_row(const float *o1, const float *lse1, const float *o2, const float *lse2,
                       float *o, float *lse, size_t n)
@@ -256,11 +265,8 @@ clattn_status clattn_merge(clattn_context *ctx, const clattn_shape *shape, const
                            const float *lse1, const void *o2, const float *lse2, void *o,
                            float *lse)
 {
-    clattn_clear_error();
-    if (!ctx)
-        return clattn_fail(CLATTN_ERROR_NULL_POINTER, "ctx is NULL");
     clattn_sizes sz;
-    clattn_status st = clattn_check_shape(shape, &sz);
+    clattn_status st = clattn_call_begin(ctx, shape, &sz);
     if (st != CLATTN_OK)
         return st;
     const void *const ptrs[6] = {o1, lse1, o2, lse2, o, lse};
@@ -287,11 +293,8 @@ clattn_status clattn_merge(clattn_context *ctx, const clattn_shape *shape, const
 static clattn_status run_op(clattn_context *ctx, clattn_op op, const clattn_shape *shape,
                             const void *const t[CLATTN_R_COUNT])
 {
-    clattn_clear_error();
-    if (!ctx)
-        return clattn_fail(CLATTN_ERROR_NULL_POINTER, "ctx is NULL");
     clattn_sizes sz;
-    clattn_status st = clattn_check_shape(shape, &sz);
+    clattn_status st = clattn_call_begin(ctx, shape, &sz);
     if (st != CLATTN_OK)
         return st;
     const unsigned used = clattn_op_reads[op] | clattn_op_writes[op];

@@ -243,6 +243,12 @@ const unsigned clattn_op_writes[CLATTN_OP_COUNT] = {
     [CLATTN_OP_BACKWARD] = B(CLATTN_R_DQ) | B(CLATTN_R_DK) | B(CLATTN_R_DV),
 };
 #undef FORWARD_STATE
+
+unsigned clattn_call_reads(clattn_op op, const clattn_shape *s)
+{
+    const unsigned grads = B(CLATTN_R_DQ) | B(CLATTN_R_DK) | B(CLATTN_R_DV);
+    return clattn_op_reads[op] | (s->accumulate ? clattn_op_writes[op] & grads : 0u);
+}
 #undef B
 
 const char *clattn_role_name(clattn_role r)

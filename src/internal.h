@@ -66,6 +66,13 @@ typedef enum clattn_op {
 /* Bit masks of the roles each op reads and writes. */
 extern const unsigned clattn_op_reads[CLATTN_OP_COUNT];
 extern const unsigned clattn_op_writes[CLATTN_OP_COUNT];
+/* The roles a call of op with shape s reads: clattn_op_reads[op], and the
+ * gradients it writes when s->accumulate adds into them. */
+unsigned clattn_call_reads(clattn_op op, const clattn_shape *s);
+/* The checks every call starts with: ctx not NULL and a valid shape, whose
+ * sizes go to *sz. Clears the thread's last error first. */
+clattn_status clattn_call_begin(const clattn_context *ctx, const clattn_shape *s,
+                                clattn_sizes *sz);
 const char *clattn_role_name(clattn_role r);
 /* Elements of the tensor of a role. */
 size_t clattn_role_elems(const clattn_sizes *sz, clattn_role r);

@@ -379,11 +379,8 @@ static clattn_status native_run(clattn_context *ctx, clattn_op op, const clattn_
             ft[r] = t[r];
         return run_f32(ctx, op, s, sz, ft);
     }
-    const unsigned writes = clattn_op_writes[op];
-    /* Accumulating gradients read their outputs first. */
-    const unsigned grads = CLATTN_BIT(CLATTN_R_DQ) | CLATTN_BIT(CLATTN_R_DK) |
-                           CLATTN_BIT(CLATTN_R_DV);
-    const unsigned reads = clattn_op_reads[op] | (s->accumulate ? writes & grads : 0u);
+    /* Accumulating gradients are read (widened) first. */
+    const unsigned reads = clattn_call_reads(op, s), writes = clattn_op_writes[op];
     size_t total = 0;
     for (int r = 0; r < CLATTN_R_COUNT; ++r)
         if (r != CLATTN_R_LSE && ((reads | writes) & CLATTN_BIT(r)))

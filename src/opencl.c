@@ -1120,11 +1120,8 @@ static clattn_status opencl_run(clattn_context *ctx, clattn_op op, const clattn_
         st = kernels_for(cl, s->head_dim, s->dtype, &set);
     if (st != CLATTN_OK)
         return st;
-    const unsigned writes = clattn_op_writes[op];
-    /* Accumulating gradients are read first (uploaded), then written. */
-    const unsigned grads = CLATTN_BIT(CLATTN_R_DQ) | CLATTN_BIT(CLATTN_R_DK) |
-                           CLATTN_BIT(CLATTN_R_DV);
-    const unsigned reads = clattn_op_reads[op] | (s->accumulate ? writes & grads : 0u);
+    /* Accumulating gradients are read (uploaded) first, then written. */
+    const unsigned reads = clattn_call_reads(op, s), writes = clattn_op_writes[op];
     clattn_cl_tensor t[R_ALL];
     memset(t, 0, sizeof t);
     for (int r = 0; r < CLATTN_R_COUNT; ++r) {
@@ -1214,25 +1211,33 @@ cl_command_queue clattn_context_cl_queue(const clattn_context *ctx)
     return ctx && ctx->cl ? ctx->cl->queue : NULL;
 }
 
+/* The checks every _cl call starts with: clattn_call_begin()'s, an OpenCL
+ * context, and a wait list where events are counted. */
+static clattn_status cl_call_begin(const clattn_context *ctx, const clattn_shape *shape,
+                                   clattn_sizes *sz, cl_uint nwait, const cl_event *wait)
+{
+    clattn_status st = clattn_call_begin(ctx, shape, sz);
+    if (st != CLATTN_OK)
+        return st;
+    if (!ctx->cl)
+        return clattn_fail(CLATTN_ERROR_WRONG_BACKEND,
+                           "the _cl calls need an OpenCL context; this one is %s", ctx->device);
+    if (nwait && !wait)
+        return clattn_fail(CLATTN_ERROR_NULL_POINTER, "event_wait_list is NULL with %u events",
+                           nwait);
+    return CLATTN_OK;
+}
+
 clattn_status clattn_merge_cl(clattn_context *ctx, const clattn_shape *shape, clattn_cl_tensor o1,
                               clattn_cl_tensor lse1, clattn_cl_tensor o2, clattn_cl_tensor lse2,
                               clattn_cl_tensor o, clattn_cl_tensor lse,
                               cl_uint num_events_in_wait_list, const cl_event *event_wait_list,
                               cl_event *event)
 {
-    clattn_clear_error();
-    if (!ctx)
-        return clattn_fail(CLATTN_ERROR_NULL_POINTER, "ctx is NULL");
     clattn_sizes sz;
-    clattn_status st = clattn_check_shape(shape, &sz);
+    clattn_status st = cl_call_begin(ctx, shape, &sz, num_events_in_wait_list, event_wait_list);
     if (st != CLATTN_OK)
         return st;
-    if (!ctx->cl)
-        return clattn_fail(CLATTN_ERROR_WRONG_BACKEND,
-                           "the _cl calls need an OpenCL context; this one is %s", ctx->device);
-    if (num_events_in_wait_list && !event_wait_list)
-        return clattn_fail(CLATTN_ERROR_NULL_POINTER, "event_wait_list is NULL with %u events",
-                           num_events_in_wait_list);
     struct clattn_cl_state *cl = ctx->cl;
     const clattn_cl_tensor t[6] = {o1, lse1, o2, lse2, o, lse};
     static const char *const names[6] = {"o1", "lse1", "o2", "lse2", "o", "lse"};
@@ -1282,19 +1287,10 @@ static clattn_status run_cl(clattn_context *ctx, clattn_op op, const clattn_shap
                             clattn_cl_tensor t[R_ALL], cl_uint nwait, const cl_event *wait,
                             cl_event *event)
 {
-    clattn_clear_error();
-    if (!ctx)
-        return clattn_fail(CLATTN_ERROR_NULL_POINTER, "ctx is NULL");
     clattn_sizes sz;
-    clattn_status st = clattn_check_shape(shape, &sz);
+    clattn_status st = cl_call_begin(ctx, shape, &sz, nwait, wait);
     if (st != CLATTN_OK)
         return st;
-    if (!ctx->cl)
-        return clattn_fail(CLATTN_ERROR_WRONG_BACKEND,
-                           "the _cl calls need an OpenCL context; this one is %s", ctx->device);
-    if (nwait && !wait)
-        return clattn_fail(CLATTN_ERROR_NULL_POINTER, "event_wait_list is NULL with %u events",
-                           nwait);
     const unsigned reads = clattn_op_reads[op], writes = clattn_op_writes[op];
     for (int r = 0; r < CLATTN_R_COUNT; ++r)
         if (((reads | writes) & CLATTN_BIT(r)) &&
