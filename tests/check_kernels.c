@@ -231,18 +231,31 @@ static void check_ops_16(clattn_context *ctx, const clattn_shape *s, float q_gai
     problem_free(&p);
 }
 
-/* A shape on every variant of the backend, one context each. */
-static void run_shape(const clattn_shape *s, float q_gain, uint64_t seed)
+/* A context for the next variant of the backend under test from *v on
+ * (CLATTN_TEST_VARIANT keeps one), with current_variant set; NULL past the
+ * last. Variants this device does not run are passed over
+ * (test_variant_context checked their refusal). */
+static clattn_context *next_variant(size_t *v)
 {
-    const char *name;
-    for (size_t v = 0; (name = clattn_variant_name(test_backend_kind(), v)) != NULL; ++v) {
-        const char *only = getenv("CLATTN_TEST_VARIANT");
+    const char *name, *only = getenv("CLATTN_TEST_VARIANT");
+    for (; (name = clattn_variant_name(test_backend_kind(), *v)) != NULL; ++*v) {
         if (only && strcmp(only, name))
             continue;
         clattn_context *ctx = test_variant_context(name);
-        if (!ctx)
-            continue; /* not on this device; test_variant_context checked the refusal */
-        current_variant = name;
+        if (ctx) {
+            ++*v;
+            current_variant = name;
+            return ctx;
+        }
+    }
+    return NULL;
+}
+
+/* A shape on every variant of the backend, one context each. */
+static void run_shape(const clattn_shape *s, float q_gain, uint64_t seed)
+{
+    clattn_context *ctx;
+    for (size_t v = 0; (ctx = next_variant(&v)) != NULL;) {
         check_ops(ctx, s, q_gain, seed);
         clattn_context_destroy(ctx);
     }
@@ -303,15 +316,8 @@ START_TEST(split_sweep_offsets)
     float *o = nan_array(p.nq), *lse = nan_array(p.nlse), *o_part = nan_array(p.nq);
     float *lse_part = nan_array(p.nlse), *gq = nan_array(p.nq), *gk = nan_array(p.nkv);
     float *gv = nan_array(p.nkv);
-    const char *name;
-    for (size_t v = 0; (name = clattn_variant_name(test_backend_kind(), v)) != NULL; ++v) {
-        const char *only = getenv("CLATTN_TEST_VARIANT");
-        if (only && strcmp(only, name))
-            continue;
-        clattn_context *ctx = test_variant_context(name);
-        if (!ctx)
-            continue;
-        current_variant = name;
+    clattn_context *ctx;
+    for (size_t v = 0; (ctx = next_variant(&v)) != NULL;) {
         for (int a = 0; a + 1 < 3; ++a) {
             const uint32_t q0 = q_cuts[a], nq = q_cuts[a + 1] - q0;
             for (int b = 0; b + 1 < 4; ++b) {
@@ -1023,14 +1029,7 @@ START_TEST(dtype_sweep)
             check_ops_16(ctx, &s, gain, seed);
             clattn_context_destroy(ctx);
         }
-        const char *name;
-        for (size_t v = 0; (name = clattn_variant_name(test_backend_kind(), v)) != NULL; ++v) {
-            const char *only = getenv("CLATTN_TEST_VARIANT");
-            if (only && strcmp(only, name))
-                continue;
-            if (!(ctx = test_variant_context(name)))
-                continue;
-            current_variant = name;
+        for (size_t v = 0; (ctx = next_variant(&v)) != NULL;) {
             check_ops_16(ctx, &s, gain, seed);
             clattn_context_destroy(ctx);
         }
