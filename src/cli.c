@@ -251,6 +251,16 @@ int parse_dtype(const char *cmd, const char *name, clattn_dtype *dtype)
     return 0;
 }
 
+/* Whether LSE pairs read from path are float32, as they must be. */
+static int lse_is_f32(const char *cmd, const char *path, const npy_array *a)
+{
+    if (!strcmp(a->descr, "<f4"))
+        return 1;
+    fprintf(stderr, "clattn %s: %s is '%s': the LSE pairs are float32 ('<f4')\n", cmd, path,
+            a->descr);
+    return 0;
+}
+
 /* The tensors' dtype, from their descrs and --dtype (NULL, "f32", "f16" or
  * "bf16"): Q, K, V, O and dO share one; '<u2' and '<i2' are bfloat16 bits
  * only when --dtype bf16 says so; the LSE pairs are '<f4'. */
@@ -265,11 +275,8 @@ static int inputs_dtype(const char *cmd, const input_paths *paths, const inputs 
                     cmd, names[i], t[i]->descr, paths->q, in->q.descr);
             return 0;
         }
-    if (paths->lse && strcmp(in->lse.descr, "<f4")) {
-        fprintf(stderr, "clattn %s: %s is '%s': the LSE pairs are float32 ('<f4')\n", cmd,
-                paths->lse, in->lse.descr);
+    if (paths->lse && !lse_is_f32(cmd, paths->lse, &in->lse))
         return 0;
-    }
     const char *d = in->q.descr;
     const int bits = !strcmp(d, "<u2") || !strcmp(d, "<i2");
     clattn_dtype asked = CLATTN_DTYPE_F32;
@@ -580,17 +587,10 @@ static int cmd_merge(int argc, char **argv)
         goto done;
     memcpy(ls, qs, 3 * sizeof(size_t));
     ls[3] = 2;
-    if (!check_dims(cmd, "O2", &in.o, batched, qs) || !check_dims(cmd, "LSE", &in.lse, batched, ls))
+    if (!check_dims(cmd, "O2", &in.o, batched, qs) ||
+        !check_dims(cmd, "LSE", &in.lse, batched, ls) ||
+        !check_dims(cmd, "LSE2", &l2, batched, ls) || !lse_is_f32(cmd, lse2, &l2))
         goto done;
-    memcpy(ls, qs, 3 * sizeof(size_t));
-    ls[3] = 2;
-    if (!check_dims(cmd, "LSE2", &l2, batched, ls))
-        goto done;
-    if (strcmp(l2.descr, "<f4")) {
-        fprintf(stderr, "clattn %s: %s is '%s': the LSE pairs are float32 ('<f4')\n", cmd, lse2,
-                l2.descr);
-        goto done;
-    }
     clattn_shape s = clattn_shape_default();
     if (!inputs_dtype(cmd, &paths, &in, dtype, &s.dtype))
         goto done;

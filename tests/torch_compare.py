@@ -41,6 +41,18 @@ TOLERANCE = 1e-4
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 
+def visibility(q_seq, kv_seq, causal, window):
+    """The contract's mask: visible[pos, t]."""
+    pos = torch.arange(q_seq, device=DEVICE).view(-1, 1)
+    t = torch.arange(kv_seq, device=DEVICE).view(1, -1)
+    visible = torch.ones(q_seq, kv_seq, dtype=torch.bool, device=DEVICE)
+    if causal:
+        visible &= t <= pos
+    if window:
+        visible &= pos < t + window
+    return visible
+
+
 def reference(q, k, v, d_out, causal, window, scale):
     """O, the log-sum-exp per row, and dQ dK dV by autograd, in float64."""
     q, k, v, d_out = (torch.tensor(a, dtype=torch.float64, device=DEVICE)
@@ -54,13 +66,7 @@ def reference(q, k, v, d_out, causal, window, scale):
     kh = k.permute(0, 2, 1, 3).repeat_interleave(group, dim=1)
     vh = v.permute(0, 2, 1, 3).repeat_interleave(group, dim=1)
     s = qh @ kh.transpose(-1, -2) * scale
-    pos = torch.arange(q_seq, device=DEVICE).view(-1, 1)
-    t = torch.arange(kv_seq, device=DEVICE).view(1, -1)
-    visible = torch.ones(q_seq, kv_seq, dtype=torch.bool, device=DEVICE)
-    if causal:
-        visible &= t <= pos
-    if window:
-        visible &= pos < t + window
+    visible = visibility(q_seq, kv_seq, causal, window)
     has_key = visible.any(dim=1).view(1, 1, -1, 1)
     s = s.masked_fill(~visible, float("-inf")).masked_fill(~has_key, 0.0)
     lse = torch.logsumexp(s, dim=-1, keepdim=True)
@@ -106,20 +112,13 @@ def round_to(array, dtype):
 
 
 def torch_16(q, k, v, d_out, causal, window, scale, dtype):
-    """PyTorch's own SDPA on dtype tensors: O, dQ, dK, dV in float64, and
-    which rows see a key (SDPA gives NaN for the others)."""
+    """PyTorch's own SDPA on dtype tensors: O, dQ, dK, dV in float64 (NaN in
+    rows that see no key)."""
     to = lambda a: torch.tensor(a, device=DEVICE).to(TORCH_DTYPES[dtype]).permute(0, 2, 1, 3)
     q, k, v, d_out = (to(a) for a in (q, k, v, d_out))
     for t in (q, k, v):
         t.requires_grad_(True)
-    q_seq, kv_seq = q.shape[2], k.shape[2]
-    pos = torch.arange(q_seq, device=DEVICE).view(-1, 1)
-    t = torch.arange(kv_seq, device=DEVICE).view(1, -1)
-    visible = torch.ones(q_seq, kv_seq, dtype=torch.bool, device=DEVICE)
-    if causal:
-        visible &= t <= pos
-    if window:
-        visible &= pos < t + window
+    visible = visibility(q.shape[2], k.shape[2], causal, window)
     o = torch.nn.functional.scaled_dot_product_attention(
         q, k, v, attn_mask=visible, scale=scale, enable_gqa=k.shape[1] != q.shape[1])
     o.backward(d_out)
