@@ -137,6 +137,35 @@ static int chunk_pair_visible(const args *a, uint32_t qc, uint32_t kc, uint32_t 
     return (!a->causal || k0 <= q1) && (!a->window || q0 < k1 + a->window);
 }
 
+/* The shape of the pair (query chunk qc, key chunk kc), by its offsets, and
+ * whether the masks leave any of it visible (pairs hidden whole are
+ * skipped). */
+static int chunk_pair(const args *a, clattn_shape *s, uint32_t qc, uint32_t kc, uint32_t c)
+{
+    s->q_offset = qc * c;
+    s->kv_offset = kc * c;
+    return chunk_pair_visible(a, qc, kc, c);
+}
+
+/* The two chunks of the block a rank holds at a ring step: those of the
+ * rank `step` places before it. */
+static void chunks_at(int rank, int ranks, uint32_t step, uint32_t out[2])
+{
+    const uint32_t owner = (uint32_t)((rank + ranks - (int)step) % ranks);
+    out[0] = owner;
+    out[1] = 2 * (uint32_t)ranks - 1 - owner;
+}
+
+/* K of chunks mine[0..1], then V of them, into a block (kvn elements a
+ * chunk). */
+static void own_block(float *block, const uint32_t mine[2], uint32_t c, size_t kvn, size_t kvrow)
+{
+    for (int i = 0; i < 2; ++i) {
+        make_rows(block + i * kvn, 1, (uint64_t)mine[i] * c, c, kvrow);
+        make_rows(block + (2 + i) * kvn, 2, (uint64_t)mine[i] * c, c, kvrow);
+    }
+}
+
 static double max_abs(const float *x, size_t n)
 {
     double m = 0.0;
@@ -209,7 +238,8 @@ int main(int argc, char **argv)
 
     /* This rank's two chunks of Q and dO, its outputs, and the K/V block
      * (its own two chunks, then each other rank's in turn) with dK and dV. */
-    const uint32_t mine[2] = {(uint32_t)rank, chunks - 1 - (uint32_t)rank};
+    uint32_t mine[2];
+    chunks_at(rank, ranks, 0, mine);
     float *q = malloc(2 * qn * sizeof(float)), *d_out = malloc(2 * qn * sizeof(float));
     float *o = malloc(2 * qn * sizeof(float)), *lse = malloc(2 * ln * sizeof(float));
     float *dq = malloc(2 * qn * sizeof(float)), *o_part = malloc(qn * sizeof(float));
@@ -244,10 +274,7 @@ int main(int argc, char **argv)
     const int to = (rank + 1) % ranks, from = (rank + ranks - 1) % ranks;
     double ring_time = 0.0;
     for (uint32_t rep = 0; rep < a.reps; ++rep) {
-        for (int i = 0; i < 2; ++i) {
-            make_rows(cur + i * kvn, 1, (uint64_t)mine[i] * c, c, kvrow);
-            make_rows(cur + (2 + i) * kvn, 2, (uint64_t)mine[i] * c, c, kvrow);
-        }
+        own_block(cur, mine, c, kvn, kvrow);
         for (size_t i = 0; i < 2 * qn; ++i)
             o[i] = 0.0f;
         for (size_t i = 0; i < 2 * ln; ++i)
@@ -263,14 +290,12 @@ int main(int argc, char **argv)
                 MPI_Irecv(next, (int)block, MPI_FLOAT, from, 0, MPI_COMM_WORLD, &req[0]);
                 MPI_Isend(cur, (int)block, MPI_FLOAT, to, 0, MPI_COMM_WORLD, &req[1]);
             }
-            const uint32_t owner = (uint32_t)((rank + ranks - (int)step) % ranks);
-            const uint32_t theirs[2] = {owner, chunks - 1 - owner};
+            uint32_t theirs[2];
+            chunks_at(rank, ranks, step, theirs);
             for (int i = 0; i < 2; ++i)
                 for (int j = 0; j < 2; ++j) {
-                    if (!chunk_pair_visible(&a, mine[i], theirs[j], c))
+                    if (!chunk_pair(&a, &s, mine[i], theirs[j], c))
                         continue;
-                    s.q_offset = mine[i] * c;
-                    s.kv_offset = theirs[j] * c;
                     check(clattn_forward(ctx, &s, q + i * qn, cur + j * kvn,
                                          cur + (2 + j) * kvn, o_part, lse_part),
                           "forward", rank);
@@ -287,10 +312,7 @@ int main(int argc, char **argv)
         }
 
         /* ---- backward: the block starts at home again, with zero sums ---- */
-        for (int i = 0; i < 2; ++i) {
-            make_rows(cur + i * kvn, 1, (uint64_t)mine[i] * c, c, kvrow);
-            make_rows(cur + (2 + i) * kvn, 2, (uint64_t)mine[i] * c, c, kvrow);
-        }
+        own_block(cur, mine, c, kvn, kvrow);
         memset(cur + block, 0, grads * sizeof(float));
         memset(dq, 0, 2 * qn * sizeof(float));
         s.accumulate = 1;
@@ -301,15 +323,13 @@ int main(int argc, char **argv)
                 MPI_Irecv(next, (int)block, MPI_FLOAT, from, 0, MPI_COMM_WORLD, &req[0]);
                 MPI_Isend(cur, (int)block, MPI_FLOAT, to, 0, MPI_COMM_WORLD, &req[1]);
             }
-            const uint32_t owner = (uint32_t)((rank + ranks - (int)step) % ranks);
-            const uint32_t theirs[2] = {owner, chunks - 1 - owner};
+            uint32_t theirs[2];
+            chunks_at(rank, ranks, step, theirs);
             float *dk = cur + block, *dv = cur + block + 2 * kvn;
             for (int i = 0; i < 2; ++i)
                 for (int j = 0; j < 2; ++j) {
-                    if (!chunk_pair_visible(&a, mine[i], theirs[j], c))
+                    if (!chunk_pair(&a, &s, mine[i], theirs[j], c))
                         continue;
-                    s.q_offset = mine[i] * c;
-                    s.kv_offset = theirs[j] * c;
                     check(clattn_backward(ctx, &s, q + i * qn, cur + j * kvn,
                                           cur + (2 + j) * kvn, o + i * qn, lse + i * ln,
                                           d_out + i * qn, dq + i * qn, dk + j * kvn,
@@ -363,7 +383,8 @@ int main(int argc, char **argv)
         /* The ring's results in sequence order. */
         for (int r = 0; r < ranks; ++r) {
             const float *g = gathered + (size_t)r * per_rank;
-            const uint32_t own[2] = {(uint32_t)r, chunks - 1 - (uint32_t)r};
+            uint32_t own[2];
+            chunks_at(r, ranks, 0, own);
             for (int i = 0; i < 2; ++i) {
                 memcpy(ro + own[i] * qn, g + i * qn, qn * 4);
                 memcpy(rq + own[i] * qn, g + 2 * qn + i * qn, qn * 4);
