@@ -13,14 +13,40 @@
 #            torch, at the thread counts in CPU_THREADS (default 1,2,4,8,16)
 #   tiled    clattn bench of tree and tiled at head_dims 64..256, and of tiled
 #            per CLATTN_TILED shape in TUNE_TILED (TILED_DIMS: the head_dims)
+#   ring     examples/ring_attention on 1 and then RING_RANKS (default 2) ranks, a GPU
+#            each, RING_ARGS (default q_seq 131072, d128, 8 heads, causal); needs
+#            Open MPI's Debian packages in .devdebs/mpi (unpacked under /opt/mpi)
+# Compiled programs are kept in .devcache (CLATTN_CACHE_DIR) and come back as
+# $OUT/devcache.tgz: unpacked into .devcache here and carried, the next machine
+# starts warm.
 set -u
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 for f in .devdebs/*.deb; do dpkg -x "$f" /; done
 ldconfig
+export CLATTN_CACHE_DIR=$PWD/.devcache
+mkdir -p "$CLATTN_CACHE_DIR"
+save_cache() { tar czf "$OUT/devcache.tgz" -C "$CLATTN_CACHE_DIR" . 2>/dev/null; }
+trap save_cache EXIT
+mpi_flags=()
+if [ -d .devdebs/mpi ]; then
+  # Open MPI from Debian, relocated (OPAL_PREFIX); only the libraries this
+  # system lacks go on the library path.
+  for f in .devdebs/mpi/*.deb; do dpkg -x "$f" /opt/mpi; done
+  mkdir -p /opt/mpi/only
+  for f in /opt/mpi/usr/lib/x86_64-linux-gnu/*.so.*; do
+    ldconfig -p | grep -q " ${f##*/} " || ln -sf "$f" /opt/mpi/only/
+  done
+  export OPAL_PREFIX=/opt/mpi/usr PATH=/opt/mpi/usr/bin:$PATH
+  export LD_LIBRARY_PATH=/opt/mpi/only:/opt/mpi/usr/lib/x86_64-linux-gnu/openmpi/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+  export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_pml=ob1 \
+    OMPI_MCA_btl=self,vader OMPI_MCA_osc=^ucx
+  mpi_flags=(-DMPI_C_COMPILER=/opt/mpi/usr/bin/mpicc.openmpi
+             -DMPIEXEC_EXECUTABLE=/opt/mpi/usr/bin/mpirun.openmpi)
+fi
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,temperature.gpu,utilization.gpu --format=csv \
   > "$OUT/gpu.txt" 2>&1
-{ cmake -S . -B build-dev -DCMAKE_BUILD_TYPE=Release && cmake --build build-dev -j16; } \
+{ cmake -S . -B build-dev -DCMAKE_BUILD_TYPE=Release "${mpi_flags[@]}" && cmake --build build-dev -j16; } \
   > "$OUT/build.log" 2>&1 || { tail -40 "$OUT/build.log"; exit 1; }
 cli=build-dev/clattn
 # The shape per head_dim class, for the tune and tiled stages.
@@ -69,6 +95,14 @@ for stage in "$@"; do
         done
       done
     done 2>&1 | tee "$OUT/tiled.log" ;;
+  ring)
+    gpus=$($cli devices | sed -n 's/^[* ] \([0-9]*\):[0-9]* *opencl-gpu.*/\1/p' | head -1)
+    for np in 1 ${RING_RANKS:-2}; do
+      echo "== $np rank(s), platform $gpus"
+      mpirun -np "$np" --bind-to none build-dev/ring_attention \
+        ${RING_ARGS:---q-seq 131072 --heads 8 --head-dim 128 --causal --reps 2} \
+        --device "$gpus:{rank}"
+    done 2>&1 | tee "$OUT/ring.log" ;;
   *) echo "unknown stage $stage"; exit 2 ;;
   esac
 done
