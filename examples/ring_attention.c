@@ -39,7 +39,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include <clattn.h>
+#include <clattn_cl.h>
 
 #define TOLERANCE 1e-4
 
@@ -188,6 +188,264 @@ static int compare(const char *what, const float *got, const float *want, size_t
     return worst <= TOLERANCE;
 }
 
+/* ---- where a rank computes ----------------------------------------------
+ * On an OpenCL context every tensor of a rank lives on its device: the ring
+ * enqueues clattn's _cl calls and drives MPI while the device computes, and
+ * only the K/V blocks and the dK/dV sums that travel cross to the host. On a
+ * native context the host arrays are all there is. */
+
+/* Host memory, and on an OpenCL context a device buffer of the same size. */
+typedef struct tensor {
+    float *host;
+    cl_mem dev; /* NULL on a native context */
+} tensor;
+
+typedef struct place {
+    clattn_context *ctx;
+    cl_context cl;           /* NULL on a native context */
+    cl_command_queue queue;  /* clattn's (in order): the calls */
+    cl_command_queue copies; /* ours: uploads beside the calls */
+    cl_event uploaded;       /* the last upload, which the next calls wait for */
+    int rank;
+} place;
+
+/* A rank's tensors: its two chunks of Q, dO, O, the LSE pairs and dQ; the
+ * K/V blocks (K of two chunks, V of them, then the dK and dV sums): its own
+ * (home) and two that the others' pass through. */
+typedef struct slices {
+    tensor q, d_out, o, lse, dq, o_part, lse_part, home, buf[2];
+    size_t qn, kvn, ln; /* elements of a chunk of Q (dO, O, dQ), of K (V), of the LSE */
+} slices;
+
+static void cl_check(cl_int err, const char *what, int rank)
+{
+    if (err == CL_SUCCESS)
+        return;
+    fprintf(stderr, "ring_attention: rank %d: %s: OpenCL error %d\n", rank, what, (int)err);
+    MPI_Abort(MPI_COMM_WORLD, 1);
+}
+
+static tensor tensor_new(const place *p, size_t n)
+{
+    tensor t = {malloc(n * sizeof(float)), NULL};
+    cl_int err = CL_SUCCESS;
+    if (p->cl && t.host)
+        t.dev = clCreateBuffer(p->cl, CL_MEM_READ_WRITE, n * sizeof(float), NULL, &err);
+    if (!t.host || err != CL_SUCCESS) {
+        fprintf(stderr, "ring_attention: out of memory on rank %d (%zu floats)\n", p->rank, n);
+        MPI_Abort(MPI_COMM_WORLD, 1);
+    }
+    return t;
+}
+
+static void tensor_free(tensor *t)
+{
+    free(t->host);
+    if (t->dev)
+        clReleaseMemObject(t->dev);
+}
+
+static clattn_cl_tensor on_dev(tensor t, size_t at)
+{
+    clattn_cl_tensor x = {t.dev, at};
+    return x;
+}
+
+/* Elements [at, at + n) of t from the host to the device, on the copies
+ * queue: the calls enqueued next wait for it. */
+static void upload(place *p, tensor t, size_t at, size_t n)
+{
+    if (!p->cl)
+        return;
+    cl_event ev;
+    cl_check(clEnqueueWriteBuffer(p->copies, t.dev, CL_FALSE, at * sizeof(float),
+                                  n * sizeof(float), t.host + at, 0, NULL, &ev),
+             "upload", p->rank);
+    if (p->uploaded)
+        clReleaseEvent(p->uploaded); /* the queue is in order: ev comes after it */
+    p->uploaded = ev;
+}
+
+/* Elements [at, at + n) of t from the device, after the calls so far. */
+static void download(place *p, tensor t, size_t at, size_t n)
+{
+    if (p->cl)
+        cl_check(clEnqueueReadBuffer(p->queue, t.dev, CL_TRUE, at * sizeof(float),
+                                     n * sizeof(float), t.host + at, 0, NULL, NULL),
+                 "download", p->rank);
+}
+
+/* Elements [at, at + n) of t set to x (where the calls read it). */
+static void fill(place *p, tensor t, size_t at, size_t n, float x)
+{
+    if (p->cl) {
+        cl_check(clEnqueueFillBuffer(p->queue, t.dev, &x, sizeof x, at * sizeof(float),
+                                     n * sizeof(float), 0, NULL, NULL),
+                 "fill", p->rank);
+        return;
+    }
+    for (size_t i = 0; i < n; ++i)
+        t.host[at + i] = x;
+}
+
+/* Waits for the uploads and the calls enqueued so far. */
+static void finish(place *p)
+{
+    if (!p->cl)
+        return;
+    cl_check(clFinish(p->copies), "finish", p->rank);
+    cl_check(clFinish(p->queue), "finish", p->rank);
+    if (p->uploaded)
+        clReleaseEvent(p->uploaded);
+    p->uploaded = NULL;
+}
+
+/* Query chunk i against the K/V chunk j of block cur: the partial result,
+ * merged into the rank's O and LSE. */
+static void forward_pair(place *p, slices *r, tensor cur, const clattn_shape *s, int i, int j)
+{
+    const size_t qa = i * r->qn, la = i * r->ln, ka = j * r->kvn, va = (2 + j) * r->kvn;
+    if (!p->cl) {
+        check(clattn_forward(p->ctx, s, r->q.host + qa, cur.host + ka, cur.host + va,
+                             r->o_part.host, r->lse_part.host),
+              "forward", p->rank);
+        check(clattn_merge(p->ctx, s, r->o.host + qa, r->lse.host + la, r->o_part.host,
+                           r->lse_part.host, r->o.host + qa, r->lse.host + la),
+              "merge", p->rank);
+        return;
+    }
+    const cl_uint waits = p->uploaded ? 1u : 0u;
+    check(clattn_forward_cl(p->ctx, s, on_dev(r->q, qa), on_dev(cur, ka), on_dev(cur, va),
+                            on_dev(r->o_part, 0), on_dev(r->lse_part, 0), waits,
+                            waits ? &p->uploaded : NULL, NULL),
+          "forward", p->rank);
+    check(clattn_merge_cl(p->ctx, s, on_dev(r->o, qa), on_dev(r->lse, la), on_dev(r->o_part, 0),
+                          on_dev(r->lse_part, 0), on_dev(r->o, qa), on_dev(r->lse, la), 0, NULL,
+                          NULL),
+          "merge", p->rank);
+}
+
+/* Query chunk i against K/V chunk j of block cur, adding into the rank's dQ
+ * and the block's dK and dV sums (s->accumulate is set). */
+static void backward_pair(place *p, slices *r, tensor cur, const clattn_shape *s, int i, int j)
+{
+    const size_t qa = i * r->qn, la = i * r->ln, ka = j * r->kvn, va = (2 + j) * r->kvn;
+    const size_t sums = 4 * r->kvn; /* dK and dV after K and V */
+    if (!p->cl) {
+        float *b = cur.host;
+        check(clattn_backward(p->ctx, s, r->q.host + qa, b + ka, b + va, r->o.host + qa,
+                              r->lse.host + la, r->d_out.host + qa, r->dq.host + qa,
+                              b + sums + ka, b + sums + va),
+              "backward", p->rank);
+        return;
+    }
+    const cl_uint waits = p->uploaded ? 1u : 0u;
+    check(clattn_backward_cl(p->ctx, s, on_dev(r->q, qa), on_dev(cur, ka), on_dev(cur, va),
+                             on_dev(r->o, qa), on_dev(r->lse, la), on_dev(r->d_out, qa),
+                             on_dev(r->dq, qa), on_dev(cur, sums + ka), on_dev(cur, sums + va),
+                             waits, waits ? &p->uploaded : NULL, NULL),
+          "backward", p->rank);
+}
+
+/* Drives MPI until req[0..1] (if `more`) complete, while the device
+ * computes; then the received part [0, n) of `next` goes up to the device. */
+static void receive_block(place *p, int more, MPI_Request *req, tensor next, size_t n)
+{
+    if (!more)
+        return;
+    int done = 0;
+    while (!done)
+        MPI_Testall(2, req, &done, MPI_STATUSES_IGNORE);
+    upload(p, next, 0, n);
+}
+
+/* Rank 0: the ring's results (gathered, per_rank floats a rank: O, dQ, dK,
+ * dV of its chunks) against one forward and backward of the whole sequence
+ * on this rank's device (kept there, as the ring keeps its tensors, when it
+ * is an OpenCL device); prints both times and the differences, and returns
+ * whether every difference is within TOLERANCE. */
+static int check_single(place *p, const args *a, const clattn_shape *s, const float *gathered,
+                        size_t per_rank, double ring_time, double forward_time)
+{
+    const int ranks = (int)(a->q_seq / (2 * s->q_seq));
+    const size_t qrow = (size_t)a->heads * a->head_dim, kvrow = (size_t)a->kv_heads * a->head_dim;
+    const size_t qn = (size_t)s->q_seq * qrow, kvn = (size_t)s->q_seq * kvrow;
+    const size_t full_q = (size_t)a->q_seq * qrow, full_kv = (size_t)a->q_seq * kvrow;
+    const size_t full_l = (size_t)a->q_seq * 2 * a->heads;
+    enum { Q, K, V, DO, O, L, DQ, DK, DV, COUNT };
+    const size_t sizes[COUNT] = {full_q, full_kv, full_kv, full_q, full_q,
+                                 full_l, full_q,  full_kv, full_kv};
+    tensor t[COUNT];
+    for (int i = 0; i < COUNT; ++i)
+        t[i] = tensor_new(p, sizes[i]);
+    float *ro = malloc(full_q * 4), *rq = malloc(full_q * 4), *rk = malloc(full_kv * 4);
+    float *rv = malloc(full_kv * 4);
+    if (!ro || !rq || !rk || !rv)
+        MPI_Abort(MPI_COMM_WORLD, 1);
+    make_rows(t[Q].host, 0, 0, a->q_seq, qrow);
+    make_rows(t[K].host, 1, 0, a->q_seq, kvrow);
+    make_rows(t[V].host, 2, 0, a->q_seq, kvrow);
+    make_rows(t[DO].host, 3, 0, a->q_seq, qrow);
+    /* The ring's results in sequence order. */
+    for (int r = 0; r < ranks; ++r) {
+        const float *g = gathered + (size_t)r * per_rank;
+        uint32_t own[2];
+        chunks_at(r, ranks, 0, own);
+        for (int i = 0; i < 2; ++i) {
+            memcpy(ro + own[i] * qn, g + i * qn, qn * 4);
+            memcpy(rq + own[i] * qn, g + 2 * qn + i * qn, qn * 4);
+            memcpy(rk + own[i] * kvn, g + 4 * qn + i * kvn, kvn * 4);
+            memcpy(rv + own[i] * kvn, g + 4 * qn + (2 + i) * kvn, kvn * 4);
+        }
+    }
+    clattn_shape w = *s;
+    w.q_seq = w.kv_seq = a->q_seq;
+    w.q_offset = w.kv_offset = 0;
+    w.accumulate = 0;
+    for (int i = Q; i <= DO; ++i)
+        upload(p, t[i], 0, sizes[i]);
+    finish(p);
+    const double t0 = MPI_Wtime();
+    if (p->cl) {
+        check(clattn_forward_cl(p->ctx, &w, on_dev(t[Q], 0), on_dev(t[K], 0), on_dev(t[V], 0),
+                                on_dev(t[O], 0), on_dev(t[L], 0), 0, NULL, NULL),
+              "single forward", 0);
+        check(clattn_backward_cl(p->ctx, &w, on_dev(t[Q], 0), on_dev(t[K], 0), on_dev(t[V], 0),
+                                 on_dev(t[O], 0), on_dev(t[L], 0), on_dev(t[DO], 0),
+                                 on_dev(t[DQ], 0), on_dev(t[DK], 0), on_dev(t[DV], 0), 0, NULL,
+                                 NULL),
+              "single backward", 0);
+        finish(p);
+    } else {
+        check(clattn_forward(p->ctx, &w, t[Q].host, t[K].host, t[V].host, t[O].host, t[L].host),
+              "single forward", 0);
+        check(clattn_backward(p->ctx, &w, t[Q].host, t[K].host, t[V].host, t[O].host, t[L].host,
+                              t[DO].host, t[DQ].host, t[DK].host, t[DV].host),
+              "single backward", 0);
+    }
+    const double single_time = MPI_Wtime() - t0;
+    for (int i = O; i < COUNT; ++i)
+        download(p, t[i], 0, sizes[i]);
+    printf("ring_attention: %d ranks on '%s', q_seq %u (chunks of %u), heads %u/%u, "
+           "head_dim %u, causal %d, window %u\n",
+           ranks, a->device, a->q_seq, s->q_seq, a->heads, a->kv_heads, a->head_dim, a->causal,
+           a->window);
+    printf("  forward + backward: ring %.3f s (forward %.3f s), one call on rank 0's device "
+           "%.3f s: %.2fx\n",
+           ring_time, forward_time, single_time, single_time / ring_time);
+    const int passed = compare("O", ro, t[O].host, full_q) & compare("dQ", rq, t[DQ].host, full_q) &
+                       compare("dK", rk, t[DK].host, full_kv) &
+                       compare("dV", rv, t[DV].host, full_kv);
+    printf("%s\n", passed ? "ok" : "FAILED");
+    for (int i = 0; i < COUNT; ++i)
+        tensor_free(&t[i]);
+    free(ro);
+    free(rq);
+    free(rk);
+    free(rv);
+    return passed;
+}
+
 int main(int argc, char **argv)
 {
     MPI_Init(&argc, &argv);
@@ -209,7 +467,6 @@ int main(int argc, char **argv)
     }
     const uint32_t c = a.q_seq / chunks;
     const size_t qrow = (size_t)a.heads * a.head_dim, kvrow = (size_t)a.kv_heads * a.head_dim;
-    const size_t qn = (size_t)c * qrow, kvn = (size_t)c * kvrow, ln = (size_t)c * 2 * a.heads;
 
     /* The device: "{rank}" in the selector becomes the rank. */
     char device[256];
@@ -221,8 +478,8 @@ int main(int argc, char **argv)
         snprintf(device, sizeof device, "%s", a.device);
     clattn_options opts = clattn_options_default();
     opts.device = device;
-    clattn_context *ctx = NULL;
-    clattn_status st = clattn_context_create(&opts, &ctx);
+    place p = {NULL, NULL, NULL, NULL, NULL, rank};
+    clattn_status st = clattn_context_create(&opts, &p.ctx);
     /* A device this machine lacks: every rank exits 77 (what ctest counts
      * as skipped), after saying so. */
     int here = st == CLATTN_OK, all_here;
@@ -231,31 +488,20 @@ int main(int argc, char **argv)
         if (!here)
             fprintf(stderr, "ring_attention: rank %d: no device '%s': %s: %s\n", rank, device,
                     clattn_status_string(st), clattn_last_error());
-        clattn_context_destroy(ctx);
+        clattn_context_destroy(p.ctx);
         MPI_Finalize();
         return 77;
     }
+    p.cl = clattn_context_cl_context(p.ctx);
+    p.queue = clattn_context_cl_queue(p.ctx);
+    if (p.cl) {
+        cl_device_id dev;
+        cl_int err = clGetCommandQueueInfo(p.queue, CL_QUEUE_DEVICE, sizeof dev, &dev, NULL);
+        if (err == CL_SUCCESS)
+            p.copies = clCreateCommandQueue(p.cl, dev, 0, &err);
+        cl_check(err, "clCreateCommandQueue", rank);
+    }
 
-    /* This rank's two chunks of Q and dO, its outputs, and the K/V block
-     * (its own two chunks, then each other rank's in turn) with dK and dV. */
-    uint32_t mine[2];
-    chunks_at(rank, ranks, 0, mine);
-    float *q = malloc(2 * qn * sizeof(float)), *d_out = malloc(2 * qn * sizeof(float));
-    float *o = malloc(2 * qn * sizeof(float)), *lse = malloc(2 * ln * sizeof(float));
-    float *dq = malloc(2 * qn * sizeof(float)), *o_part = malloc(qn * sizeof(float));
-    float *lse_part = malloc(ln * sizeof(float));
-    /* A block: K of both chunks, V of both, then (backward) dK and dV. */
-    const size_t block = 4 * kvn, grads = 4 * kvn;
-    float *cur = malloc((block + grads) * sizeof(float));
-    float *next = malloc((block + grads) * sizeof(float));
-    if (!q || !d_out || !o || !lse || !dq || !o_part || !lse_part || !cur || !next) {
-        fprintf(stderr, "ring_attention: out of memory on rank %d\n", rank);
-        MPI_Abort(MPI_COMM_WORLD, 1);
-    }
-    for (int i = 0; i < 2; ++i) {
-        make_rows(q + i * qn, 0, (uint64_t)mine[i] * c, c, qrow);
-        make_rows(d_out + i * qn, 3, (uint64_t)mine[i] * c, c, qrow);
-    }
     clattn_shape s = clattn_shape_default();
     s.q_seq = s.kv_seq = c;
     s.num_heads = a.heads;
@@ -267,162 +513,130 @@ int main(int argc, char **argv)
         if (rank == 0)
             fprintf(stderr, "ring_attention: %s: %s\n", clattn_status_string(st),
                     clattn_last_error());
-        clattn_context_destroy(ctx);
+        if (p.copies)
+            clReleaseCommandQueue(p.copies);
+        clattn_context_destroy(p.ctx);
         MPI_Finalize();
         return 2;
     }
+
+    slices r;
+    r.qn = (size_t)c * qrow;
+    r.kvn = (size_t)c * kvrow;
+    r.ln = (size_t)c * 2 * a.heads;
+    const size_t qn = r.qn, kvn = r.kvn, ln = r.ln, block = 4 * kvn, sums = 4 * kvn;
+    tensor *all[] = {&r.q, &r.d_out, &r.o, &r.lse, &r.dq, &r.o_part, &r.lse_part,
+                     &r.home, &r.buf[0], &r.buf[1]};
+    const size_t sizes[] = {2 * qn, 2 * qn, 2 * qn, 2 * ln, 2 * qn, qn, ln, block + sums,
+                            block + sums, block + sums};
+    for (size_t i = 0; i < sizeof all / sizeof *all; ++i)
+        *all[i] = tensor_new(&p, sizes[i]);
+    uint32_t mine[2];
+    chunks_at(rank, ranks, 0, mine);
+    for (int i = 0; i < 2; ++i) {
+        make_rows(r.q.host + i * qn, 0, (uint64_t)mine[i] * c, c, qrow);
+        make_rows(r.d_out.host + i * qn, 3, (uint64_t)mine[i] * c, c, qrow);
+    }
+    own_block(r.home.host, mine, c, kvn, kvrow);
+    upload(&p, r.q, 0, 2 * qn);
+    upload(&p, r.d_out, 0, 2 * qn);
+    upload(&p, r.home, 0, block);
+    finish(&p);
+
     const int to = (rank + 1) % ranks, from = (rank + ranks - 1) % ranks;
-    double ring_time = 0.0;
+    double forward_time = 0.0, ring_time = 0.0;
+    tensor cur = r.home;
     for (uint32_t rep = 0; rep < a.reps; ++rep) {
-        own_block(cur, mine, c, kvn, kvrow);
-        for (size_t i = 0; i < 2 * qn; ++i)
-            o[i] = 0.0f;
-        for (size_t i = 0; i < 2 * ln; ++i)
-            lse[i] = -1e30f; /* empty rows: merging into them copies */
         MPI_Barrier(MPI_COMM_WORLD);
         const double t0 = MPI_Wtime();
 
-        /* ---- forward ---- */
+        /* ---- forward: O and LSE start empty (merging into them copies) ---- */
+        fill(&p, r.o, 0, 2 * qn, 0.0f);
+        fill(&p, r.lse, 0, 2 * ln, -1e30f);
+        cur = r.home;
         for (uint32_t step = 0; step < n; ++step) {
             MPI_Request req[2];
             const int more = step + 1 < n;
-            if (more) {
-                MPI_Irecv(next, (int)block, MPI_FLOAT, from, 0, MPI_COMM_WORLD, &req[0]);
-                MPI_Isend(cur, (int)block, MPI_FLOAT, to, 0, MPI_COMM_WORLD, &req[1]);
+            tensor next = r.buf[step & 1u];
+            if (more) { /* the next block travels while this one computes */
+                MPI_Irecv(next.host, (int)block, MPI_FLOAT, from, 0, MPI_COMM_WORLD, &req[0]);
+                MPI_Isend(cur.host, (int)block, MPI_FLOAT, to, 0, MPI_COMM_WORLD, &req[1]);
             }
             uint32_t theirs[2];
             chunks_at(rank, ranks, step, theirs);
             for (int i = 0; i < 2; ++i)
-                for (int j = 0; j < 2; ++j) {
-                    if (!chunk_pair(&a, &s, mine[i], theirs[j], c))
-                        continue;
-                    check(clattn_forward(ctx, &s, q + i * qn, cur + j * kvn,
-                                         cur + (2 + j) * kvn, o_part, lse_part),
-                          "forward", rank);
-                    check(clattn_merge(ctx, &s, o + i * qn, lse + i * ln, o_part, lse_part,
-                                       o + i * qn, lse + i * ln),
-                          "merge", rank);
-                }
-            if (more) {
-                MPI_Waitall(2, req, MPI_STATUSES_IGNORE);
-                float *swap = cur;
-                cur = next;
-                next = swap;
-            }
+                for (int j = 0; j < 2; ++j)
+                    if (chunk_pair(&a, &s, mine[i], theirs[j], c))
+                        forward_pair(&p, &r, cur, &s, i, j);
+            receive_block(&p, more, req, next, block);
+            finish(&p);
+            cur = next;
         }
+        MPI_Barrier(MPI_COMM_WORLD);
+        const double t1 = MPI_Wtime();
 
         /* ---- backward: the block starts at home again, with zero sums ---- */
-        own_block(cur, mine, c, kvn, kvrow);
-        memset(cur + block, 0, grads * sizeof(float));
-        memset(dq, 0, 2 * qn * sizeof(float));
+        cur = r.home;
+        fill(&p, r.home, block, sums, 0.0f);
+        fill(&p, r.dq, 0, 2 * qn, 0.0f);
         s.accumulate = 1;
         for (uint32_t step = 0; step < n; ++step) {
             MPI_Request req[2];
             const int more = step + 1 < n;
+            tensor next = r.buf[step & 1u];
             if (more) { /* K and V of the next step, while this one computes */
-                MPI_Irecv(next, (int)block, MPI_FLOAT, from, 0, MPI_COMM_WORLD, &req[0]);
-                MPI_Isend(cur, (int)block, MPI_FLOAT, to, 0, MPI_COMM_WORLD, &req[1]);
+                MPI_Irecv(next.host, (int)block, MPI_FLOAT, from, 0, MPI_COMM_WORLD, &req[0]);
+                MPI_Isend(cur.host, (int)block, MPI_FLOAT, to, 0, MPI_COMM_WORLD, &req[1]);
             }
             uint32_t theirs[2];
             chunks_at(rank, ranks, step, theirs);
-            float *dk = cur + block, *dv = cur + block + 2 * kvn;
             for (int i = 0; i < 2; ++i)
-                for (int j = 0; j < 2; ++j) {
-                    if (!chunk_pair(&a, &s, mine[i], theirs[j], c))
-                        continue;
-                    check(clattn_backward(ctx, &s, q + i * qn, cur + j * kvn,
-                                          cur + (2 + j) * kvn, o + i * qn, lse + i * ln,
-                                          d_out + i * qn, dq + i * qn, dk + j * kvn,
-                                          dv + j * kvn),
-                          "backward", rank);
-                }
-            if (more)
-                MPI_Waitall(2, req, MPI_STATUSES_IGNORE);
+                for (int j = 0; j < 2; ++j)
+                    if (chunk_pair(&a, &s, mine[i], theirs[j], c))
+                        backward_pair(&p, &r, cur, &s, i, j);
+            receive_block(&p, more, req, next, block);
             /* The sums go on with their block: to the next rank, and after
              * the last step home to the owner (which is the next rank). */
-            MPI_Sendrecv(cur + block, (int)grads, MPI_FLOAT, to, 1, next + block, (int)grads,
-                         MPI_FLOAT, from, 1, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
-            float *swap = cur;
+            download(&p, cur, block, sums);
+            MPI_Sendrecv(cur.host + block, (int)sums, MPI_FLOAT, to, 1, next.host + block,
+                         (int)sums, MPI_FLOAT, from, 1, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+            if (more)
+                upload(&p, next, block, sums);
+            finish(&p);
             cur = next;
-            next = swap;
         }
         s.accumulate = 0;
         MPI_Barrier(MPI_COMM_WORLD);
-        ring_time = MPI_Wtime() - t0; /* the last rep's */
+        forward_time = t1 - t0; /* the last rep's */
+        ring_time = MPI_Wtime() - t0;
     }
-    /* After the last hop cur + block holds this rank's own dK and dV (the
-     * K/V part of cur is stale: the sums came back alone). */
+    /* cur + block holds this rank's own dK and dV now (its K/V part is
+     * stale: the sums came back alone). */
+    download(&p, r.o, 0, 2 * qn);
+    download(&p, r.dq, 0, 2 * qn);
 
     /* ---- rank 0 gathers and checks against one single-device call ---- */
-    const size_t per_rank = 4 * qn + grads;
+    const size_t per_rank = 4 * qn + sums;
     float *mine_all = malloc(per_rank * sizeof(float));
     float *gathered = rank == 0 ? malloc(per_rank * (size_t)ranks * sizeof(float)) : NULL;
     if (!mine_all || (rank == 0 && !gathered))
         MPI_Abort(MPI_COMM_WORLD, 1);
-    memcpy(mine_all, o, 2 * qn * sizeof(float));
-    memcpy(mine_all + 2 * qn, dq, 2 * qn * sizeof(float));
-    memcpy(mine_all + 4 * qn, cur + block, grads * sizeof(float));
+    memcpy(mine_all, r.o.host, 2 * qn * sizeof(float));
+    memcpy(mine_all + 2 * qn, r.dq.host, 2 * qn * sizeof(float));
+    memcpy(mine_all + 4 * qn, cur.host + block, sums * sizeof(float));
     MPI_Gather(mine_all, (int)per_rank, MPI_FLOAT, gathered, (int)per_rank, MPI_FLOAT, 0,
                MPI_COMM_WORLD);
     int passed = 1;
-    if (rank == 0) {
-        const size_t full_q = (size_t)a.q_seq * qrow, full_kv = (size_t)a.q_seq * kvrow;
-        const size_t full_l = (size_t)a.q_seq * 2 * a.heads;
-        float *fq = malloc(full_q * 4), *fk = malloc(full_kv * 4), *fv = malloc(full_kv * 4);
-        float *fdo = malloc(full_q * 4), *fo = malloc(full_q * 4), *fl = malloc(full_l * 4);
-        float *gq = malloc(full_q * 4), *gk = malloc(full_kv * 4), *gv = malloc(full_kv * 4);
-        float *ro = malloc(full_q * 4), *rq = malloc(full_q * 4), *rk = malloc(full_kv * 4);
-        float *rv = malloc(full_kv * 4);
-        if (!fq || !fk || !fv || !fdo || !fo || !fl || !gq || !gk || !gv || !ro || !rq || !rk ||
-            !rv)
-            MPI_Abort(MPI_COMM_WORLD, 1);
-        make_rows(fq, 0, 0, a.q_seq, qrow);
-        make_rows(fk, 1, 0, a.q_seq, kvrow);
-        make_rows(fv, 2, 0, a.q_seq, kvrow);
-        make_rows(fdo, 3, 0, a.q_seq, qrow);
-        /* The ring's results in sequence order. */
-        for (int r = 0; r < ranks; ++r) {
-            const float *g = gathered + (size_t)r * per_rank;
-            uint32_t own[2];
-            chunks_at(r, ranks, 0, own);
-            for (int i = 0; i < 2; ++i) {
-                memcpy(ro + own[i] * qn, g + i * qn, qn * 4);
-                memcpy(rq + own[i] * qn, g + 2 * qn + i * qn, qn * 4);
-                memcpy(rk + own[i] * kvn, g + 4 * qn + i * kvn, kvn * 4);
-                memcpy(rv + own[i] * kvn, g + 4 * qn + (2 + i) * kvn, kvn * 4);
-            }
-        }
-        clattn_shape w = s;
-        w.q_seq = w.kv_seq = a.q_seq;
-        w.q_offset = w.kv_offset = 0;
-        const double t0 = MPI_Wtime();
-        check(clattn_forward(ctx, &w, fq, fk, fv, fo, fl), "single forward", rank);
-        check(clattn_backward(ctx, &w, fq, fk, fv, fo, fl, fdo, gq, gk, gv), "single backward",
-              rank);
-        const double single_time = MPI_Wtime() - t0;
-        {
-            printf("ring_attention: %d ranks on '%s', q_seq %u (chunks of %u), heads %u/%u, "
-                   "head_dim %u, causal %d, window %u\n",
-                   ranks, a.device, a.q_seq, c, a.heads, a.kv_heads, a.head_dim, a.causal,
-                   a.window);
-            printf("  forward + backward: ring %.3f s, one call on rank 0's device %.3f s "
-                   "(%.2fx)\n",
-                   ring_time, single_time, single_time / ring_time);
-            passed = compare("O", ro, fo, full_q) & compare("dQ", rq, gq, full_q) &
-                     compare("dK", rk, gk, full_kv) & compare("dV", rv, gv, full_kv);
-            printf("%s\n", passed ? "ok" : "FAILED");
-        }
-        float *frees[] = {fq, fk, fv, fdo, fo, fl, gq, gk, gv, ro, rq, rk, rv};
-        for (size_t i = 0; i < sizeof frees / sizeof *frees; ++i)
-            free(frees[i]);
-    }
+    if (rank == 0)
+        passed = check_single(&p, &a, &s, gathered, per_rank, ring_time, forward_time);
     MPI_Bcast(&passed, 1, MPI_INT, 0, MPI_COMM_WORLD);
     free(gathered);
     free(mine_all);
-    float *frees[] = {q, d_out, o, lse, dq, o_part, lse_part, cur, next};
-    for (size_t i = 0; i < sizeof frees / sizeof *frees; ++i)
-        free(frees[i]);
-    clattn_context_destroy(ctx);
+    for (size_t i = 0; i < sizeof all / sizeof *all; ++i)
+        tensor_free(all[i]);
+    if (p.copies)
+        clReleaseCommandQueue(p.copies);
+    clattn_context_destroy(p.ctx);
     MPI_Finalize();
     return passed ? 0 : 1;
 }

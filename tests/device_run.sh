@@ -17,7 +17,7 @@
 #            each, RING_ARGS (default q_seq 131072, d128, 8 heads, causal); needs
 #            Open MPI's Debian packages in .devdebs/mpi (unpacked under /opt/mpi)
 # Compiled programs are kept in .devcache (CLATTN_CACHE_DIR) and come back as
-# $OUT/devcache.tgz: unpacked into .devcache here and carried, the next machine
+# $OUT/devcache.tgz: copied to .devcache.tgz here and carried, the next machine
 # starts warm.
 set -u
 OUT=${OUT:-/tmp/out}
@@ -26,6 +26,7 @@ for f in .devdebs/*.deb; do dpkg -x "$f" /; done
 ldconfig
 export CLATTN_CACHE_DIR=$PWD/.devcache
 mkdir -p "$CLATTN_CACHE_DIR"
+[ -f .devcache.tgz ] && tar xzf .devcache.tgz -C "$CLATTN_CACHE_DIR"
 save_cache() { tar czf "$OUT/devcache.tgz" -C "$CLATTN_CACHE_DIR" . 2>/dev/null; }
 trap save_cache EXIT
 mpi_flags=()
@@ -40,9 +41,12 @@ if [ -d .devdebs/mpi ]; then
   export OPAL_PREFIX=/opt/mpi/usr PATH=/opt/mpi/usr/bin:$PATH
   export LD_LIBRARY_PATH=/opt/mpi/only:/opt/mpi/usr/lib/x86_64-linux-gnu/openmpi/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
   export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_pml=ob1 \
-    OMPI_MCA_btl=self,vader OMPI_MCA_osc=^ucx
+    OMPI_MCA_btl=self,vader OMPI_MCA_osc=^ucx PMIX_MCA_pcompress_base_silence_warning=1
+  # mpirun handed the ranks OCL_ICD_FILENAMES cut at its first ':' (PoCL
+  # alone, no NVIDIA): each rank gets it through env.
   mpi_flags=(-DMPI_C_COMPILER=/opt/mpi/usr/bin/mpicc.openmpi
-             -DMPIEXEC_EXECUTABLE=/opt/mpi/usr/bin/mpirun.openmpi)
+             -DMPIEXEC_EXECUTABLE=/opt/mpi/usr/bin/mpirun.openmpi
+             "-DMPIEXEC_PREFLAGS=env;OCL_ICD_FILENAMES=${OCL_ICD_FILENAMES:-}")
 fi
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,temperature.gpu,utilization.gpu --format=csv \
   > "$OUT/gpu.txt" 2>&1
@@ -99,7 +103,8 @@ for stage in "$@"; do
     gpus=$($cli devices | sed -n 's/^[* ] \([0-9]*\):[0-9]* *opencl-gpu.*/\1/p' | head -1)
     for np in 1 ${RING_RANKS:-2}; do
       echo "== $np rank(s), platform $gpus"
-      mpirun -np "$np" --bind-to none build-dev/ring_attention \
+      mpirun -np "$np" --bind-to none env OCL_ICD_FILENAMES="${OCL_ICD_FILENAMES:-}" \
+        build-dev/ring_attention \
         ${RING_ARGS:---q-seq 131072 --heads 8 --head-dim 128 --causal --reps 2} \
         --device "$gpus:{rank}"
     done 2>&1 | tee "$OUT/ring.log" ;;
