@@ -20,8 +20,15 @@
  * block is already on its way (MPI_Isend / MPI_Irecv). Backward: given the
  * whole O and LSE, each (query chunk, K/V chunk) pair's clattn_backward()
  * with shape.accumulate adds its share into the rank's dQ and into the dK
- * and dV sums that travel with the K/V block; after N steps one more hop
- * returns those sums to their owner.
+ * and dV sums that travel with the K/V block (each chunk's as soon as its
+ * pairs are done); after N steps one more hop returns those sums to their
+ * owner.
+ *
+ * On an OpenCL device a rank's tensors stay on the device: the _cl calls
+ * and merges are enqueued, MPI is driven while they run, and only the K/V
+ * blocks and the sums cross to the host (through mapped, pinned buffers),
+ * with the uploads on a queue of their own beside the calls. On the native
+ * backend the same loop runs on host memory.
  *
  * Exit status: 0 when the check passes, 1 when it fails or a call does, 2
  * on bad arguments, 77 when a rank cannot open its device.
@@ -30,7 +37,8 @@
  * forward and backward on the whole sequence, and exits 1 if any differs by
  * more than 1e-4 of that tensor's largest magnitude (the merges and the
  * split sums reorder float32 sums; nothing else differs). It prints the
- * ring's time and the single call's.
+ * ring's time (the last of --reps) and the single call's (its tensors on
+ * the device too), whose ratio is the ring's speed-up.
  */
 #include <math.h>
 #include <mpi.h>
@@ -197,7 +205,8 @@ static int compare(const char *what, const float *got, const float *want, size_t
 /* Host memory, and on an OpenCL context a device buffer of the same size. */
 typedef struct tensor {
     float *host;
-    cl_mem dev; /* NULL on a native context */
+    cl_mem dev;    /* NULL on a native context */
+    cl_mem pinned; /* the buffer that host maps, for the blocks that travel */
 } tensor;
 
 typedef struct place {
@@ -210,8 +219,9 @@ typedef struct place {
 } place;
 
 /* A rank's tensors: its two chunks of Q, dO, O, the LSE pairs and dQ; the
- * K/V blocks (K of two chunks, V of them, then the dK and dV sums): its own
- * (home) and two that the others' pass through. */
+ * K/V blocks (K of two chunks, V of them, then dK and dV of the first chunk,
+ * then of the second): its own (home) and two that the others' pass
+ * through. */
 typedef struct slices {
     tensor q, d_out, o, lse, dq, o_part, lse_part, home, buf[2];
     size_t qn, kvn, ln; /* elements of a chunk of Q (dO, O, dQ), of K (V), of the LSE */
@@ -225,11 +235,22 @@ static void cl_check(cl_int err, const char *what, int rank)
     MPI_Abort(MPI_COMM_WORLD, 1);
 }
 
-static tensor tensor_new(const place *p, size_t n)
+/* n floats; with `pinned` on an OpenCL context the host side is a mapped
+ * buffer of the driver's (page-locked where it can), which the copies to and
+ * from the device run faster from. */
+static tensor tensor_new(const place *p, size_t n, int pinned)
 {
-    tensor t = {malloc(n * sizeof(float)), NULL};
+    tensor t = {NULL, NULL, NULL};
     cl_int err = CL_SUCCESS;
-    if (p->cl && t.host)
+    if (p->cl && pinned) {
+        t.pinned = clCreateBuffer(p->cl, CL_MEM_ALLOC_HOST_PTR, n * sizeof(float), NULL, &err);
+        if (err == CL_SUCCESS)
+            t.host = clEnqueueMapBuffer(p->queue, t.pinned, CL_TRUE, CL_MAP_READ | CL_MAP_WRITE,
+                                        0, n * sizeof(float), 0, NULL, NULL, &err);
+    } else {
+        t.host = malloc(n * sizeof(float));
+    }
+    if (p->cl && t.host && err == CL_SUCCESS)
         t.dev = clCreateBuffer(p->cl, CL_MEM_READ_WRITE, n * sizeof(float), NULL, &err);
     if (!t.host || err != CL_SUCCESS) {
         fprintf(stderr, "ring_attention: out of memory on rank %d (%zu floats)\n", p->rank, n);
@@ -238,9 +259,15 @@ static tensor tensor_new(const place *p, size_t n)
     return t;
 }
 
-static void tensor_free(tensor *t)
+static void tensor_free(const place *p, tensor *t)
 {
-    free(t->host);
+    if (t->pinned) {
+        clEnqueueUnmapMemObject(p->queue, t->pinned, t->host, 0, NULL, NULL);
+        clFinish(p->queue);
+        clReleaseMemObject(t->pinned);
+    } else {
+        free(t->host);
+    }
     if (t->dev)
         clReleaseMemObject(t->dev);
 }
@@ -325,26 +352,72 @@ static void forward_pair(place *p, slices *r, tensor cur, const clattn_shape *s,
           "merge", p->rank);
 }
 
+/* Where the dK sum of chunk j of a block starts (its dV sum follows). */
+static size_t sums_at(const slices *r, int j) { return (4 + 2 * (size_t)j) * r->kvn; }
+
 /* Query chunk i against K/V chunk j of block cur, adding into the rank's dQ
- * and the block's dK and dV sums (s->accumulate is set). */
-static void backward_pair(place *p, slices *r, tensor cur, const clattn_shape *s, int i, int j)
+ * and the block's dK and dV sums of chunk j (s->accumulate is set); *done
+ * (OpenCL) becomes the call's event. */
+static void backward_pair(place *p, slices *r, tensor cur, const clattn_shape *s, int i, int j,
+                          cl_event *done)
 {
     const size_t qa = i * r->qn, la = i * r->ln, ka = j * r->kvn, va = (2 + j) * r->kvn;
-    const size_t sums = 4 * r->kvn; /* dK and dV after K and V */
+    const size_t dk = sums_at(r, j), dv = dk + r->kvn;
     if (!p->cl) {
         float *b = cur.host;
         check(clattn_backward(p->ctx, s, r->q.host + qa, b + ka, b + va, r->o.host + qa,
-                              r->lse.host + la, r->d_out.host + qa, r->dq.host + qa,
-                              b + sums + ka, b + sums + va),
+                              r->lse.host + la, r->d_out.host + qa, r->dq.host + qa, b + dk,
+                              b + dv),
               "backward", p->rank);
         return;
     }
     const cl_uint waits = p->uploaded ? 1u : 0u;
+    if (*done)
+        clReleaseEvent(*done);
     check(clattn_backward_cl(p->ctx, s, on_dev(r->q, qa), on_dev(cur, ka), on_dev(cur, va),
                              on_dev(r->o, qa), on_dev(r->lse, la), on_dev(r->d_out, qa),
-                             on_dev(r->dq, qa), on_dev(cur, sums + ka), on_dev(cur, sums + va),
-                             waits, waits ? &p->uploaded : NULL, NULL),
+                             on_dev(r->dq, qa), on_dev(cur, dk), on_dev(cur, dv), waits,
+                             waits ? &p->uploaded : NULL, done),
           "backward", p->rank);
+}
+
+/* Waits for ev (none when NULL) while driving MPI's requests reqs[0..n),
+ * which may or may not complete meanwhile. */
+static void wait_driving(place *p, cl_event ev, MPI_Request *reqs, int n)
+{
+    if (!ev)
+        return;
+    clFlush(p->queue);
+    clFlush(p->copies);
+    for (;;) {
+        cl_int status = CL_COMPLETE;
+        cl_check(clGetEventInfo(ev, CL_EVENT_COMMAND_EXECUTION_STATUS, sizeof status, &status,
+                                NULL),
+                 "clGetEventInfo", p->rank);
+        cl_check(status < 0 ? status : CL_SUCCESS, "a device command", p->rank);
+        if (status == CL_COMPLETE)
+            return;
+        int flag;
+        if (n)
+            MPI_Testall(n, reqs, &flag, MPI_STATUSES_IGNORE);
+    }
+}
+
+/* The dK and dV sums of chunk j of block cur to the host, once `done` (the
+ * last call that adds into them; NULL: none this step) has ended, while
+ * MPI's requests reqs[0..n) are driven. */
+static void fetch_sums(place *p, slices *r, tensor cur, int j, cl_event done, MPI_Request *reqs,
+                       int n)
+{
+    if (!p->cl)
+        return;
+    cl_event read;
+    cl_check(clEnqueueReadBuffer(p->copies, cur.dev, CL_FALSE, sums_at(r, j) * sizeof(float),
+                                 2 * r->kvn * sizeof(float), cur.host + sums_at(r, j),
+                                 done ? 1u : 0u, done ? &done : NULL, &read),
+             "download", p->rank);
+    wait_driving(p, read, reqs, n);
+    clReleaseEvent(read);
 }
 
 /* Drives MPI until req[0..1] (if `more`) complete, while the device
@@ -377,7 +450,7 @@ static int check_single(place *p, const args *a, const clattn_shape *s, const fl
                                  full_l, full_q,  full_kv, full_kv};
     tensor t[COUNT];
     for (int i = 0; i < COUNT; ++i)
-        t[i] = tensor_new(p, sizes[i]);
+        t[i] = tensor_new(p, sizes[i], 0);
     float *ro = malloc(full_q * 4), *rq = malloc(full_q * 4), *rk = malloc(full_kv * 4);
     float *rv = malloc(full_kv * 4);
     if (!ro || !rq || !rk || !rv)
@@ -394,8 +467,8 @@ static int check_single(place *p, const args *a, const clattn_shape *s, const fl
         for (int i = 0; i < 2; ++i) {
             memcpy(ro + own[i] * qn, g + i * qn, qn * 4);
             memcpy(rq + own[i] * qn, g + 2 * qn + i * qn, qn * 4);
-            memcpy(rk + own[i] * kvn, g + 4 * qn + i * kvn, kvn * 4);
-            memcpy(rv + own[i] * kvn, g + 4 * qn + (2 + i) * kvn, kvn * 4);
+            memcpy(rk + own[i] * kvn, g + 4 * qn + 2 * i * kvn, kvn * 4);
+            memcpy(rv + own[i] * kvn, g + 4 * qn + (2 * i + 1) * kvn, kvn * 4);
         }
     }
     clattn_shape w = *s;
@@ -438,7 +511,7 @@ static int check_single(place *p, const args *a, const clattn_shape *s, const fl
                        compare("dV", rv, t[DV].host, full_kv);
     printf("%s\n", passed ? "ok" : "FAILED");
     for (int i = 0; i < COUNT; ++i)
-        tensor_free(&t[i]);
+        tensor_free(p, &t[i]);
     free(ro);
     free(rq);
     free(rk);
@@ -530,7 +603,7 @@ int main(int argc, char **argv)
     const size_t sizes[] = {2 * qn, 2 * qn, 2 * qn, 2 * ln, 2 * qn, qn, ln, block + sums,
                             block + sums, block + sums};
     for (size_t i = 0; i < sizeof all / sizeof *all; ++i)
-        *all[i] = tensor_new(&p, sizes[i]);
+        *all[i] = tensor_new(&p, sizes[i], i >= 7); /* the blocks travel */
     uint32_t mine[2];
     chunks_at(rank, ranks, 0, mine);
     for (int i = 0; i < 2; ++i) {
@@ -581,7 +654,8 @@ int main(int argc, char **argv)
         fill(&p, r.dq, 0, 2 * qn, 0.0f);
         s.accumulate = 1;
         for (uint32_t step = 0; step < n; ++step) {
-            MPI_Request req[2];
+            MPI_Request req[6] = {MPI_REQUEST_NULL, MPI_REQUEST_NULL}; /* K/V, chunk 0's
+                                                                           sums, chunk 1's */
             const int more = step + 1 < n;
             tensor next = r.buf[step & 1u];
             if (more) { /* K and V of the next step, while this one computes */
@@ -590,18 +664,27 @@ int main(int argc, char **argv)
             }
             uint32_t theirs[2];
             chunks_at(rank, ranks, step, theirs);
-            for (int i = 0; i < 2; ++i)
-                for (int j = 0; j < 2; ++j)
+            cl_event done[2] = {NULL, NULL};
+            for (int j = 0; j < 2; ++j)
+                for (int i = 0; i < 2; ++i)
                     if (chunk_pair(&a, &s, mine[i], theirs[j], c))
-                        backward_pair(&p, &r, cur, &s, i, j);
-            receive_block(&p, more, req, next, block);
+                        backward_pair(&p, &r, cur, &s, i, j, &done[j]);
             /* The sums go on with their block: to the next rank, and after
-             * the last step home to the owner (which is the next rank). */
-            download(&p, cur, block, sums);
-            MPI_Sendrecv(cur.host + block, (int)sums, MPI_FLOAT, to, 1, next.host + block,
-                         (int)sums, MPI_FLOAT, from, 1, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+             * the last step home to the owner (which is the next rank);
+             * chunk 0's while chunk 1's are computed. */
+            for (int j = 0; j < 2; ++j) {
+                const size_t at = sums_at(&r, j);
+                fetch_sums(&p, &r, cur, j, done[j], req, 2 + 2 * j);
+                MPI_Irecv(next.host + at, (int)(2 * kvn), MPI_FLOAT, from, 1 + j,
+                          MPI_COMM_WORLD, &req[2 + 2 * j]);
+                MPI_Isend(cur.host + at, (int)(2 * kvn), MPI_FLOAT, to, 1 + j, MPI_COMM_WORLD,
+                          &req[3 + 2 * j]);
+                if (done[j])
+                    clReleaseEvent(done[j]);
+            }
+            MPI_Waitall(6, req, MPI_STATUSES_IGNORE);
             if (more)
-                upload(&p, next, block, sums);
+                upload(&p, next, 0, block + sums);
             finish(&p);
             cur = next;
         }
@@ -633,7 +716,7 @@ int main(int argc, char **argv)
     free(gathered);
     free(mine_all);
     for (size_t i = 0; i < sizeof all / sizeof *all; ++i)
-        tensor_free(all[i]);
+        tensor_free(&p, all[i]);
     if (p.copies)
         clReleaseCommandQueue(p.copies);
     clattn_context_destroy(p.ctx);

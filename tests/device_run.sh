@@ -4,6 +4,8 @@
 # .devdebs (README: "Measuring on the H200").
 #   bash tests/device_run.sh [suite] [compare] [bench] [tune]
 #   suite    ctest's OpenCL GPU suites
+#   kernels  the GPU kernels suite, one process per variant at once (logs
+#            kernels-VARIANT.log), then ctest's train and ring GPU tests
 #   compare  tests/torch_compare.py --large on the GPU, tolerance 1e-5
 #   bench    tests/torch_bench.py on the GPU shapes, with a plot (BENCH_VARIANT, BENCH_DTYPE,
 #            BENCH_DIMS: variant, dtype and head_dims; defaults mma, f32, all)
@@ -28,7 +30,7 @@ export CLATTN_CACHE_DIR=$PWD/.devcache
 mkdir -p "$CLATTN_CACHE_DIR"
 [ -f .devcache.tgz ] && tar xzf .devcache.tgz -C "$CLATTN_CACHE_DIR"
 save_cache() { tar czf "$OUT/devcache.tgz" -C "$CLATTN_CACHE_DIR" . 2>/dev/null; }
-trap save_cache EXIT
+[ "${SAVE_CACHE:-1}" = 1 ] && trap save_cache EXIT
 mpi_flags=()
 if [ -d .devdebs/mpi ]; then
   # Open MPI from Debian, relocated (OPAL_PREFIX); only the libraries this
@@ -62,6 +64,15 @@ for stage in "$@"; do
   suite)
     ctest --test-dir build-dev -R 'opencl-gpu' --output-on-failure 2>&1 | tee "$OUT/suite.log" \
       | grep -E 'Test #|tests passed|Failed|Error' ;;
+  kernels)
+    for v in mma tiled blocked tree; do
+      CLATTN_TEST_VARIANT=$v build-dev/tests/clattn_tests --suite kernels --backend opencl-gpu \
+        2>&1 | grep -v 'warning generated' > "$OUT/kernels-$v.log" &
+    done
+    wait
+    tail -n 3 "$OUT"/kernels-*.log
+    ctest --test-dir build-dev -R 'train.opencl-gpu|ring.opencl-gpu' --output-on-failure 2>&1 \
+      | tee "$OUT/ctest-gpu.log" | grep -E 'Test #|tests passed|Failed' ;;
   compare)
     python3 tests/torch_compare.py "$cli" --large --tolerance 1e-5 --backends gpu 2>&1 \
       | tee "$OUT/compare.log" ;;
