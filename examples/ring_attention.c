@@ -21,8 +21,10 @@
  * whole O and LSE, each (query chunk, K/V chunk) pair's clattn_backward()
  * with shape.accumulate adds its share into the rank's dQ and into the dK
  * and dV sums that travel with the K/V block (each chunk's as soon as its
- * pairs are done); after N steps one more hop returns those sums to their
- * owner.
+ * pairs are done). The backward goes around the ring the other way,
+ * starting from the block the forward ended with (rank + 1's), so that a
+ * block's last pairs are its owner's and its sums end there: N - 1 hops of
+ * the sums, none back home.
  *
  * On an OpenCL device a rank's tensors stay on the device: the _cl calls
  * and merges are enqueued, MPI is driven while they run, and only the K/V
@@ -155,13 +157,19 @@ static int chunk_pair(const args *a, clattn_shape *s, uint32_t qc, uint32_t kc, 
     return chunk_pair_visible(a, qc, kc, c);
 }
 
-/* The two chunks of the block a rank holds at a ring step: those of the
+/* The two chunks of rank `owner` (taken modulo the ranks). */
+static void chunks_of(uint32_t owner, int ranks, uint32_t out[2])
+{
+    owner %= (uint32_t)ranks;
+    out[0] = owner;
+    out[1] = 2 * (uint32_t)ranks - 1 - owner;
+}
+
+/* Those of the block a rank holds at forward step `step`: the block of the
  * rank `step` places before it. */
 static void chunks_at(int rank, int ranks, uint32_t step, uint32_t out[2])
 {
-    const uint32_t owner = (uint32_t)((rank + ranks - (int)step) % ranks);
-    out[0] = owner;
-    out[1] = 2 * (uint32_t)ranks - 1 - owner;
+    chunks_of((uint32_t)(rank + ranks - (int)(step % (uint32_t)ranks)), ranks, out);
 }
 
 /* K of chunks mine[0..1], then V of them, into a block (kvn elements a
@@ -643,58 +651,63 @@ int main(int argc, char **argv)
                         forward_pair(&p, &r, cur, &s, i, j);
             receive_block(&p, more, req, next, block);
             finish(&p);
-            cur = next;
+            if (more)
+                cur = next;
         }
         MPI_Barrier(MPI_COMM_WORLD);
         const double t1 = MPI_Wtime();
 
-        /* ---- backward: the block starts at home again, with zero sums ---- */
-        cur = r.home;
-        fill(&p, r.home, block, sums, 0.0f);
+        /* ---- backward: around the ring the other way, from the block at
+         * hand (that of rank + 1), so that every block's dK/dV sums, which
+         * travel with it, end at its owner with its last pairs: n - 1 hops
+         * of the sums, none of them home. ---- */
+        fill(&p, cur, block, sums, 0.0f);
         fill(&p, r.dq, 0, 2 * qn, 0.0f);
         s.accumulate = 1;
         for (uint32_t step = 0; step < n; ++step) {
-            MPI_Request req[6] = {MPI_REQUEST_NULL, MPI_REQUEST_NULL}; /* K/V, chunk 0's
-                                                                           sums, chunk 1's */
+            MPI_Request req[6]; /* K/V, then chunk 0's sums, then chunk 1's */
+            for (int i = 0; i < 6; ++i)
+                req[i] = MPI_REQUEST_NULL;
             const int more = step + 1 < n;
-            tensor next = r.buf[step & 1u];
+            tensor next = r.buf[(n - 1u + step) & 1u]; /* not the forward's last */
             if (more) { /* K and V of the next step, while this one computes */
-                MPI_Irecv(next.host, (int)block, MPI_FLOAT, from, 0, MPI_COMM_WORLD, &req[0]);
-                MPI_Isend(cur.host, (int)block, MPI_FLOAT, to, 0, MPI_COMM_WORLD, &req[1]);
+                MPI_Irecv(next.host, (int)block, MPI_FLOAT, to, 0, MPI_COMM_WORLD, &req[0]);
+                MPI_Isend(cur.host, (int)block, MPI_FLOAT, from, 0, MPI_COMM_WORLD, &req[1]);
             }
             uint32_t theirs[2];
-            chunks_at(rank, ranks, step, theirs);
+            chunks_of((uint32_t)rank + 1u + step, ranks, theirs);
             cl_event done[2] = {NULL, NULL};
             for (int j = 0; j < 2; ++j)
                 for (int i = 0; i < 2; ++i)
                     if (chunk_pair(&a, &s, mine[i], theirs[j], c))
                         backward_pair(&p, &r, cur, &s, i, j, &done[j]);
-            /* The sums go on with their block: to the next rank, and after
-             * the last step home to the owner (which is the next rank);
-             * chunk 0's while chunk 1's are computed. */
-            for (int j = 0; j < 2; ++j) {
+            /* The sums go on with their block, chunk 0's while chunk 1's
+             * are computed; after the last step they are home. */
+            for (int j = 0; j < 2 && more; ++j) {
                 const size_t at = sums_at(&r, j);
                 fetch_sums(&p, &r, cur, j, done[j], req, 2 + 2 * j);
-                MPI_Irecv(next.host + at, (int)(2 * kvn), MPI_FLOAT, from, 1 + j,
-                          MPI_COMM_WORLD, &req[2 + 2 * j]);
-                MPI_Isend(cur.host + at, (int)(2 * kvn), MPI_FLOAT, to, 1 + j, MPI_COMM_WORLD,
-                          &req[3 + 2 * j]);
+                MPI_Irecv(next.host + at, (int)(2 * kvn), MPI_FLOAT, to, 1 + j, MPI_COMM_WORLD,
+                          &req[2 + 2 * j]);
+                MPI_Isend(cur.host + at, (int)(2 * kvn), MPI_FLOAT, from, 1 + j,
+                          MPI_COMM_WORLD, &req[3 + 2 * j]);
+            }
+            for (int j = 0; j < 2; ++j)
                 if (done[j])
                     clReleaseEvent(done[j]);
-            }
             MPI_Waitall(6, req, MPI_STATUSES_IGNORE);
             if (more)
                 upload(&p, next, 0, block + sums);
             finish(&p);
-            cur = next;
+            if (more)
+                cur = next;
         }
+        download(&p, cur, block, sums); /* this rank's own dK and dV */
         s.accumulate = 0;
         MPI_Barrier(MPI_COMM_WORLD);
         forward_time = t1 - t0; /* the last rep's */
         ring_time = MPI_Wtime() - t0;
     }
-    /* cur + block holds this rank's own dK and dV now (its K/V part is
-     * stale: the sums came back alone). */
+    /* cur, the rank's own block again, holds its dK and dV sums. */
     download(&p, r.o, 0, 2 * qn);
     download(&p, r.dq, 0, 2 * qn);
 
