@@ -7,10 +7,15 @@
  * time. Query-side ops (forward, grad-Q) are split into jobs of QUERY_BLOCK
  * query rows of one (batch, head), kept transposed so that the rows lie
  * along a vector, and stream the keys KEY_BLOCK at a time (an online
- * softmax for the forward, whose per-row state is a vector too).
+ * softmax for the forward, whose per-row state is a vector too). The
+ * backward's dQ is summed in its key-side jobs where that pays (see
+ * fuse_grad_q), else it has a query-side pass of its own, which computes
+ * the scores and dP a second time.
  * Threads take jobs from a shared counter, so uneven causal work balances
  * itself, and no job depends on another's, so the result does not depend on
- * the thread count. */
+ * the thread count; except the fused backward's dQ, summed in one copy per
+ * stripe of key jobs, as many stripes as threads: the same bits on every
+ * run with as many threads, rounded differently with another count. */
 #include <math.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -25,6 +30,8 @@
 #endif
 
 enum { MAX_THREADS = 256 };
+
+_Thread_local int clattn_native_copy;
 
 static int default_threads(void)
 {
@@ -241,6 +248,71 @@ static const float *head_major(native_call *c, const float *x, size_t heads, siz
     return dst;
 }
 
+/* The fused backward's dQ copies: zeroed in chunks, then summed into dQ
+ * by (batch, head, SUM_ROWS rows). */
+enum { ZERO_CHUNK = 1 << 16, SUM_ROWS = 64 };
+
+static void zero_job(const native_call *c, size_t job)
+{
+    const size_t all = c->dq_part_floats * c->dq_part_copies, first = job * ZERO_CHUNK;
+    memset(c->dq_part + first, 0, (all - first < ZERO_CHUNK ? all - first : ZERO_CHUNK) *
+                                      sizeof(float));
+}
+
+static void sum_dq_job(const native_call *c, size_t job)
+{
+    const clattn_shape *s = c->s;
+    const size_t D = s->head_dim, per_head = (s->q_seq + (size_t)SUM_ROWS - 1) / SUM_ROWS;
+    const size_t bh = job / per_head, head = bh % s->num_heads, b = bh / s->num_heads;
+    const size_t pos0 = job % per_head * SUM_ROWS;
+    const size_t end = pos0 + SUM_ROWS < s->q_seq ? pos0 + SUM_ROWS : s->q_seq;
+    const size_t copies = c->dq_part_copies;
+    for (size_t pos = pos0; pos < end; ++pos) {
+        float *out = c->dq + ((b * s->q_seq + pos) * s->num_heads + head) * D;
+        const float *part = c->dq_part + (bh * s->q_seq + pos) * D;
+        for (size_t d = 0; d < D; ++d) {
+            float sum = s->accumulate ? out[d] : 0.0f;
+            for (size_t t = 0; t < copies; ++t)
+                sum += part[t * c->dq_part_floats + d];
+            out[d] = sum;
+        }
+    }
+}
+
+/* The fused backward's key-side pass: stripe i of `copies` (C) takes key
+ * jobs i and 2C - 1 - i of every 2C, in order, adding into dQ copy i, so
+ * that each copy's sums (and so dQ) come out the same on every run with
+ * these many threads, whichever thread takes the stripe. Taken to and fro,
+ * the jobs of a head, heaviest first under a causal mask, share out evenly. */
+static void key_stripe_job(const native_call *c, size_t stripe)
+{
+    const size_t round = 2 * c->dq_part_copies;
+    clattn_native_copy = (int)stripe;
+    for (size_t base = 0; base < c->key_jobs; base += round) {
+        const size_t there = base + stripe, back = base + round - 1 - stripe;
+        if (there < c->key_jobs)
+            c->hot->key_block(c, there);
+        if (back < c->key_jobs)
+            c->hot->key_block(c, back);
+    }
+}
+
+/* Whether the backward sums dQ in its key-side jobs, in `copies` stripes:
+ * that spares the query-side pass's second computation of the scores and
+ * dP (4 * head_dim flops a visible pair), for zeroing and summing a dQ
+ * copy per stripe (2 * copies * |dQ| floats of memory traffic). It pays
+ * where a row sees enough keys: on average 12.5 per copy, taking 25 flops
+ * to the cost of a float moved. CLATTN_NATIVE_FUSED_DQ=0 or 1 decides
+ * instead (tests, measurements). */
+static int fuse_grad_q(const clattn_shape *s, int copies)
+{
+    const char *env = getenv("CLATTN_NATIVE_FUSED_DQ");
+    if (env && *env)
+        return strcmp(env, "0") != 0;
+    const double rows = (double)s->batch * s->num_heads * s->q_seq;
+    return (double)clattn_shape_visible_pairs(s) >= 12.5 * copies * rows;
+}
+
 /* The op on float32 tensors. */
 static clattn_status run_f32(clattn_context *ctx, clattn_op op, const clattn_shape *s,
                              const clattn_sizes *sz, const float *const t[CLATTN_R_COUNT])
@@ -249,6 +321,7 @@ static clattn_status run_f32(clattn_context *ctx, clattn_op op, const clattn_sha
     native_call c;
     memset(&c, 0, sizeof c);
     c.pool = ctx->pool;
+    c.hot = hot;
     c.s = s;
     c.q = t[CLATTN_R_Q];
     c.k = t[CLATTN_R_K];
@@ -284,21 +357,30 @@ static clattn_status run_f32(clattn_context *ctx, clattn_op op, const clattn_sha
     const int want_dsum = op == CLATTN_OP_GRAD_K || op == CLATTN_OP_BACKWARD;
     const size_t kv_floats = s->num_kv_heads > 1 ? sz->kv : 0;
     const size_t q_floats = s->num_heads > 1 ? sz->q : 0;
-    const size_t scratch = (query_side ? 2 * kv_floats : 0) + (key_side ? 2 * q_floats : 0) +
-                           (want_dsum ? rows : 0);
-    /* Kept by the context and grown as needed, rather than a fresh
-     * allocation (new pages to fault in) every call. */
-    if (scratch > ctx->scratch_floats) {
+    const int copies = (size_t)n < key_jobs ? n : (int)key_jobs; /* threads of the key pass */
+    int fused = op == CLATTN_OP_BACKWARD && fuse_grad_q(s, copies);
+    size_t scratch;
+    for (;;) {
+        scratch = (query_side && !fused ? 2 * kv_floats : 0) + (key_side ? 2 * q_floats : 0) +
+                  (want_dsum ? rows : 0) + (fused ? (size_t)copies * sz->q : 0);
+        /* Kept by the context and grown as needed, rather than a fresh
+         * allocation (new pages to fault in) every call. */
+        if (scratch <= ctx->scratch_floats)
+            break;
         float *grown = malloc(scratch * sizeof(float));
-        if (!grown)
+        if (grown) {
+            free(ctx->scratch);
+            ctx->scratch = grown;
+            ctx->scratch_floats = scratch;
+            break;
+        }
+        if (!fused)
             return clattn_fail(CLATTN_ERROR_OUT_OF_MEMORY,
                                "out of host memory for %zu floats of scratch", scratch);
-        free(ctx->scratch);
-        ctx->scratch = grown;
-        ctx->scratch_floats = scratch;
+        fused = 0; /* the dQ copies do not fit: a pass of its own */
     }
     float *next = ctx->scratch;
-    if (query_side) {
+    if (query_side && !fused) {
         c.kh = head_major(&c, c.k, s->num_kv_heads, s->kv_seq, take(&next, kv_floats), n);
         c.vh = head_major(&c, c.v, s->num_kv_heads, s->kv_seq, take(&next, kv_floats), n);
     }
@@ -327,13 +409,28 @@ static clattn_status run_f32(clattn_context *ctx, clattn_op op, const clattn_sha
     case CLATTN_OP_GRAD_K:
     case CLATTN_OP_BACKWARD:
         c.dk = (float *)t[CLATTN_R_DK];
-        if (op == CLATTN_OP_BACKWARD)
-            c.dv = (float *)t[CLATTN_R_DV];
-        run_jobs(c.pool, &c, hot->key_block, key_jobs, n);
         if (op == CLATTN_OP_BACKWARD) {
+            c.dv = (float *)t[CLATTN_R_DV];
             c.dq = (float *)t[CLATTN_R_DQ];
-            run_jobs(c.pool, &c, hot->grad_q, query_jobs, n);
         }
+        if (fused) {
+            snprintf(ctx->kernels, sizeof ctx->kernels, "dsum__native,grad_kvq__native");
+            c.dq_part = take(&next, (size_t)copies * sz->q);
+            c.dq_part_floats = sz->q;
+            c.dq_part_copies = (size_t)copies;
+            run_jobs(c.pool, &c, zero_job, (copies * sz->q + ZERO_CHUNK - 1) / ZERO_CHUNK, n);
+        }
+        if (fused) {
+            c.key_jobs = key_jobs;
+            run_jobs(c.pool, &c, key_stripe_job, (size_t)copies, copies);
+        } else {
+            run_jobs(c.pool, &c, hot->key_block, key_jobs, n);
+        }
+        if (fused)
+            run_jobs(c.pool, &c, sum_dq_job,
+                     s->batch * s->num_heads * ((s->q_seq + (size_t)SUM_ROWS - 1) / SUM_ROWS), n);
+        else if (op == CLATTN_OP_BACKWARD)
+            run_jobs(c.pool, &c, hot->grad_q, query_jobs, n);
         break;
     case CLATTN_OP_COUNT:
         break;

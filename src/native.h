@@ -29,6 +29,12 @@ typedef struct native_call {
      * the rows a job streams lie next to each other (the tensors' own rows
      * are heads * D floats apart). */
     const float *kh, *vh, *qh, *oh;
+    /* The backward's dQ summed in the key-side jobs, where that pays (see
+     * src/native.c): the jobs of stripe i add into head-major copy i,
+     * dq_part + clattn_native_copy * dq_part_floats, and the copies are
+     * summed into dQ after. NULL: dQ has a query-side pass of its own. */
+    float *dq_part;
+    size_t dq_part_floats, dq_part_copies, key_jobs;
     struct native_pool *pool; /* the threads that run its jobs */
     const struct native_kernels *hot;
     const void *conv_src; /* a conversion being made: conv_n elements, */
@@ -47,6 +53,9 @@ typedef struct native_call {
 } native_call;
 
 typedef void (*native_job)(const native_call *c, size_t job);
+
+/* The dQ copy the running key-side job adds into (see dq_part). */
+extern _Thread_local int clattn_native_copy;
 
 /* The hot loops of one compilation: forward and grad-Q jobs take a block of
  * query rows, key-block jobs a block of keys (dK and/or dV), dsum jobs a

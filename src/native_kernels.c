@@ -175,14 +175,49 @@ enum { CHUNK = 32 };
 
 typedef struct key_chunk {
     const float *q[CHUNK], *d_out[CHUNK];
+    size_t at[CHUNK]; /* the row's place in the head-major copies */
     float m[CHUNK], l[CHUNK], dsum[CHUNK];
     uint32_t lo[CHUNK], hi[CHUNK]; /* keys of the block the row sees */
     size_t n;
 } key_chunk;
 
-/* Adds one chunk of query rows to the block's transposed dK and dV. */
+/* dq[r] += sum_j ds[r][j] * krows[j] for the chunk's n rows (ds zero past
+ * them, up to a multiple of DOT_ROWS), DOT_ROWS rows at a time so that
+ * each load of a key row serves DOT_ROWS sums. */
+INLINE void add_dq(float *const *dq, const tile_row *ds, const float *const *krows, size_t D,
+                   size_t n)
+{
+    for (size_t r = 0; r < n; r += DOT_ROWS) {
+        float *const *acc = dq + r;
+        const tile_row *w = ds + r;
+        size_t d = 0;
+        for (; d + HW <= D; d += HW) {
+            hvec a[DOT_ROWS];
+            for (int i = 0; i < DOT_ROWS; ++i)
+                a[i] = hload(acc[i] + d);
+            for (uint32_t j = 0; j < KEY_BLOCK; ++j) {
+                const hvec x = hload(krows[j] + d);
+                for (int i = 0; i < DOT_ROWS; ++i)
+                    a[i] += w[i][j] * x;
+            }
+            for (int i = 0; i < DOT_ROWS; ++i)
+                hstore(acc[i] + d, a[i]);
+        }
+        for (; d < D; ++d)
+            for (int i = 0; i < DOT_ROWS; ++i) {
+                float a = acc[i][d];
+                for (uint32_t j = 0; j < KEY_BLOCK; ++j)
+                    a += w[i][j] * krows[j][d];
+                acc[i][d] = a;
+            }
+    }
+}
+
+/* Adds one chunk of query rows to the block's transposed dK and dV (and,
+ * with c->dq_part, to the thread's dQ, krows the block's key rows). */
 INLINE void key_chunk_run(const native_call *c, key_chunk *ch, const tile_row *kt,
-                          const tile_row *vt, tile_row *dkt, tile_row *dvt)
+                          const tile_row *vt, tile_row *dkt, tile_row *dvt,
+                          const float *const *krows)
 {
     const size_t D = c->s->head_dim, n = ch->n;
     _Alignas(64) tile_row p[CHUNK], ds[CHUNK];
@@ -215,6 +250,14 @@ INLINE void key_chunk_run(const native_call *c, key_chunk *ch, const tile_row *k
         accumulate(dvt, D, ch->d_out, p, n);
     if (dkt)
         accumulate(dkt, D, ch->q, ds, n);
+    if (dkt && c->dq_part) {
+        float *part = c->dq_part + (size_t)clattn_native_copy * c->dq_part_floats;
+        _Alignas(64) float spare[CLATTN_MAX_HEAD_DIM]; /* the padding rows' sums */
+        float *dq[CHUNK];
+        for (size_t r = 0; r < CHUNK; ++r)
+            dq[r] = r < n ? part + ch->at[r] : spare;
+        add_dq(dq, ds, krows, D, n);
+    }
     ch->n = 0;
 }
 
@@ -263,17 +306,19 @@ static void key_block(const native_call *c, size_t job)
             const size_t at = ((b * s->num_heads + head) * s->q_seq + pos) * D;
             ch.q[ch.n] = c->qh + at;
             ch.d_out[ch.n] = c->oh + at;
+            ch.at[ch.n] = at;
             ch.m[ch.n] = c->lse[2 * row];
             ch.l[ch.n] = c->lse[2 * row + 1];
             ch.dsum[ch.n] = want_dk ? c->dsum[row] : 0.0f;
             ch.lo[ch.n] = lo;
             ch.hi[ch.n] = hi;
             if (++ch.n == CHUNK)
-                key_chunk_run(c, &ch, kt, vt, want_dk ? dkt : NULL, want_dv ? dvt : NULL);
+                key_chunk_run(c, &ch, kt, vt, want_dk ? dkt : NULL, want_dv ? dvt : NULL,
+                              krows);
         }
     }
     if (ch.n)
-        key_chunk_run(c, &ch, kt, vt, want_dk ? dkt : NULL, want_dv ? dvt : NULL);
+        key_chunk_run(c, &ch, kt, vt, want_dk ? dkt : NULL, want_dv ? dvt : NULL, krows);
     for (uint32_t j = 0; j < nt; ++j)
         for (size_t d = 0; d < D; ++d) {
             const size_t at = first + j * kv_row + d;

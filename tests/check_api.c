@@ -559,6 +559,56 @@ START_TEST(native_threads_agree)
 }
 END_TEST
 
+/* The backward that sums dQ in its key-side pass (stripes of key jobs, a
+ * dQ copy each) gives the same bits on every run with one thread count,
+ * whichever threads take the stripes; and agrees with the two-pass
+ * backward to rounding. */
+START_TEST(native_fused_backward_repeats)
+{
+    clattn_shape s = small_shape();
+    s.q_seq = s.kv_seq = 160; /* 160 keys a row: the fused path pays at 3 threads */
+    unsetenv("CLATTN_NATIVE_FUSED_DQ");
+    problem p;
+    problem_make(&p, &s, 11, 1.0f);
+    float *dq[3], *dk[3], *dv[3];
+    clattn_context *ctx = native_context(3);
+    for (int run = 0; run < 3; ++run) {
+        dq[run] = nan_array(p.nq);
+        dk[run] = nan_array(p.nkv);
+        dv[run] = nan_array(p.nkv);
+        if (run == 2)
+            setenv("CLATTN_NATIVE_FUSED_DQ", "0", 1);
+        ck_assert_status(clattn_backward(ctx, &s, p.q, p.k, p.v, p.o, p.lse, p.d_out, dq[run],
+                                         dk[run], dv[run]),
+                         CLATTN_OK);
+        unsetenv("CLATTN_NATIVE_FUSED_DQ");
+        ck_assert_msg(strstr(clattn_context_kernels(ctx), run == 2 ? "grad_q__" : "grad_kvq__"),
+                      "run %d ran %s", run, clattn_context_kernels(ctx));
+    }
+    ck_assert(memcmp(dq[0], dq[1], p.nq * sizeof(float)) == 0);
+    ck_assert(memcmp(dk[0], dk[1], p.nkv * sizeof(float)) == 0);
+    ck_assert(memcmp(dv[0], dv[1], p.nkv * sizeof(float)) == 0);
+    /* dK and dV are the same jobs either way; dQ's sums are grouped
+     * differently. */
+    ck_assert(memcmp(dk[0], dk[2], p.nkv * sizeof(float)) == 0);
+    ck_assert(memcmp(dv[0], dv[2], p.nkv * sizeof(float)) == 0);
+    float worst = 0.0f, mag = 0.0f;
+    for (size_t i = 0; i < p.nq; ++i) {
+        worst = fmaxf(worst, fabsf(dq[0][i] - dq[2][i]));
+        mag = fmaxf(mag, fabsf(dq[2][i]));
+    }
+    ck_assert_msg(mag > 0.0f && worst <= 1e-5f * mag, "dQ fused vs two-pass: %g of %g", worst,
+                  mag);
+    for (int run = 0; run < 3; ++run) {
+        free(dq[run]);
+        free(dk[run]);
+        free(dv[run]);
+    }
+    clattn_context_destroy(ctx);
+    problem_free(&p);
+}
+END_TEST
+
 typedef struct thread_run {
     clattn_context *shared; /* NULL: the thread makes a context of its own */
     const problem *p;
@@ -647,6 +697,7 @@ Suite *api_suite(void)
     tcase_add_test(tc, merge_rows);
     tcase_add_test(tc, accumulate_gradients);
     tcase_add_test(tc, native_threads_agree);
+    tcase_add_test(tc, native_fused_backward_repeats);
     tcase_add_test(tc, shared_context_threads);
     tcase_add_test(tc, context_per_thread);
     suite_add_tcase(s, tc);
