@@ -14,7 +14,7 @@
  * so that the rows the blocks stream (all of the head's keys, or all of its
  * queries) come from the thread's own cache after the first: with a block a
  * job, jobs of one head ran on different threads and each streamed them. */
-enum { KEY_BLOCK = 16, QUERY_BLOCK = KEY_BLOCK, JOB_BLOCKS = 4 };
+enum { KEY_BLOCK = 32, QUERY_BLOCK = KEY_BLOCK, JOB_BLOCKS = 4 };
 
 /* meganeura's LSE pair for a row with no visible key. */
 #define EMPTY_ROW (-1e30f)

@@ -81,11 +81,19 @@ typedef uint32_t huvec_u
  * and eight independent accumulators to keep both FMA pipes busy (8 + 1 of
  * the 16 registers AVX2 and SSE have, of AVX-512's 32). */
 typedef float tile_row[KEY_BLOCK];
-enum { DOT_ROWS = 8, ACC_DIMS = 8 };
+/* A tile row is PARTS hardware vectors; the products below keep
+ * DOT_ROWS x PARTS (and ACC_DIMS x PARTS) accumulators, so that one
+ * broadcast element serves every part: 16 of AVX-512's 32 registers (8 rows
+ * of 2 parts), 8 of AVX2's and SSE's 16 (2 rows of 4 parts, 1 of 8).
+ * PAD_ROWS: what chunks of rows are padded to. */
+enum { ACCUMULATORS = HW == 16 ? 16 : 8, PARTS = KEY_BLOCK / HW,
+       DOT_ROWS = ACCUMULATORS / PARTS < 1 ? 1 : ACCUMULATORS / PARTS, ACC_DIMS = DOT_ROWS,
+       PAD_ROWS = 8 };
 
 /* lane_index[j] = j: the key of a tile row's lane. */
-static const uint32_t lane_index[KEY_BLOCK] = {0, 1, 2,  3,  4,  5,  6,  7,
-                                               8, 9, 10, 11, 12, 13, 14, 15};
+static const uint32_t lane_index[KEY_BLOCK] = {
+    0,  1,  2,  3,  4,  5,  6,  7,  8,  9,  10, 11, 12, 13, 14, 15,
+    16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31};
 
 /* exp() of the KEY_BLOCK values at x, in place: Cody-Waite range reduction
  * by ln 2 and a degree-6 polynomial (the constants of Cephes' expf), within
@@ -118,18 +126,23 @@ static const float zero_row[CLATTN_MAX_HEAD_DIM];
 /* out[i][.] = sum_d rows[i][d] * t[d][.] for DOT_ROWS rows. */
 INLINE void dots(const float *const *rows, const tile_row *t, size_t D, tile_row *out)
 {
-    EACH_PART(h) {
-        hvec a[DOT_ROWS];
-        for (int i = 0; i < DOT_ROWS; ++i)
-            a[i] = HSPLAT(0.0f);
-        for (size_t d = 0; d < D; ++d) {
-            const hvec x = hload(t[d] + h);
-            for (int i = 0; i < DOT_ROWS; ++i)
-                a[i] += rows[i][d] * x;
+    hvec a[DOT_ROWS][PARTS];
+    for (int i = 0; i < DOT_ROWS; ++i)
+        for (int p = 0; p < PARTS; ++p)
+            a[i][p] = HSPLAT(0.0f);
+    for (size_t d = 0; d < D; ++d) {
+        hvec x[PARTS];
+        for (int p = 0; p < PARTS; ++p)
+            x[p] = hload(t[d] + p * HW);
+        for (int i = 0; i < DOT_ROWS; ++i) {
+            const float r = rows[i][d];
+            for (int p = 0; p < PARTS; ++p)
+                a[i][p] += r * x[p];
         }
-        for (int i = 0; i < DOT_ROWS; ++i)
-            hstore(out[i] + h, a[i]);
     }
+    for (int i = 0; i < DOT_ROWS; ++i)
+        for (int p = 0; p < PARTS; ++p)
+            hstore(out[i] + p * HW, a[i][p]);
 }
 
 /* acc[d][.] += sum_r rows[r][d] * w[r][.] for r < n: ACC_DIMS rows of the
@@ -137,28 +150,32 @@ INLINE void dots(const float *const *rows, const tile_row *t, size_t D, tile_row
 INLINE void accumulate(tile_row *acc, size_t D, const float *const *rows, const tile_row *w,
                        size_t n)
 {
-    EACH_PART(h) {
-        size_t d = 0;
-        for (; d + ACC_DIMS <= D; d += ACC_DIMS) {
-            hvec c[ACC_DIMS];
+    size_t d = 0;
+    for (; d + ACC_DIMS <= D; d += ACC_DIMS) {
+        hvec c[ACC_DIMS][PARTS];
+        for (int i = 0; i < ACC_DIMS; ++i)
+            for (int p = 0; p < PARTS; ++p)
+                c[i][p] = hload(acc[d + i] + p * HW);
+        for (size_t r = 0; r < n; ++r) {
+            hvec x[PARTS];
+            for (int p = 0; p < PARTS; ++p)
+                x[p] = hload(w[r] + p * HW);
+            const float *row = rows[r] + d;
             for (int i = 0; i < ACC_DIMS; ++i)
-                c[i] = hload(acc[d + i] + h);
-            for (size_t r = 0; r < n; ++r) {
-                const hvec x = hload(w[r] + h);
-                const float *row = rows[r] + d;
-                for (int i = 0; i < ACC_DIMS; ++i)
-                    c[i] += row[i] * x;
-            }
-            for (int i = 0; i < ACC_DIMS; ++i)
-                hstore(acc[d + i] + h, c[i]);
+                for (int p = 0; p < PARTS; ++p)
+                    c[i][p] += row[i] * x[p];
         }
-        for (; d < D; ++d) {
+        for (int i = 0; i < ACC_DIMS; ++i)
+            for (int p = 0; p < PARTS; ++p)
+                hstore(acc[d + i] + p * HW, c[i][p]);
+    }
+    for (; d < D; ++d)
+        EACH_PART(h) {
             hvec c = hload(acc[d] + h);
             for (size_t r = 0; r < n; ++r)
                 c += rows[r][d] * hload(w[r] + h);
             hstore(acc[d] + h, c);
         }
-    }
 }
 
 /* t[d][j] = rows[j][d] for the KEY_BLOCK rows of a tile. */
@@ -182,29 +199,29 @@ typedef struct key_chunk {
 } key_chunk;
 
 /* dq[r] += sum_j ds[r][j] * krows[j] for the chunk's n rows (ds zero past
- * them, up to a multiple of DOT_ROWS), DOT_ROWS rows at a time so that
- * each load of a key row serves DOT_ROWS sums. */
+ * them, up to a multiple of PAD_ROWS), PAD_ROWS rows at a time so that
+ * each load of a key row serves PAD_ROWS sums. */
 INLINE void add_dq(float *const *dq, const tile_row *ds, const float *const *krows, size_t D,
                    size_t n)
 {
-    for (size_t r = 0; r < n; r += DOT_ROWS) {
+    for (size_t r = 0; r < n; r += PAD_ROWS) {
         float *const *acc = dq + r;
         const tile_row *w = ds + r;
         size_t d = 0;
         for (; d + HW <= D; d += HW) {
-            hvec a[DOT_ROWS];
-            for (int i = 0; i < DOT_ROWS; ++i)
+            hvec a[PAD_ROWS];
+            for (int i = 0; i < PAD_ROWS; ++i)
                 a[i] = hload(acc[i] + d);
             for (uint32_t j = 0; j < KEY_BLOCK; ++j) {
                 const hvec x = hload(krows[j] + d);
-                for (int i = 0; i < DOT_ROWS; ++i)
+                for (int i = 0; i < PAD_ROWS; ++i)
                     a[i] += w[i][j] * x;
             }
-            for (int i = 0; i < DOT_ROWS; ++i)
+            for (int i = 0; i < PAD_ROWS; ++i)
                 hstore(acc[i] + d, a[i]);
         }
         for (; d < D; ++d)
-            for (int i = 0; i < DOT_ROWS; ++i) {
+            for (int i = 0; i < PAD_ROWS; ++i) {
                 float a = acc[i][d];
                 for (uint32_t j = 0; j < KEY_BLOCK; ++j)
                     a += w[i][j] * krows[j][d];
@@ -221,11 +238,12 @@ INLINE void key_chunk_run(const native_call *c, key_chunk *ch, const tile_row *k
 {
     const size_t D = c->s->head_dim, n = ch->n;
     _Alignas(64) tile_row p[CHUNK], ds[CHUNK];
-    for (size_t r = n; r % DOT_ROWS; ++r) {
+    for (size_t r = n; r % PAD_ROWS; ++r) {
         ch->q[r] = ch->d_out[r] = zero_row;
         ch->lo[r] = ch->hi[r] = 0;
     }
-    for (size_t r = 0; r < n; r += DOT_ROWS) {
+    const size_t padded = (n + PAD_ROWS - 1) / PAD_ROWS * PAD_ROWS; /* zero rows past n */
+    for (size_t r = 0; r < padded; r += DOT_ROWS) {
         dots(ch->q + r, kt, D, p + r);
         if (dkt)
             dots(ch->d_out + r, vt, D, ds + r);
