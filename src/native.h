@@ -9,8 +9,9 @@
 
 #include "internal.h"
 
-/* Keys of a key-side block, and query rows of a query-side one: one
- * 16-float vector. A job takes JOB_BLOCKS consecutive blocks of one head,
+/* Keys of a key-side block, and query rows of a query-side one: a row of
+ * 32 floats (two AVX-512 vectors: 16 had the products reload every
+ * broadcast element per vector). A job takes JOB_BLOCKS consecutive blocks of one head,
  * so that the rows the blocks stream (all of the head's keys, or all of its
  * queries) come from the thread's own cache after the first: with a block a
  * job, jobs of one head ran on different threads and each streamed them. */
