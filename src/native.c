@@ -218,9 +218,13 @@ static void pack_job(const native_call *c, size_t job)
     const size_t D = c->s->head_dim, heads = c->pack_heads, rows = c->pack_rows;
     const size_t b = job / heads, head = job % heads;
     float *dst = c->pack_dst + job * rows * D;
-    for (size_t r = 0; r < rows; ++r)
-        memcpy(dst + r * D, c->pack_src + ((b * rows + r) * heads + head) * D,
-               D * sizeof(float));
+    for (size_t r = 0; r < rows; ++r) {
+        const size_t at = ((b * rows + r) * heads + head) * D;
+        if (c->pack_dtype == CLATTN_DTYPE_F32)
+            memcpy(dst + r * D, (const float *)c->pack_src + at, D * sizeof(float));
+        else
+            c->hot->widen(c->pack_dtype, (const uint16_t *)c->pack_src + at, dst + r * D, D);
+    }
 }
 
 /* The next n floats of the scratch (NULL for none: no arithmetic on a
@@ -241,11 +245,47 @@ static const float *head_major(native_call *c, const float *x, size_t heads, siz
     if (heads == 1)
         return x;
     c->pack_src = x;
+    c->pack_dtype = CLATTN_DTYPE_F32;
     c->pack_dst = dst;
     c->pack_heads = heads;
     c->pack_rows = rows;
     run_jobs(c->pool, c, pack_job, c->s->batch * heads, threads);
     return dst;
+}
+
+/* A 16-bit tensor, head-major and widened to float32, in dst (a copy even
+ * with one head). */
+static const float *head_major16(native_call *c, const void *x, size_t heads, size_t rows,
+                                 float *dst, int threads)
+{
+    c->pack_src = x;
+    c->pack_dtype = c->s->dtype;
+    c->pack_dst = dst;
+    c->pack_heads = heads;
+    c->pack_rows = rows;
+    run_jobs(c->pool, c, pack_job, c->s->batch * heads, threads);
+    return dst;
+}
+
+/* The tensors an op reads only through its head-major copies: a 16-bit
+ * call widens them as it packs them, with no float32 copy in their own
+ * layout (see native_run). */
+static unsigned packed_only(clattn_op op, int fused)
+{
+    switch (op) {
+    case CLATTN_OP_FORWARD:
+    case CLATTN_OP_GRAD_Q:
+        return CLATTN_BIT(CLATTN_R_K) | CLATTN_BIT(CLATTN_R_V);
+    case CLATTN_OP_GRAD_V:
+        return CLATTN_BIT(CLATTN_R_Q) | CLATTN_BIT(CLATTN_R_DO);
+    case CLATTN_OP_GRAD_K:
+        return CLATTN_BIT(CLATTN_R_Q);
+    case CLATTN_OP_BACKWARD:
+        return fused ? CLATTN_BIT(CLATTN_R_Q) : 0u;
+    case CLATTN_OP_COUNT:
+        break;
+    }
+    return 0u;
 }
 
 /* The fused backward's dQ copies: zeroed in chunks, then summed into dQ
@@ -313,9 +353,23 @@ static int fuse_grad_q(const clattn_shape *s, int copies)
     return (double)clattn_shape_visible_pairs(s) >= 12.5 * copies * rows;
 }
 
-/* The op on float32 tensors. */
+/* Whether the backward sums dQ in its key-side pass, and in how many
+ * stripes (*copies) that pass runs. */
+static int plan_fused(const clattn_context *ctx, clattn_op op, const clattn_shape *s,
+                      int *copies)
+{
+    const size_t blocks_per_head = (s->kv_seq + (size_t)KEY_BLOCK - 1) / KEY_BLOCK;
+    const size_t key_jobs =
+        (blocks_per_head + JOB_BLOCKS - 1) / JOB_BLOCKS * s->num_kv_heads * s->batch;
+    *copies = (size_t)ctx->num_threads < key_jobs ? ctx->num_threads : (int)key_jobs;
+    return op == CLATTN_OP_BACKWARD && fuse_grad_q(s, *copies);
+}
+
+/* The op on float32 tensors t; for a 16-bit call, raw holds the caller's
+ * tensors, and those of packed_only() are NULL in t (packed from raw). */
 static clattn_status run_f32(clattn_context *ctx, clattn_op op, const clattn_shape *s,
-                             const clattn_sizes *sz, const float *const t[CLATTN_R_COUNT])
+                             const clattn_sizes *sz, const float *const t[CLATTN_R_COUNT],
+                             const void *const *raw)
 {
     const native_kernels *hot = ctx->native;
     native_call c;
@@ -357,12 +411,18 @@ static clattn_status run_f32(clattn_context *ctx, clattn_op op, const clattn_sha
     const int want_dsum = op == CLATTN_OP_GRAD_K || op == CLATTN_OP_BACKWARD;
     const size_t kv_floats = s->num_kv_heads > 1 ? sz->kv : 0;
     const size_t q_floats = s->num_heads > 1 ? sz->q : 0;
-    const int copies = (size_t)n < key_jobs ? n : (int)key_jobs; /* threads of the key pass */
-    int fused = op == CLATTN_OP_BACKWARD && fuse_grad_q(s, copies);
+    int copies;
+    int fused = plan_fused(ctx, op, s, &copies);
+    /* A 16-bit tensor read only head-major is a copy even with one head. */
+    const size_t k_floats = t[CLATTN_R_K] ? kv_floats : sz->kv;
+    const size_t v_floats = t[CLATTN_R_V] ? kv_floats : sz->kv;
+    const size_t qh_floats = t[CLATTN_R_Q] ? q_floats : sz->q;
+    const size_t oh_floats = t[CLATTN_R_DO] ? q_floats : sz->q;
     size_t scratch;
     for (;;) {
-        scratch = (query_side && !fused ? 2 * kv_floats : 0) + (key_side ? 2 * q_floats : 0) +
-                  (want_dsum ? rows : 0) + (fused ? (size_t)copies * sz->q : 0);
+        scratch = (query_side && !fused ? k_floats + v_floats : 0) +
+                  (key_side ? qh_floats + oh_floats : 0) + (want_dsum ? rows : 0) +
+                  (fused ? (size_t)copies * sz->q : 0);
         /* Kept by the context and grown as needed, rather than a fresh
          * allocation (new pages to fault in) every call. */
         if (scratch <= ctx->scratch_floats)
@@ -374,19 +434,30 @@ static clattn_status run_f32(clattn_context *ctx, clattn_op op, const clattn_sha
             ctx->scratch_floats = scratch;
             break;
         }
-        if (!fused)
+        /* Without the dQ copies, dQ has a pass of its own, unless Q has no
+         * float32 copy in its own layout for it (a 16-bit call's). */
+        if (!fused || !t[CLATTN_R_Q])
             return clattn_fail(CLATTN_ERROR_OUT_OF_MEMORY,
                                "out of host memory for %zu floats of scratch", scratch);
-        fused = 0; /* the dQ copies do not fit: a pass of its own */
+        fused = 0;
     }
     float *next = ctx->scratch;
     if (query_side && !fused) {
-        c.kh = head_major(&c, c.k, s->num_kv_heads, s->kv_seq, take(&next, kv_floats), n);
-        c.vh = head_major(&c, c.v, s->num_kv_heads, s->kv_seq, take(&next, kv_floats), n);
+        c.kh = c.k ? head_major(&c, c.k, s->num_kv_heads, s->kv_seq, take(&next, k_floats), n)
+                   : head_major16(&c, raw[CLATTN_R_K], s->num_kv_heads, s->kv_seq,
+                                  take(&next, k_floats), n);
+        c.vh = c.v ? head_major(&c, c.v, s->num_kv_heads, s->kv_seq, take(&next, v_floats), n)
+                   : head_major16(&c, raw[CLATTN_R_V], s->num_kv_heads, s->kv_seq,
+                                  take(&next, v_floats), n);
     }
     if (key_side) {
-        c.qh = head_major(&c, c.q, s->num_heads, s->q_seq, take(&next, q_floats), n);
-        c.oh = head_major(&c, c.d_out, s->num_heads, s->q_seq, take(&next, q_floats), n);
+        c.qh = c.q ? head_major(&c, c.q, s->num_heads, s->q_seq, take(&next, qh_floats), n)
+                   : head_major16(&c, raw[CLATTN_R_Q], s->num_heads, s->q_seq,
+                                  take(&next, qh_floats), n);
+        c.oh = c.d_out
+                   ? head_major(&c, c.d_out, s->num_heads, s->q_seq, take(&next, oh_floats), n)
+                   : head_major16(&c, raw[CLATTN_R_DO], s->num_heads, s->q_seq,
+                                  take(&next, oh_floats), n);
     }
     if (want_dsum) {
         c.dsum = take(&next, rows);
@@ -474,18 +545,30 @@ static clattn_status native_run(clattn_context *ctx, clattn_op op, const clattn_
     if (s->dtype == CLATTN_DTYPE_F32) {
         for (int r = 0; r < CLATTN_R_COUNT; ++r)
             ft[r] = t[r];
-        return run_f32(ctx, op, s, sz, ft);
+        return run_f32(ctx, op, s, sz, ft, NULL);
     }
-    /* Accumulating gradients are read (widened) first. */
-    const unsigned reads = clattn_call_reads(op, s), writes = clattn_op_writes[op];
+    /* Accumulating gradients are read (widened) first; tensors read only
+     * head-major are widened as run_f32 packs them. */
+    int copies;
+    const unsigned packed = packed_only(op, plan_fused(ctx, op, s, &copies));
+    const unsigned reads = clattn_call_reads(op, s) & ~packed, writes = clattn_op_writes[op];
     size_t total = 0;
     for (int r = 0; r < CLATTN_R_COUNT; ++r)
         if (r != CLATTN_R_LSE && ((reads | writes) & CLATTN_BIT(r)))
             total += clattn_role_elems(sz, (clattn_role)r);
-    float *buf = malloc((total ? total : 1) * sizeof(float));
-    if (!buf)
-        return clattn_fail(CLATTN_ERROR_OUT_OF_MEMORY,
-                           "out of host memory for %zu floats of float32 copies", total);
+    /* Kept by the context and grown as needed, as the scratch is: a fresh
+     * allocation every call faulted its pages in every call (a quarter of
+     * a bf16 forward's time at q_seq 1024, d64, 2 threads). */
+    if (total > ctx->wide_floats) {
+        float *grown = malloc(total * sizeof(float));
+        if (!grown)
+            return clattn_fail(CLATTN_ERROR_OUT_OF_MEMORY,
+                               "out of host memory for %zu floats of float32 copies", total);
+        free(ctx->wide);
+        ctx->wide = grown;
+        ctx->wide_floats = total;
+    }
+    float *buf = ctx->wide;
     native_call c;
     memset(&c, 0, sizeof c);
     c.s = s;
@@ -502,12 +585,11 @@ static clattn_status native_run(clattn_context *ctx, clattn_op op, const clattn_
         ft[r] = next;
         next += n;
     }
-    const clattn_status st = run_f32(ctx, op, s, sz, ft);
+    const clattn_status st = run_f32(ctx, op, s, sz, ft, t);
     for (int r = 0; r < CLATTN_R_COUNT && st == CLATTN_OK; ++r)
         if (r != CLATTN_R_LSE && (writes & CLATTN_BIT(r)))
             convert(&c, ft[r], (void *)t[r], clattn_role_elems(sz, (clattn_role)r), 0,
                     ctx->num_threads);
-    free(buf);
     return st;
 }
 
@@ -518,6 +600,9 @@ static void native_destroy(clattn_context *ctx)
     free(ctx->scratch);
     ctx->scratch = NULL;
     ctx->scratch_floats = 0;
+    free(ctx->wide);
+    ctx->wide = NULL;
+    ctx->wide_floats = 0;
 }
 
 static const clattn_backend_ops native_ops = {native_run, native_destroy};

@@ -42,7 +42,8 @@ typedef struct native_call {
     void *conv_dst;       /* widened (16-bit to float32) or narrowed */
     size_t conv_n;
     int conv_widen;
-    const float *pack_src; /* a copy being made: pack_src to pack_dst, */
+    const void *pack_src;  /* a copy being made: pack_src (of pack_dtype) to pack_dst, */
+    clattn_dtype pack_dtype; /* widened on the way when 16-bit */
     float *pack_dst;       /* pack_heads heads of pack_rows rows */
     size_t pack_heads, pack_rows;
     float scale;

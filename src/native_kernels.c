@@ -580,8 +580,17 @@ static void key_block_job(const native_call *c, size_t job)
 /* n elements of a 16-bit dtype to float32 and back, as clattn_to_f32 and
  * clattn_from_f32 do, with F16C's conversions where the level has them (a
  * cast of _Float16 rounds to nearest even, as they do). */
+typedef uint32_t bits32 __attribute__((may_alias)); /* a float's bits, in place */
+
 static void widen(clattn_dtype dtype, const void *src, float *dst, size_t n)
 {
+    if (dtype == CLATTN_DTYPE_BF16) { /* the bits, shifted: one vector loop */
+        const uint16_t *h = src;
+        bits32 *d = (bits32 *)(void *)dst;
+        for (size_t i = 0; i < n; ++i)
+            d[i] = (uint32_t)h[i] << 16;
+        return;
+    }
 #if defined(__F16C__) && defined(__FLT16_MAX__)
     if (dtype == CLATTN_DTYPE_F16) {
         const _Float16 *h = src;
@@ -595,6 +604,16 @@ static void widen(clattn_dtype dtype, const void *src, float *dst, size_t n)
 
 static void narrow(clattn_dtype dtype, const float *src, void *dst, size_t n)
 {
+    if (dtype == CLATTN_DTYPE_BF16) { /* as clattn_from_f32: nearest even, NaNs quiet */
+        const bits32 *x = (const bits32 *)(const void *)src;
+        uint16_t *h = dst;
+        for (size_t i = 0; i < n; ++i) {
+            const uint32_t v = x[i];
+            const uint32_t nan = (v >> 16) | 0x40u, rounded = (v + 0x7fffu + ((v >> 16) & 1u)) >> 16;
+            h[i] = (uint16_t)((v & 0x7fffffffu) > 0x7f800000u ? nan : rounded);
+        }
+        return;
+    }
 #if defined(__F16C__) && defined(__FLT16_MAX__)
     if (dtype == CLATTN_DTYPE_F16) {
         _Float16 *h = dst;
