@@ -310,12 +310,11 @@ static void sum_dq_job(const native_call *c, size_t job)
     for (size_t pos = pos0; pos < end; ++pos) {
         float *out = c->dq + ((b * s->q_seq + pos) * s->num_heads + head) * D;
         const float *part = c->dq_part + (bh * s->q_seq + pos) * D;
-        for (size_t d = 0; d < D; ++d) {
-            float sum = s->accumulate ? out[d] : 0.0f;
-            for (size_t t = 0; t < copies; ++t)
-                sum += part[t * c->dq_part_floats + d];
-            out[d] = sum;
-        }
+        if (!s->accumulate)
+            memset(out, 0, D * sizeof(float));
+        for (size_t t = 0; t < copies; ++t) /* copy by copy, along the row */
+            for (size_t d = 0; d < D; ++d)
+                out[d] += part[t * c->dq_part_floats + d];
     }
 }
 
