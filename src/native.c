@@ -238,14 +238,17 @@ static float *take(float **next, size_t n)
     return p;
 }
 
-/* x head-major: itself where it has one head, else a copy in dst. */
-static const float *head_major(native_call *c, const float *x, size_t heads, size_t rows,
-                               float *dst, int threads)
+/* Tensor r head-major: the float32 tensor t[r] itself where it has one
+ * head, else a copy in dst; where t[r] is NULL (a 16-bit tensor that
+ * packed_only() names), raw[r] widened to float32 as it is packed, in dst
+ * even with one head. */
+static const float *head_major(native_call *c, const float *const *t, const void *const *raw,
+                               clattn_role r, size_t heads, size_t rows, float *dst, int threads)
 {
-    if (heads == 1)
-        return x;
-    c->pack_src = x;
-    c->pack_dtype = CLATTN_DTYPE_F32;
+    if (t[r] && heads == 1)
+        return t[r];
+    c->pack_src = t[r] ? (const void *)t[r] : raw[r];
+    c->pack_dtype = t[r] ? CLATTN_DTYPE_F32 : c->s->dtype;
     c->pack_dst = dst;
     c->pack_heads = heads;
     c->pack_rows = rows;
@@ -253,18 +256,11 @@ static const float *head_major(native_call *c, const float *x, size_t heads, siz
     return dst;
 }
 
-/* A 16-bit tensor, head-major and widened to float32, in dst (a copy even
- * with one head). */
-static const float *head_major16(native_call *c, const void *x, size_t heads, size_t rows,
-                                 float *dst, int threads)
+/* floats of the head-major copy of tensor r (of n floats, over `heads`
+ * heads): none where t[r] serves as it is. */
+static size_t head_major_floats(const float *const *t, clattn_role r, size_t heads, size_t n)
 {
-    c->pack_src = x;
-    c->pack_dtype = c->s->dtype;
-    c->pack_dst = dst;
-    c->pack_heads = heads;
-    c->pack_rows = rows;
-    run_jobs(c->pool, c, pack_job, c->s->batch * heads, threads);
-    return dst;
+    return t[r] && heads == 1 ? 0 : n;
 }
 
 /* The tensors an op reads only through its head-major copies: a 16-bit
@@ -352,23 +348,44 @@ static int fuse_grad_q(const clattn_shape *s, int copies)
     return (double)clattn_shape_visible_pairs(s) >= 12.5 * copies * rows;
 }
 
-/* Whether the backward sums dQ in its key-side pass, and in how many
- * stripes (*copies) that pass runs. */
-static int plan_fused(const clattn_context *ctx, clattn_op op, const clattn_shape *s,
-                      int *copies)
+/* How a call's key-side pass is cut: its jobs, the stripes (dQ copies)
+ * it would run in, and whether the backward sums dQ there. */
+typedef struct native_plan {
+    size_t key_jobs;
+    int copies, fused;
+} native_plan;
+
+static native_plan plan_call(const clattn_context *ctx, clattn_op op, const clattn_shape *s)
 {
+    native_plan p;
     const size_t blocks_per_head = (s->kv_seq + (size_t)KEY_BLOCK - 1) / KEY_BLOCK;
-    const size_t key_jobs =
-        (blocks_per_head + JOB_BLOCKS - 1) / JOB_BLOCKS * s->num_kv_heads * s->batch;
-    *copies = (size_t)ctx->num_threads < key_jobs ? ctx->num_threads : (int)key_jobs;
-    return op == CLATTN_OP_BACKWARD && fuse_grad_q(s, *copies);
+    p.key_jobs = (blocks_per_head + JOB_BLOCKS - 1) / JOB_BLOCKS * s->num_kv_heads * s->batch;
+    p.copies = (size_t)ctx->num_threads < p.key_jobs ? ctx->num_threads : (int)p.key_jobs;
+    p.fused = op == CLATTN_OP_BACKWARD && fuse_grad_q(s, p.copies);
+    return p;
+}
+
+/* *buf, kept by the context, grown to at least n floats as needed rather
+ * than allocated afresh (new pages to fault in) every call. 0 when it
+ * cannot grow. */
+static int grow(float **buf, size_t *have, size_t n)
+{
+    if (n <= *have)
+        return 1;
+    float *grown = malloc(n * sizeof(float));
+    if (!grown)
+        return 0;
+    free(*buf);
+    *buf = grown;
+    *have = n;
+    return 1;
 }
 
 /* The op on float32 tensors t; for a 16-bit call, raw holds the caller's
  * tensors, and those of packed_only() are NULL in t (packed from raw). */
 static clattn_status run_f32(clattn_context *ctx, clattn_op op, const clattn_shape *s,
                              const clattn_sizes *sz, const float *const t[CLATTN_R_COUNT],
-                             const void *const *raw)
+                             const void *const *raw, native_plan plan)
 {
     const native_kernels *hot = ctx->native;
     native_call c;
@@ -385,8 +402,7 @@ static clattn_status run_f32(clattn_context *ctx, clattn_op op, const clattn_sha
     c.scale = clattn_effective_scale(s);
     c.group = s->num_heads / s->num_kv_heads;
     c.blocks_per_head = (s->kv_seq + (size_t)KEY_BLOCK - 1) / KEY_BLOCK;
-    const size_t key_jobs =
-        (c.blocks_per_head + JOB_BLOCKS - 1) / JOB_BLOCKS * s->num_kv_heads * s->batch;
+    const size_t key_jobs = plan.key_jobs;
     const size_t rows = sz->lse / 2;
     const size_t query_blocks = (s->q_seq + (size_t)QUERY_BLOCK - 1) / QUERY_BLOCK;
     const size_t query_jobs =
@@ -408,31 +424,19 @@ static clattn_status run_f32(clattn_context *ctx, clattn_op op, const clattn_sha
                            op == CLATTN_OP_BACKWARD;
     const int key_side = op != CLATTN_OP_FORWARD && op != CLATTN_OP_GRAD_Q;
     const int want_dsum = op == CLATTN_OP_GRAD_K || op == CLATTN_OP_BACKWARD;
-    const size_t kv_floats = s->num_kv_heads > 1 ? sz->kv : 0;
-    const size_t q_floats = s->num_heads > 1 ? sz->q : 0;
-    int copies;
-    int fused = plan_fused(ctx, op, s, &copies);
-    /* A 16-bit tensor read only head-major is a copy even with one head. */
-    const size_t k_floats = t[CLATTN_R_K] ? kv_floats : sz->kv;
-    const size_t v_floats = t[CLATTN_R_V] ? kv_floats : sz->kv;
-    const size_t qh_floats = t[CLATTN_R_Q] ? q_floats : sz->q;
-    const size_t oh_floats = t[CLATTN_R_DO] ? q_floats : sz->q;
+    const int copies = plan.copies;
+    int fused = plan.fused;
+    const size_t k_floats = head_major_floats(t, CLATTN_R_K, s->num_kv_heads, sz->kv);
+    const size_t v_floats = head_major_floats(t, CLATTN_R_V, s->num_kv_heads, sz->kv);
+    const size_t qh_floats = head_major_floats(t, CLATTN_R_Q, s->num_heads, sz->q);
+    const size_t oh_floats = head_major_floats(t, CLATTN_R_DO, s->num_heads, sz->q);
     size_t scratch;
     for (;;) {
         scratch = (query_side && !fused ? k_floats + v_floats : 0) +
                   (key_side ? qh_floats + oh_floats : 0) + (want_dsum ? rows : 0) +
                   (fused ? (size_t)copies * sz->q : 0);
-        /* Kept by the context and grown as needed, rather than a fresh
-         * allocation (new pages to fault in) every call. */
-        if (scratch <= ctx->scratch_floats)
+        if (grow(&ctx->scratch, &ctx->scratch_floats, scratch))
             break;
-        float *grown = malloc(scratch * sizeof(float));
-        if (grown) {
-            free(ctx->scratch);
-            ctx->scratch = grown;
-            ctx->scratch_floats = scratch;
-            break;
-        }
         /* Without the dQ copies, dQ has a pass of its own, unless Q has no
          * float32 copy in its own layout for it (a 16-bit call's). */
         if (!fused || !t[CLATTN_R_Q])
@@ -442,21 +446,16 @@ static clattn_status run_f32(clattn_context *ctx, clattn_op op, const clattn_sha
     }
     float *next = ctx->scratch;
     if (query_side && !fused) {
-        c.kh = c.k ? head_major(&c, c.k, s->num_kv_heads, s->kv_seq, take(&next, k_floats), n)
-                   : head_major16(&c, raw[CLATTN_R_K], s->num_kv_heads, s->kv_seq,
-                                  take(&next, k_floats), n);
-        c.vh = c.v ? head_major(&c, c.v, s->num_kv_heads, s->kv_seq, take(&next, v_floats), n)
-                   : head_major16(&c, raw[CLATTN_R_V], s->num_kv_heads, s->kv_seq,
-                                  take(&next, v_floats), n);
+        c.kh = head_major(&c, t, raw, CLATTN_R_K, s->num_kv_heads, s->kv_seq,
+                          take(&next, k_floats), n);
+        c.vh = head_major(&c, t, raw, CLATTN_R_V, s->num_kv_heads, s->kv_seq,
+                          take(&next, v_floats), n);
     }
     if (key_side) {
-        c.qh = c.q ? head_major(&c, c.q, s->num_heads, s->q_seq, take(&next, qh_floats), n)
-                   : head_major16(&c, raw[CLATTN_R_Q], s->num_heads, s->q_seq,
-                                  take(&next, qh_floats), n);
-        c.oh = c.d_out
-                   ? head_major(&c, c.d_out, s->num_heads, s->q_seq, take(&next, oh_floats), n)
-                   : head_major16(&c, raw[CLATTN_R_DO], s->num_heads, s->q_seq,
-                                  take(&next, oh_floats), n);
+        c.qh = head_major(&c, t, raw, CLATTN_R_Q, s->num_heads, s->q_seq,
+                          take(&next, qh_floats), n);
+        c.oh = head_major(&c, t, raw, CLATTN_R_DO, s->num_heads, s->q_seq,
+                          take(&next, oh_floats), n);
     }
     if (want_dsum) {
         c.dsum = take(&next, rows);
@@ -483,23 +482,20 @@ static clattn_status run_f32(clattn_context *ctx, clattn_op op, const clattn_sha
             c.dv = (float *)t[CLATTN_R_DV];
             c.dq = (float *)t[CLATTN_R_DQ];
         }
-        if (fused) {
+        if (fused) { /* zero the dQ copies, the striped key pass, their sum */
             snprintf(ctx->kernels, sizeof ctx->kernels, "dsum__native,grad_kvq__native");
             c.dq_part = take(&next, (size_t)copies * sz->q);
             c.dq_part_floats = sz->q;
             c.dq_part_copies = (size_t)copies;
-            run_jobs(c.pool, &c, zero_job, (copies * sz->q + ZERO_CHUNK - 1) / ZERO_CHUNK, n);
-        }
-        if (fused) {
             c.key_jobs = key_jobs;
+            run_jobs(c.pool, &c, zero_job, (copies * sz->q + ZERO_CHUNK - 1) / ZERO_CHUNK, n);
             run_jobs(c.pool, &c, key_stripe_job, (size_t)copies, copies);
-        } else {
-            run_jobs(c.pool, &c, hot->key_block, key_jobs, n);
-        }
-        if (fused)
             run_jobs(c.pool, &c, sum_dq_job,
                      s->batch * s->num_heads * ((s->q_seq + (size_t)SUM_ROWS - 1) / SUM_ROWS), n);
-        else if (op == CLATTN_OP_BACKWARD)
+            break;
+        }
+        run_jobs(c.pool, &c, hot->key_block, key_jobs, n);
+        if (op == CLATTN_OP_BACKWARD)
             run_jobs(c.pool, &c, hot->grad_q, query_jobs, n);
         break;
     case CLATTN_OP_COUNT:
@@ -544,29 +540,23 @@ static clattn_status native_run(clattn_context *ctx, clattn_op op, const clattn_
     if (s->dtype == CLATTN_DTYPE_F32) {
         for (int r = 0; r < CLATTN_R_COUNT; ++r)
             ft[r] = t[r];
-        return run_f32(ctx, op, s, sz, ft, NULL);
+        return run_f32(ctx, op, s, sz, ft, NULL, plan_call(ctx, op, s));
     }
     /* Accumulating gradients are read (widened) first; tensors read only
      * head-major are widened as run_f32 packs them. */
-    int copies;
-    const unsigned packed = packed_only(op, plan_fused(ctx, op, s, &copies));
+    const native_plan plan = plan_call(ctx, op, s);
+    const unsigned packed = packed_only(op, plan.fused);
     const unsigned reads = clattn_call_reads(op, s) & ~packed, writes = clattn_op_writes[op];
     size_t total = 0;
     for (int r = 0; r < CLATTN_R_COUNT; ++r)
         if (r != CLATTN_R_LSE && ((reads | writes) & CLATTN_BIT(r)))
             total += clattn_role_elems(sz, (clattn_role)r);
-    /* Kept by the context and grown as needed, as the scratch is: a fresh
-     * allocation every call faulted its pages in every call (a quarter of
-     * a bf16 forward's time at q_seq 1024, d64, 2 threads). */
-    if (total > ctx->wide_floats) {
-        float *grown = malloc(total * sizeof(float));
-        if (!grown)
-            return clattn_fail(CLATTN_ERROR_OUT_OF_MEMORY,
-                               "out of host memory for %zu floats of float32 copies", total);
-        free(ctx->wide);
-        ctx->wide = grown;
-        ctx->wide_floats = total;
-    }
+    /* Kept by the context, as the scratch is: allocated afresh every call,
+     * their pages were faulted in every call (a quarter of a bf16 forward's
+     * time at q_seq 1024, d64, 2 threads). */
+    if (!grow(&ctx->wide, &ctx->wide_floats, total))
+        return clattn_fail(CLATTN_ERROR_OUT_OF_MEMORY,
+                           "out of host memory for %zu floats of float32 copies", total);
     float *buf = ctx->wide;
     native_call c;
     memset(&c, 0, sizeof c);
@@ -584,7 +574,7 @@ static clattn_status native_run(clattn_context *ctx, clattn_op op, const clattn_
         ft[r] = next;
         next += n;
     }
-    const clattn_status st = run_f32(ctx, op, s, sz, ft, t);
+    const clattn_status st = run_f32(ctx, op, s, sz, ft, t, plan);
     for (int r = 0; r < CLATTN_R_COUNT && st == CLATTN_OK; ++r)
         if (r != CLATTN_R_LSE && (writes & CLATTN_BIT(r)))
             convert(&c, ft[r], (void *)t[r], clattn_role_elems(sz, (clattn_role)r), 0,
