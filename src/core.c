@@ -275,23 +275,6 @@ size_t clattn_role_elems(const clattn_sizes *sz, clattn_role r)
 
 /* 16-bit elements to float32 and back (round to nearest even; NaN stays a
  * quiet NaN, overflow becomes infinity), in portable C. */
-static float bf16_to_f32(uint16_t h)
-{
-    const uint32_t x = (uint32_t)h << 16;
-    float f;
-    memcpy(&f, &x, sizeof f);
-    return f;
-}
-
-static uint16_t f32_to_bf16(float f)
-{
-    uint32_t x;
-    memcpy(&x, &f, sizeof x);
-    if ((x & 0x7fffffffu) > 0x7f800000u)
-        return (uint16_t)((x >> 16) | 0x40u);
-    return (uint16_t)((x + 0x7fffu + ((x >> 16) & 1u)) >> 16);
-}
-
 static float f16_to_f32(uint16_t h)
 {
     const uint32_t sign = (uint32_t)(h & 0x8000u) << 16, exp = (h >> 10) & 0x1fu;
@@ -350,7 +333,7 @@ void clattn_to_f32(clattn_dtype dtype, const void *src, float *dst, size_t n)
         return;
     const uint16_t *h = src;
     for (size_t i = 0; i < n; ++i)
-        dst[i] = dtype == CLATTN_DTYPE_BF16 ? bf16_to_f32(h[i]) : f16_to_f32(h[i]);
+        dst[i] = dtype == CLATTN_DTYPE_BF16 ? clattn_bf16_to_f32(h[i]) : f16_to_f32(h[i]);
 }
 
 void clattn_from_f32(clattn_dtype dtype, const float *src, void *dst, size_t n)
@@ -363,5 +346,5 @@ void clattn_from_f32(clattn_dtype dtype, const float *src, void *dst, size_t n)
         return;
     uint16_t *h = dst;
     for (size_t i = 0; i < n; ++i)
-        h[i] = dtype == CLATTN_DTYPE_BF16 ? f32_to_bf16(src[i]) : f32_to_f16(src[i]);
+        h[i] = dtype == CLATTN_DTYPE_BF16 ? clattn_f32_to_bf16(src[i]) : f32_to_f16(src[i]);
 }

@@ -4,6 +4,8 @@
 
 #include <pthread.h>
 #include <stddef.h>
+#include <stdint.h>
+#include <string.h>
 
 #include "clattn.h"
 
@@ -133,5 +135,25 @@ clattn_status clattn_opencl_init(clattn_context *ctx, const clattn_options *opts
 clattn_status clattn_context_alloc(clattn_context **out);
 
 void clattn_log_append(clattn_context *ctx, const char *fmt, ...) CLATTN_PRINTF(2, 3);
+
+/* bfloat16 <-> float32 as the library converts them everywhere (host
+ * conversions, the native backend's packing): widening is exact; narrowing
+ * rounds to nearest even and keeps NaNs NaN (quiet). Branch-free, so that
+ * loops of them vectorise. */
+static inline float clattn_bf16_to_f32(uint16_t h)
+{
+    const uint32_t x = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &x, sizeof f);
+    return f;
+}
+
+static inline uint16_t clattn_f32_to_bf16(float f)
+{
+    uint32_t x;
+    memcpy(&x, &f, sizeof x);
+    const uint32_t nan = (x >> 16) | 0x40u, rounded = (x + 0x7fffu + ((x >> 16) & 1u)) >> 16;
+    return (uint16_t)((x & 0x7fffffffu) > 0x7f800000u ? nan : rounded);
+}
 
 #endif /* CLATTN_INTERNAL_H */

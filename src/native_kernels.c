@@ -580,15 +580,12 @@ static void key_block_job(const native_call *c, size_t job)
 /* n elements of a 16-bit dtype to float32 and back, as clattn_to_f32 and
  * clattn_from_f32 do, with F16C's conversions where the level has them (a
  * cast of _Float16 rounds to nearest even, as they do). */
-typedef uint32_t bits32 __attribute__((may_alias)); /* a float's bits, in place */
-
 static void widen(clattn_dtype dtype, const void *src, float *dst, size_t n)
 {
-    if (dtype == CLATTN_DTYPE_BF16) { /* the bits, shifted: one vector loop */
+    if (dtype == CLATTN_DTYPE_BF16) { /* a vector loop at this level */
         const uint16_t *h = src;
-        bits32 *d = (bits32 *)(void *)dst;
         for (size_t i = 0; i < n; ++i)
-            d[i] = (uint32_t)h[i] << 16;
+            dst[i] = clattn_bf16_to_f32(h[i]);
         return;
     }
 #if defined(__F16C__) && defined(__FLT16_MAX__)
@@ -604,14 +601,10 @@ static void widen(clattn_dtype dtype, const void *src, float *dst, size_t n)
 
 static void narrow(clattn_dtype dtype, const float *src, void *dst, size_t n)
 {
-    if (dtype == CLATTN_DTYPE_BF16) { /* as clattn_from_f32: nearest even, NaNs quiet */
-        const bits32 *x = (const bits32 *)(const void *)src;
+    if (dtype == CLATTN_DTYPE_BF16) {
         uint16_t *h = dst;
-        for (size_t i = 0; i < n; ++i) {
-            const uint32_t v = x[i];
-            const uint32_t nan = (v >> 16) | 0x40u, rounded = (v + 0x7fffu + ((v >> 16) & 1u)) >> 16;
-            h[i] = (uint16_t)((v & 0x7fffffffu) > 0x7f800000u ? nan : rounded);
-        }
+        for (size_t i = 0; i < n; ++i)
+            h[i] = clattn_f32_to_bf16(src[i]);
         return;
     }
 #if defined(__F16C__) && defined(__FLT16_MAX__)
