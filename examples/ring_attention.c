@@ -428,6 +428,15 @@ static void fetch_sums(place *p, slices *r, tensor cur, int j, cl_event done, MP
     clReleaseEvent(read);
 }
 
+/* Sends n floats from `out` to rank dest and receives n into `in` from
+ * rank source, without waiting: req[0] the receive, req[1] the send. */
+static void pass_on(const float *out, float *in, size_t n, int dest, int source, int tag,
+                    MPI_Request req[2])
+{
+    MPI_Irecv(in, (int)n, MPI_FLOAT, source, tag, MPI_COMM_WORLD, &req[0]);
+    MPI_Isend(out, (int)n, MPI_FLOAT, dest, tag, MPI_COMM_WORLD, &req[1]);
+}
+
 /* Drives MPI until req[0..1] (if `more`) complete, while the device
  * computes; then the received part [0, n) of `next` goes up to the device. */
 static void receive_block(place *p, int more, MPI_Request *req, tensor next, size_t n)
@@ -639,10 +648,8 @@ int main(int argc, char **argv)
             MPI_Request req[2];
             const int more = step + 1 < n;
             tensor next = r.buf[step & 1u];
-            if (more) { /* the next block travels while this one computes */
-                MPI_Irecv(next.host, (int)block, MPI_FLOAT, from, 0, MPI_COMM_WORLD, &req[0]);
-                MPI_Isend(cur.host, (int)block, MPI_FLOAT, to, 0, MPI_COMM_WORLD, &req[1]);
-            }
+            if (more) /* the next block travels while this one computes */
+                pass_on(cur.host, next.host, block, to, from, 0, req);
             uint32_t theirs[2];
             chunks_at(rank, ranks, step, theirs);
             for (int i = 0; i < 2; ++i)
@@ -670,10 +677,8 @@ int main(int argc, char **argv)
                 req[i] = MPI_REQUEST_NULL;
             const int more = step + 1 < n;
             tensor next = r.buf[(n - 1u + step) & 1u]; /* not the forward's last */
-            if (more) { /* K and V of the next step, while this one computes */
-                MPI_Irecv(next.host, (int)block, MPI_FLOAT, to, 0, MPI_COMM_WORLD, &req[0]);
-                MPI_Isend(cur.host, (int)block, MPI_FLOAT, from, 0, MPI_COMM_WORLD, &req[1]);
-            }
+            if (more) /* K and V of the next step, while this one computes */
+                pass_on(cur.host, next.host, block, from, to, 0, req);
             uint32_t theirs[2];
             chunks_of((uint32_t)rank + 1u + step, ranks, theirs);
             cl_event done[2] = {NULL, NULL};
@@ -686,10 +691,8 @@ int main(int argc, char **argv)
             for (int j = 0; j < 2 && more; ++j) {
                 const size_t at = sums_at(&r, j);
                 fetch_sums(&p, &r, cur, j, done[j], req, 2 + 2 * j);
-                MPI_Irecv(next.host + at, (int)(2 * kvn), MPI_FLOAT, to, 1 + j, MPI_COMM_WORLD,
-                          &req[2 + 2 * j]);
-                MPI_Isend(cur.host + at, (int)(2 * kvn), MPI_FLOAT, from, 1 + j,
-                          MPI_COMM_WORLD, &req[3 + 2 * j]);
+                pass_on(cur.host + at, next.host + at, 2 * kvn, from, to, 1 + j,
+                        req + 2 + 2 * j);
             }
             for (int j = 0; j < 2; ++j)
                 if (done[j])
