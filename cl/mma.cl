@@ -85,6 +85,20 @@
 #else
 #define KSTEP 16 /* f16, bf16 */
 #endif
+/* 16-bit tensors take their exponentials in base 2, one ex2.approx a
+ * score as FlashAttention does: their scores are scaled into units of
+ * log2(e) (with Q's scale, in one product), the LSE pairs read and written
+ * in natural units. float32's keep exp() (FAST_EXP=0 does for 16-bit). */
+#ifndef FAST_EXP
+#define FAST_EXP (DTYPE != 0)
+#endif
+#if FAST_EXP && DTYPE != 0
+#define EXP_UNIT 1.44269504088896341f /* log2(e) */
+#define EXPU(x) native_exp2(x)
+#else
+#define EXP_UNIT 1.0f
+#define EXPU(x) exp(x)
+#endif
 #define D HEAD_DIM
 #define DP ((D + KSTEP * WSPLIT - 1) / (KSTEP * WSPLIT) * (KSTEP * WSPLIT)) /* padded */
 #define DW (DP / WSPLIT)     /* a warp's columns */
@@ -98,15 +112,20 @@
 #define STRIDE (DP + 4)      /* local rows padded: fragment reads hit 32 banks */
 #define PLANE (TILE * STRIDE)
 #define ROW_TILE (PLANES * PLANE) /* floats of a tile (read by rows only) */
-#define COL_TILE 0
 #define PER_LANE ((TILE * DP + LANES - 1) / LANES) /* a tile's elements per lane */
 typedef float frag;          /* an A register: one fp32 element */
+typedef float chunk;         /* what a lane fetches at once */
 #else
-#define RW (DP / 2 + 4)      /* words per row of a tile by rows (padded: 32 banks) */
-#define CW (TILE / 2 + 4)    /* words per column of a tile by columns */
+#define RW (DP / 2 + 4)      /* words per row of a tile (padded: 32 banks, 16-byte rows) */
 #define ROW_TILE (TILE * RW)
-#define COL_TILE (DP * CW)
-#define PER_LANE ((TILE * DP / 2 + LANES - 1) / LANES) /* a tile's words per lane */
+#if HEAD_DIM % 8 == 0
+#define UNIT 8               /* elements a lane fetches at once: 16 bytes */
+typedef uint4 chunk;
+#else
+#define UNIT 2
+typedef uint chunk;
+#endif
+#define PER_LANE ((TILE * DP / UNIT + LANES - 1) / LANES) /* a tile's units per lane */
 typedef uint frag;           /* an A register: two 16-bit elements */
 #endif
 #define XCH_MAT (WARPS * NT * 4 * 32)
@@ -162,21 +181,22 @@ inline bool all_visible(long q_first, long q_last, long k_first, long k_last, in
            (window == 0u || q_last + delta < k_first + (long)window);
 }
 
-/* A streamed tensor's tiles in the local buffer, from *next: by rows (*rows)
- * and/or by columns (*cols), as the kernel's products read it; NULL where
- * not kept. fp32 tiles are read by rows only: both name one tile. */
-inline void tile_slot(__local float **next, bool by_rows, bool by_cols, __local float **rows,
-                      __local float **cols)
+/* The next tile of the local buffer, if the kernel streams that tensor;
+ * NULL if not. A tile holds TILE rows of a tensor, read by rows (S = Q K^T)
+ * and, for 16-bit tensors, by columns too (P V). */
+inline __local float *take_tile(__local float **next, bool wanted)
 {
-#if DTYPE == 0
-    *rows = *cols = by_rows || by_cols ? *next : 0;
-    *next += by_rows || by_cols ? ROW_TILE : 0;
-#else
-    *rows = by_rows ? *next : 0;
-    *next += by_rows ? ROW_TILE : 0;
-    *cols = by_cols ? *next : 0;
-    *next += by_cols ? COL_TILE : 0;
-#endif
+    __local float *tile = wanted ? *next : 0;
+    *next += wanted ? ROW_TILE : 0;
+    return tile;
+}
+
+/* The local buffer from its first 16-byte boundary: ldmatrix and 16-byte
+ * stores want aligned tiles, and a __local argument is promised only its
+ * element's alignment (src/opencl.c gives 3 floats more). */
+inline __local float *align16(__local float *p)
+{
+    return p + ((16u - ((uint)(ulong)p & 15u)) & 15u) / 4u;
 }
 
 /* x of the lane whose id differs from this one's in the bits of mask. */
@@ -341,12 +361,9 @@ inline void fetch_tile(float *x, __global const elem *src, uint b, uint rows, ui
 }
 
 /* Stores what fetch_tile fetched into tile[TILE][STRIDE] (both planes with
- * PLANES 2); fp32 tiles have no layout by columns (`cols` names the same
- * tile). */
-inline void store_tile(__local float *tile, __local float *cols, const float *x)
+ * PLANES 2). */
+inline void store_tile(__local float *tile, const float *x)
 {
-    if (!tile)
-        tile = cols;
     UNROLL
     for (uint j = 0; j < PER_LANE; ++j) {
         const uint i = get_local_id(0) + j * LANES, r = i / DP, d = i % DP;
@@ -530,39 +547,75 @@ inline uint pair_at(__global const ushort *src, uint b, uint rows, uint row, uin
     return (d < D ? (uint)src[i] : 0u) | (d + 1u < D ? (uint)src[i + 1] << 16 : 0u);
 }
 
-/* Fetches this lane's share of rows [r0, r0 + TILE) of a [batch][rows]
- * [heads][D] tensor into registers x, two elements a word; zeros past `end`
- * and past D. (16-bit operands are never scaled: `factor` is fp32's.) */
-inline void fetch_tile(uint *x, __global const elem *src, uint b, uint rows, uint r0, uint end,
-                       uint heads, uint head, float factor)
+/* Where unit j of a tile lies for this lane: row *r and column *d. When
+ * LANES is a whole number of rows' units, a lane keeps its column and
+ * steps by whole rows, so that its addresses are one base and constant
+ * offsets. */
+#define ROW_UNITS (DP / UNIT)
+inline void unit_at(uint j, uint *r, uint *d)
 {
-    __global const ushort *bits = (__global const ushort *)src;
-    UNROLL
-    for (uint j = 0; j < PER_LANE; ++j) {
-        const uint i = get_local_id(0) + j * LANES, r = i / (DP / 2), d = i % (DP / 2) * 2;
-        x[j] = i < TILE * DP / 2 && r0 + r < end
-                   ? pair_at(bits, b, rows, r0 + r, heads, head, d)
-                   : 0u;
+    const uint lid = get_local_id(0);
+    if (LANES % ROW_UNITS == 0) {
+        *r = lid / ROW_UNITS + j * (LANES / ROW_UNITS);
+        *d = lid % ROW_UNITS * UNIT;
+    } else {
+        *r = (lid + j * LANES) / ROW_UNITS;
+        *d = (lid + j * LANES) % ROW_UNITS * UNIT;
     }
 }
 
-/* Stores what fetch_tile fetched by rows ([TILE][RW] words) and/or by
- * columns ([DP][CW] words, a column's consecutive rows in a word). */
-inline void store_tile(__local float *rows, __local float *cols, const uint *x)
+/* Fetches this lane's share of rows [r0, r0 + TILE) of a [batch][rows]
+ * [heads][D] tensor into registers x, UNIT elements at a time (16 bytes
+ * where D is a multiple of 8 and the tensor starts 16-byte aligned, as
+ * buffers and their usual offsets do); zeros past `end` and past D.
+ * (16-bit operands are never scaled: `factor` is fp32's.) */
+inline void fetch_tile(chunk *x, __global const elem *src, uint b, uint rows, uint r0, uint end,
+                       uint heads, uint head, float factor)
 {
-    __local uint *rw = (__local uint *)rows;
-    __local ushort *cw = (__local ushort *)cols;
+    __global const ushort *bits = (__global const ushort *)src;
+    __global const ushort *base = bits + at(b, rows, r0, heads, head, 0);
+    const uint stride = heads * D; /* elements from one row to the next */
+#if UNIT == 8
+    const bool aligned = ((ulong)bits & 15u) == 0u;
+#endif
     UNROLL
     for (uint j = 0; j < PER_LANE; ++j) {
-        const uint i = get_local_id(0) + j * LANES, r = i / (DP / 2), w = i % (DP / 2);
-        if (i < TILE * DP / 2) {
-            if (rows)
-                rw[r * RW + w] = x[j];
-            if (cols) {
-                cw[2 * w * (2 * CW) + r] = (ushort)x[j];
-                cw[(2 * w + 1) * (2 * CW) + r] = (ushort)(x[j] >> 16);
-            }
+        uint r, d;
+        unit_at(j, &r, &d);
+        const bool in = (TILE * DP / UNIT % LANES == 0 || get_local_id(0) + j * LANES <
+                                                               TILE * DP / UNIT) &&
+                        r0 + r < end && d < D;
+        __global const ushort *p = base + r * stride + d; /* read only where in */
+#if UNIT == 8
+        if (aligned) {
+            x[j] = in ? *(__global const uint4 *)p : (uint4)(0u);
+        } else {
+            uint w[4];
+            UNROLL
+            for (int k = 0; k < 4; ++k)
+                w[k] = in ? (uint)p[2 * k] | (uint)p[2 * k + 1] << 16 : 0u;
+            x[j] = (uint4)(w[0], w[1], w[2], w[3]);
         }
+#else
+        x[j] = in ? (uint)p[0] | (d + 1u < D ? (uint)p[1] << 16 : 0u) : 0u;
+#endif
+    }
+}
+
+/* Stores what fetch_tile fetched into a tile, [TILE][RW] words. */
+inline void store_tile(__local float *tile, const chunk *x)
+{
+    __local uint *words = (__local uint *)tile;
+    UNROLL
+    for (uint j = 0; j < PER_LANE; ++j) {
+        uint r, d;
+        unit_at(j, &r, &d);
+        if (TILE * DP / UNIT % LANES == 0 || get_local_id(0) + j * LANES < TILE * DP / UNIT)
+#if UNIT == 8
+            *(__local uint4 *)(words + r * RW + d / 2) = x[j];
+#else
+            words[r * RW + d / 2] = x[j];
+#endif
     }
 }
 
@@ -580,30 +633,99 @@ inline void load_a(uint *a, __global const elem *src, uint b, uint rows, uint ro
     }
 }
 
+/* B fragments from a tile (words, RW a row). On the GPU ldmatrix reads four
+ * 8 x 8 matrices of 16-bit elements, each lane naming one matrix row of 16
+ * bytes (lane / 8 the matrix, lane % 8 the row) and receiving, per matrix,
+ * the two elements its fragment wants, transposed on the way with .trans;
+ * emulated, the same words are gathered element by element. Each lane's
+ * address is one pointer per tile and constant offsets. */
+#if !defined(MMA_EMULATE) && !defined(LDMATRIX)
+#define LDMATRIX 1
+#endif
+
+/* For S = A . X^T (k along the tile's columns): the B fragments of n-tiles
+ * n and n + 1 (tile rows 8n..8n + 15) at k-step columns [k0, k0 + 16), k0
+ * past this warp's first column. x is the tile from rows_lane(). */
+inline __local const uint *rows_lane(__local const float *tile, uint d0)
+{
+    const uint lane = get_local_id(0) & 31u;
+    __local const uint *x = (__local const uint *)tile + d0 / 2;
+#if LDMATRIX
+    const uint m = lane >> 3;
+    return x + ((m >> 1) * 8 + (lane & 7u)) * RW + (m & 1u) * 4;
+#else
+    return x + (lane >> 2) * RW + (lane & 3u);
+#endif
+}
+
+inline void b_rows(uint *r, __local const uint *x, uint n, uint k0)
+{
+#if LDMATRIX
+    __asm__ __volatile__("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
+                         : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                         : "r"((uint)(ulong)(x + n * 8 * RW + k0 / 2)));
+#else
+    UNROLL
+    for (uint i = 0; i < 4; ++i)
+        r[i] = x[(n + (i >> 1)) * 8 * RW + k0 / 2 + (i & 1u) * 4];
+#endif
+}
+
+/* For A . X (k along the tile's rows): the B fragments of the n-tiles at
+ * columns c0 and c0 + 8 past this warp's first, k-step rows [k0, k0 + 16).
+ * x is the tile from cols_lane(). */
+inline __local const ushort *cols_lane(__local const float *tile, uint d0)
+{
+    const uint lane = get_local_id(0) & 31u;
+    __local const ushort *x = (__local const ushort *)tile + d0;
+#if LDMATRIX
+    const uint m = lane >> 3;
+    return x + ((m & 1u) * 8 + (lane & 7u)) * 2 * RW + (m >> 1) * 8;
+#else
+    return x + (lane & 3u) * 4 * RW + (lane >> 2); /* row 2t, column g */
+#endif
+}
+
+inline void b_cols(uint *r, __local const ushort *x, uint c0, uint k0)
+{
+#if LDMATRIX
+    __asm__ __volatile__("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];"
+                         : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                         : "r"((uint)(ulong)(x + k0 * 2 * RW + c0)));
+#else
+    UNROLL
+    for (uint i = 0; i < 4; ++i) {
+        const uint at = (k0 + (i & 1u) * 8) * 2 * RW + c0 + (i >> 1) * 8;
+        r[i] = (uint)x[at] | (uint)x[at + 2 * RW] << 16;
+    }
+#endif
+}
+
 /* The warp's 16 x TILE block of a . x^T over its columns into s, x a tile
- * of TILE rows (by rows), and of c . y^T into dp unless dp is NULL; each
- * summed over the warps of the group. a and c are the warp's KS A
- * fragments. */
+ * of TILE rows, and of c . y^T into dp unless dp is NULL; each summed over
+ * the warps of the group. a and c are the warp's KS A fragments. */
 inline void tile_products(float *s, float *dp, const uint *a, const uint *c,
                           __local const float *x, __local const float *y, uint d0,
                           __local float *xch, __local float *emu)
 {
     const uint lane = get_local_id(0) & 31u, warp = get_local_id(0) >> 5;
-    const uint g = lane >> 2, t = lane & 3u;
-    __local const uint *xw = (__local const uint *)x, *yw = (__local const uint *)y;
+    __local const uint *xw = rows_lane(x, d0), *yw = y ? rows_lane(y, d0) : 0;
     zero(s, NT * 4);
     if (dp)
         zero(dp, NT * 4);
     UNROLL
     for (uint ks = 0; ks < KS; ++ks) {
         UNROLL
-        for (uint n = 0; n < NT; ++n) {
-            const uint w = (n * 8 + g) * RW + (d0 + ks * 16) / 2 + t;
-            const uint bx[2] = {xw[w], xw[w + 4]};
+        for (uint n = 0; n < NT; n += 2) {
+            uint bx[4];
+            b_rows(bx, xw, n, ks * 16);
             mma16(s + n * 4, a + ks * 4, bx, emu);
+            mma16(s + n * 4 + 4, a + ks * 4, bx + 2, emu);
             if (dp) {
-                const uint by[2] = {yw[w], yw[w + 4]};
+                uint by[4];
+                b_rows(by, yw, n, ks * 16);
                 mma16(dp + n * 4, c + ks * 4, by, emu);
+                mma16(dp + n * 4 + 4, c + ks * 4, by + 2, emu);
             }
         }
     }
@@ -612,22 +734,22 @@ inline void tile_products(float *s, float *dp, const uint *a, const uint *c,
 
 /* acc (the warp's KW 16 x 8 blocks of its columns) += p . x, p the warp's
  * 16 x TILE block in float32 (rounded here to 16 bits) and x a tile of
- * TILE rows, by columns. */
+ * TILE rows. */
 inline void tile_times(float *acc, const float *p, __local const float *x, uint d0,
                        __local float *emu)
 {
-    const uint t = get_local_id(0) & 3u, g = (get_local_id(0) & 31u) >> 2;
-    __local const uint *xw = (__local const uint *)x;
+    __local const ushort *xw = cols_lane(x, d0);
     UNROLL
     for (uint kk = 0; kk < TILE / 16; ++kk) {
         const float *lo = p + 2 * kk * 4, *hi = lo + 4;
         const uint a[4] = {pack2(lo[0], lo[1]), pack2(lo[2], lo[3]), pack2(hi[0], hi[1]),
                            pack2(hi[2], hi[3])};
         UNROLL
-        for (uint n = 0; n < KW; ++n) {
-            const uint w = (d0 + n * 8 + g) * CW + kk * 8 + t;
-            const uint b[2] = {xw[w], xw[w + 4]};
-            mma16(acc + n * 4, a, b, emu);
+        for (uint n = 0; n < KW; n += 2) {
+            uint bx[4];
+            b_cols(bx, xw, n * 8, kk * 16);
+            mma16(acc + n * 4, a, bx, emu);
+            mma16(acc + n * 4 + 4, a, bx + 2, emu);
         }
     }
 }
@@ -647,10 +769,12 @@ forward__mma(__global const elem *q, ulong q_off, __global const elem *k, ulong 
     lse += lse_off;
     const uint lid = get_local_id(0), lane = lid & 31u, warp = lid >> 5;
     const uint g = lane >> 2, t = lane & 3u, d0 = warp % WSPLIT * DW;
+    tiles = align16(tiles);
+    /* scores to the units of exp: fp32's Q carries the scale already */
+    const float unit = DTYPE != 0 ? scale * EXP_UNIT : 1.0f;
     __local float *xch = tiles + XCH_AT, *emu = tiles + EMU_AT + warp * EMU_FLOATS;
-    __local float *next = tiles + TILES_AT, *kt, *vt, *unused;
-    tile_slot(&next, true, false, &kt, &unused); /* S = Q K^T reads K by rows */
-    tile_slot(&next, false, true, &unused, &vt); /* P V reads V by columns */
+    __local float *next = tiles + TILES_AT;
+    __local float *kt = take_tile(&next, true), *vt = take_tile(&next, true);
     const uint head = get_group_id(1), b = get_group_id(2);
     const uint kv_head = head / (num_heads / num_kv_heads);
     const uint r0 = query_block(q_seq, causal);
@@ -667,13 +791,13 @@ forward__mma(__global const elem *q, ulong q_off, __global const elem *k, ulong 
     const uint last = min(r0 + WG_ROWS, q_seq) - 1u;
     uint lo, hi;
     keys_of_queries(r0, last, kv_seq, causal, window, delta, &lo, &hi);
-    frag kx[PER_LANE], vx[PER_LANE];
+    chunk kx[PER_LANE], vx[PER_LANE];
     fetch_tile(kx, k, b, kv_seq, lo, hi, num_kv_heads, kv_head, 1.0f);
     fetch_tile(vx, v, b, kv_seq, lo, hi, num_kv_heads, kv_head, 1.0f);
     for (uint t0 = lo; t0 < hi; t0 += TILE) {
         barrier(CLK_LOCAL_MEM_FENCE);
-        store_tile(kt, 0, kx);
-        store_tile(0, vt, vx);
+        store_tile(kt, kx);
+        store_tile(vt, vx);
         barrier(CLK_LOCAL_MEM_FENCE);
         if (t0 + TILE < hi) {
             fetch_tile(kx, k, b, kv_seq, t0 + TILE, hi, num_kv_heads, kv_head, 1.0f);
@@ -682,28 +806,31 @@ forward__mma(__global const elem *q, ulong q_off, __global const elem *k, ulong 
 
         float s[NT][4];
         tile_products(&s[0][0], 0, &qf[0][0], 0, kt, 0, d0, xch, emu);
-#if DTYPE != 0
-        scale_by(&s[0][0], NT * 4, scale);
-#endif
         /* Only tiles that some row sees in part are masked. */
         const bool whole =
             t0 + TILE <= hi && all_visible(r0, last, t0, t0 + TILE - 1u, causal, window, delta);
+        if (!whole) {
+            UNROLL
+            for (uint n = 0; n < NT; ++n) {
+                UNROLL
+                for (int i = 0; i < 4; ++i) {
+                    const uint key = t0 + n * 8 + 2 * t + (i & 1), row = (i & 2) ? row1 : row0;
+                    if (key >= hi || !visible(row, key, causal, window, delta))
+                        s[n][i] = EMPTY_ROW;
+                }
+            }
+        }
         float mx0 = EMPTY_ROW, mx1 = EMPTY_ROW;
         UNROLL
         for (uint n = 0; n < NT; ++n) {
-            UNROLL
-            for (int i = 0; i < 4; ++i) {
-                const uint key = t0 + n * 8 + 2 * t + (i & 1), row = (i & 2) ? row1 : row0;
-                if (!whole && (key >= hi || !visible(row, key, causal, window, delta)))
-                    s[n][i] = EMPTY_ROW;
-                if (i & 2)
-                    mx1 = fmax(mx1, s[n][i]);
-                else
-                    mx0 = fmax(mx0, s[n][i]);
-            }
+            mx0 = fmax(mx0, fmax(s[n][0], s[n][1]));
+            mx1 = fmax(mx1, fmax(s[n][2], s[n][3]));
         }
-        const float n0 = fmax(m0, row_max(mx0, emu)), n1 = fmax(m1, row_max(mx1, emu));
-        const float c0 = exp(m0 - n0), c1 = exp(m1 - n1);
+        /* the rows' new maxima, in the units of exp: a positive scale keeps
+         * the max */
+        const float n0 = fmax(m0, row_max(mx0, emu) * unit);
+        const float n1 = fmax(m1, row_max(mx1, emu) * unit);
+        const float c0 = EXPU(m0 - n0), c1 = EXPU(m1 - n1);
         m0 = n0;
         m1 = n1;
         float sum0 = 0.0f, sum1 = 0.0f;
@@ -713,7 +840,8 @@ forward__mma(__global const elem *q, ulong q_off, __global const elem *k, ulong 
             for (int i = 0; i < 4; ++i) {
                 /* Masked scores are exactly EMPTY_ROW; their weight is 0
                  * even while the row's max is EMPTY_ROW too. */
-                const float e = s[n][i] == EMPTY_ROW ? 0.0f : exp(s[n][i] - ((i & 2) ? n1 : n0));
+                const float e =
+                    s[n][i] == EMPTY_ROW ? 0.0f : EXPU(fma(s[n][i], unit, -((i & 2) ? n1 : n0)));
                 s[n][i] = e;
                 if (i & 2)
                     sum1 += e;
@@ -750,7 +878,7 @@ forward__mma(__global const elem *q, ulong q_off, __global const elem *k, ulong 
             const float l = i ? l1 : l0, m = i ? m1 : m0;
             if (row < q_seq) {
                 const ulong at_row = 2 * (((ulong)b * q_seq + row) * num_heads + head);
-                lse[at_row] = l > 0.0f ? m : EMPTY_ROW;
+                lse[at_row] = l > 0.0f ? m / EXP_UNIT : EMPTY_ROW;
                 lse[at_row + 1] = l > 0.0f ? log(l) : EMPTY_ROW;
             }
         }
@@ -774,12 +902,13 @@ grad_q__mma(__global const elem *q, ulong q_off, __global const elem *k, ulong k
     dq += dq_off;
     const uint lid = get_local_id(0), lane = lid & 31u, warp = lid >> 5;
     const uint g = lane >> 2, t = lane & 3u, d0 = warp % WSPLIT * DW;
+    tiles = align16(tiles);
+    /* scores to the units of exp: fp32's Q carries the scale already */
+    const float unit = DTYPE != 0 ? scale * EXP_UNIT : 1.0f;
     __local float *xch = tiles + XCH_AT, *emu = tiles + EMU_AT + warp * EMU_FLOATS;
-    /* S = Q K^T and dP = dO V^T read K and V by rows, dS K reads K by
-     * columns. */
-    __local float *next = tiles + TILES_AT, *kt, *kc, *vt, *unused;
-    tile_slot(&next, true, true, &kt, &kc);
-    tile_slot(&next, true, false, &vt, &unused);
+    /* S = Q K^T, dP = dO V^T and dS K */
+    __local float *next = tiles + TILES_AT;
+    __local float *kt = take_tile(&next, true), *vt = take_tile(&next, true);
     const uint head = get_group_id(1), b = get_group_id(2);
     const uint kv_head = head / (num_heads / num_kv_heads);
     const uint r0 = query_block(q_seq, causal);
@@ -797,21 +926,21 @@ grad_q__mma(__global const elem *q, ulong q_off, __global const elem *k, ulong k
     for (int i = 0; i < 2; ++i) {
         const uint row = min(i ? row1 : row0, q_seq - 1u);
         const ulong at_row = ((ulong)b * q_seq + row) * num_heads + head;
-        m[i] = lse[2 * at_row];
-        l[i] = lse[2 * at_row + 1];
+        m[i] = lse[2 * at_row] * EXP_UNIT;
+        l[i] = lse[2 * at_row + 1] * EXP_UNIT;
         ds_row[i] = dsum[at_row];
     }
 
     const uint last = min(r0 + WG_ROWS, q_seq) - 1u;
     uint lo, hi;
     keys_of_queries(r0, last, kv_seq, causal, window, delta, &lo, &hi);
-    frag kx[PER_LANE], vx[PER_LANE];
+    chunk kx[PER_LANE], vx[PER_LANE];
     fetch_tile(kx, k, b, kv_seq, lo, hi, num_kv_heads, kv_head, 1.0f);
     fetch_tile(vx, v, b, kv_seq, lo, hi, num_kv_heads, kv_head, 1.0f);
     for (uint t0 = lo; t0 < hi; t0 += TILE) {
         barrier(CLK_LOCAL_MEM_FENCE);
-        store_tile(kt, kc, kx);
-        store_tile(vt, 0, vx);
+        store_tile(kt, kx);
+        store_tile(vt, vx);
         barrier(CLK_LOCAL_MEM_FENCE);
         if (t0 + TILE < hi) {
             fetch_tile(kx, k, b, kv_seq, t0 + TILE, hi, num_kv_heads, kv_head, 1.0f);
@@ -820,9 +949,6 @@ grad_q__mma(__global const elem *q, ulong q_off, __global const elem *k, ulong k
 
         float s[NT][4], dp[NT][4];
         tile_products(&s[0][0], &dp[0][0], &qf[0][0], &of[0][0], kt, vt, d0, xch, emu);
-#if DTYPE != 0
-        scale_by(&s[0][0], NT * 4, scale);
-#endif
         const bool whole =
             t0 + TILE <= hi && all_visible(r0, last, t0, t0 + TILE - 1u, causal, window, delta);
         UNROLL
@@ -831,12 +957,12 @@ grad_q__mma(__global const elem *q, ulong q_off, __global const elem *k, ulong k
             for (int i = 0; i < 4; ++i) {
                 const uint key = t0 + n * 8 + 2 * t + (i & 1), row = (i & 2) ? row1 : row0;
                 const int r = (i & 2) ? 1 : 0;
-                const float p = exp(fmin(s[n][i] - m[r], 0.0f) - l[r]);
+                const float p = EXPU(fmin(fma(s[n][i], unit, -m[r]), 0.0f) - l[r]);
                 const bool keep = whole || (key < hi && visible(row, key, causal, window, delta));
                 s[n][i] = keep ? p * (dp[n][i] - ds_row[r]) : 0.0f;
             }
         }
-        tile_times(&acc[0][0], &s[0][0], kc, d0, emu);
+        tile_times(&acc[0][0], &s[0][0], kt, d0, emu);
     }
     UNROLL
     for (uint n = 0; n < KW; ++n) {
@@ -860,8 +986,8 @@ inline void fetch_rows(float *x, __global const float *lse, __global const float
     const uint lid = get_local_id(0);
     const bool in = lid < TILE && p0 + lid < end;
     const ulong row = ((ulong)b * q_seq + (in ? p0 + lid : 0u)) * num_heads + head;
-    x[0] = in ? lse[2 * row] : 0.0f;
-    x[1] = in ? lse[2 * row + 1] : 0.0f;
+    x[0] = in ? lse[2 * row] * EXP_UNIT : 0.0f;
+    x[1] = in ? lse[2 * row + 1] * EXP_UNIT : 0.0f;
     x[2] = in && want_dk ? dsum[row] : 0.0f;
 }
 
@@ -877,13 +1003,14 @@ inline void key_side(__global const elem *q, __global const elem *k, __global co
 {
     const uint lid = get_local_id(0), lane = lid & 31u, warp = lid >> 5;
     const uint g = lane >> 2, t = lane & 3u, d0 = warp % WSPLIT * DW;
+    tiles = align16(tiles);
+    /* scores to the units of exp: fp32's Q carries the scale already */
+    const float unit = DTYPE != 0 ? scale * EXP_UNIT : 1.0f;
     __local float *xch = tiles + XCH_AT, *emu = tiles + EMU_AT + warp * EMU_FLOATS;
     __local float *mt = tiles + ROW_AT, *lt = mt + TILE, *dt = lt + TILE;
-    /* S^T = K Q^T reads Q by rows, dP^T = V dO^T dO by rows; dS^T Q reads Q
-     * by columns, P^T dO dO by columns. */
-    __local float *next = tiles + TILES_AT, *qt, *qc, *ot, *oc;
-    tile_slot(&next, true, want_dk, &qt, &qc);
-    tile_slot(&next, want_dk, want_dv, &ot, &oc);
+    /* S^T = K Q^T, dP^T = V dO^T, dS^T Q and P^T dO */
+    __local float *next = tiles + TILES_AT;
+    __local float *qt = take_tile(&next, true), *ot = take_tile(&next, true);
     const uint kv_head = get_group_id(1), b = get_group_id(2);
     const uint group = num_heads / num_kv_heads;
     const uint r0 = get_group_id(0) * WG_ROWS; /* causal: the first blocks are the heaviest */
@@ -906,7 +1033,7 @@ inline void key_side(__global const elem *q, __global const elem *k, __global co
     /* One loop over (head of the group, tile of its queries), so that the
      * next tile is fetched while this one is computed. */
     const uint per_head = (hi - lo + TILE - 1u) / TILE, steps = lo < hi ? group * per_head : 0u;
-    frag qx[PER_LANE], ox[PER_LANE];
+    chunk qx[PER_LANE], ox[PER_LANE];
     float rx[3];
     fetch_tile(qx, q, b, q_seq, lo, hi, num_heads, kv_head * group, scale);
     fetch_tile(ox, d_out, b, q_seq, lo, hi, num_heads, kv_head * group, 1.0f);
@@ -914,8 +1041,8 @@ inline void key_side(__global const elem *q, __global const elem *k, __global co
     for (uint step = 0; step < steps; ++step) {
         const uint p0 = lo + step % per_head * TILE;
         barrier(CLK_LOCAL_MEM_FENCE);
-        store_tile(qt, qc, qx);
-        store_tile(ot, oc, ox);
+        store_tile(qt, qx);
+        store_tile(ot, ox);
         if (lid < TILE) {
             mt[lid] = rx[0];
             lt[lid] = rx[1];
@@ -934,9 +1061,6 @@ inline void key_side(__global const elem *q, __global const elem *k, __global co
         float s[NT][4], dp[NT][4];
         tile_products(&s[0][0], want_dk ? &dp[0][0] : 0, &kf[0][0], &vf[0][0], qt, ot, d0, xch,
                       emu);
-#if DTYPE != 0
-        scale_by(&s[0][0], NT * 4, scale);
-#endif
         const bool whole = p0 + TILE <= hi &&
                            all_visible(p0, (long)p0 + TILE - 1, r0, last, causal, window, delta);
         UNROLL
@@ -944,7 +1068,7 @@ inline void key_side(__global const elem *q, __global const elem *k, __global co
             UNROLL
             for (int i = 0; i < 4; ++i) {
                 const uint j = n * 8 + 2 * t + (i & 1), key = (i & 2) ? key1 : key0;
-                const float p = exp(fmin(s[n][i] - mt[j], 0.0f) - lt[j]);
+                const float p = EXPU(fmin(fma(s[n][i], unit, -mt[j]), 0.0f) - lt[j]);
                 const bool keep =
                     whole || (p0 + j < hi && visible(p0 + j, key, causal, window, delta));
                 s[n][i] = keep ? p : 0.0f;
@@ -952,9 +1076,9 @@ inline void key_side(__global const elem *q, __global const elem *k, __global co
             }
         }
         if (want_dv)
-            tile_times(&dvf[0][0], &s[0][0], oc, d0, emu);
+            tile_times(&dvf[0][0], &s[0][0], ot, d0, emu);
         if (want_dk)
-            tile_times(&dkf[0][0], &dp[0][0], qc, d0, emu);
+            tile_times(&dkf[0][0], &dp[0][0], qt, d0, emu);
     }
 #if DTYPE != 0
     scale_by(&dkf[0][0], KW * 4, scale); /* dS^T Q took Q unscaled */

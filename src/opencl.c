@@ -138,46 +138,37 @@ static const mma_class mma_table[] = {
     {CLATTN_MAX_HEAD_DIM, {8, 4, 8, 2}, {8, 4, 8, 2}, {8, 4, 8, 2}},
 };
 /* The same for 16-bit tensors (m16n8k16; `planes` unused): tiles of
- * 16-bit words, kept by rows and/or by columns per kernel, so they are
- * smaller than fp32's and longer tiles fit; a tile is a whole number of
- * k-steps of 16. Measured on the H200, 2026-11-30, bfloat16, every kernel
- * in one shape (`CLATTN_MMA=W,S,T,P clattn bench --dtype bf16`; TFLOP/s
- * forward / backward): d64 q_seq 4096 8 heads causal 4,1,32 34.7 / 35.1,
- * 8,1,64 33.0 / 39.7, 8,1,16 42.7 / 32.2, 4,1,16 35.9 / 30.6; d128 q_seq
- * 4096 32 heads on 8 causal 8,1,32 61.2 / 48.5, 4,1,16 59.4 / 38.9,
- * 8,2,16 35.9 / 20.4 (4,1,64 and 4,2,32 exceed 48 KB of local memory).
- * Past 128 the rows split by columns, untuned. */
+ * 16-bit words by rows, read by rows and by columns through ldmatrix, so
+ * that they are half fp32's and longer tiles fit; a tile is a whole number
+ * of k-steps of 16. Measured on the H200, 2026-11-30, bfloat16, every
+ * kernel in one shape (`CLATTN_MMA=W,S,T,P clattn bench --dtype bf16`;
+ * TFLOP/s forward / backward): d64 q_seq 4096 8 heads causal 4,1,64 100.7
+ * / 66.0, 4,1,32 94.1 / 65.3, 8,1,16 71.0 / 52.3, 2,1,64 73.4 / 62.1; d128
+ * q_seq 4096 32 heads on 8 causal 4,1,64 169.5 / 68.7, 8,1,64 161.9 /
+ * 83.8, 4,1,32 124.0 / 89.9, 4,1,16 154.8 / 93.7 (the backward's kernels
+ * hold K, V, dK and dV fragments: past 16-row tiles they spill). Past 128
+ * the rows split by columns, untuned. */
 static const mma_class mma16_table[] = {
-    {64, {8, 1, 16, 1}, {8, 1, 64, 1}, {8, 1, 64, 1}},
-    {128, {8, 1, 32, 1}, {8, 1, 32, 1}, {8, 1, 32, 1}},
+    {64, {4, 1, 64, 1}, {4, 1, 64, 1}, {4, 1, 64, 1}},
+    {128, {4, 1, 64, 1}, {4, 1, 16, 1}, {4, 1, 16, 1}},
     {CLATTN_MAX_HEAD_DIM, {4, 2, 16, 1}, {2, 2, 16, 1}, {4, 2, 16, 1}},
 };
 
-/* mma.cl's local buffer for kernel k at a head_dim under config c, in
- * floats: the tile rows' m, l and Dsum, the warps' exchange, the
- * emulation's scratch, then the kernel's tiles (fp32: two tensors by rows;
- * 16-bit: words by rows, [tile][padded / 2 + 4], and by columns,
- * [padded][tile / 2 + 4], as mma.cl's tile_slot calls ask). */
+/* mma.cl's local buffer for a kernel at a head_dim under config c, in
+ * floats: up to 3 to a 16-byte boundary, the tile rows' m, l and Dsum, the
+ * warps' exchange, the emulation's scratch, then the kernel's two tiles
+ * (fp32: [tile][padded + 4] floats a plane; 16-bit: [tile][padded / 2 + 4]
+ * words of two elements). */
 static size_t mma_local_floats(const mma_config *c, uint32_t head_dim, int emulate,
-                               clattn_dtype dtype, int k)
+                               clattn_dtype dtype)
 {
     const size_t kstep = dtype == CLATTN_DTYPE_F32 ? 8u : 16u;
     const size_t unit = kstep * c->wsplit, padded = (head_dim + unit - 1) / unit * unit;
     const size_t exchange = c->wsplit > 1 ? 2 * (size_t)c->warps * c->tile / 8 * 4 * 32 : 0;
     const size_t emu = emulate ? (size_t)c->warps * (dtype == CLATTN_DTYPE_F32 ? 224 : 416) : 0;
-    size_t tiles;
-    if (dtype == CLATTN_DTYPE_F32) {
-        tiles = 2 * (size_t)c->planes * c->tile * (padded + 4);
-    } else {
-        const size_t by_rows = (size_t)c->tile * (padded / 2 + 4);
-        const size_t by_cols = padded * ((size_t)c->tile / 2 + 4);
-        /* tensors by rows and by columns: forward K | V; grad-Q K K | V;
-         * grad-V Q | dO; grad-K Q Q | dO; grad-KV Q Q | dO dO */
-        const int rows = k == K_FORWARD || k == K_GRAD_V ? 1 : 2;
-        const int cols = k == K_GRAD_KV ? 2 : 1;
-        tiles = rows * by_rows + cols * by_cols;
-    }
-    return 3 * (size_t)c->tile + exchange + emu + tiles;
+    const size_t tile = dtype == CLATTN_DTYPE_F32 ? (size_t)c->planes * c->tile * (padded + 4)
+                                                  : (size_t)c->tile * (padded / 2 + 4);
+    return 3 + 3 * (size_t)c->tile + exchange + emu + 2 * tile;
 }
 
 /* A tuning override of mma shapes from the variable `name`, if set. */
@@ -612,7 +603,7 @@ static size_t local_bytes(const struct clattn_cl_state *cl, const kernel_set *se
         return sizeof(float); /* unused, but an argument wants a size */
     if (set->kind[k] == KIND_MMA)
         return mma_local_floats(mma_config_for(cl, head_dim, set->dtype, k), head_dim,
-                                cl->mma_emulate, set->dtype, k) *
+                                cl->mma_emulate, set->dtype) *
                sizeof(float);
     if (set->kind[k] == KIND_TILED) {
         const tile_config c = tile_config_for(cl, head_dim);
