@@ -191,9 +191,12 @@ inline __local float *take_tile(__local float **next, bool wanted)
     return tile;
 }
 
-/* The local buffer from its first 16-byte boundary: ldmatrix and 16-byte
- * stores want aligned tiles, and a __local argument is promised only its
- * element's alignment (src/opencl.c gives 3 floats more). */
+/* The local buffer from its first 16-byte boundary: 16-bit tiles are read
+ * by ldmatrix and written 16 bytes at a time, which want them aligned, and
+ * a __local argument is promised only its element's alignment (src/opencl.c
+ * gives 3 floats more). fp32's kernels do without: computed from the
+ * pointer's bits, the base cost them 64-bit address arithmetic and up to 80
+ * registers (175 -> 255 in the d64 forward, by ptxas). */
 inline __local float *align16(__local float *p)
 {
     return p + ((16u - ((uint)(ulong)p & 15u)) & 15u) / 4u;
@@ -769,7 +772,9 @@ forward__mma(__global const elem *q, ulong q_off, __global const elem *k, ulong 
     lse += lse_off;
     const uint lid = get_local_id(0), lane = lid & 31u, warp = lid >> 5;
     const uint g = lane >> 2, t = lane & 3u, d0 = warp % WSPLIT * DW;
+#if DTYPE != 0
     tiles = align16(tiles);
+#endif
     /* scores to the units of exp: fp32's Q carries the scale already */
     const float unit = DTYPE != 0 ? scale * EXP_UNIT : 1.0f;
     __local float *xch = tiles + XCH_AT, *emu = tiles + EMU_AT + warp * EMU_FLOATS;
@@ -902,7 +907,9 @@ grad_q__mma(__global const elem *q, ulong q_off, __global const elem *k, ulong k
     dq += dq_off;
     const uint lid = get_local_id(0), lane = lid & 31u, warp = lid >> 5;
     const uint g = lane >> 2, t = lane & 3u, d0 = warp % WSPLIT * DW;
+#if DTYPE != 0
     tiles = align16(tiles);
+#endif
     /* scores to the units of exp: fp32's Q carries the scale already */
     const float unit = DTYPE != 0 ? scale * EXP_UNIT : 1.0f;
     __local float *xch = tiles + XCH_AT, *emu = tiles + EMU_AT + warp * EMU_FLOATS;
@@ -1003,7 +1010,9 @@ inline void key_side(__global const elem *q, __global const elem *k, __global co
 {
     const uint lid = get_local_id(0), lane = lid & 31u, warp = lid >> 5;
     const uint g = lane >> 2, t = lane & 3u, d0 = warp % WSPLIT * DW;
+#if DTYPE != 0
     tiles = align16(tiles);
+#endif
     /* scores to the units of exp: fp32's Q carries the scale already */
     const float unit = DTYPE != 0 ? scale * EXP_UNIT : 1.0f;
     __local float *xch = tiles + XCH_AT, *emu = tiles + EMU_AT + warp * EMU_FLOATS;
