@@ -1042,12 +1042,10 @@ END_TEST
 
 /* 16-bit tensors in a caller's cl_mem, at odd element offsets: the forward
  * gives the host-pointer call's bits, and a buffer one bfloat16 short is
- * refused (sizes count 2-byte elements, the LSE pairs 4-byte ones). */
-START_TEST(dtype_buffers)
+ * refused (sizes count 2-byte elements, the LSE pairs 4-byte ones). ctx is
+ * the test's to destroy. */
+static void check_dtype_buffers(clattn_context *ctx)
 {
-    if (!strcmp(test_backend, "native"))
-        return; /* no cl_mem there; the refusal is caller_buffers' */
-    clattn_context *ctx = test_context(NULL);
     shape_case c = {1, 33, 33, 4, 2, 24, 1, 0, 0, 1};
     clattn_shape s = to_shape(&c);
     s.dtype = CLATTN_DTYPE_BF16;
@@ -1096,6 +1094,25 @@ START_TEST(dtype_buffers)
     for (size_t i = 0; i < sizeof frees / sizeof *frees; ++i)
         free(frees[i]);
     problem_free(&p);
+}
+
+START_TEST(dtype_buffers)
+{
+    if (!strcmp(test_backend, "native"))
+        return; /* no cl_mem there; the refusal is caller_buffers' */
+    clattn_context *ctx = test_context(NULL);
+    check_dtype_buffers(ctx);
+    clattn_context_destroy(ctx);
+}
+END_TEST
+
+/* The same on mma's 16-bit kernels, emulated: tensors that start off a
+ * 16-byte boundary take their element-wise loads, not the 16-byte ones. */
+START_TEST(emulated_16_buffers)
+{
+    clattn_context *ctx = test_variant_context("mma");
+    ck_assert_msg(ctx != NULL, "the mma variant is refused here; set CLATTN_MMA_EMULATE=1");
+    check_dtype_buffers(ctx);
     clattn_context_destroy(ctx);
 }
 END_TEST
@@ -1157,6 +1174,7 @@ Suite *emulated_suite(void)
     TCase *tc = tcase_create("mma-16");
     tcase_set_timeout(tc, 900);
     tcase_add_loop_test(tc, emulated_16, 0, N(dtype_cases));
+    tcase_add_test(tc, emulated_16_buffers);
     suite_add_tcase(s, tc);
     /* Global positions and accumulated gradients, at head_dim 64: one
      * offsets case and one split sequence. */
