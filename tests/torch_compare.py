@@ -140,6 +140,7 @@ def main():
     ap.add_argument("--tolerance", type=float, default=TOLERANCE)
     ap.add_argument("--backends", help="comma-separated: native, cpu, gpu (default: all here)")
     ap.add_argument("--dtype", default="f32", choices=["f32", "f16", "bf16"])
+    ap.add_argument("--variant", help="the OpenCL backends' variant (default: each's own)")
     args = ap.parse_args()
     large = [(1, 4096, 8, 8, 64, True), (1, 4096, 32, 8, 64, False),
              (1, 2048, 8, 8, 80, True), (1, 2048, 8, 8, 96, False),
@@ -187,6 +188,7 @@ def main():
             flags = (["--causal"] if causal else []) + (["--window", str(window)] if window else [])
             flags += ["--scale", repr(scale)] if scale > 0 else []
             flags += ["--dtype", args.dtype] if args.dtype != "f32" else []
+            variant = ["--variant", args.variant] if args.variant else []
             # Rows that see no key: PyTorch gives NaN there, clattn zeros.
             rows_with_key = np.tile(has_key.reshape(1, -1, 1, 1), (batch, 1, heads, 1))
             pick = lambda a: np.where(rows_with_key, a, 0.0)
@@ -209,7 +211,8 @@ def main():
                        for n in ("o", "lse", "dq", "dk", "dv")}
                 run = subprocess.run(
                     [args.cli, "forward", "--q", files["q"], "--k", files["k"], "--v", files["v"],
-                     "--out", out["o"], "--lse-out", out["lse"], "--device", b] + flags,
+                     "--out", out["o"], "--lse-out", out["lse"], "--device", b] + flags
+                    + (variant if b != "native" else []),
                     capture_output=True, text=True)
                 if run.returncode:
                     print(f"{desc}: {b} forward failed: {run.stderr}")
@@ -219,7 +222,7 @@ def main():
                     [args.cli, "backward", "--q", files["q"], "--k", files["k"], "--v",
                      files["v"], "--o", out["o"], "--lse", out["lse"], "--d-out", files["do"],
                      "--dq", out["dq"], "--dk", out["dk"], "--dv", out["dv"], "--device", b]
-                    + flags, capture_output=True, text=True)
+                    + flags + (variant if b != "native" else []), capture_output=True, text=True)
                 if run.returncode:
                     print(f"{desc}: {b} backward failed: {run.stderr}")
                     failed = True
