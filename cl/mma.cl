@@ -50,11 +50,11 @@
  * with no permutation. A B operand wants two consecutive k of one n: for
  * products over head_dim (S = Q K^T) those are a row's neighbouring
  * columns, for products over a tile's rows (P V) two rows' elements of one
- * column, so a tile is kept by rows, by columns, or both, as the kernel's
- * products read it: 32-bit words of two elements either way. Q's scale is
- * applied to the scores in float32 (and to dK at the end), not to the
- * 16-bit operands, which would round again. Softmax, the LSE, Dsum and
- * every sum are float32, as for float32 tensors.
+ * column. A tile is kept by rows (words of two elements, filled 16 bytes at
+ * a time) and ldmatrix reads both kinds of B operand from it, the second
+ * with .trans. Q's scale is applied to the scores in float32 (and to dK at
+ * the end), not to the 16-bit operands, which would round again. Softmax,
+ * the LSE, Dsum and every sum are float32, as for float32 tensors.
  *
  * HEAD_DIM, WARPS, WSPLIT, MMA_TILE, PLANES and DTYPE are compile-time
  * defines, chosen per head_dim by src/opencl.c; with the defaults the file
@@ -182,8 +182,7 @@ inline bool all_visible(long q_first, long q_last, long k_first, long k_last, in
 }
 
 /* The next tile of the local buffer, if the kernel streams that tensor;
- * NULL if not. A tile holds TILE rows of a tensor, read by rows (S = Q K^T)
- * and, for 16-bit tensors, by columns too (P V). */
+ * NULL if not: TILE rows of the tensor. */
 inline __local float *take_tile(__local float **next, bool wanted)
 {
     __local float *tile = wanted ? *next : 0;
