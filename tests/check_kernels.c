@@ -1106,12 +1106,20 @@ START_TEST(dtype_buffers)
 }
 END_TEST
 
+/* A context on the mma variant, which the emulated suite is for: not a
+ * silent pass where mma is refused. */
+static clattn_context *emulated_mma_context(void)
+{
+    clattn_context *ctx = test_variant_context("mma");
+    ck_assert_msg(ctx != NULL, "the mma variant is refused here; set CLATTN_MMA_EMULATE=1");
+    return ctx;
+}
+
 /* The same on mma's 16-bit kernels, emulated: tensors that start off a
  * 16-byte boundary take their element-wise loads, not the 16-byte ones. */
 START_TEST(emulated_16_buffers)
 {
-    clattn_context *ctx = test_variant_context("mma");
-    ck_assert_msg(ctx != NULL, "the mma variant is refused here; set CLATTN_MMA_EMULATE=1");
+    clattn_context *ctx = emulated_mma_context();
     check_dtype_buffers(ctx);
     clattn_context_destroy(ctx);
 }
@@ -1119,9 +1127,7 @@ END_TEST
 
 START_TEST(emulated_sweep)
 {
-    /* Not a silent pass where mma is refused: this suite is for it. */
-    clattn_context *ctx = test_variant_context("mma");
-    ck_assert_msg(ctx != NULL, "the mma variant is refused here; set CLATTN_MMA_EMULATE=1");
+    clattn_context *ctx = emulated_mma_context();
     clattn_context_destroy(ctx);
     run_cases(emulated, _i);
 }
@@ -1135,8 +1141,7 @@ START_TEST(emulated_16)
 {
     clattn_shape s = to_shape(&dtype_cases[_i]);
     s.dtype = _i % 2 && HAVE_F16 ? CLATTN_DTYPE_F16 : CLATTN_DTYPE_BF16;
-    clattn_context *ctx = test_variant_context("mma");
-    ck_assert_msg(ctx != NULL, "the mma variant is refused here; set CLATTN_MMA_EMULATE=1");
+    clattn_context *ctx = emulated_mma_context();
     current_variant = "mma";
     check_ops_16(ctx, &s, dtype_cases[_i].q_gain, 3000u + (uint64_t)_i);
     clattn_context_destroy(ctx);
