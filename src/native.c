@@ -351,15 +351,15 @@ static int fuse_grad_q(const clattn_shape *s, int copies)
 /* How a call's key-side pass is cut: its jobs, the stripes (dQ copies)
  * it would run in, and whether the backward sums dQ there. */
 typedef struct native_plan {
-    size_t key_jobs;
+    size_t blocks_per_head, key_jobs; /* KEY_BLOCK blocks of a KV head's keys, key-side jobs */
     int copies, fused;
 } native_plan;
 
 static native_plan plan_call(const clattn_context *ctx, clattn_op op, const clattn_shape *s)
 {
     native_plan p;
-    const size_t blocks_per_head = (s->kv_seq + (size_t)KEY_BLOCK - 1) / KEY_BLOCK;
-    p.key_jobs = (blocks_per_head + JOB_BLOCKS - 1) / JOB_BLOCKS * s->num_kv_heads * s->batch;
+    p.blocks_per_head = (s->kv_seq + (size_t)KEY_BLOCK - 1) / KEY_BLOCK;
+    p.key_jobs = (p.blocks_per_head + JOB_BLOCKS - 1) / JOB_BLOCKS * s->num_kv_heads * s->batch;
     p.copies = (size_t)ctx->num_threads < p.key_jobs ? ctx->num_threads : (int)p.key_jobs;
     p.fused = op == CLATTN_OP_BACKWARD && fuse_grad_q(s, p.copies);
     return p;
@@ -401,7 +401,7 @@ static clattn_status run_f32(clattn_context *ctx, clattn_op op, const clattn_sha
     c.d_out = t[CLATTN_R_DO];
     c.scale = clattn_effective_scale(s);
     c.group = s->num_heads / s->num_kv_heads;
-    c.blocks_per_head = (s->kv_seq + (size_t)KEY_BLOCK - 1) / KEY_BLOCK;
+    c.blocks_per_head = plan.blocks_per_head;
     const size_t key_jobs = plan.key_jobs;
     const size_t rows = sz->lse / 2;
     const size_t query_blocks = (s->q_seq + (size_t)QUERY_BLOCK - 1) / QUERY_BLOCK;
