@@ -188,7 +188,6 @@ def main():
             flags = (["--causal"] if causal else []) + (["--window", str(window)] if window else [])
             flags += ["--scale", repr(scale)] if scale > 0 else []
             flags += ["--dtype", args.dtype] if args.dtype != "f32" else []
-            variant = ["--variant", args.variant] if args.variant else []
             # Rows that see no key: PyTorch gives NaN there, clattn zeros.
             rows_with_key = np.tile(has_key.reshape(1, -1, 1, 1), (batch, 1, heads, 1))
             pick = lambda a: np.where(rows_with_key, a, 0.0)
@@ -209,10 +208,11 @@ def main():
                     continue
                 out = {n: os.path.join(folder, f"{b}-{n}.npy")
                        for n in ("o", "lse", "dq", "dk", "dv")}
+                run_flags = ["--device", b] + flags + (
+                    ["--variant", args.variant] if args.variant and b != "native" else [])
                 run = subprocess.run(
                     [args.cli, "forward", "--q", files["q"], "--k", files["k"], "--v", files["v"],
-                     "--out", out["o"], "--lse-out", out["lse"], "--device", b] + flags
-                    + (variant if b != "native" else []),
+                     "--out", out["o"], "--lse-out", out["lse"]] + run_flags,
                     capture_output=True, text=True)
                 if run.returncode:
                     print(f"{desc}: {b} forward failed: {run.stderr}")
@@ -221,8 +221,8 @@ def main():
                 run = subprocess.run(
                     [args.cli, "backward", "--q", files["q"], "--k", files["k"], "--v",
                      files["v"], "--o", out["o"], "--lse", out["lse"], "--d-out", files["do"],
-                     "--dq", out["dq"], "--dk", out["dk"], "--dv", out["dv"], "--device", b]
-                    + flags + (variant if b != "native" else []), capture_output=True, text=True)
+                     "--dq", out["dq"], "--dk", out["dk"], "--dv", out["dv"]] + run_flags,
+                    capture_output=True, text=True)
                 if run.returncode:
                     print(f"{desc}: {b} backward failed: {run.stderr}")
                     failed = True
