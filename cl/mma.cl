@@ -181,24 +181,20 @@ inline bool all_visible(long q_first, long q_last, long k_first, long k_last, in
            (window == 0u || q_last + delta < k_first + (long)window);
 }
 
-/* The next tile of the local buffer, if the kernel streams that tensor;
- * NULL if not: TILE rows of the tensor. */
-inline __local float *take_tile(__local float **next, bool wanted)
+/* The local buffer as the kernels lay it out. 16-bit tiles are read by
+ * ldmatrix and written 16 bytes at a time, which want them aligned, and a
+ * __local argument is promised only its element's alignment: for them the
+ * buffer starts at its first 16-byte boundary (src/opencl.c gives 3 floats
+ * more). fp32's kernels do without: computed from the pointer's bits, the
+ * base cost them 64-bit address arithmetic and up to 80 registers (175 ->
+ * 255 in the d64 forward, by ptxas). */
+inline __local float *tile_base(__local float *p)
 {
-    __local float *tile = wanted ? *next : 0;
-    *next += wanted ? ROW_TILE : 0;
-    return tile;
-}
-
-/* The local buffer from its first 16-byte boundary: 16-bit tiles are read
- * by ldmatrix and written 16 bytes at a time, which want them aligned, and
- * a __local argument is promised only its element's alignment (src/opencl.c
- * gives 3 floats more). fp32's kernels do without: computed from the
- * pointer's bits, the base cost them 64-bit address arithmetic and up to 80
- * registers (175 -> 255 in the d64 forward, by ptxas). */
-inline __local float *align16(__local float *p)
-{
+#if DTYPE != 0
     return p + ((16u - ((uint)(ulong)p & 15u)) & 15u) / 4u;
+#else
+    return p;
+#endif
 }
 
 /* x of the lane whose id differs from this one's in the bits of mask. */
@@ -541,20 +537,19 @@ inline void mma16(float *c, const uint *a, const uint *b, __local float *emu)
 #endif
 }
 
-/* The bits of elements d and d + 1 of row `row` as one word; zeros past D. */
-inline uint pair_at(__global const ushort *src, uint b, uint rows, uint row, uint heads,
-                    uint head, uint d)
+/* The bits of p[0] and p[1], elements d and d + 1 of a row, as one word;
+ * zeros past D (p is read only below D). */
+inline uint pair_at(__global const ushort *p, uint d)
 {
-    const ulong i = at(b, rows, row, heads, head, d);
-    return (d < D ? (uint)src[i] : 0u) | (d + 1u < D ? (uint)src[i + 1] << 16 : 0u);
+    return (d < D ? (uint)p[0] : 0u) | (d + 1u < D ? (uint)p[1] << 16 : 0u);
 }
 
-/* Where unit j of a tile lies for this lane: row *r and column *d. When
- * LANES is a whole number of rows' units, a lane keeps its column and
- * steps by whole rows, so that its addresses are one base and constant
- * offsets. */
+/* Where unit j of a tile lies for this lane: row *r and column *d; false
+ * past the tile's last unit. When LANES is a whole number of rows' units,
+ * a lane keeps its column and steps by whole rows, so that its addresses
+ * are one base and constant offsets. */
 #define ROW_UNITS (DP / UNIT)
-inline void unit_at(uint j, uint *r, uint *d)
+inline bool unit_at(uint j, uint *r, uint *d)
 {
     const uint lid = get_local_id(0);
     if (LANES % ROW_UNITS == 0) {
@@ -564,6 +559,7 @@ inline void unit_at(uint j, uint *r, uint *d)
         *r = (lid + j * LANES) / ROW_UNITS;
         *d = (lid + j * LANES) % ROW_UNITS * UNIT;
     }
+    return TILE * DP / UNIT % LANES == 0 || lid + j * LANES < TILE * DP / UNIT;
 }
 
 /* Fetches this lane's share of rows [r0, r0 + TILE) of a [batch][rows]
@@ -583,10 +579,7 @@ inline void fetch_tile(chunk *x, __global const elem *src, uint b, uint rows, ui
     UNROLL
     for (uint j = 0; j < PER_LANE; ++j) {
         uint r, d;
-        unit_at(j, &r, &d);
-        const bool in = (TILE * DP / UNIT % LANES == 0 || get_local_id(0) + j * LANES <
-                                                               TILE * DP / UNIT) &&
-                        r0 + r < end && d < D;
+        const bool in = unit_at(j, &r, &d) && r0 + r < end && d < D;
         __global const ushort *p = base + r * stride + d; /* read only where in */
 #if UNIT == 8
         if (aligned) {
@@ -599,7 +592,7 @@ inline void fetch_tile(chunk *x, __global const elem *src, uint b, uint rows, ui
             x[j] = (uint4)(w[0], w[1], w[2], w[3]);
         }
 #else
-        x[j] = in ? (uint)p[0] | (d + 1u < D ? (uint)p[1] << 16 : 0u) : 0u;
+        x[j] = in ? pair_at(p, d) : 0u;
 #endif
     }
 }
@@ -611,8 +604,7 @@ inline void store_tile(__local float *tile, const chunk *x)
     UNROLL
     for (uint j = 0; j < PER_LANE; ++j) {
         uint r, d;
-        unit_at(j, &r, &d);
-        if (TILE * DP / UNIT % LANES == 0 || get_local_id(0) + j * LANES < TILE * DP / UNIT)
+        if (unit_at(j, &r, &d))
 #if UNIT == 8
             *(__local uint4 *)(words + r * RW + d / 2) = x[j];
 #else
@@ -631,7 +623,7 @@ inline void load_a(uint *a, __global const elem *src, uint b, uint rows, uint ro
     UNROLL
     for (int i = 0; i < 4; ++i) {
         const uint row = row0 + ((i & 1) ? 8u : 0u), d = col + 2 * t + ((i & 2) ? 8u : 0u);
-        a[i] = row < rows ? pair_at(bits, b, rows, row, heads, head, d) : 0u;
+        a[i] = row < rows ? pair_at(bits + at(b, rows, row, heads, head, d), d) : 0u;
     }
 }
 
@@ -771,14 +763,11 @@ forward__mma(__global const elem *q, ulong q_off, __global const elem *k, ulong 
     lse += lse_off;
     const uint lid = get_local_id(0), lane = lid & 31u, warp = lid >> 5;
     const uint g = lane >> 2, t = lane & 3u, d0 = warp % WSPLIT * DW;
-#if DTYPE != 0
-    tiles = align16(tiles);
-#endif
+    tiles = tile_base(tiles);
     /* scores to the units of exp: fp32's Q carries the scale already */
     const float unit = DTYPE != 0 ? scale * EXP_UNIT : 1.0f;
     __local float *xch = tiles + XCH_AT, *emu = tiles + EMU_AT + warp * EMU_FLOATS;
-    __local float *next = tiles + TILES_AT;
-    __local float *kt = take_tile(&next, true), *vt = take_tile(&next, true);
+    __local float *kt = tiles + TILES_AT, *vt = kt + ROW_TILE;
     const uint head = get_group_id(1), b = get_group_id(2);
     const uint kv_head = head / (num_heads / num_kv_heads);
     const uint r0 = query_block(q_seq, causal);
@@ -906,15 +895,12 @@ grad_q__mma(__global const elem *q, ulong q_off, __global const elem *k, ulong k
     dq += dq_off;
     const uint lid = get_local_id(0), lane = lid & 31u, warp = lid >> 5;
     const uint g = lane >> 2, t = lane & 3u, d0 = warp % WSPLIT * DW;
-#if DTYPE != 0
-    tiles = align16(tiles);
-#endif
+    tiles = tile_base(tiles);
     /* scores to the units of exp: fp32's Q carries the scale already */
     const float unit = DTYPE != 0 ? scale * EXP_UNIT : 1.0f;
     __local float *xch = tiles + XCH_AT, *emu = tiles + EMU_AT + warp * EMU_FLOATS;
     /* S = Q K^T, dP = dO V^T and dS K */
-    __local float *next = tiles + TILES_AT;
-    __local float *kt = take_tile(&next, true), *vt = take_tile(&next, true);
+    __local float *kt = tiles + TILES_AT, *vt = kt + ROW_TILE;
     const uint head = get_group_id(1), b = get_group_id(2);
     const uint kv_head = head / (num_heads / num_kv_heads);
     const uint r0 = query_block(q_seq, causal);
@@ -1009,16 +995,13 @@ inline void key_side(__global const elem *q, __global const elem *k, __global co
 {
     const uint lid = get_local_id(0), lane = lid & 31u, warp = lid >> 5;
     const uint g = lane >> 2, t = lane & 3u, d0 = warp % WSPLIT * DW;
-#if DTYPE != 0
-    tiles = align16(tiles);
-#endif
+    tiles = tile_base(tiles);
     /* scores to the units of exp: fp32's Q carries the scale already */
     const float unit = DTYPE != 0 ? scale * EXP_UNIT : 1.0f;
     __local float *xch = tiles + XCH_AT, *emu = tiles + EMU_AT + warp * EMU_FLOATS;
     __local float *mt = tiles + ROW_AT, *lt = mt + TILE, *dt = lt + TILE;
     /* S^T = K Q^T, dP^T = V dO^T, dS^T Q and P^T dO */
-    __local float *next = tiles + TILES_AT;
-    __local float *qt = take_tile(&next, true), *ot = take_tile(&next, true);
+    __local float *qt = tiles + TILES_AT, *ot = qt + ROW_TILE;
     const uint kv_head = get_group_id(1), b = get_group_id(2);
     const uint group = num_heads / num_kv_heads;
     const uint r0 = get_group_id(0) * WG_ROWS; /* causal: the first blocks are the heaviest */
