@@ -50,9 +50,12 @@
  * with no permutation. A B operand wants two consecutive k of one n: for
  * products over head_dim (S = Q K^T) those are a row's neighbouring
  * columns, for products over a tile's rows (P V) two rows' elements of one
- * column. A tile is kept by rows (words of two elements, filled 16 bytes at
- * a time) and ldmatrix reads both kinds of B operand from it, the second
- * with .trans. Q's scale is applied to the scores in float32 (and to dK at
+ * column. A tile is kept by rows (words of two elements) and ldmatrix
+ * reads both kinds of B operand from it, the second with .trans. Tiles
+ * reach local memory through cp.async, 16 bytes a lane and no registers on
+ * the way, into two buffers: the next tile is copied into one while the
+ * work-group reads the other, one barrier a tile (fp32's tiles are fetched
+ * into registers a tile ahead and stored, split, between two barriers). Q's scale is applied to the scores in float32 (and to dK at
  * the end), not to the 16-bit operands, which would round again. Softmax,
  * the LSE, Dsum and every sum are float32, as for float32 tensors.
  *
@@ -146,9 +149,16 @@ typedef uint frag;           /* an A register: two 16-bit elements */
 #define EMU_TOTAL 0
 #endif
 /* The local buffer: m, l and Dsum of a tile's rows, the partial S and dP
- * blocks of every warp, the emulation's scratch, then the kernel's tiles. */
+ * blocks of every warp, the emulation's scratch, then the kernel's tiles.
+ * fp32's tiles (and rows) are one of each, stored from registers fetched a
+ * tile ahead; 16-bit ones two, copied into one while the other is read. */
+#if DTYPE == 0
+#define BUFFERS 1
+#else
+#define BUFFERS 2
+#endif
 #define ROW_AT 0
-#define XCH_AT (3 * TILE)
+#define XCH_AT (3 * TILE * BUFFERS)
 #define EMU_AT (XCH_AT + XCH_FLOATS)
 #define TILES_AT (EMU_AT + EMU_TOTAL)
 
@@ -562,16 +572,65 @@ inline bool unit_at(uint j, uint *r, uint *d)
     return TILE * DP / UNIT % LANES == 0 || lid + j * LANES < TILE * DP / UNIT;
 }
 
-/* Fetches this lane's share of rows [r0, r0 + TILE) of a [batch][rows]
- * [heads][D] tensor into registers x, UNIT elements at a time (16 bytes
+/* 16-bit tiles go from global to local memory without registers: on the
+ * GPU through cp.async, 16 or 4 bytes a lane, zero-filled where src_in is
+ * false (src is then only a valid address), landing by the next
+ * wait_copies(); emulated, by plain loads and stores at once. */
+inline void copy16(__local uint *dst, __global const void *src, bool src_in)
+{
+#ifdef MMA_EMULATE
+    *(__local uint4 *)dst = src_in ? *(__global const uint4 *)src : (uint4)(0u);
+#else
+    __asm__ __volatile__("cp.async.cg.shared.global [%0], [%1], 16, %2;"
+                         :
+                         : "r"((uint)(ulong)dst), "l"(src), "r"(src_in ? 16u : 0u)
+                         : "memory");
+#endif
+}
+
+inline void copy4(__local float *dst, __global const float *src, bool src_in)
+{
+#ifdef MMA_EMULATE
+    *dst = src_in ? *src : 0.0f;
+#else
+    __asm__ __volatile__("cp.async.ca.shared.global [%0], [%1], 4, %2;"
+                         :
+                         : "r"((uint)(ulong)dst), "l"(src), "r"(src_in ? 4u : 0u)
+                         : "memory");
+#endif
+}
+
+/* Waits for this lane's copies; a barrier then shows everyone's. */
+inline void wait_copies(void)
+{
+#ifndef MMA_EMULATE
+    __asm__ __volatile__("cp.async.wait_all;" ::: "memory");
+#endif
+}
+
+/* The pair of tiles (two tensors') of the double buffer other than `pair`. */
+inline __local float *other_pair(__local float *tiles, __local float *pair)
+{
+    return pair == tiles + TILES_AT ? pair + 2 * ROW_TILE : tiles + TILES_AT;
+}
+
+/* The same for the rows' m, l and Dsum (key side). */
+inline __local float *other_rows(__local float *tiles, __local float *rows)
+{
+    return rows == tiles + ROW_AT ? rows + 3 * TILE : tiles + ROW_AT;
+}
+
+/* Copies rows [r0, r0 + TILE) of a [batch][rows][heads][D] tensor into a
+ * tile ([TILE][RW] words), zeros past `end` and past D: 16 bytes a lane
  * where D is a multiple of 8 and the tensor starts 16-byte aligned, as
- * buffers and their usual offsets do); zeros past `end` and past D.
- * (16-bit operands are never scaled: `factor` is fp32's.) */
-inline void fetch_tile(chunk *x, __global const elem *src, uint b, uint rows, uint r0, uint end,
-                       uint heads, uint head, float factor)
+ * buffers and their usual offsets do, element-wise (and at once) where
+ * not. */
+inline void copy_tile(__local float *tile, __global const elem *src, uint b, uint rows, uint r0,
+                      uint end, uint heads, uint head)
 {
     __global const ushort *bits = (__global const ushort *)src;
     __global const ushort *base = bits + at(b, rows, r0, heads, head, 0);
+    __local uint *words = (__local uint *)tile;
     const uint stride = heads * D; /* elements from one row to the next */
 #if UNIT == 8
     const bool aligned = ((ulong)bits & 15u) == 0u;
@@ -579,36 +638,23 @@ inline void fetch_tile(chunk *x, __global const elem *src, uint b, uint rows, ui
     UNROLL
     for (uint j = 0; j < PER_LANE; ++j) {
         uint r, d;
-        const bool in = unit_at(j, &r, &d) && r0 + r < end && d < D;
+        if (!unit_at(j, &r, &d))
+            continue;
+        const bool in = r0 + r < end && d < D;
         __global const ushort *p = base + r * stride + d; /* read only where in */
+        __local uint *to = words + r * RW + d / 2;
 #if UNIT == 8
         if (aligned) {
-            x[j] = in ? *(__global const uint4 *)p : (uint4)(0u);
+            copy16(to, in ? p : bits, in);
         } else {
             uint w[4];
             UNROLL
             for (int k = 0; k < 4; ++k)
                 w[k] = in ? (uint)p[2 * k] | (uint)p[2 * k + 1] << 16 : 0u;
-            x[j] = (uint4)(w[0], w[1], w[2], w[3]);
+            *(__local uint4 *)to = (uint4)(w[0], w[1], w[2], w[3]);
         }
 #else
-        x[j] = in ? pair_at(p, d) : 0u;
-#endif
-    }
-}
-
-/* Stores what fetch_tile fetched into a tile, [TILE][RW] words. */
-inline void store_tile(__local float *tile, const chunk *x)
-{
-    __local uint *words = (__local uint *)tile;
-    UNROLL
-    for (uint j = 0; j < PER_LANE; ++j) {
-        uint r, d;
-        if (unit_at(j, &r, &d))
-#if UNIT == 8
-            *(__local uint4 *)(words + r * RW + d / 2) = x[j];
-#else
-            words[r * RW + d / 2] = x[j];
+        *to = in ? pair_at(p, d) : 0u;
 #endif
     }
 }
@@ -784,10 +830,16 @@ forward__mma(__global const elem *q, ulong q_off, __global const elem *k, ulong 
     const uint last = min(r0 + WG_ROWS, q_seq) - 1u;
     uint lo, hi;
     keys_of_queries(r0, last, kv_seq, causal, window, delta, &lo, &hi);
+#if DTYPE == 0
     chunk kx[PER_LANE], vx[PER_LANE];
     fetch_tile(kx, k, b, kv_seq, lo, hi, num_kv_heads, kv_head, 1.0f);
     fetch_tile(vx, v, b, kv_seq, lo, hi, num_kv_heads, kv_head, 1.0f);
+#else
+    copy_tile(kt, k, b, kv_seq, lo, hi, num_kv_heads, kv_head);
+    copy_tile(vt, v, b, kv_seq, lo, hi, num_kv_heads, kv_head);
+#endif
     for (uint t0 = lo; t0 < hi; t0 += TILE) {
+#if DTYPE == 0
         barrier(CLK_LOCAL_MEM_FENCE);
         store_tile(kt, kx);
         store_tile(vt, vx);
@@ -796,6 +848,17 @@ forward__mma(__global const elem *q, ulong q_off, __global const elem *k, ulong 
             fetch_tile(kx, k, b, kv_seq, t0 + TILE, hi, num_kv_heads, kv_head, 1.0f);
             fetch_tile(vx, v, b, kv_seq, t0 + TILE, hi, num_kv_heads, kv_head, 1.0f);
         }
+#else
+        /* one barrier a tile: past it, everyone's copies of this tile have
+         * landed and the other pair, read for the last tile, is free */
+        wait_copies();
+        barrier(CLK_LOCAL_MEM_FENCE);
+        if (t0 + TILE < hi) {
+            __local float *next = other_pair(tiles, kt);
+            copy_tile(next, k, b, kv_seq, t0 + TILE, hi, num_kv_heads, kv_head);
+            copy_tile(next + ROW_TILE, v, b, kv_seq, t0 + TILE, hi, num_kv_heads, kv_head);
+        }
+#endif
 
         float s[NT][4];
         tile_products(&s[0][0], 0, &qf[0][0], 0, kt, 0, d0, xch, emu);
@@ -852,6 +915,10 @@ forward__mma(__global const elem *q, ulong q_off, __global const elem *k, ulong 
             acc[n][3] *= c1;
         }
         tile_times(&acc[0][0], &s[0][0], vt, d0, emu);
+#if DTYPE != 0
+        kt = other_pair(tiles, kt);
+        vt = kt + ROW_TILE;
+#endif
     }
     l0 = row_sum(l0, emu);
     l1 = row_sum(l1, emu);
@@ -926,10 +993,16 @@ grad_q__mma(__global const elem *q, ulong q_off, __global const elem *k, ulong k
     const uint last = min(r0 + WG_ROWS, q_seq) - 1u;
     uint lo, hi;
     keys_of_queries(r0, last, kv_seq, causal, window, delta, &lo, &hi);
+#if DTYPE == 0
     chunk kx[PER_LANE], vx[PER_LANE];
     fetch_tile(kx, k, b, kv_seq, lo, hi, num_kv_heads, kv_head, 1.0f);
     fetch_tile(vx, v, b, kv_seq, lo, hi, num_kv_heads, kv_head, 1.0f);
+#else
+    copy_tile(kt, k, b, kv_seq, lo, hi, num_kv_heads, kv_head);
+    copy_tile(vt, v, b, kv_seq, lo, hi, num_kv_heads, kv_head);
+#endif
     for (uint t0 = lo; t0 < hi; t0 += TILE) {
+#if DTYPE == 0
         barrier(CLK_LOCAL_MEM_FENCE);
         store_tile(kt, kx);
         store_tile(vt, vx);
@@ -938,6 +1011,17 @@ grad_q__mma(__global const elem *q, ulong q_off, __global const elem *k, ulong k
             fetch_tile(kx, k, b, kv_seq, t0 + TILE, hi, num_kv_heads, kv_head, 1.0f);
             fetch_tile(vx, v, b, kv_seq, t0 + TILE, hi, num_kv_heads, kv_head, 1.0f);
         }
+#else
+        /* one barrier a tile: past it, everyone's copies of this tile have
+         * landed and the other pair, read for the last tile, is free */
+        wait_copies();
+        barrier(CLK_LOCAL_MEM_FENCE);
+        if (t0 + TILE < hi) {
+            __local float *next = other_pair(tiles, kt);
+            copy_tile(next, k, b, kv_seq, t0 + TILE, hi, num_kv_heads, kv_head);
+            copy_tile(next + ROW_TILE, v, b, kv_seq, t0 + TILE, hi, num_kv_heads, kv_head);
+        }
+#endif
 
         float s[NT][4], dp[NT][4];
         tile_products(&s[0][0], &dp[0][0], &qf[0][0], &of[0][0], kt, vt, d0, xch, emu);
@@ -955,6 +1039,10 @@ grad_q__mma(__global const elem *q, ulong q_off, __global const elem *k, ulong k
             }
         }
         tile_times(&acc[0][0], &s[0][0], kt, d0, emu);
+#if DTYPE != 0
+        kt = other_pair(tiles, kt);
+        vt = kt + ROW_TILE;
+#endif
     }
     UNROLL
     for (uint n = 0; n < KW; ++n) {
@@ -971,17 +1059,34 @@ grad_q__mma(__global const elem *q, ulong q_off, __global const elem *k, ulong k
 /* ---- grad-K and grad-V ----------------------------------------------- */
 
 /* m, l and (want_dk) Dsum of query row p0 + lid of a tile, for the lanes
- * lid < TILE; zeros past `end`. */
+ * lid < TILE; zeros past `end`. fp32's go through registers x, 16-bit's
+ * are copied into rows (TILE of each) as their tiles are. */
 inline void fetch_rows(float *x, __global const float *lse, __global const float *dsum, uint b,
                        uint q_seq, uint p0, uint end, uint num_heads, uint head, bool want_dk)
 {
     const uint lid = get_local_id(0);
     const bool in = lid < TILE && p0 + lid < end;
     const ulong row = ((ulong)b * q_seq + (in ? p0 + lid : 0u)) * num_heads + head;
-    x[0] = in ? lse[2 * row] * EXP_UNIT : 0.0f;
-    x[1] = in ? lse[2 * row + 1] * EXP_UNIT : 0.0f;
+    x[0] = in ? lse[2 * row] : 0.0f;
+    x[1] = in ? lse[2 * row + 1] : 0.0f;
     x[2] = in && want_dk ? dsum[row] : 0.0f;
 }
+
+#if DTYPE != 0
+inline void copy_rows(__local float *rows, __global const float *lse,
+                      __global const float *dsum, uint b, uint q_seq, uint p0, uint end,
+                      uint num_heads, uint head, bool want_dk)
+{
+    const uint lid = get_local_id(0);
+    if (lid >= TILE)
+        return;
+    const bool in = p0 + lid < end;
+    const ulong row = ((ulong)b * q_seq + (in ? p0 + lid : 0u)) * num_heads + head;
+    copy4(rows + lid, lse + 2 * row, in);
+    copy4(rows + TILE + lid, lse + 2 * row + 1, in);
+    copy4(rows + 2 * TILE + lid, dsum + row, in && want_dk);
+}
+#endif
 
 /* dK and/or dV of the work-group's WG_ROWS keys: every query row of every
  * head of the group that sees any of them streams through local memory
@@ -1024,13 +1129,20 @@ inline void key_side(__global const elem *q, __global const elem *k, __global co
     /* One loop over (head of the group, tile of its queries), so that the
      * next tile is fetched while this one is computed. */
     const uint per_head = (hi - lo + TILE - 1u) / TILE, steps = lo < hi ? group * per_head : 0u;
+#if DTYPE == 0
     chunk qx[PER_LANE], ox[PER_LANE];
     float rx[3];
     fetch_tile(qx, q, b, q_seq, lo, hi, num_heads, kv_head * group, scale);
     fetch_tile(ox, d_out, b, q_seq, lo, hi, num_heads, kv_head * group, 1.0f);
     fetch_rows(rx, lse, dsum, b, q_seq, lo, hi, num_heads, kv_head * group, want_dk);
+#else
+    copy_tile(qt, q, b, q_seq, lo, hi, num_heads, kv_head * group);
+    copy_tile(ot, d_out, b, q_seq, lo, hi, num_heads, kv_head * group);
+    copy_rows(mt, lse, dsum, b, q_seq, lo, hi, num_heads, kv_head * group, want_dk);
+#endif
     for (uint step = 0; step < steps; ++step) {
         const uint p0 = lo + step % per_head * TILE;
+#if DTYPE == 0
         barrier(CLK_LOCAL_MEM_FENCE);
         store_tile(qt, qx);
         store_tile(ot, ox);
@@ -1047,6 +1159,19 @@ inline void key_side(__global const elem *q, __global const elem *k, __global co
             fetch_tile(ox, d_out, b, q_seq, next_p, hi, num_heads, head, 1.0f);
             fetch_rows(rx, lse, dsum, b, q_seq, next_p, hi, num_heads, head, want_dk);
         }
+#else
+        wait_copies();
+        barrier(CLK_LOCAL_MEM_FENCE);
+        if (step + 1u < steps) {
+            const uint head = kv_head * group + (step + 1u) / per_head;
+            const uint next_p = lo + (step + 1u) % per_head * TILE;
+            __local float *next = other_pair(tiles, qt);
+            copy_tile(next, q, b, q_seq, next_p, hi, num_heads, head);
+            copy_tile(next + ROW_TILE, d_out, b, q_seq, next_p, hi, num_heads, head);
+            copy_rows(other_rows(tiles, mt), lse, dsum, b, q_seq, next_p, hi, num_heads, head,
+                      want_dk);
+        }
+#endif
 
         /* S^T and dP^T: 16 keys x TILE queries per warp. */
         float s[NT][4], dp[NT][4];
@@ -1059,7 +1184,8 @@ inline void key_side(__global const elem *q, __global const elem *k, __global co
             UNROLL
             for (int i = 0; i < 4; ++i) {
                 const uint j = n * 8 + 2 * t + (i & 1), key = (i & 2) ? key1 : key0;
-                const float p = EXPU(fmin(fma(s[n][i], unit, -mt[j]), 0.0f) - lt[j]);
+                const float p =
+                    EXPU(fmin(fma(s[n][i], unit, -mt[j] * EXP_UNIT), 0.0f) - lt[j] * EXP_UNIT);
                 const bool keep =
                     whole || (p0 + j < hi && visible(p0 + j, key, causal, window, delta));
                 s[n][i] = keep ? p : 0.0f;
@@ -1070,6 +1196,13 @@ inline void key_side(__global const elem *q, __global const elem *k, __global co
             tile_times(&dvf[0][0], &s[0][0], ot, d0, emu);
         if (want_dk)
             tile_times(&dkf[0][0], &dp[0][0], qt, d0, emu);
+#if DTYPE != 0
+        qt = other_pair(tiles, qt);
+        ot = qt + ROW_TILE;
+        mt = other_rows(tiles, mt);
+        lt = mt + TILE;
+        dt = lt + TILE;
+#endif
     }
 #if DTYPE != 0
     scale_by(&dkf[0][0], KW * 4, scale); /* dS^T Q took Q unscaled */

@@ -147,10 +147,17 @@ static const mma_class mma_table[] = {
  * q_seq 4096 32 heads on 8 causal 4,1,64 169.5 / 68.7, 8,1,64 161.9 /
  * 83.8, 4,1,32 124.0 / 89.9, 4,1,16 154.8 / 93.7 (the backward's kernels
  * hold K, V, dK and dV fragments: past 16-row tiles they spill). Past 128
- * the rows split by columns, untuned. */
+ * the rows split by columns, untuned. Since 2026-12-01 16-bit tiles are
+ * copied by cp.async into two buffers of each (no registers on the way,
+ * one barrier a tile), which does not fit 64-row tiles past head_dim 64;
+ * that day: d64 4,1,64 103.3 / 73.7, 8,1,64 97.9 / -, 8,1,32 85.2 / 66.4,
+ * 4,1,32 - / 75.3; d128 4,1,32 187.8 / 102.5, 8,1,32 140.4 / -, 4,1,16
+ * - / 96.1, 8,1,16 - / 93.6. Two 16-row blocks a warp (each B fragment
+ * read serving two products) were slower everywhere the day before (d64
+ * 4,1,32 forward 71.4, d128 4,1,16 backward 8.1 with its spills). */
 static const mma_class mma16_table[] = {
     {64, {4, 1, 64, 1}, {4, 1, 64, 1}, {4, 1, 64, 1}},
-    {128, {4, 1, 64, 1}, {4, 1, 16, 1}, {4, 1, 16, 1}},
+    {128, {4, 1, 32, 1}, {4, 1, 32, 1}, {4, 1, 32, 1}},
     {CLATTN_MAX_HEAD_DIM, {4, 2, 16, 1}, {2, 2, 16, 1}, {4, 2, 16, 1}},
 };
 
@@ -158,7 +165,8 @@ static const mma_class mma16_table[] = {
  * floats: up to 3 to a 16-byte boundary, the tile rows' m, l and Dsum, the
  * warps' exchange, the emulation's scratch, then the kernel's two tiles
  * (fp32: [tile][padded + 4] floats a plane; 16-bit: [tile][padded / 2 + 4]
- * words of two elements). */
+ * words of two elements). 16-bit kernels have two of each, rows and tiles:
+ * one is filled while the other is read. */
 static size_t mma_local_floats(const mma_config *c, uint32_t head_dim, int emulate,
                                clattn_dtype dtype)
 {
@@ -168,7 +176,8 @@ static size_t mma_local_floats(const mma_config *c, uint32_t head_dim, int emula
     const size_t emu = emulate ? (size_t)c->warps * (dtype == CLATTN_DTYPE_F32 ? 224 : 416) : 0;
     const size_t tile = dtype == CLATTN_DTYPE_F32 ? (size_t)c->planes * c->tile * (padded + 4)
                                                   : (size_t)c->tile * (padded / 2 + 4);
-    return 3 + 3 * (size_t)c->tile + exchange + emu + 2 * tile;
+    const size_t buffers = dtype == CLATTN_DTYPE_F32 ? 1u : 2u;
+    return 3 + buffers * (3 * (size_t)c->tile + 2 * tile) + exchange + emu;
 }
 
 /* A tuning override of mma shapes from the variable `name`, if set. */
