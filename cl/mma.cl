@@ -55,9 +55,10 @@
  * reach local memory through cp.async, 16 bytes a lane and no registers on
  * the way, into two buffers: the next tile is copied into one while the
  * work-group reads the other, one barrier a tile (fp32's tiles are fetched
- * into registers a tile ahead and stored, split, between two barriers). Q's scale is applied to the scores in float32 (and to dK at
- * the end), not to the 16-bit operands, which would round again. Softmax,
- * the LSE, Dsum and every sum are float32, as for float32 tensors.
+ * into registers a tile ahead and stored, split, between two barriers).
+ * Q's scale is applied to the scores in float32 (and to dK at the end),
+ * not to the 16-bit operands, which would round again. Softmax, the LSE,
+ * Dsum and every sum are float32, as for float32 tensors.
  *
  * HEAD_DIM, WARPS, WSPLIT, MMA_TILE, PLANES and DTYPE are compile-time
  * defines, chosen per head_dim by src/opencl.c; with the defaults the file
