@@ -836,8 +836,10 @@ forward__mma(__global const elem *q, ulong q_off, __global const elem *k, ulong 
     fetch_tile(kx, k, b, kv_seq, lo, hi, num_kv_heads, kv_head, 1.0f);
     fetch_tile(vx, v, b, kv_seq, lo, hi, num_kv_heads, kv_head, 1.0f);
 #else
-    copy_tile(kt, k, b, kv_seq, lo, hi, num_kv_heads, kv_head);
-    copy_tile(vt, v, b, kv_seq, lo, hi, num_kv_heads, kv_head);
+    if (lo < hi) { /* no copy is left in flight past the loop */
+        copy_tile(kt, k, b, kv_seq, lo, hi, num_kv_heads, kv_head);
+        copy_tile(vt, v, b, kv_seq, lo, hi, num_kv_heads, kv_head);
+    }
 #endif
     for (uint t0 = lo; t0 < hi; t0 += TILE) {
 #if DTYPE == 0
@@ -999,8 +1001,10 @@ grad_q__mma(__global const elem *q, ulong q_off, __global const elem *k, ulong k
     fetch_tile(kx, k, b, kv_seq, lo, hi, num_kv_heads, kv_head, 1.0f);
     fetch_tile(vx, v, b, kv_seq, lo, hi, num_kv_heads, kv_head, 1.0f);
 #else
-    copy_tile(kt, k, b, kv_seq, lo, hi, num_kv_heads, kv_head);
-    copy_tile(vt, v, b, kv_seq, lo, hi, num_kv_heads, kv_head);
+    if (lo < hi) { /* no copy is left in flight past the loop */
+        copy_tile(kt, k, b, kv_seq, lo, hi, num_kv_heads, kv_head);
+        copy_tile(vt, v, b, kv_seq, lo, hi, num_kv_heads, kv_head);
+    }
 #endif
     for (uint t0 = lo; t0 < hi; t0 += TILE) {
 #if DTYPE == 0
@@ -1137,9 +1141,11 @@ inline void key_side(__global const elem *q, __global const elem *k, __global co
     fetch_tile(ox, d_out, b, q_seq, lo, hi, num_heads, kv_head * group, 1.0f);
     fetch_rows(rx, lse, dsum, b, q_seq, lo, hi, num_heads, kv_head * group, want_dk);
 #else
-    copy_tile(qt, q, b, q_seq, lo, hi, num_heads, kv_head * group);
-    copy_tile(ot, d_out, b, q_seq, lo, hi, num_heads, kv_head * group);
-    copy_rows(mt, lse, dsum, b, q_seq, lo, hi, num_heads, kv_head * group, want_dk);
+    if (steps) { /* no copy is left in flight past the loop */
+        copy_tile(qt, q, b, q_seq, lo, hi, num_heads, kv_head * group);
+        copy_tile(ot, d_out, b, q_seq, lo, hi, num_heads, kv_head * group);
+        copy_rows(mt, lse, dsum, b, q_seq, lo, hi, num_heads, kv_head * group, want_dk);
+    }
 #endif
     for (uint step = 0; step < steps; ++step) {
         const uint p0 = lo + step % per_head * TILE;
