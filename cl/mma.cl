@@ -118,16 +118,14 @@
 #define ROW_TILE (PLANES * PLANE) /* floats of a tile (read by rows only) */
 #define PER_LANE ((TILE * DP + LANES - 1) / LANES) /* a tile's elements per lane */
 typedef float frag;          /* an A register: one fp32 element */
-typedef float chunk;         /* what a lane fetches at once */
+typedef float chunk;         /* what a lane fetches at once, a tile ahead */
 #else
 #define RW (DP / 2 + 4)      /* words per row of a tile (padded: 32 banks, 16-byte rows) */
 #define ROW_TILE (TILE * RW)
 #if HEAD_DIM % 8 == 0
-#define UNIT 8               /* elements a lane fetches at once: 16 bytes */
-typedef uint4 chunk;
+#define UNIT 8               /* elements a lane copies at once: 16 bytes */
 #else
 #define UNIT 2
-typedef uint chunk;
 #endif
 #define PER_LANE ((TILE * DP / UNIT + LANES - 1) / LANES) /* a tile's units per lane */
 typedef uint frag;           /* an A register: two 16-bit elements */
