@@ -792,6 +792,121 @@ inline void tile_times(float *acc, const float *p, __local const float *x, uint 
         }
     }
 }
+
+/* ---- the single-pass backward's dQ (16-bit, WSPLIT 1) ---------------- */
+
+/* grad_kvq__mma computes dK, dV and dQ in one pass over the key side's
+ * tiles, as FlashAttention-2 does: S and dP once per visible pair, five
+ * products where grad-Q and grad-K/V take seven. Each tile's dS^T (this
+ * work-group's keys by the tile's queries) goes to local memory in 16
+ * bits, and dQ of the tile's queries += dS K over the work-group's keys,
+ * with K's rows kept in local memory for the whole kernel; the 16 x 16
+ * blocks of that product are dealt among the warps and added into a
+ * float32 dQ by atomic adds (red.global.add), which finish_dq__mma then
+ * scales and rounds into dQ once. Local memory past the tiles: */
+#define KB_AT (TILES_AT + 4 * ROW_TILE) /* K's rows, [WG_ROWS][RW] words */
+#define DSW (TILE / 2 + 4)              /* words a key row of dS^T (padded: 32 banks) */
+#define DS_AT (KB_AT + WG_ROWS * RW)    /* dS^T, [WG_ROWS][DSW] words */
+#define DQ_BLOCKS (TILE / 16 * (DP / 16))
+
+/* K's rows [r0, r0 + WG_ROWS) into kb, zeros past kv_seq and D: plain
+ * loads, once a work-group. */
+inline void copy_block(__local float *kb, __global const elem *k, uint b, uint kv_seq, uint r0,
+                       uint heads, uint head)
+{
+    __global const ushort *bits = (__global const ushort *)k;
+    __local uint *words = (__local uint *)kb;
+    for (uint j = get_local_id(0); j < WG_ROWS * (DP / 2); j += LANES) {
+        const uint r = j / (DP / 2), d = j % (DP / 2) * 2;
+        words[r * RW + d / 2] =
+            r0 + r < kv_seq ? pair_at(bits + at(b, kv_seq, r0 + r, heads, head, d), d) : 0u;
+    }
+}
+
+/* The warp's 16 x TILE block of dS^T (its keys by the tile's queries),
+ * rounded to 16 bits as dK's product takes it, into its rows of ds. */
+inline void store_ds(__local float *ds, const float *x)
+{
+    const uint lane = get_local_id(0) & 31u, warp = get_local_id(0) >> 5;
+    __local uint *w = (__local uint *)ds + (warp * 16u + (lane >> 2)) * DSW + (lane & 3u);
+    UNROLL
+    for (uint n = 0; n < NT; ++n) {
+        w[n * 4] = pack2(x[n * 4], x[n * 4 + 1]);
+        w[8 * DSW + n * 4] = pack2(x[n * 4 + 2], x[n * 4 + 3]);
+    }
+}
+
+/* The A fragment of dS (queries by keys) at query m0 and key k0, read from
+ * dS^T by rows of keys: ldmatrix with .trans (matrices: queries m0 and
+ * m0 + 8 of keys k0, then of keys k0 + 8). */
+inline void a_from_ds(uint *a, __local const float *ds, uint m0, uint k0)
+{
+    const uint lane = get_local_id(0) & 31u;
+    __local const ushort *x = (__local const ushort *)ds;
+#if LDMATRIX
+    const uint mat = lane >> 3;
+    __local const ushort *p = x + (k0 + (mat >> 1) * 8 + (lane & 7u)) * 2 * DSW + m0 + (mat & 1u) * 8;
+    __asm__ __volatile__("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];"
+                         : "=r"(a[0]), "=r"(a[1]), "=r"(a[2]), "=r"(a[3])
+                         : "r"((uint)(ulong)p));
+#else
+    const uint g = lane >> 2, t = lane & 3u;
+    UNROLL
+    for (uint i = 0; i < 4; ++i) {
+        const uint m = m0 + g + (i & 1u) * 8, kk = k0 + 2 * t + (i >> 1) * 8;
+        a[i] = (uint)x[kk * 2 * DSW + m] | (uint)x[(kk + 1) * 2 * DSW + m] << 16;
+    }
+#endif
+}
+
+/* *p += x in global memory, atomically. */
+inline void add_to(__global float *p, float x)
+{
+#ifdef MMA_EMULATE
+    volatile __global uint *u = (volatile __global uint *)p;
+    uint old = *u, seen;
+    while ((seen = atomic_cmpxchg(u, old, as_uint(as_float(old) + x))) != old)
+        old = seen;
+#else
+    __asm__ __volatile__("red.global.add.f32 [%0], %1;" : : "l"(p), "f"(x) : "memory");
+#endif
+}
+
+/* dQ of the tile's queries p0.. (of head `head`) += dS K over the
+ * work-group's keys, into dq32: its 16 x 16 blocks dealt among the warps,
+ * every warp taking the same number of turns (emulated mma has barriers). */
+inline void add_dq(__global float *dq32, __local const float *ds, __local const float *kb,
+                   uint b, uint q_seq, uint p0, uint num_heads, uint head, __local float *emu)
+{
+    const uint lane = get_local_id(0) & 31u, warp = get_local_id(0) >> 5;
+    const uint g = lane >> 2, t = lane & 3u;
+    __local const ushort *kw = cols_lane(kb, 0);
+    for (uint turn = 0; turn < (DQ_BLOCKS + WARPS - 1) / WARPS; ++turn) {
+        const uint block = turn * WARPS + warp;
+        const uint m0 = block % DQ_BLOCKS % (TILE / 16) * 16, c0 = block % DQ_BLOCKS / (TILE / 16) * 16;
+        float acc[2][4];
+        zero(&acc[0][0], 8);
+        UNROLL
+        for (uint kk = 0; kk < WG_ROWS / 16; ++kk) {
+            uint a[4], bx[4];
+            a_from_ds(a, ds, m0, kk * 16);
+            b_cols(bx, kw, c0, kk * 16);
+            mma16(acc[0], a, bx, emu);
+            mma16(acc[1], a, bx + 2, emu);
+        }
+        if (block >= DQ_BLOCKS)
+            continue;
+        UNROLL
+        for (uint n = 0; n < 2; ++n) {
+            UNROLL
+            for (uint i = 0; i < 4; ++i) {
+                const uint row = p0 + m0 + g + ((i & 2u) ? 8u : 0u), d = c0 + n * 8 + 2 * t + (i & 1u);
+                if (row < q_seq && d < D)
+                    add_to(dq32 + at(b, q_seq, row, num_heads, head, d), acc[n][i]);
+            }
+        }
+    }
+}
 #endif
 
 /* ---- forward --------------------------------------------------------- */
@@ -1099,7 +1214,8 @@ inline void key_side(__global const elem *q, __global const elem *k, __global co
                      __global const float *dsum, __global elem *dk, __global elem *dv,
                      uint q_seq, uint kv_seq, uint num_heads, uint num_kv_heads, int causal,
                      uint window, long delta, float scale, int accumulate,
-                     __local float *tiles, bool want_dk, bool want_dv)
+                     __local float *tiles, bool want_dk, bool want_dv,
+                     __global float *dq32)
 {
     const uint lid = get_local_id(0), lane = lid & 31u, warp = lid >> 5;
     const uint g = lane >> 2, t = lane & 3u, d0 = warp % WSPLIT * DW;
@@ -1128,6 +1244,11 @@ inline void key_side(__global const elem *q, __global const elem *k, __global co
     const uint last = min(r0 + WG_ROWS, kv_seq) - 1u;
     uint lo, hi;
     queries_of_keys(r0, last, q_seq, causal, window, delta, &lo, &hi);
+#if DTYPE != 0 && WSPLIT == 1
+    __local float *kb = tiles + KB_AT, *ds = tiles + DS_AT;
+    if (dq32)
+        copy_block(kb, k, b, kv_seq, r0, num_kv_heads, kv_head); /* seen past the loop's barrier */
+#endif
 
     /* One loop over (head of the group, tile of its queries), so that the
      * next tile is fetched while this one is computed. */
@@ -1197,10 +1318,21 @@ inline void key_side(__global const elem *q, __global const elem *k, __global co
                 dp[n][i] = keep && want_dk ? p * (dp[n][i] - dt[j]) : 0.0f;
             }
         }
+#if DTYPE != 0 && WSPLIT == 1
+        if (dq32)
+            store_ds(ds, &dp[0][0]);
+#endif
         if (want_dv)
             tile_times(&dvf[0][0], &s[0][0], ot, d0, emu);
         if (want_dk)
             tile_times(&dkf[0][0], &dp[0][0], qt, d0, emu);
+#if DTYPE != 0 && WSPLIT == 1
+        if (dq32) {
+            barrier(CLK_LOCAL_MEM_FENCE); /* every warp's dS^T; the next one waits for the
+                                           * loop's barrier */
+            add_dq(dq32, ds, kb, b, q_seq, p0, num_heads, kv_head * group + step / per_head, emu);
+        }
+#endif
 #if DTYPE != 0
         qt = other_pair(tiles, qt);
         ot = qt + ROW_TILE;
@@ -1235,7 +1367,7 @@ grad_v__mma(__global const elem *d_out, ulong d_out_off, __global const elem *q,
 {
     key_side(q + q_off, k + k_off, k + k_off, d_out + d_out_off, lse + lse_off, lse + lse_off,
              dv + dv_off, dv + dv_off, q_seq, kv_seq, num_heads, num_kv_heads, causal, window, delta,
-             scale, accumulate, tiles, false, true);
+             scale, accumulate, tiles, false, true, 0);
 }
 
 __kernel __attribute__((reqd_work_group_size(LANES, 1, 1))) void
@@ -1247,7 +1379,7 @@ grad_k__mma(__global const elem *q, ulong q_off, __global const elem *k, ulong k
 {
     key_side(q + q_off, k + k_off, v + v_off, d_out + d_out_off, lse + lse_off, dsum + dsum_off,
              dk + dk_off, dk + dk_off, q_seq, kv_seq, num_heads, num_kv_heads, causal, window, delta,
-             scale, accumulate, tiles, true, false);
+             scale, accumulate, tiles, true, false, 0);
 }
 
 __kernel __attribute__((reqd_work_group_size(LANES, 1, 1))) void
@@ -1259,5 +1391,39 @@ grad_kv__mma(__global const elem *q, ulong q_off, __global const elem *k, ulong 
 {
     key_side(q + q_off, k + k_off, v + v_off, d_out + d_out_off, lse + lse_off, dsum + dsum_off,
              dk + dk_off, dv + dv_off, q_seq, kv_seq, num_heads, num_kv_heads, causal, window, delta,
-             scale, accumulate, tiles, true, true);
+             scale, accumulate, tiles, true, true, 0);
 }
+
+#if DTYPE != 0 && WSPLIT == 1
+/* dK and dV, with dQ (unscaled) added into the float32 dq32, which starts
+ * at zero; finish_dq__mma then writes dQ. */
+__kernel __attribute__((reqd_work_group_size(LANES, 1, 1))) void
+grad_kvq__mma(__global const elem *q, ulong q_off, __global const elem *k, ulong k_off,
+              __global const elem *v, ulong v_off, __global const elem *d_out, ulong d_out_off,
+              __global const float *lse, ulong lse_off, __global const float *dsum,
+              ulong dsum_off, __global elem *dk, ulong dk_off, __global elem *dv, ulong dv_off,
+              __global float *dq32, ulong dq32_off, SHAPE_ARGS, __local float *tiles)
+{
+    key_side(q + q_off, k + k_off, v + v_off, d_out + d_out_off, lse + lse_off, dsum + dsum_off,
+             dk + dk_off, dv + dv_off, q_seq, kv_seq, num_heads, num_kv_heads, causal, window, delta,
+             scale, accumulate, tiles, true, true, dq32 + dq32_off);
+}
+
+/* dQ = scale * dq32, rounded once (or added to dQ under accumulate): a
+ * work-group a block of WG_ROWS query rows of one head. */
+__kernel __attribute__((reqd_work_group_size(LANES, 1, 1))) void
+finish_dq__mma(__global const float *dq32, ulong dq32_off, __global elem *dq, ulong dq_off,
+               SHAPE_ARGS, __local float *tiles)
+{
+    dq32 += dq32_off;
+    dq += dq_off;
+    const uint r0 = get_group_id(0) * WG_ROWS, head = get_group_id(1), b = get_group_id(2);
+    for (uint j = get_local_id(0); j < WG_ROWS * D; j += LANES) {
+        const uint row = r0 + j / D;
+        if (row < q_seq) {
+            const ulong x = at(b, q_seq, row, num_heads, head, j % D);
+            STORE_GRAD(dq, x, scale * dq32[x], accumulate);
+        }
+    }
+}
+#endif

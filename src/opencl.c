@@ -20,7 +20,17 @@
 static const char build_options[] = "-cl-std=CL1.2";
 
 /* The kernels an op is made of. */
-enum { K_GRAD_V, K_FORWARD, K_DSUM, K_GRAD_Q, K_GRAD_K, K_GRAD_KV, K_COUNT };
+enum {
+    K_GRAD_V,
+    K_FORWARD,
+    K_DSUM,
+    K_GRAD_Q,
+    K_GRAD_K,
+    K_GRAD_KV,
+    K_GRAD_KVQ, /* dK, dV and a float32 dQ in one pass (mma, 16-bit) */
+    K_FINISH_DQ, /* dQ from that float32 dQ */
+    K_COUNT
+};
 
 typedef struct cl_variant {
     int kernel;
@@ -36,13 +46,14 @@ static const cl_variant variants[] = {
 };
 enum { VARIANT_COUNT = sizeof variants / sizeof variants[0] };
 
-/* Dsum, the pre-pass's output, is a tensor of one float per query row. */
-enum { R_DSUM = CLATTN_R_COUNT, R_ALL };
+/* Dsum, the pre-pass's output, is a tensor of one float per query row;
+ * DQ32 the single-pass backward's float32 dQ, summed by atomic adds. */
+enum { R_DSUM = CLATTN_R_COUNT, R_DQ32, R_ALL };
 
 /* What each kernel takes: its tensors in argument order, whether its rows
  * are queries or keys, and how many floats of local memory per lane. */
 typedef struct kernel_desc {
-    int roles[8];
+    int roles[9];
     int nroles;
     int key_rows;
     int local_per_lane;
@@ -58,6 +69,9 @@ static const kernel_desc kernel_descs[K_COUNT] = {
                    CLATTN_R_DK}, 7, 1, 2},
     [K_GRAD_KV] = {{CLATTN_R_Q, CLATTN_R_K, CLATTN_R_V, CLATTN_R_DO, CLATTN_R_LSE, R_DSUM,
                     CLATTN_R_DK, CLATTN_R_DV}, 8, 1, 2},
+    [K_GRAD_KVQ] = {{CLATTN_R_Q, CLATTN_R_K, CLATTN_R_V, CLATTN_R_DO, CLATTN_R_LSE, R_DSUM,
+                     CLATTN_R_DK, CLATTN_R_DV, R_DQ32}, 9, 1, 2},
+    [K_FINISH_DQ] = {{R_DQ32, CLATTN_R_DQ}, 2, 0, 1},
 };
 
 /* The kernels of each op, in order; -1 ends a list. The backward runs
@@ -70,6 +84,9 @@ static const int op_plans[CLATTN_OP_COUNT][5] = {
     [CLATTN_OP_BACKWARD] = {K_DSUM, K_GRAD_KV, K_GRAD_Q, -1},
 };
 static const int backward_unfused[5] = {K_DSUM, K_GRAD_K, K_GRAD_V, K_GRAD_Q, -1};
+/* The single-pass backward, where a variant has it for the call (mma's
+ * 16-bit kernels): DQ32 is zeroed before GRAD_KVQ. */
+static const int backward_single[5] = {K_DSUM, K_GRAD_KVQ, K_FINISH_DQ, -1};
 
 /* The tiled kernels' shapes per device type: rows per work-group, keys (or
  * queries) per local-memory tile, work-items per row by the tile's rows,
@@ -130,12 +147,13 @@ typedef struct mma_config {
 typedef struct mma_class {
     uint32_t max_head_dim;
     mma_config forward, backward, grad_q; /* backward: dK and dV */
+    mma_config single; /* 16-bit: the single-pass backward's (warps 0: none) */
 } mma_class;
 static const mma_class mma_table[] = {
-    {64, {4, 1, 32, 2}, {8, 1, 32, 2}, {8, 1, 16, 2}},
-    {96, {4, 2, 16, 2}, {8, 2, 16, 2}, {8, 2, 16, 2}},
-    {128, {4, 2, 16, 2}, {8, 2, 16, 1}, {8, 2, 8, 2}},
-    {CLATTN_MAX_HEAD_DIM, {8, 4, 8, 2}, {8, 4, 8, 2}, {8, 4, 8, 2}},
+    {64, {4, 1, 32, 2}, {8, 1, 32, 2}, {8, 1, 16, 2}, {0, 0, 0, 0}},
+    {96, {4, 2, 16, 2}, {8, 2, 16, 2}, {8, 2, 16, 2}, {0, 0, 0, 0}},
+    {128, {4, 2, 16, 2}, {8, 2, 16, 1}, {8, 2, 8, 2}, {0, 0, 0, 0}},
+    {CLATTN_MAX_HEAD_DIM, {8, 4, 8, 2}, {8, 4, 8, 2}, {8, 4, 8, 2}, {0, 0, 0, 0}},
 };
 /* The same for 16-bit tensors (m16n8k16; `planes` unused): tiles of
  * 16-bit words by rows, read by rows and by columns through ldmatrix, so
@@ -156,9 +174,9 @@ static const mma_class mma_table[] = {
  * read serving two products) were slower everywhere the day before (d64
  * 4,1,32 forward 71.4, d128 4,1,16 backward 8.1 with its spills). */
 static const mma_class mma16_table[] = {
-    {64, {4, 1, 64, 1}, {4, 1, 64, 1}, {4, 1, 64, 1}},
-    {128, {4, 1, 32, 1}, {4, 1, 32, 1}, {4, 1, 32, 1}},
-    {CLATTN_MAX_HEAD_DIM, {4, 2, 16, 1}, {2, 2, 16, 1}, {4, 2, 16, 1}},
+    {64, {4, 1, 64, 1}, {4, 1, 64, 1}, {4, 1, 64, 1}, {4, 1, 32, 1}},
+    {128, {4, 1, 32, 1}, {4, 1, 32, 1}, {4, 1, 32, 1}, {4, 1, 16, 1}},
+    {CLATTN_MAX_HEAD_DIM, {4, 2, 16, 1}, {2, 2, 16, 1}, {4, 2, 16, 1}, {0, 0, 0, 0}},
 };
 
 /* mma.cl's local buffer for a kernel at a head_dim under config c, in
@@ -168,7 +186,7 @@ static const mma_class mma16_table[] = {
  * words of two elements). 16-bit kernels have two of each, rows and tiles:
  * one is filled while the other is read. */
 static size_t mma_local_floats(const mma_config *c, uint32_t head_dim, int emulate,
-                               clattn_dtype dtype)
+                               clattn_dtype dtype, int k)
 {
     const size_t kstep = dtype == CLATTN_DTYPE_F32 ? 8u : 16u;
     const size_t unit = kstep * c->wsplit, padded = (head_dim + unit - 1) / unit * unit;
@@ -177,7 +195,10 @@ static size_t mma_local_floats(const mma_config *c, uint32_t head_dim, int emula
     const size_t tile = dtype == CLATTN_DTYPE_F32 ? (size_t)c->planes * c->tile * (padded + 4)
                                                   : (size_t)c->tile * (padded / 2 + 4);
     const size_t buffers = dtype == CLATTN_DTYPE_F32 ? 1u : 2u;
-    return 3 + buffers * (3 * (size_t)c->tile + 2 * tile) + exchange + emu;
+    /* the single pass: K's rows and a tile's dS^T, by rows of keys */
+    const size_t rows = 16u * c->warps / c->wsplit;
+    const size_t single = k == K_GRAD_KVQ ? rows * (padded / 2 + 4 + c->tile / 2 + 4) : 0;
+    return 3 + buffers * (3 * (size_t)c->tile + 2 * tile) + exchange + emu + single;
 }
 
 /* A tuning override of mma shapes from the variable `name`, if set. */
@@ -263,6 +284,8 @@ struct clattn_cl_state {
     mma_config mma_tune;
     int grad_q_tuned;            /* CLATTN_MMA_GRAD_Q set: grad_q_tune for grad-Q */
     mma_config grad_q_tune;
+    int single_tuned;            /* CLATTN_MMA_SINGLE set: single_tune, warps 0 for none */
+    mma_config single_tune;
     tile_class tiles;
     cl_ulong max_alloc;
     cl_ulong local_mem;
@@ -299,15 +322,18 @@ static const mma_config *mma_config_for(const struct clattn_cl_state *cl, uint32
 {
     if (k == K_GRAD_Q && cl->grad_q_tuned)
         return &cl->grad_q_tune;
+    if ((k == K_GRAD_KVQ || k == K_FINISH_DQ) && cl->single_tuned)
+        return &cl->single_tune;
     if (cl->mma_tuned)
         return &cl->mma_tune;
     const mma_class *table = dtype == CLATTN_DTYPE_F32 ? mma_table : mma16_table;
     size_t i = 0;
     while (table[i].max_head_dim < head_dim)
         ++i;
-    return k == K_FORWARD  ? &table[i].forward
-           : k == K_GRAD_Q ? &table[i].grad_q
-                           : &table[i].backward;
+    return k == K_FORWARD                         ? &table[i].forward
+           : k == K_GRAD_Q                        ? &table[i].grad_q
+           : k == K_GRAD_KVQ || k == K_FINISH_DQ ? &table[i].single
+                                                  : &table[i].backward;
 }
 
 /* Rows of a work-group of mma.cl: 16 for each group of wsplit warps. */
@@ -610,9 +636,11 @@ static size_t local_bytes(const struct clattn_cl_state *cl, const kernel_set *se
 {
     if (set->kind[k] == KIND_BLOCKED)
         return sizeof(float); /* unused, but an argument wants a size */
+    if (set->kind[k] == KIND_MMA && k == K_FINISH_DQ)
+        return sizeof(float); /* unused */
     if (set->kind[k] == KIND_MMA)
         return mma_local_floats(mma_config_for(cl, head_dim, set->dtype, k), head_dim,
-                                cl->mma_emulate, set->dtype) *
+                                cl->mma_emulate, set->dtype, k) *
                sizeof(float);
     if (set->kind[k] == KIND_TILED) {
         const tile_config c = tile_config_for(cl, head_dim);
@@ -651,6 +679,21 @@ static const char *kernel_options(const struct clattn_cl_state *cl, int kind, ui
     return buf;
 }
 
+/* Whether mma's single-pass backward serves a head_dim (its kinds are
+ * known up to K_GRAD_KV): 16-bit tensors, a shape whose warps do not split
+ * head_dim, and local memory for it on the device. */
+static int single_pass(const struct clattn_cl_state *cl, const kernel_set *set,
+                       uint32_t head_dim)
+{
+    const mma_config *c = mma_config_for(cl, head_dim, set->dtype, K_GRAD_KVQ);
+    const uint32_t largest = head_dim ? head_dim : CLATTN_MAX_HEAD_DIM;
+    return set->kind[K_GRAD_KV] == KIND_MMA && set->dtype != CLATTN_DTYPE_F32 && c->warps &&
+           c->wsplit == 1 &&
+           mma_local_floats(c, largest, cl->mma_emulate, set->dtype, K_GRAD_KVQ) *
+                   sizeof(float) <=
+               cl->local_mem;
+}
+
 /* Builds the kernels of a variant into set: generic ones (head_dim 0) or
  * ones specialised for head_dim, with their programs shared per source.
  * Checks each against the device's limits for the largest head_dim it may
@@ -664,10 +707,12 @@ static clattn_status build_set(struct clattn_cl_state *cl, const char *variant,
     for (int k = 0; k < K_COUNT; ++k) {
         const cl_variant *v = find_variant(k, variant);
         if (!v) {
-            if (k == K_GRAD_KV)
-                continue; /* the backward runs GRAD_K and GRAD_V instead */
+            if (k == K_GRAD_KV || k == K_GRAD_KVQ || k == K_FINISH_DQ)
+                continue; /* the backward runs GRAD_K and GRAD_V, or two passes, instead */
             return clattn_fail(CLATTN_ERROR_UNKNOWN_VARIANT, "no OpenCL variant '%s'", variant);
         }
+        if ((k == K_GRAD_KVQ || k == K_FINISH_DQ) && !single_pass(cl, set, head_dim))
+            continue;
         set->kind[k] = v->source == clattn_cl_tiled     ? KIND_TILED
                        : v->source == clattn_cl_blocked ? KIND_BLOCKED
                        : v->source == clattn_cl_mma     ? KIND_MMA
@@ -857,6 +902,12 @@ static clattn_status init_on_device(clattn_context *ctx, const char *variant,
                 both[i]->columns = columns;
         }
     }
+    const char *single = getenv("CLATTN_MMA_SINGLE");
+    if (single && !strcmp(single, "0"))
+        cl->single_tuned = 1; /* single_tune.warps 0: two passes */
+    else if ((st = mma_override("CLATTN_MMA_SINGLE", &cl->single_tune, &cl->single_tuned)) !=
+             CLATTN_OK)
+        goto fail;
     if ((st = mma_override("CLATTN_MMA", &cl->mma_tune, &cl->mma_tuned)) != CLATTN_OK ||
         (st = mma_override("CLATTN_MMA_GRAD_Q", &cl->grad_q_tune, &cl->grad_q_tuned)) !=
             CLATTN_OK)
@@ -1071,28 +1122,67 @@ static clattn_status enqueue_op(struct clattn_cl_state *cl, clattn_op op, const 
     clattn_status st = kernels_for(cl, s->head_dim, s->dtype, &set);
     if (st != CLATTN_OK)
         return st;
-    const int *plan = op == CLATTN_OP_BACKWARD && !set->kernel[K_GRAD_KV] ? backward_unfused
-                                                                         : op_plans[op];
-    cl_mem dsum = NULL;
+    /* The single pass's float32 dQ is as large as dQ's elements in float32:
+     * where that exceeds the device's largest allocation, two passes. */
+    const int single = op == CLATTN_OP_BACKWARD && set->kernel[K_GRAD_KVQ] &&
+                       (cl_ulong)sz->q * sizeof(float) <= cl->max_alloc;
+    const int *plan = single                                               ? backward_single
+                      : op == CLATTN_OP_BACKWARD && !set->kernel[K_GRAD_KV] ? backward_unfused
+                                                                            : op_plans[op];
+    cl_mem dsum = NULL, dq32 = NULL;
+    cl_event zeroed = NULL;
+    if (single) {
+        cl_int err;
+        const cl_float zero = 0.0f;
+        dq32 = clCreateBuffer(cl->context, CL_MEM_READ_WRITE, sz->q * sizeof(float), NULL, &err);
+        if (err != CL_SUCCESS)
+            return cl_fail(err, "clCreateBuffer(dq32)");
+        err = clEnqueueFillBuffer(cl->queue, dq32, &zero, sizeof zero, 0, sz->q * sizeof(float),
+                                  0, NULL, &zeroed);
+        if (err != CL_SUCCESS) {
+            clReleaseMemObject(dq32);
+            return cl_fail(err, "clEnqueueFillBuffer(dq32)");
+        }
+        t[R_DQ32].buffer = dq32;
+        t[R_DQ32].offset = 0;
+    }
     if (plan[0] == K_DSUM) {
         /* Released at once: OpenCL keeps it until the kernels using it end. */
         cl_int err;
         dsum = clCreateBuffer(cl->context, CL_MEM_READ_WRITE, sz->lse / 2 * sizeof(float), NULL,
                               &err);
-        if (err != CL_SUCCESS)
+        if (err != CL_SUCCESS) {
+            if (dq32) {
+                clWaitForEvents(1, &zeroed);
+                clReleaseEvent(zeroed);
+                clReleaseMemObject(dq32);
+            }
             return cl_fail(err, "clCreateBuffer(dsum)");
+        }
         t[R_DSUM].buffer = dsum;
         t[R_DSUM].offset = 0;
     }
     cl_event prev = NULL;
     for (int i = 0; plan[i] >= 0 && st == CLATTN_OK; ++i) {
         cl_event ev = NULL;
-        st = prev ? enqueue_kernel(cl, set, plan[i], s, t, 1, &prev, &ev)
-                  : enqueue_kernel(cl, set, plan[i], s, t, nwait, wait, &ev);
+        if (plan[i] == K_GRAD_KVQ) { /* after the zeroing too */
+            const cl_event both[2] = {prev, zeroed};
+            st = enqueue_kernel(cl, set, plan[i], s, t, 2, both, &ev);
+        } else {
+            st = prev ? enqueue_kernel(cl, set, plan[i], s, t, 1, &prev, &ev)
+                      : enqueue_kernel(cl, set, plan[i], s, t, nwait, wait, &ev);
+        }
         if (prev)
             clReleaseEvent(prev);
         prev = ev;
     }
+    if (zeroed) {
+        if (st != CLATTN_OK)
+            clWaitForEvents(1, &zeroed); /* nothing else may still use dq32 */
+        clReleaseEvent(zeroed);
+    }
+    if (dq32)
+        clReleaseMemObject(dq32);
     if (dsum)
         clReleaseMemObject(dsum);
     if (st == CLATTN_OK) {
