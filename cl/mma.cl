@@ -803,11 +803,20 @@ inline void tile_times(float *acc, const float *p, __local const float *x, uint 
  * with K's rows kept in local memory for the whole kernel; the 16 x 16
  * blocks of that product are dealt among the warps and added into a
  * float32 dQ by atomic adds (red.global.add), which finish_dq__mma then
- * scales and rounds into dQ once. Local memory past the tiles: */
+ * scales and rounds into dQ once. That product runs a tile late, after the
+ * next tile's S and dP, so that the loop keeps one barrier a tile: dS^T
+ * has two buffers, written and read by turns. Local memory past the
+ * tiles: */
 #define KB_AT (TILES_AT + 4 * ROW_TILE) /* K's rows, [WG_ROWS][RW] words */
 #define DSW (TILE / 2 + 4)              /* words a key row of dS^T (padded: 32 banks) */
-#define DS_AT (KB_AT + WG_ROWS * RW)    /* dS^T, [WG_ROWS][DSW] words */
+#define DS_AT (KB_AT + WG_ROWS * RW)    /* dS^T, two of [WG_ROWS][DSW] words */
 #define DQ_BLOCKS (TILE / 16 * (DP / 16))
+
+/* The dS^T buffer other than ds. */
+inline __local float *other_ds(__local float *tiles, __local float *ds)
+{
+    return ds == tiles + DS_AT ? ds + WG_ROWS * DSW : tiles + DS_AT;
+}
 
 /* K's rows [r0, r0 + WG_ROWS) into kb, zeros past kv_seq and D: plain
  * loads, once a work-group. */
@@ -872,37 +881,60 @@ inline void add_to(__global float *p, float x)
 #endif
 }
 
-/* dQ of the tile's queries p0.. (of head `head`) += dS K over the
+/* p[0] += x and, where both, p[1] += y: on sm_90 and later (SM90, from
+ * the host) one vector red where the pair is 8-byte aligned (even D). */
+inline void add_pair(__global float *p, float x, float y, bool both)
+{
+#if defined(SM90) && !defined(MMA_EMULATE) && D % 2 == 0
+    __asm__ __volatile__("red.global.add.v2.f32 [%0], {%1, %2};" : : "l"(p), "f"(x), "f"(y)
+                         : "memory");
+#else
+    add_to(p, x);
+    if (both)
+        add_to(p + 1, y);
+#endif
+}
+
+/* dQ of a tile's queries p0.. (of head `head`) += dS K over the
  * work-group's keys, into dq32: its 16 x 16 blocks dealt among the warps,
- * every warp taking the same number of turns (emulated mma has barriers). */
+ * each warp's blocks summed side by side (independent products), every
+ * warp taking the same number (emulated mma has barriers). */
+#define DQ_TURNS ((DQ_BLOCKS + WARPS - 1) / WARPS)
+#define DQ_SAME_M (WARPS % (TILE / 16) == 0) /* a warp's blocks share their queries */
 inline void add_dq(__global float *dq32, __local const float *ds, __local const float *kb,
                    uint b, uint q_seq, uint p0, uint num_heads, uint head, __local float *emu)
 {
     const uint lane = get_local_id(0) & 31u, warp = get_local_id(0) >> 5;
     const uint g = lane >> 2, t = lane & 3u;
     __local const ushort *kw = cols_lane(kb, 0);
-    for (uint turn = 0; turn < (DQ_BLOCKS + WARPS - 1) / WARPS; ++turn) {
-        const uint block = turn * WARPS + warp;
-        const uint m0 = block % DQ_BLOCKS % (TILE / 16) * 16, c0 = block % DQ_BLOCKS / (TILE / 16) * 16;
-        float acc[2][4];
-        zero(&acc[0][0], 8);
+    float acc[DQ_TURNS][2][4];
+    zero(&acc[0][0][0], DQ_TURNS * 8);
+    UNROLL
+    for (uint kk = 0; kk < WG_ROWS / 16; ++kk) {
+        uint a[4];
         UNROLL
-        for (uint kk = 0; kk < WG_ROWS / 16; ++kk) {
-            uint a[4], bx[4];
-            a_from_ds(a, ds, m0, kk * 16);
-            b_cols(bx, kw, c0, kk * 16);
-            mma16(acc[0], a, bx, emu);
-            mma16(acc[1], a, bx + 2, emu);
+        for (uint turn = 0; turn < DQ_TURNS; ++turn) {
+            const uint block = (turn * WARPS + warp) % DQ_BLOCKS;
+            uint bx[4];
+            if (turn == 0 || !DQ_SAME_M)
+                a_from_ds(a, ds, block % (TILE / 16) * 16, kk * 16);
+            b_cols(bx, kw, block / (TILE / 16) * 16, kk * 16);
+            mma16(acc[turn][0], a, bx, emu);
+            mma16(acc[turn][1], a, bx + 2, emu);
         }
-        if (block >= DQ_BLOCKS)
-            continue;
+    }
+    UNROLL
+    for (uint turn = 0; turn < DQ_TURNS; ++turn) {
+        const uint block = turn * WARPS + warp;
+        const uint m0 = block % (TILE / 16) * 16, c0 = block / (TILE / 16) * 16;
         UNROLL
         for (uint n = 0; n < 2; ++n) {
             UNROLL
-            for (uint i = 0; i < 4; ++i) {
-                const uint row = p0 + m0 + g + ((i & 2u) ? 8u : 0u), d = c0 + n * 8 + 2 * t + (i & 1u);
-                if (row < q_seq && d < D)
-                    add_to(dq32 + at(b, q_seq, row, num_heads, head, d), acc[n][i]);
+            for (uint i = 0; i < 4; i += 2) {
+                const uint row = p0 + m0 + g + (i ? 8u : 0u), d = c0 + n * 8 + 2 * t;
+                if (block < DQ_BLOCKS && row < q_seq && d < D)
+                    add_pair(dq32 + at(b, q_seq, row, num_heads, head, d), acc[turn][n][i],
+                             acc[turn][n][i + 1], d + 1u < D);
             }
         }
     }
@@ -1245,7 +1277,9 @@ inline void key_side(__global const elem *q, __global const elem *k, __global co
     uint lo, hi;
     queries_of_keys(r0, last, q_seq, causal, window, delta, &lo, &hi);
 #if DTYPE != 0 && WSPLIT == 1
+    /* dS^T goes to ds; the last tile's is in the other buffer, for its dQ */
     __local float *kb = tiles + KB_AT, *ds = tiles + DS_AT;
+    uint dq_p0 = 0, dq_head = 0; /* the last tile's queries */
     if (dq32)
         copy_block(kb, k, b, kv_seq, r0, num_kv_heads, kv_head); /* seen past the loop's barrier */
 #endif
@@ -1303,6 +1337,10 @@ inline void key_side(__global const elem *q, __global const elem *k, __global co
         float s[NT][4], dp[NT][4];
         tile_products(&s[0][0], want_dk ? &dp[0][0] : 0, &kf[0][0], &vf[0][0], qt, ot, d0, xch,
                       emu);
+#if DTYPE != 0 && WSPLIT == 1
+        if (dq32 && step > 0) /* the last tile's dQ: its dS^T is past the barrier */
+            add_dq(dq32, other_ds(tiles, ds), kb, b, q_seq, dq_p0, num_heads, dq_head, emu);
+#endif
         const bool whole = p0 + TILE <= hi &&
                            all_visible(p0, (long)p0 + TILE - 1, r0, last, causal, window, delta);
         UNROLL
@@ -1327,11 +1365,9 @@ inline void key_side(__global const elem *q, __global const elem *k, __global co
         if (want_dk)
             tile_times(&dkf[0][0], &dp[0][0], qt, d0, emu);
 #if DTYPE != 0 && WSPLIT == 1
-        if (dq32) {
-            barrier(CLK_LOCAL_MEM_FENCE); /* every warp's dS^T; the next one waits for the
-                                           * loop's barrier */
-            add_dq(dq32, ds, kb, b, q_seq, p0, num_heads, kv_head * group + step / per_head, emu);
-        }
+        dq_p0 = p0;
+        dq_head = kv_head * group + step / per_head;
+        ds = other_ds(tiles, ds);
 #endif
 #if DTYPE != 0
         qt = other_pair(tiles, qt);
@@ -1341,6 +1377,12 @@ inline void key_side(__global const elem *q, __global const elem *k, __global co
         dt = lt + TILE;
 #endif
     }
+#if DTYPE != 0 && WSPLIT == 1
+    if (dq32 && steps) { /* the last tile's dQ */
+        barrier(CLK_LOCAL_MEM_FENCE);
+        add_dq(dq32, other_ds(tiles, ds), kb, b, q_seq, dq_p0, num_heads, dq_head, emu);
+    }
+#endif
 #if DTYPE != 0
     scale_by(&dkf[0][0], KW * 4, scale); /* dS^T Q took Q unscaled */
 #endif

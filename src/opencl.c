@@ -172,10 +172,19 @@ static const mma_class mma_table[] = {
  * 4,1,32 - / 75.3; d128 4,1,32 187.8 / 102.5, 8,1,32 140.4 / -, 4,1,16
  * - / 96.1, 8,1,16 - / 93.6. Two 16-row blocks a warp (each B fragment
  * read serving two products) were slower everywhere the day before (d64
- * 4,1,32 forward 71.4, d128 4,1,16 backward 8.1 with its spills). */
+ * 4,1,32 forward 71.4, d128 4,1,16 backward 8.1 with its spills).
+ * `single` is the single-pass backward's shape (K's rows and two dS^T
+ * buffers in local memory besides the tiles). Same day, backward TFLOP/s
+ * (`CLATTN_MMA_SINGLE=W,S,T,P`, 0 for two passes): d64 causal two passes
+ * 74.2 / 71.7, single 4,1,32 68.6 / 58.1, 4,1,16 75.7, 8,1,16 48.9,
+ * 2,1,32 59.9; d64 32 heads on 8 unmasked 118.7 / 118.8 (4,1,32), q_seq
+ * 16384 causal 124.1 / 128.0; d128 causal 103.3 / 102.3, single 4,1,16
+ * 96.1 / 91.5, 2,1,16 70.7; d128 unmasked 139.0 / 143.5; d96 causal
+ * 67.7 / 56.1. Without the atomic adds (a trial) the single pass ran as
+ * fast as with them: what holds it back is not the adds. */
 static const mma_class mma16_table[] = {
-    {64, {4, 1, 64, 1}, {4, 1, 64, 1}, {4, 1, 64, 1}, {4, 1, 32, 1}},
-    {128, {4, 1, 32, 1}, {4, 1, 32, 1}, {4, 1, 32, 1}, {4, 1, 16, 1}},
+    {64, {4, 1, 64, 1}, {4, 1, 64, 1}, {4, 1, 64, 1}, {4, 1, 16, 1}},
+    {128, {4, 1, 32, 1}, {4, 1, 32, 1}, {4, 1, 32, 1}, {0, 0, 0, 0}},
     {CLATTN_MAX_HEAD_DIM, {4, 2, 16, 1}, {2, 2, 16, 1}, {4, 2, 16, 1}, {0, 0, 0, 0}},
 };
 
@@ -195,9 +204,9 @@ static size_t mma_local_floats(const mma_config *c, uint32_t head_dim, int emula
     const size_t tile = dtype == CLATTN_DTYPE_F32 ? (size_t)c->planes * c->tile * (padded + 4)
                                                   : (size_t)c->tile * (padded / 2 + 4);
     const size_t buffers = dtype == CLATTN_DTYPE_F32 ? 1u : 2u;
-    /* the single pass: K's rows and a tile's dS^T, by rows of keys */
+    /* the single pass: K's rows and two tiles' dS^T, by rows of keys */
     const size_t rows = 16u * c->warps / c->wsplit;
-    const size_t single = k == K_GRAD_KVQ ? rows * (padded / 2 + 4 + c->tile / 2 + 4) : 0;
+    const size_t single = k == K_GRAD_KVQ ? rows * (padded / 2 + 4 + 2 * (c->tile / 2 + 4)) : 0;
     return 3 + buffers * (3 * (size_t)c->tile + 2 * tile) + exchange + emu + single;
 }
 
@@ -225,25 +234,25 @@ static clattn_status mma_override(const char *name, mma_config *c, int *set)
 /* NVIDIA's cl_nv_device_attribute_query. */
 #define CLATTN_DEVICE_COMPUTE_CAPABILITY_MAJOR_NV 0x4000
 
-/* Whether the device runs mma.cl's tensor-core PTX: an NVIDIA GPU of
- * compute capability 8.0 (Ampere) or later. */
-static int mma_capable(cl_device_id device)
+/* The compute capability's major number of an NVIDIA GPU, 0 for any other
+ * device: mma.cl's tensor-core PTX wants 8 (Ampere) or later, its vector
+ * atomic adds 9 (Hopper). */
+static int nv_major(cl_device_id device)
 {
     size_t len = 0;
     if (clGetDeviceInfo(device, CL_DEVICE_EXTENSIONS, 0, NULL, &len) != CL_SUCCESS || !len)
         return 0;
     char *ext = malloc(len + 1);
-    int ok = 0;
+    cl_uint major = 0;
     if (ext && clGetDeviceInfo(device, CL_DEVICE_EXTENSIONS, len, ext, NULL) == CL_SUCCESS) {
         ext[len] = '\0';
-        cl_uint major = 0;
-        ok = strstr(ext, "cl_nv_device_attribute_query") != NULL &&
-             clGetDeviceInfo(device, CLATTN_DEVICE_COMPUTE_CAPABILITY_MAJOR_NV, sizeof major,
-                             &major, NULL) == CL_SUCCESS &&
-             major >= 8;
+        if (!strstr(ext, "cl_nv_device_attribute_query") ||
+            clGetDeviceInfo(device, CLATTN_DEVICE_COMPUTE_CAPABILITY_MAJOR_NV, sizeof major,
+                            &major, NULL) != CL_SUCCESS || major > 1000)
+            major = 0;
     }
     free(ext);
-    return ok;
+    return (int)major;
 }
 
 /* CLATTN_MMA_EMULATE=1: mma.cl's instructions emulated in local memory, so
@@ -280,6 +289,7 @@ struct clattn_cl_state {
     cl_kernel merge[3]; /* tree.cl's merge__tree, per dtype, on first use */
     const char *special_variant; /* the variant built per head_dim, or NULL */
     int mma_emulate;             /* build mma.cl with -DMMA_EMULATE */
+    int nv_major;                /* compute capability (NVIDIA), else 0: 9 builds with -DSM90 */
     int mma_tuned;               /* CLATTN_MMA set: mma_tune for every kernel */
     mma_config mma_tune;
     int grad_q_tuned;            /* CLATTN_MMA_GRAD_Q set: grad_q_tune for grad-Q */
@@ -674,7 +684,10 @@ static const char *kernel_options(const struct clattn_cl_state *cl, int kind, ui
         const mma_config *c = mma_config_for(cl, head_dim, dtype, k);
         snprintf(buf + len, size - (size_t)len,
                  " -DWARPS=%u -DWSPLIT=%u -DMMA_TILE=%u -DPLANES=%u%s", c->warps, c->wsplit,
-                 c->tile, c->planes, cl->mma_emulate ? " -DMMA_EMULATE" : "");
+                 c->tile, c->planes,
+                 cl->mma_emulate     ? " -DMMA_EMULATE"
+                 : cl->nv_major >= 9 ? " -DSM90"
+                                     : "");
     }
     return buf;
 }
@@ -858,7 +871,8 @@ static clattn_status init_on_device(clattn_context *ctx, const char *variant,
     }
     /* Each device type's default is the first variant listed for it that
      * the device can run. */
-    const int can_mma = mma_capable(device) || mma_emulated();
+    cl->nv_major = nv_major(device);
+    const int can_mma = cl->nv_major >= 8 || mma_emulated();
     cl->mma_emulate = mma_emulated();
     if (!variant) {
         const clattn_backend kind = (type & CL_DEVICE_TYPE_CPU) ? CLATTN_BACKEND_OPENCL_CPU
