@@ -294,11 +294,12 @@ struct clattn_cl_state {
     mma_config mma_tune;
     int grad_q_tuned;            /* CLATTN_MMA_GRAD_Q set: grad_q_tune for grad-Q */
     mma_config grad_q_tune;
-    int single_tuned;            /* CLATTN_MMA_SINGLE set: single_tune, warps 0 for none */
+    int single_tuned; /* CLATTN_MMA_SINGLE set: single_tune (warps 0 for none) wherever it fits */
     mma_config single_tune;
     tile_class tiles;
     cl_ulong max_alloc;
     cl_ulong local_mem;
+    cl_uint compute_units;
     /* Host-pointer calls copy through these buffers, grown as needed. */
     cl_mem scratch[CLATTN_R_COUNT];
     size_t scratch_bytes[CLATTN_R_COUNT];
@@ -865,7 +866,9 @@ static clattn_status init_on_device(clattn_context *ctx, const char *variant,
         (err = clGetDeviceInfo(device, CL_DEVICE_MAX_MEM_ALLOC_SIZE, sizeof cl->max_alloc,
                                &cl->max_alloc, NULL)) ||
         (err = clGetDeviceInfo(device, CL_DEVICE_LOCAL_MEM_SIZE, sizeof cl->local_mem,
-                               &cl->local_mem, NULL))) {
+                               &cl->local_mem, NULL)) ||
+        (err = clGetDeviceInfo(device, CL_DEVICE_MAX_COMPUTE_UNITS, sizeof cl->compute_units,
+                               &cl->compute_units, NULL))) {
         st = cl_fail(err, "clGetDeviceInfo");
         goto fail;
     }
@@ -1125,6 +1128,23 @@ static clattn_status enqueue_kernel(struct clattn_cl_state *cl, const kernel_set
     return CLATTN_OK;
 }
 
+/* Whether the single-pass backward has work-groups enough to beat two
+ * passes: its key side runs a work-group per 64 keys of each KV head,
+ * which then loops over every query of the heads of its group, where the
+ * two passes add a work-group per query block of each head. On the H200,
+ * 2026-12-01 (backward TFLOP/s, bfloat16, d64, two rounds), two passes
+ * against the single one: q_seq 16384 8 heads causal (2048 key-side
+ * work-groups) 124.7 / 138.8 and 123.6 / 139.7; q_seq 4096 8 heads causal
+ * (512) 73.0 / 58.6 and 72.4 / 71.5; q_seq 4096 32 heads on 8 (512) 119.3
+ * / 100.1 and 119.5 / 100.5. Hence 8 key-side work-groups a compute unit
+ * (1056 there) or more. CLATTN_MMA_SINGLE set to a shape forces it. */
+static int many_key_blocks(const struct clattn_cl_state *cl, const clattn_shape *s)
+{
+    const size_t rows = mma_rows(cl, s->head_dim, s->dtype, K_GRAD_KVQ);
+    const size_t groups = (s->kv_seq + rows - 1) / rows * (size_t)s->num_kv_heads * s->batch;
+    return groups >= 8u * (size_t)cl->compute_units;
+}
+
 /* Enqueues the kernels of op after the wait list, each after the one
  * before, so that an out-of-order queue keeps their order. *done, when
  * not NULL, receives the last kernel's event. */
@@ -1139,7 +1159,8 @@ static clattn_status enqueue_op(struct clattn_cl_state *cl, clattn_op op, const 
     /* The single pass's float32 dQ is as large as dQ's elements in float32:
      * where that exceeds the device's largest allocation, two passes. */
     const int single = op == CLATTN_OP_BACKWARD && set->kernel[K_GRAD_KVQ] &&
-                       (cl_ulong)sz->q * sizeof(float) <= cl->max_alloc;
+                       (cl_ulong)sz->q * sizeof(float) <= cl->max_alloc &&
+                       (cl->single_tuned || many_key_blocks(cl, s));
     const int *plan = single                                               ? backward_single
                       : op == CLATTN_OP_BACKWARD && !set->kernel[K_GRAD_KV] ? backward_unfused
                                                                             : op_plans[op];

@@ -210,6 +210,14 @@ static void check_ops_16(clattn_context *ctx, const clattn_shape *s, float q_gai
     ref_backward(&p, dq, dq_mag, dk, dk_mag, dv, dv_mag);
     ck_assert_status(clattn_backward(ctx, s, q, k, v, o_in, p.lse, d_out, gq, gk, gv),
                      CLATTN_OK);
+    /* CLATTN_MMA_SINGLE=W,1,T,P forces mma's single-pass backward wherever
+     * its local memory fits, up to head_dim 128 on every device the tests
+     * run: not two passes in silence. */
+    const char *single = getenv("CLATTN_MMA_SINGLE");
+    if (single && strchr(single, ',') && !strcmp(current_variant, "mma") && s->head_dim <= 128)
+        ck_assert_msg(strstr(clattn_context_kernels(ctx), "grad_kvq__mma") != NULL,
+                      "CLATTN_MMA_SINGLE=%s, but the backward ran %s", single,
+                      clattn_context_kernels(ctx));
     expect_close_16("backward dQ", s, gq, dq, dq_mag, p.nq);
     expect_close_16("backward dK", s, gk, dk, dk_mag, p.nkv);
     expect_close_16("backward dV", s, gv, dv, dv_mag, p.nkv);

@@ -5,7 +5,8 @@
 #   bash tests/device_run.sh [suite] [compare] [bench] [tune]
 #   suite    ctest's OpenCL GPU suites
 #   kernels  the GPU kernels suite, one process per variant at once (logs
-#            kernels-VARIANT.log), then ctest's train and ring GPU tests
+#            kernels-VARIANT.log; kernels-mma-single.log with mma's single-pass
+#            backward forced), then ctest's train and ring GPU tests
 #   compare  tests/torch_compare.py --large on the GPU, tolerance 1e-5
 #   bench    tests/torch_bench.py on the GPU shapes, with a plot (BENCH_VARIANT, BENCH_DTYPE,
 #            BENCH_DIMS: variant, dtype and head_dims; defaults mma, f32, all)
@@ -69,6 +70,9 @@ for stage in "$@"; do
       CLATTN_TEST_VARIANT=$v build-dev/tests/clattn_tests --suite kernels --backend opencl-gpu \
         2>&1 | grep -v 'warning generated' > "$OUT/kernels-$v.log" &
     done
+    # mma's single-pass backward, forced (the library picks it for long sequences)
+    CLATTN_MMA_SINGLE=4,1,16,1 CLATTN_TEST_VARIANT=mma build-dev/tests/clattn_tests --suite kernels \
+      --backend opencl-gpu 2>&1 | grep -v 'warning generated' > "$OUT/kernels-mma-single.log" &
     wait
     tail -n 3 "$OUT"/kernels-*.log
     ctest --test-dir build-dev -R 'train.opencl-gpu|ring.opencl-gpu' --output-on-failure 2>&1 \
