@@ -153,17 +153,23 @@ static uint16_t *halves(size_t n)
  * of the second product's operands where a kernel feeds P or dS back to
  * 16-bit tensor-core products (mma, as FlashAttention): each term p_j x_j
  * of a sum is off by at most u |p_j x_j|, so the sum by u times the sum of
- * the terms' magnitudes, which is mag. */
-static void expect_close_16(const char *what, const clattn_shape *s, const uint16_t *got,
-                            const double *ref, const double *mag, size_t n)
+ * the terms' magnitudes, which is mag. After `calls` calls that each add
+ * the same gradient into a 16-bit output (accumulate), the output is calls
+ * times ref, off by each call's error and each rounding of a partial sum
+ * (u |j ref| for the j-th): calls times the float32 and operand terms, and
+ * u (calls^2 + calls) / 2 |ref| for the roundings. */
+static void expect_sum_16(const char *what, const clattn_shape *s, const uint16_t *got,
+                          const double *ref, const double *mag, size_t n, int calls)
 {
     const double u = s->dtype == CLATTN_DTYPE_BF16 ? 0x1p-8 : 0x1p-11;
+    const double roundings = (calls * calls + calls) / 2.0;
     double worst = 0.0;
     size_t at = 0;
     for (size_t i = 0; i < n; ++i) {
         const double g = from_16(got[i], s->dtype);
-        double e =
-            fabs(g - ref[i]) / (TOL_REL * mag[i] + TOL_ABS + u * (fabs(ref[i]) + mag[i]));
+        double e = fabs(g - calls * ref[i]) /
+                   (calls * (TOL_REL * mag[i] + TOL_ABS + u * mag[i]) +
+                    u * roundings * fabs(ref[i]));
         if (isnan(e))
             e = INFINITY;
         if (e > worst) {
@@ -176,7 +182,13 @@ static void expect_close_16(const char *what, const clattn_shape *s, const uint1
                   "element %zu is %.9g, reference %.9g; %.3g times the tolerance",
                   what, (int)s->dtype, test_backend, current_variant, s->batch, s->q_seq, s->kv_seq,
                   s->num_heads, s->num_kv_heads, s->head_dim, s->causal, s->window, at,
-                  (double)from_16(got[at], s->dtype), ref[at], worst);
+                  (double)from_16(got[at], s->dtype), calls * ref[at], worst);
+}
+
+static void expect_close_16(const char *what, const clattn_shape *s, const uint16_t *got,
+                            const double *ref, const double *mag, size_t n)
+{
+    expect_sum_16(what, s, got, ref, mag, n, 1);
 }
 
 /* Every op with 16-bit tensors on ctx, against float64 from the rounded
@@ -221,6 +233,15 @@ static void check_ops_16(clattn_context *ctx, const clattn_shape *s, float q_gai
     expect_close_16("backward dQ", s, gq, dq, dq_mag, p.nq);
     expect_close_16("backward dK", s, gk, dk, dk_mag, p.nkv);
     expect_close_16("backward dV", s, gv, dv, dv_mag, p.nkv);
+    /* Accumulated: a second backward adds the same gradients into the
+     * first's (rounded) outputs. */
+    clattn_shape twice = *s;
+    twice.accumulate = 1;
+    ck_assert_status(clattn_backward(ctx, &twice, q, k, v, o_in, p.lse, d_out, gq, gk, gv),
+                     CLATTN_OK);
+    expect_sum_16("accumulated dQ", s, gq, dq, dq_mag, p.nq, 2);
+    expect_sum_16("accumulated dK", s, gk, dk, dk_mag, p.nkv, 2);
+    expect_sum_16("accumulated dV", s, gv, dv, dv_mag, p.nkv, 2);
     uint16_t *one = halves(p.nkv);
     ck_assert_status(clattn_grad_v(ctx, s, d_out, q, k, p.lse, one), CLATTN_OK);
     expect_close_16("grad-V", s, one, dv, dv_mag, p.nkv);
