@@ -82,5 +82,15 @@ decide() {
   done
   done
 }
+last() {
+  for v in mma tree; do
+    CLATTN_TEST_VARIANT=$v timeout 300 build-dev/tests/clattn_tests --suite kernels --backend opencl-gpu 2>&1 | grep -v 'warning generated' > "$OUT/kernels-$v.log" &
+  done
+  CLATTN_MMA_SINGLE=4,1,16,1 CLATTN_TEST_VARIANT=mma timeout 300 build-dev/tests/clattn_tests --suite kernels --backend opencl-gpu 2>&1 | grep -v 'warning generated' > "$OUT/kernels-mma-single.log" &
+  wait
+  tail -n 2 "$OUT"/kernels-*.log
+  ctest --test-dir build-dev -R 'train.opencl-gpu|ring.opencl-gpu' --output-on-failure 2>&1 | tee "$OUT/ctest-gpu.log" | grep -E 'Test #|tests passed|Failed'
+  python3 tests/torch_bench.py "$cli" --no-cpu --variant mma --dtype bf16 --reps 5 2>&1 | tee "$OUT/bench-bf16.log" | tail -20
+}
 ptx() { mkdir -p "$OUT/new"; find .devcache -newer /tmp/marker -type f -size -3M -exec cp {} "$OUT/new/" \; ; ls -la "$OUT/new" | head; }
 for f in "$@"; do echo "##### $f"; $f; done 2>&1 | tee -a "$OUT/session.log"
