@@ -735,7 +735,7 @@ static clattn_status build_set(struct clattn_cl_state *cl, const char *variant,
             mma_config_for(cl, head_dim, dtype, k)->tile % 16)
             return clattn_fail(CLATTN_ERROR_INVALID_OPTION,
                                "mma's 16-bit kernels want tiles of 16 rows or more (CLATTN_MMA, "
-                               "CLATTN_MMA_GRAD_Q)");
+                               "CLATTN_MMA_GRAD_Q, CLATTN_MMA_SINGLE)");
         char options[256], other[256];
         kernel_options(cl, set->kind[k], head_dim, dtype, k, options, sizeof options);
         for (int j = 0; j < k && !set->program[k]; ++j) {
@@ -925,6 +925,13 @@ static clattn_status init_on_device(clattn_context *ctx, const char *variant,
     else if ((st = mma_override("CLATTN_MMA_SINGLE", &cl->single_tune, &cl->single_tuned)) !=
              CLATTN_OK)
         goto fail;
+    else if (cl->single_tuned && cl->single_tune.wsplit != 1) {
+        st = clattn_fail(CLATTN_ERROR_INVALID_OPTION,
+                         "CLATTN_MMA_SINGLE='%s': the single pass wants WSPLIT 1 (or 0 for two "
+                         "passes)",
+                         single);
+        goto fail;
+    }
     if ((st = mma_override("CLATTN_MMA", &cl->mma_tune, &cl->mma_tuned)) != CLATTN_OK ||
         (st = mma_override("CLATTN_MMA_GRAD_Q", &cl->grad_q_tune, &cl->grad_q_tuned)) !=
             CLATTN_OK)
