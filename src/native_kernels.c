@@ -145,17 +145,22 @@ INLINE void dots(const float *const *rows, const tile_row *t, size_t D, tile_row
             hstore(out[i] + p * HW, a[i][p]);
 }
 
-/* acc[d][.] += sum_r rows[r][d] * w[r][.] for r < n: ACC_DIMS rows of the
- * transposed accumulator stay in registers while the n rows stream by. */
+/* acc[d][.] = acc[d][.] * rescale[.] + sum_r rows[r][d] * w[r][.] for
+ * r < n (no rescale where it is NULL): ACC_DIMS rows of the transposed
+ * accumulator stay in registers while the n rows stream by, scaled as they
+ * are loaded (the forward's running rescale, at no pass of its own). */
 INLINE void accumulate(tile_row *acc, size_t D, const float *const *rows, const tile_row *w,
-                       size_t n)
+                       size_t n, const float *rescale)
 {
+    hvec rs[PARTS];
+    for (int p = 0; p < PARTS; ++p)
+        rs[p] = rescale ? (hvec)hload(rescale + p * HW) : HSPLAT(1.0f);
     size_t d = 0;
     for (; d + ACC_DIMS <= D; d += ACC_DIMS) {
         hvec c[ACC_DIMS][PARTS];
         for (int i = 0; i < ACC_DIMS; ++i)
             for (int p = 0; p < PARTS; ++p)
-                c[i][p] = hload(acc[d + i] + p * HW);
+                c[i][p] = (hvec)hload(acc[d + i] + p * HW) * (rescale ? rs[p] : HSPLAT(1.0f));
         for (size_t r = 0; r < n; ++r) {
             hvec x[PARTS];
             for (int p = 0; p < PARTS; ++p)
@@ -171,7 +176,7 @@ INLINE void accumulate(tile_row *acc, size_t D, const float *const *rows, const 
     }
     for (; d < D; ++d)
         EACH_PART(h) {
-            hvec c = hload(acc[d] + h);
+            hvec c = (hvec)hload(acc[d] + h) * (rescale ? rs[h / HW] : HSPLAT(1.0f));
             for (size_t r = 0; r < n; ++r)
                 c += rows[r][d] * hload(w[r] + h);
             hstore(acc[d] + h, c);
@@ -265,9 +270,9 @@ INLINE void key_chunk_run(const native_call *c, key_chunk *ch, const tile_row *k
         }
     }
     if (dvt)
-        accumulate(dvt, D, ch->d_out, p, n);
+        accumulate(dvt, D, ch->d_out, p, n, NULL);
     if (dkt)
-        accumulate(dkt, D, ch->q, ds, n);
+        accumulate(dkt, D, ch->q, ds, n, NULL);
     if (dkt && c->dq_part) {
         float *part = c->dq_part + (size_t)clattn_native_copy * c->dq_part_floats;
         _Alignas(64) float spare[CLATTN_MAX_HEAD_DIM]; /* the padding rows' sums */
@@ -474,10 +479,7 @@ static void forward_block(const native_call *c, size_t job)
         }
         EACH_PART(h)
         hstore(l + h, hload(l + h) * hload(rescale + h) + hload(sum + h));
-        for (size_t d = 0; d < D; ++d)
-            EACH_PART(h)
-            hstore(ot[d] + h, hload(ot[d] + h) * hload(rescale + h));
-        accumulate(ot, D, vrows, sc, n);
+        accumulate(ot, D, vrows, sc, n, rescale);
     }
     for (size_t r = 0; r < qb.rows; ++r) {
         float *orow = c->o_out + qb.row[r] * D;
@@ -531,7 +533,7 @@ static void grad_q_block(const native_call *c, size_t job)
                 hstore(sc[j] + h, scale * p * (hload(dp[j] + h) - hload(dsum + h)));
             }
         }
-        accumulate(dqt, D, krows, sc, n);
+        accumulate(dqt, D, krows, sc, n, NULL);
     }
     for (size_t r = 0; r < qb.rows; ++r) {
         float *dq = c->dq + qb.row[r] * D;
