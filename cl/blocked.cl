@@ -94,15 +94,18 @@ inline void dots8(SRC *x, const ulong *row, const float *t, float16 *out)
     out[7] = a7;
 }
 
-/* acc[d] += sum_r x[row[r] + d] * w[r] for r < n, acc a transposed tile:
- * eight of its rows stay in registers while the n rows stream by. */
-inline void add_rows(float *acc, SRC *x, const ulong *row, const float16 *w, uint n)
+/* acc[d] = acc[d] * f + sum_r x[row[r] + d] * w[r] for r < n, acc a
+ * transposed tile: eight of its rows stay in registers while the n rows
+ * stream by, scaled by f as they are loaded (the forward's running
+ * rescale, at no pass of its own; 1 elsewhere). */
+inline void add_rows(float *acc, SRC *x, const ulong *row, const float16 *w, uint n, float16 f)
 {
     uint d = 0;
     for (; d + 8 <= D; d += 8) {
-        float16 c0 = vload16(d, acc), c1 = vload16(d + 1, acc), c2 = vload16(d + 2, acc),
-                c3 = vload16(d + 3, acc), c4 = vload16(d + 4, acc), c5 = vload16(d + 5, acc),
-                c6 = vload16(d + 6, acc), c7 = vload16(d + 7, acc);
+        float16 c0 = vload16(d, acc) * f, c1 = vload16(d + 1, acc) * f,
+                c2 = vload16(d + 2, acc) * f, c3 = vload16(d + 3, acc) * f,
+                c4 = vload16(d + 4, acc) * f, c5 = vload16(d + 5, acc) * f,
+                c6 = vload16(d + 6, acc) * f, c7 = vload16(d + 7, acc) * f;
         for (uint r = 0; r < n; ++r) {
             const float16 y = w[r];
             SRC *xr = x + row[r] + d;
@@ -125,7 +128,7 @@ inline void add_rows(float *acc, SRC *x, const ulong *row, const float16 *w, uin
         vstore16(c7, d + 7, acc);
     }
     for (; d < D; ++d) {
-        float16 c = vload16(d, acc);
+        float16 c = vload16(d, acc) * f;
         for (uint r = 0; r < n; ++r)
             c += x[row[r] + d] * w[r];
         vstore16(c, d, acc);
@@ -198,9 +201,9 @@ inline void chunk_run(chunk *ch, __global const elem *q, __global const elem *d_
             ds[r] = scale * e * (ds[r] - ch->dsum[r]);
     }
     if (want_dv)
-        add_rows(dvt, ox, at, p, n);
+        add_rows(dvt, ox, at, p, n, 1.0f);
     if (want_dk)
-        add_rows(dkt, qx, at, ds, n);
+        add_rows(dkt, qx, at, ds, n, 1.0f);
     ch->n = 0;
 }
 
@@ -376,9 +379,7 @@ __kernel void forward__blocked(__global const elem *q, ulong q_off, __global con
         }
         l = l * rescale + sum;
         m = m_new;
-        for (uint d = 0; d < D; ++d)
-            vstore16(vload16(d, ot) * rescale, d, ot);
-        add_rows(ot, vx, at, sc, n);
+        add_rows(ot, vx, at, sc, n, rescale);
     }
     float lv[KB], mv[KB];
     vstore16(l, 0, lv);
@@ -442,7 +443,7 @@ __kernel void grad_q__blocked(__global const elem *q, ulong q_off, __global cons
             const float16 p = exp(fmin(sc[j] * scale - m, 0.0f) - l);
             sc[j] = select((float16)0.0f, scale * p * (dp[j] - ds_row), j < n ? keep : (int16)0);
         }
-        add_rows(dqt, kx, at, sc, n);
+        add_rows(dqt, kx, at, sc, n, 1.0f);
     }
     for (uint i = 0; i < r.n; ++i)
         for (uint d = 0; d < D; ++d)
