@@ -365,6 +365,44 @@ START_TEST(list_devices)
 }
 END_TEST
 
+/* The mma shape knobs are read as an OpenCL context is made, whatever its
+ * variant: bad ones refuse it with a status and a message naming them, on
+ * every OpenCL device listed; CLATTN_MMA_SINGLE=0 (two passes) is good. */
+START_TEST(mma_knob_statuses)
+{
+    size_t n = 0;
+    ck_assert_status(clattn_list_devices(NULL, 0, &n), CLATTN_OK);
+    clattn_device_info *list = calloc(n, sizeof *list);
+    ck_assert_status(clattn_list_devices(list, n, &n), CLATTN_OK);
+    static const char *const bad[][2] = {{"CLATTN_MMA_SINGLE", "4,2,16,1"},
+                                         {"CLATTN_MMA_SINGLE", "x"},
+                                         {"CLATTN_MMA", "3,1,16,1"},
+                                         {"CLATTN_MMA_GRAD_Q", "4,1,16"}};
+    for (size_t i = 0; i < n; ++i) {
+        if (list[i].backend == CLATTN_BACKEND_NATIVE)
+            continue;
+        char sel[32];
+        snprintf(sel, sizeof sel, "%d:%d", list[i].platform_index, list[i].device_index);
+        clattn_options o = clattn_options_default();
+        o.device = sel;
+        clattn_context *ctx = NULL;
+        for (size_t b = 0; b < sizeof bad / sizeof bad[0]; ++b) {
+            setenv(bad[b][0], bad[b][1], 1);
+            ck_assert_status(clattn_context_create(&o, &ctx), CLATTN_ERROR_INVALID_OPTION);
+            ck_assert_ptr_null(ctx);
+            ck_assert_msg(strstr(clattn_last_error(), bad[b][0]) != NULL, "%s='%s': %s",
+                          bad[b][0], bad[b][1], clattn_last_error());
+            unsetenv(bad[b][0]);
+        }
+        setenv("CLATTN_MMA_SINGLE", "0", 1);
+        ck_assert_status(clattn_context_create(&o, &ctx), CLATTN_OK);
+        clattn_context_destroy(ctx);
+        unsetenv("CLATTN_MMA_SINGLE");
+    }
+    free(list);
+}
+END_TEST
+
 START_TEST(null_context_queries)
 {
     ck_assert_int_eq(clattn_context_backend(NULL), CLATTN_BACKEND_AUTO);
@@ -691,6 +729,7 @@ Suite *api_suite(void)
     tcase_add_test(tc, environment_selects);
     tcase_add_test(tc, no_platform);
     tcase_add_test(tc, list_devices);
+    tcase_add_test(tc, mma_knob_statuses);
     tcase_add_test(tc, null_context_queries);
     tcase_add_test(tc, seed_block_conversion);
     tcase_add_test(tc, visible_pairs);
