@@ -135,12 +135,13 @@ inline void add_rows(float *acc, SRC *x, const ulong *row, const float16 *w, uin
     }
 }
 
-/* t[d][j] = x[row[j] + d], or 0 for j >= n. */
-inline void transpose_in(__global const elem *x, const ulong *row, uint n, float *t)
+/* t[d][j] = x[row[j] + d], or 0 for j >= n, for the w rows of a tile of
+ * width w (KB keys, QB query rows). */
+inline void transpose_in(__global const elem *x, const ulong *row, uint n, float *t, uint w)
 {
-    for (uint j = 0; j < KB; ++j)
+    for (uint j = 0; j < w; ++j)
         for (uint d = 0; d < D; ++d)
-            t[d * KB + j] = j < n ? LOAD(x, row[j] + d) : 0.0f;
+            t[d * w + j] = j < n ? LOAD(x, row[j] + d) : 0.0f;
 }
 
 /* Whether query pos sees key t, lane by lane, as float16 selects want it
@@ -224,9 +225,9 @@ inline void key_job(__global const elem *q, __global const elem *k, __global con
     ulong keys[KB];
     for (uint j = 0; j < KB; ++j)
         keys[j] = first + min(j, nt - 1) * kv_row;
-    transpose_in(k, keys, nt, kt);
+    transpose_in(k, keys, nt, kt, KB);
     if (want_dk)
-        transpose_in(v, keys, nt, vt);
+        transpose_in(v, keys, nt, vt, KB);
     for (uint i = 0; i < D * KB; ++i)
         dkt[i] = dvt[i] = 0.0f;
 
@@ -298,26 +299,35 @@ __kernel void grad_kv__blocked(__global const elem *q, ulong q_off, __global con
 
 /* ---- query side -------------------------------------------------------- */
 
+/* A query-side work-item takes QB = 32 rows, kept transposed as two float16
+ * halves a tile row, so that each element broadcast from a key row serves
+ * two FMAs (16 accumulators, as the native backend's 32-float tiles have):
+ * with 16 rows, eight accumulators took a broadcast load each besides the
+ * tile row's load, more loads than the two load ports serve a cycle. */
+#define QB 32
+
 /* The block's rows: Q (or dO) row offsets, clamped to a valid row past the
- * last, their positions, which rows are real, and the keys [t_lo, t_hi)
- * that any of them may see. */
+ * last, their positions and which rows are real (per half), and the keys
+ * [t_lo, t_hi) that any of them may see. */
 typedef struct rows {
-    ulong row[KB];
-    uint16 pos;
-    int16 live;
+    ulong row[QB];
+    uint16 pos[2];
+    int16 live[2];
     uint n, t_lo, t_hi;
 } rows;
 
 inline void rows_of(rows *r, uint q_seq, uint kv_seq, uint num_heads, int causal, uint window,
                     long delta)
 {
-    const uint pos0 = get_global_id(0) * KB, head = get_global_id(1), b = get_global_id(2);
-    r->n = min((uint)KB, q_seq - pos0);
+    const uint pos0 = get_global_id(0) * QB, head = get_global_id(1), b = get_global_id(2);
+    r->n = min((uint)QB, q_seq - pos0);
     const uint last = pos0 + r->n - 1;
-    for (uint i = 0; i < KB; ++i)
+    for (uint i = 0; i < QB; ++i)
         r->row[i] = ((ulong)b * q_seq + min(pos0 + i, last)) * num_heads + head;
-    r->pos = pos0 + lane_ids();
-    r->live = lane_ids() < r->n;
+    for (uint h = 0; h < 2; ++h) {
+        r->pos[h] = pos0 + 16 * h + lane_ids();
+        r->live[h] = 16 * h + lane_ids() < r->n;
+    }
     keys_of_queries(pos0, last, kv_seq, causal, window, delta, &r->t_lo, &r->t_hi);
 }
 
@@ -329,12 +339,122 @@ inline void key_rows(ulong *keys, uint b, uint kv_seq, uint num_kv_heads, uint k
         keys[j] = (((ulong)b * kv_seq + min(t0 + j, t_hi - 1)) * num_kv_heads + kv_head) * D;
 }
 
+/* lo[i], hi[i] = sum_d x[row[i] + d] * t[d] for 8 rows of x, t a transposed
+ * tile of QB rows (halves 0..15 and 16..31). */
+inline void dots8x2(SRC *x, const ulong *row, const float *t, float16 *lo, float16 *hi)
+{
+    SRC *r0 = x + row[0], *r1 = x + row[1], *r2 = x + row[2], *r3 = x + row[3],
+        *r4 = x + row[4], *r5 = x + row[5], *r6 = x + row[6], *r7 = x + row[7];
+    float16 a0 = 0.0f, a1 = 0.0f, a2 = 0.0f, a3 = 0.0f, a4 = 0.0f, a5 = 0.0f, a6 = 0.0f,
+            a7 = 0.0f, b0 = 0.0f, b1 = 0.0f, b2 = 0.0f, b3 = 0.0f, b4 = 0.0f, b5 = 0.0f,
+            b6 = 0.0f, b7 = 0.0f;
+    for (uint d = 0; d < D; ++d) {
+        const float16 y = vload16(2 * d, t), z = vload16(2 * d + 1, t);
+        const float x0 = r0[d], x1 = r1[d], x2 = r2[d], x3 = r3[d], x4 = r4[d], x5 = r5[d],
+                    x6 = r6[d], x7 = r7[d];
+        a0 += x0 * y;
+        b0 += x0 * z;
+        a1 += x1 * y;
+        b1 += x1 * z;
+        a2 += x2 * y;
+        b2 += x2 * z;
+        a3 += x3 * y;
+        b3 += x3 * z;
+        a4 += x4 * y;
+        b4 += x4 * z;
+        a5 += x5 * y;
+        b5 += x5 * z;
+        a6 += x6 * y;
+        b6 += x6 * z;
+        a7 += x7 * y;
+        b7 += x7 * z;
+    }
+    lo[0] = a0, lo[1] = a1, lo[2] = a2, lo[3] = a3, lo[4] = a4, lo[5] = a5, lo[6] = a6;
+    lo[7] = a7;
+    hi[0] = b0, hi[1] = b1, hi[2] = b2, hi[3] = b3, hi[4] = b4, hi[5] = b5, hi[6] = b6;
+    hi[7] = b7;
+}
+
+/* acc[d] = acc[d] * (f, g) + sum_r x[row[r] + d] * (w[r], v[r]) for r < n,
+ * acc a transposed tile of QB rows (halves scaled by f and g as they are
+ * loaded: the forward's running rescale; 1 elsewhere): four of its rows,
+ * both halves, stay in registers while the n rows stream by. */
+inline void add_rows2(float *acc, SRC *x, const ulong *row, const float16 *w, const float16 *v,
+                      uint n, float16 f, float16 g)
+{
+    /* Named accumulators, not arrays: PoCL kept arrays of them in memory. */
+    uint d = 0;
+    for (; d + 8 <= D; d += 8) {
+        float *a = acc + 32 * d;
+        float16 c0 = vload16(0, a) * f, e0 = vload16(1, a) * g, c1 = vload16(2, a) * f,
+                e1 = vload16(3, a) * g, c2 = vload16(4, a) * f, e2 = vload16(5, a) * g,
+                c3 = vload16(6, a) * f, e3 = vload16(7, a) * g, c4 = vload16(8, a) * f,
+                e4 = vload16(9, a) * g, c5 = vload16(10, a) * f, e5 = vload16(11, a) * g,
+                c6 = vload16(12, a) * f, e6 = vload16(13, a) * g, c7 = vload16(14, a) * f,
+                e7 = vload16(15, a) * g;
+        for (uint r = 0; r < n; ++r) {
+            const float16 y = w[r], z = v[r];
+            SRC *xr = x + row[r] + d;
+            const float x0 = xr[0], x1 = xr[1], x2 = xr[2], x3 = xr[3], x4 = xr[4], x5 = xr[5],
+                        x6 = xr[6], x7 = xr[7];
+            c0 += x0 * y;
+            e0 += x0 * z;
+            c1 += x1 * y;
+            e1 += x1 * z;
+            c2 += x2 * y;
+            e2 += x2 * z;
+            c3 += x3 * y;
+            e3 += x3 * z;
+            c4 += x4 * y;
+            e4 += x4 * z;
+            c5 += x5 * y;
+            e5 += x5 * z;
+            c6 += x6 * y;
+            e6 += x6 * z;
+            c7 += x7 * y;
+            e7 += x7 * z;
+        }
+        vstore16(c0, 0, a);
+        vstore16(e0, 1, a);
+        vstore16(c1, 2, a);
+        vstore16(e1, 3, a);
+        vstore16(c2, 4, a);
+        vstore16(e2, 5, a);
+        vstore16(c3, 6, a);
+        vstore16(e3, 7, a);
+        vstore16(c4, 8, a);
+        vstore16(e4, 9, a);
+        vstore16(c5, 10, a);
+        vstore16(e5, 11, a);
+        vstore16(c6, 12, a);
+        vstore16(e6, 13, a);
+        vstore16(c7, 14, a);
+        vstore16(e7, 15, a);
+    }
+    for (; d < D; ++d) {
+        float16 c = vload16(2 * d, acc) * f, e = vload16(2 * d + 1, acc) * g;
+        for (uint r = 0; r < n; ++r) {
+            c += x[row[r] + d] * w[r];
+            e += x[row[r] + d] * v[r];
+        }
+        vstore16(c, 2 * d, acc);
+        vstore16(e, 2 * d + 1, acc);
+    }
+}
+
+/* The scores of a tile's KB keys against the block's QB rows, both halves. */
+inline void tile_scores(SRC *kx, const ulong *at, const float *qt, float16 *lo, float16 *hi)
+{
+    dots8x2(kx, at, qt, lo, hi);
+    dots8x2(kx, at + 8, qt, lo + 8, hi + 8);
+}
+
 __kernel void forward__blocked(__global const elem *q, ulong q_off, __global const elem *k,
                                ulong k_off, __global const elem *v, ulong v_off,
                                __global elem *o, ulong o_off, __global float *lse,
                                ulong lse_off, SHAPE_ARGS, __local float *unused)
 {
-    if (get_global_id(0) * KB >= q_seq)
+    if (get_global_id(0) * QB >= q_seq)
         return;
     q += q_off;
     k += k_off;
@@ -344,49 +464,54 @@ __kernel void forward__blocked(__global const elem *q, ulong q_off, __global con
     rows r;
     rows_of(&r, q_seq, kv_seq, num_heads, causal, window, delta);
     const uint b = get_global_id(2), kv_head = get_global_id(1) / (num_heads / num_kv_heads);
-    ulong qrow[KB];
-    for (uint i = 0; i < KB; ++i)
+    ulong qrow[QB];
+    for (uint i = 0; i < QB; ++i)
         qrow[i] = r.row[i] * D;
-    float qt[D * KB], ot[D * KB];
-    transpose_in(q, qrow, KB, qt);
-    for (uint i = 0; i < D * KB; ++i)
+    float qt[D * QB], ot[D * QB];
+    transpose_in(q, qrow, QB, qt, QB);
+    for (uint i = 0; i < D * QB; ++i)
         ot[i] = 0.0f;
-    float16 m = EMPTY_ROW, l = 0.0f;
+    float16 m[2] = {EMPTY_ROW, EMPTY_ROW}, l[2] = {0.0f, 0.0f};
     for (uint t0 = r.t_lo; t0 < r.t_hi; t0 += KB) {
         const uint n = min((uint)KB, r.t_hi - t0);
         ulong keys[KB];
-        float16 sc[KB];
+        float16 sc[2][KB], rescale[2];
         key_rows(keys, b, kv_seq, num_kv_heads, kv_head, t0, r.t_hi);
         float ks[STAGED(KB)], vs[STAGED(KB)];
         ulong at[KB];
         SRC *kx = stage(ks, k, keys, KB, at);
         SRC *vx = stage(vs, v, keys, KB, at);
-        dots8(kx, at, qt, sc);
-        dots8(kx, at + 8, qt, sc + 8);
-        float16 block_max = EMPTY_ROW;
-        for (uint j = 0; j < KB; ++j) {
-            const int16 keep = r.live & visible16(r.pos, (uint16)(t0 + j), causal, window, delta);
-            sc[j] = select((float16)EMPTY_ROW, sc[j] * scale, j < n ? keep : (int16)0);
-            block_max = fmax(block_max, sc[j]);
+        tile_scores(kx, at, qt, sc[0], sc[1]);
+        for (uint h = 0; h < 2; ++h) {
+            float16 block_max = EMPTY_ROW;
+            for (uint j = 0; j < KB; ++j) {
+                const int16 keep =
+                    r.live[h] & visible16(r.pos[h], (uint16)(t0 + j), causal, window, delta);
+                sc[h][j] = select((float16)EMPTY_ROW, sc[h][j] * scale, j < n ? keep : (int16)0);
+                block_max = fmax(block_max, sc[h][j]);
+            }
+            const float16 m_new = fmax(m[h], block_max);
+            rescale[h] = exp(m[h] - m_new);
+            float16 sum = 0.0f;
+            for (uint j = 0; j < KB; ++j) {
+                /* Masked scores are exactly EMPTY_ROW; their weight is 0
+                 * even while the row's max is EMPTY_ROW too. */
+                sc[h][j] = select(exp(sc[h][j] - m_new), (float16)0.0f, sc[h][j] == EMPTY_ROW);
+                sum += sc[h][j];
+            }
+            l[h] = l[h] * rescale[h] + sum;
+            m[h] = m_new;
         }
-        const float16 m_new = fmax(m, block_max), rescale = exp(m - m_new);
-        float16 sum = 0.0f;
-        for (uint j = 0; j < KB; ++j) {
-            /* Masked scores are exactly EMPTY_ROW; their weight is 0 even
-             * while the row's max is EMPTY_ROW too. */
-            sc[j] = select(exp(sc[j] - m_new), (float16)0.0f, sc[j] == EMPTY_ROW);
-            sum += sc[j];
-        }
-        l = l * rescale + sum;
-        m = m_new;
-        add_rows(ot, vx, at, sc, n, rescale);
+        add_rows2(ot, vx, at, sc[0], sc[1], n, rescale[0], rescale[1]);
     }
-    float lv[KB], mv[KB];
-    vstore16(l, 0, lv);
-    vstore16(m, 0, mv);
+    float lv[QB], mv[QB];
+    for (uint h = 0; h < 2; ++h) {
+        vstore16(l[h], h, lv);
+        vstore16(m[h], h, mv);
+    }
     for (uint i = 0; i < r.n; ++i) {
         for (uint d = 0; d < D; ++d)
-            STORE(o, qrow[i] + d, lv[i] > 0.0f ? ot[d * KB + i] / lv[i] : 0.0f);
+            STORE(o, qrow[i] + d, lv[i] > 0.0f ? ot[d * QB + i] / lv[i] : 0.0f);
         lse[2 * r.row[i]] = lv[i] > 0.0f ? mv[i] : EMPTY_ROW;
         lse[2 * r.row[i] + 1] = lv[i] > 0.0f ? log(lv[i]) : EMPTY_ROW;
     }
@@ -399,7 +524,7 @@ __kernel void grad_q__blocked(__global const elem *q, ulong q_off, __global cons
                               __global const float *dsum, ulong dsum_off, __global elem *dq,
                               ulong dq_off, SHAPE_ARGS, __local float *unused)
 {
-    if (get_global_id(0) * KB >= q_seq)
+    if (get_global_id(0) * QB >= q_seq)
         return;
     q += q_off;
     k += k_off;
@@ -411,52 +536,58 @@ __kernel void grad_q__blocked(__global const elem *q, ulong q_off, __global cons
     rows r;
     rows_of(&r, q_seq, kv_seq, num_heads, causal, window, delta);
     const uint b = get_global_id(2), kv_head = get_global_id(1) / (num_heads / num_kv_heads);
-    ulong qrow[KB];
-    float mv[KB], lv[KB], sv[KB];
-    for (uint i = 0; i < KB; ++i) {
+    ulong qrow[QB];
+    float mv[QB], lv[QB], sv[QB];
+    for (uint i = 0; i < QB; ++i) {
         qrow[i] = r.row[i] * D;
         mv[i] = lse[2 * r.row[i]];
         lv[i] = lse[2 * r.row[i] + 1];
         sv[i] = dsum[r.row[i]];
     }
-    const float16 m = vload16(0, mv), l = vload16(0, lv), ds_row = vload16(0, sv);
-    float qt[D * KB], dot[D * KB], dqt[D * KB];
-    transpose_in(q, qrow, KB, qt);
-    transpose_in(d_out, qrow, KB, dot);
-    for (uint i = 0; i < D * KB; ++i)
+    float16 m[2], l[2], ds_row[2];
+    for (uint h = 0; h < 2; ++h) {
+        m[h] = vload16(h, mv);
+        l[h] = vload16(h, lv);
+        ds_row[h] = vload16(h, sv);
+    }
+    float qt[D * QB], dot[D * QB], dqt[D * QB];
+    transpose_in(q, qrow, QB, qt, QB);
+    transpose_in(d_out, qrow, QB, dot, QB);
+    for (uint i = 0; i < D * QB; ++i)
         dqt[i] = 0.0f;
     for (uint t0 = r.t_lo; t0 < r.t_hi; t0 += KB) {
         const uint n = min((uint)KB, r.t_hi - t0);
         ulong keys[KB];
-        float16 sc[KB], dp[KB];
+        float16 sc[2][KB], dp[2][KB];
         key_rows(keys, b, kv_seq, num_kv_heads, kv_head, t0, r.t_hi);
         float ks[STAGED(KB)], vs[STAGED(KB)];
         ulong at[KB];
         SRC *kx = stage(ks, k, keys, KB, at);
         SRC *vx = stage(vs, v, keys, KB, at);
-        dots8(kx, at, qt, sc);
-        dots8(kx, at + 8, qt, sc + 8);
-        dots8(vx, at, dot, dp);
-        dots8(vx, at + 8, dot, dp + 8);
-        for (uint j = 0; j < KB; ++j) {
-            const int16 keep = r.live & visible16(r.pos, (uint16)(t0 + j), causal, window, delta);
-            const float16 p = exp(fmin(sc[j] * scale - m, 0.0f) - l);
-            sc[j] = select((float16)0.0f, scale * p * (dp[j] - ds_row), j < n ? keep : (int16)0);
-        }
-        add_rows(dqt, kx, at, sc, n, 1.0f);
+        tile_scores(kx, at, qt, sc[0], sc[1]);
+        tile_scores(vx, at, dot, dp[0], dp[1]);
+        for (uint h = 0; h < 2; ++h)
+            for (uint j = 0; j < KB; ++j) {
+                const int16 keep =
+                    r.live[h] & visible16(r.pos[h], (uint16)(t0 + j), causal, window, delta);
+                const float16 p = exp(fmin(sc[h][j] * scale - m[h], 0.0f) - l[h]);
+                sc[h][j] = select((float16)0.0f, scale * p * (dp[h][j] - ds_row[h]),
+                                  j < n ? keep : (int16)0);
+            }
+        add_rows2(dqt, kx, at, sc[0], sc[1], n, 1.0f, 1.0f);
     }
     for (uint i = 0; i < r.n; ++i)
         for (uint d = 0; d < D; ++d)
-            STORE_GRAD(dq, qrow[i] + d, dqt[d * KB + i], accumulate);
+            STORE_GRAD(dq, qrow[i] + d, dqt[d * QB + i], accumulate);
 }
 
-/* Dsum = dO . O, a row per work-item, KB rows per work-item here too. */
+/* Dsum = dO . O, QB rows per work-item, as the query side takes them. */
 __kernel void dsum__blocked(__global const elem *d_out, ulong d_out_off, __global const elem *o,
                             ulong o_off, __global float *dsum, ulong dsum_off, SHAPE_ARGS,
                             __local float *unused)
 {
-    const uint pos0 = get_global_id(0) * KB, head = get_global_id(1), b = get_global_id(2);
-    for (uint pos = pos0; pos < min(pos0 + KB, q_seq); ++pos) {
+    const uint pos0 = get_global_id(0) * QB, head = get_global_id(1), b = get_global_id(2);
+    for (uint pos = pos0; pos < min(pos0 + QB, q_seq); ++pos) {
         const ulong row = ((ulong)b * q_seq + pos) * num_heads + head;
         float sum = 0.0f;
         for (uint d = 0; d < D; ++d)

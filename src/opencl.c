@@ -120,9 +120,10 @@ static unsigned tile_dsplit(const tile_config *c, uint32_t head_dim)
 
 /* How a kernel is launched: tree.cl's a work-group per row; tiled.cl's a
  * work-group per block of rows (per pair of blocks under a causal mask);
- * blocked.cl's a single work-item per block of BLOCKED_ROWS rows. */
+ * blocked.cl's a single work-item per block of BLOCKED_KEYS keys or
+ * BLOCKED_QUERIES query rows. */
 enum { KIND_TREE, KIND_TILED, KIND_BLOCKED, KIND_MMA };
-enum { BLOCKED_ROWS = 16 };
+enum { BLOCKED_KEYS = 16, BLOCKED_QUERIES = 32 }; /* blocked.cl's KB and QB */
 /* mma.cl's shapes per head_dim class, one for the forward and one for the
  * backward's kernels: warps per work-group, warps that share 16 rows (each
  * with a part of head_dim), rows per local tile, and whether tiles hold tf32
@@ -1121,7 +1122,8 @@ static clattn_status enqueue_kernel(struct clattn_cl_state *cl, const kernel_set
     const size_t rows = kd->key_rows ? s->kv_seq : s->q_seq;
     const size_t heads = kd->key_rows ? s->num_kv_heads : s->num_heads;
     const size_t per_group = set->kind[k] == KIND_TILED     ? tile_config_for(cl, s->head_dim).rows
-                             : set->kind[k] == KIND_BLOCKED ? BLOCKED_ROWS
+                             : set->kind[k] == KIND_BLOCKED
+                                 ? (kd->key_rows ? BLOCKED_KEYS : BLOCKED_QUERIES)
                              : set->kind[k] == KIND_MMA ? mma_rows(cl, s->head_dim, s->dtype, k)
                                                             : 1;
     const size_t blocks = (rows + per_group - 1) / per_group;
