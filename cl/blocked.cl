@@ -3,28 +3,33 @@
  * work-group and no barriers, since PoCL turns every barrier into loops over
  * the work-group's items with their state saved between. Each work-item is
  * the native backend's job (src/native.c), with float16 vectors for its
- * 16-float tiles:
- *  - key side (grad-V, grad-K, both): KB keys of one (batch, KV head), K and
- *    V transposed so that the KB keys lie along a vector; the query rows
- *    that see any of them (every head of the group) stream by CHUNK at a
- *    time; dK and dV accumulate transposed and are written once.
- *  - query side (forward, grad-Q): KB query rows of one (batch, head),
- *    transposed so that the rows lie along a vector, so that a key's scores
- *    against all of them, and the per-row softmax state, are one vector
- *    each; the keys stream by KB at a time.
- * Both products keep eight vector accumulators in registers and broadcast
- * single elements of plain rows against a tile row.
+ * tiles, 32 rows wide as two float16 halves:
+ *  - key side (grad-V, grad-K, both): KK = 32 keys of one (batch, KV head),
+ *    K and V transposed so that the keys lie along two vectors; the query
+ *    rows that see any of them (every head of the group) stream by CHUNK at
+ *    a time; dK and dV accumulate transposed and are written once.
+ *  - query side (forward, grad-Q, Dsum): QB = 32 query rows of one (batch,
+ *    head), transposed so that the rows lie along two vectors, so that a
+ *    key's scores against all of them, and the per-row softmax state, are
+ *    two vectors each; the keys stream by KB = 16 at a time.
+ * Both products keep 16 vector accumulators in registers (eight rows of a
+ * tile, both halves) and broadcast single elements of plain rows against
+ * them, each broadcast serving two FMAs: with 16-row tiles, eight
+ * accumulators took a broadcast load each besides the tile row's load,
+ * more loads than two load ports serve a cycle.
  *
  * HEAD_DIM is a compile-time define (src/opencl.c builds one program per
  * head_dim); with the default the file compiles after cl/common.cl.
- * Launch: global (ceil(rows / KB), heads, batch), local (1, 1, 1), with rows
+ * Launch: global (ceil(rows / 32), heads, batch), local (1, 1, 1), with rows
  * and heads of the side the kernel runs on; the __local argument is unused.
  */
 #ifndef HEAD_DIM
 #define HEAD_DIM 64
 #endif
 #define D HEAD_DIM
-#define KB 16
+#define KB 16 /* keys of a query-side tile */
+#define KK 32 /* keys of a key-side work-item */
+#define QB 32 /* query rows of a query-side work-item */
 #define CHUNK 32
 
 /* The rows the products below stream: fp32 rows straight from global
@@ -64,279 +69,6 @@ inline SRC *stage(float *buf, __global const elem *x, const ulong *row, uint n, 
     }
     return buf;
 #endif
-}
-
-/* out[i] = sum_d x[row[i] + d] * t[d] for 8 rows of x, t a transposed tile. */
-inline void dots8(SRC *x, const ulong *row, const float *t, float16 *out)
-{
-    SRC *r0 = x + row[0], *r1 = x + row[1], *r2 = x + row[2], *r3 = x + row[3],
-        *r4 = x + row[4], *r5 = x + row[5], *r6 = x + row[6], *r7 = x + row[7];
-    float16 a0 = 0.0f, a1 = 0.0f, a2 = 0.0f, a3 = 0.0f, a4 = 0.0f, a5 = 0.0f, a6 = 0.0f,
-            a7 = 0.0f;
-    for (uint d = 0; d < D; ++d) {
-        const float16 y = vload16(d, t);
-        a0 += r0[d] * y;
-        a1 += r1[d] * y;
-        a2 += r2[d] * y;
-        a3 += r3[d] * y;
-        a4 += r4[d] * y;
-        a5 += r5[d] * y;
-        a6 += r6[d] * y;
-        a7 += r7[d] * y;
-    }
-    out[0] = a0;
-    out[1] = a1;
-    out[2] = a2;
-    out[3] = a3;
-    out[4] = a4;
-    out[5] = a5;
-    out[6] = a6;
-    out[7] = a7;
-}
-
-/* acc[d] = acc[d] * f + sum_r x[row[r] + d] * w[r] for r < n, acc a
- * transposed tile: eight of its rows stay in registers while the n rows
- * stream by, scaled by f as they are loaded (the forward's running
- * rescale, at no pass of its own; 1 elsewhere). */
-inline void add_rows(float *acc, SRC *x, const ulong *row, const float16 *w, uint n, float16 f)
-{
-    uint d = 0;
-    for (; d + 8 <= D; d += 8) {
-        float16 c0 = vload16(d, acc) * f, c1 = vload16(d + 1, acc) * f,
-                c2 = vload16(d + 2, acc) * f, c3 = vload16(d + 3, acc) * f,
-                c4 = vload16(d + 4, acc) * f, c5 = vload16(d + 5, acc) * f,
-                c6 = vload16(d + 6, acc) * f, c7 = vload16(d + 7, acc) * f;
-        for (uint r = 0; r < n; ++r) {
-            const float16 y = w[r];
-            SRC *xr = x + row[r] + d;
-            c0 += xr[0] * y;
-            c1 += xr[1] * y;
-            c2 += xr[2] * y;
-            c3 += xr[3] * y;
-            c4 += xr[4] * y;
-            c5 += xr[5] * y;
-            c6 += xr[6] * y;
-            c7 += xr[7] * y;
-        }
-        vstore16(c0, d, acc);
-        vstore16(c1, d + 1, acc);
-        vstore16(c2, d + 2, acc);
-        vstore16(c3, d + 3, acc);
-        vstore16(c4, d + 4, acc);
-        vstore16(c5, d + 5, acc);
-        vstore16(c6, d + 6, acc);
-        vstore16(c7, d + 7, acc);
-    }
-    for (; d < D; ++d) {
-        float16 c = vload16(d, acc) * f;
-        for (uint r = 0; r < n; ++r)
-            c += x[row[r] + d] * w[r];
-        vstore16(c, d, acc);
-    }
-}
-
-/* t[d][j] = x[row[j] + d], or 0 for j >= n, for the w rows of a tile of
- * width w (KB keys, QB query rows). */
-inline void transpose_in(__global const elem *x, const ulong *row, uint n, float *t, uint w)
-{
-    for (uint j = 0; j < w; ++j)
-        for (uint d = 0; d < D; ++d)
-            t[d * w + j] = j < n ? LOAD(x, row[j] + d) : 0.0f;
-}
-
-/* Whether query pos sees key t, lane by lane, as float16 selects want it
- * (-1 where true): with at = pos + delta (global positions compared), under
- * the causal mask only keys t <= at, under a window only keys with at <
- * t + window. In 64 bits, so that nothing wraps, and without clamped
- * differences, which LLVM turns into saturating intrinsics that Oclgrind
- * cannot run. */
-inline int16 visible16(uint16 pos, uint16 t, int causal, uint window, long delta)
-{
-    const long16 at = convert_long16(pos) + delta, key = convert_long16(t);
-    const int16 past = convert_int16(key <= at);
-    const int16 near = window ? convert_int16(at - key < (long16)window) : (int16)(-1);
-    return select((int16)(causal ? 0 : -1), near, past);
-}
-
-inline uint16 lane_ids(void)
-{
-    return (uint16)(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-}
-
-/* ---- key side ---------------------------------------------------------- */
-
-/* The query rows of a chunk: offsets of their Q and dO rows, positions,
- * LSE and Dsum. */
-typedef struct chunk {
-    ulong row[CHUNK];
-    uint pos[CHUNK];
-    float m[CHUNK], l[CHUNK], dsum[CHUNK];
-    uint n;
-} chunk;
-
-inline void chunk_run(chunk *ch, __global const elem *q, __global const elem *d_out,
-                      const float *kt, const float *vt, float *dkt, float *dvt, uint t0,
-                      uint nt, int causal, uint window, long delta, float scale, bool want_dk,
-                      bool want_dv)
-{
-    float16 p[CHUNK], ds[CHUNK];
-    const uint n = ch->n, n8 = (n + 7u) / 8u * 8u;
-    for (uint r = n; r < n8; ++r)
-        ch->row[r] = ch->row[0]; /* a valid row; only the first n are used */
-    float qs[STAGED(CHUNK)], os[STAGED(CHUNK)];
-    ulong at[CHUNK];
-    SRC *qx = stage(qs, q, ch->row, n8, at);
-    SRC *ox = stage(os, d_out, ch->row, n8, at);
-    for (uint r = 0; r < n; r += 8) {
-        dots8(qx, at + r, kt, p + r);
-        if (want_dk)
-            dots8(ox, at + r, vt, ds + r);
-    }
-    const uint16 t = t0 + lane_ids();
-    const int16 live = lane_ids() < nt;
-    for (uint r = 0; r < n; ++r) {
-        float16 e = exp(fmin(p[r] * scale - ch->m[r], 0.0f) - ch->l[r]);
-        e = select((float16)0.0f, e, live & visible16((uint16)ch->pos[r], t, causal, window, delta));
-        p[r] = e;
-        if (want_dk)
-            ds[r] = scale * e * (ds[r] - ch->dsum[r]);
-    }
-    if (want_dv)
-        add_rows(dvt, ox, at, p, n, 1.0f);
-    if (want_dk)
-        add_rows(dkt, qx, at, ds, n, 1.0f);
-    ch->n = 0;
-}
-
-inline void key_job(__global const elem *q, __global const elem *k, __global const elem *v,
-                    __global const elem *d_out, __global const float *lse,
-                    __global const float *dsum, __global elem *dk, __global elem *dv,
-                    uint q_seq, uint kv_seq, uint num_heads, uint num_kv_heads, int causal,
-                    uint window, long delta, float scale, int accumulate, bool want_dk,
-                    bool want_dv)
-{
-    const uint t0 = get_global_id(0) * KB, kv_head = get_global_id(1), b = get_global_id(2);
-    if (t0 >= kv_seq)
-        return;
-    const uint nt = min((uint)KB, kv_seq - t0), group = num_heads / num_kv_heads;
-    const ulong kv_row = (ulong)num_kv_heads * D;
-    const ulong first = ((ulong)b * kv_seq + t0) * kv_row + (ulong)kv_head * D;
-    float kt[D * KB], vt[D * KB], dkt[D * KB], dvt[D * KB];
-    ulong keys[KB];
-    for (uint j = 0; j < KB; ++j)
-        keys[j] = first + min(j, nt - 1) * kv_row;
-    transpose_in(k, keys, nt, kt, KB);
-    if (want_dk)
-        transpose_in(v, keys, nt, vt, KB);
-    for (uint i = 0; i < D * KB; ++i)
-        dkt[i] = dvt[i] = 0.0f;
-
-    /* The queries that see any key of the block. */
-    uint start, end;
-    queries_of_keys(t0, t0 + nt - 1, q_seq, causal, window, delta, &start, &end);
-    chunk ch;
-    ch.n = 0;
-    for (uint pos = start; pos < end; ++pos) {
-        for (uint head = kv_head * group; head < (kv_head + 1) * group; ++head) {
-            const ulong row = ((ulong)b * q_seq + pos) * num_heads + head;
-            ch.row[ch.n] = row * D;
-            ch.m[ch.n] = lse[2 * row];
-            ch.l[ch.n] = lse[2 * row + 1];
-            ch.dsum[ch.n] = want_dk ? dsum[row] : 0.0f;
-            ch.pos[ch.n] = pos;
-            if (++ch.n == CHUNK)
-                chunk_run(&ch, q, d_out, kt, vt, dkt, dvt, t0, nt, causal, window, delta, scale,
-                          want_dk, want_dv);
-        }
-    }
-    if (ch.n)
-        chunk_run(&ch, q, d_out, kt, vt, dkt, dvt, t0, nt, causal, window, delta, scale, want_dk,
-                  want_dv);
-    for (uint j = 0; j < nt; ++j)
-        for (uint d = 0; d < D; ++d) {
-            if (want_dv)
-                STORE_GRAD(dv, first + j * kv_row + d, dvt[d * KB + j], accumulate);
-            if (want_dk)
-                STORE_GRAD(dk, first + j * kv_row + d, dkt[d * KB + j], accumulate);
-        }
-}
-
-__kernel void grad_v__blocked(__global const elem *d_out, ulong d_out_off,
-                              __global const elem *q, ulong q_off, __global const elem *k,
-                              ulong k_off, __global const float *lse, ulong lse_off,
-                              __global elem *dv, ulong dv_off, SHAPE_ARGS,
-                              __local float *unused)
-{
-    key_job(q + q_off, k + k_off, k + k_off, d_out + d_out_off, lse + lse_off, lse + lse_off,
-            dv + dv_off, dv + dv_off, q_seq, kv_seq, num_heads, num_kv_heads, causal, window, delta,
-            scale, accumulate, false, true);
-}
-
-__kernel void grad_k__blocked(__global const elem *q, ulong q_off, __global const elem *k,
-                              ulong k_off, __global const elem *v, ulong v_off,
-                              __global const elem *d_out, ulong d_out_off,
-                              __global const float *lse, ulong lse_off,
-                              __global const float *dsum, ulong dsum_off, __global elem *dk,
-                              ulong dk_off, SHAPE_ARGS, __local float *unused)
-{
-    key_job(q + q_off, k + k_off, v + v_off, d_out + d_out_off, lse + lse_off, dsum + dsum_off,
-            dk + dk_off, dk + dk_off, q_seq, kv_seq, num_heads, num_kv_heads, causal, window, delta,
-            scale, accumulate, true, false);
-}
-
-__kernel void grad_kv__blocked(__global const elem *q, ulong q_off, __global const elem *k,
-                               ulong k_off, __global const elem *v, ulong v_off,
-                               __global const elem *d_out, ulong d_out_off,
-                               __global const float *lse, ulong lse_off,
-                               __global const float *dsum, ulong dsum_off, __global elem *dk,
-                               ulong dk_off, __global elem *dv, ulong dv_off, SHAPE_ARGS,
-                               __local float *unused)
-{
-    key_job(q + q_off, k + k_off, v + v_off, d_out + d_out_off, lse + lse_off, dsum + dsum_off,
-            dk + dk_off, dv + dv_off, q_seq, kv_seq, num_heads, num_kv_heads, causal, window, delta,
-            scale, accumulate, true, true);
-}
-
-/* ---- query side -------------------------------------------------------- */
-
-/* A query-side work-item takes QB = 32 rows, kept transposed as two float16
- * halves a tile row, so that each element broadcast from a key row serves
- * two FMAs (16 accumulators, as the native backend's 32-float tiles have):
- * with 16 rows, eight accumulators took a broadcast load each besides the
- * tile row's load, more loads than the two load ports serve a cycle. */
-#define QB 32
-
-/* The block's rows: Q (or dO) row offsets, clamped to a valid row past the
- * last, their positions and which rows are real (per half), and the keys
- * [t_lo, t_hi) that any of them may see. */
-typedef struct rows {
-    ulong row[QB];
-    uint16 pos[2];
-    int16 live[2];
-    uint n, t_lo, t_hi;
-} rows;
-
-inline void rows_of(rows *r, uint q_seq, uint kv_seq, uint num_heads, int causal, uint window,
-                    long delta)
-{
-    const uint pos0 = get_global_id(0) * QB, head = get_global_id(1), b = get_global_id(2);
-    r->n = min((uint)QB, q_seq - pos0);
-    const uint last = pos0 + r->n - 1;
-    for (uint i = 0; i < QB; ++i)
-        r->row[i] = ((ulong)b * q_seq + min(pos0 + i, last)) * num_heads + head;
-    for (uint h = 0; h < 2; ++h) {
-        r->pos[h] = pos0 + 16 * h + lane_ids();
-        r->live[h] = 16 * h + lane_ids() < r->n;
-    }
-    keys_of_queries(pos0, last, kv_seq, causal, window, delta, &r->t_lo, &r->t_hi);
-}
-
-/* The rows of keys [t0, t0 + KB) of one KV head, clamped below t_hi. */
-inline void key_rows(ulong *keys, uint b, uint kv_seq, uint num_kv_heads, uint kv_head, uint t0,
-                     uint t_hi)
-{
-    for (uint j = 0; j < KB; ++j)
-        keys[j] = (((ulong)b * kv_seq + min(t0 + j, t_hi - 1)) * num_kv_heads + kv_head) * D;
 }
 
 /* lo[i], hi[i] = sum_d x[row[i] + d] * t[d] for 8 rows of x, t a transposed
@@ -440,6 +172,206 @@ inline void add_rows2(float *acc, SRC *x, const ulong *row, const float16 *w, co
         vstore16(c, 2 * d, acc);
         vstore16(e, 2 * d + 1, acc);
     }
+}
+
+/* t[d][j] = x[row[j] + d], or 0 for j >= n, for the w rows of a tile of
+ * width w (KB keys, QB query rows). */
+inline void transpose_in(__global const elem *x, const ulong *row, uint n, float *t, uint w)
+{
+    for (uint j = 0; j < w; ++j)
+        for (uint d = 0; d < D; ++d)
+            t[d * w + j] = j < n ? LOAD(x, row[j] + d) : 0.0f;
+}
+
+/* Whether query pos sees key t, lane by lane, as float16 selects want it
+ * (-1 where true): with at = pos + delta (global positions compared), under
+ * the causal mask only keys t <= at, under a window only keys with at <
+ * t + window. In 64 bits, so that nothing wraps, and without clamped
+ * differences, which LLVM turns into saturating intrinsics that Oclgrind
+ * cannot run. */
+inline int16 visible16(uint16 pos, uint16 t, int causal, uint window, long delta)
+{
+    const long16 at = convert_long16(pos) + delta, key = convert_long16(t);
+    const int16 past = convert_int16(key <= at);
+    const int16 near = window ? convert_int16(at - key < (long16)window) : (int16)(-1);
+    return select((int16)(causal ? 0 : -1), near, past);
+}
+
+inline uint16 lane_ids(void)
+{
+    return (uint16)(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+}
+
+/* ---- key side ---------------------------------------------------------- */
+
+/* The query rows of a chunk: offsets of their Q and dO rows, positions,
+ * LSE and Dsum. */
+typedef struct chunk {
+    ulong row[CHUNK];
+    uint pos[CHUNK];
+    float m[CHUNK], l[CHUNK], dsum[CHUNK];
+    uint n;
+} chunk;
+
+inline void chunk_run(chunk *ch, __global const elem *q, __global const elem *d_out,
+                      const float *kt, const float *vt, float *dkt, float *dvt, uint t0,
+                      uint nt, int causal, uint window, long delta, float scale, bool want_dk,
+                      bool want_dv)
+{
+    float16 p[2][CHUNK], ds[2][CHUNK]; /* the block's two halves of keys */
+    const uint n = ch->n, n8 = (n + 7u) / 8u * 8u;
+    for (uint r = n; r < n8; ++r)
+        ch->row[r] = ch->row[0]; /* a valid row; only the first n are used */
+    float qs[STAGED(CHUNK)], os[STAGED(CHUNK)];
+    ulong at[CHUNK];
+    SRC *qx = stage(qs, q, ch->row, n8, at);
+    SRC *ox = stage(os, d_out, ch->row, n8, at);
+    for (uint r = 0; r < n; r += 8) {
+        dots8x2(qx, at + r, kt, p[0] + r, p[1] + r);
+        if (want_dk)
+            dots8x2(ox, at + r, vt, ds[0] + r, ds[1] + r);
+    }
+    for (uint h = 0; h < 2; ++h) {
+        const uint16 t = t0 + 16 * h + lane_ids();
+        const int16 live = 16 * h + lane_ids() < nt;
+        for (uint r = 0; r < n; ++r) {
+            float16 e = exp(fmin(p[h][r] * scale - ch->m[r], 0.0f) - ch->l[r]);
+            e = select((float16)0.0f, e,
+                       live & visible16((uint16)ch->pos[r], t, causal, window, delta));
+            p[h][r] = e;
+            if (want_dk)
+                ds[h][r] = scale * e * (ds[h][r] - ch->dsum[r]);
+        }
+    }
+    if (want_dv)
+        add_rows2(dvt, ox, at, p[0], p[1], n, 1.0f, 1.0f);
+    if (want_dk)
+        add_rows2(dkt, qx, at, ds[0], ds[1], n, 1.0f, 1.0f);
+    ch->n = 0;
+}
+
+inline void key_job(__global const elem *q, __global const elem *k, __global const elem *v,
+                    __global const elem *d_out, __global const float *lse,
+                    __global const float *dsum, __global elem *dk, __global elem *dv,
+                    uint q_seq, uint kv_seq, uint num_heads, uint num_kv_heads, int causal,
+                    uint window, long delta, float scale, int accumulate, bool want_dk,
+                    bool want_dv)
+{
+    const uint t0 = get_global_id(0) * KK, kv_head = get_global_id(1), b = get_global_id(2);
+    if (t0 >= kv_seq)
+        return;
+    const uint nt = min((uint)KK, kv_seq - t0), group = num_heads / num_kv_heads;
+    const ulong kv_row = (ulong)num_kv_heads * D;
+    const ulong first = ((ulong)b * kv_seq + t0) * kv_row + (ulong)kv_head * D;
+    float kt[D * KK], vt[D * KK], dkt[D * KK], dvt[D * KK];
+    ulong keys[KK];
+    for (uint j = 0; j < KK; ++j)
+        keys[j] = first + min(j, nt - 1) * kv_row;
+    transpose_in(k, keys, nt, kt, KK);
+    if (want_dk)
+        transpose_in(v, keys, nt, vt, KK);
+    for (uint i = 0; i < D * KK; ++i)
+        dkt[i] = dvt[i] = 0.0f;
+
+    /* The queries that see any key of the block. */
+    uint start, end;
+    queries_of_keys(t0, t0 + nt - 1, q_seq, causal, window, delta, &start, &end);
+    chunk ch;
+    ch.n = 0;
+    for (uint pos = start; pos < end; ++pos) {
+        for (uint head = kv_head * group; head < (kv_head + 1) * group; ++head) {
+            const ulong row = ((ulong)b * q_seq + pos) * num_heads + head;
+            ch.row[ch.n] = row * D;
+            ch.m[ch.n] = lse[2 * row];
+            ch.l[ch.n] = lse[2 * row + 1];
+            ch.dsum[ch.n] = want_dk ? dsum[row] : 0.0f;
+            ch.pos[ch.n] = pos;
+            if (++ch.n == CHUNK)
+                chunk_run(&ch, q, d_out, kt, vt, dkt, dvt, t0, nt, causal, window, delta, scale,
+                          want_dk, want_dv);
+        }
+    }
+    if (ch.n)
+        chunk_run(&ch, q, d_out, kt, vt, dkt, dvt, t0, nt, causal, window, delta, scale, want_dk,
+                  want_dv);
+    for (uint j = 0; j < nt; ++j)
+        for (uint d = 0; d < D; ++d) {
+            if (want_dv)
+                STORE_GRAD(dv, first + j * kv_row + d, dvt[d * KK + j], accumulate);
+            if (want_dk)
+                STORE_GRAD(dk, first + j * kv_row + d, dkt[d * KK + j], accumulate);
+        }
+}
+
+__kernel void grad_v__blocked(__global const elem *d_out, ulong d_out_off,
+                              __global const elem *q, ulong q_off, __global const elem *k,
+                              ulong k_off, __global const float *lse, ulong lse_off,
+                              __global elem *dv, ulong dv_off, SHAPE_ARGS,
+                              __local float *unused)
+{
+    key_job(q + q_off, k + k_off, k + k_off, d_out + d_out_off, lse + lse_off, lse + lse_off,
+            dv + dv_off, dv + dv_off, q_seq, kv_seq, num_heads, num_kv_heads, causal, window, delta,
+            scale, accumulate, false, true);
+}
+
+__kernel void grad_k__blocked(__global const elem *q, ulong q_off, __global const elem *k,
+                              ulong k_off, __global const elem *v, ulong v_off,
+                              __global const elem *d_out, ulong d_out_off,
+                              __global const float *lse, ulong lse_off,
+                              __global const float *dsum, ulong dsum_off, __global elem *dk,
+                              ulong dk_off, SHAPE_ARGS, __local float *unused)
+{
+    key_job(q + q_off, k + k_off, v + v_off, d_out + d_out_off, lse + lse_off, dsum + dsum_off,
+            dk + dk_off, dk + dk_off, q_seq, kv_seq, num_heads, num_kv_heads, causal, window, delta,
+            scale, accumulate, true, false);
+}
+
+__kernel void grad_kv__blocked(__global const elem *q, ulong q_off, __global const elem *k,
+                               ulong k_off, __global const elem *v, ulong v_off,
+                               __global const elem *d_out, ulong d_out_off,
+                               __global const float *lse, ulong lse_off,
+                               __global const float *dsum, ulong dsum_off, __global elem *dk,
+                               ulong dk_off, __global elem *dv, ulong dv_off, SHAPE_ARGS,
+                               __local float *unused)
+{
+    key_job(q + q_off, k + k_off, v + v_off, d_out + d_out_off, lse + lse_off, dsum + dsum_off,
+            dk + dk_off, dv + dv_off, q_seq, kv_seq, num_heads, num_kv_heads, causal, window, delta,
+            scale, accumulate, true, true);
+}
+
+/* ---- query side -------------------------------------------------------- */
+
+/* The block's rows: Q (or dO) row offsets, clamped to a valid row past the
+ * last, their positions and which rows are real (per half), and the keys
+ * [t_lo, t_hi) that any of them may see. */
+typedef struct rows {
+    ulong row[QB];
+    uint16 pos[2];
+    int16 live[2];
+    uint n, t_lo, t_hi;
+} rows;
+
+inline void rows_of(rows *r, uint q_seq, uint kv_seq, uint num_heads, int causal, uint window,
+                    long delta)
+{
+    const uint pos0 = get_global_id(0) * QB, head = get_global_id(1), b = get_global_id(2);
+    r->n = min((uint)QB, q_seq - pos0);
+    const uint last = pos0 + r->n - 1;
+    for (uint i = 0; i < QB; ++i)
+        r->row[i] = ((ulong)b * q_seq + min(pos0 + i, last)) * num_heads + head;
+    for (uint h = 0; h < 2; ++h) {
+        r->pos[h] = pos0 + 16 * h + lane_ids();
+        r->live[h] = 16 * h + lane_ids() < r->n;
+    }
+    keys_of_queries(pos0, last, kv_seq, causal, window, delta, &r->t_lo, &r->t_hi);
+}
+
+/* The rows of keys [t0, t0 + KB) of one KV head, clamped below t_hi. */
+inline void key_rows(ulong *keys, uint b, uint kv_seq, uint num_kv_heads, uint kv_head, uint t0,
+                     uint t_hi)
+{
+    for (uint j = 0; j < KB; ++j)
+        keys[j] = (((ulong)b * kv_seq + min(t0 + j, t_hi - 1)) * num_kv_heads + kv_head) * D;
 }
 
 /* The scores of a tile's KB keys against the block's QB rows, both halves. */

@@ -123,7 +123,7 @@ static unsigned tile_dsplit(const tile_config *c, uint32_t head_dim)
  * blocked.cl's a single work-item per block of BLOCKED_KEYS keys or
  * BLOCKED_QUERIES query rows. */
 enum { KIND_TREE, KIND_TILED, KIND_BLOCKED, KIND_MMA };
-enum { BLOCKED_KEYS = 16, BLOCKED_QUERIES = 32 }; /* blocked.cl's KB and QB */
+enum { BLOCKED_KEYS = 32, BLOCKED_QUERIES = 32 }; /* blocked.cl's KK and QB */
 /* mma.cl's shapes per head_dim class, one for the forward and one for the
  * backward's kernels: warps per work-group, warps that share 16 rows (each
  * with a part of head_dim), rows per local tile, and whether tiles hold tf32
