@@ -120,10 +120,9 @@ static unsigned tile_dsplit(const tile_config *c, uint32_t head_dim)
 
 /* How a kernel is launched: tree.cl's a work-group per row; tiled.cl's a
  * work-group per block of rows (per pair of blocks under a causal mask);
- * blocked.cl's a single work-item per block of BLOCKED_KEYS keys or
- * BLOCKED_QUERIES query rows. */
+ * blocked.cl's a single work-item per block of BLOCKED_ROWS rows. */
 enum { KIND_TREE, KIND_TILED, KIND_BLOCKED, KIND_MMA };
-enum { BLOCKED_KEYS = 32, BLOCKED_QUERIES = 32 }; /* blocked.cl's KK and QB */
+enum { BLOCKED_ROWS = 32 }; /* blocked.cl's KK keys and QB query rows */
 /* mma.cl's shapes per head_dim class, one for the forward and one for the
  * backward's kernels: warps per work-group, warps that share 16 rows (each
  * with a part of head_dim), rows per local tile, and whether tiles hold tf32
@@ -1122,8 +1121,7 @@ static clattn_status enqueue_kernel(struct clattn_cl_state *cl, const kernel_set
     const size_t rows = kd->key_rows ? s->kv_seq : s->q_seq;
     const size_t heads = kd->key_rows ? s->num_kv_heads : s->num_heads;
     const size_t per_group = set->kind[k] == KIND_TILED     ? tile_config_for(cl, s->head_dim).rows
-                             : set->kind[k] == KIND_BLOCKED
-                                 ? (kd->key_rows ? BLOCKED_KEYS : BLOCKED_QUERIES)
+                             : set->kind[k] == KIND_BLOCKED ? BLOCKED_ROWS
                              : set->kind[k] == KIND_MMA ? mma_rows(cl, s->head_dim, s->dtype, k)
                                                             : 1;
     const size_t blocks = (rows + per_group - 1) / per_group;
@@ -1175,36 +1173,32 @@ static clattn_status enqueue_op(struct clattn_cl_state *cl, clattn_op op, const 
                                                                             : op_plans[op];
     cl_mem dsum = NULL, dq32 = NULL;
     cl_event zeroed = NULL;
-    if (single) {
-        cl_int err;
-        const cl_float zero = 0.0f;
-        dq32 = clCreateBuffer(cl->context, CL_MEM_READ_WRITE, sz->q * sizeof(float), NULL, &err);
-        if (err != CL_SUCCESS)
-            return cl_fail(err, "clCreateBuffer(dq32)");
-        err = clEnqueueFillBuffer(cl->queue, dq32, &zero, sizeof zero, 0, sz->q * sizeof(float),
-                                  0, NULL, &zeroed);
-        if (err != CL_SUCCESS) {
-            clReleaseMemObject(dq32);
-            return cl_fail(err, "clEnqueueFillBuffer(dq32)");
-        }
-        t[R_DQ32].buffer = dq32;
-        t[R_DQ32].offset = 0;
-    }
     if (plan[0] == K_DSUM) {
         /* Released at once: OpenCL keeps it until the kernels using it end. */
         cl_int err;
         dsum = clCreateBuffer(cl->context, CL_MEM_READ_WRITE, sz->lse / 2 * sizeof(float), NULL,
                               &err);
-        if (err != CL_SUCCESS) {
-            if (dq32) {
-                clWaitForEvents(1, &zeroed);
-                clReleaseEvent(zeroed);
-                clReleaseMemObject(dq32);
-            }
+        if (err != CL_SUCCESS)
             return cl_fail(err, "clCreateBuffer(dsum)");
-        }
         t[R_DSUM].buffer = dsum;
         t[R_DSUM].offset = 0;
+    }
+    if (single) { /* the float32 dQ, zeroed ahead of GRAD_KVQ; released as dsum is */
+        cl_int err;
+        const cl_float zero = 0.0f;
+        dq32 = clCreateBuffer(cl->context, CL_MEM_READ_WRITE, sz->q * sizeof(float), NULL, &err);
+        if (err == CL_SUCCESS) {
+            err = clEnqueueFillBuffer(cl->queue, dq32, &zero, sizeof zero, 0,
+                                      sz->q * sizeof(float), 0, NULL, &zeroed);
+            if (err != CL_SUCCESS)
+                clReleaseMemObject(dq32);
+        }
+        if (err != CL_SUCCESS) {
+            clReleaseMemObject(dsum);
+            return cl_fail(err, dq32 ? "clEnqueueFillBuffer(dq32)" : "clCreateBuffer(dq32)");
+        }
+        t[R_DQ32].buffer = dq32;
+        t[R_DQ32].offset = 0;
     }
     cl_event prev = NULL;
     for (int i = 0; plan[i] >= 0 && st == CLATTN_OK; ++i) {
