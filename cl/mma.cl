@@ -943,6 +943,26 @@ inline void add_dq(__global float *dq32, __local const float *ds, __local const 
 
 /* ---- forward --------------------------------------------------------- */
 
+/* The warp's 16 x TILE scores s to their weights exp(s * unit - n), n the
+ * row's running max (n0 for rows g, n1 for g + 8), and the weights' sums
+ * added to *l0, *l1; `masked`: scores equal to EMPTY_ROW weigh 0. */
+inline void exp_rows(float *s, float n0, float n1, float unit, bool masked, float *l0,
+                     float *l1)
+{
+    float sum0 = 0.0f, sum1 = 0.0f;
+    UNROLL
+    for (uint j = 0; j < NT * 4; ++j) {
+        const float e = EXPU(fma(s[j], unit, -((j & 2) ? n1 : n0)));
+        s[j] = masked && s[j] == EMPTY_ROW ? 0.0f : e;
+        if (j & 2)
+            sum1 += s[j];
+        else
+            sum0 += s[j];
+    }
+    *l0 += sum0;
+    *l1 += sum1;
+}
+
 __kernel __attribute__((reqd_work_group_size(LANES, 1, 1))) void
 forward__mma(__global const elem *q, ulong q_off, __global const elem *k, ulong k_off,
              __global const elem *v, ulong v_off, __global elem *o, ulong o_off,
@@ -1030,38 +1050,30 @@ forward__mma(__global const elem *q, ulong q_off, __global const elem *k, ulong 
             mx0 = fmax(mx0, fmax(s[n][0], s[n][1]));
             mx1 = fmax(mx1, fmax(s[n][2], s[n][3]));
         }
-        /* the rows' new maxima, in the units of exp: a positive scale keeps
-         * the max */
-        const float n0 = fmax(m0, row_max(mx0, emu) * unit);
-        const float n1 = fmax(m1, row_max(mx1, emu) * unit);
-        const float c0 = EXPU(m0 - n0), c1 = EXPU(m1 - n1);
-        m0 = n0;
-        m1 = n1;
-        float sum0 = 0.0f, sum1 = 0.0f;
-        UNROLL
-        for (uint n = 0; n < NT; ++n) {
+        /* the tile's row maxima, in the units of exp: a positive scale
+         * keeps the max */
+        const float x0 = row_max(mx0, emu) * unit, x1 = row_max(mx1, emu) * unit;
+        const float n0 = fmax(m0, x0), n1 = fmax(m1, x1);
+        if (n0 != m0 || n1 != m1) { /* the lane's own registers: no warp-wide step */
+            const float c0 = EXPU(m0 - n0), c1 = EXPU(m1 - n1);
+            l0 *= c0;
+            l1 *= c1;
             UNROLL
-            for (int i = 0; i < 4; ++i) {
-                /* Masked scores are exactly EMPTY_ROW; their weight is 0
-                 * even while the row's max is EMPTY_ROW too. */
-                const float e =
-                    s[n][i] == EMPTY_ROW ? 0.0f : EXPU(fma(s[n][i], unit, -((i & 2) ? n1 : n0)));
-                s[n][i] = e;
-                if (i & 2)
-                    sum1 += e;
-                else
-                    sum0 += e;
+            for (uint n = 0; n < KW; ++n) {
+                acc[n][0] *= c0;
+                acc[n][1] *= c0;
+                acc[n][2] *= c1;
+                acc[n][3] *= c1;
             }
         }
-        l0 = l0 * c0 + sum0;
-        l1 = l1 * c1 + sum1;
-        UNROLL
-        for (uint n = 0; n < KW; ++n) {
-            acc[n][0] *= c0;
-            acc[n][1] *= c0;
-            acc[n][2] *= c1;
-            acc[n][3] *= c1;
-        }
+        m0 = n0;
+        m1 = n1;
+        /* Masked scores are exactly EMPTY_ROW; their weight is 0 even
+         * while the row's max is EMPTY_ROW too. Whole tiles have none. */
+        if (whole)
+            exp_rows(&s[0][0], n0, n1, unit, false, &l0, &l1);
+        else
+            exp_rows(&s[0][0], n0, n1, unit, true, &l0, &l1);
         tile_times(&acc[0][0], &s[0][0], vt, d0, emu);
 #if DTYPE != 0
         kt = other_pair(tiles, kt);
@@ -1093,6 +1105,24 @@ forward__mma(__global const elem *q, ulong q_off, __global const elem *k, ulong 
 }
 
 /* ---- grad-Q ---------------------------------------------------------- */
+
+/* dS = P * (dP - Dsum) into s, from the warp's 16 x TILE scores s and dP
+ * of keys t0.., rows row0 (m[0], l[0], ds_row[0]) and row0 + 8 ([1]);
+ * `masked`: keys past hi or not visible get 0. */
+inline void ds_of_rows(float *s, const float *dp, const float *m, const float *l,
+                       const float *ds_row, float unit, bool masked, uint t0, uint hi, uint row0,
+                       int causal, uint window, long delta)
+{
+    const uint t = get_local_id(0) & 3u;
+    UNROLL
+    for (uint j = 0; j < NT * 4; ++j) {
+        const uint key = t0 + j / 4 * 8 + 2 * t + (j & 1), row = row0 + ((j & 2) ? 8u : 0u);
+        const int r = (j & 2) ? 1 : 0;
+        const float p = EXPU(fmin(fma(s[j], unit, -m[r]), 0.0f) - l[r]);
+        const bool keep = !masked || (key < hi && visible(row, key, causal, window, delta));
+        s[j] = keep ? p * (dp[j] - ds_row[r]) : 0.0f;
+    }
+}
 
 __kernel __attribute__((reqd_work_group_size(LANES, 1, 1))) void
 grad_q__mma(__global const elem *q, ulong q_off, __global const elem *k, ulong k_off,
@@ -1177,17 +1207,13 @@ grad_q__mma(__global const elem *q, ulong q_off, __global const elem *k, ulong k
         tile_products(&s[0][0], &dp[0][0], &qf[0][0], &of[0][0], kt, vt, d0, xch, emu);
         const bool whole =
             t0 + TILE <= hi && all_visible(r0, last, t0, t0 + TILE - 1u, causal, window, delta);
-        UNROLL
-        for (uint n = 0; n < NT; ++n) {
-            UNROLL
-            for (int i = 0; i < 4; ++i) {
-                const uint key = t0 + n * 8 + 2 * t + (i & 1), row = (i & 2) ? row1 : row0;
-                const int r = (i & 2) ? 1 : 0;
-                const float p = EXPU(fmin(fma(s[n][i], unit, -m[r]), 0.0f) - l[r]);
-                const bool keep = whole || (key < hi && visible(row, key, causal, window, delta));
-                s[n][i] = keep ? p * (dp[n][i] - ds_row[r]) : 0.0f;
-            }
-        }
+        /* whole tiles skip the mask's tests */
+        if (whole)
+            ds_of_rows(&s[0][0], &dp[0][0], m, l, ds_row, unit, false, t0, hi, row0, causal,
+                       window, delta);
+        else
+            ds_of_rows(&s[0][0], &dp[0][0], m, l, ds_row, unit, true, t0, hi, row0, causal,
+                       window, delta);
         tile_times(&acc[0][0], &s[0][0], kt, d0, emu);
 #if DTYPE != 0
         kt = other_pair(tiles, kt);
@@ -1237,6 +1263,25 @@ inline void copy_rows(__local float *rows, __global const float *lse,
     copy4(rows + 2 * TILE + lid, dsum + row, in && want_dk);
 }
 #endif
+
+/* P^T into s and (want_dk) dS^T = P^T * (dP^T - Dsum) into dp, from the
+ * warp's 16 x TILE blocks S^T and dP^T of keys key0 (rows g) and key0 + 8
+ * by queries p0.., whose m, l and Dsum are in mt, lt and dt; `masked`:
+ * queries past hi or not seeing the key get 0. */
+inline void p_of_keys(float *s, float *dp, __local const float *mt, __local const float *lt,
+                      __local const float *dt, float unit, bool masked, bool want_dk, uint p0,
+                      uint hi, uint key0, int causal, uint window, long delta)
+{
+    const uint t = get_local_id(0) & 3u;
+    UNROLL
+    for (uint i = 0; i < NT * 4; ++i) {
+        const uint j = i / 4 * 8 + 2 * t + (i & 1), key = key0 + ((i & 2) ? 8u : 0u);
+        const float p = EXPU(fmin(fma(s[i], unit, -mt[j] * EXP_UNIT), 0.0f) - lt[j] * EXP_UNIT);
+        const bool keep = !masked || (p0 + j < hi && visible(p0 + j, key, causal, window, delta));
+        s[i] = keep ? p : 0.0f;
+        dp[i] = keep && want_dk ? p * (dp[i] - dt[j]) : 0.0f;
+    }
+}
 
 /* dK and/or dV of the work-group's WG_ROWS keys: every query row of every
  * head of the group that sees any of them streams through local memory
@@ -1343,19 +1388,13 @@ inline void key_side(__global const elem *q, __global const elem *k, __global co
 #endif
         const bool whole = p0 + TILE <= hi &&
                            all_visible(p0, (long)p0 + TILE - 1, r0, last, causal, window, delta);
-        UNROLL
-        for (uint n = 0; n < NT; ++n) {
-            UNROLL
-            for (int i = 0; i < 4; ++i) {
-                const uint j = n * 8 + 2 * t + (i & 1), key = (i & 2) ? key1 : key0;
-                const float p =
-                    EXPU(fmin(fma(s[n][i], unit, -mt[j] * EXP_UNIT), 0.0f) - lt[j] * EXP_UNIT);
-                const bool keep =
-                    whole || (p0 + j < hi && visible(p0 + j, key, causal, window, delta));
-                s[n][i] = keep ? p : 0.0f;
-                dp[n][i] = keep && want_dk ? p * (dp[n][i] - dt[j]) : 0.0f;
-            }
-        }
+        /* whole tiles skip the mask's tests */
+        if (whole)
+            p_of_keys(&s[0][0], &dp[0][0], mt, lt, dt, unit, false, want_dk, p0, hi, key0, causal,
+                      window, delta);
+        else
+            p_of_keys(&s[0][0], &dp[0][0], mt, lt, dt, unit, true, want_dk, p0, hi, key0, causal,
+                      window, delta);
 #if DTYPE != 0 && WSPLIT == 1
         if (dq32)
             store_ds(ds, &dp[0][0]);
