@@ -181,9 +181,14 @@ static const mma_class mma_table[] = {
  * 16384 causal 124.1 / 128.0; d128 causal 103.3 / 102.3, single 4,1,16
  * 96.1 / 91.5, 2,1,16 70.7; d128 unmasked 139.0 / 143.5; d96 causal
  * 67.7 / 56.1. Without the atomic adds (a trial) the single pass ran as
- * fast as with them: what holds it back is not the adds. */
+ * fast as with them: what holds it back is not the adds. Once whole
+ * tiles skipped the mask's tests (2026-12-01, later), two passes were as
+ * fast or faster everywhere: d64 q_seq 16384 causal 161 / 161 / 161 against
+ * the single pass's 152 / 147 / 152, q_seq 4096 causal 92 / 92, 32 heads on
+ * 8 148 / 151; so it runs only where CLATTN_MMA_SINGLE asks (its dQ is not
+ * repeatable to the bit; two passes' is). */
 static const mma_class mma16_table[] = {
-    {64, {4, 1, 64, 1}, {4, 1, 64, 1}, {4, 1, 64, 1}, {4, 1, 16, 1}},
+    {64, {4, 1, 64, 1}, {4, 1, 64, 1}, {4, 1, 64, 1}, {0, 0, 0, 0}},
     {128, {4, 1, 32, 1}, {4, 1, 32, 1}, {4, 1, 32, 1}, {0, 0, 0, 0}},
     {CLATTN_MAX_HEAD_DIM, {4, 2, 16, 1}, {2, 2, 16, 1}, {4, 2, 16, 1}, {0, 0, 0, 0}},
 };
@@ -1135,23 +1140,6 @@ static clattn_status enqueue_kernel(struct clattn_cl_state *cl, const kernel_set
     return CLATTN_OK;
 }
 
-/* Whether the single-pass backward has work-groups enough to beat two
- * passes: its key side runs a work-group per 64 keys of each KV head,
- * which then loops over every query of the heads of its group, where the
- * two passes add a work-group per query block of each head. On the H200,
- * 2026-12-01 (backward TFLOP/s, bfloat16, d64, two rounds), two passes
- * against the single one: q_seq 16384 8 heads causal (2048 key-side
- * work-groups) 124.7 / 138.8 and 123.6 / 139.7; q_seq 4096 8 heads causal
- * (512) 73.0 / 58.6 and 72.4 / 71.5; q_seq 4096 32 heads on 8 (512) 119.3
- * / 100.1 and 119.5 / 100.5. Hence 8 key-side work-groups a compute unit
- * (1056 there) or more. CLATTN_MMA_SINGLE set to a shape forces it. */
-static int many_key_blocks(const struct clattn_cl_state *cl, const clattn_shape *s)
-{
-    const size_t rows = mma_rows(cl, s->head_dim, s->dtype, K_GRAD_KVQ);
-    const size_t groups = (s->kv_seq + rows - 1) / rows * (size_t)s->num_kv_heads * s->batch;
-    return groups >= 8u * (size_t)cl->compute_units;
-}
-
 /* Enqueues the kernels of op after the wait list, each after the one
  * before, so that an out-of-order queue keeps their order. *done, when
  * not NULL, receives the last kernel's event. */
@@ -1167,7 +1155,7 @@ static clattn_status enqueue_op(struct clattn_cl_state *cl, clattn_op op, const 
      * where that exceeds the device's largest allocation, two passes. */
     const int single = op == CLATTN_OP_BACKWARD && set->kernel[K_GRAD_KVQ] &&
                        (cl_ulong)sz->q * sizeof(float) <= cl->max_alloc &&
-                       (cl->single_tuned || many_key_blocks(cl, s));
+                       cl->single_tuned;
     const int *plan = single                                               ? backward_single
                       : op == CLATTN_OP_BACKWARD && !set->kernel[K_GRAD_KV] ? backward_unfused
                                                                             : op_plans[op];
