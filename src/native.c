@@ -459,7 +459,7 @@ static clattn_status run_f32(clattn_context *ctx, clattn_op op, const clattn_sha
     }
     if (want_dsum) {
         c.dsum = take(&next, rows);
-        run_jobs(c.pool, &c, hot->dsum, rows, n);
+        run_jobs(c.pool, &c, hot->dsum, (rows + DSUM_ROWS - 1) / DSUM_ROWS, n);
     }
     switch (op) {
     case CLATTN_OP_FORWARD:

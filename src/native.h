@@ -17,6 +17,11 @@
  * job, jobs of one head ran on different threads and each streamed them. */
 enum { KEY_BLOCK = 32, QUERY_BLOCK = KEY_BLOCK, JOB_BLOCKS = 4 };
 
+/* Query rows of a Dsum job: a job a row (a 64-float dot product) had 16
+ * threads queue on the shared job counter and on each other's cache lines
+ * of Dsum. */
+enum { DSUM_ROWS = 256 };
+
 /* meganeura's LSE pair for a row with no visible key. */
 #define EMPTY_ROW (-1e30f)
 
@@ -60,8 +65,8 @@ typedef void (*native_job)(const native_call *c, size_t job);
 extern _Thread_local int clattn_native_copy;
 
 /* The hot loops of one compilation: forward and grad-Q jobs take a block of
- * query rows, key-block jobs a block of keys (dK and/or dV), dsum jobs a
- * row. */
+ * query rows, key-block jobs a block of keys (dK and/or dV), dsum jobs
+ * DSUM_ROWS rows. */
 typedef struct native_kernels {
     const char *name; /* the instruction set it was compiled for */
     native_job forward, grad_q, key_block, dsum;

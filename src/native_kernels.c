@@ -542,10 +542,13 @@ static void grad_q_block(const native_call *c, size_t job)
     }
 }
 
-static void dsum_job(const native_call *c, size_t row)
+static void dsum_job(const native_call *c, size_t job)
 {
-    const size_t D = c->s->head_dim;
-    ((float *)c->dsum)[row] = dot(c->d_out + row * D, c->o + row * D, D);
+    const clattn_shape *s = c->s;
+    const size_t D = s->head_dim, rows = (size_t)s->batch * s->q_seq * s->num_heads;
+    const size_t end = (job + 1) * DSUM_ROWS < rows ? (job + 1) * DSUM_ROWS : rows;
+    for (size_t row = job * DSUM_ROWS; row < end; ++row)
+        ((float *)c->dsum)[row] = dot(c->d_out + row * D, c->o + row * D, D);
 }
 
 /* A job is JOB_BLOCKS consecutive blocks of one head (see native.h), the
