@@ -90,6 +90,17 @@ enum { ACCUMULATORS = HW == 16 ? 16 : 8, PARTS = KEY_BLOCK / HW,
        DOT_ROWS = ACCUMULATORS / PARTS < 1 ? 1 : ACCUMULATORS / PARTS, ACC_DIMS = DOT_ROWS,
        PAD_ROWS = 8 };
 
+/* IN_REGISTER(v): v is held in a register from here on. On AVX2 (16
+ * registers, 8 of them accumulators) GCC otherwise folds the loads of a
+ * tile row's parts into every FMA that uses them, loading each part once
+ * per row: 10 loads for 8 FMAs, more than two load ports give two FMA
+ * units. AVX-512 code keeps them in registers by itself. */
+#if HW == 8 && defined(__GNUC__)
+#define IN_REGISTER(v) __asm__("" : "+x"(v))
+#else
+#define IN_REGISTER(v) ((void)0)
+#endif
+
 /* lane_index[j] = j: the key of a tile row's lane. */
 static const uint32_t lane_index[KEY_BLOCK] = {
     0,  1,  2,  3,  4,  5,  6,  7,  8,  9,  10, 11, 12, 13, 14, 15,
@@ -132,8 +143,10 @@ INLINE void dots(const float *const *rows, const tile_row *t, size_t D, tile_row
             a[i][p] = HSPLAT(0.0f);
     for (size_t d = 0; d < D; ++d) {
         hvec x[PARTS];
-        for (int p = 0; p < PARTS; ++p)
+        for (int p = 0; p < PARTS; ++p) {
             x[p] = hload(t[d] + p * HW);
+            IN_REGISTER(x[p]);
+        }
         for (int i = 0; i < DOT_ROWS; ++i) {
             const float r = rows[i][d];
             for (int p = 0; p < PARTS; ++p)
@@ -163,8 +176,10 @@ INLINE void accumulate(tile_row *acc, size_t D, const float *const *rows, const 
                 c[i][p] = (hvec)hload(acc[d + i] + p * HW) * (rescale ? rs[p] : HSPLAT(1.0f));
         for (size_t r = 0; r < n; ++r) {
             hvec x[PARTS];
-            for (int p = 0; p < PARTS; ++p)
+            for (int p = 0; p < PARTS; ++p) {
                 x[p] = hload(w[r] + p * HW);
+                IN_REGISTER(x[p]);
+            }
             const float *row = rows[r] + d;
             for (int i = 0; i < ACC_DIMS; ++i)
                 for (int p = 0; p < PARTS; ++p)
