@@ -16,7 +16,10 @@
  * tile, both halves) and broadcast single elements of plain rows against
  * them, each broadcast serving two FMAs: with 16-row tiles, eight
  * accumulators took a broadcast load each besides the tile row's load,
- * more loads than two load ports serve a cycle.
+ * more loads than two load ports serve a cycle. That is for vectors of 16
+ * floats (AVX-512: 32 registers); where the device's are 8 floats (AVX2:
+ * 16 registers), the host defines NARROW and the products take four rows
+ * of one half at a time instead (4 accumulators, 8 registers).
  *
  * HEAD_DIM is a compile-time define (src/opencl.c builds one program per
  * head_dim); with the default the file compiles after cl/common.cl.
@@ -25,6 +28,9 @@
  */
 #ifndef HEAD_DIM
 #define HEAD_DIM 64
+#endif
+#ifndef NARROW
+#define NARROW 0 /* the host sets 1 where the device's vectors are 8 floats */
 #endif
 #define D HEAD_DIM
 #define KB 16 /* keys of a query-side tile */
@@ -71,6 +77,35 @@ inline SRC *stage(float *buf, __global const elem *x, const ulong *row, uint n, 
 #endif
 }
 
+#if NARROW
+/* Devices whose vectors are 8 floats (AVX2: 16 registers) get the same
+ * products four rows and one half at a time: eight rows of both halves
+ * are 32 such registers of accumulators, which spilled on every step. */
+
+/* out[i] = sum_d r_i[d] * (half h of t[d]) for four rows. */
+inline void dots4(SRC *r0, SRC *r1, SRC *r2, SRC *r3, const float *t, uint h, float16 *out)
+{
+    float16 a0 = 0.0f, a1 = 0.0f, a2 = 0.0f, a3 = 0.0f;
+    for (uint d = 0; d < D; ++d) {
+        const float16 y = vload16(2 * d + h, t);
+        a0 += r0[d] * y;
+        a1 += r1[d] * y;
+        a2 += r2[d] * y;
+        a3 += r3[d] * y;
+    }
+    out[0] = a0, out[1] = a1, out[2] = a2, out[3] = a3;
+}
+
+inline void dots8x2(SRC *x, const ulong *row, const float *t, float16 *lo, float16 *hi)
+{
+    SRC *r0 = x + row[0], *r1 = x + row[1], *r2 = x + row[2], *r3 = x + row[3],
+        *r4 = x + row[4], *r5 = x + row[5], *r6 = x + row[6], *r7 = x + row[7];
+    dots4(r0, r1, r2, r3, t, 0, lo);
+    dots4(r4, r5, r6, r7, t, 0, lo + 4);
+    dots4(r0, r1, r2, r3, t, 1, hi);
+    dots4(r4, r5, r6, r7, t, 1, hi + 4);
+}
+#else
 /* lo[i], hi[i] = sum_d x[row[i] + d] * t[d] for 8 rows of x, t a transposed
  * tile of QB rows (halves 0..15 and 16..31). */
 inline void dots8x2(SRC *x, const ulong *row, const float *t, float16 *lo, float16 *hi)
@@ -106,6 +141,7 @@ inline void dots8x2(SRC *x, const ulong *row, const float *t, float16 *lo, float
     hi[0] = b0, hi[1] = b1, hi[2] = b2, hi[3] = b3, hi[4] = b4, hi[5] = b5, hi[6] = b6;
     hi[7] = b7;
 }
+#endif
 
 /* acc[d] = acc[d] * (f, g) + sum_r x[row[r] + d] * (w[r], v[r]) for r < n,
  * acc a transposed tile of QB rows (halves scaled by f and g as they are
@@ -116,6 +152,28 @@ inline void add_rows2(float *acc, SRC *x, const ulong *row, const float16 *w, co
 {
     /* Named accumulators, not arrays: PoCL kept arrays of them in memory. */
     uint d = 0;
+#if NARROW /* four rows of acc, one half at a time (see dots4) */
+    for (; d + 4 <= D; d += 4)
+        for (uint h = 0; h < 2; ++h) {
+            float *a = acc + 32 * d;
+            const float16 s = h ? g : f;
+            const float16 *u = h ? v : w;
+            float16 c0 = vload16(h, a) * s, c1 = vload16(2 + h, a) * s,
+                    c2 = vload16(4 + h, a) * s, c3 = vload16(6 + h, a) * s;
+            for (uint r = 0; r < n; ++r) {
+                const float16 y = u[r];
+                SRC *xr = x + row[r] + d;
+                c0 += xr[0] * y;
+                c1 += xr[1] * y;
+                c2 += xr[2] * y;
+                c3 += xr[3] * y;
+            }
+            vstore16(c0, h, a);
+            vstore16(c1, 2 + h, a);
+            vstore16(c2, 4 + h, a);
+            vstore16(c3, 6 + h, a);
+        }
+#else
     for (; d + 8 <= D; d += 8) {
         float *a = acc + 32 * d;
         float16 c0 = vload16(0, a) * f, e0 = vload16(1, a) * g, c1 = vload16(2, a) * f,
@@ -163,6 +221,7 @@ inline void add_rows2(float *acc, SRC *x, const ulong *row, const float16 *w, co
         vstore16(c7, 14, a);
         vstore16(e7, 15, a);
     }
+#endif
     for (; d < D; ++d) {
         float16 c = vload16(2 * d, acc) * f, e = vload16(2 * d + 1, acc) * g;
         for (uint r = 0; r < n; ++r) {
