@@ -676,6 +676,18 @@ static size_t work_group(const struct clattn_cl_state *cl, const kernel_set *set
                                           : tree_work_group(head_dim);
 }
 
+/* Whether blocked.cl's products may keep 16 vectors of 16 floats: the
+ * device says its vectors are 16 floats, or (PoCL runs on this CPU) this
+ * CPU has AVX-512, whatever width LLVM prefers to report for it. */
+static int wide_vectors(const struct clattn_cl_state *cl)
+{
+#if defined(__x86_64__) && defined(__GNUC__)
+    if (__builtin_cpu_supports("avx512f"))
+        return 1;
+#endif
+    return cl->float_width >= 16;
+}
+
 /* The defines kernel k of a kind is built with for a head_dim (0: any). */
 static const char *kernel_options(const struct clattn_cl_state *cl, int kind, uint32_t head_dim,
                                   clattn_dtype dtype, int k, char *buf, size_t size)
@@ -692,7 +704,7 @@ static const char *kernel_options(const struct clattn_cl_state *cl, int kind, ui
      * GFLOP/s without -> with: b4 s512 d64 forward 45.7-48.9 -> 55.3-67.4,
      * backward 35.5-39.3 -> 58.0-67.0; d128 16/4 causal forward 51.2-54.2
      * -> 76.6-94.9, backward 39.9-40.2 -> 56.4-59.0. */
-    if (kind == KIND_BLOCKED && cl->float_width < 16 && len > 0 && (size_t)len < size)
+    if (kind == KIND_BLOCKED && !wide_vectors(cl) && len > 0 && (size_t)len < size)
         snprintf(buf + len, size - (size_t)len, " -DNARROW=1");
     if (kind == KIND_MMA && len > 0 && (size_t)len < size) {
         const mma_config *c = mma_config_for(cl, head_dim, dtype, k);
