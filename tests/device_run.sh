@@ -70,7 +70,7 @@ for stage in "$@"; do
       CLATTN_TEST_VARIANT=$v build-dev/tests/clattn_tests --suite kernels --backend opencl-gpu \
         2>&1 | grep -v 'warning generated' > "$OUT/kernels-$v.log" &
     done
-    # mma's single-pass backward, forced (the library picks it for long sequences)
+    # mma's single-pass backward, forced (it runs only where CLATTN_MMA_SINGLE asks)
     CLATTN_MMA_SINGLE=4,1,16,1 CLATTN_TEST_VARIANT=mma build-dev/tests/clattn_tests --suite kernels \
       --backend opencl-gpu 2>&1 | grep -v 'warning generated' > "$OUT/kernels-mma-single.log" &
     wait
