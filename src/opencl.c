@@ -147,13 +147,12 @@ typedef struct mma_config {
 typedef struct mma_class {
     uint32_t max_head_dim;
     mma_config forward, backward, grad_q; /* backward: dK and dV */
-    mma_config single; /* 16-bit: the single-pass backward's (warps 0: none) */
 } mma_class;
 static const mma_class mma_table[] = {
-    {64, {4, 1, 32, 2}, {8, 1, 32, 2}, {8, 1, 16, 2}, {0, 0, 0, 0}},
-    {96, {4, 2, 16, 2}, {8, 2, 16, 2}, {8, 2, 16, 2}, {0, 0, 0, 0}},
-    {128, {4, 2, 16, 2}, {8, 2, 16, 1}, {8, 2, 8, 2}, {0, 0, 0, 0}},
-    {CLATTN_MAX_HEAD_DIM, {8, 4, 8, 2}, {8, 4, 8, 2}, {8, 4, 8, 2}, {0, 0, 0, 0}},
+    {64, {4, 1, 32, 2}, {8, 1, 32, 2}, {8, 1, 16, 2}},
+    {96, {4, 2, 16, 2}, {8, 2, 16, 2}, {8, 2, 16, 2}},
+    {128, {4, 2, 16, 2}, {8, 2, 16, 1}, {8, 2, 8, 2}},
+    {CLATTN_MAX_HEAD_DIM, {8, 4, 8, 2}, {8, 4, 8, 2}, {8, 4, 8, 2}},
 };
 /* The same for 16-bit tensors (m16n8k16; `planes` unused): tiles of
  * 16-bit words by rows, read by rows and by columns through ldmatrix, so
@@ -173,8 +172,9 @@ static const mma_class mma_table[] = {
  * - / 96.1, 8,1,16 - / 93.6. Two 16-row blocks a warp (each B fragment
  * read serving two products) were slower everywhere the day before (d64
  * 4,1,32 forward 71.4, d128 4,1,16 backward 8.1 with its spills).
- * `single` is the single-pass backward's shape (K's rows and two dS^T
- * buffers in local memory besides the tiles). Same day, backward TFLOP/s
+ * The single-pass backward (K's rows and two dS^T buffers in local memory
+ * besides the tiles) has no column: its shape is CLATTN_MMA_SINGLE's, the
+ * only way it runs (below). Same day, backward TFLOP/s
  * (`CLATTN_MMA_SINGLE=W,S,T,P`, 0 for two passes): d64 causal two passes
  * 74.2 / 71.7, single 4,1,32 68.6 / 58.1, 4,1,16 75.7, 8,1,16 48.9,
  * 2,1,32 59.9; d64 32 heads on 8 unmasked 118.7 / 118.8 (4,1,32), q_seq
@@ -188,9 +188,9 @@ static const mma_class mma_table[] = {
  * 8 148 / 151; so it runs only where CLATTN_MMA_SINGLE asks (its dQ is not
  * repeatable to the bit; two passes' is). */
 static const mma_class mma16_table[] = {
-    {64, {4, 1, 64, 1}, {4, 1, 64, 1}, {4, 1, 64, 1}, {0, 0, 0, 0}},
-    {128, {4, 1, 32, 1}, {4, 1, 32, 1}, {4, 1, 32, 1}, {0, 0, 0, 0}},
-    {CLATTN_MAX_HEAD_DIM, {4, 2, 16, 1}, {2, 2, 16, 1}, {4, 2, 16, 1}, {0, 0, 0, 0}},
+    {64, {4, 1, 64, 1}, {4, 1, 64, 1}, {4, 1, 64, 1}},
+    {128, {4, 1, 32, 1}, {4, 1, 32, 1}, {4, 1, 32, 1}},
+    {CLATTN_MAX_HEAD_DIM, {4, 2, 16, 1}, {2, 2, 16, 1}, {4, 2, 16, 1}},
 };
 
 /* mma.cl's local buffer for a kernel at a head_dim under config c, in
@@ -299,7 +299,7 @@ struct clattn_cl_state {
     mma_config mma_tune;
     int grad_q_tuned;            /* CLATTN_MMA_GRAD_Q set: grad_q_tune for grad-Q */
     mma_config grad_q_tune;
-    int single_tuned; /* CLATTN_MMA_SINGLE set: single_tune (warps 0 for none) wherever it fits */
+    int single_tuned; /* CLATTN_MMA_SINGLE set to a shape: the single pass, wherever it fits */
     mma_config single_tune;
     tile_class tiles;
     cl_ulong max_alloc;
@@ -336,20 +336,20 @@ static tile_config tile_config_for(const struct clattn_cl_state *cl, uint32_t he
 static const mma_config *mma_config_for(const struct clattn_cl_state *cl, uint32_t head_dim,
                                         clattn_dtype dtype, int k)
 {
+    static const mma_config none = {0, 0, 0, 0};
+    if (k == K_GRAD_KVQ || k == K_FINISH_DQ) /* the single pass: only where asked */
+        return cl->single_tuned ? &cl->single_tune : &none;
     if (k == K_GRAD_Q && cl->grad_q_tuned)
         return &cl->grad_q_tune;
-    if ((k == K_GRAD_KVQ || k == K_FINISH_DQ) && cl->single_tuned)
-        return &cl->single_tune;
     if (cl->mma_tuned)
         return &cl->mma_tune;
     const mma_class *table = dtype == CLATTN_DTYPE_F32 ? mma_table : mma16_table;
     size_t i = 0;
     while (table[i].max_head_dim < head_dim)
         ++i;
-    return k == K_FORWARD                         ? &table[i].forward
-           : k == K_GRAD_Q                        ? &table[i].grad_q
-           : k == K_GRAD_KVQ || k == K_FINISH_DQ ? &table[i].single
-                                                  : &table[i].backward;
+    return k == K_FORWARD  ? &table[i].forward
+           : k == K_GRAD_Q ? &table[i].grad_q
+                           : &table[i].backward;
 }
 
 /* Rows of a work-group of mma.cl: 16 for each group of wsplit warps. */
@@ -946,7 +946,7 @@ static clattn_status init_on_device(clattn_context *ctx, const char *variant,
     }
     const char *single = getenv("CLATTN_MMA_SINGLE");
     if (single && !strcmp(single, "0"))
-        cl->single_tuned = 1; /* single_tune.warps 0: two passes */
+        ; /* two passes, as when unset */
     else if ((st = mma_override("CLATTN_MMA_SINGLE", &cl->single_tune, &cl->single_tuned)) !=
              CLATTN_OK)
         goto fail;
@@ -1171,11 +1171,11 @@ static clattn_status enqueue_op(struct clattn_cl_state *cl, clattn_op op, const 
     clattn_status st = kernels_for(cl, s->head_dim, s->dtype, &set);
     if (st != CLATTN_OK)
         return st;
-    /* The single pass's float32 dQ is as large as dQ's elements in float32:
-     * where that exceeds the device's largest allocation, two passes. */
+    /* The single pass, built only where CLATTN_MMA_SINGLE asks for it. Its
+     * float32 dQ is as large as dQ's elements in float32: where that exceeds
+     * the device's largest allocation, two passes. */
     const int single = op == CLATTN_OP_BACKWARD && set->kernel[K_GRAD_KVQ] &&
-                       (cl_ulong)sz->q * sizeof(float) <= cl->max_alloc &&
-                       cl->single_tuned;
+                       (cl_ulong)sz->q * sizeof(float) <= cl->max_alloc;
     const int *plan = single                                               ? backward_single
                       : op == CLATTN_OP_BACKWARD && !set->kernel[K_GRAD_KV] ? backward_unfused
                                                                             : op_plans[op];
