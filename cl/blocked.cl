@@ -96,7 +96,7 @@ inline void dots4(SRC *r0, SRC *r1, SRC *r2, SRC *r3, const float *t, uint h, fl
     out[0] = a0, out[1] = a1, out[2] = a2, out[3] = a3;
 }
 
-inline void dots8x2(SRC *x, const ulong *row, const float *t, float16 *lo, float16 *hi)
+inline void dots8(SRC *x, const ulong *row, const float *t, float16 *lo, float16 *hi)
 {
     SRC *r0 = x + row[0], *r1 = x + row[1], *r2 = x + row[2], *r3 = x + row[3],
         *r4 = x + row[4], *r5 = x + row[5], *r6 = x + row[6], *r7 = x + row[7];
@@ -108,7 +108,7 @@ inline void dots8x2(SRC *x, const ulong *row, const float *t, float16 *lo, float
 #else
 /* lo[i], hi[i] = sum_d x[row[i] + d] * t[d] for 8 rows of x, t a transposed
  * tile of QB rows (halves 0..15 and 16..31). */
-inline void dots8x2(SRC *x, const ulong *row, const float *t, float16 *lo, float16 *hi)
+inline void dots8(SRC *x, const ulong *row, const float *t, float16 *lo, float16 *hi)
 {
     SRC *r0 = x + row[0], *r1 = x + row[1], *r2 = x + row[2], *r3 = x + row[3],
         *r4 = x + row[4], *r5 = x + row[5], *r6 = x + row[6], *r7 = x + row[7];
@@ -145,10 +145,11 @@ inline void dots8x2(SRC *x, const ulong *row, const float *t, float16 *lo, float
 
 /* acc[d] = acc[d] * (f, g) + sum_r x[row[r] + d] * (w[r], v[r]) for r < n,
  * acc a transposed tile of QB rows (halves scaled by f and g as they are
- * loaded: the forward's running rescale; 1 elsewhere): four of its rows,
- * both halves, stay in registers while the n rows stream by. */
-inline void add_rows2(float *acc, SRC *x, const ulong *row, const float16 *w, const float16 *v,
-                      uint n, float16 f, float16 g)
+ * loaded: the forward's running rescale; 1 elsewhere): eight of its rows,
+ * both halves (NARROW: four, one half at a time), stay in registers while
+ * the n rows stream by. */
+inline void add_rows(float *acc, SRC *x, const ulong *row, const float16 *w, const float16 *v,
+                     uint n, float16 f, float16 g)
 {
     /* Named accumulators, not arrays: PoCL kept arrays of them in memory. */
     uint d = 0;
@@ -286,9 +287,9 @@ inline void chunk_run(chunk *ch, __global const elem *q, __global const elem *d_
     SRC *qx = stage(qs, q, ch->row, n8, at);
     SRC *ox = stage(os, d_out, ch->row, n8, at);
     for (uint r = 0; r < n; r += 8) {
-        dots8x2(qx, at + r, kt, p[0] + r, p[1] + r);
+        dots8(qx, at + r, kt, p[0] + r, p[1] + r);
         if (want_dk)
-            dots8x2(ox, at + r, vt, ds[0] + r, ds[1] + r);
+            dots8(ox, at + r, vt, ds[0] + r, ds[1] + r);
     }
     for (uint h = 0; h < 2; ++h) {
         const uint16 t = t0 + 16 * h + lane_ids();
@@ -303,9 +304,9 @@ inline void chunk_run(chunk *ch, __global const elem *q, __global const elem *d_
         }
     }
     if (want_dv)
-        add_rows2(dvt, ox, at, p[0], p[1], n, 1.0f, 1.0f);
+        add_rows(dvt, ox, at, p[0], p[1], n, 1.0f, 1.0f);
     if (want_dk)
-        add_rows2(dkt, qx, at, ds[0], ds[1], n, 1.0f, 1.0f);
+        add_rows(dkt, qx, at, ds[0], ds[1], n, 1.0f, 1.0f);
     ch->n = 0;
 }
 
@@ -436,8 +437,8 @@ inline void key_rows(ulong *keys, uint b, uint kv_seq, uint num_kv_heads, uint k
 /* The scores of a tile's KB keys against the block's QB rows, both halves. */
 inline void tile_scores(SRC *kx, const ulong *at, const float *qt, float16 *lo, float16 *hi)
 {
-    dots8x2(kx, at, qt, lo, hi);
-    dots8x2(kx, at + 8, qt, lo + 8, hi + 8);
+    dots8(kx, at, qt, lo, hi);
+    dots8(kx, at + 8, qt, lo + 8, hi + 8);
 }
 
 __kernel void forward__blocked(__global const elem *q, ulong q_off, __global const elem *k,
@@ -493,7 +494,7 @@ __kernel void forward__blocked(__global const elem *q, ulong q_off, __global con
             l[h] = l[h] * rescale[h] + sum;
             m[h] = m_new;
         }
-        add_rows2(ot, vx, at, sc[0], sc[1], n, rescale[0], rescale[1]);
+        add_rows(ot, vx, at, sc[0], sc[1], n, rescale[0], rescale[1]);
     }
     float lv[QB], mv[QB];
     for (uint h = 0; h < 2; ++h) {
@@ -565,7 +566,7 @@ __kernel void grad_q__blocked(__global const elem *q, ulong q_off, __global cons
                 sc[h][j] = select((float16)0.0f, scale * p * (dp[h][j] - ds_row[h]),
                                   j < n ? keep : (int16)0);
             }
-        add_rows2(dqt, kx, at, sc[0], sc[1], n, 1.0f, 1.0f);
+        add_rows(dqt, kx, at, sc[0], sc[1], n, 1.0f, 1.0f);
     }
     for (uint i = 0; i < r.n; ++i)
         for (uint d = 0; d < D; ++d)
