@@ -11,16 +11,21 @@
  * backward's dQ is summed in its key-side jobs where that pays (see
  * fuse_grad_q), else it has a query-side pass of its own, which computes
  * the scores and dP a second time.
- * Threads take jobs from a shared counter, so uneven causal work balances
- * itself, and no job depends on another's, so the result does not depend on
- * the thread count; except the fused backward's dQ, summed in one copy per
- * stripe of key jobs, as many stripes as threads: the same bits on every
- * run with as many threads, rounded differently with another count. */
+ * A job is the blocks of one head that fall to one of its parts, taken to
+ * and fro (native.h), so that the parts of a head weigh the same under a
+ * causal mask; heads are cut into as many parts as give every thread four
+ * jobs or so (plan_call). Threads take jobs from a shared counter, so a
+ * thread held up elsewhere holds up no other, and no job depends on
+ * another's, so the result does not depend on which thread ran what; the
+ * fused backward's dQ is summed in one copy per key-side part, in the
+ * blocks' order, so it comes out the same on every run with as many
+ * parts, rounded differently with another count. */
 #include <math.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "native.h"
@@ -30,8 +35,6 @@
 #endif
 
 enum { MAX_THREADS = 256 };
-
-_Thread_local int clattn_native_copy;
 
 static int default_threads(void)
 {
@@ -92,15 +95,21 @@ static void *worker(void *arg)
 
 /* A context's worker threads, started on its first threaded call and kept
  * until it is destroyed, rather than started and joined for each of a
- * call's rounds of jobs (up to six). Each round bumps `round`; helper i takes
- * part when i < want, and the caller waits until `running` is 0. The
- * context's lock keeps one call at a time. */
+ * call's rounds of jobs (up to five). Each round bumps `round`; helper i takes
+ * part when i < want, and the caller waits until `running` is 0. Between
+ * rounds a helper (and the caller, for `running`) first spins for up to
+ * SPIN_NS, and only then sleeps on the condition variable: a sleeping
+ * vCPU of a VM takes a while to wake, and a call's rounds follow each other
+ * within microseconds. The context's lock keeps one call at a time. */
+enum { SPIN_NS = 200000 };
+
 typedef struct native_pool {
     pthread_mutex_t lock;
     pthread_cond_t start, done;
     native_call *call;
-    unsigned long round;
-    int want, running, stop, started;
+    atomic_ulong round;
+    atomic_int running, stop;
+    int want, started;
     struct native_helper {
         struct native_pool *pool;
         int index;
@@ -108,29 +117,60 @@ typedef struct native_pool {
     } helper[MAX_THREADS];
 } native_pool;
 
+static long long now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1000000000LL + ts.tv_nsec;
+}
+
+static inline void cpu_relax(void)
+{
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#endif
+}
+
+/* Spins until *x is no longer `was` or SPIN_NS have passed. */
+static void spin_while(const atomic_ulong *x, unsigned long was)
+{
+    const long long end = now_ns() + SPIN_NS;
+    do {
+        for (int i = 0; i < 64; ++i) {
+            if (atomic_load_explicit(x, memory_order_acquire) != was)
+                return;
+            cpu_relax();
+        }
+    } while (now_ns() < end);
+}
+
 static void *helper_main(void *arg)
 {
     struct native_helper *h = arg;
     native_pool *p = h->pool;
     unsigned long seen = 0;
-    pthread_mutex_lock(&p->lock);
     for (;;) {
-        while (!p->stop && p->round == seen)
-            pthread_cond_wait(&p->start, &p->lock);
-        if (p->stop)
-            break;
-        seen = p->round;
-        if (h->index >= p->want)
-            continue;
-        native_call *c = p->call;
-        pthread_mutex_unlock(&p->lock);
-        worker(c);
+        spin_while(&p->round, seen);
         pthread_mutex_lock(&p->lock);
-        if (--p->running == 0)
+        while (!atomic_load(&p->stop) && atomic_load(&p->round) == seen)
+            pthread_cond_wait(&p->start, &p->lock);
+        if (atomic_load(&p->stop)) {
+            pthread_mutex_unlock(&p->lock);
+            return NULL;
+        }
+        seen = atomic_load(&p->round);
+        native_call *c = p->call;
+        const int mine = h->index < p->want;
+        pthread_mutex_unlock(&p->lock);
+        if (!mine)
+            continue;
+        worker(c);
+        if (atomic_fetch_sub(&p->running, 1) == 1) {
+            pthread_mutex_lock(&p->lock); /* the caller waits under it */
             pthread_cond_signal(&p->done);
+            pthread_mutex_unlock(&p->lock);
+        }
     }
-    pthread_mutex_unlock(&p->lock);
-    return NULL;
 }
 
 static void pool_destroy(native_pool *p)
@@ -138,7 +178,7 @@ static void pool_destroy(native_pool *p)
     if (!p)
         return;
     pthread_mutex_lock(&p->lock);
-    p->stop = 1;
+    atomic_store(&p->stop, 1);
     pthread_cond_broadcast(&p->start);
     pthread_mutex_unlock(&p->lock);
     for (int i = 0; i < p->started; ++i)
@@ -157,6 +197,9 @@ static native_pool *pool_create(int helpers)
     native_pool *p = calloc(1, sizeof *p);
     if (!p)
         return NULL;
+    atomic_init(&p->round, 0);
+    atomic_init(&p->running, 0);
+    atomic_init(&p->stop, 0);
     if (pthread_mutex_init(&p->lock, NULL)) {
         free(p);
         return NULL;
@@ -200,13 +243,17 @@ static void run_jobs(native_pool *p, native_call *c, void (*job)(const native_ca
     pthread_mutex_lock(&p->lock);
     p->call = c;
     p->want = helpers;
-    p->running = helpers;
-    ++p->round;
+    atomic_store(&p->running, helpers);
+    atomic_fetch_add(&p->round, 1);
     pthread_cond_broadcast(&p->start);
     pthread_mutex_unlock(&p->lock);
     worker(c);
+    const long long end = now_ns() + SPIN_NS;
+    while (atomic_load(&p->running) && now_ns() < end)
+        for (int i = 0; i < 64 && atomic_load(&p->running); ++i)
+            cpu_relax();
     pthread_mutex_lock(&p->lock);
-    while (p->running)
+    while (atomic_load(&p->running))
         pthread_cond_wait(&p->done, &p->lock);
     pthread_mutex_unlock(&p->lock);
 }
@@ -284,16 +331,9 @@ static unsigned packed_only(clattn_op op, int fused)
     return 0u;
 }
 
-/* The fused backward's dQ copies: zeroed in chunks, then summed into dQ
- * by (batch, head, SUM_ROWS rows). */
-enum { ZERO_CHUNK = 1 << 16, SUM_ROWS = 64 };
-
-static void zero_job(const native_call *c, size_t job)
-{
-    const size_t all = c->dq_part_floats * c->dq_part_copies, first = job * ZERO_CHUNK;
-    memset(c->dq_part + first, 0, (all - first < ZERO_CHUNK ? all - first : ZERO_CHUNK) *
-                                      sizeof(float));
-}
+/* The fused backward's dQ copies (zeroed by the key-side jobs) are summed
+ * into dQ by (batch, head, SUM_ROWS rows). */
+enum { SUM_ROWS = 64 };
 
 static void sum_dq_job(const native_call *c, size_t job)
 {
@@ -314,28 +354,10 @@ static void sum_dq_job(const native_call *c, size_t job)
     }
 }
 
-/* The fused backward's key-side pass: stripe i of `copies` (C) takes key
- * jobs i and 2C - 1 - i of every 2C, in order, adding into dQ copy i, so
- * that each copy's sums (and so dQ) come out the same on every run with
- * these many threads, whichever thread takes the stripe. Taken to and fro,
- * the jobs of a head, heaviest first under a causal mask, share out evenly. */
-static void key_stripe_job(const native_call *c, size_t stripe)
-{
-    const size_t round = 2 * c->dq_part_copies;
-    clattn_native_copy = (int)stripe;
-    for (size_t base = 0; base < c->key_jobs; base += round) {
-        const size_t there = base + stripe, back = base + round - 1 - stripe;
-        if (there < c->key_jobs)
-            c->hot->key_block(c, there);
-        if (back < c->key_jobs)
-            c->hot->key_block(c, back);
-    }
-}
-
-/* Whether the backward sums dQ in its key-side jobs, in `copies` stripes:
+/* Whether the backward sums dQ in its key-side jobs, in `copies` parts:
  * that spares the query-side pass's second computation of the scores and
  * dP (4 * head_dim flops a visible pair), for zeroing and summing a dQ
- * copy per stripe (2 * copies * |dQ| floats of memory traffic). It pays
+ * copy per part (2 * copies * |dQ| floats of memory traffic). It pays
  * where a row sees enough keys: on average 12.5 per copy, taking 25 flops
  * to the cost of a float moved. CLATTN_NATIVE_FUSED_DQ=0 or 1 decides
  * instead (tests, measurements). */
@@ -348,20 +370,52 @@ static int fuse_grad_q(const clattn_shape *s, int copies)
     return (double)clattn_shape_visible_pairs(s) >= 12.5 * copies * rows;
 }
 
-/* How a call's key-side pass is cut: its jobs, the stripes (dQ copies)
- * it would run in, and whether the backward sums dQ there. */
+/* Parts to cut each of `heads` heads of `blocks` blocks into: at least
+ * `per_thread` jobs a thread, no more parts than `most`, and at least two
+ * blocks a part where a head has them (a pair taken to and fro weighs the
+ * same as any other under a causal mask). */
+static size_t parts_for(size_t heads, size_t blocks, int threads, size_t per_thread, size_t most)
+{
+    size_t parts = (per_thread * (size_t)threads + heads - 1) / heads;
+    if (parts > most)
+        parts = most;
+    if (parts > blocks / 2)
+        parts = blocks / 2;
+    return parts ? parts : 1;
+}
+
 typedef struct native_plan {
-    size_t blocks_per_head, key_jobs; /* KEY_BLOCK blocks of a KV head's keys, key-side jobs */
-    int copies, fused;
+    size_t blocks_per_head, key_parts, query_parts;
+    int fused;
 } native_plan;
 
+/* How a call is cut: the key side's blocks and parts (dQ copies for the
+ * fused backward), the query side's parts, and whether the backward sums
+ * dQ in the key side. Eight jobs a thread where the heads have the blocks
+ * for them, and never more than four blocks a job on a side without
+ * copies; the fused backward's parts are dQ copies (memory traffic), no
+ * more of them than threads. Before, jobs were four consecutive blocks
+ * whatever the call, and the fused key side ran one stripe of jobs per
+ * thread, fixed: 16 threads of the H200 machine's CPU ran the key side of
+ * a causal q_seq 1024 on 2 KV heads as 16 jobs of 8:1 weights, and its
+ * slowest stripe took twice the mean. */
 static native_plan plan_call(const clattn_context *ctx, clattn_op op, const clattn_shape *s)
 {
+    const int n = ctx->num_threads;
+    const size_t q_blocks = (s->q_seq + (size_t)QUERY_BLOCK - 1) / QUERY_BLOCK;
+    const size_t kv_heads = (size_t)s->num_kv_heads * s->batch;
     native_plan p;
     p.blocks_per_head = (s->kv_seq + (size_t)KEY_BLOCK - 1) / KEY_BLOCK;
-    p.key_jobs = (p.blocks_per_head + JOB_BLOCKS - 1) / JOB_BLOCKS * s->num_kv_heads * s->batch;
-    p.copies = (size_t)ctx->num_threads < p.key_jobs ? ctx->num_threads : (int)p.key_jobs;
-    p.fused = op == CLATTN_OP_BACKWARD && fuse_grad_q(s, p.copies);
+    p.query_parts = parts_for((size_t)s->num_heads * s->batch, q_blocks, n, 8, SIZE_MAX);
+    if (p.query_parts < (q_blocks + 3) / 4)
+        p.query_parts = (q_blocks + 3) / 4;
+    p.key_parts = parts_for(kv_heads, p.blocks_per_head, n, 8, (size_t)n);
+    p.fused = op == CLATTN_OP_BACKWARD && fuse_grad_q(s, (int)p.key_parts);
+    if (!p.fused) {
+        p.key_parts = parts_for(kv_heads, p.blocks_per_head, n, 8, SIZE_MAX);
+        if (p.key_parts < (p.blocks_per_head + 3) / 4)
+            p.key_parts = (p.blocks_per_head + 3) / 4;
+    }
     return p;
 }
 
@@ -402,11 +456,11 @@ static clattn_status run_f32(clattn_context *ctx, clattn_op op, const clattn_sha
     c.scale = clattn_effective_scale(s);
     c.group = s->num_heads / s->num_kv_heads;
     c.blocks_per_head = plan.blocks_per_head;
-    const size_t key_jobs = plan.key_jobs;
+    c.key_parts = plan.key_parts;
+    c.query_parts = plan.query_parts;
+    const size_t key_jobs = plan.key_parts * s->num_kv_heads * s->batch;
+    const size_t query_jobs = plan.query_parts * s->num_heads * s->batch;
     const size_t rows = sz->lse / 2;
-    const size_t query_blocks = (s->q_seq + (size_t)QUERY_BLOCK - 1) / QUERY_BLOCK;
-    const size_t query_jobs =
-        (query_blocks + JOB_BLOCKS - 1) / JOB_BLOCKS * s->num_heads * s->batch;
     const int n = ctx->num_threads;
     static const char *const ran[CLATTN_OP_COUNT] = {
         [CLATTN_OP_FORWARD] = "forward__native",
@@ -424,7 +478,7 @@ static clattn_status run_f32(clattn_context *ctx, clattn_op op, const clattn_sha
                            op == CLATTN_OP_BACKWARD;
     const int key_side = op != CLATTN_OP_FORWARD && op != CLATTN_OP_GRAD_Q;
     const int want_dsum = op == CLATTN_OP_GRAD_K || op == CLATTN_OP_BACKWARD;
-    const int copies = plan.copies;
+    const size_t copies = plan.key_parts;
     int fused = plan.fused;
     const size_t k_floats = head_major_floats(t, CLATTN_R_K, s->num_kv_heads, sz->kv);
     const size_t v_floats = head_major_floats(t, CLATTN_R_V, s->num_kv_heads, sz->kv);
@@ -434,7 +488,7 @@ static clattn_status run_f32(clattn_context *ctx, clattn_op op, const clattn_sha
     for (;;) {
         scratch = (query_side && !fused ? k_floats + v_floats : 0) +
                   (key_side ? qh_floats + oh_floats : 0) + (want_dsum ? rows : 0) +
-                  (fused ? (size_t)copies * sz->q : 0);
+                  (fused ? copies * sz->q : 0);
         if (grow(&ctx->scratch, &ctx->scratch_floats, scratch))
             break;
         /* Without the dQ copies, dQ has a pass of its own, unless Q has no
@@ -482,14 +536,12 @@ static clattn_status run_f32(clattn_context *ctx, clattn_op op, const clattn_sha
             c.dv = (float *)t[CLATTN_R_DV];
             c.dq = (float *)t[CLATTN_R_DQ];
         }
-        if (fused) { /* zero the dQ copies, the striped key pass, their sum */
+        if (fused) { /* the key side into dQ copies, then their sum */
             snprintf(ctx->kernels, sizeof ctx->kernels, "dsum__native,grad_kvq__native");
-            c.dq_part = take(&next, (size_t)copies * sz->q);
+            c.dq_part = take(&next, copies * sz->q);
             c.dq_part_floats = sz->q;
-            c.dq_part_copies = (size_t)copies;
-            c.key_jobs = key_jobs;
-            run_jobs(c.pool, &c, zero_job, (copies * sz->q + ZERO_CHUNK - 1) / ZERO_CHUNK, n);
-            run_jobs(c.pool, &c, key_stripe_job, (size_t)copies, copies);
+            c.dq_part_copies = copies;
+            run_jobs(c.pool, &c, hot->key_block, key_jobs, n);
             run_jobs(c.pool, &c, sum_dq_job,
                      s->batch * s->num_heads * ((s->q_seq + (size_t)SUM_ROWS - 1) / SUM_ROWS), n);
             break;

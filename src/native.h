@@ -11,11 +11,13 @@
 
 /* Keys of a key-side block, and query rows of a query-side one: a row of
  * 32 floats (two AVX-512 vectors: 16 had the products reload every
- * broadcast element per vector). A job takes JOB_BLOCKS consecutive blocks of one head,
- * so that the rows the blocks stream (all of the head's keys, or all of its
- * queries) come from the thread's own cache after the first: with a block a
- * job, jobs of one head ran on different threads and each streamed them. */
-enum { KEY_BLOCK = 32, QUERY_BLOCK = KEY_BLOCK, JOB_BLOCKS = 4 };
+ * broadcast element per vector). A job takes the blocks of one head that
+ * fall to its part (one of `parts`, see src/native.c's plan_call), to and
+ * fro: block i is part's when i % (2 * parts) is part or 2 * parts - 1 -
+ * part, so that under a causal mask every part of a head weighs about the
+ * same, and the rows the blocks stream (all of the head's keys, or all of
+ * its queries) come from the thread's own cache after the first. */
+enum { KEY_BLOCK = 32, QUERY_BLOCK = KEY_BLOCK };
 
 /* Query rows of a Dsum job: a job a row (a 64-float dot product) had 16
  * threads queue on the shared job counter and on each other's cache lines
@@ -36,11 +38,11 @@ typedef struct native_call {
      * are heads * D floats apart). */
     const float *kh, *vh, *qh, *oh;
     /* The backward's dQ summed in the key-side jobs, where that pays (see
-     * src/native.c): the jobs of stripe i add into head-major copy i,
-     * dq_part + clattn_native_copy * dq_part_floats, and the copies are
+     * src/native.c): the key-side jobs of part i (of key_parts) add into
+     * head-major copy i, dq_part + i * dq_part_floats, and the copies are
      * summed into dQ after. NULL: dQ has a query-side pass of its own. */
     float *dq_part;
-    size_t dq_part_floats, dq_part_copies, key_jobs;
+    size_t dq_part_floats, dq_part_copies;
     struct native_pool *pool; /* the threads that run its jobs */
     const struct native_kernels *hot;
     const void *conv_src; /* a conversion being made: conv_n elements, */
@@ -54,15 +56,13 @@ typedef struct native_call {
     float scale;
     size_t group;           /* query heads per KV head */
     size_t blocks_per_head; /* key blocks of one (batch, KV head) */
+    size_t key_parts, query_parts; /* jobs per head of each side (above) */
     void (*job)(const struct native_call *c, size_t job);
     size_t jobs;
     atomic_size_t next;
 } native_call;
 
 typedef void (*native_job)(const native_call *c, size_t job);
-
-/* The dQ copy the running key-side job adds into (see dq_part). */
-extern _Thread_local int clattn_native_copy;
 
 /* The hot loops of one compilation: forward and grad-Q jobs take a block of
  * query rows, key-block jobs a block of keys (dK and/or dV), dsum jobs

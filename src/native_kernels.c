@@ -134,6 +134,14 @@ INLINE void exp_block(float *x)
 
 static const float zero_row[CLATTN_MAX_HEAD_DIM];
 
+/* The part (of `parts`) that block i of a head falls to: to and fro (see
+ * native.h). */
+INLINE size_t part_of(size_t i, size_t parts)
+{
+    const size_t m = i % (2 * parts);
+    return m < parts ? m : 2 * parts - 1 - m;
+}
+
 /* out[i][.] = sum_d rows[i][d] * t[d][.] for DOT_ROWS rows. */
 INLINE void dots(const float *const *rows, const tile_row *t, size_t D, tile_row *out)
 {
@@ -216,6 +224,7 @@ typedef struct key_chunk {
     float m[CHUNK], l[CHUNK], dsum[CHUNK];
     uint32_t lo[CHUNK], hi[CHUNK]; /* keys of the block the row sees */
     size_t n;
+    size_t copy; /* the dQ copy the block adds into (see dq_part) */
 } key_chunk;
 
 /* dq[r] += sum_j ds[r][j] * krows[j] for the chunk's n rows (ds zero past
@@ -289,7 +298,7 @@ INLINE void key_chunk_run(const native_call *c, key_chunk *ch, const tile_row *k
     if (dkt)
         accumulate(dkt, D, ch->q, ds, n, NULL);
     if (dkt && c->dq_part) {
-        float *part = c->dq_part + (size_t)clattn_native_copy * c->dq_part_floats;
+        float *part = c->dq_part + ch->copy * c->dq_part_floats;
         _Alignas(64) float spare[CLATTN_MAX_HEAD_DIM]; /* the padding rows' sums */
         float *dq[CHUNK];
         for (size_t r = 0; r < CHUNK; ++r)
@@ -331,6 +340,7 @@ static void key_block(const native_call *c, size_t job)
     clattn_query_range(s, t0 + nt - 1, &unused, &end);
     key_chunk ch;
     ch.n = 0;
+    ch.copy = part_of(block, c->key_parts);
     for (uint32_t pos = start; pos < end; ++pos) {
         /* Keys of the block that pos sees: [lo, hi). */
         uint32_t lo, hi;
@@ -566,35 +576,42 @@ static void dsum_job(const native_call *c, size_t job)
         ((float *)c->dsum)[row] = dot(c->d_out + row * D, c->o + row * D, D);
 }
 
-/* A job is JOB_BLOCKS consecutive blocks of one head (see native.h), the
- * heaviest under a causal mask first: the last query blocks, the first key
- * blocks. block(c, i) takes block i of the per-block numbering, blocks per
- * head fastest. */
-INLINE void run_blocks(const native_call *c, size_t job, size_t blocks, int last_first,
-                       void (*block)(const native_call *, size_t))
+/* A job is the blocks of one head that fall to one part, in order.
+ * block(c, i) takes block i of the per-block numbering, blocks per head
+ * fastest. */
+INLINE void run_part(const native_call *c, size_t job, size_t blocks, size_t parts,
+                     void (*block)(const native_call *, size_t))
 {
-    const size_t jobs_per_head = (blocks + JOB_BLOCKS - 1) / JOB_BLOCKS;
-    size_t first = job % jobs_per_head * JOB_BLOCKS;
-    if (last_first)
-        first = (jobs_per_head - 1 - job % jobs_per_head) * JOB_BLOCKS;
-    const size_t head = job / jobs_per_head;
-    for (size_t i = first; i < first + JOB_BLOCKS && i < blocks; ++i)
-        block(c, head * blocks + i);
+    const size_t head = job / parts, part = job % parts;
+    for (size_t i = part; i < blocks; ++i)
+        if (part_of(i, parts) == part)
+            block(c, head * blocks + i);
 }
 
 static void forward_job(const native_call *c, size_t job)
 {
-    run_blocks(c, job, (c->s->q_seq + (size_t)QUERY_BLOCK - 1) / QUERY_BLOCK, 1, forward_block);
+    run_part(c, job, (c->s->q_seq + (size_t)QUERY_BLOCK - 1) / QUERY_BLOCK, c->query_parts,
+             forward_block);
 }
 
 static void grad_q_job(const native_call *c, size_t job)
 {
-    run_blocks(c, job, (c->s->q_seq + (size_t)QUERY_BLOCK - 1) / QUERY_BLOCK, 1, grad_q_block);
+    run_part(c, job, (c->s->q_seq + (size_t)QUERY_BLOCK - 1) / QUERY_BLOCK, c->query_parts,
+             grad_q_block);
 }
 
+/* With dQ copies, a key-side job is the only one to add into its part's
+ * copy of its KV head's query rows (every head of the group, consecutive
+ * in the head-major copy): it zeroes them first, in its own cache. */
 static void key_block_job(const native_call *c, size_t job)
 {
-    run_blocks(c, job, c->blocks_per_head, 0, key_block);
+    if (c->dq_part) {
+        const clattn_shape *s = c->s;
+        const size_t rows = c->group * s->q_seq * s->head_dim;
+        memset(c->dq_part + job % c->key_parts * c->dq_part_floats + job / c->key_parts * rows,
+               0, rows * sizeof(float));
+    }
+    run_part(c, job, c->blocks_per_head, c->key_parts, key_block);
 }
 
 /* n elements of a 16-bit dtype to float32 and back, as clattn_to_f32 and

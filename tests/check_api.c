@@ -597,9 +597,9 @@ START_TEST(native_threads_agree)
 }
 END_TEST
 
-/* The backward that sums dQ in its key-side pass (stripes of key jobs, a
- * dQ copy each) gives the same bits on every run with one thread count,
- * whichever threads take the stripes; and agrees with the two-pass
+/* The backward that sums dQ in its key-side pass (a dQ copy per part of
+ * the key side) gives the same bits on every run with one thread count,
+ * whichever threads take the parts; and agrees with the two-pass
  * backward to rounding. */
 START_TEST(native_fused_backward_repeats)
 {
