@@ -114,6 +114,14 @@ inline float exp2_ftz(float x)
     return native_exp2(x);
 #endif
 }
+/* The backward's P = exp(s - m - l) of a 16-bit kernel as one exponent,
+ * s - (m + l), clamped at 0 (P <= 1 whatever the scores' rounding), where
+ * float32's clamp s - m at 0 and subtract l after (FOLD_ML=0 does so for
+ * 16-bit too). m + l rounds once: a relative error of P below 2^-24
+ * |m + l|, far under the outputs' 16-bit rounding. */
+#ifndef FOLD_ML
+#define FOLD_ML 1
+#endif
 #if FAST_EXP && DTYPE != 0
 #define EXP_UNIT 1.44269504088896341f /* log2(e) */
 #define EXPU(x) exp2_ftz(x)
@@ -1132,11 +1140,18 @@ inline void ds_of_rows(float *s, const float *dp, const float *m, const float *l
                        int causal, uint window, long delta)
 {
     const uint t = get_local_id(0) & 3u;
+#if DTYPE != 0 && FOLD_ML
+    const float ml[2] = {m[0] + l[0], m[1] + l[1]};
+#endif
     UNROLL
     for (uint j = 0; j < NT * 4; ++j) {
         const uint key = t0 + j / 4 * 8 + 2 * t + (j & 1), row = row0 + ((j & 2) ? 8u : 0u);
         const int r = (j & 2) ? 1 : 0;
+#if DTYPE != 0 && FOLD_ML
+        const float p = EXPU(fmin(fma(s[j], unit, -ml[r]), 0.0f)); /* ml = m + l */
+#else
         const float p = EXPU(fmin(fma(s[j], unit, -m[r]), 0.0f) - l[r]);
+#endif
         const bool keep = !masked || (key < hi && visible(row, key, causal, window, delta));
         s[j] = keep ? p * (dp[j] - ds_row[r]) : 0.0f;
     }
@@ -1294,7 +1309,11 @@ inline void p_of_keys(float *s, float *dp, __local const float *mt, __local cons
     UNROLL
     for (uint i = 0; i < NT * 4; ++i) {
         const uint j = i / 4 * 8 + 2 * t + (i & 1), key = key0 + ((i & 2) ? 8u : 0u);
+#if DTYPE != 0 && FOLD_ML
+        const float p = EXPU(fmin(fma(s[i], unit, -(mt[j] + lt[j]) * EXP_UNIT), 0.0f));
+#else
         const float p = EXPU(fmin(fma(s[i], unit, -mt[j] * EXP_UNIT), 0.0f) - lt[j] * EXP_UNIT);
+#endif
         const bool keep = !masked || (p0 + j < hi && visible(p0 + j, key, causal, window, delta));
         s[i] = keep ? p : 0.0f;
         dp[i] = keep && want_dk ? p * (dp[i] - dt[j]) : 0.0f;
