@@ -13,7 +13,7 @@
  * the scores and dP a second time.
  * A job is the blocks of one head that fall to one of its parts, taken to
  * and fro (native.h), so that the parts of a head weigh the same under a
- * causal mask; heads are cut into as many parts as give every thread four
+ * causal mask; heads are cut into as many parts as give every thread eight
  * jobs or so (plan_call). Threads take jobs from a shared counter, so a
  * thread held up elsewhere holds up no other, and no job depends on
  * another's, so the result does not depend on which thread ran what; the
@@ -95,12 +95,13 @@ static void *worker(void *arg)
 
 /* A context's worker threads, started on its first threaded call and kept
  * until it is destroyed, rather than started and joined for each of a
- * call's rounds of jobs (up to five). Each round bumps `round`; helper i takes
- * part when i < want, and the caller waits until `running` is 0. Between
- * rounds a helper (and the caller, for `running`) first spins for up to
- * SPIN_NS, and only then sleeps on the condition variable: a sleeping
- * vCPU of a VM takes a while to wake, and a call's rounds follow each other
- * within microseconds. The context's lock keeps one call at a time. */
+ * call's rounds of jobs (packing, Dsum, each side's pass). Each round
+ * bumps `round`; helper i takes part when i < want, and the caller waits
+ * until `running` is 0. Between rounds a helper (and the caller, for
+ * `running`) first spins for up to SPIN_NS, and only then sleeps on the
+ * condition variable: a call's rounds follow each other within
+ * microseconds, and a thread that slept must be woken. The context's lock
+ * keeps one call at a time. */
 enum { SPIN_NS = 200000 };
 
 typedef struct native_pool {
