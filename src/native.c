@@ -371,17 +371,20 @@ static int fuse_grad_q(const clattn_shape *s, int copies)
     return (double)clattn_shape_visible_pairs(s) >= 12.5 * copies * rows;
 }
 
-/* Parts to cut each of `heads` heads of `blocks` blocks into: at least
- * `per_thread` jobs a thread, no more parts than `most`, and at least two
- * blocks a part where a head has them (a pair taken to and fro weighs the
- * same as any other under a causal mask). */
-static size_t parts_for(size_t heads, size_t blocks, int threads, size_t per_thread, size_t most)
+/* Parts to cut each of `heads` heads of `blocks` blocks into: enough for
+ * eight jobs a thread, and at least two blocks a part where a head has
+ * them (a pair taken to and fro weighs the same as any other under a
+ * causal mask). Where the parts are dQ copies (memory traffic), no more of
+ * them than threads; elsewhere no more than four blocks a part. */
+static size_t parts_for(size_t heads, size_t blocks, int threads, int copies)
 {
-    size_t parts = (per_thread * (size_t)threads + heads - 1) / heads;
-    if (parts > most)
-        parts = most;
+    size_t parts = (8 * (size_t)threads + heads - 1) / heads;
+    if (copies && parts > (size_t)threads)
+        parts = (size_t)threads;
     if (parts > blocks / 2)
         parts = blocks / 2;
+    if (!copies && parts < (blocks + 3) / 4)
+        parts = (blocks + 3) / 4;
     return parts ? parts : 1;
 }
 
@@ -392,10 +395,7 @@ typedef struct native_plan {
 
 /* How a call is cut: the key side's blocks and parts (dQ copies for the
  * fused backward), the query side's parts, and whether the backward sums
- * dQ in the key side. Eight jobs a thread where the heads have the blocks
- * for them, and never more than four blocks a job on a side without
- * copies; the fused backward's parts are dQ copies (memory traffic), no
- * more of them than threads. Before, jobs were four consecutive blocks
+ * dQ in the key side (parts_for). Before, jobs were four consecutive blocks
  * whatever the call, and the fused key side ran one stripe of jobs per
  * thread, fixed: 16 threads of the H200 machine's CPU ran the key side of
  * a causal q_seq 1024 on 2 KV heads as 16 jobs of 8:1 weights, and its
@@ -407,16 +407,11 @@ static native_plan plan_call(const clattn_context *ctx, clattn_op op, const clat
     const size_t kv_heads = (size_t)s->num_kv_heads * s->batch;
     native_plan p;
     p.blocks_per_head = (s->kv_seq + (size_t)KEY_BLOCK - 1) / KEY_BLOCK;
-    p.query_parts = parts_for((size_t)s->num_heads * s->batch, q_blocks, n, 8, SIZE_MAX);
-    if (p.query_parts < (q_blocks + 3) / 4)
-        p.query_parts = (q_blocks + 3) / 4;
-    p.key_parts = parts_for(kv_heads, p.blocks_per_head, n, 8, (size_t)n);
+    p.query_parts = parts_for((size_t)s->num_heads * s->batch, q_blocks, n, 0);
+    p.key_parts = parts_for(kv_heads, p.blocks_per_head, n, 1);
     p.fused = op == CLATTN_OP_BACKWARD && fuse_grad_q(s, (int)p.key_parts);
-    if (!p.fused) {
-        p.key_parts = parts_for(kv_heads, p.blocks_per_head, n, 8, SIZE_MAX);
-        if (p.key_parts < (p.blocks_per_head + 3) / 4)
-            p.key_parts = (p.blocks_per_head + 3) / 4;
-    }
+    if (!p.fused)
+        p.key_parts = parts_for(kv_heads, p.blocks_per_head, n, 0);
     return p;
 }
 
