@@ -944,13 +944,12 @@ static clattn_status init_on_device(clattn_context *ctx, const char *variant,
                 both[i]->columns = columns;
         }
     }
-    const char *single = getenv("CLATTN_MMA_SINGLE");
-    if (single && !strcmp(single, "0"))
-        ; /* two passes, as when unset */
-    else if ((st = mma_override("CLATTN_MMA_SINGLE", &cl->single_tune, &cl->single_tuned)) !=
-             CLATTN_OK)
+    const char *single = getenv("CLATTN_MMA_SINGLE"); /* "0", as unset: two passes */
+    if ((!single || strcmp(single, "0")) &&
+        (st = mma_override("CLATTN_MMA_SINGLE", &cl->single_tune, &cl->single_tuned)) !=
+            CLATTN_OK)
         goto fail;
-    else if (cl->single_tuned && cl->single_tune.wsplit != 1) {
+    if (cl->single_tuned && cl->single_tune.wsplit != 1) {
         st = clattn_fail(CLATTN_ERROR_INVALID_OPTION,
                          "CLATTN_MMA_SINGLE='%s': the single pass wants WSPLIT 1 (or 0 for two "
                          "passes)",
