@@ -11,6 +11,10 @@
 #include <stdint.h>
 #include <string.h>
 
+#if defined(__SSE__)
+#include <immintrin.h>
+#endif
+
 #include "native.h"
 
 #ifndef NATIVE_LEVEL
@@ -47,11 +51,11 @@ INLINE size_t row_index(const clattn_shape *s, size_t b, size_t pos, size_t head
 
 /* Element-wise work on a tile row (masks, softmax, exp) is written on
  * vectors of the level's own width, HW floats, KEY_BLOCK / HW of them a
- * row (`EACH_PART`), not left to the loop vectoriser: GCC 13 turned
- * exp_block's loop into scalar code that GCC 12 vectorised, and GCC lowers
- * comparisons of vectors wider than the hardware's to scalar code. Masks are
- * comparison results (lanes 0 or -1); HSELECT takes a's lanes where the
- * mask is set, else b's; HSPLAT broadcasts a scalar. */
+ * row (`EACH_PART`), not left to the loop vectoriser: GCC 13 turned the
+ * loop of an earlier exp() into scalar code that GCC 12 vectorised, and GCC
+ * lowers comparisons of vectors wider than the hardware's to scalar code.
+ * Masks are comparison results (lanes 0 or -1); HSELECT takes a's lanes
+ * where the mask is set, else b's; HSPLAT broadcasts a scalar. */
 #if defined(__AVX512F__)
 #define HW 16
 #elif defined(__AVX__)
@@ -72,6 +76,21 @@ typedef uint32_t huvec_u
     ((hvec)(((hivec)(mask) & (hivec)(a)) | (~(hivec)(mask) & (hivec)(b))))
 #define HSPLAT(x) ((hvec){0} + (x))
 #define HMIN0(x) HSELECT((x) < 0.0f, (x), HSPLAT(0.0f)) /* min(x, 0), NaN to 0 */
+/* HMAX(a, b): a where a > b, else b (b where either is NaN), one
+ * instruction on x86 (GCC makes three of HSELECT's form); HMIN alike. */
+#if defined(__AVX512F__)
+#define HMAX(a, b) ((hvec)_mm512_max_ps((__m512)(a), (__m512)(b)))
+#define HMIN(a, b) ((hvec)_mm512_min_ps((__m512)(a), (__m512)(b)))
+#elif defined(__AVX__)
+#define HMAX(a, b) ((hvec)_mm256_max_ps((__m256)(a), (__m256)(b)))
+#define HMIN(a, b) ((hvec)_mm256_min_ps((__m256)(a), (__m256)(b)))
+#elif defined(__SSE__)
+#define HMAX(a, b) ((hvec)_mm_max_ps((__m128)(a), (__m128)(b)))
+#define HMIN(a, b) ((hvec)_mm_min_ps((__m128)(a), (__m128)(b)))
+#else
+#define HMAX(a, b) HSELECT((a) > (b), (a), (b))
+#define HMIN(a, b) HSELECT((a) < (b), (a), (b))
+#endif
 #define EACH_PART(h) for (int h = 0; h < KEY_BLOCK; h += HW)
 
 /* The two products everything below is made of. Both keep one side
@@ -106,30 +125,30 @@ static const uint32_t lane_index[KEY_BLOCK] = {
     0,  1,  2,  3,  4,  5,  6,  7,  8,  9,  10, 11, 12, 13, 14, 15,
     16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31};
 
-/* exp() of the KEY_BLOCK values at x, in place: Cody-Waite range reduction
- * by ln 2 and a degree-6 polynomial (the constants of Cephes' expf), within
- * 2 ulp of expf(). Inputs below -87.3 give about 1e-38 rather than less,
- * far below anything the sums can see. */
-INLINE void exp_block(float *x)
+/* 2^t, lane by lane: t = n + f with n the nearest integer (the 1.5 * 2^23
+ * trick) and f in [-1/2, 1/2]; 2^f by a degree-6 polynomial (fitted to
+ * 2^f's relative error on that range by reweighted least squares: 1.9e-9,
+ * within 1.6 ulp as float32 arithmetic evaluates it), times 2^n made in
+ * the exponent bits. t is clamped to [-127, 127]: below -127 it gives 0,
+ * far below anything the sums can see (the weights here are at most 1). Scores go to the
+ * units of t with their scale in one product (scale * log2(e)): about 14
+ * operations a lane where exp() by Cody-Waite reduction by ln 2 took about
+ * 22. */
+#define LOG2E 1.44269504088896341f
+INLINE hvec exp2v(hvec t)
 {
-    EACH_PART(h) {
-        hvec v = hload(x + h);
-        v = HSELECT(v < -87.3f, HSPLAT(-87.3f), v);
-        v = HSELECT(v > 88.3f, HSPLAT(88.3f), v);
-        /* Round v / ln 2 to an integer with the 1.5 * 2^23 trick. */
-        const hvec n = (v * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
-        hvec r = v - n * 0.693359375f;
-        r = r - n * -2.12194440e-4f;
-        hvec poly = HSPLAT(1.9875691500e-4f);
-        poly = poly * r + 1.3981999507e-3f;
-        poly = poly * r + 8.3334519073e-3f;
-        poly = poly * r + 4.1665795894e-2f;
-        poly = poly * r + 1.6666665459e-1f;
-        poly = poly * r + 5.0000001201e-1f;
-        const hvec y = poly * r * r + r + 1.0f;
-        const hivec bits = (__builtin_convertvector(n, hivec) + 127) << 23;
-        hstore(x + h, y * (hvec)bits);
-    }
+    t = HMIN(HSPLAT(127.0f), HMAX(HSPLAT(-127.0f), t)); /* NaN stays NaN */
+    const hvec n = (t + 12582912.0f) - 12582912.0f;
+    const hvec f = t - n;
+    hvec p = HSPLAT(1.534581097e-4f);
+    p = p * f + 1.339993207e-3f;
+    p = p * f + 9.618489072e-3f;
+    p = p * f + 5.550328642e-2f;
+    p = p * f + 2.402264625e-1f;
+    p = p * f + 6.931471825e-1f;
+    p = p * f + 1.0f;
+    const hivec bits = (__builtin_convertvector(n, hivec) + 127) << 23;
+    return p * (hvec)bits;
 }
 
 static const float zero_row[CLATTN_MAX_HEAD_DIM];
@@ -277,16 +296,14 @@ INLINE void key_chunk_run(const native_call *c, key_chunk *ch, const tile_row *k
         if (dkt)
             dots(ch->d_out + r, vt, D, ds + r);
     }
-    const float scale = c->scale;
+    const float scale = c->scale, unit = scale * LOG2E;
     for (size_t r = 0; r < n; ++r) {
+        /* p = exp(min(s * scale - m, 0) - l) in base 2 */
+        const float m2 = ch->m[r] * LOG2E, l2 = ch->l[r] * LOG2E;
         EACH_PART(h) {
-            const hvec x = hload(p[r] + h) * scale - ch->m[r];
-            hstore(p[r] + h, HMIN0(x) - ch->l[r]);
-        }
-        exp_block(p[r]);
-        EACH_PART(h) {
+            const hvec x = hload(p[r] + h) * unit - m2;
             const huvec j = huload(lane_index + h);
-            const hvec pr = HSELECT((j >= ch->lo[r]) & (j < ch->hi[r]), hload(p[r] + h),
+            const hvec pr = HSELECT((j >= ch->lo[r]) & (j < ch->hi[r]), exp2v(HMIN0(x) - l2),
                                     HSPLAT(0.0f));
             hstore(p[r] + h, pr);
             if (dkt)
@@ -466,44 +483,64 @@ static void forward_block(const native_call *c, size_t job)
         m[r] = EMPTY_ROW;
         l[r] = 0.0f;
     }
-    const float scale = c->scale;
+    const float scale = c->scale, unit = scale * LOG2E;
+    /* Keys that every row of the block sees: tiles of them skip the mask. */
+    uint32_t all_lo = 0, all_hi = UINT32_MAX;
+    for (size_t r = 0; r < qb.rows; ++r) {
+        all_lo = qb.row_lo[r] > all_lo ? qb.row_lo[r] : all_lo;
+        all_hi = qb.row_hi[r] < all_hi ? qb.row_hi[r] : all_hi;
+    }
     for (uint32_t t0 = qb.lo; t0 < qb.hi; t0 += KEY_BLOCK) {
         const uint32_t n = qb.hi - t0 < KEY_BLOCK ? qb.hi - t0 : KEY_BLOCK;
         const float *krows[KEY_BLOCK], *vrows[KEY_BLOCK];
         key_rows(qb.kb, qb.kv_row, t0, n, krows);
         key_rows(qb.vb, qb.kv_row, t0, n, vrows);
         tile_scores(krows, qt, D, sc);
+        const int whole = n == KEY_BLOCK && all_lo <= t0 && t0 + KEY_BLOCK <= all_hi;
         EACH_PART(h) {
-            const huvec row_lo = huload(qb.row_lo + h), row_hi = huload(qb.row_hi + h);
+            /* The tile's row maxima (scaled: the scale is positive) */
             hvec block_max = HSPLAT(EMPTY_ROW);
-            for (uint32_t j = 0; j < KEY_BLOCK; ++j) {
-                const uint32_t t = t0 + j;
-                const hvec x = HSELECT((t >= row_lo) & (t < row_hi), hload(sc[j] + h) * scale,
-                                       HSPLAT(EMPTY_ROW));
-                hstore(sc[j] + h, x);
-                block_max = HSELECT(x > block_max, x, block_max);
+            if (whole) {
+                for (uint32_t j = 0; j < KEY_BLOCK; ++j)
+                    block_max = HMAX(hload(sc[j] + h), block_max);
+                block_max *= scale;
+            } else {
+                /* masked scores to EMPTY_ROW, the others scaled */
+                const huvec row_lo = huload(qb.row_lo + h), row_hi = huload(qb.row_hi + h);
+                for (uint32_t j = 0; j < KEY_BLOCK; ++j) {
+                    const uint32_t t = t0 + j;
+                    const hvec x = HSELECT((t >= row_lo) & (t < row_hi),
+                                           hload(sc[j] + h) * scale, HSPLAT(EMPTY_ROW));
+                    hstore(sc[j] + h, x);
+                    block_max = HMAX(x, block_max);
+                }
             }
-            const hvec m_old = hload(m + h);
-            const hvec m_new = HSELECT(block_max > m_old, block_max, m_old);
-            hstore(rescale + h, m_old - m_new);
+            const hvec m_old = hload(m + h), m_new = HMAX(block_max, m_old);
+            const hvec rs = exp2v((m_old - m_new) * LOG2E);
+            hstore(rescale + h, rs);
             hstore(m + h, m_new);
-        }
-        exp_block(rescale);
-        _Alignas(64) float sum[QUERY_BLOCK] = {0}, e[QUERY_BLOCK];
-        for (uint32_t j = 0; j < KEY_BLOCK; ++j) {
-            EACH_PART(h)
-            hstore(e + h, hload(sc[j] + h) - hload(m + h));
-            exp_block(e);
-            EACH_PART(h) {
-                /* Masked scores are exactly EMPTY_ROW; their weight is 0
-                 * even while the row's max is EMPTY_ROW too. */
-                const hvec w = HSELECT(hload(sc[j] + h) == EMPTY_ROW, HSPLAT(0.0f), hload(e + h));
-                hstore(sc[j] + h, w);
-                hstore(sum + h, hload(sum + h) + w);
+            /* weights exp(s * scale - m) in base 2: whole tiles' scores
+             * are raw, the others' scaled already */
+            const hvec m2 = m_new * LOG2E;
+            hvec sum = HSPLAT(0.0f);
+            if (whole) {
+                for (uint32_t j = 0; j < KEY_BLOCK; ++j) {
+                    const hvec w = exp2v(hload(sc[j] + h) * unit - m2);
+                    hstore(sc[j] + h, w);
+                    sum += w;
+                }
+            } else {
+                for (uint32_t j = 0; j < KEY_BLOCK; ++j) {
+                    /* Masked scores are exactly EMPTY_ROW; their weight is
+                     * 0 even while the row's max is EMPTY_ROW too. */
+                    const hvec x = hload(sc[j] + h);
+                    const hvec w = HSELECT(x == EMPTY_ROW, HSPLAT(0.0f), exp2v(x * LOG2E - m2));
+                    hstore(sc[j] + h, w);
+                    sum += w;
+                }
             }
+            hstore(l + h, hload(l + h) * rs + sum);
         }
-        EACH_PART(h)
-        hstore(l + h, hload(l + h) * hload(rescale + h) + hload(sum + h));
         accumulate(ot, D, vrows, sc, n, rescale);
     }
     for (size_t r = 0; r < qb.rows; ++r) {
@@ -536,7 +573,11 @@ static void grad_q_block(const native_call *c, size_t job)
         l[r] = live ? c->lse[2 * qb.row[r] + 1] : 0.0f;
         dsum[r] = live ? dot(c->d_out + qb.row[r] * D, c->o + qb.row[r] * D, D) : 0.0f;
     }
-    const float scale = c->scale;
+    const float scale = c->scale, unit = scale * LOG2E;
+    for (size_t r = 0; r < QUERY_BLOCK; ++r) { /* p = exp(min(s * scale - m, 0) - l) in base 2 */
+        m[r] *= LOG2E;
+        l[r] *= LOG2E;
+    }
     for (uint32_t t0 = qb.lo; t0 < qb.hi; t0 += KEY_BLOCK) {
         const uint32_t n = qb.hi - t0 < KEY_BLOCK ? qb.hi - t0 : KEY_BLOCK;
         const float *krows[KEY_BLOCK], *vrows[KEY_BLOCK];
@@ -547,14 +588,10 @@ static void grad_q_block(const native_call *c, size_t job)
         for (uint32_t j = 0; j < KEY_BLOCK; ++j) {
             const uint32_t t = t0 + j;
             EACH_PART(h) {
-                const hvec x = hload(sc[j] + h) * scale - hload(m + h);
-                hstore(sc[j] + h, HMIN0(x) - hload(l + h));
-            }
-            exp_block(sc[j]);
-            EACH_PART(h) {
+                const hvec x = hload(sc[j] + h) * unit - hload(m + h);
                 const huvec row_lo = huload(qb.row_lo + h), row_hi = huload(qb.row_hi + h);
-                const hvec p = HSELECT((t >= row_lo) & (t < row_hi), hload(sc[j] + h),
-                                       HSPLAT(0.0f));
+                const hvec p = HSELECT((t >= row_lo) & (t < row_hi),
+                                       exp2v(HMIN0(x) - hload(l + h)), HSPLAT(0.0f));
                 hstore(sc[j] + h, scale * p * (hload(dp[j] + h) - hload(dsum + h)));
             }
         }
