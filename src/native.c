@@ -259,19 +259,33 @@ static void run_jobs(native_pool *p, native_call *c, void (*job)(const native_ca
     pthread_mutex_unlock(&p->lock);
 }
 
-/* Copies one (batch, head) of a [batch][rows][heads][D] tensor to its
- * place in the [batch][heads][rows][D] copy. */
+/* Rows of a packing job: a job a (batch, head) gave a forward on 2 KV
+ * heads two jobs per tensor, in a round per tensor. */
+enum { PACK_ROWS = 128 };
+
+/* Copies up to PACK_ROWS rows of one (batch, head) of a [batch][rows]
+ * [heads][D] tensor to their place in its [batch][heads][rows][D] copy;
+ * past the copies' jobs, Dsum's. */
 static void pack_job(const native_call *c, size_t job)
 {
-    const size_t D = c->s->head_dim, heads = c->pack_heads, rows = c->pack_rows;
-    const size_t b = job / heads, head = job % heads;
-    float *dst = c->pack_dst + job * rows * D;
-    for (size_t r = 0; r < rows; ++r) {
-        const size_t at = ((b * rows + r) * heads + head) * D;
-        if (c->pack_dtype == CLATTN_DTYPE_F32)
-            memcpy(dst + r * D, (const float *)c->pack_src + at, D * sizeof(float));
+    if (job >= c->pack_jobs) {
+        c->hot->dsum(c, job - c->pack_jobs);
+        return;
+    }
+    const struct native_pack *p = c->pack;
+    for (; job >= p->jobs; ++p)
+        job -= p->jobs;
+    const size_t D = c->s->head_dim, chunks = (p->rows + PACK_ROWS - 1) / PACK_ROWS;
+    const size_t bh = job / chunks, b = bh / p->heads, head = bh % p->heads;
+    const size_t r0 = job % chunks * PACK_ROWS;
+    const size_t end = r0 + PACK_ROWS < p->rows ? r0 + PACK_ROWS : p->rows;
+    float *dst = p->dst + bh * p->rows * D;
+    for (size_t r = r0; r < end; ++r) {
+        const size_t at = ((b * p->rows + r) * p->heads + head) * D;
+        if (p->dtype == CLATTN_DTYPE_F32)
+            memcpy(dst + r * D, (const float *)p->src + at, D * sizeof(float));
         else
-            c->hot->widen(c->pack_dtype, (const uint16_t *)c->pack_src + at, dst + r * D, D);
+            c->hot->widen(p->dtype, (const uint16_t *)p->src + at, dst + r * D, D);
     }
 }
 
@@ -289,19 +303,32 @@ static float *take(float **next, size_t n)
 /* Tensor r head-major: the float32 tensor t[r] itself where it has one
  * head, else a copy in dst; where t[r] is NULL (a 16-bit tensor that
  * packed_only() names), raw[r] widened to float32 as it is packed, in dst
- * even with one head. */
+ * even with one head. The copy is queued (four at most), and made by the
+ * next pack_queued(). */
 static const float *head_major(native_call *c, const float *const *t, const void *const *raw,
-                               clattn_role r, size_t heads, size_t rows, float *dst, int threads)
+                               clattn_role r, size_t heads, size_t rows, float *dst)
 {
     if (t[r] && heads == 1)
         return t[r];
-    c->pack_src = t[r] ? (const void *)t[r] : raw[r];
-    c->pack_dtype = t[r] ? CLATTN_DTYPE_F32 : c->s->dtype;
-    c->pack_dst = dst;
-    c->pack_heads = heads;
-    c->pack_rows = rows;
-    run_jobs(c->pool, c, pack_job, c->s->batch * heads, threads);
+    struct native_pack *p = &c->pack[c->packs++];
+    p->src = t[r] ? (const void *)t[r] : raw[r];
+    p->dtype = t[r] ? CLATTN_DTYPE_F32 : c->s->dtype;
+    p->dst = dst;
+    p->heads = heads;
+    p->rows = rows;
+    p->jobs = c->s->batch * heads * ((rows + PACK_ROWS - 1) / PACK_ROWS);
     return dst;
+}
+
+/* The queued copies and dsum_jobs of Dsum (c->dsum set), in one round. */
+static void pack_queued(native_call *c, size_t dsum_jobs, int threads)
+{
+    c->pack_jobs = 0;
+    for (int i = 0; i < c->packs; ++i)
+        c->pack_jobs += c->pack[i].jobs;
+    if (c->pack_jobs + dsum_jobs)
+        run_jobs(c->pool, c, pack_job, c->pack_jobs + dsum_jobs, threads);
+    c->packs = 0;
 }
 
 /* floats of the head-major copy of tensor r (of n floats, over `heads`
@@ -497,20 +524,20 @@ static clattn_status run_f32(clattn_context *ctx, clattn_op op, const clattn_sha
     float *next = ctx->scratch;
     if (query_side && !fused) {
         c.kh = head_major(&c, t, raw, CLATTN_R_K, s->num_kv_heads, s->kv_seq,
-                          take(&next, k_floats), n);
+                          take(&next, k_floats));
         c.vh = head_major(&c, t, raw, CLATTN_R_V, s->num_kv_heads, s->kv_seq,
-                          take(&next, v_floats), n);
+                          take(&next, v_floats));
     }
     if (key_side) {
         c.qh = head_major(&c, t, raw, CLATTN_R_Q, s->num_heads, s->q_seq,
-                          take(&next, qh_floats), n);
+                          take(&next, qh_floats));
         c.oh = head_major(&c, t, raw, CLATTN_R_DO, s->num_heads, s->q_seq,
-                          take(&next, oh_floats), n);
+                          take(&next, oh_floats));
     }
-    if (want_dsum) {
+    /* the copies and Dsum: one round, none depending on another */
+    if (want_dsum)
         c.dsum = take(&next, rows);
-        run_jobs(c.pool, &c, hot->dsum, (rows + DSUM_ROWS - 1) / DSUM_ROWS, n);
-    }
+    pack_queued(&c, want_dsum ? (rows + DSUM_ROWS - 1) / DSUM_ROWS : 0, n);
     switch (op) {
     case CLATTN_OP_FORWARD:
         c.o_out = (float *)t[CLATTN_R_O];

@@ -49,10 +49,19 @@ typedef struct native_call {
     void *conv_dst;       /* widened (16-bit to float32) or narrowed */
     size_t conv_n;
     int conv_widen;
-    const void *pack_src;  /* a copy being made: pack_src (of pack_dtype) to pack_dst, */
-    clattn_dtype pack_dtype; /* widened on the way when 16-bit */
-    float *pack_dst;       /* pack_heads heads of pack_rows rows */
-    size_t pack_heads, pack_rows;
+    /* Head-major copies being made in one round (src/native.c's
+     * head_major), with Dsum's jobs after theirs where dsum_jobs: src (of
+     * dtype, widened on the way when 16-bit) to dst, `heads` heads of
+     * `rows` rows, as jobs of up to PACK_ROWS rows of one (batch, head),
+     * `jobs` of them. */
+    struct native_pack {
+        const void *src;
+        clattn_dtype dtype;
+        float *dst;
+        size_t heads, rows, jobs;
+    } pack[4];
+    int packs;
+    size_t pack_jobs; /* the copies' jobs, all told */
     float scale;
     size_t group;           /* query heads per KV head */
     size_t blocks_per_head; /* key blocks of one (batch, KV head) */
