@@ -99,6 +99,7 @@ struct clattn_context {
     char kernels[160]; /* what the last call ran, comma-separated */
     char *log;       /* what auto tried; never NULL after creation */
     int num_threads; /* native */
+    unsigned native_parts[2]; /* native: CLATTN_NATIVE_PARTS, query and key side (0: planned) */
     const struct native_kernels *native; /* native: the hot loops it runs */
     struct native_pool *pool;            /* native: its threads, once started */
     float *scratch;                      /* native: head-major copies and Dsum */

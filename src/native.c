@@ -439,7 +439,38 @@ static native_plan plan_call(const clattn_context *ctx, clattn_op op, const clat
     p.fused = op == CLATTN_OP_BACKWARD && fuse_grad_q(s, (int)p.key_parts);
     if (!p.fused)
         p.key_parts = parts_for(kv_heads, p.blocks_per_head, n, 0);
+    /* CLATTN_NATIVE_PARTS, up to a part a block */
+    if (ctx->native_parts[0])
+        p.query_parts = ctx->native_parts[0] < q_blocks ? ctx->native_parts[0] : q_blocks;
+    if (ctx->native_parts[1])
+        p.key_parts = ctx->native_parts[1] < p.blocks_per_head ? ctx->native_parts[1]
+                                                               : p.blocks_per_head;
     return p;
+}
+
+/* CLATTN_NATIVE_PARTS=QUERY,KEY: the parts of a head on each side, for
+ * measurements (0 for either: as planned). */
+static clattn_status parts_override(unsigned parts[2])
+{
+    parts[0] = parts[1] = 0;
+    const char *env = getenv("CLATTN_NATIVE_PARTS");
+    if (!env || !*env)
+        return CLATTN_OK;
+    unsigned long v[2];
+    char *end = NULL;
+    const char *at = env;
+    for (int i = 0; i < 2; ++i) {
+        v[i] = (*at >= '0' && *at <= '9') ? strtoul(at, &end, 10) : 4096ul;
+        if (v[i] >= 4096ul || *end != (i ? '\0' : ','))
+            return clattn_fail(CLATTN_ERROR_INVALID_OPTION,
+                               "CLATTN_NATIVE_PARTS='%s': want QUERY,KEY, each 0 (as planned) "
+                               "to 4095",
+                               env);
+        at = end + 1;
+    }
+    parts[0] = (unsigned)v[0];
+    parts[1] = (unsigned)v[1];
+    return CLATTN_OK;
 }
 
 /* *buf, kept by the context, grown to at least n floats as needed rather
@@ -678,6 +709,8 @@ clattn_status clattn_native_init(clattn_context *ctx, const clattn_options *opts
                            "variant '%s' is not a native one; native runs 'blocked'",
                            opts->variant);
     clattn_status st = pick_kernels(&ctx->native);
+    if (st == CLATTN_OK)
+        st = parts_override(ctx->native_parts);
     if (st != CLATTN_OK)
         return st;
     ctx->num_threads = opts->num_threads > 0

@@ -305,6 +305,19 @@ START_TEST(environment_selects)
     ck_assert_ptr_null(ctx);
     ck_assert_ptr_nonnull(strstr(clattn_last_error(), "CLATTN_NATIVE_LEVEL='v5'"));
     unsetenv("CLATTN_NATIVE_LEVEL");
+    /* CLATTN_NATIVE_PARTS=QUERY,KEY: two counts, 0 to 4095 */
+    static const char *const bad_parts[] = {"4", "4,", ",4", "4,5,", "-1,2", "4096,1", "a,b"};
+    for (size_t i = 0; i < sizeof bad_parts / sizeof bad_parts[0]; ++i) {
+        setenv("CLATTN_NATIVE_PARTS", bad_parts[i], 1);
+        ctx = NULL;
+        ck_assert_status(clattn_context_create(&o, &ctx), CLATTN_ERROR_INVALID_OPTION);
+        ck_assert_ptr_null(ctx);
+        ck_assert_ptr_nonnull(strstr(clattn_last_error(), "CLATTN_NATIVE_PARTS="));
+    }
+    setenv("CLATTN_NATIVE_PARTS", "0,4095", 1);
+    ctx = native_context(1);
+    clattn_context_destroy(ctx);
+    unsetenv("CLATTN_NATIVE_PARTS");
 }
 END_TEST
 
@@ -608,14 +621,20 @@ START_TEST(native_fused_backward_repeats)
     unsetenv("CLATTN_NATIVE_FUSED_DQ");
     problem p;
     problem_make(&p, &s, 11, 1.0f);
-    float *dq[3], *dk[3], *dv[3];
+    float *dq[4], *dk[4], *dv[4];
     clattn_context *ctx = native_context(3);
-    for (int run = 0; run < 3; ++run) {
+    for (int run = 0; run < 4; ++run) {
         dq[run] = nan_array(p.nq);
         dk[run] = nan_array(p.nkv);
         dv[run] = nan_array(p.nkv);
         if (run == 2)
             setenv("CLATTN_NATIVE_FUSED_DQ", "0", 1);
+        if (run == 3) { /* five dQ copies: a context made under CLATTN_NATIVE_PARTS */
+            clattn_context_destroy(ctx);
+            setenv("CLATTN_NATIVE_PARTS", "0,5", 1);
+            ctx = native_context(3);
+            unsetenv("CLATTN_NATIVE_PARTS");
+        }
         ck_assert_status(clattn_backward(ctx, &s, p.q, p.k, p.v, p.o, p.lse, p.d_out, dq[run],
                                          dk[run], dv[run]),
                          CLATTN_OK);
@@ -637,7 +656,14 @@ START_TEST(native_fused_backward_repeats)
     }
     ck_assert_msg(mag > 0.0f && worst <= 1e-5f * mag, "dQ fused vs two-pass: %g of %g", worst,
                   mag);
-    for (int run = 0; run < 3; ++run) {
+    /* Other parts: dK and dV the same jobs' bits, dQ summed in 5 copies */
+    ck_assert(memcmp(dk[0], dk[3], p.nkv * sizeof(float)) == 0);
+    ck_assert(memcmp(dv[0], dv[3], p.nkv * sizeof(float)) == 0);
+    worst = 0.0f;
+    for (size_t i = 0; i < p.nq; ++i)
+        worst = fmaxf(worst, fabsf(dq[3][i] - dq[2][i]));
+    ck_assert_msg(worst <= 1e-5f * mag, "dQ in 5 copies vs two-pass: %g of %g", worst, mag);
+    for (int run = 0; run < 4; ++run) {
         free(dq[run]);
         free(dk[run]);
         free(dv[run]);

@@ -14,6 +14,10 @@
 #            TUNE_DTYPE the tensors' dtype, default f32)
 #   cpu      tests/torch_bench.py on the CPU shapes, native and PoCL blocked beside
 #            torch, at the thread counts in CPU_THREADS (default 1,2,4,8,16)
+#   peak     tests/fmapeak.c's FMA peak at the thread counts in CPU_THREADS
+#   ab       native old against new: clattn bench of the CPU shapes, interleaved, AB_ROUNDS
+#            (default 2) rounds at each of AB_THREADS (default 16,1), the old build from
+#            the source tree AB_OLD (carried; `git archive REV | tar x -C DIR`)
 #   tiled    clattn bench of tree and tiled at head_dims 64..256, and of tiled
 #            per CLATTN_TILED shape in TUNE_TILED (TILED_DIMS: the head_dims)
 #   ring     examples/ring_attention on 1 and then RING_RANKS (default 2) ranks, a GPU
@@ -100,6 +104,37 @@ for stage in "$@"; do
   cpu)
     python3 tests/torch_bench.py "$cli" --no-gpu --variant blocked --reps 3 \
       --threads "${CPU_THREADS:-1,2,4,8,16}" 2>&1 | tee "$OUT/cpu.log" ;;
+  peak)
+    cc -O2 -march=native -o build-dev/fmapeak tests/fmapeak.c -lpthread
+    threads=${CPU_THREADS:-1,2,4,8,16}
+    for t in ${threads//,/ }; do
+      printf 'fmapeak %s threads: %s GFLOP/s\n' "$t" "$(build-dev/fmapeak "$t")"
+    done 2>&1 | tee "$OUT/peak.log" ;;
+  ab)
+    { cmake -S "$AB_OLD" -B build-old -DCMAKE_BUILD_TYPE=Release && cmake --build build-old -j16 \
+        --target clattn_cli; } > "$OUT/build-old.log" 2>&1 || { tail -20 "$OUT/build-old.log"; exit 1; }
+    cpu_shapes=("--batch 4 --q-seq 512 --heads 8 --head-dim 64"
+                "--q-seq 1024 --heads 8 --kv-heads 2 --head-dim 64 --causal"
+                "--q-seq 1024 --heads 16 --kv-heads 4 --head-dim 128 --causal"
+                "--batch 2 --q-seq 512 --heads 12 --kv-heads 4 --head-dim 96"
+                "--q-seq 512 --heads 8 --head-dim 256 --causal"
+                "--batch 2 --q-seq 1024 --heads 8 --head-dim 32 --causal")
+    threads=${AB_THREADS:-16,1}
+    for t in ${threads//,/ }; do
+      for sh in "${cpu_shapes[@]}"; do
+        for op in forward backward; do
+          line="t$t $op $sh:"
+          for r in $(seq "${AB_ROUNDS:-2}"); do
+            for b in build-old build-dev; do
+              g=$($b/clattn bench --op $op $sh --device native --threads "$t" --reps 5 \
+                  | awk 'NR==3{print $3}')
+              line="$line ${b#build-}=$g"
+            done
+          done
+          echo "$line"
+        done
+      done
+    done 2>&1 | tee "$OUT/ab.log" ;;
   tiled)
     for entry in "${shapes[@]}"; do
       d=${entry%%:*}
