@@ -263,6 +263,44 @@ static void run_jobs(native_pool *p, native_call *c, void (*job)(const native_ca
  * heads two jobs per tensor, in a round per tensor. */
 enum { PACK_ROWS = 128 };
 
+/* Keys of a head in vt's layout: whole tiles. */
+static size_t tiled_rows(size_t rows)
+{
+    return (rows + KEY_BLOCK - 1) / KEY_BLOCK * KEY_BLOCK;
+}
+
+/* Rows [r0, end) of one (batch, head) into their tiles of p->dst
+ * (transposed, vt's layout), the last tile's rows past p->rows zero; a
+ * cache line of each row at a time (see transpose_in). */
+static void pack_tiles(const native_call *c, const struct native_pack *p, size_t b, size_t head,
+                       size_t r0, size_t end)
+{
+    const size_t D = c->s->head_dim;
+    float *dst = p->dst + (b * p->heads + head) * tiled_rows(p->rows) * D;
+    float wide[KEY_BLOCK][CLATTN_MAX_HEAD_DIM]; /* 16-bit rows, widened */
+    for (size_t t0 = r0; t0 < end; t0 += KEY_BLOCK) {
+        float *tile = dst + t0 * D; /* [D][KEY_BLOCK] */
+        const float *row[KEY_BLOCK];
+        for (size_t j = 0; j < KEY_BLOCK; ++j) {
+            const size_t r = t0 + j, at = ((b * p->rows + r) * p->heads + head) * D;
+            if (r >= p->rows)
+                row[j] = NULL;
+            else if (p->dtype == CLATTN_DTYPE_F32)
+                row[j] = (const float *)p->src + at;
+            else {
+                c->hot->widen(p->dtype, (const uint16_t *)p->src + at, wide[j], D);
+                row[j] = wide[j];
+            }
+        }
+        for (size_t d0 = 0; d0 < D; d0 += 16) {
+            const size_t d1 = d0 + 16 < D ? d0 + 16 : D;
+            for (size_t j = 0; j < KEY_BLOCK; ++j)
+                for (size_t d = d0; d < d1; ++d)
+                    tile[d * KEY_BLOCK + j] = row[j] ? row[j][d] : 0.0f;
+        }
+    }
+}
+
 /* Copies up to PACK_ROWS rows of one (batch, head) of a [batch][rows]
  * [heads][D] tensor to their place in its [batch][heads][rows][D] copy;
  * past the copies' jobs, Dsum's. */
@@ -279,6 +317,10 @@ static void pack_job(const native_call *c, size_t job)
     const size_t bh = job / chunks, b = bh / p->heads, head = bh % p->heads;
     const size_t r0 = job % chunks * PACK_ROWS;
     const size_t end = r0 + PACK_ROWS < p->rows ? r0 + PACK_ROWS : p->rows;
+    if (p->tiles) {
+        pack_tiles(c, p, b, head, r0, end);
+        return;
+    }
     float *dst = p->dst + bh * p->rows * D;
     for (size_t r = r0; r < end; ++r) {
         const size_t at = ((b * p->rows + r) * p->heads + head) * D;
@@ -303,14 +345,15 @@ static float *take(float **next, size_t n)
 /* Tensor r head-major: the float32 tensor t[r] itself where it has one
  * head, else a copy in dst; where t[r] is NULL (a 16-bit tensor that
  * packed_only() names), raw[r] widened to float32 as it is packed, in dst
- * even with one head. The copy is queued (four at most), and made by the
- * next pack_queued(). */
+ * even with one head; with `tiles`, always a copy, in vt's layout. The
+ * copy is queued (four at most), and made by the next pack_queued(). */
 static const float *head_major(native_call *c, const float *const *t, const void *const *raw,
-                               clattn_role r, size_t heads, size_t rows, float *dst)
+                               clattn_role r, size_t heads, size_t rows, float *dst, int tiles)
 {
-    if (t[r] && heads == 1)
+    if (t[r] && heads == 1 && !tiles)
         return t[r];
     struct native_pack *p = &c->pack[c->packs++];
+    p->tiles = tiles;
     p->src = t[r] ? (const void *)t[r] : raw[r];
     p->dtype = t[r] ? CLATTN_DTYPE_F32 : c->s->dtype;
     p->dst = dst;
@@ -535,7 +578,11 @@ static clattn_status run_f32(clattn_context *ctx, clattn_op op, const clattn_sha
     const size_t copies = plan.key_parts;
     int fused = plan.fused;
     const size_t k_floats = head_major_floats(t, CLATTN_R_K, s->num_kv_heads, sz->kv);
-    const size_t v_floats = head_major_floats(t, CLATTN_R_V, s->num_kv_heads, sz->kv);
+    /* the forward's V by transposed tiles (vt), always copied */
+    const int v_tiles = op == CLATTN_OP_FORWARD;
+    const size_t v_floats =
+        v_tiles ? (size_t)s->batch * s->num_kv_heads * tiled_rows(s->kv_seq) * s->head_dim
+                : head_major_floats(t, CLATTN_R_V, s->num_kv_heads, sz->kv);
     const size_t qh_floats = head_major_floats(t, CLATTN_R_Q, s->num_heads, sz->q);
     const size_t oh_floats = head_major_floats(t, CLATTN_R_DO, s->num_heads, sz->q);
     size_t scratch;
@@ -555,15 +602,19 @@ static clattn_status run_f32(clattn_context *ctx, clattn_op op, const clattn_sha
     float *next = ctx->scratch;
     if (query_side && !fused) {
         c.kh = head_major(&c, t, raw, CLATTN_R_K, s->num_kv_heads, s->kv_seq,
-                          take(&next, k_floats));
-        c.vh = head_major(&c, t, raw, CLATTN_R_V, s->num_kv_heads, s->kv_seq,
-                          take(&next, v_floats));
+                          take(&next, k_floats), 0);
+        const float *v = head_major(&c, t, raw, CLATTN_R_V, s->num_kv_heads, s->kv_seq,
+                                    take(&next, v_floats), v_tiles);
+        if (v_tiles)
+            c.vt = v;
+        else
+            c.vh = v;
     }
     if (key_side) {
         c.qh = head_major(&c, t, raw, CLATTN_R_Q, s->num_heads, s->q_seq,
-                          take(&next, qh_floats));
+                          take(&next, qh_floats), 0);
         c.oh = head_major(&c, t, raw, CLATTN_R_DO, s->num_heads, s->q_seq,
-                          take(&next, oh_floats));
+                          take(&next, oh_floats), 0);
     }
     /* the copies and Dsum: one round, none depending on another */
     if (want_dsum)

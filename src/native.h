@@ -37,6 +37,11 @@ typedef struct native_call {
      * the rows a job streams lie next to each other (the tensors' own rows
      * are heads * D floats apart). */
     const float *kh, *vh, *qh, *oh;
+    /* The forward's V instead of vh: by tiles of KEY_BLOCK keys, each
+     * transposed ([batch][kv head][tile][D][KEY_BLOCK], zeros past the
+     * last key), so that its product reads V's elements of a column in a
+     * row of their own. */
+    const float *vt;
     /* The backward's dQ summed in the key-side jobs, where that pays (see
      * src/native.c): the key-side jobs of part i (of key_parts) add into
      * head-major copy i, dq_part + i * dq_part_floats, and the copies are
@@ -59,6 +64,7 @@ typedef struct native_call {
         clattn_dtype dtype;
         float *dst;
         size_t heads, rows, jobs;
+        int tiles; /* dst by transposed tiles (vt's layout), not rows */
     } pack[4];
     int packs;
     size_t pack_jobs; /* the copies' jobs, all told */

@@ -185,22 +185,17 @@ INLINE void dots(const float *const *rows, const tile_row *t, size_t D, tile_row
             hstore(out[i] + p * HW, a[i][p]);
 }
 
-/* acc[d][.] = acc[d][.] * rescale[.] + sum_r rows[r][d] * w[r][.] for
- * r < n (no rescale where it is NULL): ACC_DIMS rows of the transposed
- * accumulator stay in registers while the n rows stream by, scaled as they
- * are loaded (the forward's running rescale, at no pass of its own). */
+/* acc[d][.] += sum_r rows[r][d] * w[r][.] for r < n: ACC_DIMS rows of the
+ * transposed accumulator stay in registers while the n rows stream by. */
 INLINE void accumulate(tile_row *acc, size_t D, const float *const *rows, const tile_row *w,
-                       size_t n, const float *rescale)
+                       size_t n)
 {
-    hvec rs[PARTS];
-    for (int p = 0; p < PARTS; ++p)
-        rs[p] = rescale ? (hvec)hload(rescale + p * HW) : HSPLAT(1.0f);
     size_t d = 0;
     for (; d + ACC_DIMS <= D; d += ACC_DIMS) {
         hvec c[ACC_DIMS][PARTS];
         for (int i = 0; i < ACC_DIMS; ++i)
             for (int p = 0; p < PARTS; ++p)
-                c[i][p] = (hvec)hload(acc[d + i] + p * HW) * (rescale ? rs[p] : HSPLAT(1.0f));
+                c[i][p] = hload(acc[d + i] + p * HW);
         for (size_t r = 0; r < n; ++r) {
             hvec x[PARTS];
             for (int p = 0; p < PARTS; ++p) {
@@ -218,9 +213,50 @@ INLINE void accumulate(tile_row *acc, size_t D, const float *const *rows, const 
     }
     for (; d < D; ++d)
         EACH_PART(h) {
-            hvec c = (hvec)hload(acc[d] + h) * (rescale ? rs[h / HW] : HSPLAT(1.0f));
+            hvec c = hload(acc[d] + h);
             for (size_t r = 0; r < n; ++r)
                 c += rows[r][d] * hload(w[r] + h);
+            hstore(acc[d] + h, c);
+        }
+}
+
+/* The forward's: acc[d][.] = acc[d][.] * rescale[.] + sum_r xt[d][r] *
+ * w[r][.], the accumulator scaled as it is loaded (the running rescale, at
+ * no pass of its own), and xt a transposed tile of V (vt's layout), so
+ * that each broadcast element of a column follows the last in memory:
+ * from V's rows they were a row apart, and at d256 the 32 rows of a tile
+ * (a KB apart) shared a few of L1's sets. */
+INLINE void accumulate_t(tile_row *acc, size_t D, const tile_row *xt, const tile_row *w,
+                         size_t n, const float *rescale)
+{
+    hvec rs[PARTS];
+    for (int p = 0; p < PARTS; ++p)
+        rs[p] = hload(rescale + p * HW);
+    size_t d = 0;
+    for (; d + ACC_DIMS <= D; d += ACC_DIMS) {
+        hvec c[ACC_DIMS][PARTS];
+        for (int i = 0; i < ACC_DIMS; ++i)
+            for (int p = 0; p < PARTS; ++p)
+                c[i][p] = (hvec)hload(acc[d + i] + p * HW) * rs[p];
+        for (size_t r = 0; r < n; ++r) {
+            hvec x[PARTS];
+            for (int p = 0; p < PARTS; ++p) {
+                x[p] = hload(w[r] + p * HW);
+                IN_REGISTER(x[p]);
+            }
+            for (int i = 0; i < ACC_DIMS; ++i)
+                for (int p = 0; p < PARTS; ++p)
+                    c[i][p] += xt[d + i][r] * x[p];
+        }
+        for (int i = 0; i < ACC_DIMS; ++i)
+            for (int p = 0; p < PARTS; ++p)
+                hstore(acc[d + i] + p * HW, c[i][p]);
+    }
+    for (; d < D; ++d)
+        EACH_PART(h) {
+            hvec c = (hvec)hload(acc[d] + h) * rs[h / HW];
+            for (size_t r = 0; r < n; ++r)
+                c += xt[d][r] * hload(w[r] + h);
             hstore(acc[d] + h, c);
         }
 }
@@ -318,9 +354,9 @@ INLINE void key_chunk_run(const native_call *c, key_chunk *ch, const tile_row *k
         }
     }
     if (dvt)
-        accumulate(dvt, D, ch->d_out, p, n, NULL);
+        accumulate(dvt, D, ch->d_out, p, n);
     if (dkt)
-        accumulate(dkt, D, ch->q, ds, n, NULL);
+        accumulate(dkt, D, ch->q, ds, n);
     if (dkt && c->dq_part) {
         float *part = c->dq_part + ch->copy * c->dq_part_floats;
         _Alignas(64) float spare[CLATTN_MAX_HEAD_DIM]; /* the padding rows' sums */
@@ -424,6 +460,7 @@ typedef struct query_block {
     uint32_t row_lo[QUERY_BLOCK];    /* keys [row_lo, row_hi) row r sees; */
     uint32_t row_hi[QUERY_BLOCK];    /* empty past the last row */
     const float *kb, *vb;            /* K and V of the KV head at key 0 */
+    const tile_row *vt;              /* the forward's V of the KV head (vt's layout) */
     size_t kv_row;
     size_t row[QUERY_BLOCK];         /* row_index of each row */
     const float *ptrs[QUERY_BLOCK];  /* scratch: row pointers to transpose */
@@ -442,7 +479,12 @@ INLINE void query_block_of(const native_call *c, size_t job, query_block *qb)
     qb->kv_row = D; /* in the head-major copies */
     const size_t base = (qb->b * s->num_kv_heads + qb->head / c->group) * s->kv_seq * D;
     qb->kb = c->kh + base;
-    qb->vb = c->vh + base;
+    qb->vb = c->vh ? c->vh + base : NULL;
+    /* [tile][D][KEY_BLOCK]: a KV head's tiles are whole tiles of keys */
+    qb->vt = c->vt ? (const tile_row *)(c->vt + (qb->b * s->num_kv_heads + qb->head / c->group) *
+                                                    ((s->kv_seq + (size_t)KEY_BLOCK - 1) /
+                                                     KEY_BLOCK * KEY_BLOCK) * D)
+                   : NULL;
     qb->lo = UINT32_MAX;
     qb->hi = 0;
     for (size_t r = 0; r < QUERY_BLOCK; ++r) {
@@ -508,11 +550,12 @@ static void forward_block(const native_call *c, size_t job)
         all_lo = qb.row_lo[r] > all_lo ? qb.row_lo[r] : all_lo;
         all_hi = qb.row_hi[r] < all_hi ? qb.row_hi[r] : all_hi;
     }
-    for (uint32_t t0 = qb.lo; t0 < qb.hi; t0 += KEY_BLOCK) {
+    /* Tiles are V's (vt): from the one that holds key lo, its keys below
+     * lo masked. */
+    for (uint32_t t0 = qb.lo / KEY_BLOCK * KEY_BLOCK; t0 < qb.hi; t0 += KEY_BLOCK) {
         const uint32_t n = qb.hi - t0 < KEY_BLOCK ? qb.hi - t0 : KEY_BLOCK;
-        const float *krows[KEY_BLOCK], *vrows[KEY_BLOCK];
+        const float *krows[KEY_BLOCK];
         key_rows(qb.kb, qb.kv_row, t0, n, krows);
-        key_rows(qb.vb, qb.kv_row, t0, n, vrows);
         tile_scores(krows, qt, D, sc);
         const int whole = n == KEY_BLOCK && all_lo <= t0 && t0 + KEY_BLOCK <= all_hi;
         EACH_PART(h) {
@@ -559,7 +602,7 @@ static void forward_block(const native_call *c, size_t job)
             }
             hstore(l + h, hload(l + h) * rs + sum);
         }
-        accumulate(ot, D, vrows, sc, n, rescale);
+        accumulate_t(ot, D, qb.vt + (size_t)(t0 / KEY_BLOCK) * D, sc, n, rescale);
     }
     for (size_t r = 0; r < qb.rows; ++r) {
         float *orow = c->o_out + qb.row[r] * D;
@@ -613,7 +656,7 @@ static void grad_q_block(const native_call *c, size_t job)
                 hstore(sc[j] + h, scale * p * (hload(dp[j] + h) - hload(dsum + h)));
             }
         }
-        accumulate(dqt, D, krows, sc, n, NULL);
+        accumulate(dqt, D, krows, sc, n);
     }
     for (size_t r = 0; r < qb.rows; ++r) {
         float *dq = c->dq + qb.row[r] * D;

@@ -8,6 +8,7 @@ same thread count. Needs torch; skips (exit 77) without it.
     python3 tests/torch_bench.py BUILD/clattn [--threads N[,N...]] [--reps R] [--no-cpu]
                                  [--no-gpu] [--variant NAME|all] [--head-dims 64,128]
                                  [--plot FILE.svg] [--dtype f32|f16|bf16]
+                                 [--torch-backend flash|cudnn|efficient|math]
 
 --threads 1,2,4,8,16 runs the CPU shapes at each thread count (torch, native
 and PoCL alike): a scaling table.
@@ -15,12 +16,16 @@ and PoCL alike): a scaling table.
 --dtype runs both sides on 16-bit tensors (torch's float16/bfloat16 SDPA,
 `clattn bench --dtype`); the default is float32.
 
+--torch-backend pins PyTorch's SDPA to one of its backends (torch.nn.attention.
+sdpa_kernel); by default PyTorch picks one per call, as its users get.
+
 --plot draws clattn's and PyTorch's figures per shape and op as bars
 (needs matplotlib; without it the table is still printed).
 
 FLOP are counted as clattn does (DESIGN.md): forward 4, backward 10 per
 visible (query, key) pair per head_dim element, so a ratio is a speed ratio."""
 import argparse
+import contextlib
 import json
 import os
 import subprocess
@@ -61,7 +66,30 @@ def pairs(q_seq, heads, batch, causal):
 TORCH_DTYPES = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}
 
 
-def torch_time(shape, op, device, reps, dtype):
+def sdpa_backend(name):
+    """A context that pins SDPA to backend `name` (None: PyTorch picks)."""
+    if not name:
+        return contextlib.nullcontext()
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    return sdpa_kernel({"flash": SDPBackend.FLASH_ATTENTION,
+                        "cudnn": SDPBackend.CUDNN_ATTENTION,
+                        "efficient": SDPBackend.EFFICIENT_ATTENTION,
+                        "math": SDPBackend.MATH}[name])
+
+
+def torch_time(shape, op, device, reps, dtype, backend=None):
+    """Median seconds a call, or None where the pinned backend cannot run it."""
+    try:
+        with sdpa_backend(backend):
+            return torch_time_in(shape, op, device, reps, dtype)
+    except RuntimeError as e:
+        if not backend:
+            raise
+        print(f"torch's {backend} backend cannot run {shape} {op}: {str(e).splitlines()[0]}")
+        return None
+
+
+def torch_time_in(shape, op, device, reps, dtype):
     batch, s, h, kh, d, causal = shape
     g = torch.Generator(device="cpu").manual_seed(0)
     mk = lambda heads: (torch.rand(batch, heads, s, d, generator=g) * 2 - 1).to(
@@ -120,6 +148,7 @@ def main():
     ap.add_argument("--head-dims", help="only shapes of these head_dims, comma-separated")
     ap.add_argument("--plot", metavar="FILE.svg")
     ap.add_argument("--dtype", default="f32", choices=sorted(TORCH_DTYPES))
+    ap.add_argument("--torch-backend", choices=["flash", "cudnn", "efficient", "math"])
     args = ap.parse_args()
     counts = [int(n) for n in args.threads.split(",")]
     plans, rows = [], []
@@ -149,7 +178,10 @@ def main():
             flop = (4 if op == "forward" else 10) * pairs(s, h, batch, causal) * d
             key = (shape, op, tdev, threads)  # once per shape, not per clattn device
             if key not in torch_times:
-                torch_times[key] = torch_time(shape, op, tdev, args.reps, args.dtype)
+                torch_times[key] = torch_time(shape, op, tdev, args.reps, args.dtype,
+                                               args.torch_backend)
+            if torch_times[key] is None:
+                continue
             g_torch = flop / torch_times[key] * 1e-9
             for r in clattn_runs(args.cli, shape, op, dev, args.variant, args.reps, env,
                                  args.dtype):
