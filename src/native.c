@@ -263,12 +263,6 @@ static void run_jobs(native_pool *p, native_call *c, void (*job)(const native_ca
  * heads two jobs per tensor, in a round per tensor. */
 enum { PACK_ROWS = 128 };
 
-/* Keys of a head in vt's layout: whole tiles. */
-static size_t tiled_rows(size_t rows)
-{
-    return (rows + KEY_BLOCK - 1) / KEY_BLOCK * KEY_BLOCK;
-}
-
 /* Rows [r0, end) of one (batch, head) into their tiles of p->dst
  * (transposed, vt's layout), the last tile's rows past p->rows zero; a
  * cache line of each row at a time (see transpose_in). */
@@ -276,7 +270,7 @@ static void pack_tiles(const native_call *c, const struct native_pack *p, size_t
                        size_t r0, size_t end)
 {
     const size_t D = c->s->head_dim;
-    float *dst = p->dst + (b * p->heads + head) * tiled_rows(p->rows) * D;
+    float *dst = p->dst + (b * p->heads + head) * native_tiled_rows(p->rows) * D;
     float wide[KEY_BLOCK][CLATTN_MAX_HEAD_DIM]; /* 16-bit rows, widened */
     for (size_t t0 = r0; t0 < end; t0 += KEY_BLOCK) {
         float *tile = dst + t0 * D; /* [D][KEY_BLOCK] */
@@ -581,8 +575,9 @@ static clattn_status run_f32(clattn_context *ctx, clattn_op op, const clattn_sha
     /* the forward's V by transposed tiles (vt), always copied */
     const int v_tiles = op == CLATTN_OP_FORWARD;
     const size_t v_floats =
-        v_tiles ? (size_t)s->batch * s->num_kv_heads * tiled_rows(s->kv_seq) * s->head_dim
-                : head_major_floats(t, CLATTN_R_V, s->num_kv_heads, sz->kv);
+        v_tiles
+            ? (size_t)s->batch * s->num_kv_heads * native_tiled_rows(s->kv_seq) * s->head_dim
+            : head_major_floats(t, CLATTN_R_V, s->num_kv_heads, sz->kv);
     const size_t qh_floats = head_major_floats(t, CLATTN_R_Q, s->num_heads, sz->q);
     const size_t oh_floats = head_major_floats(t, CLATTN_R_DO, s->num_heads, sz->q);
     size_t scratch;

@@ -24,6 +24,12 @@ enum { KEY_BLOCK = 32, QUERY_BLOCK = KEY_BLOCK };
  * of Dsum. */
 enum { DSUM_ROWS = 256 };
 
+/* Rows of a head in vt's layout (native_call): whole tiles. */
+static inline size_t native_tiled_rows(size_t rows)
+{
+    return (rows + KEY_BLOCK - 1) / KEY_BLOCK * KEY_BLOCK;
+}
+
 /* meganeura's LSE pair for a row with no visible key. */
 #define EMPTY_ROW (-1e30f)
 
@@ -39,8 +45,8 @@ typedef struct native_call {
     const float *kh, *vh, *qh, *oh;
     /* The forward's V instead of vh: by tiles of KEY_BLOCK keys, each
      * transposed ([batch][kv head][tile][D][KEY_BLOCK], zeros past the
-     * last key), so that its product reads V's elements of a column in a
-     * row of their own. */
+     * last key: native_tiled_rows(kv_seq) rows a head), so that its
+     * product reads V's elements of a column in a row of their own. */
     const float *vt;
     /* The backward's dQ summed in the key-side jobs, where that pays (see
      * src/native.c): the key-side jobs of part i (of key_parts) add into

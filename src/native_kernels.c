@@ -130,10 +130,10 @@ static const uint32_t lane_index[KEY_BLOCK] = {
  * 2^f's relative error on that range by reweighted least squares: 1.9e-9,
  * within 1.6 ulp as float32 arithmetic evaluates it), times 2^n made in
  * the exponent bits. t is clamped to [-127, 127]: below -127 it gives 0,
- * far below anything the sums can see (the weights here are at most 1). Scores go to the
- * units of t with their scale in one product (scale * log2(e)): about 14
- * operations a lane where exp() by Cody-Waite reduction by ln 2 took about
- * 22. */
+ * far below anything the sums can see (the weights here are at most 1).
+ * Scores go to the units of t with their scale in one product (scale *
+ * log2(e)): about 14 operations a lane where exp() by Cody-Waite reduction
+ * by ln 2 took about 22. */
 #define LOG2E 1.44269504088896341f
 INLINE hvec exp2v(hvec t)
 {
@@ -482,8 +482,7 @@ INLINE void query_block_of(const native_call *c, size_t job, query_block *qb)
     qb->vb = c->vh ? c->vh + base : NULL;
     /* [tile][D][KEY_BLOCK]: a KV head's tiles are whole tiles of keys */
     qb->vt = c->vt ? (const tile_row *)(c->vt + (qb->b * s->num_kv_heads + qb->head / c->group) *
-                                                    ((s->kv_seq + (size_t)KEY_BLOCK - 1) /
-                                                     KEY_BLOCK * KEY_BLOCK) * D)
+                                                    native_tiled_rows(s->kv_seq) * D)
                    : NULL;
     qb->lo = UINT32_MAX;
     qb->hi = 0;
