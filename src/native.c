@@ -11,6 +11,9 @@
  * backward's dQ is summed in its key-side jobs where that pays (see
  * fuse_grad_q), else it has a query-side pass of its own, which computes
  * the scores and dP a second time.
+ * The rows a side streams (K and V for the query side, Q and dO for the
+ * key side) are copied head-major first, in one round with Dsum's jobs;
+ * the forward's V by transposed tiles (native.h's vt).
  * A job is the blocks of one head that fall to one of its parts, taken to
  * and fro (native.h), so that the parts of a head weigh the same under a
  * causal mask; heads are cut into as many parts as give every thread eight
