@@ -6,6 +6,7 @@
  * an array, which GCC leaves in memory at -O2 (one load, FMA and store a
  * step: 8 GFLOP/s a thread on a CPU that gives 88 here).
  *   usage: fmapeak [threads]   prints GFLOP/s (2 FLOP a lane a FMA) */
+#define _POSIX_C_SOURCE 200809L /* clock_gettime under -std=c11 */
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -66,6 +67,9 @@ int main(int argc, char **argv)
     for (int i = 0; i < threads; ++i)
         if (pthread_create(&tid[i], NULL, run, NULL)) {
             fprintf(stderr, "fmapeak: cannot start thread %d\n", i);
+            for (int j = 0; j < i; ++j)
+                pthread_join(tid[j], NULL);
+            free(tid);
             return 1;
         }
     for (int i = 0; i < threads; ++i)
