@@ -169,7 +169,12 @@ static const mma_class mma_table[] = {
  * one barrier a tile), which does not fit 64-row tiles past head_dim 64;
  * that day: d64 4,1,64 103.3 / 73.7, 8,1,64 97.9 / -, 8,1,32 85.2 / 66.4,
  * 4,1,32 - / 75.3; d128 4,1,32 187.8 / 102.5, 8,1,32 140.4 / -, 4,1,16
- * - / 96.1, 8,1,16 - / 93.6. Two 16-row blocks a warp (each B fragment
+ * - / 96.1, 8,1,16 - / 93.6. Again for d64's backward, 2026-12-01 (sixth
+ * session; three rounds, bf16 TFLOP/s, d64 causal / 32 heads on 8 /
+ * q_seq 16384 causal): both kernels at 4,1,64 106-110 / 173-176 /
+ * 186-187, both at 4,1,32 99-101 / 162-165 / 168-170, grad-Q alone at 32
+ * 104-107 / 172-175 / 182-185, grad-K/V alone at 32 100-102 / 163-165 /
+ * 171-172. Two 16-row blocks a warp (each B fragment
  * read serving two products) were slower everywhere the day before (d64
  * 4,1,32 forward 71.4, d128 4,1,16 backward 8.1 with its spills).
  * The single-pass backward (K's rows and two dS^T buffers in local memory
