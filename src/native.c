@@ -267,21 +267,20 @@ static void run_jobs(native_pool *p, native_call *c, void (*job)(const native_ca
 enum { PACK_ROWS = 128 };
 
 /* Rows [r0, end) of one (batch, head) into their tiles of p->dst
- * (transposed, vt's layout), the last tile's rows past p->rows zero; a
- * cache line of each row at a time (see transpose_in). */
+ * (transposed, vt's layout), the last tile's rows past p->rows zero. */
 static void pack_tiles(const native_call *c, const struct native_pack *p, size_t b, size_t head,
                        size_t r0, size_t end)
 {
+    static const float zeros[CLATTN_MAX_HEAD_DIM];
     const size_t D = c->s->head_dim;
     float *dst = p->dst + (b * p->heads + head) * native_tiled_rows(p->rows) * D;
     float wide[KEY_BLOCK][CLATTN_MAX_HEAD_DIM]; /* 16-bit rows, widened */
     for (size_t t0 = r0; t0 < end; t0 += KEY_BLOCK) {
-        float *tile = dst + t0 * D; /* [D][KEY_BLOCK] */
         const float *row[KEY_BLOCK];
         for (size_t j = 0; j < KEY_BLOCK; ++j) {
             const size_t r = t0 + j, at = ((b * p->rows + r) * p->heads + head) * D;
             if (r >= p->rows)
-                row[j] = NULL;
+                row[j] = zeros;
             else if (p->dtype == CLATTN_DTYPE_F32)
                 row[j] = (const float *)p->src + at;
             else {
@@ -289,12 +288,7 @@ static void pack_tiles(const native_call *c, const struct native_pack *p, size_t
                 row[j] = wide[j];
             }
         }
-        for (size_t d0 = 0; d0 < D; d0 += 16) {
-            const size_t d1 = d0 + 16 < D ? d0 + 16 : D;
-            for (size_t j = 0; j < KEY_BLOCK; ++j)
-                for (size_t d = d0; d < d1; ++d)
-                    tile[d * KEY_BLOCK + j] = row[j] ? row[j][d] : 0.0f;
-        }
+        native_transpose(row, D, dst + t0 * D); /* tile [D][KEY_BLOCK] */
     }
 }
 
@@ -410,7 +404,7 @@ static void sum_dq_job(const native_call *c, size_t job)
     const size_t bh = job / per_head, head = bh % s->num_heads, b = bh / s->num_heads;
     const size_t pos0 = job % per_head * SUM_ROWS;
     const size_t end = pos0 + SUM_ROWS < s->q_seq ? pos0 + SUM_ROWS : s->q_seq;
-    const size_t copies = c->dq_part_copies;
+    const size_t copies = c->key_parts;
     for (size_t pos = pos0; pos < end; ++pos) {
         float *out = c->dq + ((b * s->q_seq + pos) * s->num_heads + head) * D;
         const float *part = c->dq_part + (bh * s->q_seq + pos) * D;
@@ -643,7 +637,6 @@ static clattn_status run_f32(clattn_context *ctx, clattn_op op, const clattn_sha
             snprintf(ctx->kernels, sizeof ctx->kernels, "dsum__native,grad_kvq__native");
             c.dq_part = take(&next, copies * sz->q);
             c.dq_part_floats = sz->q;
-            c.dq_part_copies = copies;
             run_jobs(c.pool, &c, hot->key_block, key_jobs, n);
             run_jobs(c.pool, &c, sum_dq_job,
                      s->batch * s->num_heads * ((s->q_seq + (size_t)SUM_ROWS - 1) / SUM_ROWS), n);

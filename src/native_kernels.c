@@ -261,19 +261,10 @@ INLINE void accumulate_t(tile_row *acc, size_t D, const tile_row *xt, const tile
         }
 }
 
-/* t[d][j] = rows[j][d] for the KEY_BLOCK rows of a tile, 16 columns (a
- * cache line) of each row at a time: rows a power of two apart share few
- * of L1's sets, and column by column over all 32 rows each line was read
- * again for every column (d256 on 8 heads, 8 KB apart: a tenth of the
- * backward's time on the development machine). */
+/* t[d][j] = rows[j][d] for the KEY_BLOCK rows of a tile (native.h). */
 INLINE void transpose_in(const float *const *rows, size_t D, tile_row *t)
 {
-    for (size_t d0 = 0; d0 < D; d0 += 16) {
-        const size_t end = d0 + 16 < D ? d0 + 16 : D;
-        for (uint32_t j = 0; j < KEY_BLOCK; ++j)
-            for (size_t d = d0; d < end; ++d)
-                t[d][j] = rows[j][d];
-    }
+    native_transpose(rows, D, t[0]);
 }
 
 /* Key-side jobs gather the query rows (every head of the group at each
