@@ -18,6 +18,10 @@
 #   ab       native old against new: clattn bench of the CPU shapes, interleaved, AB_ROUNDS
 #            (default 2) rounds at each of AB_THREADS (default 16,1), the old build from
 #            the source tree AB_OLD (carried; `git archive REV | tar x -C DIR`)
+#   gab      GPU kernels old against new: clattn bench of the GPU shapes (mma, GAB_DTYPE:
+#            default bf16; GAB_DIMS: head_dims, default 64,128; GAB_OPS: default
+#            "forward backward"), interleaved, AB_ROUNDS
+#            rounds, the old build from AB_OLD as for ab
 #   tiled    clattn bench of tree and tiled at head_dims 64..256, and of tiled
 #            per CLATTN_TILED shape in TUNE_TILED (TILED_DIMS: the head_dims)
 #   ring     examples/ring_attention on 1 and then RING_RANKS (default 2) ranks, a GPU
@@ -135,6 +139,28 @@ for stage in "$@"; do
         done
       done
     done 2>&1 | tee "$OUT/ab.log" ;;
+  gab)
+    { cmake -S "$AB_OLD" -B build-old -DCMAKE_BUILD_TYPE=Release && cmake --build build-old -j16 \
+        --target clattn_cli; } > "$OUT/build-old.log" 2>&1 || { tail -20 "$OUT/build-old.log"; exit 1; }
+    gpu_shapes=("64:--q-seq 4096 --heads 8 --causal" "64:--q-seq 4096 --heads 32 --kv-heads 8"
+                "64:--q-seq 16384 --heads 8 --causal" "96:--q-seq 2048 --heads 16 --causal"
+                "128:--q-seq 4096 --heads 32 --kv-heads 8 --causal"
+                "128:--q-seq 4096 --heads 32 --kv-heads 8" "256:--q-seq 2048 --heads 8 --causal")
+    for entry in "${gpu_shapes[@]}"; do
+      d=${entry%%:*}
+      case ",${GAB_DIMS:-64,128}," in *",$d,"*) ;; *) continue ;; esac
+      for op in ${GAB_OPS:-forward backward}; do
+        line="d$d $op ${entry#*:}:"
+        for r in $(seq "${AB_ROUNDS:-2}"); do
+          for b in build-old build-dev; do
+            g=$($b/clattn bench --op $op --head-dim "$d" ${entry#*:} --variant mma --reps 5 \
+                --dtype "${GAB_DTYPE:-bf16}" | awk 'NR==3{print $3}')
+            line="$line ${b#build-}=$g"
+          done
+        done
+        echo "$line"
+      done
+    done 2>&1 | tee "$OUT/gab.log" ;;
   tiled)
     for entry in "${shapes[@]}"; do
       d=${entry%%:*}
