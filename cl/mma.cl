@@ -649,16 +649,43 @@ inline __local float *other_rows(__local float *tiles, __local float *rows)
  * tile ([TILE][RW] words), zeros past `end` and past D: 16 bytes a lane
  * where D is a multiple of 8 and the tensor starts 16-byte aligned, as
  * buffers and their usual offsets do, element-wise (and at once) where
- * not. */
+ * not. The head's start and a lane's row offsets do not change from tile
+ * to tile, and are computed apart from r0 so that the compiler keeps them
+ * out of the loop; a tile wholly before `end` whose units fill the lanes
+ * (COPY_WHOLE) goes with no test a unit: a pointer step and the copy (on
+ * the H200 a 16-bit d128 tile's copies were 60 instructions a warp, 40 of
+ * them 64-bit address arithmetic redone every tile). Against the kernels
+ * without this (H200, bf16 TFLOP/s, 2026-12-01, two interleaved rounds):
+ * d128 32 heads on 8 forward 222-226 -> 253-254, causal 199-202 ->
+ * 212-218, backward 183 -> 204, causal 134-137 -> 148-149; d64 backward
+ * 174 -> 189, causal 107-108 -> 111-115, q_seq 16384 causal 184-186 ->
+ * 195-197; d64 forward causal 124 -> 135-136, but 32 heads on 8 249-252
+ * -> 225-230 and q_seq 16384 causal 240-243 -> 234-235. That forward sits
+ * at 128 registers a lane (4 work-groups an SM); it lost as much when its
+ * own copies were left as they were (its code the same, by clang's IR):
+ * 251 -> 224-226, q_seq 16384 causal 236-241 -> 219-225. */
+#define COPY_WHOLE (UNIT == 8 && DP == D && LANES % ROW_UNITS == 0 && \
+                    TILE * DP / UNIT % LANES == 0)
 inline void copy_tile(__local float *tile, __global const elem *src, uint b, uint rows, uint r0,
                       uint end, uint heads, uint head)
 {
     __global const ushort *bits = (__global const ushort *)src;
-    __global const ushort *base = bits + at(b, rows, r0, heads, head, 0);
-    __local uint *words = (__local uint *)tile;
     const uint stride = heads * D; /* elements from one row to the next */
+    __global const ushort *base = bits + at(b, rows, 0, heads, head, 0) + (ulong)r0 * stride;
+    __local uint *words = (__local uint *)tile;
 #if UNIT == 8
     const bool aligned = ((ulong)bits & 15u) == 0u;
+#if COPY_WHOLE
+    if (aligned && r0 + TILE <= end) {
+        const uint lid = get_local_id(0);
+        __global const ushort *p = base + (lid / ROW_UNITS) * stride + lid % ROW_UNITS * UNIT;
+        __local uint *to = words + lid / ROW_UNITS * RW + lid % ROW_UNITS * (UNIT / 2);
+        UNROLL
+        for (uint j = 0; j < PER_LANE; ++j)
+            copy16(to + j * (LANES / ROW_UNITS) * RW, p + j * (LANES / ROW_UNITS) * stride, true);
+        return;
+    }
+#endif
 #endif
     UNROLL
     for (uint j = 0; j < PER_LANE; ++j) {
