@@ -165,6 +165,7 @@ for stage in "$@"; do
     done 2>&1 | tee "$OUT/gab.log" ;;
   regs)
     # A cached program: key lines, then the PTX the driver built (NUL-ended).
+    ptxas=${PTXAS:-$(command -v ptxas || echo /usr/local/cuda/bin/ptxas)}
     for f in "$CLATTN_CACHE_DIR"/*.bin; do
       key=$(head -c 600 "$f" | grep -a -m2 -E '^(source|options) ' | tr '\n' ' ')
       case $key in *"${REGS_GREP:-}"*) ;; *) continue ;; esac
@@ -172,7 +173,7 @@ for stage in "$@"; do
         > build-dev/regs.ptx
       echo >> build-dev/regs.ptx
       echo "$key"
-      ptxas -arch=sm_90 -v build-dev/regs.ptx -o /dev/null 2>&1 | awk '
+      "$ptxas" -arch=sm_90 -v build-dev/regs.ptx -o /dev/null 2>&1 | awk '
         /Compiling entry function/ {name = $(NF-2); gsub("\047", "", name)}
         /spill stores/ {spill = $5 "/" $9}
         /Used [0-9]+ registers/ {print "  " name, $5, "registers, spills " spill}'
