@@ -20,8 +20,8 @@
 #            the source tree AB_OLD (carried; `git archive REV | tar x -C DIR`)
 #   gab      GPU kernels old against new: clattn bench of the GPU shapes (mma, GAB_DTYPE:
 #            default bf16; GAB_DIMS: head_dims, default 64,128; GAB_OPS: default
-#            "forward backward"), interleaved, AB_ROUNDS
-#            rounds, the old build from AB_OLD as for ab
+#            "forward backward"), interleaved, AB_ROUNDS rounds, the old build from
+#            AB_OLD as for ab
 #   regs     ptxas -v (sm_90) on every program in the cache: registers and spills a kernel,
 #            with the program's source hash and options (REGS_GREP: only options matching)
 #   tiled    clattn bench of tree and tiled at head_dims 64..256, and of tiled
@@ -70,6 +70,11 @@ cli=build-dev/clattn
 shapes=("64:--q-seq 4096 --heads 8 --causal" "96:--q-seq 2048 --heads 16 --causal"
         "128:--q-seq 4096 --heads 32 --kv-heads 8 --causal" "256:--q-seq 2048 --heads 8 --causal")
 export PYTHONUNBUFFERED=1
+# The CLI of the source tree AB_OLD, for ab and gab, as build-old/clattn.
+build_old() {
+  { cmake -S "$AB_OLD" -B build-old -DCMAKE_BUILD_TYPE=Release && cmake --build build-old -j16 \
+      --target clattn_cli; } > "$OUT/build-old.log" 2>&1 || { tail -20 "$OUT/build-old.log"; exit 1; }
+}
 for stage in "$@"; do
   case $stage in
   suite)
@@ -117,8 +122,7 @@ for stage in "$@"; do
       printf 'fmapeak %s threads: %s GFLOP/s\n' "$t" "$(build-dev/fmapeak "$t")"
     done 2>&1 | tee "$OUT/peak.log" ;;
   ab)
-    { cmake -S "$AB_OLD" -B build-old -DCMAKE_BUILD_TYPE=Release && cmake --build build-old -j16 \
-        --target clattn_cli; } > "$OUT/build-old.log" 2>&1 || { tail -20 "$OUT/build-old.log"; exit 1; }
+    build_old
     cpu_shapes=("--batch 4 --q-seq 512 --heads 8 --head-dim 64"
                 "--q-seq 1024 --heads 8 --kv-heads 2 --head-dim 64 --causal"
                 "--q-seq 1024 --heads 16 --kv-heads 4 --head-dim 128 --causal"
@@ -142,8 +146,7 @@ for stage in "$@"; do
       done
     done 2>&1 | tee "$OUT/ab.log" ;;
   gab)
-    { cmake -S "$AB_OLD" -B build-old -DCMAKE_BUILD_TYPE=Release && cmake --build build-old -j16 \
-        --target clattn_cli; } > "$OUT/build-old.log" 2>&1 || { tail -20 "$OUT/build-old.log"; exit 1; }
+    build_old
     gpu_shapes=("64:--q-seq 4096 --heads 8 --causal" "64:--q-seq 4096 --heads 32 --kv-heads 8"
                 "64:--q-seq 16384 --heads 8 --causal" "96:--q-seq 2048 --heads 16 --causal"
                 "128:--q-seq 4096 --heads 32 --kv-heads 8 --causal"
