@@ -75,6 +75,18 @@ build_old() {
   { cmake -S "$AB_OLD" -B build-old -DCMAKE_BUILD_TYPE=Release && cmake --build build-old -j16 \
       --target clattn_cli; } > "$OUT/build-old.log" 2>&1 || { tail -20 "$OUT/build-old.log"; exit 1; }
 }
+# One line of an A/B: LABEL, then `clattn bench ARGS...`'s GFLOP/s from the
+# old build and this one, interleaved, AB_ROUNDS rounds.
+ab_line() {
+  local line="$1:" r b
+  shift
+  for r in $(seq "${AB_ROUNDS:-2}"); do
+    for b in build-old build-dev; do
+      line="$line ${b#build-}=$($b/clattn bench "$@" | awk 'NR==3{print $3}')"
+    done
+  done
+  echo "$line"
+}
 for stage in "$@"; do
   case $stage in
   suite)
@@ -133,15 +145,7 @@ for stage in "$@"; do
     for t in ${threads//,/ }; do
       for sh in "${cpu_shapes[@]}"; do
         for op in forward backward; do
-          line="t$t $op $sh:"
-          for r in $(seq "${AB_ROUNDS:-2}"); do
-            for b in build-old build-dev; do
-              g=$($b/clattn bench --op $op $sh --device native --threads "$t" --reps 5 \
-                  | awk 'NR==3{print $3}')
-              line="$line ${b#build-}=$g"
-            done
-          done
-          echo "$line"
+          ab_line "t$t $op $sh" --op $op $sh --device native --threads "$t" --reps 5
         done
       done
     done 2>&1 | tee "$OUT/ab.log" ;;
@@ -155,15 +159,8 @@ for stage in "$@"; do
       d=${entry%%:*}
       case ",${GAB_DIMS:-64,128}," in *",$d,"*) ;; *) continue ;; esac
       for op in ${GAB_OPS:-forward backward}; do
-        line="d$d $op ${entry#*:}:"
-        for r in $(seq "${AB_ROUNDS:-2}"); do
-          for b in build-old build-dev; do
-            g=$($b/clattn bench --op $op --head-dim "$d" ${entry#*:} --variant mma --reps 5 \
-                --dtype "${GAB_DTYPE:-bf16}" | awk 'NR==3{print $3}')
-            line="$line ${b#build-}=$g"
-          done
-        done
-        echo "$line"
+        ab_line "d$d $op ${entry#*:}" --op $op --head-dim "$d" ${entry#*:} --variant mma \
+          --reps 5 --dtype "${GAB_DTYPE:-bf16}"
       done
     done 2>&1 | tee "$OUT/gab.log" ;;
   regs)
