@@ -660,10 +660,12 @@ inline __local float *other_rows(__local float *tiles, __local float *rows)
  * 212-218, backward 183 -> 204, causal 134-137 -> 148-149; d64 backward
  * 174 -> 189, causal 107-108 -> 111-115, q_seq 16384 causal 184-186 ->
  * 195-197; d64 forward causal 124 -> 135-136, but 32 heads on 8 249-252
- * -> 225-230 and q_seq 16384 causal 240-243 -> 234-235. That forward sits
- * at 128 registers a lane (4 work-groups an SM); it lost as much when its
- * own copies were left as they were (its code the same, by clang's IR):
- * 251 -> 224-226, q_seq 16384 causal 236-241 -> 219-225. */
+ * -> 225-230 and q_seq 16384 causal 240-243 -> 234-235. That forward sat
+ * at 128 registers a lane before (4 work-groups an SM; ptxas on the old
+ * PTX) and at 130 after (3; the device's ptxas), yet capped at 128 it ran
+ * no faster; it lost as much when its own copies were left as they were
+ * (its code the same, by clang's IR): 251 -> 224-226, q_seq 16384 causal
+ * 236-241 -> 219-225. */
 #define COPY_WHOLE (UNIT == 8 && DP == D && LANES % ROW_UNITS == 0 && \
                     TILE * DP / UNIT % LANES == 0)
 inline void copy_tile(__local float *tile, __global const elem *src, uint b, uint rows, uint r0,
