@@ -131,6 +131,15 @@ inline float exp2_ftz(float x)
 #endif
 #define D HEAD_DIM
 #define DP ((D + KSTEP * WSPLIT - 1) / (KSTEP * WSPLIT) * (KSTEP * WSPLIT)) /* padded */
+/* WGMMA 1: the 16-bit forward's two products on Hopper's warpgroup
+ * products (wgmma, sm_90a), its tiles laid out as their descriptors read
+ * them; below, "the forward on wgmma". */
+#ifndef WGMMA
+#define WGMMA 0
+#endif
+#if WGMMA && (DTYPE == 0 || WARPS != 4 || WSPLIT != 1 || D % 32 != 0 || MMA_TILE % 32 != 0)
+#error "WGMMA wants 16-bit tensors, 4 warps, WSPLIT 1, head_dim and tiles multiples of 32"
+#endif
 #define DW (DP / WSPLIT)     /* a warp's columns */
 #define KW (DW / 8)          /* its n-tiles along head_dim */
 #define KS (DW / KSTEP)      /* its k-steps along head_dim */
@@ -225,7 +234,9 @@ inline bool all_visible(long q_first, long q_last, long k_first, long k_last, in
  * 255 in the d64 forward, by ptxas). */
 inline __local float *tile_base(__local float *p)
 {
-#if DTYPE != 0
+#if WGMMA /* tiles of core matrices: 128-byte aligned (src/opencl.c gives 32 floats more) */
+    return p + ((128u - ((uint)(ulong)p & 127u)) & 127u) / 4u;
+#elif DTYPE != 0
     return p + ((16u - ((uint)(ulong)p & 15u)) & 15u) / 4u;
 #else
     return p;
@@ -666,6 +677,27 @@ inline __local float *other_rows(__local float *tiles, __local float *rows)
  * no faster; it lost as much when its own copies were left as they were
  * (its code the same, by clang's IR): 251 -> 224-226, q_seq 16384 causal
  * 236-241 -> 219-225. */
+/* One unit of a row (elements d.. of it at p) to local words `to`; zeros
+ * where `in` is false (p is then not read: bits, the tensor's start, is
+ * the valid address cp.async is given instead). */
+inline void copy_unit(__local uint *to, __global const ushort *p, __global const ushort *bits,
+                      bool in, bool aligned, uint d)
+{
+#if UNIT == 8
+    if (aligned) {
+        copy16(to, in ? p : bits, in);
+    } else {
+        uint w[4];
+        UNROLL
+        for (int k = 0; k < 4; ++k)
+            w[k] = in ? (uint)p[2 * k] | (uint)p[2 * k + 1] << 16 : 0u;
+        *(__local uint4 *)to = (uint4)(w[0], w[1], w[2], w[3]);
+    }
+#else
+    *to = in ? pair_at(p, d) : 0u;
+#endif
+}
+
 #define COPY_WHOLE (UNIT == 8 && DP == D && LANES % ROW_UNITS == 0 && \
                     TILE * DP / UNIT % LANES == 0)
 inline void copy_tile(__local float *tile, __global const elem *src, uint b, uint rows, uint r0,
@@ -675,8 +707,8 @@ inline void copy_tile(__local float *tile, __global const elem *src, uint b, uin
     const uint stride = heads * D; /* elements from one row to the next */
     __global const ushort *base = bits + at(b, rows, 0, heads, head, 0) + (ulong)r0 * stride;
     __local uint *words = (__local uint *)tile;
-#if UNIT == 8
     const bool aligned = ((ulong)bits & 15u) == 0u;
+#if UNIT == 8
 #if COPY_WHOLE
     if (aligned && r0 + TILE <= end) {
         const uint lid = get_local_id(0);
@@ -694,22 +726,8 @@ inline void copy_tile(__local float *tile, __global const elem *src, uint b, uin
         uint r, d;
         if (!unit_at(j, &r, &d))
             continue;
-        const bool in = r0 + r < end && d < D;
-        __global const ushort *p = base + r * stride + d; /* read only where in */
-        __local uint *to = words + r * RW + d / 2;
-#if UNIT == 8
-        if (aligned) {
-            copy16(to, in ? p : bits, in);
-        } else {
-            uint w[4];
-            UNROLL
-            for (int k = 0; k < 4; ++k)
-                w[k] = in ? (uint)p[2 * k] | (uint)p[2 * k + 1] << 16 : 0u;
-            *(__local uint4 *)to = (uint4)(w[0], w[1], w[2], w[3]);
-        }
-#else
-        *to = in ? pair_at(p, d) : 0u;
-#endif
+        copy_unit(words + r * RW + d / 2, base + r * stride + d, bits, r0 + r < end && d < D,
+                  aligned, d);
     }
 }
 
@@ -847,6 +865,186 @@ inline void tile_times(float *acc, const float *p, __local const float *x, uint 
         }
     }
 }
+
+/* ---- the forward on wgmma (16-bit, sm_90a) ----------------------------- */
+
+#if WGMMA
+/* NVIDIA's OpenCL compiles for sm_90, whose assembler refuses wgmma: each
+ * sm_90a instruction is inline PTX inside a comment that starts with
+ * SM90A, and src/opencl.c builds the program's PTX again with the target
+ * sm_90a and the markers taken out (tests/sm90a_probe.c checks the route).
+ * A work-group is one warpgroup (4 warps, 64 query rows); each product is
+ * wgmma m64n32k16 with A from registers (Q's fragments, P's packed, as
+ * mma.sync takes them: warp w holds rows 16w..16w+15) and B from a tile by
+ * a matrix descriptor, no swizzle. Tiles are core matrices (8 rows by 16
+ * bytes, 128 bytes together): element (row j, column d) at CM(j, d)
+ * halves; S = Q K^T reads K's tile as it is (the descriptor's leading
+ * offset the step between 8-column chunks, its stride offset the step
+ * between 8-row groups), O += P V reads V's transposed (the offsets the
+ * other way round), as tried on the H200 (README, "wgmma from OpenCL
+ * C"). The accumulators come back in mma.sync's C layout, so the softmax
+ * is the same code. */
+#define SM90A "// SM90A "
+#define CM(j, d) ((((j) / 8u) * (DP / 8u) + (d) / 8u) * 64u + ((j) % 8u) * 8u + (d) % 8u)
+
+/* Rows [r0, r0 + TILE) of a [batch][rows][heads][D] tensor into a tile of
+ * core matrices, zeros past `end`: unit u (16 bytes, 8 columns of one row)
+ * lands at byte 16 u, row u / DP * 8 + u % 8 and columns 8 (u / 8 % (DP /
+ * 8)), so that a warp's 32 units are 8 rows by 64 bytes of the tensor. */
+inline void copy_tile_cm(__local float *tile, __global const elem *src, uint b, uint rows,
+                         uint r0, uint end, uint heads, uint head)
+{
+    __global const ushort *bits = (__global const ushort *)src;
+    const uint stride = heads * D;
+    __global const ushort *base = bits + at(b, rows, 0, heads, head, 0) + (ulong)r0 * stride;
+    __local uint *words = (__local uint *)tile;
+    const bool aligned = ((ulong)bits & 15u) == 0u;
+    UNROLL
+    for (uint i = 0; i < TILE * DP / 8 / LANES; ++i) {
+        const uint u = get_local_id(0) + i * LANES;
+        const uint j = u / DP * 8u + u % 8u, d = u / 8u % (DP / 8u) * 8u;
+        copy_unit(words + u * 4u, base + j * stride + d, bits, r0 + j < end, aligned, d);
+    }
+}
+
+/* Descriptor of a no-swizzle operand at `x`, offsets in bytes. */
+inline ulong wg_desc(__local const ushort *x, uint lead, uint stride)
+{
+    return ((ulong)(((uint)(ulong)x & 0x3ffffu) >> 4)) | (ulong)(lead >> 4) << 16 |
+           (ulong)(stride >> 4) << 32;
+}
+
+inline void wg_fence(void)
+{
+#ifndef MMA_EMULATE
+    __asm__ __volatile__(SM90A "wgmma.fence.sync.aligned;" ::: "memory");
+#endif
+}
+
+/* Commits the products issued since the fence and waits for them; then
+ * c's 16 values (each block passed to wg_hold) are read after it. */
+inline void wg_commit_wait(void)
+{
+#ifndef MMA_EMULATE
+    __asm__ __volatile__(SM90A "wgmma.commit_group.sync.aligned;" ::: "memory");
+    __asm__ __volatile__(SM90A "wgmma.wait_group.sync.aligned 0;" ::: "memory");
+#endif
+}
+
+inline void wg_hold(float *c)
+{
+#ifndef MMA_EMULATE
+    __asm__ __volatile__(""
+                         : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3]), "+f"(c[4]),
+                           "+f"(c[5]), "+f"(c[6]), "+f"(c[7]), "+f"(c[8]), "+f"(c[9]),
+                           "+f"(c[10]), "+f"(c[11]), "+f"(c[12]), "+f"(c[13]), "+f"(c[14]),
+                           "+f"(c[15])::"memory");
+#endif
+}
+
+#if DTYPE == 2
+#define WG_TYPES ".f32.bf16.bf16 "
+#else
+#define WG_TYPES ".f32.f16.f16 "
+#endif
+#define WG_ACC "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}"
+#define WG_OPERANDS(c)                                                                        \
+    "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3]), "+f"(c[4]), "+f"(c[5]), "+f"(c[6]),      \
+        "+f"(c[7]), "+f"(c[8]), "+f"(c[9]), "+f"(c[10]), "+f"(c[11]), "+f"(c[12]),            \
+        "+f"(c[13]), "+f"(c[14]), "+f"(c[15])
+
+/* c (this warp's 16 rows by the block's 32 columns, mma.sync's C layout a
+ * block of 8) += A . K[keys n0..n0 + 31][columns k0..k0 + 15]^T, a the
+ * warp's A fragment of 16 x 16. */
+inline void wg_keys(float *c, const uint *a, __local const float *tile, uint n0, uint k0,
+                    __local float *emu)
+{
+    __local const ushort *x = (__local const ushort *)tile;
+#ifdef MMA_EMULATE
+    const uint lane = get_local_id(0) & 31u, g = lane >> 2, t = lane & 3u;
+    for (uint n = 0; n < 4; ++n) {
+        uint bx[2];
+        for (uint i = 0; i < 2; ++i) {
+            const uint key = n0 + 8u * n + g, d = k0 + 2u * t + 8u * i;
+            bx[i] = (uint)x[CM(key, d)] | (uint)x[CM(key, d + 1u)] << 16;
+        }
+        mma16(c + 4 * n, a, bx, emu);
+    }
+#else
+    const ulong desc = wg_desc(x + CM(n0, k0), 128u, DP / 8u * 128u);
+    __asm__ __volatile__(SM90A "{ .reg .pred p; setp.ne.b32 p, %20, 0; "
+                               "wgmma.mma_async.sync.aligned.m64n32k16" WG_TYPES WG_ACC
+                               ", {%16, %17, %18, %19}, %21, p, 1, 1, 0; }"
+                         : WG_OPERANDS(c)
+                         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(1u), "l"(desc)
+                         : "memory");
+#endif
+}
+
+/* c (as above) += P . V[keys k0..k0 + 15][columns n0..n0 + 31], P the
+ * warp's A fragment of 16 x 16. */
+inline void wg_columns(float *c, const uint *a, __local const float *tile, uint k0, uint n0,
+                       __local float *emu)
+{
+    __local const ushort *x = (__local const ushort *)tile;
+#ifdef MMA_EMULATE
+    const uint lane = get_local_id(0) & 31u, g = lane >> 2, t = lane & 3u;
+    for (uint n = 0; n < 4; ++n) {
+        uint bx[2];
+        for (uint i = 0; i < 2; ++i) {
+            const uint key = k0 + 2u * t + 8u * i, d = n0 + 8u * n + g;
+            bx[i] = (uint)x[CM(key, d)] | (uint)x[CM(key + 1u, d)] << 16;
+        }
+        mma16(c + 4 * n, a, bx, emu);
+    }
+#else
+    const ulong desc = wg_desc(x + CM(k0, n0), DP / 8u * 128u, 128u);
+    __asm__ __volatile__(SM90A "{ .reg .pred p; setp.ne.b32 p, %20, 0; "
+                               "wgmma.mma_async.sync.aligned.m64n32k16" WG_TYPES WG_ACC
+                               ", {%16, %17, %18, %19}, %21, p, 1, 1, 1; }"
+                         : WG_OPERANDS(c)
+                         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(1u), "l"(desc)
+                         : "memory");
+#endif
+}
+
+/* The warp's 16 x TILE block of Q K^T into s, Q the warp's KS A fragments
+ * and K a tile of core matrices. */
+inline void wg_scores(float *s, const uint *q, __local const float *kt, __local float *emu)
+{
+    zero(s, NT * 4);
+    wg_fence();
+    UNROLL
+    for (uint n0 = 0; n0 < TILE; n0 += 32)
+        UNROLL
+        for (uint ks = 0; ks < KS; ++ks)
+            wg_keys(s + n0 / 2, q + ks * 4, kt, n0, ks * 16, emu);
+    wg_commit_wait();
+    UNROLL
+    for (uint n0 = 0; n0 < TILE; n0 += 32)
+        wg_hold(s + n0 / 2);
+}
+
+/* acc (the warp's KW 16 x 8 blocks) += p . V, p the warp's 16 x TILE block
+ * in float32 (rounded here to 16 bits) and V a tile of core matrices. */
+inline void wg_times(float *acc, const float *p, __local const float *vt, __local float *emu)
+{
+    wg_fence();
+    UNROLL
+    for (uint kk = 0; kk < TILE / 16; ++kk) {
+        const float *lo = p + 2 * kk * 4, *hi = lo + 4;
+        const uint a[4] = {pack2(lo[0], lo[1]), pack2(lo[2], lo[3]), pack2(hi[0], hi[1]),
+                           pack2(hi[2], hi[3])};
+        UNROLL
+        for (uint n0 = 0; n0 < DP; n0 += 32)
+            wg_columns(acc + n0 / 2, a, vt, kk * 16, n0, emu);
+    }
+    wg_commit_wait();
+    UNROLL
+    for (uint n0 = 0; n0 < DP; n0 += 32)
+        wg_hold(acc + n0 / 2);
+}
+#endif
 
 /* ---- the single-pass backward's dQ (16-bit, WSPLIT 1) ---------------- */
 
@@ -998,6 +1196,12 @@ inline void add_dq(__global float *dq32, __local const float *ds, __local const 
 
 /* ---- forward --------------------------------------------------------- */
 
+#if WGMMA
+#define COPY_KV copy_tile_cm
+#else
+#define COPY_KV copy_tile
+#endif
+
 /* The warp's 16 x TILE scores s to their weights exp(s * unit - n), n the
  * row's running max (n0 for rows g, n1 for g + 8), and the weights' sums
  * added to *l0, *l1; `masked`: scores equal to EMPTY_ROW weigh 0. */
@@ -1057,8 +1261,8 @@ forward__mma(__global const elem *q, ulong q_off, __global const elem *k, ulong 
     fetch_tile(vx, v, b, kv_seq, lo, hi, num_kv_heads, kv_head, 1.0f);
 #else
     if (lo < hi) { /* no copy is left in flight past the loop */
-        copy_tile(kt, k, b, kv_seq, lo, hi, num_kv_heads, kv_head);
-        copy_tile(vt, v, b, kv_seq, lo, hi, num_kv_heads, kv_head);
+        COPY_KV(kt, k, b, kv_seq, lo, hi, num_kv_heads, kv_head);
+        COPY_KV(vt, v, b, kv_seq, lo, hi, num_kv_heads, kv_head);
     }
 #endif
     for (uint t0 = lo; t0 < hi; t0 += TILE) {
@@ -1075,16 +1279,23 @@ forward__mma(__global const elem *q, ulong q_off, __global const elem *k, ulong 
         /* one barrier a tile: past it, everyone's copies of this tile have
          * landed and the other pair, read for the last tile, is free */
         wait_copies();
+#if WGMMA && !defined(MMA_EMULATE) /* the copies' writes, before wgmma reads them */
+        __asm__ __volatile__(SM90A "fence.proxy.async.shared::cta;" ::: "memory");
+#endif
         barrier(CLK_LOCAL_MEM_FENCE);
         if (t0 + TILE < hi) {
             __local float *next = other_pair(tiles, kt);
-            copy_tile(next, k, b, kv_seq, t0 + TILE, hi, num_kv_heads, kv_head);
-            copy_tile(next + ROW_TILE, v, b, kv_seq, t0 + TILE, hi, num_kv_heads, kv_head);
+            COPY_KV(next, k, b, kv_seq, t0 + TILE, hi, num_kv_heads, kv_head);
+            COPY_KV(next + ROW_TILE, v, b, kv_seq, t0 + TILE, hi, num_kv_heads, kv_head);
         }
 #endif
 
         float s[NT][4];
+#if WGMMA
+        wg_scores(&s[0][0], &qf[0][0], kt, emu);
+#else
         tile_products(&s[0][0], 0, &qf[0][0], 0, kt, 0, d0, xch, emu);
+#endif
         /* Only tiles that some row sees in part are masked. */
         const bool whole =
             t0 + TILE <= hi && all_visible(r0, last, t0, t0 + TILE - 1u, causal, window, delta);
@@ -1129,7 +1340,11 @@ forward__mma(__global const elem *q, ulong q_off, __global const elem *k, ulong 
             exp_rows(&s[0][0], n0, n1, unit, false, &l0, &l1);
         else
             exp_rows(&s[0][0], n0, n1, unit, true, &l0, &l1);
+#if WGMMA
+        wg_times(&acc[0][0], &s[0][0], vt, emu);
+#else
         tile_times(&acc[0][0], &s[0][0], vt, d0, emu);
+#endif
 #if DTYPE != 0
         kt = other_pair(tiles, kt);
         vt = kt + ROW_TILE;

@@ -198,6 +198,18 @@ static const mma_class mma16_table[] = {
     {CLATTN_MAX_HEAD_DIM, {4, 2, 16, 1}, {2, 2, 16, 1}, {4, 2, 16, 1}},
 };
 
+/* Whether kernel k runs on wgmma (mma.cl's WGMMA): asked for by
+ * CLATTN_MMA_WGMMA=1, the forward of 16-bit tensors at a head_dim that is a
+ * multiple of 32, one warpgroup (4 warps, WSPLIT 1) and tiles of 32 or 64,
+ * on a GPU of compute capability 9 or emulated. */
+static int mma_wgmma(int asked, int nv_major, int emulate, const mma_config *c,
+                     uint32_t head_dim, clattn_dtype dtype, int k)
+{
+    return asked && (nv_major >= 9 || emulate) && k == K_FORWARD && dtype != CLATTN_DTYPE_F32 &&
+           head_dim && head_dim % 32 == 0 && c->warps == 4 && c->wsplit == 1 &&
+           c->tile % 32 == 0;
+}
+
 /* mma.cl's local buffer for a kernel at a head_dim under config c, in
  * floats: up to 3 to a 16-byte boundary, the tile rows' m, l and Dsum, the
  * warps' exchange, the emulation's scratch, then the kernel's two tiles
@@ -300,6 +312,7 @@ struct clattn_cl_state {
     const char *special_variant; /* the variant built per head_dim, or NULL */
     int mma_emulate;             /* build mma.cl with -DMMA_EMULATE */
     int nv_major;                /* compute capability (NVIDIA), else 0: 9 builds with -DSM90 */
+    int wgmma; /* CLATTN_MMA_WGMMA=1: the 16-bit forward on wgmma where it applies */
     int mma_tuned;               /* CLATTN_MMA set: mma_tune for every kernel */
     mma_config mma_tune;
     int grad_q_tuned;            /* CLATTN_MMA_GRAD_Q set: grad_q_tune for grad-Q */
@@ -631,6 +644,72 @@ static clattn_status compile(struct clattn_cl_state *cl, const cl_variant *v, co
     return st;
 }
 
+/* s with every `from` replaced by `to`, in new memory (NULL when out of
+ * it). */
+static char *replace_all(const char *s, const char *from, const char *to)
+{
+    const size_t lf = strlen(from), lt = strlen(to);
+    size_t n = 0;
+    for (const char *p = strstr(s, from); p; p = strstr(p + lf, from))
+        ++n;
+    char *out = malloc(strlen(s) + n * lt + 1);
+    if (!out)
+        return NULL;
+    char *o = out;
+    const char *p = s, *q;
+    while ((q = strstr(p, from))) {
+        memcpy(o, p, (size_t)(q - p));
+        o += q - p;
+        memcpy(o, to, lt);
+        o += lt;
+        p = q + lf;
+    }
+    strcpy(o, p);
+    return out;
+}
+
+/* mma.cl's WGMMA programs: NVIDIA's OpenCL compiles them for sm_90 with
+ * their sm_90a instructions in comments marked SM90A; *program is replaced
+ * by the same PTX built for sm_90a with the markers taken out
+ * (tests/sm90a_probe.c tries the route). */
+static clattn_status retarget_sm90a(struct clattn_cl_state *cl, cl_program *program)
+{
+    size_t size = 0;
+    char *ptx = NULL, *target = NULL, *opened = NULL;
+    cl_int err = clGetProgramInfo(*program, CL_PROGRAM_BINARY_SIZES, sizeof size, &size, NULL);
+    if (err == CL_SUCCESS && (!size || !(ptx = calloc(size + 1, 1))))
+        err = CL_OUT_OF_HOST_MEMORY;
+    if (err == CL_SUCCESS)
+        err = clGetProgramInfo(*program, CL_PROGRAM_BINARIES, sizeof ptx, &ptx, NULL);
+    clattn_status st = err == CL_SUCCESS ? CLATTN_OK : cl_fail(err, "clGetProgramInfo(PTX)");
+    if (st == CLATTN_OK && !strstr(ptx, ".target sm_90,"))
+        st = clattn_fail(CLATTN_ERROR_BUILD_FAILED, "wgmma: the program's PTX is not for sm_90");
+    if (st == CLATTN_OK && (!(target = replace_all(ptx, ".target sm_90,", ".target sm_90a,")) ||
+                            !(opened = replace_all(target, "// SM90A ", ""))))
+        st = clattn_fail(CLATTN_ERROR_OUT_OF_MEMORY, "out of host memory");
+    if (st == CLATTN_OK) {
+        const size_t len = strlen(opened) + 1;
+        const unsigned char *bin = (const unsigned char *)opened;
+        cl_int status;
+        cl_program p = clCreateProgramWithBinary(cl->context, 1, &cl->device, &len, &bin,
+                                                 &status, &err);
+        if (err == CL_SUCCESS && (err = clBuildProgram(p, 1, &cl->device, "", NULL, NULL)) !=
+                                     CL_SUCCESS)
+            clReleaseProgram(p);
+        if (err == CL_SUCCESS) {
+            clReleaseProgram(*program);
+            *program = p;
+        } else {
+            st = clattn_fail(CLATTN_ERROR_BUILD_FAILED, "wgmma: building the sm_90a PTX: %s (%d)",
+                             cl_error_name(err), err);
+        }
+    }
+    free(ptx);
+    free(target);
+    free(opened);
+    return st;
+}
+
 static clattn_status build_program(struct clattn_cl_state *cl, const cl_variant *v,
                                    const char *defines, cl_program *out)
 {
@@ -648,6 +727,11 @@ static clattn_status build_program(struct clattn_cl_state *cl, const cl_variant 
     memcpy(src + prelude, v->source, body + 1);
     clattn_status st = compile(cl, v, src, options, out);
     free(src);
+    if (st == CLATTN_OK && strstr(options, "-DWGMMA=1") && !cl->mma_emulate &&
+        (st = retarget_sm90a(cl, out)) != CLATTN_OK) {
+        clReleaseProgram(*out);
+        *out = NULL;
+    }
     return st;
 }
 
@@ -659,10 +743,16 @@ static size_t local_bytes(const struct clattn_cl_state *cl, const kernel_set *se
         return sizeof(float); /* unused, but an argument wants a size */
     if (set->kind[k] == KIND_MMA && k == K_FINISH_DQ)
         return sizeof(float); /* unused */
-    if (set->kind[k] == KIND_MMA)
-        return mma_local_floats(mma_config_for(cl, head_dim, set->dtype, k), head_dim,
-                                cl->mma_emulate, set->dtype, k) *
+    if (set->kind[k] == KIND_MMA) {
+        const mma_config *c = mma_config_for(cl, head_dim, set->dtype, k);
+        /* wgmma's tiles start at a 128-byte boundary: up to 31 floats more */
+        const size_t align =
+            mma_wgmma(cl->wgmma, cl->nv_major, cl->mma_emulate, c, head_dim, set->dtype, k)
+                ? 32
+                : 0;
+        return (mma_local_floats(c, head_dim, cl->mma_emulate, set->dtype, k) + align) *
                sizeof(float);
+    }
     if (set->kind[k] == KIND_TILED) {
         const tile_config c = tile_config_for(cl, head_dim);
         return tiled_local_floats(&c, head_dim) * sizeof(float);
@@ -714,11 +804,14 @@ static const char *kernel_options(const struct clattn_cl_state *cl, int kind, ui
     if (kind == KIND_MMA && len > 0 && (size_t)len < size) {
         const mma_config *c = mma_config_for(cl, head_dim, dtype, k);
         snprintf(buf + len, size - (size_t)len,
-                 " -DWARPS=%u -DWSPLIT=%u -DMMA_TILE=%u -DPLANES=%u%s", c->warps, c->wsplit,
+                 " -DWARPS=%u -DWSPLIT=%u -DMMA_TILE=%u -DPLANES=%u%s%s", c->warps, c->wsplit,
                  c->tile, c->planes,
                  cl->mma_emulate     ? " -DMMA_EMULATE"
                  : cl->nv_major >= 9 ? " -DSM90"
-                                     : "");
+                                     : "",
+                 mma_wgmma(cl->wgmma, cl->nv_major, cl->mma_emulate, c, head_dim, dtype, k)
+                     ? " -DWGMMA=1"
+                     : "");
     }
     return buf;
 }
@@ -905,6 +998,8 @@ static clattn_status init_on_device(clattn_context *ctx, const char *variant,
     /* Each device type's default is the first variant listed for it that
      * the device can run. */
     cl->nv_major = nv_major(device);
+    const char *wgmma = getenv("CLATTN_MMA_WGMMA");
+    cl->wgmma = wgmma && !strcmp(wgmma, "1");
     const int can_mma = cl->nv_major >= 8 || mma_emulated();
     cl->mma_emulate = mma_emulated();
     if (!variant) {
