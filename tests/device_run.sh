@@ -22,6 +22,10 @@
 #            default bf16; GAB_DIMS: head_dims, default 64,128; GAB_OPS: default
 #            "forward backward"), interleaved, AB_ROUNDS rounds, the old build from
 #            AB_OLD as for ab
+#   wgmma    the 16-bit forward with CLATTN_MMA_WGMMA=0 and 1 interleaved (AB_ROUNDS rounds,
+#            bf16, d64 and d128 shapes), then the GPU mma kernels suite with it on, and
+#            the wgmma program's PTX scanned for local loads and stores (accumulators
+#            spilled around a wgmma would be read before its wait)
 #   regs     ptxas -v (sm_90) on every program in the cache: registers and spills a kernel,
 #            with the program's source hash and options (REGS_GREP: only options matching)
 #   tiled    clattn bench of tree and tiled at head_dims 64..256, and of tiled
@@ -163,6 +167,27 @@ for stage in "$@"; do
           --reps 5 --dtype "${GAB_DTYPE:-bf16}"
       done
     done 2>&1 | tee "$OUT/gab.log" ;;
+  wgmma)
+    for entry in "64:--q-seq 4096 --heads 8 --causal" "64:--q-seq 4096 --heads 32 --kv-heads 8" \
+                 "128:--q-seq 4096 --heads 32 --kv-heads 8 --causal" \
+                 "128:--q-seq 4096 --heads 32 --kv-heads 8"; do
+      line="d${entry%%:*} forward ${entry#*:}:"
+      for r in $(seq "${AB_ROUNDS:-2}"); do
+        for w in 0 1; do
+          line="$line w$w=$(CLATTN_MMA_WGMMA=$w $cli bench --op forward --head-dim "${entry%%:*}" \
+            ${entry#*:} --variant mma --reps 5 --dtype bf16 2>&1 | awk '$1 == "mma" {print $3, $4}')"
+        done
+      done
+      echo "$line"
+    done 2>&1 | tee "$OUT/wgmma.log"
+    CLATTN_MMA_WGMMA=1 CLATTN_TEST_VARIANT=mma build-dev/tests/clattn_tests --suite kernels \
+      --backend opencl-gpu 2>&1 | grep -v 'warning generated' > "$OUT/kernels-wgmma.log"
+    tail -n 3 "$OUT/kernels-wgmma.log"
+    for f in "$CLATTN_CACHE_DIR"/*.bin; do
+      head -c 600 "$f" | grep -aq 'WGMMA=1' || continue
+      printf '%s: %s local loads/stores, %s wgmma\n' "$(head -c 600 "$f" | grep -a -m1 '^options ' | grep -o 'HEAD_DIM=[0-9]*')" \
+        "$(tr -d '\000' < "$f" | grep -c 'ld\.local\|st\.local')" "$(tr -d '\000' < "$f" | grep -c 'wgmma.mma_async')"
+    done 2>&1 | tee -a "$OUT/wgmma.log" ;;
   regs)
     # A cached program: key lines, then the PTX the driver built (NUL-ended).
     ptxas=${PTXAS:-$(command -v ptxas || echo /usr/local/cuda/bin/ptxas)}
