@@ -931,6 +931,12 @@ inline void wg_commit_wait(void)
 #endif
 }
 
+/* The empty asm statements below pin registers to their place in the
+ * order: wgmma.fence orders only what is written before it, and a register
+ * that a wgmma reads (its A operand) or adds into (its accumulators) must
+ * not be written between that fence and the wgmma; the compiler would
+ * otherwise be free to move such arithmetic past the fence, as CUTLASS's
+ * fence_operand keeps it from doing. wg_hold: 16 accumulators. */
 inline void wg_hold(float *c)
 {
 #ifndef MMA_EMULATE
@@ -939,6 +945,14 @@ inline void wg_hold(float *c)
                            "+f"(c[5]), "+f"(c[6]), "+f"(c[7]), "+f"(c[8]), "+f"(c[9]),
                            "+f"(c[10]), "+f"(c[11]), "+f"(c[12]), "+f"(c[13]), "+f"(c[14]),
                            "+f"(c[15])::"memory");
+#endif
+}
+
+/* The same for an A fragment. */
+inline void wg_hold_a(uint *a)
+{
+#ifndef MMA_EMULATE
+    __asm__ __volatile__("" : "+r"(a[0]), "+r"(a[1]), "+r"(a[2]), "+r"(a[3])::"memory");
 #endif
 }
 
@@ -1013,6 +1027,9 @@ inline void wg_columns(float *c, const uint *a, __local const float *tile, uint 
 inline void wg_scores(float *s, const uint *q, __local const float *kt, __local float *emu)
 {
     zero(s, NT * 4);
+    UNROLL
+    for (uint n0 = 0; n0 < TILE; n0 += 32)
+        wg_hold(s + n0 / 2);
     wg_fence();
     UNROLL
     for (uint n0 = 0; n0 < TILE; n0 += 32)
@@ -1029,16 +1046,27 @@ inline void wg_scores(float *s, const uint *q, __local const float *kt, __local 
  * in float32 (rounded here to 16 bits) and V a tile of core matrices. */
 inline void wg_times(float *acc, const float *p, __local const float *vt, __local float *emu)
 {
-    wg_fence();
+    /* every A fragment packed, and the accumulators' rescale done, before
+     * the fence */
+    uint a[TILE / 16][4];
     UNROLL
     for (uint kk = 0; kk < TILE / 16; ++kk) {
         const float *lo = p + 2 * kk * 4, *hi = lo + 4;
-        const uint a[4] = {pack2(lo[0], lo[1]), pack2(lo[2], lo[3]), pack2(hi[0], hi[1]),
-                           pack2(hi[2], hi[3])};
+        a[kk][0] = pack2(lo[0], lo[1]);
+        a[kk][1] = pack2(lo[2], lo[3]);
+        a[kk][2] = pack2(hi[0], hi[1]);
+        a[kk][3] = pack2(hi[2], hi[3]);
+        wg_hold_a(a[kk]);
+    }
+    UNROLL
+    for (uint n0 = 0; n0 < DP; n0 += 32)
+        wg_hold(acc + n0 / 2);
+    wg_fence();
+    UNROLL
+    for (uint kk = 0; kk < TILE / 16; ++kk)
         UNROLL
         for (uint n0 = 0; n0 < DP; n0 += 32)
-            wg_columns(acc + n0 / 2, a, vt, kk * 16, n0, emu);
-    }
+            wg_columns(acc + n0 / 2, a[kk], vt, kk * 16, n0, emu);
     wg_commit_wait();
     UNROLL
     for (uint n0 = 0; n0 < DP; n0 += 32)
