@@ -25,7 +25,8 @@
 #   wgmma    the 16-bit forward with CLATTN_MMA_WGMMA=0 and 1 interleaved (AB_ROUNDS rounds,
 #            bf16, d64 and d128 shapes), then the GPU mma kernels suite with it on, and
 #            the wgmma program's PTX scanned for local loads and stores (accumulators
-#            spilled around a wgmma would be read before its wait)
+#            spilled around a wgmma would be read before its wait) and kept in $OUT;
+#            WGMMA_SUITE_S: the suite's time limit (default 400; 0 leaves it out)
 #   regs     ptxas -v (sm_90) on every program in the cache: registers and spills a kernel,
 #            with the program's source hash and options (REGS_GREP: only options matching)
 #   tiled    clattn bench of tree and tiled at head_dims 64..256, and of tiled
@@ -168,23 +169,31 @@ for stage in "$@"; do
       done
     done 2>&1 | tee "$OUT/gab.log" ;;
   wgmma)
+    # First one small call each way, whole lines (max_error against native).
+    for w in 0 1; do
+      CLATTN_MMA_WGMMA=$w timeout 120 $cli bench --op forward --head-dim 128 --q-seq 512 --heads 4 \
+        --causal --variant mma --reps 1 --dtype bf16 2>&1 | tail -1
+    done 2>&1 | tee "$OUT/wgmma-first.log"
     for entry in "64:--q-seq 4096 --heads 8 --causal" "64:--q-seq 4096 --heads 32 --kv-heads 8" \
                  "128:--q-seq 4096 --heads 32 --kv-heads 8 --causal" \
                  "128:--q-seq 4096 --heads 32 --kv-heads 8"; do
       line="d${entry%%:*} forward ${entry#*:}:"
       for r in $(seq "${AB_ROUNDS:-2}"); do
         for w in 0 1; do
-          line="$line w$w=$(CLATTN_MMA_WGMMA=$w $cli bench --op forward --head-dim "${entry%%:*}" \
+          line="$line w$w=$(CLATTN_MMA_WGMMA=$w timeout 120 $cli bench --op forward --head-dim "${entry%%:*}" \
             ${entry#*:} --variant mma --reps 5 --dtype bf16 2>&1 | awk '$1 == "mma" {print $3, $4}')"
         done
       done
       echo "$line"
     done 2>&1 | tee "$OUT/wgmma.log"
-    CLATTN_MMA_WGMMA=1 CLATTN_TEST_VARIANT=mma build-dev/tests/clattn_tests --suite kernels \
-      --backend opencl-gpu 2>&1 | grep -v 'warning generated' > "$OUT/kernels-wgmma.log"
-    tail -n 3 "$OUT/kernels-wgmma.log"
+    if [ "${WGMMA_SUITE_S:-400}" -gt 0 ]; then
+      CLATTN_MMA_WGMMA=1 CLATTN_TEST_VARIANT=mma timeout "${WGMMA_SUITE_S:-400}" build-dev/tests/clattn_tests \
+        --suite kernels --backend opencl-gpu 2>&1 | grep -v 'warning generated' > "$OUT/kernels-wgmma.log"
+      tail -n 3 "$OUT/kernels-wgmma.log"
+    fi
     for f in "$CLATTN_CACHE_DIR"/*.bin; do
       head -c 600 "$f" | grep -aq 'WGMMA=1' || continue
+      tr -d '\000' < "$f" > "$OUT/wgmma-$(basename "$f" .bin).ptx"
       printf '%s: %s local loads/stores, %s wgmma\n' "$(head -c 600 "$f" | grep -a -m1 '^options ' | grep -o 'HEAD_DIM=[0-9]*')" \
         "$(tr -d '\000' < "$f" | grep -c 'ld\.local\|st\.local')" "$(tr -d '\000' < "$f" | grep -c 'wgmma.mma_async')"
     done 2>&1 | tee -a "$OUT/wgmma.log" ;;
