@@ -137,8 +137,9 @@ inline float exp2_ftz(float x)
 #ifndef WGMMA
 #define WGMMA 0
 #endif
-#if WGMMA && (DTYPE == 0 || WARPS != 4 || WSPLIT != 1 || D % 32 != 0 || MMA_TILE % 32 != 0)
-#error "WGMMA wants 16-bit tensors, 4 warps, WSPLIT 1, head_dim and tiles multiples of 32"
+#if WGMMA && (DTYPE == 0 || WARPS % 4 != 0 || WSPLIT != 1 || D % 32 != 0 || D > 128 || \
+              MMA_TILE % 32 != 0 || MMA_TILE > 128)
+#error "WGMMA wants 16-bit tensors, warpgroups, WSPLIT 1, head_dim and tiles 32, 64, 96 or 128"
 #endif
 #define DW (DP / WSPLIT)     /* a warp's columns */
 #define KW (DW / 8)          /* its n-tiles along head_dim */
@@ -899,9 +900,23 @@ inline void copy_tile_cm(__local float *tile, __global const elem *src, uint b, 
     __global const ushort *base = bits + at(b, rows, 0, heads, head, 0) + (ulong)r0 * stride;
     __local uint *words = (__local uint *)tile;
     const bool aligned = ((ulong)bits & 15u) == 0u;
+    const uint lid = get_local_id(0);
+#if LANES % DP == 0
+    /* A tile wholly before `end`: a lane's units are LANES / DP * 8 rows
+     * apart in the same columns, a pointer step each. */
+    if (aligned && r0 + TILE <= end) {
+        __global const ushort *p = base + (lid / DP * 8u + lid % 8u) * stride + lid / 8u % (DP / 8u) * 8u;
+        UNROLL
+        for (uint i = 0; i < TILE * DP / 8 / LANES; ++i)
+            copy16(words + (lid + i * LANES) * 4u, p + i * (LANES / DP * 8u) * stride, true);
+        return;
+    }
+#endif
     UNROLL
-    for (uint i = 0; i < TILE * DP / 8 / LANES; ++i) {
-        const uint u = get_local_id(0) + i * LANES;
+    for (uint i = 0; i < (TILE * DP / 8 + LANES - 1) / LANES; ++i) {
+        const uint u = lid + i * LANES;
+        if (TILE * DP / 8 % LANES != 0 && u >= TILE * DP / 8)
+            break;
         const uint j = u / DP * 8u + u % 8u, d = u / 8u % (DP / 8u) * 8u;
         copy_unit(words + u * 4u, base + j * stride + d, bits, r0 + j < end, aligned, d);
     }
@@ -961,64 +976,84 @@ inline void wg_hold_a(uint *a)
 #else
 #define WG_TYPES ".f32.f16.f16 "
 #endif
-#define WG_ACC "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}"
-#define WG_OPERANDS(c)                                                                        \
-    "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3]), "+f"(c[4]), "+f"(c[5]), "+f"(c[6]),      \
-        "+f"(c[7]), "+f"(c[8]), "+f"(c[9]), "+f"(c[10]), "+f"(c[11]), "+f"(c[12]),            \
-        "+f"(c[13]), "+f"(c[14]), "+f"(c[15])
+/* One wgmma.mma_async m64nNk16 a macro, N the tokens 32, 64, 96 or 128:
+ * WG_LIST_N is its text up to imm-trans-b (c's N / 2 accumulators, then
+ * the A fragment, scale-d and the descriptor), WG_C_N its accumulators as
+ * operands. */
+#define WG_LIST_32 "setp.ne.b32 p, %20, 0; wgmma.mma_async.sync.aligned.m64n32k16" WG_TYPES \
+    "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, " \
+    "{%16, %17, %18, %19}, %21, p, 1, 1, "
+#define WG_LIST_64 "setp.ne.b32 p, %36, 0; wgmma.mma_async.sync.aligned.m64n64k16" WG_TYPES \
+    "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, " \
+    "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, " \
+    "{%32, %33, %34, %35}, %37, p, 1, 1, "
+#define WG_LIST_96 "setp.ne.b32 p, %52, 0; wgmma.mma_async.sync.aligned.m64n96k16" WG_TYPES \
+    "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, " \
+    "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, " \
+    "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47}, " \
+    "{%48, %49, %50, %51}, %53, p, 1, 1, "
+#define WG_LIST_128 "setp.ne.b32 p, %68, 0; wgmma.mma_async.sync.aligned.m64n128k16" WG_TYPES \
+    "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, " \
+    "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, " \
+    "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, " \
+    "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, " \
+    "{%64, %65, %66, %67}, %69, p, 1, 1, "
+#define WG_F4(c, i) "+f"((c)[i]), "+f"((c)[(i) + 1]), "+f"((c)[(i) + 2]), "+f"((c)[(i) + 3])
+#define WG_F16(c, i) WG_F4(c, i), WG_F4(c, (i) + 4), WG_F4(c, (i) + 8), WG_F4(c, (i) + 12)
+#define WG_C_32(c) WG_F16(c, 0)
+#define WG_C_64(c) WG_F16(c, 0), WG_F16(c, 16)
+#define WG_C_96(c) WG_F16(c, 0), WG_F16(c, 16), WG_F16(c, 32)
+#define WG_C_128(c) WG_F16(c, 0), WG_F16(c, 16), WG_F16(c, 32), WG_F16(c, 48)
+#define WG_CAT_(x, y) x##y
+#define WG_CAT(x, y) WG_CAT_(x, y)
+/* c += A . B, B n columns (a literal) by a descriptor, transposed if t
+ * ("0" or "1"). */
+#define WG_MMA(n, t, c, a, desc)                                                              \
+    __asm__ __volatile__(SM90A "{ .reg .pred p; " WG_CAT(WG_LIST_, n) t "; }"                  \
+                         : WG_CAT(WG_C_, n)(c)                                                 \
+                         : "r"((a)[0]), "r"((a)[1]), "r"((a)[2]), "r"((a)[3]), "r"(1u),        \
+                           "l"(desc))
 
-/* c (this warp's 16 rows by the block's 32 columns, mma.sync's C layout a
- * block of 8) += A . K[keys n0..n0 + 31][columns k0..k0 + 15]^T, a the
- * warp's A fragment of 16 x 16. */
-inline void wg_keys(float *c, const uint *a, __local const float *tile, uint n0, uint k0,
+/* c (this warp's 16 rows by the tile's MMA_TILE keys, mma.sync's C layout
+ * a block of 8) += A . K[keys][columns k0..k0 + 15]^T, a the warp's A
+ * fragment of 16 x 16 (Q's). */
+inline void wg_keys(float *c, const uint *a, __local const float *tile, uint k0,
                     __local float *emu)
 {
     __local const ushort *x = (__local const ushort *)tile;
 #ifdef MMA_EMULATE
     const uint lane = get_local_id(0) & 31u, g = lane >> 2, t = lane & 3u;
-    for (uint n = 0; n < 4; ++n) {
+    for (uint n = 0; n < TILE / 8; ++n) {
         uint bx[2];
         for (uint i = 0; i < 2; ++i) {
-            const uint key = n0 + 8u * n + g, d = k0 + 2u * t + 8u * i;
+            const uint key = 8u * n + g, d = k0 + 2u * t + 8u * i;
             bx[i] = (uint)x[CM(key, d)] | (uint)x[CM(key, d + 1u)] << 16;
         }
         mma16(c + 4 * n, a, bx, emu);
     }
 #else
-    const ulong desc = wg_desc(x + CM(n0, k0), 128u, DP / 8u * 128u);
-    __asm__ __volatile__(SM90A "{ .reg .pred p; setp.ne.b32 p, %20, 0; "
-                               "wgmma.mma_async.sync.aligned.m64n32k16" WG_TYPES WG_ACC
-                               ", {%16, %17, %18, %19}, %21, p, 1, 1, 0; }"
-                         : WG_OPERANDS(c)
-                         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(1u), "l"(desc)
-                         : "memory");
+    WG_MMA(MMA_TILE, "0", c, a, wg_desc(x + CM(0u, k0), 128u, DP / 8u * 128u));
 #endif
 }
 
-/* c (as above) += P . V[keys k0..k0 + 15][columns n0..n0 + 31], P the
- * warp's A fragment of 16 x 16. */
-inline void wg_columns(float *c, const uint *a, __local const float *tile, uint k0, uint n0,
+/* acc (this warp's 16 rows by all DP columns) += P . V[keys k0..k0 + 15],
+ * P the warp's A fragment of 16 x 16. */
+inline void wg_columns(float *c, const uint *a, __local const float *tile, uint k0,
                        __local float *emu)
 {
     __local const ushort *x = (__local const ushort *)tile;
 #ifdef MMA_EMULATE
     const uint lane = get_local_id(0) & 31u, g = lane >> 2, t = lane & 3u;
-    for (uint n = 0; n < 4; ++n) {
+    for (uint n = 0; n < DP / 8; ++n) {
         uint bx[2];
         for (uint i = 0; i < 2; ++i) {
-            const uint key = k0 + 2u * t + 8u * i, d = n0 + 8u * n + g;
+            const uint key = k0 + 2u * t + 8u * i, d = 8u * n + g;
             bx[i] = (uint)x[CM(key, d)] | (uint)x[CM(key + 1u, d)] << 16;
         }
         mma16(c + 4 * n, a, bx, emu);
     }
 #else
-    const ulong desc = wg_desc(x + CM(k0, n0), DP / 8u * 128u, 128u);
-    __asm__ __volatile__(SM90A "{ .reg .pred p; setp.ne.b32 p, %20, 0; "
-                               "wgmma.mma_async.sync.aligned.m64n32k16" WG_TYPES WG_ACC
-                               ", {%16, %17, %18, %19}, %21, p, 1, 1, 1; }"
-                         : WG_OPERANDS(c)
-                         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(1u), "l"(desc)
-                         : "memory");
+    WG_MMA(HEAD_DIM, "1", c, a, wg_desc(x + CM(k0, 0u), DP / 8u * 128u, 128u));
 #endif
 }
 
@@ -1032,10 +1067,8 @@ inline void wg_scores(float *s, const uint *q, __local const float *kt, __local 
         wg_hold(s + n0 / 2);
     wg_fence();
     UNROLL
-    for (uint n0 = 0; n0 < TILE; n0 += 32)
-        UNROLL
-        for (uint ks = 0; ks < KS; ++ks)
-            wg_keys(s + n0 / 2, q + ks * 4, kt, n0, ks * 16, emu);
+    for (uint ks = 0; ks < KS; ++ks)
+        wg_keys(s, q + ks * 4, kt, ks * 16, emu);
     wg_commit_wait();
     UNROLL
     for (uint n0 = 0; n0 < TILE; n0 += 32)
@@ -1064,9 +1097,7 @@ inline void wg_times(float *acc, const float *p, __local const float *vt, __loca
     wg_fence();
     UNROLL
     for (uint kk = 0; kk < TILE / 16; ++kk)
-        UNROLL
-        for (uint n0 = 0; n0 < DP; n0 += 32)
-            wg_columns(acc + n0 / 2, a[kk], vt, kk * 16, n0, emu);
+        wg_columns(acc, a[kk], vt, kk * 16, emu);
     wg_commit_wait();
     UNROLL
     for (uint n0 = 0; n0 < DP; n0 += 32)

@@ -199,15 +199,15 @@ static const mma_class mma16_table[] = {
 };
 
 /* Whether kernel k runs on wgmma (mma.cl's WGMMA): asked for by
- * CLATTN_MMA_WGMMA=1, the forward of 16-bit tensors at a head_dim that is a
- * multiple of 32, one warpgroup (4 warps, WSPLIT 1) and tiles of 32 or 64,
- * on a GPU of compute capability 9 or emulated. */
+ * CLATTN_MMA_WGMMA=1, the forward of 16-bit tensors at a head_dim of 32,
+ * 64, 96 or 128, whole warpgroups (4 or 8 warps, WSPLIT 1) and tiles of 32 to 128
+ * keys in steps of 32, on a GPU of compute capability 9 or emulated. */
 static int mma_wgmma(int asked, int nv_major, int emulate, const mma_config *c,
                      uint32_t head_dim, clattn_dtype dtype, int k)
 {
     return asked && (nv_major >= 9 || emulate) && k == K_FORWARD && dtype != CLATTN_DTYPE_F32 &&
-           head_dim && head_dim % 32 == 0 && c->warps == 4 && c->wsplit == 1 &&
-           c->tile % 32 == 0;
+           head_dim && head_dim % 32 == 0 && head_dim <= 128 && c->warps % 4 == 0 && c->wsplit == 1 &&
+           c->tile % 32 == 0 && c->tile <= 128;
 }
 
 /* mma.cl's local buffer for a kernel at a head_dim under config c, in
