@@ -137,9 +137,9 @@ inline float exp2_ftz(float x)
 #ifndef WGMMA
 #define WGMMA 0
 #endif
-#if WGMMA && (DTYPE == 0 || WARPS % 4 != 0 || WSPLIT != 1 || D % 32 != 0 || D > 128 || \
+#if WGMMA && (DTYPE == 0 || WARPS % 4 != 0 || WSPLIT != 1 || (D != 64 && D != 128) || \
               MMA_TILE % 32 != 0 || MMA_TILE > 128)
-#error "WGMMA wants 16-bit tensors, warpgroups, WSPLIT 1, head_dim and tiles 32, 64, 96 or 128"
+#error "WGMMA wants 16-bit tensors, warpgroups, WSPLIT 1, head_dim 64 or 128, tiles 32 to 128"
 #endif
 #define DW (DP / WSPLIT)     /* a warp's columns */
 #define KW (DW / 8)          /* its n-tiles along head_dim */
@@ -156,7 +156,11 @@ inline float exp2_ftz(float x)
 typedef float frag;          /* an A register: one fp32 element */
 typedef float chunk;         /* what a lane fetches at once, a tile ahead */
 #else
+#if WGMMA
+#define RW (DP / 2)          /* words per row of a tile (swizzled, not padded) */
+#else
 #define RW (DP / 2 + 4)      /* words per row of a tile (padded: 32 banks, 16-byte rows) */
+#endif
 #define ROW_TILE (TILE * RW)
 #if HEAD_DIM % 8 == 0
 #define UNIT 8               /* elements a lane copies at once: 16 bytes */
@@ -235,8 +239,8 @@ inline bool all_visible(long q_first, long q_last, long k_first, long k_last, in
  * 255 in the d64 forward, by ptxas). */
 inline __local float *tile_base(__local float *p)
 {
-#if WGMMA /* tiles of core matrices: 128-byte aligned (src/opencl.c gives 32 floats more) */
-    return p + ((128u - ((uint)(ulong)p & 127u)) & 127u) / 4u;
+#if WGMMA /* swizzled tiles start at a 1024-byte boundary (src/opencl.c gives 256 floats more) */
+    return p + ((1024u - ((uint)(ulong)(p + TILES_AT) & 1023u)) & 1023u) / 4u;
 #elif DTYPE != 0
     return p + ((16u - ((uint)(ulong)p & 15u)) & 15u) / 4u;
 #else
@@ -874,59 +878,64 @@ inline void tile_times(float *acc, const float *p, __local const float *x, uint 
  * sm_90a instruction is inline PTX inside a comment that starts with
  * SM90A, and src/opencl.c builds the program's PTX again with the target
  * sm_90a and the markers taken out (tests/sm90a_probe.c checks the route).
- * A work-group is one warpgroup (4 warps, 64 query rows); each product is
- * wgmma m64n32k16 with A from registers (Q's fragments, P's packed, as
- * mma.sync takes them: warp w holds rows 16w..16w+15) and B from a tile by
- * a matrix descriptor, no swizzle. Tiles are core matrices (8 rows by 16
- * bytes, 128 bytes together): element (row j, column d) at CM(j, d)
- * halves; S = Q K^T reads K's tile as it is (the descriptor's leading
- * offset the step between 8-column chunks, its stride offset the step
- * between 8-row groups), O += P V reads V's transposed (the offsets the
- * other way round), as tried on the H200 (README, "wgmma from OpenCL
- * C"). The accumulators come back in mma.sync's C layout, so the softmax
- * is the same code. */
+ * A work-group is one or two warpgroups (64 query rows each); a product is
+ * one wgmma m64nNk16 a k-step (N the tile's keys for S = Q K^T, head_dim
+ * for O += P V) with A from registers (Q's fragments, P's packed, as
+ * mma.sync takes them: warp w of a warpgroup holds its rows 16w..16w+15)
+ * and B from a tile by a matrix descriptor. The accumulators come back in
+ * mma.sync's C layout, so the softmax is the same code.
+ *
+ * Tiles are in the 128-byte swizzle: per 64 columns (an atom column, TILE
+ * rows of 128 bytes), row j's 16-byte chunk c lands at chunk c ^ (j % 8).
+ * A copy's 8 lanes of a phase then read one row's 128 contiguous bytes
+ * and write one 128-byte row of banks; the tiles of core matrices (no
+ * swizzle) this replaces had a phase read 8 rows and ran 0.6x as fast as
+ * mma.sync's kernels, copies alone (without any product) as slow as the
+ * whole (H200, bf16, 2026-12-01: d64 32 heads on 8 forward, copies and
+ * softmax only 150 TFLOP/s, the same with mma.sync's padded rows 355).
+ * S reads K's tile K-major (stride offset 1024: 8 rows; the leading offset
+ * unused), P V reads V's MN-major (imm-trans-b 1; leading offset the step
+ * between atom columns, stride offset 1024), both from one layout; atoms
+ * start at 1024-byte boundaries. */
 #define SM90A "// SM90A "
-#define CM(j, d) ((((j) / 8u) * (DP / 8u) + (d) / 8u) * 64u + ((j) % 8u) * 8u + (d) % 8u)
+#define SW(j, d) ((d) / 64u * (TILE * 64u) + (j) * 64u + ((((d) % 64u) / 8u) ^ ((j) % 8u)) * 8u + (d) % 8u)
 
-/* Rows [r0, r0 + TILE) of a [batch][rows][heads][D] tensor into a tile of
- * core matrices, zeros past `end`: unit u (16 bytes, 8 columns of one row)
- * lands at byte 16 u, row u / DP * 8 + u % 8 and columns 8 (u / 8 % (DP /
- * 8)), so that a warp's 32 units are 8 rows by 64 bytes of the tensor. */
-inline void copy_tile_cm(__local float *tile, __global const elem *src, uint b, uint rows,
+/* Rows [r0, r0 + TILE) of a [batch][rows][heads][D] tensor into a
+ * swizzled tile, zeros past `end`: unit u (16 bytes, 8 columns of one row)
+ * is row u / (DP / 8), columns (u % (DP / 8)) 8, as the tensor lies. */
+inline void copy_tile_sw(__local float *tile, __global const elem *src, uint b, uint rows,
                          uint r0, uint end, uint heads, uint head)
 {
     __global const ushort *bits = (__global const ushort *)src;
     const uint stride = heads * D;
     __global const ushort *base = bits + at(b, rows, 0, heads, head, 0) + (ulong)r0 * stride;
-    __local uint *words = (__local uint *)tile;
+    __local ushort *halves = (__local ushort *)tile;
     const bool aligned = ((ulong)bits & 15u) == 0u;
-    const uint lid = get_local_id(0);
-#if LANES % DP == 0
-    /* A tile wholly before `end`: a lane's units are LANES / DP * 8 rows
-     * apart in the same columns, a pointer step each. */
+    const uint lid = get_local_id(0), step = LANES / (DP / 8u); /* rows a pass */
     if (aligned && r0 + TILE <= end) {
-        __global const ushort *p = base + (lid / DP * 8u + lid % 8u) * stride + lid / 8u % (DP / 8u) * 8u;
+        /* a whole tile: a lane's units are `step` rows apart (a multiple
+         * of 8: the same swizzle), a pointer step each */
+        const uint j = lid / (DP / 8u), d = lid % (DP / 8u) * 8u;
+        __global const ushort *p = base + j * stride + d;
+        __local ushort *to = halves + SW(j, d);
         UNROLL
-        for (uint i = 0; i < TILE * DP / 8 / LANES; ++i)
-            copy16(words + (lid + i * LANES) * 4u, p + i * (LANES / DP * 8u) * stride, true);
+        for (uint i = 0; i < TILE / step; ++i)
+            copy16((__local uint *)(to + i * step * 64u), p + i * step * stride, true);
         return;
     }
-#endif
     UNROLL
-    for (uint i = 0; i < (TILE * DP / 8 + LANES - 1) / LANES; ++i) {
-        const uint u = lid + i * LANES;
-        if (TILE * DP / 8 % LANES != 0 && u >= TILE * DP / 8)
-            break;
-        const uint j = u / DP * 8u + u % 8u, d = u / 8u % (DP / 8u) * 8u;
-        copy_unit(words + u * 4u, base + j * stride + d, bits, r0 + j < end, aligned, d);
+    for (uint i = 0; i < TILE / step; ++i) {
+        const uint j = lid / (DP / 8u) + i * step, d = lid % (DP / 8u) * 8u;
+        copy_unit((__local uint *)(halves + SW(j, d)), base + j * stride + d, bits, r0 + j < end,
+                  aligned, d);
     }
 }
 
-/* Descriptor of a no-swizzle operand at `x`, offsets in bytes. */
+/* Descriptor of a 128-byte-swizzled operand at `x`, offsets in bytes. */
 inline ulong wg_desc(__local const ushort *x, uint lead, uint stride)
 {
     return ((ulong)(((uint)(ulong)x & 0x3ffffu) >> 4)) | (ulong)(lead >> 4) << 16 |
-           (ulong)(stride >> 4) << 32;
+           (ulong)(stride >> 4) << 32 | 1ul << 62;
 }
 
 inline void wg_fence(void)
@@ -1027,12 +1036,12 @@ inline void wg_keys(float *c, const uint *a, __local const float *tile, uint k0,
         uint bx[2];
         for (uint i = 0; i < 2; ++i) {
             const uint key = 8u * n + g, d = k0 + 2u * t + 8u * i;
-            bx[i] = (uint)x[CM(key, d)] | (uint)x[CM(key, d + 1u)] << 16;
+            bx[i] = (uint)x[SW(key, d)] | (uint)x[SW(key, d + 1u)] << 16;
         }
         mma16(c + 4 * n, a, bx, emu);
     }
 #else
-    WG_MMA(MMA_TILE, "0", c, a, wg_desc(x + CM(0u, k0), 128u, DP / 8u * 128u));
+    WG_MMA(MMA_TILE, "0", c, a, wg_desc(x + SW(0u, k0), 16u, 1024u));
 #endif
 }
 
@@ -1048,12 +1057,12 @@ inline void wg_columns(float *c, const uint *a, __local const float *tile, uint 
         uint bx[2];
         for (uint i = 0; i < 2; ++i) {
             const uint key = k0 + 2u * t + 8u * i, d = 8u * n + g;
-            bx[i] = (uint)x[CM(key, d)] | (uint)x[CM(key + 1u, d)] << 16;
+            bx[i] = (uint)x[SW(key, d)] | (uint)x[SW(key + 1u, d)] << 16;
         }
         mma16(c + 4 * n, a, bx, emu);
     }
 #else
-    WG_MMA(HEAD_DIM, "1", c, a, wg_desc(x + CM(k0, 0u), DP / 8u * 128u, 128u));
+    WG_MMA(HEAD_DIM, "1", c, a, wg_desc(x + SW(k0, 0u), TILE * 128u, 1024u));
 #endif
 }
 
@@ -1256,7 +1265,7 @@ inline void add_dq(__global float *dq32, __local const float *ds, __local const 
 /* ---- forward --------------------------------------------------------- */
 
 #if WGMMA
-#define COPY_KV copy_tile_cm
+#define COPY_KV copy_tile_sw
 #else
 #define COPY_KV copy_tile
 #endif

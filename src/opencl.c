@@ -199,14 +199,15 @@ static const mma_class mma16_table[] = {
 };
 
 /* Whether kernel k runs on wgmma (mma.cl's WGMMA): asked for by
- * CLATTN_MMA_WGMMA=1, the forward of 16-bit tensors at a head_dim of 32,
- * 64, 96 or 128, whole warpgroups (4 or 8 warps, WSPLIT 1) and tiles of 32 to 128
- * keys in steps of 32, on a GPU of compute capability 9 or emulated. */
+ * CLATTN_MMA_WGMMA=1, the forward of 16-bit tensors at head_dim 64 or 128
+ * (the 128-byte swizzle's 64 columns), whole warpgroups (4 or 8 warps,
+ * WSPLIT 1) and tiles of 32 to 128 keys in steps of 32, on a GPU of
+ * compute capability 9 or emulated. */
 static int mma_wgmma(int asked, int nv_major, int emulate, const mma_config *c,
                      uint32_t head_dim, clattn_dtype dtype, int k)
 {
     return asked && (nv_major >= 9 || emulate) && k == K_FORWARD && dtype != CLATTN_DTYPE_F32 &&
-           head_dim && head_dim % 32 == 0 && head_dim <= 128 && c->warps % 4 == 0 && c->wsplit == 1 &&
+           (head_dim == 64 || head_dim == 128) && c->warps % 4 == 0 && c->wsplit == 1 &&
            c->tile % 32 == 0 && c->tile <= 128;
 }
 
@@ -745,10 +746,10 @@ static size_t local_bytes(const struct clattn_cl_state *cl, const kernel_set *se
         return sizeof(float); /* unused */
     if (set->kind[k] == KIND_MMA) {
         const mma_config *c = mma_config_for(cl, head_dim, set->dtype, k);
-        /* wgmma's tiles start at a 128-byte boundary: up to 31 floats more */
+        /* wgmma's tiles start at a 1024-byte boundary: up to 255 floats more */
         const size_t align =
             mma_wgmma(cl->wgmma, cl->nv_major, cl->mma_emulate, c, head_dim, set->dtype, k)
-                ? 32
+                ? 256
                 : 0;
         return (mma_local_floats(c, head_dim, cl->mma_emulate, set->dtype, k) + align) *
                sizeof(float);
