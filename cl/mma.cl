@@ -684,7 +684,8 @@ inline __local float *other_rows(__local float *tiles, __local float *rows)
  * 236-241 -> 219-225. */
 /* One unit of a row (elements d.. of it at p) to local words `to`; zeros
  * where `in` is false (p is then not read: bits, the tensor's start, is
- * the valid address cp.async is given instead). */
+ * the valid address cp.async is given instead). copy_tile's and
+ * copy_tile_sw's. */
 inline void copy_unit(__local uint *to, __global const ushort *p, __global const ushort *bits,
                       bool in, bool aligned, uint d)
 {
