@@ -1144,6 +1144,41 @@ static clattn_context *emulated_mma_context(void)
     return ctx;
 }
 
+/* mma's wgmma kernels (CLATTN_MMA_WGMMA=1: the 16-bit kernels at head_dim
+ * 64 and 128 that src/opencl.c's mma_wgmma names), run where that
+ * variable asks for them: both dtypes, GQA, the causal mask with a window,
+ * key tiles cut short by kv_seq. On an NVIDIA GPU of compute capability 9
+ * they run on wgmma; emulated, as mma.sync products reading the same
+ * swizzled tiles. The other sweeps reach them only at head_dim 64, in
+ * bfloat16. */
+static const shape_case wgmma_cases[] = {
+    {1, 150, 150, 4, 2, 128, 1, 48, 0, 1},
+    {2, 70, 130, 2, 1, 64, 0, 0, 0, 1},
+};
+START_TEST(wgmma_sweep)
+{
+    const clattn_dtype dtypes[] = {CLATTN_DTYPE_BF16, CLATTN_DTYPE_F16};
+    for (int d = 0; d < 2; ++d) {
+        if (dtypes[d] == CLATTN_DTYPE_F16 && !HAVE_F16) {
+            printf("f16 cases not run: this compiler has no _Float16\n");
+            continue;
+        }
+        clattn_shape s = to_shape(&wgmma_cases[_i]);
+        s.dtype = dtypes[d];
+        clattn_context *ctx = emulated_mma_context();
+        current_variant = "mma";
+        check_ops_16(ctx, &s, wgmma_cases[_i].q_gain, 5000u + (uint64_t)_i);
+        clattn_context_destroy(ctx);
+    }
+}
+END_TEST
+
+static int wgmma_asked(void)
+{
+    const char *w = getenv("CLATTN_MMA_WGMMA");
+    return w && !strcmp(w, "1");
+}
+
 /* The same on mma's 16-bit kernels, emulated: tensors that start off a
  * 16-byte boundary take their element-wise loads, not the 16-byte ones. */
 START_TEST(emulated_16_buffers)
@@ -1209,6 +1244,8 @@ Suite *emulated_suite(void)
     tcase_set_timeout(tc, 900);
     tcase_add_loop_test(tc, emulated_16, 0, N(dtype_cases));
     tcase_add_test(tc, emulated_16_buffers);
+    if (wgmma_asked())
+        tcase_add_loop_test(tc, wgmma_sweep, 0, N(wgmma_cases));
     suite_add_tcase(s, tc);
     /* Global positions and accumulated gradients, at head_dim 64: one
      * offsets case and one split sequence. */
@@ -1250,6 +1287,8 @@ Suite *kernels_suite(void)
     tcase_add_loop_test(tc, offset_sweep, 0, N(offsets));
     tcase_add_loop_test(tc, split_sweep_offsets, 0, N(splits));
     tcase_add_test(tc, dtype_buffers);
+    if (wgmma_asked() && test_backend_kind() == CLATTN_BACKEND_OPENCL_GPU)
+        tcase_add_loop_test(tc, wgmma_sweep, 0, N(wgmma_cases));
     tcase_add_test(tc, one_context_many_calls);
     tcase_add_test(tc, named_variant);
     tcase_add_test(tc, caller_buffers);
