@@ -23,7 +23,8 @@
 #            "forward backward"), interleaved, AB_ROUNDS rounds, the old build from
 #            AB_OLD as for ab
 #   wgmma    the 16-bit forward with CLATTN_MMA_WGMMA=0 and 1 interleaved (AB_ROUNDS rounds,
-#            bf16, d64 and d128 shapes), then the GPU mma kernels suite with it on, and
+#            bf16, d64 and d128 shapes; WGMMA_OPS: the ops, default forward), then the GPU
+#            mma kernels suite with it on, and
 #            the wgmma program's PTX scanned for local loads and stores (accumulators
 #            spilled around a wgmma would be read before its wait) and kept in $OUT;
 #            WGMMA_SUITE_S: the suite's time limit (default 400; 0 leaves it out)
@@ -177,17 +178,21 @@ for stage in "$@"; do
     for entry in "64:--q-seq 4096 --heads 8 --causal" "64:--q-seq 4096 --heads 32 --kv-heads 8" \
                  "128:--q-seq 4096 --heads 32 --kv-heads 8 --causal" \
                  "128:--q-seq 4096 --heads 32 --kv-heads 8"; do
-      line="d${entry%%:*} forward ${entry#*:}:"
-      for r in $(seq "${AB_ROUNDS:-2}"); do
-        for w in 0 1; do
-          line="$line w$w=$(CLATTN_MMA_WGMMA=$w timeout 120 $cli bench --op forward --head-dim "${entry%%:*}" \
-            ${entry#*:} --variant mma --reps 5 --dtype bf16 2>&1 | awk '$1 == "mma" {print $3, $4}')"
+      for op in ${WGMMA_OPS:-forward}; do
+        line="d${entry%%:*} $op ${entry#*:}:"
+        for r in $(seq "${AB_ROUNDS:-2}"); do
+          for w in 0 1; do
+            line="$line w$w=$(CLATTN_MMA_WGMMA=$w timeout 120 $cli bench --op $op --head-dim "${entry%%:*}" \
+              ${entry#*:} --variant mma --reps 5 --dtype bf16 2>&1 | awk '$1 == "mma" {print $3, $4}')"
+          done
         done
+        echo "$line"
       done
-      echo "$line"
     done 2>&1 | tee "$OUT/wgmma.log"
     if [ "${WGMMA_SUITE_S:-400}" -gt 0 ]; then
-      CLATTN_MMA_WGMMA=1 CLATTN_TEST_VARIANT=mma timeout "${WGMMA_SUITE_S:-400}" build-dev/tests/clattn_tests \
+      # the log file gets each test's result as it ends (a suite cut off still tells)
+      CK_LOG_FILE_NAME="$OUT/kernels-wgmma-tests.log" CLATTN_MMA_WGMMA=1 CLATTN_TEST_VARIANT=mma \
+        timeout "${WGMMA_SUITE_S:-400}" build-dev/tests/clattn_tests \
         --suite kernels --backend opencl-gpu 2>&1 | grep -v 'warning generated' > "$OUT/kernels-wgmma.log"
       tail -n 3 "$OUT/kernels-wgmma.log"
     fi
