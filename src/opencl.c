@@ -10,6 +10,7 @@
 #include "clattn_kernels.h"
 #include "internal.h"
 #include "program_cache.h"
+#include "sm90a.h"
 
 #ifndef CL_PLATFORM_NOT_FOUND_KHR
 #define CL_PLATFORM_NOT_FOUND_KHR -1001
@@ -645,48 +646,24 @@ static clattn_status compile(struct clattn_cl_state *cl, const cl_variant *v, co
     return st;
 }
 
-/* s with every `from` replaced by `to`, in new memory (NULL when out of
- * it). */
-static char *replace_all(const char *s, const char *from, const char *to)
-{
-    const size_t lf = strlen(from), lt = strlen(to);
-    size_t n = 0;
-    for (const char *p = strstr(s, from); p; p = strstr(p + lf, from))
-        ++n;
-    char *out = malloc(strlen(s) + n * lt + 1);
-    if (!out)
-        return NULL;
-    char *o = out;
-    const char *p = s, *q;
-    while ((q = strstr(p, from))) {
-        memcpy(o, p, (size_t)(q - p));
-        o += q - p;
-        memcpy(o, to, lt);
-        o += lt;
-        p = q + lf;
-    }
-    strcpy(o, p);
-    return out;
-}
-
 /* mma.cl's WGMMA programs: NVIDIA's OpenCL compiles them for sm_90 with
  * their sm_90a instructions in comments marked SM90A; *program is replaced
- * by the same PTX built for sm_90a with the markers taken out
- * (tests/sm90a_probe.c tries the route). */
+ * by the same PTX built for sm_90a with the markers taken out (src/sm90a.c;
+ * tests/sm90a_probe.c tries the route). */
 static clattn_status retarget_sm90a(struct clattn_cl_state *cl, cl_program *program)
 {
     size_t size = 0;
-    char *ptx = NULL, *target = NULL, *opened = NULL;
+    char *ptx = NULL, *opened = NULL;
     cl_int err = clGetProgramInfo(*program, CL_PROGRAM_BINARY_SIZES, sizeof size, &size, NULL);
     if (err == CL_SUCCESS && (!size || !(ptx = calloc(size + 1, 1))))
         err = CL_OUT_OF_HOST_MEMORY;
     if (err == CL_SUCCESS)
         err = clGetProgramInfo(*program, CL_PROGRAM_BINARIES, sizeof ptx, &ptx, NULL);
     clattn_status st = err == CL_SUCCESS ? CLATTN_OK : cl_fail(err, "clGetProgramInfo(PTX)");
-    if (st == CLATTN_OK && !strstr(ptx, ".target sm_90,"))
+    const int made = st == CLATTN_OK ? clattn_sm90a_ptx(ptx, &opened) : CLATTN_SM90A_OK;
+    if (made == CLATTN_SM90A_NOT_SM90)
         st = clattn_fail(CLATTN_ERROR_BUILD_FAILED, "wgmma: the program's PTX is not for sm_90");
-    if (st == CLATTN_OK && (!(target = replace_all(ptx, ".target sm_90,", ".target sm_90a,")) ||
-                            !(opened = replace_all(target, "// SM90A ", ""))))
+    else if (made == CLATTN_SM90A_NO_MEMORY)
         st = clattn_fail(CLATTN_ERROR_OUT_OF_MEMORY, "out of host memory");
     if (st == CLATTN_OK) {
         const size_t len = strlen(opened) + 1;
@@ -706,7 +683,6 @@ static clattn_status retarget_sm90a(struct clattn_cl_state *cl, cl_program *prog
         }
     }
     free(ptx);
-    free(target);
     free(opened);
     return st;
 }

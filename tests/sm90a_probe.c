@@ -7,8 +7,8 @@
  * inside a comment that starts with the marker below, so that the source
  * builds for sm_90 with the operands (registers) filled in by the
  * compiler; the program's binary (its PTX) is then patched - target
- * sm_90a, markers removed - and built again with
- * clCreateProgramWithBinary. The kernel computes one m64n8k16 product
+ * sm_90a, markers removed, by src/sm90a.c as the library does - and built
+ * again with clCreateProgramWithBinary. The kernel computes one m64n8k16 product
  * (bf16 operands, float32 accumulators; A from registers in mma.sync's
  * m16n8k16 layout, warp w holding rows 16w..16w+15; B from local memory
  * through a matrix descriptor, no swizzle: two 8 x 8 core matrices along
@@ -26,7 +26,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define MARK "// SM90A "
+#include "sm90a.h" /* the library's own patch of the PTX (src/sm90a.c) */
+
+#define MARK CLATTN_SM90A_MARK
 
 static const char kernel_source[] =
     "inline uint bf16_bits(float x) { return as_uint(x) >> 16; } /* exact for small ints */\n"
@@ -61,29 +63,6 @@ static const char kernel_source[] =
     "    for (uint i = 0; i < 4; ++i)\n"
     "        d[(16u * w + g + (i >> 1) * 8u) * 8u + 2u * t + (i & 1u)] = c[i];\n"
     "}\n";
-
-/* s with every `from` replaced by `to`, in new memory (NULL if none). */
-static char *replace_all(const char *s, const char *from, const char *to)
-{
-    const size_t lf = strlen(from), lt = strlen(to);
-    size_t n = 0;
-    for (const char *p = strstr(s, from); p; p = strstr(p + lf, from))
-        ++n;
-    char *out = malloc(strlen(s) + n * lt + 1);
-    if (!out)
-        return NULL;
-    char *o = out;
-    const char *p = s, *q;
-    while ((q = strstr(p, from))) {
-        memcpy(o, p, (size_t)(q - p));
-        o += q - p;
-        memcpy(o, to, lt);
-        o += lt;
-        p = q + lf;
-    }
-    strcpy(o, p);
-    return out;
-}
 
 /* The first NVIDIA GPU of compute capability 9 or more, or 0. */
 static cl_device_id hopper(void)
@@ -120,18 +99,16 @@ static int build_sm90a(cl_context ctx, cl_device_id dev, cl_program *out)
         return 0;
     }
     size_t size = 0;
-    char *ptx = NULL, *retargeted = NULL, *opened = NULL;
+    char *ptx = NULL, *opened = NULL;
     int ok = clGetProgramInfo(first, CL_PROGRAM_BINARY_SIZES, sizeof size, &size, NULL) ==
                  CL_SUCCESS &&
              size && (ptx = calloc(size + 1, 1)) != NULL &&
              clGetProgramInfo(first, CL_PROGRAM_BINARIES, sizeof ptx, &ptx, NULL) == CL_SUCCESS;
     clReleaseProgram(first);
-    if (ok && !strstr(ptx, ".target sm_90,")) {
+    const int made = ok ? clattn_sm90a_ptx(ptx, &opened) : CLATTN_SM90A_OK;
+    if (made == CLATTN_SM90A_NOT_SM90)
         printf("the PTX names no '.target sm_90,'\n");
-        ok = 0;
-    }
-    ok = ok && (retargeted = replace_all(ptx, ".target sm_90,", ".target sm_90a,")) &&
-         (opened = replace_all(retargeted, MARK, ""));
+    ok = ok && made == CLATTN_SM90A_OK;
     if (ok) {
         const size_t len = strlen(opened) + 1;
         const unsigned char *bin = (const unsigned char *)opened;
@@ -147,7 +124,6 @@ static int build_sm90a(cl_context ctx, cl_device_id dev, cl_program *out)
         }
     }
     free(ptx);
-    free(retargeted);
     free(opened);
     return ok;
 }
