@@ -898,7 +898,7 @@ inline void tile_times(float *acc, const float *p, __local const float *x, uint 
  * unused), P V reads V's MN-major (imm-trans-b 1; leading offset the step
  * between atom columns, stride offset 1024), both from one layout; atoms
  * start at 1024-byte boundaries. */
-#define SM90A "// SM90A "
+#define SM90A "// SM90A " /* src/sm90a.h's CLATTN_SM90A_MARK */
 #define SW(j, d) ((d) / 64u * (TILE * 64u) + (j) * 64u + ((((d) % 64u) / 8u) ^ ((j) % 8u)) * 8u + (d) % 8u)
 
 /* Rows [r0, r0 + TILE) of a [batch][rows][heads][D] tensor into a
@@ -1024,6 +1024,27 @@ inline void wg_hold_a(uint *a)
                          : "r"((a)[0]), "r"((a)[1]), "r"((a)[2]), "r"((a)[3]), "r"(1u),        \
                            "l"(desc))
 
+#ifdef MMA_EMULATE
+/* A wgmma emulated as mma.sync products: c += A . B over `blocks` blocks of
+ * 8 columns, B's element (k, n) (k from k0) at a swizzled tile's row n,
+ * column k, or with `trans` (imm-trans-b 1) at row k, column n. */
+inline void wg_emulated(float *c, const uint *a, __local const ushort *x, uint blocks, uint k0,
+                        bool trans, __local float *emu)
+{
+    const uint lane = get_local_id(0) & 31u, g = lane >> 2, t = lane & 3u;
+    for (uint n = 0; n < blocks; ++n) {
+        uint bx[2];
+        for (uint i = 0; i < 2; ++i) {
+            const uint k = k0 + 2u * t + 8u * i, col = 8u * n + g;
+            const uint lo = trans ? SW(k, col) : SW(col, k);
+            const uint hi = trans ? SW(k + 1u, col) : SW(col, k + 1u);
+            bx[i] = (uint)x[lo] | (uint)x[hi] << 16;
+        }
+        mma16(c + 4 * n, a, bx, emu);
+    }
+}
+#endif
+
 /* c (this warp's 16 rows by the tile's MMA_TILE keys, mma.sync's C layout
  * a block of 8) += A . K[keys][columns k0..k0 + 15]^T, a the warp's A
  * fragment of 16 x 16 (Q's). */
@@ -1032,15 +1053,7 @@ inline void wg_keys(float *c, const uint *a, __local const float *tile, uint k0,
 {
     __local const ushort *x = (__local const ushort *)tile;
 #ifdef MMA_EMULATE
-    const uint lane = get_local_id(0) & 31u, g = lane >> 2, t = lane & 3u;
-    for (uint n = 0; n < TILE / 8; ++n) {
-        uint bx[2];
-        for (uint i = 0; i < 2; ++i) {
-            const uint key = 8u * n + g, d = k0 + 2u * t + 8u * i;
-            bx[i] = (uint)x[SW(key, d)] | (uint)x[SW(key, d + 1u)] << 16;
-        }
-        mma16(c + 4 * n, a, bx, emu);
-    }
+    wg_emulated(c, a, x, TILE / 8, k0, false, emu);
 #else
     WG_MMA(MMA_TILE, "0", c, a, wg_desc(x + SW(0u, k0), 16u, 1024u));
 #endif
@@ -1053,15 +1066,7 @@ inline void wg_columns(float *c, const uint *a, __local const float *tile, uint 
 {
     __local const ushort *x = (__local const ushort *)tile;
 #ifdef MMA_EMULATE
-    const uint lane = get_local_id(0) & 31u, g = lane >> 2, t = lane & 3u;
-    for (uint n = 0; n < DP / 8; ++n) {
-        uint bx[2];
-        for (uint i = 0; i < 2; ++i) {
-            const uint key = k0 + 2u * t + 8u * i, d = 8u * n + g;
-            bx[i] = (uint)x[SW(key, d)] | (uint)x[SW(key + 1u, d)] << 16;
-        }
-        mma16(c + 4 * n, a, bx, emu);
-    }
+    wg_emulated(c, a, x, DP / 8, k0, true, emu);
 #else
     WG_MMA(HEAD_DIM, "1", c, a, wg_desc(x + SW(k0, 0u), TILE * 128u, 1024u));
 #endif
