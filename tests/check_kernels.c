@@ -1283,12 +1283,8 @@ Suite *kernels_suite(void)
     tcase_add_loop_test(tc, large_logits, 0, N(large));
     tcase_add_loop_test(tc, caller_scale, 0, N(scales));
     tcase_add_loop_test(tc, seed_uniform_block, 0, N(seed_blocks));
-    tcase_add_loop_test(tc, dtype_sweep, 0, N(dtype_cases));
     tcase_add_loop_test(tc, offset_sweep, 0, N(offsets));
     tcase_add_loop_test(tc, split_sweep_offsets, 0, N(splits));
-    tcase_add_test(tc, dtype_buffers);
-    if (wgmma_asked() && test_backend_kind() == CLATTN_BACKEND_OPENCL_GPU)
-        tcase_add_loop_test(tc, wgmma_sweep, 0, N(wgmma_cases));
     tcase_add_test(tc, one_context_many_calls);
     tcase_add_test(tc, named_variant);
     tcase_add_test(tc, caller_buffers);
@@ -1296,6 +1292,15 @@ Suite *kernels_suite(void)
     tcase_add_test(tc, device_faults);
     tcase_add_test(tc, program_cache);
     add_training_tests(tc);
+    suite_add_tcase(s, tc);
+    /* The 16-bit tensors apart (CK_RUN_CASE=grad_v-16): what
+     * CLATTN_MMA_WGMMA changes, to be run alone under it. */
+    tc = tcase_create("grad_v-16");
+    tcase_set_timeout(tc, 600);
+    tcase_add_loop_test(tc, dtype_sweep, 0, N(dtype_cases));
+    tcase_add_test(tc, dtype_buffers);
+    if (wgmma_asked() && test_backend_kind() == CLATTN_BACKEND_OPENCL_GPU)
+        tcase_add_loop_test(tc, wgmma_sweep, 0, N(wgmma_cases));
     suite_add_tcase(s, tc);
     return s;
 }

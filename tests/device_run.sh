@@ -24,7 +24,8 @@
 #            AB_OLD as for ab
 #   wgmma    the 16-bit forward with CLATTN_MMA_WGMMA=0 and 1 interleaved (AB_ROUNDS rounds,
 #            bf16, d64 and d128 shapes; WGMMA_OPS: the ops, default forward), then the GPU
-#            mma kernels suite with it on, and
+#            mma kernels suite's 16-bit tests (CK_RUN_CASE=grad_v-16) and the train
+#            suite with it on, and
 #            the wgmma program's PTX scanned for local loads and stores (accumulators
 #            spilled around a wgmma would be read before its wait) and kept in $OUT;
 #            WGMMA_SUITE_S: the suite's time limit (default 400; 0 leaves it out)
@@ -191,10 +192,14 @@ for stage in "$@"; do
     done 2>&1 | tee "$OUT/wgmma.log"
     if [ "${WGMMA_SUITE_S:-400}" -gt 0 ]; then
       # the log file gets each test's result as it ends (a suite cut off still tells)
+      # its 16-bit tests (the float32 kernels do not change with it), then
+      # the bf16 training run
       CK_LOG_FILE_NAME="$OUT/kernels-wgmma-tests.log" CLATTN_MMA_WGMMA=1 CLATTN_TEST_VARIANT=mma \
-        timeout "${WGMMA_SUITE_S:-400}" build-dev/tests/clattn_tests \
+        CK_RUN_CASE=grad_v-16 timeout "${WGMMA_SUITE_S:-400}" build-dev/tests/clattn_tests \
         --suite kernels --backend opencl-gpu 2>&1 | grep -v 'warning generated' > "$OUT/kernels-wgmma.log"
-      tail -n 3 "$OUT/kernels-wgmma.log"
+      CLATTN_MMA_WGMMA=1 timeout 120 build-dev/tests/clattn_tests --suite train --backend opencl-gpu \
+        2>&1 | grep -v 'warning generated' >> "$OUT/kernels-wgmma.log"
+      grep -a '^[0-9]*%' "$OUT/kernels-wgmma.log"
     fi
     for f in "$CLATTN_CACHE_DIR"/*.bin; do
       head -c 600 "$f" | grep -aq 'WGMMA=1' || continue
