@@ -879,6 +879,7 @@ inline void tile_times(float *acc, const float *p, __local const float *x, uint 
  * sm_90a instruction is inline PTX inside a comment that starts with
  * SM90A, and src/opencl.c builds the program's PTX again with the target
  * sm_90a and the markers taken out (tests/sm90a_probe.c checks the route).
+ * The forward and grad-Q (dP = dO V^T beside S, dQ += dS K as O += P V).
  * A work-group is one or two warpgroups (64 query rows each); a product is
  * one wgmma m64nNk16 a k-step (N the tile's keys for S = Q K^T, head_dim
  * for O += P V) with A from registers (Q's fragments, P's packed, as
@@ -1073,21 +1074,43 @@ inline void wg_columns(float *c, const uint *a, __local const float *tile, uint 
 }
 
 /* The warp's 16 x TILE block of Q K^T into s, Q the warp's KS A fragments
- * and K a tile of core matrices. */
-inline void wg_scores(float *s, const uint *q, __local const float *kt, __local float *emu)
+ * and K a swizzled tile; and where dp is given, dO V^T into it the same
+ * way (grad-Q's two products, in one group). */
+inline void wg_scores(float *s, const uint *q, __local const float *kt, float *dp,
+                      const uint *o, __local const float *vt, __local float *emu)
 {
     zero(s, NT * 4);
+    if (dp)
+        zero(dp, NT * 4);
     UNROLL
-    for (uint n0 = 0; n0 < TILE; n0 += 32)
+    for (uint n0 = 0; n0 < TILE; n0 += 32) {
         wg_hold(s + n0 / 2);
+        if (dp)
+            wg_hold(dp + n0 / 2);
+    }
     wg_fence();
     UNROLL
-    for (uint ks = 0; ks < KS; ++ks)
+    for (uint ks = 0; ks < KS; ++ks) {
         wg_keys(s, q + ks * 4, kt, ks * 16, emu);
+        if (dp)
+            wg_keys(dp, o + ks * 4, vt, ks * 16, emu);
+    }
     wg_commit_wait();
     UNROLL
-    for (uint n0 = 0; n0 < TILE; n0 += 32)
+    for (uint n0 = 0; n0 < TILE; n0 += 32) {
         wg_hold(s + n0 / 2);
+        if (dp)
+            wg_hold(dp + n0 / 2);
+    }
+}
+
+/* After wait_copies, before the barrier: the copies' writes (generic
+ * proxy) ordered before the products' reads of them (async proxy). */
+inline void wg_proxy_fence(void)
+{
+#ifndef MMA_EMULATE
+    __asm__ __volatile__(SM90A "fence.proxy.async.shared::cta;" ::: "memory");
+#endif
 }
 
 /* acc (the warp's KW 16 x 8 blocks) += p . V, p the warp's 16 x TILE block
@@ -1353,8 +1376,8 @@ forward__mma(__global const elem *q, ulong q_off, __global const elem *k, ulong 
         /* one barrier a tile: past it, everyone's copies of this tile have
          * landed and the other pair, read for the last tile, is free */
         wait_copies();
-#if WGMMA && !defined(MMA_EMULATE) /* the copies' writes, before wgmma reads them */
-        __asm__ __volatile__(SM90A "fence.proxy.async.shared::cta;" ::: "memory");
+#if WGMMA
+        wg_proxy_fence();
 #endif
         barrier(CLK_LOCAL_MEM_FENCE);
         if (t0 + TILE < hi) {
@@ -1366,7 +1389,7 @@ forward__mma(__global const elem *q, ulong q_off, __global const elem *k, ulong 
 
         float s[NT][4];
 #if WGMMA
-        wg_scores(&s[0][0], &qf[0][0], kt, emu);
+        wg_scores(&s[0][0], &qf[0][0], kt, 0, 0, 0, emu);
 #else
         tile_products(&s[0][0], 0, &qf[0][0], 0, kt, 0, d0, xch, emu);
 #endif
@@ -1528,8 +1551,8 @@ grad_q__mma(__global const elem *q, ulong q_off, __global const elem *k, ulong k
     fetch_tile(vx, v, b, kv_seq, lo, hi, num_kv_heads, kv_head, 1.0f);
 #else
     if (lo < hi) { /* no copy is left in flight past the loop */
-        copy_tile(kt, k, b, kv_seq, lo, hi, num_kv_heads, kv_head);
-        copy_tile(vt, v, b, kv_seq, lo, hi, num_kv_heads, kv_head);
+        COPY_KV(kt, k, b, kv_seq, lo, hi, num_kv_heads, kv_head);
+        COPY_KV(vt, v, b, kv_seq, lo, hi, num_kv_heads, kv_head);
     }
 #endif
     for (uint t0 = lo; t0 < hi; t0 += TILE) {
@@ -1546,16 +1569,23 @@ grad_q__mma(__global const elem *q, ulong q_off, __global const elem *k, ulong k
         /* one barrier a tile: past it, everyone's copies of this tile have
          * landed and the other pair, read for the last tile, is free */
         wait_copies();
+#if WGMMA
+        wg_proxy_fence();
+#endif
         barrier(CLK_LOCAL_MEM_FENCE);
         if (t0 + TILE < hi) {
             __local float *next = other_pair(tiles, kt);
-            copy_tile(next, k, b, kv_seq, t0 + TILE, hi, num_kv_heads, kv_head);
-            copy_tile(next + ROW_TILE, v, b, kv_seq, t0 + TILE, hi, num_kv_heads, kv_head);
+            COPY_KV(next, k, b, kv_seq, t0 + TILE, hi, num_kv_heads, kv_head);
+            COPY_KV(next + ROW_TILE, v, b, kv_seq, t0 + TILE, hi, num_kv_heads, kv_head);
         }
 #endif
 
         float s[NT][4], dp[NT][4];
+#if WGMMA
+        wg_scores(&s[0][0], &qf[0][0], kt, &dp[0][0], &of[0][0], vt, emu);
+#else
         tile_products(&s[0][0], &dp[0][0], &qf[0][0], &of[0][0], kt, vt, d0, xch, emu);
+#endif
         const bool whole =
             t0 + TILE <= hi && all_visible(r0, last, t0, t0 + TILE - 1u, causal, window, delta);
         /* whole tiles skip the mask's tests */
@@ -1565,7 +1595,11 @@ grad_q__mma(__global const elem *q, ulong q_off, __global const elem *k, ulong k
         else
             ds_of_rows(&s[0][0], &dp[0][0], m, l, ds_row, unit, true, t0, hi, row0, causal,
                        window, delta);
+#if WGMMA
+        wg_times(&acc[0][0], &s[0][0], kt, emu);
+#else
         tile_times(&acc[0][0], &s[0][0], kt, d0, emu);
+#endif
 #if DTYPE != 0
         kt = other_pair(tiles, kt);
         vt = kt + ROW_TILE;
