@@ -879,7 +879,9 @@ inline void tile_times(float *acc, const float *p, __local const float *x, uint 
  * sm_90a instruction is inline PTX inside a comment that starts with
  * SM90A, and src/opencl.c builds the program's PTX again with the target
  * sm_90a and the markers taken out (tests/sm90a_probe.c checks the route).
- * The forward and grad-Q (dP = dO V^T beside S, dQ += dS K as O += P V).
+ * The forward, grad-Q (dP = dO V^T beside S, dQ += dS K as O += P V) and
+ * the key side (S^T = K Q^T and dP^T = V dO^T on the Q and dO tiles, dV
+ * += P^T dO and dK += dS^T Q as O += P V).
  * A work-group is one or two warpgroups (64 query rows each); a product is
  * one wgmma m64nNk16 a k-step (N the tile's keys for S = Q K^T, head_dim
  * for O += P V) with A from registers (Q's fragments, P's packed, as
@@ -1729,8 +1731,8 @@ inline void key_side(__global const elem *q, __global const elem *k, __global co
     fetch_rows(rx, lse, dsum, b, q_seq, lo, hi, num_heads, kv_head * group, want_dk);
 #else
     if (steps) { /* no copy is left in flight past the loop */
-        copy_tile(qt, q, b, q_seq, lo, hi, num_heads, kv_head * group);
-        copy_tile(ot, d_out, b, q_seq, lo, hi, num_heads, kv_head * group);
+        COPY_KV(qt, q, b, q_seq, lo, hi, num_heads, kv_head * group);
+        COPY_KV(ot, d_out, b, q_seq, lo, hi, num_heads, kv_head * group);
         copy_rows(mt, lse, dsum, b, q_seq, lo, hi, num_heads, kv_head * group, want_dk);
     }
 #endif
@@ -1755,13 +1757,16 @@ inline void key_side(__global const elem *q, __global const elem *k, __global co
         }
 #else
         wait_copies();
+#if WGMMA
+        wg_proxy_fence();
+#endif
         barrier(CLK_LOCAL_MEM_FENCE);
         if (step + 1u < steps) {
             const uint head = kv_head * group + (step + 1u) / per_head;
             const uint next_p = lo + (step + 1u) % per_head * TILE;
             __local float *next = other_pair(tiles, qt);
-            copy_tile(next, q, b, q_seq, next_p, hi, num_heads, head);
-            copy_tile(next + ROW_TILE, d_out, b, q_seq, next_p, hi, num_heads, head);
+            COPY_KV(next, q, b, q_seq, next_p, hi, num_heads, head);
+            COPY_KV(next + ROW_TILE, d_out, b, q_seq, next_p, hi, num_heads, head);
             copy_rows(other_rows(tiles, mt), lse, dsum, b, q_seq, next_p, hi, num_heads, head,
                       want_dk);
         }
@@ -1769,8 +1774,12 @@ inline void key_side(__global const elem *q, __global const elem *k, __global co
 
         /* S^T and dP^T: 16 keys x TILE queries per warp. */
         float s[NT][4], dp[NT][4];
+#if WGMMA
+        wg_scores(&s[0][0], &kf[0][0], qt, want_dk ? &dp[0][0] : 0, &vf[0][0], ot, emu);
+#else
         tile_products(&s[0][0], want_dk ? &dp[0][0] : 0, &kf[0][0], &vf[0][0], qt, ot, d0, xch,
                       emu);
+#endif
 #if DTYPE != 0 && WSPLIT == 1
         if (dq32 && step > 0) /* the last tile's dQ: its dS^T is past the barrier */
             add_dq(dq32, other_ds(tiles, ds), kb, b, q_seq, dq_p0, num_heads, dq_head, emu);
@@ -1788,10 +1797,17 @@ inline void key_side(__global const elem *q, __global const elem *k, __global co
         if (dq32)
             store_ds(ds, &dp[0][0]);
 #endif
+#if WGMMA
+        if (want_dv)
+            wg_times(&dvf[0][0], &s[0][0], ot, emu);
+        if (want_dk)
+            wg_times(&dkf[0][0], &dp[0][0], qt, emu);
+#else
         if (want_dv)
             tile_times(&dvf[0][0], &s[0][0], ot, d0, emu);
         if (want_dk)
             tile_times(&dkf[0][0], &dp[0][0], qt, d0, emu);
+#endif
 #if DTYPE != 0 && WSPLIT == 1
         dq_p0 = p0;
         dq_head = kv_head * group + step / per_head;

@@ -200,14 +200,16 @@ static const mma_class mma16_table[] = {
 };
 
 /* Whether kernel k runs on wgmma (mma.cl's WGMMA): asked for by
- * CLATTN_MMA_WGMMA=1, the forward and grad-Q of 16-bit tensors at head_dim 64 or 128
+ * CLATTN_MMA_WGMMA=1, the forward, grad-Q and the key side's kernels of 16-bit
+ * tensors at head_dim 64 or 128
  * (the 128-byte swizzle's 64 columns), whole warpgroups (4 or 8 warps,
  * WSPLIT 1) and tiles of 32 to 128 keys in steps of 32, on a GPU of
  * compute capability 9 or emulated. */
 static int mma_wgmma(int asked, int nv_major, int emulate, const mma_config *c,
                      uint32_t head_dim, clattn_dtype dtype, int k)
 {
-    return asked && (nv_major >= 9 || emulate) && (k == K_FORWARD || k == K_GRAD_Q) &&
+    return asked && (nv_major >= 9 || emulate) &&
+           (k == K_FORWARD || k == K_GRAD_Q || k == K_GRAD_KV || k == K_GRAD_K || k == K_GRAD_V) &&
            dtype != CLATTN_DTYPE_F32 &&
            (head_dim == 64 || head_dim == 128) && c->warps % 4 == 0 && c->wsplit == 1 &&
            c->tile % 32 == 0 && c->tile <= 128;
