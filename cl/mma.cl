@@ -1115,13 +1115,10 @@ inline void wg_proxy_fence(void)
 #endif
 }
 
-/* acc (the warp's KW 16 x 8 blocks) += p . V, p the warp's 16 x TILE block
- * in float32 (rounded here to 16 bits) and V a tile of core matrices. */
-inline void wg_times(float *acc, const float *p, __local const float *vt, __local float *emu)
+/* p's A fragments (the warp's 16 x TILE block in float32, rounded here to
+ * 16 bits), each packed and held before the fence. */
+inline void wg_pack(uint a[TILE / 16][4], const float *p)
 {
-    /* every A fragment packed, and the accumulators' rescale done, before
-     * the fence */
-    uint a[TILE / 16][4];
     UNROLL
     for (uint kk = 0; kk < TILE / 16; ++kk) {
         const float *lo = p + 2 * kk * 4, *hi = lo + 4;
@@ -1131,17 +1128,39 @@ inline void wg_times(float *acc, const float *p, __local const float *vt, __loca
         a[kk][3] = pack2(hi[2], hi[3]);
         wg_hold_a(a[kk]);
     }
+}
+
+/* acc (the warp's KW 16 x 8 blocks) += p . X, p the warp's 16 x TILE block
+ * in float32 and X a swizzled tile; and where acc2 is given, acc2 += p2 .
+ * X2 in the same group (the key side's dV and dK). The accumulators'
+ * rescale is done before the fence. */
+inline void wg_times(float *acc, const float *p, __local const float *x, float *acc2,
+                     const float *p2, __local const float *x2, __local float *emu)
+{
+    uint a[TILE / 16][4], a2[TILE / 16][4];
+    wg_pack(a, p);
+    if (acc2)
+        wg_pack(a2, p2);
     UNROLL
-    for (uint n0 = 0; n0 < DP; n0 += 32)
+    for (uint n0 = 0; n0 < DP; n0 += 32) {
         wg_hold(acc + n0 / 2);
+        if (acc2)
+            wg_hold(acc2 + n0 / 2);
+    }
     wg_fence();
     UNROLL
-    for (uint kk = 0; kk < TILE / 16; ++kk)
-        wg_columns(acc, a[kk], vt, kk * 16, emu);
+    for (uint kk = 0; kk < TILE / 16; ++kk) {
+        wg_columns(acc, a[kk], x, kk * 16, emu);
+        if (acc2)
+            wg_columns(acc2, a2[kk], x2, kk * 16, emu);
+    }
     wg_commit_wait();
     UNROLL
-    for (uint n0 = 0; n0 < DP; n0 += 32)
+    for (uint n0 = 0; n0 < DP; n0 += 32) {
         wg_hold(acc + n0 / 2);
+        if (acc2)
+            wg_hold(acc2 + n0 / 2);
+    }
 }
 #endif
 
@@ -1440,7 +1459,7 @@ forward__mma(__global const elem *q, ulong q_off, __global const elem *k, ulong 
         else
             exp_rows(&s[0][0], n0, n1, unit, true, &l0, &l1);
 #if WGMMA
-        wg_times(&acc[0][0], &s[0][0], vt, emu);
+        wg_times(&acc[0][0], &s[0][0], vt, 0, 0, 0, emu);
 #else
         tile_times(&acc[0][0], &s[0][0], vt, d0, emu);
 #endif
@@ -1598,7 +1617,7 @@ grad_q__mma(__global const elem *q, ulong q_off, __global const elem *k, ulong k
             ds_of_rows(&s[0][0], &dp[0][0], m, l, ds_row, unit, true, t0, hi, row0, causal,
                        window, delta);
 #if WGMMA
-        wg_times(&acc[0][0], &s[0][0], kt, emu);
+        wg_times(&acc[0][0], &s[0][0], kt, 0, 0, 0, emu);
 #else
         tile_times(&acc[0][0], &s[0][0], kt, d0, emu);
 #endif
@@ -1798,10 +1817,12 @@ inline void key_side(__global const elem *q, __global const elem *k, __global co
             store_ds(ds, &dp[0][0]);
 #endif
 #if WGMMA
-        if (want_dv)
-            wg_times(&dvf[0][0], &s[0][0], ot, emu);
-        if (want_dk)
-            wg_times(&dkf[0][0], &dp[0][0], qt, emu);
+        if (want_dv && want_dk)
+            wg_times(&dvf[0][0], &s[0][0], ot, &dkf[0][0], &dp[0][0], qt, emu);
+        else if (want_dv)
+            wg_times(&dvf[0][0], &s[0][0], ot, 0, 0, 0, emu);
+        else
+            wg_times(&dkf[0][0], &dp[0][0], qt, 0, 0, 0, emu);
 #else
         if (want_dv)
             tile_times(&dvf[0][0], &s[0][0], ot, d0, emu);
