@@ -1162,6 +1162,40 @@ inline void wg_times(float *acc, const float *p, __local const float *x, float *
             wg_hold(acc2 + n0 / 2);
     }
 }
+
+/* The forward's P V left in flight: issued here (a, its A fragments, kept
+ * by the caller), waited for by wg_wait before the barrier that lets the
+ * next copies overwrite its V tile, so that it runs while the warps wait
+ * for the next tile's copies. */
+inline void wg_times_issue(float *acc, uint a[TILE / 16][4], const float *p,
+                           __local const float *x, __local float *emu)
+{
+    wg_pack(a, p);
+    UNROLL
+    for (uint n0 = 0; n0 < DP; n0 += 32)
+        wg_hold(acc + n0 / 2);
+    wg_fence();
+    UNROLL
+    for (uint kk = 0; kk < TILE / 16; ++kk)
+        wg_columns(acc, a[kk], x, kk * 16, emu);
+#ifndef MMA_EMULATE
+    __asm__ __volatile__(SM90A "wgmma.commit_group.sync.aligned;" ::: "memory");
+#endif
+}
+
+/* Waits for the products in flight; acc and a are read and free after it. */
+inline void wg_wait(float *acc, uint a[TILE / 16][4])
+{
+#ifndef MMA_EMULATE
+    __asm__ __volatile__(SM90A "wgmma.wait_group.sync.aligned 0;" ::: "memory");
+#endif
+    UNROLL
+    for (uint n0 = 0; n0 < DP; n0 += 32)
+        wg_hold(acc + n0 / 2);
+    UNROLL
+    for (uint kk = 0; kk < TILE / 16; ++kk)
+        wg_hold_a(a[kk]);
+}
 #endif
 
 /* ---- the single-pass backward's dQ (16-bit, WSPLIT 1) ---------------- */
@@ -1383,6 +1417,12 @@ forward__mma(__global const elem *q, ulong q_off, __global const elem *k, ulong 
         COPY_KV(vt, v, b, kv_seq, lo, hi, num_kv_heads, kv_head);
     }
 #endif
+#if WGMMA
+    uint pa[TILE / 16][4]; /* P's A fragments while its P V is in flight */
+    UNROLL
+    for (uint kk = 0; kk < TILE / 16; ++kk)
+        pa[kk][0] = pa[kk][1] = pa[kk][2] = pa[kk][3] = 0u;
+#endif
     for (uint t0 = lo; t0 < hi; t0 += TILE) {
 #if DTYPE == 0
         barrier(CLK_LOCAL_MEM_FENCE);
@@ -1398,6 +1438,7 @@ forward__mma(__global const elem *q, ulong q_off, __global const elem *k, ulong 
          * landed and the other pair, read for the last tile, is free */
         wait_copies();
 #if WGMMA
+        wg_wait(&acc[0][0], pa); /* the last tile's P V */
         wg_proxy_fence();
 #endif
         barrier(CLK_LOCAL_MEM_FENCE);
@@ -1459,7 +1500,7 @@ forward__mma(__global const elem *q, ulong q_off, __global const elem *k, ulong 
         else
             exp_rows(&s[0][0], n0, n1, unit, true, &l0, &l1);
 #if WGMMA
-        wg_times(&acc[0][0], &s[0][0], vt, 0, 0, 0, emu);
+        wg_times_issue(&acc[0][0], pa, &s[0][0], vt, emu);
 #else
         tile_times(&acc[0][0], &s[0][0], vt, d0, emu);
 #endif
@@ -1468,6 +1509,9 @@ forward__mma(__global const elem *q, ulong q_off, __global const elem *k, ulong 
         vt = kt + ROW_TILE;
 #endif
     }
+#if WGMMA
+    wg_wait(&acc[0][0], pa);
+#endif
     l0 = row_sum(l0, emu);
     l1 = row_sum(l1, emu);
     UNROLL
