@@ -197,7 +197,7 @@ for stage in "$@"; do
       CK_LOG_FILE_NAME="$OUT/kernels-wgmma-tests.log" CLATTN_MMA_WGMMA=1 CLATTN_TEST_VARIANT=mma \
         CK_RUN_CASE=grad_v-16 timeout "${WGMMA_SUITE_S:-400}" build-dev/tests/clattn_tests \
         --suite kernels --backend opencl-gpu 2>&1 | grep -v 'warning generated' > "$OUT/kernels-wgmma.log"
-      CLATTN_MMA_WGMMA=1 timeout 120 build-dev/tests/clattn_tests --suite train --backend opencl-gpu \
+      CLATTN_MMA_WGMMA=1 timeout 120 ctest --test-dir build-dev -R "^train.opencl-gpu$" --output-on-failure \
         2>&1 | grep -v 'warning generated' >> "$OUT/kernels-wgmma.log"
       grep -a '^[0-9]*%' "$OUT/kernels-wgmma.log"
     fi
