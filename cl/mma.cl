@@ -850,6 +850,18 @@ inline void tile_products(float *s, float *dp, const uint *a, const uint *c,
     sum_over_split(s, dp, xch, warp, lane);
 }
 
+/* The A fragment of k-step kk of p, the warp's 16 x TILE block in float32
+ * as accumulator blocks (a k-step's two 16 x 8 blocks, four floats each),
+ * rounded to 16 bits and packed two to a word. */
+inline void a_pack(uint a[4], const float *p, uint kk)
+{
+    const float *lo = p + 2 * kk * 4, *hi = lo + 4;
+    a[0] = pack2(lo[0], lo[1]);
+    a[1] = pack2(lo[2], lo[3]);
+    a[2] = pack2(hi[0], hi[1]);
+    a[3] = pack2(hi[2], hi[3]);
+}
+
 /* acc (the warp's KW 16 x 8 blocks of its columns) += p . x, p the warp's
  * 16 x TILE block in float32 (rounded here to 16 bits) and x a tile of
  * TILE rows. */
@@ -859,9 +871,8 @@ inline void tile_times(float *acc, const float *p, __local const float *x, uint 
     __local const ushort *xw = cols_lane(x, d0);
     UNROLL
     for (uint kk = 0; kk < TILE / 16; ++kk) {
-        const float *lo = p + 2 * kk * 4, *hi = lo + 4;
-        const uint a[4] = {pack2(lo[0], lo[1]), pack2(lo[2], lo[3]), pack2(hi[0], hi[1]),
-                           pack2(hi[2], hi[3])};
+        uint a[4];
+        a_pack(a, p, kk);
         UNROLL
         for (uint n = 0; n < KW; n += 2) {
             uint bx[4];
@@ -1121,11 +1132,7 @@ inline void wg_pack(uint a[TILE / 16][4], const float *p)
 {
     UNROLL
     for (uint kk = 0; kk < TILE / 16; ++kk) {
-        const float *lo = p + 2 * kk * 4, *hi = lo + 4;
-        a[kk][0] = pack2(lo[0], lo[1]);
-        a[kk][1] = pack2(lo[2], lo[3]);
-        a[kk][2] = pack2(hi[0], hi[1]);
-        a[kk][3] = pack2(hi[2], hi[3]);
+        a_pack(a[kk], p, kk);
         wg_hold_a(a[kk]);
     }
 }

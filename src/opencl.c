@@ -199,8 +199,9 @@ static const mma_class mma16_table[] = {
     {CLATTN_MAX_HEAD_DIM, {4, 2, 16, 1}, {2, 2, 16, 1}, {4, 2, 16, 1}},
 };
 
-/* Whether kernel k runs on wgmma (mma.cl's WGMMA): asked for by
- * CLATTN_MMA_WGMMA=1, the forward, grad-Q and the key side's kernels of 16-bit
+/* Whether kernel k runs on wgmma (mma.cl's WGMMA): asked for (by default
+ * on compute capability 9, or by CLATTN_MMA_WGMMA=1), the forward, grad-Q
+ * and the key side's kernels of 16-bit
  * tensors at head_dim 64 or 128
  * (the 128-byte swizzle's 64 columns), whole warpgroups (4 or 8 warps,
  * WSPLIT 1) and tiles of 32 to 128 keys in steps of 32, on a GPU of
@@ -317,7 +318,7 @@ struct clattn_cl_state {
     const char *special_variant; /* the variant built per head_dim, or NULL */
     int mma_emulate;             /* build mma.cl with -DMMA_EMULATE */
     int nv_major;                /* compute capability (NVIDIA), else 0: 9 builds with -DSM90 */
-    int wgmma; /* CLATTN_MMA_WGMMA=1: the 16-bit forward on wgmma where it applies */
+    int wgmma; /* the 16-bit kernels on wgmma where it applies (mma_wgmma) */
     int mma_tuned;               /* CLATTN_MMA set: mma_tune for every kernel */
     mma_config mma_tune;
     int grad_q_tuned;            /* CLATTN_MMA_GRAD_Q set: grad_q_tune for grad-Q */
@@ -978,8 +979,10 @@ static clattn_status init_on_device(clattn_context *ctx, const char *variant,
     /* Each device type's default is the first variant listed for it that
      * the device can run. */
     cl->nv_major = nv_major(device);
+    /* wgmma by default on compute capability 9; CLATTN_MMA_WGMMA=0 keeps
+     * mma.sync there, =1 asks for it where mma runs emulated too. */
     const char *wgmma = getenv("CLATTN_MMA_WGMMA");
-    cl->wgmma = wgmma && !strcmp(wgmma, "1");
+    cl->wgmma = wgmma ? !strcmp(wgmma, "1") : cl->nv_major >= 9;
     const int can_mma = cl->nv_major >= 8 || mma_emulated();
     cl->mma_emulate = mma_emulated();
     if (!variant) {

@@ -1144,13 +1144,13 @@ static clattn_context *emulated_mma_context(void)
     return ctx;
 }
 
-/* mma's wgmma kernels (CLATTN_MMA_WGMMA=1: the 16-bit kernels at head_dim
- * 64 and 128 that src/opencl.c's mma_wgmma names), run where that
- * variable asks for them: both dtypes, GQA, the causal mask with a window,
- * key tiles cut short by kv_seq. On an NVIDIA GPU of compute capability 9
- * they run on wgmma; emulated, as mma.sync products reading the same
- * swizzled tiles. The other sweeps reach them only at head_dim 64, in
- * bfloat16. */
+/* mma's wgmma kernels (the 16-bit kernels at head_dim 64 and 128 that
+ * src/opencl.c's mma_wgmma names): both dtypes, GQA, the causal mask with a
+ * window, key tiles cut short by kv_seq. On a GPU, the default variant (on
+ * an NVIDIA GPU of compute capability 9, wgmma unless CLATTN_MMA_WGMMA=0);
+ * in the emulated suite, where CLATTN_MMA_WGMMA=1 asks, mma.sync products
+ * reading the same swizzled tiles. The other sweeps reach them only at
+ * head_dim 64, in bfloat16. */
 static const shape_case wgmma_cases[] = {
     {1, 150, 150, 4, 2, 128, 1, 48, 0, 1},
     {2, 70, 130, 2, 1, 64, 0, 0, 0, 1},
@@ -1165,8 +1165,9 @@ START_TEST(wgmma_sweep)
         }
         clattn_shape s = to_shape(&wgmma_cases[_i]);
         s.dtype = dtypes[d];
-        clattn_context *ctx = emulated_mma_context();
-        current_variant = "mma";
+        const int gpu = test_backend_kind() == CLATTN_BACKEND_OPENCL_GPU;
+        clattn_context *ctx = gpu ? test_context(NULL) : emulated_mma_context();
+        current_variant = gpu ? "default" : "mma";
         check_ops_16(ctx, &s, wgmma_cases[_i].q_gain, 5000u + (uint64_t)_i);
         clattn_context_destroy(ctx);
     }
@@ -1299,7 +1300,7 @@ Suite *kernels_suite(void)
     tcase_set_timeout(tc, 600);
     tcase_add_loop_test(tc, dtype_sweep, 0, N(dtype_cases));
     tcase_add_test(tc, dtype_buffers);
-    if (wgmma_asked() && test_backend_kind() == CLATTN_BACKEND_OPENCL_GPU)
+    if (test_backend_kind() == CLATTN_BACKEND_OPENCL_GPU)
         tcase_add_loop_test(tc, wgmma_sweep, 0, N(wgmma_cases));
     suite_add_tcase(s, tc);
     return s;
