@@ -1146,8 +1146,9 @@ static clattn_context *emulated_mma_context(void)
 
 /* mma's wgmma kernels (the 16-bit kernels at head_dim 64 and 128 that
  * src/opencl.c's mma_wgmma names): both dtypes, GQA, the causal mask with a
- * window, key tiles cut short by kv_seq. On a GPU, the default variant (on
- * an NVIDIA GPU of compute capability 9, wgmma unless CLATTN_MMA_WGMMA=0);
+ * window, key tiles cut short by kv_seq. On a GPU, the variant that
+ * CLATTN_TEST_VARIANT keeps, or the default (on an NVIDIA GPU of compute
+ * capability 9, mma on wgmma unless CLATTN_MMA_WGMMA=0);
  * in the emulated suite, where CLATTN_MMA_WGMMA=1 asks, mma.sync products
  * reading the same swizzled tiles. The other sweeps reach them only at
  * head_dim 64, in bfloat16. */
@@ -1166,8 +1167,9 @@ START_TEST(wgmma_sweep)
         clattn_shape s = to_shape(&wgmma_cases[_i]);
         s.dtype = dtypes[d];
         const int gpu = test_backend_kind() == CLATTN_BACKEND_OPENCL_GPU;
-        clattn_context *ctx = gpu ? test_context(NULL) : emulated_mma_context();
-        current_variant = gpu ? "default" : "mma";
+        const char *kept = getenv("CLATTN_TEST_VARIANT");
+        clattn_context *ctx = gpu ? test_context(kept) : emulated_mma_context();
+        current_variant = gpu ? (kept ? kept : "default") : "mma";
         check_ops_16(ctx, &s, wgmma_cases[_i].q_gain, 5000u + (uint64_t)_i);
         clattn_context_destroy(ctx);
     }
