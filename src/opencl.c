@@ -899,13 +899,20 @@ static clattn_status generic_kernels(struct clattn_cl_state *cl, clattn_dtype dt
 }
 
 /* The kernels a call with this head_dim and dtype runs: the variant's own,
- * specialised for them (built on first use), or the generic set. */
+ * specialised for them (built on first use), or the generic set. 16-bit
+ * tensors at a head_dim that is not a multiple of 8 run tiled's kernels
+ * (float32 inside) in place of mma's, which would round P and dS to 16 bits
+ * for products padded to 16 columns anyway: PyTorch's CUDA attention does
+ * the same (its 16-bit kernels want such head_dims; others run in float32),
+ * and tests/torch_compare.py holds clattn to twice its error. */
 static clattn_status kernels_for(struct clattn_cl_state *cl, uint32_t head_dim,
                                  clattn_dtype dtype, kernel_set **out)
 {
     const char *variant = cl->special_variant;
     if (!variant)
         return generic_kernels(cl, dtype, out);
+    if (!strcmp(variant, "mma") && dtype != CLATTN_DTYPE_F32 && head_dim % 8)
+        variant = "tiled";
     if (!cl->special[dtype][head_dim]) {
         kernel_set *set = calloc(1, sizeof *set);
         if (!set)
