@@ -1211,6 +1211,12 @@ START_TEST(emulated_16)
     clattn_context *ctx = emulated_mma_context();
     current_variant = "mma";
     check_ops_16(ctx, &s, dtype_cases[_i].q_gain, 3000u + (uint64_t)_i);
+    /* head_dims off a multiple of 8 run tiled's kernels (src/opencl.c's
+     * kernels_for) */
+    const char *ran = clattn_context_kernels(ctx);
+    const int on_mma = strstr(ran, "__mma") != NULL, on_tiled = strstr(ran, "__tiled") != NULL;
+    ck_assert_msg(s.head_dim % 8 ? on_tiled && !on_mma : on_mma && !on_tiled,
+                  "16-bit head_dim %u under mma ran %s", (unsigned)s.head_dim, ran);
     clattn_context_destroy(ctx);
 }
 END_TEST
