@@ -4,9 +4,10 @@
 # .devdebs (README: "Measuring on the H200").
 #   bash tests/device_run.sh [suite] [compare] [bench] [tune]
 #   suite    ctest's OpenCL GPU suites
-#   kernels  the GPU kernels suite, one process per variant at once (logs
-#            kernels-VARIANT.log; kernels-mma-single.log with mma's single-pass
-#            backward forced), then ctest's train and ring GPU tests
+#   kernels  the GPU kernels suite, one process per variant at once (mma's float32
+#            and 16-bit tests apart, and mma's single-pass backward forced), ctest's
+#            train, ring and sm90a_probe GPU tests beside them; one summary,
+#            kernels.log (KERNELS_S: the time limit, default 540 s)
 #   compare  tests/torch_compare.py --large on the GPU, tolerance 1e-5
 #   bench    tests/torch_bench.py on the GPU shapes, with a plot (BENCH_VARIANT, BENCH_DTYPE,
 #            BENCH_DIMS: variant, dtype and head_dims; defaults mma, f32, all)
@@ -100,17 +101,32 @@ for stage in "$@"; do
     ctest --test-dir build-dev -R 'opencl-gpu' --output-on-failure 2>&1 | tee "$OUT/suite.log" \
       | grep -E 'Test #|tests passed|Failed|Error' ;;
   kernels)
-    for v in mma tiled blocked tree; do
-      CLATTN_TEST_VARIANT=$v build-dev/tests/clattn_tests --suite kernels --backend opencl-gpu \
-        2>&1 | grep -v 'warning generated' > "$OUT/kernels-$v.log" &
-    done
+    # One process per variant at once, mma's float32 and 16-bit tests apart
+    # (their builds are the slowest); check's per-test logs (CK_LOG_FILE_NAME)
+    # say what passed even where KERNELS_S (default 540 s) cuts them off.
+    logs=build-dev/klogs; rm -rf "$logs"; mkdir -p "$logs"
+    suite() {
+      local name=$1; shift
+      env "$@" CK_LOG_FILE_NAME="$logs/$name.log" timeout "${KERNELS_S:-540}" \
+        build-dev/tests/clattn_tests --suite kernels --backend opencl-gpu 2>&1 \
+        | grep -v 'warning generated' > "$logs/$name.out"
+    }
+    suite mma CLATTN_TEST_VARIANT=mma CK_RUN_CASE=grad_v &
+    suite mma-16 CLATTN_TEST_VARIANT=mma CK_RUN_CASE=grad_v-16 &
+    for v in tiled blocked tree; do suite "$v" CLATTN_TEST_VARIANT=$v & done
     # mma's single-pass backward, forced (it runs only where CLATTN_MMA_SINGLE asks)
-    CLATTN_MMA_SINGLE=4,1,16,1 CLATTN_TEST_VARIANT=mma build-dev/tests/clattn_tests --suite kernels \
-      --backend opencl-gpu 2>&1 | grep -v 'warning generated' > "$OUT/kernels-mma-single.log" &
+    suite mma-single CLATTN_MMA_SINGLE=4,1,16,1 CLATTN_TEST_VARIANT=mma &
+    timeout "${KERNELS_S:-540}" ctest --test-dir build-dev -R 'train.opencl-gpu|ring.opencl-gpu|sm90a_probe' \
+      --output-on-failure > "$logs/ctest.out" 2>&1 &
     wait
-    tail -n 3 "$OUT"/kernels-*.log
-    ctest --test-dir build-dev -R 'train.opencl-gpu|ring.opencl-gpu' --output-on-failure 2>&1 \
-      | tee "$OUT/ctest-gpu.log" | grep -E 'Test #|tests passed|Failed' ;;
+    for f in "$logs"/*.log; do
+      [ -f "$f" ] || continue
+      printf '%s: %s passed, %s failed\n' "$(basename "$f" .log)" "$(grep -c ':P:' "$f")" \
+        "$(grep -c ':[FE]:' "$f")"
+      grep ':[FE]:' "$f" | head -10
+    done 2>&1 | tee "$OUT/kernels.log"
+    grep -h -a '^[0-9]*%' "$logs"/*.out | tee -a "$OUT/kernels.log"
+    grep -E 'Test #|tests passed|Failed' "$logs/ctest.out" | tee -a "$OUT/kernels.log" ;;
   compare)
     python3 tests/torch_compare.py "$cli" --large --tolerance 1e-5 --backends gpu 2>&1 \
       | tee "$OUT/compare.log" ;;
