@@ -23,12 +23,13 @@
 #            default bf16; GAB_DIMS: head_dims, default 64,128; GAB_OPS: default
 #            "forward backward"), interleaved, AB_ROUNDS rounds, the old build from
 #            AB_OLD as for ab
-#   wgmma    the 16-bit forward with CLATTN_MMA_WGMMA=0 and 1 interleaved (AB_ROUNDS rounds,
+#   wgmma    the 16-bit kernels with CLATTN_MMA_WGMMA=0 and 1 interleaved (AB_ROUNDS rounds,
 #            bf16, d64 and d128 shapes; WGMMA_OPS: the ops, default forward), then the GPU
 #            mma kernels suite's 16-bit tests (CK_RUN_CASE=grad_v-16) and the train
 #            suite with it on, and
-#            the wgmma program's PTX scanned for local loads and stores (accumulators
-#            spilled around a wgmma would be read before its wait) and kept in $OUT;
+#            the wgmma programs' PTX scanned for local loads and stores (accumulators
+#            spilled around a wgmma would be read before its wait), kept in $OUT where
+#            WGMMA_PTX is set (a call brings back only a few files);
 #            WGMMA_SUITE_S: the suite's time limit (default 400; 0 leaves it out)
 #   regs     ptxas -v (sm_90) on every program in the cache: registers and spills a kernel,
 #            with the program's source hash and options (REGS_GREP: only options matching)
@@ -219,7 +220,7 @@ for stage in "$@"; do
     fi
     for f in "$CLATTN_CACHE_DIR"/*.bin; do
       head -c 600 "$f" | grep -aq 'WGMMA=1' || continue
-      tr -d '\000' < "$f" > "$OUT/wgmma-$(basename "$f" .bin).ptx"
+      [ -n "${WGMMA_PTX:-}" ] && tr -d '\000' < "$f" > "$OUT/wgmma-$(basename "$f" .bin).ptx"
       printf '%s: %s local loads/stores, %s wgmma\n' "$(head -c 600 "$f" | grep -a -m1 '^options ' | grep -o 'HEAD_DIM=[0-9]*')" \
         "$(tr -d '\000' < "$f" | grep -c 'ld\.local\|st\.local')" "$(tr -d '\000' < "$f" | grep -c 'wgmma.mma_async')"
     done 2>&1 | tee -a "$OUT/wgmma.log" ;;
