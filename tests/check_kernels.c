@@ -224,9 +224,11 @@ static void check_ops_16(clattn_context *ctx, const clattn_shape *s, float q_gai
                      CLATTN_OK);
     /* CLATTN_MMA_SINGLE=W,1,T,P forces mma's single-pass backward wherever
      * its local memory fits, up to head_dim 128 on every device the tests
-     * run: not two passes in silence. */
+     * run: not two passes in silence (at head_dims off a multiple of 8,
+     * 16-bit tensors run tiled's kernels instead). */
     const char *single = getenv("CLATTN_MMA_SINGLE");
-    if (single && strchr(single, ',') && !strcmp(current_variant, "mma") && s->head_dim <= 128)
+    if (single && strchr(single, ',') && !strcmp(current_variant, "mma") && s->head_dim <= 128 &&
+        s->head_dim % 8 == 0)
         ck_assert_msg(strstr(clattn_context_kernels(ctx), "grad_kvq__mma") != NULL,
                       "CLATTN_MMA_SINGLE=%s, but the backward ran %s", single,
                       clattn_context_kernels(ctx));
