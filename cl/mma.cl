@@ -995,6 +995,18 @@ inline void wg_hold_a(uint *a)
 #endif
 }
 
+/* wg_hold on the accumulators of `cols` columns of c, and of c2 where
+ * given (two products in one group), block by block. */
+inline void wg_hold_cols(float *c, float *c2, uint cols)
+{
+    UNROLL
+    for (uint n0 = 0; n0 < cols; n0 += 32) {
+        wg_hold(c + n0 / 2);
+        if (c2)
+            wg_hold(c2 + n0 / 2);
+    }
+}
+
 #if DTYPE == 2
 #define WG_TYPES ".f32.bf16.bf16 "
 #else
@@ -1095,12 +1107,7 @@ inline void wg_scores(float *s, const uint *q, __local const float *kt, float *d
     zero(s, NT * 4);
     if (dp)
         zero(dp, NT * 4);
-    UNROLL
-    for (uint n0 = 0; n0 < TILE; n0 += 32) {
-        wg_hold(s + n0 / 2);
-        if (dp)
-            wg_hold(dp + n0 / 2);
-    }
+    wg_hold_cols(s, dp, TILE);
     wg_fence();
     UNROLL
     for (uint ks = 0; ks < KS; ++ks) {
@@ -1109,12 +1116,7 @@ inline void wg_scores(float *s, const uint *q, __local const float *kt, float *d
             wg_keys(dp, o + ks * 4, vt, ks * 16, emu);
     }
     wg_commit_wait();
-    UNROLL
-    for (uint n0 = 0; n0 < TILE; n0 += 32) {
-        wg_hold(s + n0 / 2);
-        if (dp)
-            wg_hold(dp + n0 / 2);
-    }
+    wg_hold_cols(s, dp, TILE);
 }
 
 /* After wait_copies, before the barrier: the copies' writes (generic
@@ -1148,12 +1150,7 @@ inline void wg_times(float *acc, const float *p, __local const float *x, float *
     wg_pack(a, p);
     if (acc2)
         wg_pack(a2, p2);
-    UNROLL
-    for (uint n0 = 0; n0 < DP; n0 += 32) {
-        wg_hold(acc + n0 / 2);
-        if (acc2)
-            wg_hold(acc2 + n0 / 2);
-    }
+    wg_hold_cols(acc, acc2, DP);
     wg_fence();
     UNROLL
     for (uint kk = 0; kk < TILE / 16; ++kk) {
@@ -1162,12 +1159,7 @@ inline void wg_times(float *acc, const float *p, __local const float *x, float *
             wg_columns(acc2, a2[kk], x2, kk * 16, emu);
     }
     wg_commit_wait();
-    UNROLL
-    for (uint n0 = 0; n0 < DP; n0 += 32) {
-        wg_hold(acc + n0 / 2);
-        if (acc2)
-            wg_hold(acc2 + n0 / 2);
-    }
+    wg_hold_cols(acc, acc2, DP);
 }
 
 /* The forward's P V left in flight: issued here (a, its A fragments, kept
@@ -1178,9 +1170,7 @@ inline void wg_times_issue(float *acc, uint a[TILE / 16][4], const float *p,
                            __local const float *x, __local float *emu)
 {
     wg_pack(a, p);
-    UNROLL
-    for (uint n0 = 0; n0 < DP; n0 += 32)
-        wg_hold(acc + n0 / 2);
+    wg_hold_cols(acc, 0, DP);
     wg_fence();
     UNROLL
     for (uint kk = 0; kk < TILE / 16; ++kk)
@@ -1196,9 +1186,7 @@ inline void wg_wait(float *acc, uint a[TILE / 16][4])
 #ifndef MMA_EMULATE
     __asm__ __volatile__(SM90A "wgmma.wait_group.sync.aligned 0;" ::: "memory");
 #endif
-    UNROLL
-    for (uint n0 = 0; n0 < DP; n0 += 32)
-        wg_hold(acc + n0 / 2);
+    wg_hold_cols(acc, 0, DP);
     UNROLL
     for (uint kk = 0; kk < TILE / 16; ++kk)
         wg_hold_a(a[kk]);
