@@ -104,8 +104,6 @@ struct clattn_context {
     struct native_pool *pool;            /* native: its threads, once started */
     float *scratch;                      /* native: head-major copies and Dsum */
     size_t scratch_floats;
-    float *wide;                         /* native: float32 copies of 16-bit tensors */
-    size_t wide_floats;
     struct clattn_cl_state *cl; /* NULL on native */
 };
 

@@ -333,20 +333,19 @@ static float *take(float **next, size_t n)
     return p;
 }
 
-/* Tensor r head-major: the float32 tensor t[r] itself where it has one
- * head, else a copy in dst; where t[r] is NULL (a 16-bit tensor that
- * packed_only() names), raw[r] widened to float32 as it is packed, in dst
- * even with one head; with `tiles`, always a copy, in vt's layout. The
- * copy is queued (four at most), and made by the next pack_queued(). */
-static const float *head_major(native_call *c, const float *const *t, const void *const *raw,
-                               clattn_role r, size_t heads, size_t rows, float *dst, int tiles)
+/* Tensor r head-major: t[r] itself where it is float32 with one head, else
+ * a copy in dst (16-bit rows widened as they are packed); with `tiles`,
+ * always a copy, in vt's layout. The copy is queued (four at most), and
+ * made by the next pack_queued(). */
+static const float *head_major(native_call *c, const void *const *t, clattn_role r, size_t heads,
+                               size_t rows, float *dst, int tiles)
 {
-    if (t[r] && heads == 1 && !tiles)
+    if (c->s->dtype == CLATTN_DTYPE_F32 && heads == 1 && !tiles)
         return t[r];
     struct native_pack *p = &c->pack[c->packs++];
     p->tiles = tiles;
-    p->src = t[r] ? (const void *)t[r] : raw[r];
-    p->dtype = t[r] ? CLATTN_DTYPE_F32 : c->s->dtype;
+    p->src = t[r];
+    p->dtype = c->s->dtype;
     p->dst = dst;
     p->heads = heads;
     p->rows = rows;
@@ -365,32 +364,11 @@ static void pack_queued(native_call *c, size_t dsum_jobs, int threads)
     c->packs = 0;
 }
 
-/* floats of the head-major copy of tensor r (of n floats, over `heads`
- * heads): none where t[r] serves as it is. */
-static size_t head_major_floats(const float *const *t, clattn_role r, size_t heads, size_t n)
+/* floats of the head-major copy of a tensor of n elements over `heads`
+ * heads: none where the tensor serves as it is. */
+static size_t head_major_floats(const clattn_shape *s, size_t heads, size_t n)
 {
-    return t[r] && heads == 1 ? 0 : n;
-}
-
-/* The tensors an op reads only through its head-major copies: a 16-bit
- * call widens them as it packs them, with no float32 copy in their own
- * layout (see native_run). */
-static unsigned packed_only(clattn_op op, int fused)
-{
-    switch (op) {
-    case CLATTN_OP_FORWARD:
-    case CLATTN_OP_GRAD_Q:
-        return CLATTN_BIT(CLATTN_R_K) | CLATTN_BIT(CLATTN_R_V);
-    case CLATTN_OP_GRAD_V:
-        return CLATTN_BIT(CLATTN_R_Q) | CLATTN_BIT(CLATTN_R_DO);
-    case CLATTN_OP_GRAD_K:
-        return CLATTN_BIT(CLATTN_R_Q);
-    case CLATTN_OP_BACKWARD:
-        return fused ? CLATTN_BIT(CLATTN_R_Q) : 0u;
-    case CLATTN_OP_COUNT:
-        break;
-    }
-    return 0u;
+    return s->dtype == CLATTN_DTYPE_F32 && heads == 1 ? 0 : n;
 }
 
 /* The fused backward's dQ copies (zeroed by the key-side jobs) are summed
@@ -405,14 +383,21 @@ static void sum_dq_job(const native_call *c, size_t job)
     const size_t pos0 = job % per_head * SUM_ROWS;
     const size_t end = pos0 + SUM_ROWS < s->q_seq ? pos0 + SUM_ROWS : s->q_seq;
     const size_t copies = c->key_parts;
+    const int f32 = s->dtype == CLATTN_DTYPE_F32;
+    float row[CLATTN_MAX_HEAD_DIM]; /* a 16-bit dQ's row, summed in float32 */
     for (size_t pos = pos0; pos < end; ++pos) {
-        float *out = c->dq + ((b * s->q_seq + pos) * s->num_heads + head) * D;
+        const size_t at = ((b * s->q_seq + pos) * s->num_heads + head) * D;
+        float *out = f32 ? (float *)c->dq + at : row;
         const float *part = c->dq_part + (bh * s->q_seq + pos) * D;
         if (!s->accumulate)
             memset(out, 0, D * sizeof(float));
+        else if (!f32)
+            c->hot->widen(s->dtype, (const uint16_t *)c->dq + at, row, D);
         for (size_t t = 0; t < copies; ++t) /* copy by copy, along the row */
             for (size_t d = 0; d < D; ++d)
                 out[d] += part[t * c->dq_part_floats + d];
+        if (!f32)
+            c->hot->narrow(s->dtype, row, (uint16_t *)c->dq + at, D);
     }
 }
 
@@ -523,12 +508,19 @@ static int grow(float **buf, size_t *have, size_t n)
     return 1;
 }
 
-/* The op on float32 tensors t; for a 16-bit call, raw holds the caller's
- * tensors, and those of packed_only() are NULL in t (packed from raw). */
-static clattn_status run_f32(clattn_context *ctx, clattn_op op, const clattn_shape *s,
-                             const clattn_sizes *sz, const float *const t[CLATTN_R_COUNT],
-                             const void *const *raw, native_plan plan)
+/* A 16-bit op reads and writes the caller's tensors row by row, widened
+ * and rounded in the jobs (native_call); only the head-major copies the
+ * float32 op makes too are float32. Whole float32 copies of the tensors,
+ * widened and rounded in rounds of their own, had made a bf16 forward
+ * 0.65x float32's on 16 threads of the H200 machine's CPU (batch 4, q_seq
+ * 512, d64: 0.5 ms of 1.7 more, at memory speed). */
+static clattn_status native_run(clattn_context *ctx, clattn_op op, const clattn_shape *s,
+                                const clattn_sizes *sz, const void *const t[CLATTN_R_COUNT])
 {
+    /* The context's threads, once, for every round of jobs below. */
+    if (!ctx->pool && ctx->num_threads > 1)
+        ctx->pool = pool_create(ctx->num_threads - 1);
+    const native_plan plan = plan_call(ctx, op, s);
     const native_kernels *hot = ctx->native;
     native_call c;
     memset(&c, 0, sizeof c);
@@ -568,15 +560,15 @@ static clattn_status run_f32(clattn_context *ctx, clattn_op op, const clattn_sha
     const int want_dsum = op == CLATTN_OP_GRAD_K || op == CLATTN_OP_BACKWARD;
     const size_t copies = plan.key_parts;
     int fused = plan.fused;
-    const size_t k_floats = head_major_floats(t, CLATTN_R_K, s->num_kv_heads, sz->kv);
+    const size_t k_floats = head_major_floats(s, s->num_kv_heads, sz->kv);
     /* the forward's V by transposed tiles (vt), always copied */
     const int v_tiles = op == CLATTN_OP_FORWARD;
     const size_t v_floats =
         v_tiles
             ? (size_t)s->batch * s->num_kv_heads * native_tiled_rows(s->kv_seq) * s->head_dim
-            : head_major_floats(t, CLATTN_R_V, s->num_kv_heads, sz->kv);
-    const size_t qh_floats = head_major_floats(t, CLATTN_R_Q, s->num_heads, sz->q);
-    const size_t oh_floats = head_major_floats(t, CLATTN_R_DO, s->num_heads, sz->q);
+            : head_major_floats(s, s->num_kv_heads, sz->kv);
+    const size_t qh_floats = head_major_floats(s, s->num_heads, sz->q);
+    const size_t oh_floats = head_major_floats(s, s->num_heads, sz->q);
     size_t scratch;
     for (;;) {
         scratch = (query_side && !fused ? k_floats + v_floats : 0) +
@@ -584,18 +576,17 @@ static clattn_status run_f32(clattn_context *ctx, clattn_op op, const clattn_sha
                   (fused ? copies * sz->q : 0);
         if (grow(&ctx->scratch, &ctx->scratch_floats, scratch))
             break;
-        /* Without the dQ copies, dQ has a pass of its own, unless Q has no
-         * float32 copy in its own layout for it (a 16-bit call's). */
-        if (!fused || !t[CLATTN_R_Q])
+        /* Without the dQ copies, dQ has a pass of its own. */
+        if (!fused)
             return clattn_fail(CLATTN_ERROR_OUT_OF_MEMORY,
                                "out of host memory for %zu floats of scratch", scratch);
         fused = 0;
     }
     float *next = ctx->scratch;
     if (query_side && !fused) {
-        c.kh = head_major(&c, t, raw, CLATTN_R_K, s->num_kv_heads, s->kv_seq,
+        c.kh = head_major(&c, t, CLATTN_R_K, s->num_kv_heads, s->kv_seq,
                           take(&next, k_floats), 0);
-        const float *v = head_major(&c, t, raw, CLATTN_R_V, s->num_kv_heads, s->kv_seq,
+        const float *v = head_major(&c, t, CLATTN_R_V, s->num_kv_heads, s->kv_seq,
                                     take(&next, v_floats), v_tiles);
         if (v_tiles)
             c.vt = v;
@@ -603,9 +594,9 @@ static clattn_status run_f32(clattn_context *ctx, clattn_op op, const clattn_sha
             c.vh = v;
     }
     if (key_side) {
-        c.qh = head_major(&c, t, raw, CLATTN_R_Q, s->num_heads, s->q_seq,
+        c.qh = head_major(&c, t, CLATTN_R_Q, s->num_heads, s->q_seq,
                           take(&next, qh_floats), 0);
-        c.oh = head_major(&c, t, raw, CLATTN_R_DO, s->num_heads, s->q_seq,
+        c.oh = head_major(&c, t, CLATTN_R_DO, s->num_heads, s->q_seq,
                           take(&next, oh_floats), 0);
     }
     /* the copies and Dsum: one round, none depending on another */
@@ -614,24 +605,24 @@ static clattn_status run_f32(clattn_context *ctx, clattn_op op, const clattn_sha
     pack_queued(&c, want_dsum ? (rows + DSUM_ROWS - 1) / DSUM_ROWS : 0, n);
     switch (op) {
     case CLATTN_OP_FORWARD:
-        c.o_out = (float *)t[CLATTN_R_O];
+        c.o_out = (void *)t[CLATTN_R_O];
         c.lse_out = (float *)t[CLATTN_R_LSE];
         run_jobs(c.pool, &c, hot->forward, query_jobs, n);
         break;
     case CLATTN_OP_GRAD_V:
-        c.dv = (float *)t[CLATTN_R_DV];
+        c.dv = (void *)t[CLATTN_R_DV];
         run_jobs(c.pool, &c, hot->key_block, key_jobs, n);
         break;
     case CLATTN_OP_GRAD_Q:
-        c.dq = (float *)t[CLATTN_R_DQ];
+        c.dq = (void *)t[CLATTN_R_DQ];
         run_jobs(c.pool, &c, hot->grad_q, query_jobs, n);
         break;
     case CLATTN_OP_GRAD_K:
     case CLATTN_OP_BACKWARD:
-        c.dk = (float *)t[CLATTN_R_DK];
+        c.dk = (void *)t[CLATTN_R_DK];
         if (op == CLATTN_OP_BACKWARD) {
-            c.dv = (float *)t[CLATTN_R_DV];
-            c.dq = (float *)t[CLATTN_R_DQ];
+            c.dv = (void *)t[CLATTN_R_DV];
+            c.dq = (void *)t[CLATTN_R_DQ];
         }
         if (fused) { /* the key side into dQ copies, then their sum */
             snprintf(ctx->kernels, sizeof ctx->kernels, "dsum__native,grad_kvq__native");
@@ -652,84 +643,6 @@ static clattn_status run_f32(clattn_context *ctx, clattn_op op, const clattn_sha
     return CLATTN_OK;
 }
 
-/* Conversions run as jobs of CONV_CHUNK elements, on every thread. */
-enum { CONV_CHUNK = 1 << 16 };
-
-static void convert_job(const native_call *c, size_t job)
-{
-    const size_t first = job * CONV_CHUNK;
-    const size_t n = c->conv_n - first < CONV_CHUNK ? c->conv_n - first : CONV_CHUNK;
-    if (c->conv_widen)
-        c->hot->widen(c->s->dtype, (const uint16_t *)c->conv_src + first,
-                      (float *)c->conv_dst + first, n);
-    else
-        c->hot->narrow(c->s->dtype, (const float *)c->conv_src + first,
-                       (uint16_t *)c->conv_dst + first, n);
-}
-
-static void convert(native_call *c, const void *src, void *dst, size_t n, int widen, int threads)
-{
-    c->conv_src = src;
-    c->conv_dst = dst;
-    c->conv_n = n;
-    c->conv_widen = widen;
-    run_jobs(c->pool, c, convert_job, (n + CONV_CHUNK - 1) / CONV_CHUNK, threads);
-}
-
-/* A 16-bit op runs on float32 copies of its tensors (the LSE pairs are
- * float32 already), and its outputs are rounded once, at the end. */
-static clattn_status native_run(clattn_context *ctx, clattn_op op, const clattn_shape *s,
-                                const clattn_sizes *sz, const void *const t[CLATTN_R_COUNT])
-{
-    /* The context's threads, once, for every round of jobs below. */
-    if (!ctx->pool && ctx->num_threads > 1)
-        ctx->pool = pool_create(ctx->num_threads - 1);
-    const float *ft[CLATTN_R_COUNT];
-    if (s->dtype == CLATTN_DTYPE_F32) {
-        for (int r = 0; r < CLATTN_R_COUNT; ++r)
-            ft[r] = t[r];
-        return run_f32(ctx, op, s, sz, ft, NULL, plan_call(ctx, op, s));
-    }
-    /* Accumulating gradients are read (widened) first; tensors read only
-     * head-major are widened as run_f32 packs them. */
-    const native_plan plan = plan_call(ctx, op, s);
-    const unsigned packed = packed_only(op, plan.fused);
-    const unsigned reads = clattn_call_reads(op, s) & ~packed, writes = clattn_op_writes[op];
-    size_t total = 0;
-    for (int r = 0; r < CLATTN_R_COUNT; ++r)
-        if (r != CLATTN_R_LSE && ((reads | writes) & CLATTN_BIT(r)))
-            total += clattn_role_elems(sz, (clattn_role)r);
-    /* Kept by the context, as the scratch is: allocated afresh every call,
-     * their pages were faulted in every call (a quarter of a bf16 forward's
-     * time at q_seq 1024, d64, 2 threads). */
-    if (!grow(&ctx->wide, &ctx->wide_floats, total))
-        return clattn_fail(CLATTN_ERROR_OUT_OF_MEMORY,
-                           "out of host memory for %zu floats of float32 copies", total);
-    float *buf = ctx->wide;
-    native_call c;
-    memset(&c, 0, sizeof c);
-    c.s = s;
-    c.pool = ctx->pool;
-    c.hot = ctx->native;
-    float *next = buf;
-    for (int r = 0; r < CLATTN_R_COUNT; ++r) {
-        ft[r] = r == CLATTN_R_LSE ? t[r] : NULL;
-        if (r == CLATTN_R_LSE || !((reads | writes) & CLATTN_BIT(r)))
-            continue;
-        const size_t n = clattn_role_elems(sz, (clattn_role)r);
-        if (reads & CLATTN_BIT(r))
-            convert(&c, t[r], next, n, 1, ctx->num_threads);
-        ft[r] = next;
-        next += n;
-    }
-    const clattn_status st = run_f32(ctx, op, s, sz, ft, t, plan);
-    for (int r = 0; r < CLATTN_R_COUNT && st == CLATTN_OK; ++r)
-        if (r != CLATTN_R_LSE && (writes & CLATTN_BIT(r)))
-            convert(&c, ft[r], (void *)t[r], clattn_role_elems(sz, (clattn_role)r), 0,
-                    ctx->num_threads);
-    return st;
-}
-
 static void native_destroy(clattn_context *ctx)
 {
     pool_destroy(ctx->pool);
@@ -737,9 +650,6 @@ static void native_destroy(clattn_context *ctx)
     free(ctx->scratch);
     ctx->scratch = NULL;
     ctx->scratch_floats = 0;
-    free(ctx->wide);
-    ctx->wide = NULL;
-    ctx->wide_floats = 0;
 }
 
 static const clattn_backend_ops native_ops = {native_run, native_destroy};

@@ -51,8 +51,13 @@ static inline void native_transpose(const float *const *rows, size_t D, float *t
 
 typedef struct native_call {
     const clattn_shape *s;
-    const float *q, *k, *v, *o, *lse, *d_out;
-    float *dq, *dk, *dv, *o_out, *lse_out;
+    /* The caller's tensors, of s->dtype: float32, or 16-bit, widened row by
+     * row where the jobs read them and rounded row by row where they write
+     * them (native_kernels.c's in_row and out_row), never copied whole. */
+    const void *q, *k, *v, *o, *d_out;
+    void *dq, *dk, *dv, *o_out;
+    const float *lse;
+    float *lse_out;
     const float *dsum; /* dO . O per query row, for grad-K */
     /* K and V ([batch][kv head][key][D]) for the query side, Q and dO
      * ([batch][head][pos][D]) for the key side: copies, head-major, so that
@@ -72,10 +77,6 @@ typedef struct native_call {
     size_t dq_part_floats;
     struct native_pool *pool; /* the threads that run its jobs */
     const struct native_kernels *hot;
-    const void *conv_src; /* a conversion being made: conv_n elements, */
-    void *conv_dst;       /* widened (16-bit to float32) or narrowed */
-    size_t conv_n;
-    int conv_widen;
     /* Head-major copies being made in one round (src/native.c's
      * head_major), with Dsum's jobs after theirs where dsum_jobs: src (of
      * dtype, widened on the way when 16-bit) to dst, `heads` heads of

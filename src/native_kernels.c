@@ -153,6 +153,80 @@ INLINE hvec exp2v(hvec t)
 
 static const float zero_row[CLATTN_MAX_HEAD_DIM];
 
+/* n elements of a 16-bit dtype to float32 and back, as clattn_to_f32 and
+ * clattn_from_f32 do, with F16C's conversions where the level has them (a
+ * cast of _Float16 rounds to nearest even, as they do). */
+INLINE void widen_n(clattn_dtype dtype, const void *src, float *dst, size_t n)
+{
+    if (dtype == CLATTN_DTYPE_BF16) { /* a vector loop at this level */
+        const uint16_t *h = src;
+        for (size_t i = 0; i < n; ++i)
+            dst[i] = clattn_bf16_to_f32(h[i]);
+        return;
+    }
+#if defined(__F16C__) && defined(__FLT16_MAX__)
+    if (dtype == CLATTN_DTYPE_F16) {
+        const _Float16 *h = src;
+        for (size_t i = 0; i < n; ++i)
+            dst[i] = (float)h[i];
+        return;
+    }
+#endif
+    clattn_to_f32(dtype, src, dst, n);
+}
+
+INLINE void narrow_n(clattn_dtype dtype, const float *src, void *dst, size_t n)
+{
+    if (dtype == CLATTN_DTYPE_BF16) {
+        uint16_t *h = dst;
+        for (size_t i = 0; i < n; ++i)
+            h[i] = clattn_f32_to_bf16(src[i]);
+        return;
+    }
+#if defined(__F16C__) && defined(__FLT16_MAX__)
+    if (dtype == CLATTN_DTYPE_F16) {
+        _Float16 *h = dst;
+        for (size_t i = 0; i < n; ++i)
+            h[i] = (_Float16)src[i];
+        return;
+    }
+#endif
+    clattn_from_f32(dtype, src, dst, n);
+}
+
+/* n elements of tensor t (float32, or the call's 16-bit dtype) from
+ * element `at` on, as float32: t's own where it is float32, else widened
+ * into buf. */
+INLINE const float *in_row(const native_call *c, const void *t, size_t at, size_t n, float *buf)
+{
+    if (c->s->dtype == CLATTN_DTYPE_F32)
+        return (const float *)t + at;
+    widen_n(c->s->dtype, (const uint16_t *)t + at, buf, n);
+    return buf;
+}
+
+/* The n floats x to tensor t (float32 or the call's 16-bit dtype) from
+ * element `at` on, added to what is there where `add` (s->accumulate), a
+ * 16-bit sum in float32 and rounded once; x is overwritten. */
+INLINE void out_row(const native_call *c, void *t, size_t at, float *x, size_t n, int add)
+{
+    if (c->s->dtype == CLATTN_DTYPE_F32) {
+        float *out = (float *)t + at;
+        for (size_t i = 0; i < n; ++i)
+            out[i] = add ? out[i] + x[i] : x[i];
+        return;
+    }
+    uint16_t *out = (uint16_t *)t + at;
+    if (add) {
+        _Alignas(64) float old[CLATTN_MAX_HEAD_DIM];
+        widen_n(c->s->dtype, out, old, n);
+        for (size_t i = 0; i < n; ++i)
+            x[i] = old[i] + x[i];
+    }
+    narrow_n(c->s->dtype, x, out, n);
+}
+
+
 /* The part (of `parts`) that block i of a head falls to: to and fro (see
  * native.h). */
 INLINE size_t part_of(size_t i, size_t parts)
@@ -375,18 +449,20 @@ static void key_block(const native_call *c, size_t job)
     _Alignas(64) tile_row dkt[CLATTN_MAX_HEAD_DIM], dvt[CLATTN_MAX_HEAD_DIM];
     const size_t first = ((size_t)b * s->kv_seq + t0) * kv_row + kv_head * D;
     const float *krows[KEY_BLOCK], *vrows[KEY_BLOCK];
+    /* 16-bit rows widened; the fused backward's dS K reads the block's key
+     * rows for every chunk of query rows: from a copy of their own, not
+     * from K, where they lie heads * D floats apart (a power of two there
+     * put all 32 in one or two of L1's sets: its product took twice the
+     * time a flop of the others did; d64 on 8 KV heads, 2 KB apart). */
+    _Alignas(64) float kcopy[KEY_BLOCK * CLATTN_MAX_HEAD_DIM];
+    _Alignas(64) float vwide[KEY_BLOCK * CLATTN_MAX_HEAD_DIM];
     for (uint32_t j = 0; j < KEY_BLOCK; ++j) {
-        krows[j] = j < nt ? c->k + first + j * kv_row : zero_row;
-        vrows[j] = j < nt && want_dk ? c->v + first + j * kv_row : zero_row;
+        krows[j] = j < nt ? in_row(c, c->k, first + j * kv_row, D, kcopy + j * D) : zero_row;
+        vrows[j] = j < nt && want_dk ? in_row(c, c->v, first + j * kv_row, D, vwide + j * D)
+                                     : zero_row;
     }
     transpose_in(krows, D, kt);
-    /* The fused backward's dS K reads the block's key rows for every chunk
-     * of query rows: from a copy of their own, not from K, where they lie
-     * heads * D floats apart (a power of two there put all 32 in one or
-     * two of L1's sets: its product took twice the time a flop of the
-     * others did; d64 on 8 KV heads, 2 KB apart). */
-    _Alignas(64) float kcopy[KEY_BLOCK * CLATTN_MAX_HEAD_DIM];
-    if (c->dq_part)
+    if (c->dq_part && s->dtype == CLATTN_DTYPE_F32)
         for (uint32_t j = 0; j < nt; ++j) {
             memcpy(kcopy + j * D, krows[j], D * sizeof(float));
             krows[j] = kcopy + j * D;
@@ -429,15 +505,21 @@ static void key_block(const native_call *c, size_t job)
     }
     if (ch.n)
         key_chunk_run(c, &ch, kt, vt, want_dk ? dkt : NULL, want_dv ? dvt : NULL, krows);
-    for (uint32_t j = 0; j < nt; ++j)
-        for (size_t d = 0; d < D; ++d) {
-            const size_t at = first + j * kv_row + d;
-            /* s->accumulate: add into the outputs (beta = 1) */
-            if (want_dv)
-                c->dv[at] = s->accumulate ? c->dv[at] + dvt[d][j] : dvt[d][j];
-            if (want_dk)
-                c->dk[at] = s->accumulate ? c->dk[at] + dkt[d][j] : dkt[d][j];
+    /* s->accumulate: add into the outputs (beta = 1) */
+    _Alignas(64) float row[CLATTN_MAX_HEAD_DIM];
+    for (uint32_t j = 0; j < nt; ++j) {
+        const size_t at = first + j * kv_row;
+        if (want_dv) {
+            for (size_t d = 0; d < D; ++d)
+                row[d] = dvt[d][j];
+            out_row(c, c->dv, at, row, D, s->accumulate);
         }
+        if (want_dk) {
+            for (size_t d = 0; d < D; ++d)
+                row[d] = dkt[d][j];
+            out_row(c, c->dk, at, row, D, s->accumulate);
+        }
+    }
 }
 
 /* Query-side jobs take QUERY_BLOCK query rows of one (batch, head), kept
@@ -491,14 +573,24 @@ INLINE void query_block_of(const native_call *c, size_t job, query_block *qb)
         qb->lo = qb->hi;
 }
 
-/* t[d][r] = x[row r][d] for the block's rows, zeros past them. */
-INLINE void query_block_transpose(const native_call *c, query_block *qb, const float *x,
+/* t[d][r] = x[row r][d] for the block's rows (of tensor x, widened where
+ * 16-bit), zeros past them. */
+INLINE void query_block_transpose(const native_call *c, query_block *qb, const void *x,
                                   tile_row *t)
 {
     const size_t D = c->s->head_dim;
+    _Alignas(64) float wide[QUERY_BLOCK * CLATTN_MAX_HEAD_DIM];
     for (size_t r = 0; r < QUERY_BLOCK; ++r)
-        qb->ptrs[r] = r < qb->rows ? x + qb->row[r] * D : zero_row;
+        qb->ptrs[r] = r < qb->rows ? in_row(c, x, qb->row[r] * D, D, wide + r * D) : zero_row;
     transpose_in(qb->ptrs, D, t);
+}
+
+/* dO . O of row `row`. */
+INLINE float row_dsum(const native_call *c, size_t row)
+{
+    const size_t D = c->s->head_dim;
+    _Alignas(64) float a[CLATTN_MAX_HEAD_DIM], b[CLATTN_MAX_HEAD_DIM];
+    return dot(in_row(c, c->d_out, row * D, D, a), in_row(c, c->o, row * D, D, b), D);
 }
 
 /* The rows of keys [t0, t0 + n) of one KV head, zero rows past n. */
@@ -594,10 +686,11 @@ static void forward_block(const native_call *c, size_t job)
         }
         accumulate_t(ot, D, qb.vt + (size_t)(t0 / KEY_BLOCK) * D, sc, n, rescale);
     }
+    _Alignas(64) float orow[CLATTN_MAX_HEAD_DIM];
     for (size_t r = 0; r < qb.rows; ++r) {
-        float *orow = c->o_out + qb.row[r] * D;
         for (size_t d = 0; d < D; ++d)
             orow[d] = l[r] > 0.0f ? ot[d][r] / l[r] : 0.0f;
+        out_row(c, c->o_out, qb.row[r] * D, orow, D, 0);
         float *pair = c->lse_out + 2 * qb.row[r];
         pair[0] = l[r] > 0.0f ? m[r] : EMPTY_ROW;
         pair[1] = l[r] > 0.0f ? logf(l[r]) : EMPTY_ROW;
@@ -622,7 +715,7 @@ static void grad_q_block(const native_call *c, size_t job)
         const int live = r < qb.rows;
         m[r] = live ? c->lse[2 * qb.row[r]] : 0.0f;
         l[r] = live ? c->lse[2 * qb.row[r] + 1] : 0.0f;
-        dsum[r] = live ? dot(c->d_out + qb.row[r] * D, c->o + qb.row[r] * D, D) : 0.0f;
+        dsum[r] = live ? row_dsum(c, qb.row[r]) : 0.0f;
     }
     const float scale = c->scale, unit = scale * LOG2E;
     for (size_t r = 0; r < QUERY_BLOCK; ++r) { /* p = exp(min(s * scale - m, 0) - l) in base 2 */
@@ -648,20 +741,21 @@ static void grad_q_block(const native_call *c, size_t job)
         }
         accumulate(dqt, D, krows, sc, n);
     }
+    _Alignas(64) float dq[CLATTN_MAX_HEAD_DIM];
     for (size_t r = 0; r < qb.rows; ++r) {
-        float *dq = c->dq + qb.row[r] * D;
         for (size_t d = 0; d < D; ++d)
-            dq[d] = c->s->accumulate ? dq[d] + dqt[d][r] : dqt[d][r];
+            dq[d] = dqt[d][r];
+        out_row(c, c->dq, qb.row[r] * D, dq, D, c->s->accumulate);
     }
 }
 
 static void dsum_job(const native_call *c, size_t job)
 {
     const clattn_shape *s = c->s;
-    const size_t D = s->head_dim, rows = (size_t)s->batch * s->q_seq * s->num_heads;
+    const size_t rows = (size_t)s->batch * s->q_seq * s->num_heads;
     const size_t end = (job + 1) * DSUM_ROWS < rows ? (job + 1) * DSUM_ROWS : rows;
     for (size_t row = job * DSUM_ROWS; row < end; ++row)
-        ((float *)c->dsum)[row] = dot(c->d_out + row * D, c->o + row * D, D);
+        ((float *)c->dsum)[row] = row_dsum(c, row);
 }
 
 /* A job is the blocks of one head that fall to one part, in order.
@@ -702,45 +796,14 @@ static void key_block_job(const native_call *c, size_t job)
     run_part(c, job, c->blocks_per_head, c->key_parts, key_block);
 }
 
-/* n elements of a 16-bit dtype to float32 and back, as clattn_to_f32 and
- * clattn_from_f32 do, with F16C's conversions where the level has them (a
- * cast of _Float16 rounds to nearest even, as they do). */
 static void widen(clattn_dtype dtype, const void *src, float *dst, size_t n)
 {
-    if (dtype == CLATTN_DTYPE_BF16) { /* a vector loop at this level */
-        const uint16_t *h = src;
-        for (size_t i = 0; i < n; ++i)
-            dst[i] = clattn_bf16_to_f32(h[i]);
-        return;
-    }
-#if defined(__F16C__) && defined(__FLT16_MAX__)
-    if (dtype == CLATTN_DTYPE_F16) {
-        const _Float16 *h = src;
-        for (size_t i = 0; i < n; ++i)
-            dst[i] = (float)h[i];
-        return;
-    }
-#endif
-    clattn_to_f32(dtype, src, dst, n);
+    widen_n(dtype, src, dst, n);
 }
 
 static void narrow(clattn_dtype dtype, const float *src, void *dst, size_t n)
 {
-    if (dtype == CLATTN_DTYPE_BF16) {
-        uint16_t *h = dst;
-        for (size_t i = 0; i < n; ++i)
-            h[i] = clattn_f32_to_bf16(src[i]);
-        return;
-    }
-#if defined(__F16C__) && defined(__FLT16_MAX__)
-    if (dtype == CLATTN_DTYPE_F16) {
-        _Float16 *h = dst;
-        for (size_t i = 0; i < n; ++i)
-            h[i] = (_Float16)src[i];
-        return;
-    }
-#endif
-    clattn_from_f32(dtype, src, dst, n);
+    narrow_n(dtype, src, dst, n);
 }
 
 const native_kernels NATIVE_TABLE(NATIVE_LEVEL) = {
