@@ -38,6 +38,63 @@
 #define QB 32 /* query rows of a query-side work-item */
 #define CHUNK 32
 
+/* 16 elements of a 16-bit tensor from element i on, as float32, and 16
+ * floats rounded to nearest even as the tensor's 16-bit bits: one vector
+ * operation where PoCL's scalar vload_half and vstore_half_rte ran a
+ * conversion (with branches, in software) per element. LOAD16 and bits16
+ * give what LOAD and STORE do, element by element (NaNs stay NaNs, quiet). */
+#if DTYPE == 1
+#define LOAD16(p, i) vload_half16(0, (p) + (i))
+inline ushort16 bits16(float16 x)
+{
+    const uint16 b = as_uint16(x), a = b & 0x7fffffffu, sign = (b >> 16) & 0x8000u;
+    /* normal halves: the exponent rebiased (127 - 15), the mantissa's 13
+     * dropped bits rounded to nearest even (a carry into the exponent is
+     * right, up to infinity at 65520) */
+    const uint16 normal = (a - 0x38000000u + 0xfffu + ((a >> 13) & 1u)) >> 13;
+    /* below 2^-14: subnormal halves, steps of 2^-24, which are the steps of
+     * float32 at 0.5: the sum's rounding is the half's */
+    const uint16 sub = as_uint16(as_float16(a) + 0.5f) - 0x3f000000u;
+    const uint16 big = select((uint16)0x7c00u, 0x7e00u | ((a >> 13) & 0x3ffu), a > 0x7f800000u);
+    uint16 h = select(normal, sub, a < 0x38800000u);
+    h = select(h, big, a >= 0x477ff000u);
+    return convert_ushort16(h | sign);
+}
+#elif DTYPE == 2
+#define LOAD16(p, i) as_float16(convert_uint16(vload16(0, (p) + (i))) << 16)
+inline ushort16 bits16(float16 x)
+{
+    const uint16 b = as_uint16(x);
+    return convert_ushort16(select((b + 0x7fffu + ((b >> 16) & 1u)) >> 16, (b >> 16) | 0x40u,
+                                   (b & 0x7fffffffu) > 0x7f800000u));
+}
+#endif
+
+/* x (lane i: element d of row at[i] / D) to p[at[i] + d] for the lanes
+ * below n, added to what is there under accumulate; 16-bit tensors
+ * converted as a vector, stored lane by lane. */
+inline void store16(__global elem *p, const ulong *at, uint n, uint d, float16 x, int accumulate)
+{
+#if DTYPE == 0
+    float v[16];
+    vstore16(x, 0, v);
+    for (uint i = 0; i < n; ++i)
+        p[at[i] + d] = accumulate ? p[at[i] + d] + v[i] : v[i];
+#else
+    if (accumulate) {
+        float old[16];
+        for (uint i = 0; i < 16; ++i)
+            old[i] = i < n ? LOAD(p, at[i] + d) : 0.0f;
+        x = vload16(0, old) + x;
+    }
+    ushort bits[16];
+    vstore16(bits16(x), 0, bits);
+    __global ushort *u = (__global ushort *)p;
+    for (uint i = 0; i < n; ++i)
+        u[at[i] + d] = bits[i];
+#endif
+}
+
 /* The rows the products below stream: fp32 rows straight from global
  * memory; 16-bit rows converted once into a private buffer (stage()), so
  * that the inner loops load floats rather than convert every element at
@@ -64,11 +121,7 @@ inline SRC *stage(float *buf, __global const elem *x, const ulong *row, uint n, 
         __global const elem *r = x + row[i];
         uint d = 0;
         for (; d + 16 <= D; d += 16) /* 16 at a time: F16C where the CPU has it */
-#if DTYPE == 1
-            vstore16(vload_half16(0, r + d), 0, buf + i * D + d);
-#else
-            vstore16(as_float16(convert_uint16(vload16(0, r + d)) << 16), 0, buf + i * D + d);
-#endif
+            vstore16(LOAD16(r, d), 0, buf + i * D + d);
         for (; d < D; ++d)
             buf[i * D + d] = LOAD(r, d);
         at[i] = i * D;
@@ -238,9 +291,19 @@ inline void add_rows(float *acc, SRC *x, const ulong *row, const float16 *w, con
  * width w (KB keys, QB query rows). */
 inline void transpose_in(__global const elem *x, const ulong *row, uint n, float *t, uint w)
 {
-    for (uint j = 0; j < w; ++j)
-        for (uint d = 0; d < D; ++d)
+    for (uint j = 0; j < w; ++j) {
+        uint d = 0;
+#if DTYPE != 0
+        for (; j < n && d + 16 <= D; d += 16) {
+            float v[16];
+            vstore16(LOAD16(x, row[j] + d), 0, v);
+            for (uint i = 0; i < 16; ++i)
+                t[(d + i) * w + j] = v[i];
+        }
+#endif
+        for (; d < D; ++d)
             t[d * w + j] = j < n ? LOAD(x, row[j] + d) : 0.0f;
+    }
 }
 
 /* Whether query pos sees key t, lane by lane, as float16 selects want it
@@ -354,12 +417,14 @@ inline void key_job(__global const elem *q, __global const elem *k, __global con
     if (ch.n)
         chunk_run(&ch, q, d_out, kt, vt, dkt, dvt, t0, nt, causal, window, delta, scale, want_dk,
                   want_dv);
-    for (uint j = 0; j < nt; ++j)
+    for (uint h = 0; 16 * h < nt; ++h)
         for (uint d = 0; d < D; ++d) {
             if (want_dv)
-                STORE_GRAD(dv, first + j * kv_row + d, dvt[d * KK + j], accumulate);
+                store16(dv, keys + 16 * h, min(nt - 16 * h, 16u), d, vload16(h, dvt + d * KK),
+                        accumulate);
             if (want_dk)
-                STORE_GRAD(dk, first + j * kv_row + d, dkt[d * KK + j], accumulate);
+                store16(dk, keys + 16 * h, min(nt - 16 * h, 16u), d, vload16(h, dkt + d * KK),
+                        accumulate);
         }
 }
 
@@ -501,9 +566,11 @@ __kernel void forward__blocked(__global const elem *q, ulong q_off, __global con
         vstore16(l[h], h, lv);
         vstore16(m[h], h, mv);
     }
-    for (uint i = 0; i < r.n; ++i) {
+    for (uint h = 0; 16 * h < r.n; ++h)
         for (uint d = 0; d < D; ++d)
-            STORE(o, qrow[i] + d, lv[i] > 0.0f ? ot[d * QB + i] / lv[i] : 0.0f);
+            store16(o, qrow + 16 * h, min(r.n - 16 * h, 16u), d,
+                    select((float16)0.0f, vload16(h, ot + d * QB) / l[h], l[h] > 0.0f), 0);
+    for (uint i = 0; i < r.n; ++i) {
         lse[2 * r.row[i]] = lv[i] > 0.0f ? mv[i] : EMPTY_ROW;
         lse[2 * r.row[i] + 1] = lv[i] > 0.0f ? log(lv[i]) : EMPTY_ROW;
     }
@@ -568,9 +635,10 @@ __kernel void grad_q__blocked(__global const elem *q, ulong q_off, __global cons
             }
         add_rows(dqt, kx, at, sc[0], sc[1], n, 1.0f, 1.0f);
     }
-    for (uint i = 0; i < r.n; ++i)
+    for (uint h = 0; 16 * h < r.n; ++h)
         for (uint d = 0; d < D; ++d)
-            STORE_GRAD(dq, qrow[i] + d, dqt[d * QB + i], accumulate);
+            store16(dq, qrow + 16 * h, min(r.n - 16 * h, 16u), d, vload16(h, dqt + d * QB),
+                    accumulate);
 }
 
 /* Dsum = dO . O, QB rows per work-item, as the query side takes them. */
@@ -582,7 +650,17 @@ __kernel void dsum__blocked(__global const elem *d_out, ulong d_out_off, __globa
     for (uint pos = pos0; pos < min(pos0 + QB, q_seq); ++pos) {
         const ulong row = ((ulong)b * q_seq + pos) * num_heads + head;
         float sum = 0.0f;
-        for (uint d = 0; d < D; ++d)
+        uint d = 0;
+#if DTYPE != 0
+        float16 part = 0.0f;
+        for (; d + 16 <= D; d += 16)
+            part += LOAD16(d_out, d_out_off + row * D + d) * LOAD16(o, o_off + row * D + d);
+        float v[16];
+        vstore16(part, 0, v);
+        for (uint i = 0; i < 16; ++i)
+            sum += v[i];
+#endif
+        for (; d < D; ++d)
             sum += LOAD(d_out, d_out_off + row * D + d) * LOAD(o, o_off + row * D + d);
         dsum[dsum_off + row] = sum;
     }
