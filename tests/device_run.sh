@@ -9,6 +9,8 @@
 #            train, ring and sm90a_probe GPU tests beside them; one summary,
 #            kernels.log (KERNELS_S: the time limit, default 540 s)
 #   compare  tests/torch_compare.py --large on the GPU, tolerance 1e-5
+#   compare16  tests/torch_compare.py --dtype bf16, then f16, on the GPU (12 cases; each
+#            under COMPARE16_S, default 240 s)
 #   bench    tests/torch_bench.py on the GPU shapes, with a plot (BENCH_VARIANT, BENCH_DTYPE,
 #            BENCH_DIMS: variant, dtype and head_dims; defaults mma, f32, all)
 #   tune     clattn bench per CLATTN_MMA shape (TUNE_D64, TUNE_D128, ... override the lists;
@@ -19,6 +21,11 @@
 #   ab       native old against new: clattn bench of the CPU shapes, interleaved, AB_ROUNDS
 #            (default 2) rounds at each of AB_THREADS (default 16,1), the old build from
 #            the source tree AB_OLD (carried; `git archive REV | tar x -C DIR`)
+#   dtypes   float32 against bf16 and f16 on the CPU backends, old build against new: clattn
+#            bench of DT_SHAPES (default the three CPU shapes of issue 11) on native and
+#            PoCL blocked, forward and backward, at each of DT_THREADS (default 16,2),
+#            interleaved, AB_ROUNDS rounds; the old build from AB_OLD as for ab (programs
+#            compiled first, 8 at once)
 #   gab      GPU kernels old against new: clattn bench of the GPU shapes (mma, GAB_DTYPE:
 #            default bf16; GAB_DIMS: head_dims, default 64,128; GAB_OPS: default
 #            "forward backward"), interleaved, AB_ROUNDS rounds, the old build from
@@ -131,6 +138,12 @@ for stage in "$@"; do
   compare)
     python3 tests/torch_compare.py "$cli" --large --tolerance 1e-5 --backends gpu 2>&1 \
       | tee "$OUT/compare.log" ;;
+  compare16)
+    for dt in bf16 f16; do
+      echo "== $dt"
+      timeout "${COMPARE16_S:-240}" python3 tests/torch_compare.py "$cli" --backends gpu --dtype "$dt" 2>&1
+      echo "rc $?"
+    done 2>&1 | tee "$OUT/compare16.log" ;;
   bench)
     dtype=${BENCH_DTYPE:-f32}
     python3 tests/torch_bench.py "$cli" --no-cpu --variant "${BENCH_VARIANT:-mma}" --reps 5 \
@@ -173,6 +186,40 @@ for stage in "$@"; do
         done
       done
     done 2>&1 | tee "$OUT/ab.log" ;;
+  dtypes)
+    build_old
+    dt_shapes=("--q-seq 1024 --heads 8 --kv-heads 2 --head-dim 64 --causal"
+               "--q-seq 1024 --heads 16 --kv-heads 4 --head-dim 128 --causal"
+               "--batch 4 --q-seq 512 --heads 8 --head-dim 64")
+    [ -n "${DT_SHAPES:-}" ] && IFS=';' read -r -a dt_shapes <<< "$DT_SHAPES"
+    # PoCL's programs first, every build, dtype, head_dim and op, 8 at once
+    for b in build-old build-dev; do for dt in f32 bf16 f16; do for sh in "${dt_shapes[@]}"; do
+      for op in forward backward; do
+        echo "$b/clattn bench --op $op $sh --device cpu --variant blocked --threads 2 --reps 1 --dtype $dt"
+      done
+    done; done; done | xargs -P 8 -I{} sh -c '{} > /dev/null 2>&1'
+    threads=${DT_THREADS:-16,2}
+    for t in ${threads//,/ }; do
+      for sh in "${dt_shapes[@]}"; do
+        for dev in native cpu; do
+          var=()
+          [ $dev = cpu ] && var=(--variant blocked)
+          for op in forward backward; do
+            line="t$t $dev $op $sh:"
+            for r in $(seq "${AB_ROUNDS:-2}"); do
+              for b in build-old build-dev; do
+                line="$line ${b#build-}"
+                for dt in f32 bf16 f16; do
+                  line="$line $dt=$($b/clattn bench --op $op $sh --device $dev "${var[@]}" \
+                    --threads "$t" --reps 5 --dtype $dt | awk 'NR==3{print $3}')"
+                done
+              done
+            done
+            echo "$line"
+          done
+        done
+      done
+    done 2>&1 | tee "$OUT/dtypes.log" ;;
   gab)
     build_old
     gpu_shapes=("64:--q-seq 4096 --heads 8 --causal" "64:--q-seq 4096 --heads 32 --kv-heads 8"
