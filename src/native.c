@@ -512,8 +512,8 @@ static int grow(float **buf, size_t *have, size_t n)
  * and rounded in the jobs (native_call); only the head-major copies the
  * float32 op makes too are float32. Whole float32 copies of the tensors,
  * widened and rounded in rounds of their own, had made a bf16 forward
- * 0.65x float32's on 16 threads of the H200 machine's CPU (batch 4, q_seq
- * 512, d64: 0.5 ms of 1.7 more, at memory speed). */
+ * 0.65-0.83x float32's on 16 threads of the H200 machine's CPU (batch 4,
+ * q_seq 512, d64). */
 static clattn_status native_run(clattn_context *ctx, clattn_op op, const clattn_shape *s,
                                 const clattn_sizes *sz, const void *const t[CLATTN_R_COUNT])
 {
