@@ -1080,6 +1080,76 @@ START_TEST(dtype_sweep)
 }
 END_TEST
 
+/* One visible key a row (causal, window 1): every weight is 1 (to within
+ * float32's rounding), so a 16-bit forward's O is V and the backward's dV
+ * is dO, bit for bit, on every path that widens and rounds 16-bit
+ * elements, with subnormal halves, the smallest normal and the largest
+ * among the values (bfloat16: magnitudes from 2^-125 to 2^61, so that no
+ * float32 under- or overflows). ctx is the caller's. */
+static void check_exact_16(clattn_context *ctx, clattn_dtype dtype, uint32_t head_dim)
+{
+    static const uint16_t f16[] = {0x0001, 0x0002, 0x03ff, 0x0400, 0x7bff,
+                                   0xfbff, 0x8001, 0x3c00, 0x3555, 0xc0a0};
+    static const uint16_t bf16[] = {0x0100, 0x0101, 0x5e00, 0xde00, 0x3f80,
+                                    0x3eab, 0xc0a0, 0x4b7f, 0x8101, 0x3c23};
+    const uint16_t *special = dtype == CLATTN_DTYPE_F16 ? f16 : bf16;
+    shape_case c = {1, 37, 37, 2, 2, head_dim, 1, 1, 0, 1};
+    clattn_shape s = to_shape(&c);
+    s.dtype = dtype;
+    problem p;
+    problem_make(&p, &s, 4000u + head_dim, 1.0f);
+    uint16_t *q = halves(p.nq), *k = halves(p.nkv), *v = halves(p.nkv), *d_out = halves(p.nq);
+    round_16(p.q, q, p.nq, dtype);
+    round_16(p.k, k, p.nkv, dtype);
+    round_16(p.v, v, p.nkv, dtype);
+    round_16(p.d_out, d_out, p.nq, dtype);
+    for (size_t i = 0; i < p.nkv; i += 3) { /* V and dO alike: same shape here */
+        v[i] = special[i / 3 % 10];
+        d_out[i] = special[(i / 3 + 5) % 10];
+    }
+    uint16_t *o = halves(p.nq), *gq = halves(p.nq), *gk = halves(p.nkv), *gv = halves(p.nkv);
+    float *lse = nan_array(p.nlse);
+    ck_assert_status(clattn_forward(ctx, &s, q, k, v, o, lse), CLATTN_OK);
+    for (size_t i = 0; i < p.nq; ++i)
+        ck_assert_msg(o[i] == v[i], "%s %s d%u: O[%zu] = 0x%04x, V's 0x%04x",
+                      current_variant, dtype == CLATTN_DTYPE_F16 ? "f16" : "bf16", head_dim, i,
+                      o[i], v[i]);
+    ck_assert_status(clattn_backward(ctx, &s, q, k, v, o, lse, d_out, gq, gk, gv), CLATTN_OK);
+    for (size_t i = 0; i < p.nkv; ++i)
+        ck_assert_msg(gv[i] == d_out[i], "%s %s d%u: dV[%zu] = 0x%04x, dO's 0x%04x",
+                      current_variant, dtype == CLATTN_DTYPE_F16 ? "f16" : "bf16", head_dim, i,
+                      gv[i], d_out[i]);
+    uint16_t *frees[] = {q, k, v, d_out, o, gq, gk, gv};
+    for (size_t i = 0; i < sizeof frees / sizeof *frees; ++i)
+        free(frees[i]);
+    free(lse);
+    problem_free(&p);
+}
+
+/* check_exact_16 at a head_dim of the mma kernels and one of tiled's, on
+ * every variant. */
+START_TEST(dtype_exact)
+{
+    for (int d = 0; d < 2; ++d) {
+        if (!dtype_runs(dtypes_16[d]))
+            continue;
+        for (uint32_t head_dim = 64; head_dim; head_dim = head_dim == 64 ? 100 : 0) {
+            clattn_context *ctx = NULL;
+            if (test_backend_kind() == CLATTN_BACKEND_OPENCL_GPU) {
+                current_variant = "default";
+                ctx = test_context(NULL);
+                check_exact_16(ctx, dtypes_16[d], head_dim);
+                clattn_context_destroy(ctx);
+            }
+            for (size_t v = 0; (ctx = next_variant(&v)) != NULL;) {
+                check_exact_16(ctx, dtypes_16[d], head_dim);
+                clattn_context_destroy(ctx);
+            }
+        }
+    }
+}
+END_TEST
+
 /* 16-bit tensors in a caller's cl_mem, at odd element offsets: the forward
  * gives the host-pointer call's bits, and a buffer one bfloat16 short is
  * refused (sizes count 2-byte elements, the LSE pairs 4-byte ones). ctx is
@@ -1200,6 +1270,20 @@ START_TEST(emulated_16_buffers)
 }
 END_TEST
 
+/* check_exact_16 on mma's 16-bit kernels, emulated, at head_dim 64: bfloat16
+ * (the programs emulated_16 builds), and float16 where CLATTN_MMA_WGMMA=1
+ * (those wgmma_sweep builds). */
+START_TEST(emulated_16_exact)
+{
+    clattn_context *ctx = emulated_mma_context();
+    current_variant = "mma";
+    check_exact_16(ctx, CLATTN_DTYPE_BF16, 64);
+    if (wgmma_asked() && HAVE_F16)
+        check_exact_16(ctx, CLATTN_DTYPE_F16, 64);
+    clattn_context_destroy(ctx);
+}
+END_TEST
+
 START_TEST(emulated_sweep)
 {
     clattn_context *ctx = emulated_mma_context();
@@ -1263,6 +1347,7 @@ Suite *emulated_suite(void)
     tcase_add_test(tc, emulated_16_buffers);
     if (wgmma_asked())
         tcase_add_loop_test(tc, wgmma_sweep, 0, N(wgmma_cases));
+    tcase_add_test(tc, emulated_16_exact);
     suite_add_tcase(s, tc);
     /* Global positions and accumulated gradients, at head_dim 64: one
      * offsets case and one split sequence. */
@@ -1315,6 +1400,7 @@ Suite *kernels_suite(void)
     tc = tcase_create("grad_v-16");
     tcase_set_timeout(tc, 600);
     tcase_add_loop_test(tc, dtype_sweep, 0, N(dtype_cases));
+    tcase_add_test(tc, dtype_exact);
     tcase_add_test(tc, dtype_buffers);
     if (test_backend_kind() == CLATTN_BACKEND_OPENCL_GPU)
         tcase_add_loop_test(tc, wgmma_sweep, 0, N(wgmma_cases));
