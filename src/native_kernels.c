@@ -494,7 +494,7 @@ static void key_block(const native_call *c, size_t job)
      * put all 32 in one or two of L1's sets: its product took twice the
      * time a flop of the others did; d64 on 8 KV heads, 2 KB apart). */
     _Alignas(64) float kcopy[KEY_BLOCK * CLATTN_MAX_HEAD_DIM];
-    _Alignas(64) float vwide[KEY_BLOCK * CLATTN_MAX_HEAD_DIM];
+    float *vwide = (float *)dkt; /* V's widened rows, until dK starts */
     for (uint32_t j = 0; j < KEY_BLOCK; ++j) {
         krows[j] = j < nt ? in_row(c, c->k, first + j * kv_row, D, kcopy + j * D) : zero_row;
         vrows[j] = j < nt && want_dk ? in_row(c, c->v, first + j * kv_row, D, vwide + j * D)
