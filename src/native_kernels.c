@@ -265,6 +265,17 @@ INLINE void out_row(const native_call *c, void *t, size_t at, float *x, size_t n
     narrow_n(c->s->dtype, x, out, n);
 }
 
+/* Column j of a transposed accumulator (acc[d][j], d < D) as the row of
+ * tensor t at element `at` (out_row). */
+INLINE void out_column(const native_call *c, void *t, size_t at, const tile_row *acc, size_t j,
+                       size_t D, int add)
+{
+    _Alignas(64) float row[CLATTN_MAX_HEAD_DIM];
+    for (size_t d = 0; d < D; ++d)
+        row[d] = acc[d][j];
+    out_row(c, t, at, row, D, add);
+}
+
 
 /* The part (of `parts`) that block i of a head falls to: to and fro (see
  * native.h). */
@@ -545,19 +556,11 @@ static void key_block(const native_call *c, size_t job)
     if (ch.n)
         key_chunk_run(c, &ch, kt, vt, want_dk ? dkt : NULL, want_dv ? dvt : NULL, krows);
     /* s->accumulate: add into the outputs (beta = 1) */
-    _Alignas(64) float row[CLATTN_MAX_HEAD_DIM];
     for (uint32_t j = 0; j < nt; ++j) {
-        const size_t at = first + j * kv_row;
-        if (want_dv) {
-            for (size_t d = 0; d < D; ++d)
-                row[d] = dvt[d][j];
-            out_row(c, c->dv, at, row, D, s->accumulate);
-        }
-        if (want_dk) {
-            for (size_t d = 0; d < D; ++d)
-                row[d] = dkt[d][j];
-            out_row(c, c->dk, at, row, D, s->accumulate);
-        }
+        if (want_dv)
+            out_column(c, c->dv, first + j * kv_row, dvt, j, D, s->accumulate);
+        if (want_dk)
+            out_column(c, c->dk, first + j * kv_row, dkt, j, D, s->accumulate);
     }
 }
 
@@ -631,7 +634,6 @@ INLINE float row_dsum(const native_call *c, size_t row)
     _Alignas(64) float a[CLATTN_MAX_HEAD_DIM], b[CLATTN_MAX_HEAD_DIM];
     return dot(in_row(c, c->d_out, row * D, D, a), in_row(c, c->o, row * D, D, b), D);
 }
-
 /* The rows of keys [t0, t0 + n) of one KV head, zero rows past n. */
 INLINE void key_rows(const float *base, size_t kv_row, uint32_t t0, uint32_t n,
                      const float *rows[KEY_BLOCK])
@@ -780,12 +782,8 @@ static void grad_q_block(const native_call *c, size_t job)
         }
         accumulate(dqt, D, krows, sc, n);
     }
-    _Alignas(64) float dq[CLATTN_MAX_HEAD_DIM];
-    for (size_t r = 0; r < qb.rows; ++r) {
-        for (size_t d = 0; d < D; ++d)
-            dq[d] = dqt[d][r];
-        out_row(c, c->dq, qb.row[r] * D, dq, D, c->s->accumulate);
-    }
+    for (size_t r = 0; r < qb.rows; ++r)
+        out_column(c, c->dq, qb.row[r] * D, dqt, r, D, c->s->accumulate);
 }
 
 static void dsum_job(const native_call *c, size_t job)

@@ -1080,6 +1080,17 @@ START_TEST(dtype_sweep)
 }
 END_TEST
 
+/* got[i] == want[i] bit for bit, for i < n (the 16-bit outputs what, of
+ * inputs of). */
+static void expect_bits(const char *what, const char *of, const clattn_shape *s,
+                        const uint16_t *got, const uint16_t *want, size_t n)
+{
+    for (size_t i = 0; i < n; ++i)
+        ck_assert_msg(got[i] == want[i], "%s %s d%u: %s[%zu] = 0x%04x, %s's 0x%04x",
+                      current_variant, s->dtype == CLATTN_DTYPE_F16 ? "f16" : "bf16",
+                      (unsigned)s->head_dim, what, i, got[i], of, want[i]);
+}
+
 /* One visible key a row (causal, window 1): every weight is 1 (to within
  * float32's rounding), so a 16-bit forward's O is V and the backward's dV
  * is dO, bit for bit, on every path that widens and rounds 16-bit
@@ -1110,15 +1121,9 @@ static void check_exact_16(clattn_context *ctx, clattn_dtype dtype, uint32_t hea
     uint16_t *o = halves(p.nq), *gq = halves(p.nq), *gk = halves(p.nkv), *gv = halves(p.nkv);
     float *lse = nan_array(p.nlse);
     ck_assert_status(clattn_forward(ctx, &s, q, k, v, o, lse), CLATTN_OK);
-    for (size_t i = 0; i < p.nq; ++i)
-        ck_assert_msg(o[i] == v[i], "%s %s d%u: O[%zu] = 0x%04x, V's 0x%04x",
-                      current_variant, dtype == CLATTN_DTYPE_F16 ? "f16" : "bf16", head_dim, i,
-                      o[i], v[i]);
+    expect_bits("O", "V", &s, o, v, p.nq);
     ck_assert_status(clattn_backward(ctx, &s, q, k, v, o, lse, d_out, gq, gk, gv), CLATTN_OK);
-    for (size_t i = 0; i < p.nkv; ++i)
-        ck_assert_msg(gv[i] == d_out[i], "%s %s d%u: dV[%zu] = 0x%04x, dO's 0x%04x",
-                      current_variant, dtype == CLATTN_DTYPE_F16 ? "f16" : "bf16", head_dim, i,
-                      gv[i], d_out[i]);
+    expect_bits("dV", "dO", &s, gv, d_out, p.nkv);
     uint16_t *frees[] = {q, k, v, d_out, o, gq, gk, gv};
     for (size_t i = 0; i < sizeof frees / sizeof *frees; ++i)
         free(frees[i]);
