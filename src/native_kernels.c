@@ -627,13 +627,19 @@ INLINE void query_block_transpose(const native_call *c, query_block *qb, const v
     transpose_in(qb->ptrs, D, t);
 }
 
-/* dO . O of row `row`. */
+/* dO . O of row `row`. float32 rows go to dot() directly, not through
+ * in_row(): with the widening inlined beside it, GCC compiled dot()'s
+ * vector part as products and sums apart rather than FMAs (dsum_job at the
+ * AVX2 level), and float32 gradients moved by an ulp. */
 INLINE float row_dsum(const native_call *c, size_t row)
 {
     const size_t D = c->s->head_dim;
+    if (c->s->dtype == CLATTN_DTYPE_F32)
+        return dot((const float *)c->d_out + row * D, (const float *)c->o + row * D, D);
     _Alignas(64) float a[CLATTN_MAX_HEAD_DIM], b[CLATTN_MAX_HEAD_DIM];
     return dot(in_row(c, c->d_out, row * D, D, a), in_row(c, c->o, row * D, D, b), D);
 }
+
 /* The rows of keys [t0, t0 + n) of one KV head, zero rows past n. */
 INLINE void key_rows(const float *base, size_t kv_row, uint32_t t0, uint32_t n,
                      const float *rows[KEY_BLOCK])
