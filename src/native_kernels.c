@@ -591,12 +591,16 @@ INLINE void query_block_of(const native_call *c, size_t job, query_block *qb)
     qb->head = job / blocks % s->num_heads;
     qb->b = job / blocks / s->num_heads;
     qb->rows = s->q_seq - qb->pos0 < QUERY_BLOCK ? s->q_seq - qb->pos0 : QUERY_BLOCK;
-    qb->kv_row = D; /* in the head-major copies */
-    const size_t base = (qb->b * s->num_kv_heads + qb->head / c->group) * s->kv_seq * D;
-    qb->kb = c->kh + base;
+    const size_t kv_head = qb->head / c->group;
+    const size_t base = (qb->b * s->num_kv_heads + kv_head) * s->kv_seq * D;
+    /* K's rows in the head-major copy, or (the float32 forward, no copy:
+     * kh NULL) in K itself, num_kv_heads * D floats apart */
+    qb->kv_row = c->kh ? D : s->num_kv_heads * D;
+    qb->kb = c->kh ? c->kh + base
+                   : (const float *)c->k + (qb->b * s->kv_seq * s->num_kv_heads + kv_head) * D;
     qb->vb = c->vh ? c->vh + base : NULL;
     /* [tile][D][KEY_BLOCK]: a KV head's tiles are whole tiles of keys */
-    qb->vt = c->vt ? (const tile_row *)(c->vt + (qb->b * s->num_kv_heads + qb->head / c->group) *
+    qb->vt = c->vt ? (const tile_row *)(c->vt + (qb->b * s->num_kv_heads + kv_head) *
                                                     native_tiled_rows(s->kv_seq) * D)
                    : NULL;
     qb->lo = UINT32_MAX;
