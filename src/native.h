@@ -62,7 +62,8 @@ typedef struct native_call {
     /* K and V ([batch][kv head][key][D]) for the query side, Q and dO
      * ([batch][head][pos][D]) for the key side: copies, head-major, so that
      * the rows a job streams lie next to each other (the tensors' own rows
-     * are heads * D floats apart). */
+     * are heads * D floats apart). kh is NULL in the float32 forward, which
+     * reads K's rows where they lie (query_block_of). */
     const float *kh, *vh, *qh, *oh;
     /* The forward's V instead of vh: by tiles of KEY_BLOCK keys, each
      * transposed ([batch][kv head][tile][D][KEY_BLOCK], zeros past the
