@@ -13,7 +13,8 @@
  * the scores and dP a second time.
  * The rows a side streams (K and V for the query side, Q and dO for the
  * key side) are copied head-major first, in one round with Dsum's jobs;
- * the forward's V by transposed tiles (native.h's vt).
+ * the forward reads float32 K in place, and packs V by transposed tiles
+ * (native.h's vt) in its jobs, as they first need them.
  * A job is the blocks of one head that fall to one of its parts, taken to
  * and fro (native.h), so that the parts of a head weigh the same under a
  * causal mask; heads are cut into as many parts as give every thread eight
@@ -267,7 +268,8 @@ static void run_jobs(native_pool *p, native_call *c, void (*job)(const native_ca
 enum { PACK_ROWS = 128 };
 
 /* Rows [r0, end) of one (batch, head) into their tiles of p->dst
- * (transposed, vt's layout), the last tile's rows past p->rows zero. */
+ * (transposed, vt's layout), the last tile's rows past p->rows zero;
+ * r0 a whole tile's. */
 static void pack_tiles(const native_call *c, const struct native_pack *p, size_t b, size_t head,
                        size_t r0, size_t end)
 {
@@ -308,10 +310,6 @@ static void pack_job(const native_call *c, size_t job)
     const size_t bh = job / chunks, b = bh / p->heads, head = bh % p->heads;
     const size_t r0 = job % chunks * PACK_ROWS;
     const size_t end = r0 + PACK_ROWS < p->rows ? r0 + PACK_ROWS : p->rows;
-    if (p->tiles) {
-        pack_tiles(c, p, b, head, r0, end);
-        return;
-    }
     float *dst = p->dst + bh * p->rows * D;
     for (size_t r = r0; r < end; ++r) {
         const size_t at = ((b * p->rows + r) * p->heads + head) * D;
@@ -320,6 +318,15 @@ static void pack_job(const native_call *c, size_t job)
         else
             c->hot->widen(p->dtype, (const uint16_t *)p->src + at, dst + r * D, D);
     }
+}
+
+/* Tile `tile` of V's copy c->vt_pack for (b, kv_head): the forward's jobs
+ * pack V's tiles as they first need them (native_kernels.c's ready_tiles). */
+static void pack_v_tile(const native_call *c, size_t b, size_t kv_head, size_t tile)
+{
+    const struct native_pack *p = &c->vt_pack;
+    const size_t r0 = tile * KEY_BLOCK;
+    pack_tiles(c, p, b, kv_head, r0, r0 + KEY_BLOCK < p->rows ? r0 + KEY_BLOCK : p->rows);
 }
 
 /* The next n floats of the scratch (NULL for none: no arithmetic on a
@@ -334,16 +341,14 @@ static float *take(float **next, size_t n)
 }
 
 /* Tensor r head-major: t[r] itself where it is float32 with one head, else
- * a copy in dst (16-bit rows widened as they are packed); with `tiles`,
- * always a copy, in vt's layout. The copy is queued (four at most), and
- * made by the next pack_queued(). */
+ * a copy in dst (16-bit rows widened as they are packed). The copy is
+ * queued (four at most), and made by the next pack_queued(). */
 static const float *head_major(native_call *c, const void *const *t, clattn_role r, size_t heads,
-                               size_t rows, float *dst, int tiles)
+                               size_t rows, float *dst)
 {
-    if (c->s->dtype == CLATTN_DTYPE_F32 && heads == 1 && !tiles)
+    if (c->s->dtype == CLATTN_DTYPE_F32 && heads == 1)
         return t[r];
     struct native_pack *p = &c->pack[c->packs++];
-    p->tiles = tiles;
     p->src = t[r];
     p->dtype = c->s->dtype;
     p->dst = dst;
@@ -569,17 +574,26 @@ static clattn_status native_run(clattn_context *ctx, clattn_op op, const clattn_
      * 1.20, d128 16/4 0.94), 0.97-1.09 at 8 (1.03), 0.85-1.15 at 2 (1.01). */
     const int k_in_place = op == CLATTN_OP_FORWARD && s->dtype == CLATTN_DTYPE_F32;
     const size_t k_floats = k_in_place ? 0 : head_major_floats(s, s->num_kv_heads, sz->kv);
-    /* the forward's V by transposed tiles (vt), always copied */
+    /* the forward's V by transposed tiles (vt), always copied: by its
+     * jobs, as they first need them (native_kernels.c's ready_tiles), not
+     * in a round before them, so that a float32 forward has no round of
+     * copies. H200 machine's CPU, interleaved rounds, median in the jobs /
+     * in a round: 16 threads 1.00-1.16 on float32 (d96 12/4 1.09, d256
+     * causal 1.07 and 1.16, b4 d64 1.05 and 1.00), 0.94-1.05 on bf16 and
+     * f16; 8 threads 0.96-1.09; 2 threads 0.83-1.38, that machine's noise. */
     const int v_tiles = op == CLATTN_OP_FORWARD;
     const size_t v_floats =
         v_tiles
             ? (size_t)s->batch * s->num_kv_heads * native_tiled_rows(s->kv_seq) * s->head_dim
             : head_major_floats(s, s->num_kv_heads, sz->kv);
+    _Static_assert(sizeof(atomic_int) <= sizeof(float), "a tile's state in a float's room");
+    const size_t v_states =
+        v_tiles ? (size_t)s->batch * s->num_kv_heads * (native_tiled_rows(s->kv_seq) / KEY_BLOCK) : 0;
     const size_t qh_floats = head_major_floats(s, s->num_heads, sz->q);
     const size_t oh_floats = head_major_floats(s, s->num_heads, sz->q);
     size_t scratch;
     for (;;) {
-        scratch = (query_side && !fused ? k_floats + v_floats : 0) +
+        scratch = (query_side && !fused ? k_floats + v_floats + v_states : 0) +
                   (key_side ? qh_floats + oh_floats : 0) + (want_dsum ? rows : 0) +
                   (fused ? copies * sz->q : 0);
         if (grow(&ctx->scratch, &ctx->scratch_floats, scratch))
@@ -594,19 +608,26 @@ static clattn_status native_run(clattn_context *ctx, clattn_op op, const clattn_
     if (query_side && !fused) {
         if (!k_in_place)
             c.kh = head_major(&c, t, CLATTN_R_K, s->num_kv_heads, s->kv_seq,
-                              take(&next, k_floats), 0);
-        const float *v = head_major(&c, t, CLATTN_R_V, s->num_kv_heads, s->kv_seq,
-                                    take(&next, v_floats), v_tiles);
-        if (v_tiles)
-            c.vt = v;
-        else
-            c.vh = v;
+                              take(&next, k_floats));
+        if (v_tiles) {
+            c.vt_pack = (struct native_pack){.src = t[CLATTN_R_V], .dtype = s->dtype,
+                                             .dst = take(&next, v_floats),
+                                             .heads = s->num_kv_heads, .rows = s->kv_seq};
+            c.vt = c.vt_pack.dst;
+            c.vt_state = (atomic_int *)take(&next, v_states);
+            for (size_t i = 0; i < v_states; ++i)
+                atomic_init(&c.vt_state[i], 0);
+            c.pack_v_tile = pack_v_tile;
+        } else {
+            c.vh = head_major(&c, t, CLATTN_R_V, s->num_kv_heads, s->kv_seq,
+                              take(&next, v_floats));
+        }
     }
     if (key_side) {
         c.qh = head_major(&c, t, CLATTN_R_Q, s->num_heads, s->q_seq,
-                          take(&next, qh_floats), 0);
+                          take(&next, qh_floats));
         c.oh = head_major(&c, t, CLATTN_R_DO, s->num_heads, s->q_seq,
-                          take(&next, oh_floats), 0);
+                          take(&next, oh_floats));
     }
     /* the copies and Dsum: one round, none depending on another */
     if (want_dsum)

@@ -88,10 +88,17 @@ typedef struct native_call {
         clattn_dtype dtype;
         float *dst;
         size_t heads, rows, jobs;
-        int tiles; /* dst by transposed tiles (vt's layout), not rows */
     } pack[4];
     int packs;
     size_t pack_jobs; /* the copies' jobs, all told */
+    /* The forward's V tiles (vt), packed by the jobs that first need them,
+     * not in a round of copies before the jobs: vt_pack describes the
+     * copy, and vt_state[(b * num_kv_heads + kv head) * tiles a head +
+     * tile] is 0 (not packed), 1 (being packed) or 2 (ready); pack_v_tile
+     * packs one tile. NULL where there is no vt. */
+    struct native_pack vt_pack;
+    atomic_int *vt_state;
+    void (*pack_v_tile)(const struct native_call *c, size_t b, size_t kv_head, size_t tile);
     float scale;
     size_t group;           /* query heads per KV head */
     size_t blocks_per_head; /* key blocks of one (batch, KV head) */

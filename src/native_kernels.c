@@ -8,6 +8,7 @@
  * causal forward ran at 25 GFLOP/s from GCC 13's clones, 59 from GCC 12's,
  * and 96 from this file built by GCC 13 (issue 11). */
 #include <math.h>
+#include <sched.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -652,6 +653,39 @@ INLINE void key_rows(const float *base, size_t kv_row, uint32_t t0, uint32_t n,
         rows[j] = j < n ? base + (t0 + j) * kv_row : zero_row;
 }
 
+/* The forward's V tiles of the block's keys, ready: each not yet packed is
+ * claimed (0 -> 1) and packed by this job, then marked ready (2); then the
+ * job waits for those other jobs claimed. No job waits while it holds a
+ * claim, so none waits for ever. */
+INLINE void ready_tiles(const native_call *c, const query_block *qb)
+{
+    if (qb->lo >= qb->hi)
+        return;
+    const size_t tiles = native_tiled_rows(c->s->kv_seq) / KEY_BLOCK;
+    const size_t kv_head = qb->head / c->group;
+    atomic_int *state = c->vt_state + (qb->b * c->s->num_kv_heads + kv_head) * tiles;
+    const size_t first = qb->lo / KEY_BLOCK, end = (qb->hi + KEY_BLOCK - 1) / KEY_BLOCK;
+    for (size_t t = first; t < end; ++t) {
+        int idle = 0;
+        if (atomic_load_explicit(state + t, memory_order_acquire) == 0 &&
+            atomic_compare_exchange_strong_explicit(state + t, &idle, 1, memory_order_acquire,
+                                                    memory_order_relaxed)) {
+            c->pack_v_tile(c, qb->b, kv_head, t);
+            atomic_store_explicit(state + t, 2, memory_order_release);
+        }
+    }
+    /* a tile takes microseconds; past a few thousand spins its packer is
+     * likely off its core (more threads than cores), so give way to it */
+    for (size_t t = first; t < end; ++t)
+        for (unsigned spins = 0; atomic_load_explicit(state + t, memory_order_acquire) != 2;)
+            if (++spins % 4096 == 0)
+                sched_yield();
+#if defined(__SSE2__)
+            else
+                _mm_pause();
+#endif
+}
+
 /* sc[j][r] for the keys t0 + j of a tile against the block's rows. */
 INLINE void tile_scores(const float *const *krows, const tile_row *qt,
                         size_t D, tile_row *sc)
@@ -670,6 +704,8 @@ static void forward_block(const native_call *c, size_t job)
     _Alignas(64) tile_row qt[CLATTN_MAX_HEAD_DIM], ot[CLATTN_MAX_HEAD_DIM];
     _Alignas(64) tile_row sc[KEY_BLOCK];
     float m[QUERY_BLOCK], l[QUERY_BLOCK], rescale[QUERY_BLOCK];
+    if (c->vt_state)
+        ready_tiles(c, &qb);
     query_block_transpose(c, &qb, c->q, qt);
     memset(ot, 0, D * sizeof ot[0]);
     for (size_t r = 0; r < QUERY_BLOCK; ++r) {
