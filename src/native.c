@@ -320,9 +320,7 @@ static void pack_job(const native_call *c, size_t job)
     }
 }
 
-/* Tile `tile` of V's copy c->vt_pack for (b, kv_head): the forward's jobs
- * pack V's tiles as they first need them (native_kernels.c's ready_tiles). */
-static void pack_v_tile(const native_call *c, size_t b, size_t kv_head, size_t tile)
+void clattn_native_pack_v_tile(const native_call *c, size_t b, size_t kv_head, size_t tile)
 {
     const struct native_pack *p = &c->vt_pack;
     const size_t r0 = tile * KEY_BLOCK;
@@ -617,7 +615,6 @@ static clattn_status native_run(clattn_context *ctx, clattn_op op, const clattn_
             c.vt_state = (atomic_int *)take(&next, v_states);
             for (size_t i = 0; i < v_states; ++i)
                 atomic_init(&c.vt_state[i], 0);
-            c.pack_v_tile = pack_v_tile;
         } else {
             c.vh = head_major(&c, t, CLATTN_R_V, s->num_kv_heads, s->kv_seq,
                               take(&next, v_floats));

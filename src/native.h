@@ -94,11 +94,10 @@ typedef struct native_call {
     /* The forward's V tiles (vt), packed by the jobs that first need them,
      * not in a round of copies before the jobs: vt_pack describes the
      * copy, and vt_state[(b * num_kv_heads + kv head) * tiles a head +
-     * tile] is 0 (not packed), 1 (being packed) or 2 (ready); pack_v_tile
-     * packs one tile. NULL where there is no vt. */
+     * tile] is 0 (not packed), 1 (being packed) or 2 (ready);
+     * clattn_native_pack_v_tile packs one tile. NULL where there is no vt. */
     struct native_pack vt_pack;
     atomic_int *vt_state;
-    void (*pack_v_tile)(const struct native_call *c, size_t b, size_t kv_head, size_t tile);
     float scale;
     size_t group;           /* query heads per KV head */
     size_t blocks_per_head; /* key blocks of one (batch, KV head) */
@@ -120,6 +119,11 @@ typedef struct native_kernels {
     void (*widen)(clattn_dtype dtype, const void *src, float *dst, size_t n);
     void (*narrow)(clattn_dtype dtype, const float *src, void *dst, size_t n);
 } native_kernels;
+
+/* Tile `tile` of V's copy c->vt_pack for (b, kv_head) (src/native.c): the
+ * forward's jobs pack V's tiles as they first need them (native_kernels.c's
+ * ready_tiles). */
+void clattn_native_pack_v_tile(const native_call *c, size_t b, size_t kv_head, size_t tile);
 
 extern const native_kernels clattn_native_baseline;
 #if CLATTN_NATIVE_LEVELS

@@ -277,7 +277,6 @@ INLINE void out_column(const native_call *c, void *t, size_t at, const tile_row 
     out_row(c, t, at, row, D, add);
 }
 
-
 /* The part (of `parts`) that block i of a head falls to: to and fro (see
  * native.h). */
 INLINE size_t part_of(size_t i, size_t parts)
@@ -670,7 +669,7 @@ INLINE void ready_tiles(const native_call *c, const query_block *qb)
         if (atomic_load_explicit(state + t, memory_order_acquire) == 0 &&
             atomic_compare_exchange_strong_explicit(state + t, &idle, 1, memory_order_acquire,
                                                     memory_order_relaxed)) {
-            c->pack_v_tile(c, qb->b, kv_head, t);
+            clattn_native_pack_v_tile(c, qb->b, kv_head, t);
             atomic_store_explicit(state + t, 2, memory_order_release);
         }
     }
