@@ -134,23 +134,45 @@ static const uint32_t lane_index[KEY_BLOCK] = {
  * far below anything the sums can see (the weights here are at most 1).
  * Scores go to the units of t with their scale in one product (scale *
  * log2(e)): about 14 operations a lane where exp() by Cody-Waite reduction
- * by ln 2 took about 22. */
+ * by ln 2 took about 22.
+ *
+ * AVX-512 has the rounding (vrndscaleps) and the scaling by 2^n
+ * (vscalefps) as instructions: 11 operations a lane. Bit for bit the same:
+ * n nearest-even either way, p * 2^n rounded once either way (a subnormal
+ * product too), and where the clamp above makes n -127 (t < -126.5,
+ * -inf) the zero that 2^-127's bits (0) give comes from the scaling's
+ * zero mask instead; NaN (unordered, so not masked) stays NaN. On the H200
+ * machine's CPU, one thread, a pass of it over a 32 x 32 tile took 0.80-0.85
+ * of the time of the bits form. */
 #define LOG2E 1.44269504088896341f
-INLINE hvec exp2v(hvec t)
+INLINE hvec exp2_poly(hvec f)
 {
-    t = HMIN(HSPLAT(127.0f), HMAX(HSPLAT(-127.0f), t)); /* NaN stays NaN */
-    const hvec n = (t + 12582912.0f) - 12582912.0f;
-    const hvec f = t - n;
     hvec p = HSPLAT(1.534581097e-4f);
     p = p * f + 1.339993207e-3f;
     p = p * f + 9.618489072e-3f;
     p = p * f + 5.550328642e-2f;
     p = p * f + 2.402264625e-1f;
     p = p * f + 6.931471825e-1f;
-    p = p * f + 1.0f;
-    const hivec bits = (__builtin_convertvector(n, hivec) + 127) << 23;
-    return p * (hvec)bits;
+    return p * f + 1.0f;
 }
+
+#if defined(__AVX512F__)
+INLINE hvec exp2v(hvec t)
+{
+    const __m512 x = _mm512_min_ps(_mm512_set1_ps(127.0f), (__m512)t); /* NaN stays NaN */
+    const __m512 n = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    const __mmask16 live = _mm512_cmp_ps_mask((__m512)t, _mm512_set1_ps(-126.5f), _CMP_NLT_UQ);
+    return (hvec)_mm512_maskz_scalef_ps(live, (__m512)exp2_poly((hvec)x - (hvec)n), n);
+}
+#else
+INLINE hvec exp2v(hvec t)
+{
+    t = HMIN(HSPLAT(127.0f), HMAX(HSPLAT(-127.0f), t)); /* NaN stays NaN */
+    const hvec n = (t + 12582912.0f) - 12582912.0f;
+    const hivec bits = (__builtin_convertvector(n, hivec) + 127) << 23;
+    return exp2_poly(t - n) * (hvec)bits;
+}
+#endif
 
 static const float zero_row[CLATTN_MAX_HEAD_DIM];
 
