@@ -17,7 +17,8 @@
 #   tune     clattn bench per CLATTN_MMA shape (TUNE_D64, TUNE_D128, ... override the lists;
 #            TUNE_DTYPE the tensors' dtype, default f32)
 #   cpu      tests/torch_bench.py on the CPU shapes, native and PoCL blocked beside
-#            torch, at the thread counts in CPU_THREADS (default 1,2,4,8,16)
+#            torch, at the thread counts in CPU_THREADS (default 1,2,4,8,16),
+#            CPU_ROUNDS rounds (default 1; medians over the rounds after them)
 #   peak     tests/fmapeak.c's FMA peak at the thread counts in CPU_THREADS
 #   ab       native old against new: clattn bench of the CPU shapes, interleaved, AB_ROUNDS
 #            (default 2) rounds at each of AB_THREADS (default 16,1), the old build from
@@ -168,7 +169,8 @@ for stage in "$@"; do
     done 2>&1 | tee "$OUT/tune.log" ;;
   cpu)
     python3 tests/torch_bench.py "$cli" --no-gpu --variant blocked --reps 3 \
-      --threads "${CPU_THREADS:-1,2,4,8,16}" 2>&1 | tee "$OUT/cpu.log" ;;
+      --threads "${CPU_THREADS:-1,2,4,8,16}" --rounds "${CPU_ROUNDS:-1}" 2>&1 \
+      | tee "$OUT/cpu.log" ;;
   peak)
     cc -O2 -march=native -o build-dev/fmapeak tests/fmapeak.c -lpthread
     threads=${CPU_THREADS:-1,2,4,8,16}

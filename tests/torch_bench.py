@@ -5,13 +5,19 @@ clattn/PyTorch ratios. GPU: clattn on the OpenCL GPU against torch on CUDA;
 CPU: clattn's native backend and PoCL against torch on the CPU, all at the
 same thread count. Needs torch; skips (exit 77) without it.
 
-    python3 tests/torch_bench.py BUILD/clattn [--threads N[,N...]] [--reps R] [--no-cpu]
+    python3 tests/torch_bench.py BUILD/clattn [--threads N[,N...]] [--reps R] [--rounds N]
+                                 [--no-cpu]
                                  [--no-gpu] [--variant NAME|all] [--head-dims 64,128]
                                  [--plot FILE.svg] [--dtype f32|f16|bf16]
                                  [--torch-backend flash|cudnn|efficient|math]
 
 --threads 1,2,4,8,16 runs the CPU shapes at each thread count (torch, native
 and PoCL alike): a scaling table.
+
+--rounds N runs the whole plan N times over, each round timing every side
+of every line again, and prints the medians over the rounds: GFLOP/s of
+each side, and the median of each round's ratio. A shared machine's speed
+drifts over minutes; rounds spread each side over the same minutes.
 
 --dtype runs both sides on 16-bit tensors (torch's float16/bfloat16 SDPA,
 `clattn bench --dtype`); the default is float32.
@@ -136,35 +142,17 @@ def clattn_runs(cli, shape, op, device, variant, reps, env, dtype):
     return [json.loads(line) for line in run.stdout.splitlines() if line.startswith("{")]
 
 
-def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("cli")
-    ap.add_argument("--threads", default=str(os.cpu_count()),
-                    help="CPU thread counts, comma-separated")
-    ap.add_argument("--reps", type=int, default=5)
-    ap.add_argument("--no-cpu", action="store_true")
-    ap.add_argument("--no-gpu", action="store_true")
-    ap.add_argument("--variant", default="all")
-    ap.add_argument("--head-dims", help="only shapes of these head_dims, comma-separated")
-    ap.add_argument("--plot", metavar="FILE.svg")
-    ap.add_argument("--dtype", default="f32", choices=sorted(TORCH_DTYPES))
-    ap.add_argument("--torch-backend", choices=["flash", "cudnn", "efficient", "math"])
-    args = ap.parse_args()
-    counts = [int(n) for n in args.threads.split(",")]
-    plans, rows = [], []
-    if torch.cuda.is_available() and not args.no_gpu:
-        plans += [(shape, "gpu", "cuda", counts[0]) for shape in GPU_SHAPES]
-    if not args.no_cpu:
-        plans += [(shape, dev, "cpu", n) for n in counts for shape in CPU_SHAPES
-                  for dev in ("native", "cpu")]
-    if args.head_dims:
-        keep = {int(d) for d in args.head_dims.split(",")}
-        plans = [p for p in plans if p[0][4] in keep]
-    print(f"torch {torch.__version__}, {args.dtype}, {args.threads} CPU threads, "
-          f"median of {args.reps}")
-    print(f"{'shape':<34}{'op':<10}{'clattn device / variant':<34}{'clattn':>10}{'torch':>10}"
-          f"{'ratio':>8}")
-    torch_times = {}
+def median(xs):
+    xs = sorted(xs)
+    n = len(xs)
+    return xs[n // 2] if n % 2 else (xs[n // 2 - 1] + xs[n // 2]) / 2
+
+
+def run_round(args, plans, say):
+    """One timing of every line of the plan: rows of (desc, op, where,
+    clattn GFLOP/s, torch GFLOP/s, torch device, kernels); say(row) prints
+    a row as it comes, where the caller wants that."""
+    rows, torch_times = [], {}
     for shape, dev, tdev, threads in plans:
         batch, s, h, kh, d, causal = shape
         desc = f"b{batch} s{s} h{h}/{kh} d{d}{' causal' if causal else ''}"
@@ -185,11 +173,67 @@ def main():
             g_torch = flop / torch_times[key] * 1e-9
             for r in clattn_runs(args.cli, shape, op, dev, args.variant, args.reps, env,
                                  args.dtype):
-                where = f"{r['backend']} / {r['variant']}"
-                print(f"{desc:<34}{op:<10}{where:<34}{r['gflops']:>10.1f}{g_torch:>10.1f}"
-                      f"{r['gflops'] / g_torch:>8.3f}  {r.get('kernels', '')}")
-                rows.append((desc, op, where, r["gflops"], g_torch, tdev))
-            sys.stdout.flush()
+                row = (desc, op, f"{r['backend']} / {r['variant']}", r["gflops"], g_torch, tdev,
+                       r.get("kernels", ""))
+                say(row)
+                rows.append(row)
+    return rows
+
+
+def print_row(desc, op, where, g_clattn, g_torch, ratio, kernels):
+    print(f"{desc:<34}{op:<10}{where:<34}{g_clattn:>10.1f}{g_torch:>10.1f}{ratio:>8.3f}  {kernels}")
+    sys.stdout.flush()
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("cli")
+    ap.add_argument("--threads", default=str(os.cpu_count()),
+                    help="CPU thread counts, comma-separated")
+    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--rounds", type=int, default=1)
+    ap.add_argument("--no-cpu", action="store_true")
+    ap.add_argument("--no-gpu", action="store_true")
+    ap.add_argument("--variant", default="all")
+    ap.add_argument("--head-dims", help="only shapes of these head_dims, comma-separated")
+    ap.add_argument("--plot", metavar="FILE.svg")
+    ap.add_argument("--dtype", default="f32", choices=sorted(TORCH_DTYPES))
+    ap.add_argument("--torch-backend", choices=["flash", "cudnn", "efficient", "math"])
+    args = ap.parse_args()
+    if args.rounds < 1 or args.reps < 1:
+        ap.error("--rounds and --reps take a count of 1 or more")
+    counts = [int(n) for n in args.threads.split(",")]
+    plans = []
+    if torch.cuda.is_available() and not args.no_gpu:
+        plans += [(shape, "gpu", "cuda", counts[0]) for shape in GPU_SHAPES]
+    if not args.no_cpu:
+        plans += [(shape, dev, "cpu", n) for n in counts for shape in CPU_SHAPES
+                  for dev in ("native", "cpu")]
+    if args.head_dims:
+        keep = {int(d) for d in args.head_dims.split(",")}
+        plans = [p for p in plans if p[0][4] in keep]
+    rounds = f", {args.rounds} rounds" if args.rounds > 1 else ""
+    print(f"torch {torch.__version__}, {args.dtype}, {args.threads} CPU threads, "
+          f"median of {args.reps}{rounds}")
+    head = (f"{'shape':<34}{'op':<10}{'clattn device / variant':<34}{'clattn':>10}{'torch':>10}"
+            f"{'ratio':>8}")
+    print(head)
+    every = []
+    for n in range(args.rounds):
+        if args.rounds > 1:
+            print(f"round {n + 1}")
+        every += run_round(args, plans, lambda row: print_row(*row[:5], row[3] / row[4], row[6]))
+    rows = []
+    if args.rounds > 1:  # the medians, line by line
+        print(f"median of the {args.rounds} rounds (ratio: the median of the rounds' ratios)")
+        print(head)
+        for line in dict.fromkeys(row[:3] for row in every):
+            mine = [row for row in every if row[:3] == line]
+            g_clattn, g_torch = median([r[3] for r in mine]), median([r[4] for r in mine])
+            print_row(*line, g_clattn, g_torch, median([r[3] / r[4] for r in mine]), mine[0][6])
+            rows.append((*line, g_clattn, g_torch, mine[0][5]))
+    else:
+        rows = [row[:6] for row in every]
     print("(GFLOP/s; ratio = clattn / torch)")
     if args.plot:
         plot(rows, args.plot, torch.__version__, args.dtype)
