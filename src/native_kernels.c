@@ -133,7 +133,7 @@ static const uint32_t lane_index[KEY_BLOCK] = {
  * the exponent bits. t is clamped to [-127, 127]: below -127 it gives 0,
  * far below anything the sums can see (the weights here are at most 1).
  * Scores go to the units of t with their scale in one product (scale *
- * log2(e)): about 14 operations a lane where exp() by Cody-Waite reduction
+ * log2(e)): about 15 operations a lane where exp() by Cody-Waite reduction
  * by ln 2 took about 22.
  *
  * AVX-512 has the rounding (vrndscaleps) and the scaling by 2^n
@@ -426,10 +426,10 @@ typedef struct key_chunk {
     size_t copy; /* the dQ copy the block adds into (see dq_part) */
 } key_chunk;
 
-/* dq[r][d0 + v * HW + .] += sum_j ds[r][j] * krows[j][same] for DQ_ROWS rows
- * r0.. and NV hardware vectors of columns from d0: DQ_ROWS x NV
- * accumulators, so that each key row's vectors serve DQ_ROWS rows and each
- * broadcast ds element NV vectors. */
+/* acc[i][d0 + v * HW + .] += sum_j w[i][j] * krows[j][same] for the
+ * DQ_ROWS rows i and nv (up to DQ_VECS) hardware vectors v of columns from
+ * d0: DQ_ROWS x nv accumulators, so that each key row's vectors serve
+ * DQ_ROWS rows and each broadcast w element nv vectors. */
 enum { DQ_ROWS = HW == 16 ? 4 : 2, DQ_VECS = 4 };
 INLINE void add_dq_vecs(float *const *acc, const tile_row *w, const float *const *krows,
                         size_t d0, int nv)
