@@ -12,9 +12,12 @@
  * fuse_grad_q), else it has a query-side pass of its own, which computes
  * the scores and dP a second time.
  * The rows a side streams (K and V for the query side, Q and dO for the
- * key side) are copied head-major first, in one round with Dsum's jobs;
- * the forward reads float32 K in place, and packs V by transposed tiles
- * (native.h's vt) in its jobs, as they first need them.
+ * key side) are copied head-major: the forward reads float32 K in place,
+ * and packs V by transposed tiles (native.h's vt) in its jobs, as they
+ * first need them; a key side that runs first (grad-V, grad-K, the fused
+ * backward) copies Q's and dO's rows and makes Dsum in its jobs too
+ * (native_kernels.c's ready_rows); the two-pass backward copies what both
+ * its sides read, and makes Dsum, in a round of its own first.
  * A job is the blocks of one head that fall to one of its parts, taken to
  * and fro (native.h), so that the parts of a head weigh the same under a
  * causal mask; heads are cut into as many parts as give every thread eight
@@ -263,10 +266,6 @@ static void run_jobs(native_pool *p, native_call *c, void (*job)(const native_ca
     pthread_mutex_unlock(&p->lock);
 }
 
-/* Rows of a packing job: a job a (batch, head) gave a forward on 2 KV
- * heads two jobs per tensor, in a round per tensor. */
-enum { PACK_ROWS = 128 };
-
 /* Rows [r0, end) of one (batch, head) into their tiles of p->dst
  * (transposed, vt's layout), the last tile's rows past p->rows zero;
  * r0 a whole tile's. */
@@ -294,9 +293,26 @@ static void pack_tiles(const native_call *c, const struct native_pack *p, size_t
     }
 }
 
-/* Copies up to PACK_ROWS rows of one (batch, head) of a [batch][rows]
- * [heads][D] tensor to their place in its [batch][heads][rows][D] copy;
- * past the copies' jobs, Dsum's. */
+/* Rows [u * PACK_ROWS, + PACK_ROWS) of one (batch, head) of a [batch]
+ * [rows][heads][D] tensor to their place in its [batch][heads][rows][D]
+ * copy. */
+static void pack_rows(const native_call *c, const struct native_pack *p, size_t b, size_t head,
+                      size_t u)
+{
+    const size_t D = c->s->head_dim, r0 = u * PACK_ROWS;
+    const size_t end = r0 + PACK_ROWS < p->rows ? r0 + PACK_ROWS : p->rows;
+    float *dst = p->dst + (b * p->heads + head) * p->rows * D;
+    for (size_t r = r0; r < end; ++r) {
+        const size_t at = ((b * p->rows + r) * p->heads + head) * D;
+        if (p->dtype == CLATTN_DTYPE_F32)
+            memcpy(dst + r * D, (const float *)p->src + at, D * sizeof(float));
+        else
+            c->hot->widen(p->dtype, (const uint16_t *)p->src + at, dst + r * D, D);
+    }
+}
+
+/* A job of the copies' round: PACK_ROWS rows of one (batch, head) of one
+ * copy; past the copies' jobs, Dsum's. */
 static void pack_job(const native_call *c, size_t job)
 {
     if (job >= c->pack_jobs) {
@@ -306,18 +322,14 @@ static void pack_job(const native_call *c, size_t job)
     const struct native_pack *p = c->pack;
     for (; job >= p->jobs; ++p)
         job -= p->jobs;
-    const size_t D = c->s->head_dim, chunks = (p->rows + PACK_ROWS - 1) / PACK_ROWS;
-    const size_t bh = job / chunks, b = bh / p->heads, head = bh % p->heads;
-    const size_t r0 = job % chunks * PACK_ROWS;
-    const size_t end = r0 + PACK_ROWS < p->rows ? r0 + PACK_ROWS : p->rows;
-    float *dst = p->dst + bh * p->rows * D;
-    for (size_t r = r0; r < end; ++r) {
-        const size_t at = ((b * p->rows + r) * p->heads + head) * D;
-        if (p->dtype == CLATTN_DTYPE_F32)
-            memcpy(dst + r * D, (const float *)p->src + at, D * sizeof(float));
-        else
-            c->hot->widen(p->dtype, (const uint16_t *)p->src + at, dst + r * D, D);
-    }
+    const size_t units = (p->rows + PACK_ROWS - 1) / PACK_ROWS, bh = job / units;
+    pack_rows(c, p, bh / p->heads, bh % p->heads, job % units);
+}
+
+void clattn_native_pack_rows(const native_call *c, size_t b, size_t head, size_t u)
+{
+    for (int i = 0; i < c->packs; ++i)
+        pack_rows(c, &c->pack[i], b, head, u);
 }
 
 void clattn_native_pack_v_tile(const native_call *c, size_t b, size_t kv_head, size_t tile)
@@ -589,11 +601,19 @@ static clattn_status native_run(clattn_context *ctx, clattn_op op, const clattn_
         v_tiles ? (size_t)s->batch * s->num_kv_heads * (native_tiled_rows(s->kv_seq) / KEY_BLOCK) : 0;
     const size_t qh_floats = head_major_floats(s, s->num_heads, sz->q);
     const size_t oh_floats = head_major_floats(s, s->num_heads, sz->q);
+    /* Where the key side runs first (grad-V, grad-K, the fused backward),
+     * its jobs make Q's and dO's head-major rows and Dsum as they first
+     * need them (native_kernels.c's ready_rows), not in a round before
+     * them. */
+    const size_t units = (s->q_seq + (size_t)PACK_ROWS - 1) / PACK_ROWS;
+    const size_t row_states = (size_t)s->batch * s->num_heads * units;
+    int lazy_rows;
     size_t scratch;
     for (;;) {
+        lazy_rows = key_side && !(query_side && !fused);
         scratch = (query_side && !fused ? k_floats + v_floats + v_states : 0) +
                   (key_side ? qh_floats + oh_floats : 0) + (want_dsum ? rows : 0) +
-                  (fused ? copies * sz->q : 0);
+                  (fused ? copies * sz->q : 0) + (lazy_rows ? row_states : 0);
         if (grow(&ctx->scratch, &ctx->scratch_floats, scratch))
             break;
         /* Without the dQ copies, dQ has a pass of its own. */
@@ -626,10 +646,15 @@ static clattn_status native_run(clattn_context *ctx, clattn_op op, const clattn_
         c.oh = head_major(&c, t, CLATTN_R_DO, s->num_heads, s->q_seq,
                           take(&next, oh_floats));
     }
-    /* the copies and Dsum: one round, none depending on another */
     if (want_dsum)
         c.dsum = take(&next, rows);
-    pack_queued(&c, want_dsum ? (rows + DSUM_ROWS - 1) / DSUM_ROWS : 0, n);
+    if (lazy_rows) {
+        c.row_state = (atomic_int *)take(&next, row_states);
+        for (size_t i = 0; i < row_states; ++i)
+            atomic_init(&c.row_state[i], 0);
+    } else { /* the copies and Dsum: one round, none depending on another */
+        pack_queued(&c, want_dsum ? (rows + DSUM_ROWS - 1) / DSUM_ROWS : 0, n);
+    }
     switch (op) {
     case CLATTN_OP_FORWARD:
         c.o_out = (void *)t[CLATTN_R_O];

@@ -24,6 +24,11 @@ enum { KEY_BLOCK = 32, QUERY_BLOCK = KEY_BLOCK };
  * of Dsum. */
 enum { DSUM_ROWS = 256 };
 
+/* Rows of a head-major copy made at a time (a job of the copies' round,
+ * or a unit of row_state): a job a (batch, head) gave a forward on 2 KV
+ * heads two jobs per tensor, in a round per tensor. */
+enum { PACK_ROWS = 128 };
+
 /* Rows of a head in vt's layout (native_call): whole tiles. */
 static inline size_t native_tiled_rows(size_t rows)
 {
@@ -98,6 +103,13 @@ typedef struct native_call {
      * clattn_native_pack_v_tile packs one tile. NULL where there is no vt. */
     struct native_pack vt_pack;
     atomic_int *vt_state;
+    /* The key side's head-major rows (the copies queued in pack[], and
+     * Dsum where dsum is set), made by the key-side jobs as they first need
+     * them where that side runs first, not in a round before them:
+     * row_state[(b * num_heads + head) * units + u] for PACK_ROWS rows u
+     * of a head, 0, 1 or 2 as vt_state; clattn_native_pack_rows copies a
+     * unit's rows. NULL: the copies were made in a round. */
+    atomic_int *row_state;
     float scale;
     size_t group;           /* query heads per KV head */
     size_t blocks_per_head; /* key blocks of one (batch, KV head) */
@@ -124,6 +136,11 @@ typedef struct native_kernels {
  * forward's jobs pack V's tiles as they first need them (native_kernels.c's
  * ready_tiles). */
 void clattn_native_pack_v_tile(const native_call *c, size_t b, size_t kv_head, size_t tile);
+
+/* Rows of unit u (PACK_ROWS rows) of (b, head) into every copy queued in
+ * c->pack (src/native.c); the key-side jobs make the copies this way where
+ * c->row_state is set (native_kernels.c's ready_rows), Dsum beside them. */
+void clattn_native_pack_rows(const native_call *c, size_t b, size_t head, size_t u);
 
 extern const native_kernels clattn_native_baseline;
 #if CLATTN_NATIVE_LEVELS

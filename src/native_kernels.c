@@ -538,6 +538,77 @@ INLINE void key_chunk_run(const native_call *c, key_chunk *ch, const tile_row *k
     ch->n = 0;
 }
 
+/* dO . O of row `row`. float32 rows go to dot() directly, not through
+ * in_row(): with the widening inlined beside it, GCC compiled dot()'s
+ * vector part as products and sums apart rather than FMAs (dsum_job at the
+ * AVX2 level), and float32 gradients moved by an ulp. */
+INLINE float row_dsum(const native_call *c, size_t row)
+{
+    const size_t D = c->s->head_dim;
+    if (c->s->dtype == CLATTN_DTYPE_F32)
+        return dot((const float *)c->d_out + row * D, (const float *)c->o + row * D, D);
+    _Alignas(64) float a[CLATTN_MAX_HEAD_DIM], b[CLATTN_MAX_HEAD_DIM];
+    return dot(in_row(c, c->d_out, row * D, D, a), in_row(c, c->o, row * D, D, b), D);
+}
+
+/* The spin-wait of ready_tiles and ready_rows: until *state is 2 (a unit
+ * another job claimed is ready). A unit takes microseconds; past a few
+ * thousand spins its maker is likely off its core (more threads than
+ * cores), so give way to it. */
+INLINE void wait_ready(atomic_int *state)
+{
+    for (unsigned spins = 0; atomic_load_explicit(state, memory_order_acquire) != 2;)
+        if (++spins % 4096 == 0)
+            sched_yield();
+#if defined(__SSE2__)
+        else
+            _mm_pause();
+#endif
+}
+
+/* Claims a unit not yet made (0 -> 1): 1 where this job is to make it. */
+INLINE int claim(atomic_int *state)
+{
+    int idle = 0;
+    return atomic_load_explicit(state, memory_order_acquire) == 0 &&
+           atomic_compare_exchange_strong_explicit(state, &idle, 1, memory_order_acquire,
+                                                   memory_order_relaxed);
+}
+
+/* The key side's rows of query positions [start, end) of every head of
+ * the group of (b, kv_head), ready (c->row_state): each unit of them not
+ * yet made is claimed, made by this job (the head-major copies' rows, then
+ * Dsum's) and marked ready; then the job waits for those other jobs
+ * claimed. No job waits while it holds a claim, so none waits for ever. */
+INLINE void ready_rows(const native_call *c, size_t b, size_t kv_head, uint32_t start,
+                       uint32_t end)
+{
+    if (start >= end)
+        return;
+    const clattn_shape *s = c->s;
+    const size_t units = (s->q_seq + (size_t)PACK_ROWS - 1) / PACK_ROWS;
+    const size_t first = start / PACK_ROWS, last = (end + (size_t)PACK_ROWS - 1) / PACK_ROWS;
+    const size_t h0 = kv_head * c->group;
+    atomic_int *state = c->row_state + (b * s->num_heads + h0) * units;
+    for (size_t h = 0; h < c->group; ++h)
+        for (size_t u = first; u < last; ++u)
+            if (claim(state + h * units + u)) {
+                clattn_native_pack_rows(c, b, h0 + h, u);
+                if (c->dsum) {
+                    const size_t stop = (u + 1) * PACK_ROWS < s->q_seq ? (u + 1) * PACK_ROWS
+                                                                       : s->q_seq;
+                    for (size_t pos = u * PACK_ROWS; pos < stop; ++pos) {
+                        const size_t row = row_index(s, b, pos, h0 + h);
+                        ((float *)c->dsum)[row] = row_dsum(c, row);
+                    }
+                }
+                atomic_store_explicit(state + h * units + u, 2, memory_order_release);
+            }
+    for (size_t h = 0; h < c->group; ++h)
+        for (size_t u = first; u < last; ++u)
+            wait_ready(state + h * units + u);
+}
+
 /* dV and/or dK of KEY_BLOCK keys of one (batch, KV head). */
 static void key_block(const native_call *c, size_t job)
 {
@@ -581,6 +652,8 @@ static void key_block(const native_call *c, size_t job)
     uint32_t start, end, unused;
     clattn_query_range(s, t0, &start, &unused);
     clattn_query_range(s, t0 + nt - 1, &unused, &end);
+    if (c->row_state)
+        ready_rows(c, b, kv_head, start, end);
     key_chunk ch;
     ch.n = 0;
     ch.copy = part_of(block, c->key_parts);
@@ -686,18 +759,6 @@ INLINE void query_block_transpose(const native_call *c, query_block *qb, const v
     transpose_in(qb->ptrs, D, t);
 }
 
-/* dO . O of row `row`. float32 rows go to dot() directly, not through
- * in_row(): with the widening inlined beside it, GCC compiled dot()'s
- * vector part as products and sums apart rather than FMAs (dsum_job at the
- * AVX2 level), and float32 gradients moved by an ulp. */
-INLINE float row_dsum(const native_call *c, size_t row)
-{
-    const size_t D = c->s->head_dim;
-    if (c->s->dtype == CLATTN_DTYPE_F32)
-        return dot((const float *)c->d_out + row * D, (const float *)c->o + row * D, D);
-    _Alignas(64) float a[CLATTN_MAX_HEAD_DIM], b[CLATTN_MAX_HEAD_DIM];
-    return dot(in_row(c, c->d_out, row * D, D, a), in_row(c, c->o, row * D, D, b), D);
-}
 
 /* The rows of keys [t0, t0 + n) of one KV head, zero rows past n. */
 INLINE void key_rows(const float *base, size_t kv_row, uint32_t t0, uint32_t n,
@@ -719,25 +780,13 @@ INLINE void ready_tiles(const native_call *c, const query_block *qb)
     const size_t kv_head = qb->head / c->group;
     atomic_int *state = c->vt_state + (qb->b * c->s->num_kv_heads + kv_head) * tiles;
     const size_t first = qb->lo / KEY_BLOCK, end = (qb->hi + KEY_BLOCK - 1) / KEY_BLOCK;
-    for (size_t t = first; t < end; ++t) {
-        int idle = 0;
-        if (atomic_load_explicit(state + t, memory_order_acquire) == 0 &&
-            atomic_compare_exchange_strong_explicit(state + t, &idle, 1, memory_order_acquire,
-                                                    memory_order_relaxed)) {
+    for (size_t t = first; t < end; ++t)
+        if (claim(state + t)) {
             clattn_native_pack_v_tile(c, qb->b, kv_head, t);
             atomic_store_explicit(state + t, 2, memory_order_release);
         }
-    }
-    /* a tile takes microseconds; past a few thousand spins its packer is
-     * likely off its core (more threads than cores), so give way to it */
     for (size_t t = first; t < end; ++t)
-        for (unsigned spins = 0; atomic_load_explicit(state + t, memory_order_acquire) != 2;)
-            if (++spins % 4096 == 0)
-                sched_yield();
-#if defined(__SSE2__)
-            else
-                _mm_pause();
-#endif
+        wait_ready(state + t);
 }
 
 /* sc[j][r] for the keys t0 + j of a tile against the block's rows. */
