@@ -397,14 +397,16 @@ static void sum_dq_job(const native_call *c, size_t job)
     const size_t bh = job / per_head, head = bh % s->num_heads, b = bh / s->num_heads;
     const size_t pos0 = job % per_head * SUM_ROWS;
     const size_t end = pos0 + SUM_ROWS < s->q_seq ? pos0 + SUM_ROWS : s->q_seq;
-    const size_t copies = c->key_parts;
+    const size_t copies = c->key_parts - (size_t)c->dq_in_place;
     const int f32 = s->dtype == CLATTN_DTYPE_F32;
     float row[CLATTN_MAX_HEAD_DIM]; /* a 16-bit dQ's row, summed in float32 */
     for (size_t pos = pos0; pos < end; ++pos) {
         const size_t at = ((b * s->q_seq + pos) * s->num_heads + head) * D;
         float *out = f32 ? (float *)c->dq + at : row;
         const float *part = c->dq_part + (bh * s->q_seq + pos) * D;
-        if (!s->accumulate)
+        if (c->dq_in_place)
+            ; /* part 0's sums are there */
+        else if (!s->accumulate)
             memset(out, 0, D * sizeof(float));
         else if (!f32)
             c->hot->widen(s->dtype, (const uint16_t *)c->dq + at, row, D);
@@ -575,6 +577,11 @@ static clattn_status native_run(clattn_context *ctx, clattn_op op, const clattn_
     const int want_dsum = op == CLATTN_OP_GRAD_K || op == CLATTN_OP_BACKWARD;
     const size_t copies = plan.key_parts;
     int fused = plan.fused;
+    /* A float32 dQ that is overwritten is the first key-side part's own:
+     * one copy fewer to zero and to sum, none where the key side has one
+     * part. (One added into keeps its copies: dQ's values plus the sum of
+     * the parts, as the two-pass backward adds.) */
+    const size_t in_place = s->dtype == CLATTN_DTYPE_F32 && !s->accumulate;
     /* The forward reads float32 K where it lies (query_block_of), without
      * a head-major copy: its score product streams 8 key rows at a time,
      * not the 32 of a tile that the backward's dQ product holds, and the
@@ -613,7 +620,7 @@ static clattn_status native_run(clattn_context *ctx, clattn_op op, const clattn_
         lazy_rows = key_side && !(query_side && !fused);
         scratch = (query_side && !fused ? k_floats + v_floats + v_states : 0) +
                   (key_side ? qh_floats + oh_floats : 0) + (want_dsum ? rows : 0) +
-                  (fused ? copies * sz->q : 0) + (lazy_rows ? row_states : 0);
+                  (fused ? (copies - in_place) * sz->q : 0) + (lazy_rows ? row_states : 0);
         if (grow(&ctx->scratch, &ctx->scratch_floats, scratch))
             break;
         /* Without the dQ copies, dQ has a pass of its own. */
@@ -676,13 +683,17 @@ static clattn_status native_run(clattn_context *ctx, clattn_op op, const clattn_
             c.dv = (void *)t[CLATTN_R_DV];
             c.dq = (void *)t[CLATTN_R_DQ];
         }
-        if (fused) { /* the key side into dQ copies, then their sum */
+        if (fused) { /* the key side into dQ (and copies), then their sum */
             snprintf(ctx->kernels, sizeof ctx->kernels, "dsum__native,grad_kvq__native");
-            c.dq_part = take(&next, copies * sz->q);
+            c.dq_fused = 1;
+            c.dq_in_place = (int)in_place;
+            c.dq_part = take(&next, (copies - in_place) * sz->q);
             c.dq_part_floats = sz->q;
             run_jobs(c.pool, &c, hot->key_block, key_jobs, n);
-            run_jobs(c.pool, &c, sum_dq_job,
-                     s->batch * s->num_heads * ((s->q_seq + (size_t)SUM_ROWS - 1) / SUM_ROWS), n);
+            if (copies > in_place)
+                run_jobs(c.pool, &c, sum_dq_job,
+                         s->batch * s->num_heads * ((s->q_seq + (size_t)SUM_ROWS - 1) / SUM_ROWS),
+                         n);
             break;
         }
         run_jobs(c.pool, &c, hot->key_block, key_jobs, n);

@@ -75,10 +75,14 @@ typedef struct native_call {
      * last key: native_tiled_rows(kv_seq) rows a head), so that its
      * product reads V's elements of a column in a row of their own. */
     const float *vt;
-    /* The backward's dQ summed in the key-side jobs, where that pays (see
-     * src/native.c): the key-side jobs of part i (of key_parts) add into
-     * head-major copy i, dq_part + i * dq_part_floats, and the copies are
-     * summed into dQ after. NULL: dQ has a query-side pass of its own. */
+    /* dq_fused: the backward's dQ is summed in the key-side jobs, where
+     * that pays (see src/native.c), else it has a query-side pass of its
+     * own. The key-side jobs of part i (of key_parts) add into a float32
+     * dQ of their own: where dq_in_place (a float32 dQ the call
+     * overwrites), part 0's is dQ itself, and part i > 0's is head-major copy i - 1 of dq_part (copy
+     * j at dq_part + j * dq_part_floats); else part i's is copy i. The
+     * copies are summed into dQ after. */
+    int dq_fused, dq_in_place;
     float *dq_part;
     size_t dq_part_floats;
     struct native_pool *pool; /* the threads that run its jobs */

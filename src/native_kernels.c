@@ -419,11 +419,10 @@ enum { CHUNK = 32 };
 
 typedef struct key_chunk {
     const float *q[CHUNK], *d_out[CHUNK];
-    size_t at[CHUNK]; /* the row's place in the head-major copies */
+    float *dq[CHUNK]; /* the row of the float32 dQ the block adds into */
     float m[CHUNK], l[CHUNK], dsum[CHUNK];
     uint32_t lo[CHUNK], hi[CHUNK]; /* keys of the block the row sees */
     size_t n;
-    size_t copy; /* the dQ copy the block adds into (see dq_part) */
 } key_chunk;
 
 /* acc[i][d0 + v * HW + .] += sum_j w[i][j] * krows[j][same] for the
@@ -492,7 +491,7 @@ INLINE void add_dq(float *const *dq, const tile_row *ds, const float *const *kro
 }
 
 /* Adds one chunk of query rows to the block's transposed dK and dV (and,
- * with c->dq_part, to the thread's dQ, krows the block's key rows). */
+ * with c->dq_fused, to the part's dQ, krows the block's key rows). */
 INLINE void key_chunk_run(const native_call *c, key_chunk *ch, const tile_row *kt,
                           const tile_row *vt, tile_row *dkt, tile_row *dvt,
                           const float *const *krows)
@@ -527,13 +526,11 @@ INLINE void key_chunk_run(const native_call *c, key_chunk *ch, const tile_row *k
         accumulate(dvt, D, ch->d_out, p, n);
     if (dkt)
         accumulate(dkt, D, ch->q, ds, n);
-    if (dkt && c->dq_part) {
-        float *part = c->dq_part + ch->copy * c->dq_part_floats;
+    if (dkt && c->dq_fused) {
         _Alignas(64) float spare[CLATTN_MAX_HEAD_DIM]; /* the padding rows' sums */
-        float *dq[CHUNK];
-        for (size_t r = 0; r < CHUNK; ++r)
-            dq[r] = r < n ? part + ch->at[r] : spare;
-        add_dq(dq, ds, krows, D, n);
+        for (size_t r = n; r < CHUNK; ++r)
+            ch->dq[r] = spare;
+        add_dq(ch->dq, ds, krows, D, n);
     }
     ch->n = 0;
 }
@@ -638,7 +635,7 @@ static void key_block(const native_call *c, size_t job)
                                      : zero_row;
     }
     transpose_in(krows, D, kt);
-    if (c->dq_part && s->dtype == CLATTN_DTYPE_F32)
+    if (c->dq_fused && s->dtype == CLATTN_DTYPE_F32)
         for (uint32_t j = 0; j < nt; ++j) {
             memcpy(kcopy + j * D, krows[j], D * sizeof(float));
             krows[j] = kcopy + j * D;
@@ -656,7 +653,15 @@ static void key_block(const native_call *c, size_t job)
         ready_rows(c, b, kv_head, start, end);
     key_chunk ch;
     ch.n = 0;
-    ch.copy = part_of(block, c->key_parts);
+    /* the part's dQ: dQ's own rows (row * D), or a head-major copy (at) */
+    float *dq_own = NULL, *dq_copy = NULL;
+    if (c->dq_fused) {
+        const size_t part = part_of(block, c->key_parts);
+        if (c->dq_in_place && part == 0)
+            dq_own = c->dq;
+        else
+            dq_copy = c->dq_part + (part - (size_t)c->dq_in_place) * c->dq_part_floats;
+    }
     for (uint32_t pos = start; pos < end; ++pos) {
         /* Keys of the block that pos sees: [lo, hi). */
         uint32_t lo, hi;
@@ -670,7 +675,7 @@ static void key_block(const native_call *c, size_t job)
             const size_t at = ((b * s->num_heads + head) * s->q_seq + pos) * D;
             ch.q[ch.n] = c->qh + at;
             ch.d_out[ch.n] = c->oh + at;
-            ch.at[ch.n] = at;
+            ch.dq[ch.n] = dq_own ? dq_own + row * D : dq_copy ? dq_copy + at : NULL;
             ch.m[ch.n] = c->lse[2 * row];
             ch.l[ch.n] = c->lse[2 * row + 1];
             ch.dsum[ch.n] = want_dk ? c->dsum[row] : 0.0f;
@@ -968,16 +973,25 @@ static void grad_q_job(const native_call *c, size_t job)
              grad_q_block);
 }
 
-/* With dQ copies, a key-side job is the only one to add into its part's
- * copy of its KV head's query rows (every head of the group, consecutive
- * in the head-major copy): it zeroes them first, in its own cache. */
+/* With dQ summed in the key side, a key-side job is the only one to add
+ * into its part's dQ rows of its KV head (every head of the group:
+ * consecutive in a head-major copy, and in a row of dQ): it zeroes them
+ * first, in its own cache. */
 static void key_block_job(const native_call *c, size_t job)
 {
-    if (c->dq_part) {
+    if (c->dq_fused) {
         const clattn_shape *s = c->s;
-        const size_t rows = c->group * s->q_seq * s->head_dim;
-        memset(c->dq_part + job % c->key_parts * c->dq_part_floats + job / c->key_parts * rows,
-               0, rows * sizeof(float));
+        const size_t D = s->head_dim, part = job % c->key_parts, kvh = job / c->key_parts;
+        const size_t rows = c->group * s->q_seq * D;
+        if (!(c->dq_in_place && part == 0))
+            memset(c->dq_part + (part - (size_t)c->dq_in_place) * c->dq_part_floats + kvh * rows,
+                   0, rows * sizeof(float));
+        else
+            for (size_t pos = 0; pos < s->q_seq; ++pos)
+                memset((float *)c->dq +
+                           row_index(s, kvh / s->num_kv_heads, pos,
+                                     kvh % s->num_kv_heads * c->group) * D,
+                       0, c->group * D * sizeof(float));
     }
     run_part(c, job, c->blocks_per_head, c->key_parts, key_block);
 }
