@@ -289,7 +289,7 @@ static void pack_tiles(const native_call *c, const struct native_pack *p, size_t
                 row[j] = wide[j];
             }
         }
-        native_transpose(row, D, dst + t0 * D); /* tile [D][KEY_BLOCK] */
+        c->hot->transpose(row, D, dst + t0 * D); /* tile [D][KEY_BLOCK] */
     }
 }
 

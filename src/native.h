@@ -40,7 +40,9 @@ static inline size_t native_tiled_rows(size_t rows)
  * share few of L1's sets, and column by column over all 32 rows each line
  * was read again for every column (d256 on 8 heads, 8 KB apart: a tenth of
  * the backward's time on the development machine). The hot loops' tiles
- * and the forward's packed V (vt) are transposed by it. */
+ * and the forward's packed V (vt) are transposed by it at the baseline
+ * level, by 8 x 8 blocks of AVX's shuffles at the others
+ * (native_kernels.c's transpose_in, the table's transpose). */
 static inline void native_transpose(const float *const *rows, size_t D, float *t)
 {
     for (size_t d0 = 0; d0 < D; d0 += 16) {
@@ -134,6 +136,8 @@ typedef struct native_kernels {
     /* clattn_to_f32 and clattn_from_f32, compiled for the level */
     void (*widen)(clattn_dtype dtype, const void *src, float *dst, size_t n);
     void (*narrow)(clattn_dtype dtype, const float *src, void *dst, size_t n);
+    /* native_transpose, compiled for the level */
+    void (*transpose)(const float *const *rows, size_t D, float *t);
 } native_kernels;
 
 /* Tile `tile` of V's copy c->vt_pack for (b, kv_head) (src/native.c): the
