@@ -81,9 +81,9 @@ typedef struct native_call {
      * that pays (see src/native.c), else it has a query-side pass of its
      * own. The key-side jobs of part i (of key_parts) add into a float32
      * dQ of their own: where dq_in_place (a float32 dQ the call
-     * overwrites), part 0's is dQ itself, and part i > 0's is head-major copy i - 1 of dq_part (copy
-     * j at dq_part + j * dq_part_floats); else part i's is copy i. The
-     * copies are summed into dQ after. */
+     * overwrites), part 0's is dQ itself and part i's (i > 0) head-major
+     * copy i - 1 of dq_part (copy j at dq_part + j * dq_part_floats);
+     * else part i's is copy i. The copies are summed into dQ after. */
     int dq_fused, dq_in_place;
     float *dq_part;
     size_t dq_part_floats;

@@ -817,7 +817,6 @@ INLINE void query_block_transpose(const native_call *c, query_block *qb, const v
     transpose_in(qb->ptrs, D, t);
 }
 
-
 /* The rows of keys [t0, t0 + n) of one KV head, zero rows past n. */
 INLINE void key_rows(const float *base, size_t kv_row, uint32_t t0, uint32_t n,
                      const float *rows[KEY_BLOCK])
