@@ -673,6 +673,50 @@ START_TEST(native_fused_backward_repeats)
 }
 END_TEST
 
+/* The fused backward's float32 dQ that a call overwrites is its first
+ * key-side part's own (summed where it lies), and one added into is summed
+ * from copies: from a zeroed dQ the two give the same bits (both start the
+ * first part's sums from zero and add the other parts' copies in order),
+ * with one part (1 thread), three (3 threads) and five. */
+START_TEST(native_fused_dq_in_place)
+{
+    clattn_shape s = small_shape();
+    s.q_seq = s.kv_seq = 160;
+    unsetenv("CLATTN_NATIVE_FUSED_DQ");
+    problem p;
+    problem_make(&p, &s, 12, 1.0f);
+    float *own = nan_array(p.nq), *added = nan_array(p.nq);
+    float *dk = nan_array(p.nkv), *dv = nan_array(p.nkv);
+    static const struct {
+        int threads;
+        const char *parts; /* CLATTN_NATIVE_PARTS, or NULL */
+    } runs[] = {{1, NULL}, {3, NULL}, {3, "0,5"}};
+    for (size_t i = 0; i < sizeof runs / sizeof runs[0]; ++i) {
+        if (runs[i].parts)
+            setenv("CLATTN_NATIVE_PARTS", runs[i].parts, 1);
+        clattn_context *ctx = native_context(runs[i].threads);
+        unsetenv("CLATTN_NATIVE_PARTS");
+        clattn_shape c = s;
+        ck_assert_status(clattn_backward(ctx, &c, p.q, p.k, p.v, p.o, p.lse, p.d_out, own, dk, dv),
+                         CLATTN_OK);
+        ck_assert_msg(strstr(clattn_context_kernels(ctx), "grad_kvq__"), "run %zu ran %s", i,
+                      clattn_context_kernels(ctx));
+        memset(added, 0, p.nq * sizeof(float));
+        c.accumulate = 1;
+        ck_assert_status(clattn_backward(ctx, &c, p.q, p.k, p.v, p.o, p.lse, p.d_out, added, dk,
+                                         dv),
+                         CLATTN_OK);
+        ck_assert_msg(memcmp(own, added, p.nq * sizeof(float)) == 0, "run %zu: dQ differs", i);
+        clattn_context_destroy(ctx);
+    }
+    free(own);
+    free(added);
+    free(dk);
+    free(dv);
+    problem_free(&p);
+}
+END_TEST
+
 typedef struct thread_run {
     clattn_context *shared; /* NULL: the thread makes a context of its own */
     const problem *p;
@@ -763,6 +807,7 @@ Suite *api_suite(void)
     tcase_add_test(tc, accumulate_gradients);
     tcase_add_test(tc, native_threads_agree);
     tcase_add_test(tc, native_fused_backward_repeats);
+    tcase_add_test(tc, native_fused_dq_in_place);
     tcase_add_test(tc, shared_context_threads);
     tcase_add_test(tc, context_per_thread);
     suite_add_tcase(s, tc);
