@@ -350,6 +350,17 @@ static float *take(float **next, size_t n)
     return p;
 }
 
+/* The next n claim flags of the scratch (a float's room each), all 0
+ * (not made): vt_state's and row_state's. */
+static atomic_int *take_states(float **next, size_t n)
+{
+    _Static_assert(sizeof(atomic_int) <= sizeof(float), "a flag in a float's room");
+    atomic_int *states = (atomic_int *)take(next, n);
+    for (size_t i = 0; i < n; ++i)
+        atomic_init(&states[i], 0);
+    return states;
+}
+
 /* Tensor r head-major: t[r] itself where it is float32 with one head, else
  * a copy in dst (16-bit rows widened as they are packed). The copy is
  * queued (four at most), and made by the next pack_queued(). */
@@ -603,7 +614,6 @@ static clattn_status native_run(clattn_context *ctx, clattn_op op, const clattn_
         v_tiles
             ? (size_t)s->batch * s->num_kv_heads * native_tiled_rows(s->kv_seq) * s->head_dim
             : head_major_floats(s, s->num_kv_heads, sz->kv);
-    _Static_assert(sizeof(atomic_int) <= sizeof(float), "a tile's state in a float's room");
     const size_t v_states =
         v_tiles ? (size_t)s->batch * s->num_kv_heads * (native_tiled_rows(s->kv_seq) / KEY_BLOCK) : 0;
     const size_t qh_floats = head_major_floats(s, s->num_heads, sz->q);
@@ -617,7 +627,7 @@ static clattn_status native_run(clattn_context *ctx, clattn_op op, const clattn_
     int lazy_rows;
     size_t scratch;
     for (;;) {
-        lazy_rows = key_side && !(query_side && !fused);
+        lazy_rows = key_side && (fused || !query_side);
         scratch = (query_side && !fused ? k_floats + v_floats + v_states : 0) +
                   (key_side ? qh_floats + oh_floats : 0) + (want_dsum ? rows : 0) +
                   (fused ? (copies - in_place) * sz->q : 0) + (lazy_rows ? row_states : 0);
@@ -639,9 +649,7 @@ static clattn_status native_run(clattn_context *ctx, clattn_op op, const clattn_
                                              .dst = take(&next, v_floats),
                                              .heads = s->num_kv_heads, .rows = s->kv_seq};
             c.vt = c.vt_pack.dst;
-            c.vt_state = (atomic_int *)take(&next, v_states);
-            for (size_t i = 0; i < v_states; ++i)
-                atomic_init(&c.vt_state[i], 0);
+            c.vt_state = take_states(&next, v_states);
         } else {
             c.vh = head_major(&c, t, CLATTN_R_V, s->num_kv_heads, s->kv_seq,
                               take(&next, v_floats));
@@ -656,9 +664,7 @@ static clattn_status native_run(clattn_context *ctx, clattn_op op, const clattn_
     if (want_dsum)
         c.dsum = take(&next, rows);
     if (lazy_rows) {
-        c.row_state = (atomic_int *)take(&next, row_states);
-        for (size_t i = 0; i < row_states; ++i)
-            atomic_init(&c.row_state[i], 0);
+        c.row_state = take_states(&next, row_states);
     } else { /* the copies and Dsum: one round, none depending on another */
         pack_queued(&c, want_dsum ? (rows + DSUM_ROWS - 1) / DSUM_ROWS : 0, n);
     }

@@ -655,6 +655,15 @@ INLINE void ready_rows(const native_call *c, size_t b, size_t kv_head, uint32_t 
             wait_ready(state + h * units + u);
 }
 
+/* The head-major dQ copy that key-side part `part` adds into (native.h's
+ * dq_part); NULL where it adds into dQ itself (part 0, dq_in_place). */
+INLINE float *part_copy(const native_call *c, size_t part)
+{
+    if (c->dq_in_place && part == 0)
+        return NULL;
+    return c->dq_part + (part - (size_t)c->dq_in_place) * c->dq_part_floats;
+}
+
 /* dV and/or dK of KEY_BLOCK keys of one (batch, KV head). */
 static void key_block(const native_call *c, size_t job)
 {
@@ -702,15 +711,9 @@ static void key_block(const native_call *c, size_t job)
         ready_rows(c, b, kv_head, start, end);
     key_chunk ch;
     ch.n = 0;
-    /* the part's dQ: dQ's own rows (row * D), or a head-major copy (at) */
-    float *dq_own = NULL, *dq_copy = NULL;
-    if (c->dq_fused) {
-        const size_t part = part_of(block, c->key_parts);
-        if (c->dq_in_place && part == 0)
-            dq_own = c->dq;
-        else
-            dq_copy = c->dq_part + (part - (size_t)c->dq_in_place) * c->dq_part_floats;
-    }
+    /* the part's dQ: a head-major copy (at), or dQ's own rows (row * D) */
+    float *const dq_copy = c->dq_fused ? part_copy(c, part_of(block, c->key_parts)) : NULL;
+    float *const dq_own = c->dq_fused && !dq_copy ? (float *)c->dq : NULL;
     for (uint32_t pos = start; pos < end; ++pos) {
         /* Keys of the block that pos sees: [lo, hi). */
         uint32_t lo, hi;
@@ -1044,11 +1047,11 @@ static void key_block_job(const native_call *c, size_t job)
 {
     if (c->dq_fused) {
         const clattn_shape *s = c->s;
-        const size_t D = s->head_dim, part = job % c->key_parts, kvh = job / c->key_parts;
+        const size_t D = s->head_dim, kvh = job / c->key_parts;
         const size_t rows = c->group * s->q_seq * D;
-        if (!(c->dq_in_place && part == 0))
-            memset(c->dq_part + (part - (size_t)c->dq_in_place) * c->dq_part_floats + kvh * rows,
-                   0, rows * sizeof(float));
+        float *copy = part_copy(c, job % c->key_parts);
+        if (copy)
+            memset(copy + kvh * rows, 0, rows * sizeof(float));
         else
             for (size_t pos = 0; pos < s->q_seq; ++pos)
                 memset((float *)c->dq +
