@@ -37,6 +37,7 @@ import os
 import subprocess
 import sys
 import time
+from statistics import median
 
 try:
     import torch
@@ -140,12 +141,6 @@ def clattn_runs(cli, shape, op, device, variant, reps, env, dtype):
         print(f"clattn bench failed: {' '.join(cmd)}\n{run.stderr}")
         return []
     return [json.loads(line) for line in run.stdout.splitlines() if line.startswith("{")]
-
-
-def median(xs):
-    xs = sorted(xs)
-    n = len(xs)
-    return xs[n // 2] if n % 2 else (xs[n // 2 - 1] + xs[n // 2]) / 2
 
 
 def run_round(args, plans, say):
