@@ -670,18 +670,7 @@ inline __local float *other_rows(__local float *tiles, __local float *rows)
  * out of the loop; a tile wholly before `end` whose units fill the lanes
  * (COPY_WHOLE) goes with no test a unit: a pointer step and the copy (on
  * the H200 a 16-bit d128 tile's copies were 60 instructions a warp, 40 of
- * them 64-bit address arithmetic redone every tile). Against the kernels
- * without this (H200, bf16 TFLOP/s, 2026-12-01, two interleaved rounds):
- * d128 32 heads on 8 forward 222-226 -> 253-254, causal 199-202 ->
- * 212-218, backward 183 -> 204, causal 134-137 -> 148-149; d64 backward
- * 174 -> 189, causal 107-108 -> 111-115, q_seq 16384 causal 184-186 ->
- * 195-197; d64 forward causal 124 -> 135-136, but 32 heads on 8 249-252
- * -> 225-230 and q_seq 16384 causal 240-243 -> 234-235. That forward sat
- * at 128 registers a lane before (4 work-groups an SM; ptxas on the old
- * PTX) and at 130 after (3; the device's ptxas), yet capped at 128 it ran
- * no faster; it lost as much when its own copies were left as they were
- * (its code the same, by clang's IR): 251 -> 224-226, q_seq 16384 causal
- * 236-241 -> 219-225. */
+ * them 64-bit address arithmetic redone every tile). */
 /* One unit of a row (elements d.. of it at p) to local words `to`; zeros
  * where `in` is false (p is then not read: bits, the tensor's start, is
  * the valid address cp.async is given instead). copy_tile's and
@@ -906,8 +895,7 @@ inline void tile_times(float *acc, const float *p, __local const float *x, uint 
  * and write one 128-byte row of banks; the tiles of core matrices (no
  * swizzle) this replaces had a phase read 8 rows and ran 0.6x as fast as
  * mma.sync's kernels, copies alone (without any product) as slow as the
- * whole (H200, bf16, 2026-12-01: d64 32 heads on 8 forward, copies and
- * softmax only 150 TFLOP/s, the same with mma.sync's padded rows 355).
+ * whole.
  * S reads K's tile K-major (stride offset 1024: 8 rows; the leading offset
  * unused), P V reads V's MN-major (imm-trans-b 1; leading offset the step
  * between atom columns, stride offset 1024), both from one layout; atoms

@@ -1,6 +1,6 @@
 /* The native backend's parts: the call its jobs share and the hot loops,
- * which src/native_kernels.c compiles once per x86-64 level (see
- * CMakeLists.txt) and src/native.c picks from at context creation. */
+ * which src/native/kernels.c compiles once per x86-64 level (see
+ * CMakeLists.txt) and native.c picks from at context creation. */
 #ifndef CLATTN_NATIVE_H
 #define CLATTN_NATIVE_H
 
@@ -12,7 +12,7 @@
 /* Keys of a key-side block, and query rows of a query-side one: a row of
  * 32 floats (two AVX-512 vectors: 16 had the products reload every
  * broadcast element per vector). A job takes the blocks of one head that
- * fall to its part (one of `parts`, see src/native.c's plan_call), to and
+ * fall to its part (one of `parts`, see native.c's plan_call), to and
  * fro: block i is part's when i % (2 * parts) is part or 2 * parts - 1 -
  * part, so that under a causal mask every part of a head weighs about the
  * same, and the rows the blocks stream (all of the head's keys, or all of
@@ -42,7 +42,7 @@ static inline size_t native_tiled_rows(size_t rows)
  * the backward's time on the development machine). The hot loops' tiles
  * and the forward's packed V (vt) are transposed by it at the baseline
  * level, by 8 x 8 blocks of AVX's shuffles at the others
- * (native_kernels.c's transpose_in, the table's transpose). */
+ * (kernels.c's transpose_in, the table's transpose). */
 static inline void native_transpose(const float *const *rows, size_t D, float *t)
 {
     for (size_t d0 = 0; d0 < D; d0 += 16) {
@@ -60,7 +60,7 @@ typedef struct native_call {
     const clattn_shape *s;
     /* The caller's tensors, of s->dtype: float32, or 16-bit, widened row by
      * row where the jobs read them and rounded row by row where they write
-     * them (native_kernels.c's in_row and out_row), never copied whole. */
+     * them (kernels.c's in_row and out_row), never copied whole. */
     const void *q, *k, *v, *o, *d_out;
     void *dq, *dk, *dv, *o_out;
     const float *lse;
@@ -78,7 +78,7 @@ typedef struct native_call {
      * product reads V's elements of a column in a row of their own. */
     const float *vt;
     /* dq_fused: the backward's dQ is summed in the key-side jobs, where
-     * that pays (see src/native.c), else it has a query-side pass of its
+     * that pays (see native.c), else it has a query-side pass of its
      * own. The key-side jobs of part i (of key_parts) add into a float32
      * dQ of their own: where dq_in_place (a float32 dQ the call
      * overwrites), part 0's is dQ itself and part i's (i > 0) head-major
@@ -89,7 +89,7 @@ typedef struct native_call {
     size_t dq_part_floats;
     struct native_pool *pool; /* the threads that run its jobs */
     const struct native_kernels *hot;
-    /* Head-major copies being made in one round (src/native.c's
+    /* Head-major copies being made in one round (native.c's
      * head_major), with Dsum's jobs after theirs where dsum_jobs: src (of
      * dtype, widened on the way when 16-bit) to dst, `heads` heads of
      * `rows` rows, as jobs of up to PACK_ROWS rows of one (batch, head),
@@ -140,14 +140,14 @@ typedef struct native_kernels {
     void (*transpose)(const float *const *rows, size_t D, float *t);
 } native_kernels;
 
-/* Tile `tile` of V's copy c->vt_pack for (b, kv_head) (src/native.c): the
- * forward's jobs pack V's tiles as they first need them (native_kernels.c's
+/* Tile `tile` of V's copy c->vt_pack for (b, kv_head) (native.c): the
+ * forward's jobs pack V's tiles as they first need them (kernels.c's
  * ready_tiles). */
 void clattn_native_pack_v_tile(const native_call *c, size_t b, size_t kv_head, size_t tile);
 
 /* Rows of unit u (PACK_ROWS rows) of (b, head) into every copy queued in
- * c->pack (src/native.c); the key-side jobs make the copies this way where
- * c->row_state is set (native_kernels.c's ready_rows), Dsum beside them. */
+ * c->pack (native.c); the key-side jobs make the copies this way where
+ * c->row_state is set (kernels.c's ready_rows), Dsum beside them. */
 void clattn_native_pack_rows(const native_call *c, size_t b, size_t head, size_t u);
 
 extern const native_kernels clattn_native_baseline;

@@ -30,10 +30,20 @@ int open_context(const char *cmd, const char *device, const char *variant, clatt
 float next_uniform(uint64_t *state);
 void fill_uniform(float *a, size_t n, float gain, uint64_t *state);
 float *alloc_floats(size_t n);
+/* Reports a failed op; returns the exit status: a device failure, or input
+ * the device cannot take. */
+int op_failed(const char *cmd, clattn_status st);
 /* --dtype's value, f32, f16 or bf16, into *dtype; prints one line and
  * returns 0 for anything else. */
 int parse_dtype(const char *cmd, const char *name, clattn_dtype *dtype);
 
+int cmd_devices(int argc, char **argv);
+/* The file commands (forward, backward, grad-v), by name; 0 when name is
+ * none of them, else the exit status, in *rc. */
+int cmd_file_named(const char *name, int argc, char **argv, int *rc);
+int cmd_merge(int argc, char **argv);
+int cmd_demo(int argc, char **argv);
+int cmd_train(int argc, char **argv);
 int cmd_bench(int argc, char **argv);
 /* The whole command line; main() calls it, and so does the fuzzer. */
 int clattn_cli_main(int argc, char **argv);

@@ -16,7 +16,7 @@
  * and packs V by transposed tiles (native.h's vt) in its jobs, as they
  * first need them; a key side that runs first (grad-V, grad-K, the fused
  * backward) copies Q's and dO's rows and makes Dsum in its jobs too
- * (native_kernels.c's ready_rows); the two-pass backward copies what both
+ * (kernels.c's ready_rows); the two-pass backward copies what both
  * its sides read, and makes Dsum, in a round of its own first.
  * A job is the blocks of one head that fall to one of its parts, taken to
  * and fro (native.h), so that the parts of a head weigh the same under a
@@ -36,12 +36,11 @@
 #include <unistd.h>
 
 #include "native.h"
+#include "pool.h"
 
 #if CLATTN_NATIVE_LEVELS
 #include <cpuid.h>
 #endif
-
-enum { MAX_THREADS = 256 };
 
 static int default_threads(void)
 {
@@ -50,10 +49,10 @@ static int default_threads(void)
         char *end;
         long n = strtol(env, &end, 10);
         if (*end == '\0' && n > 0)
-            return n > MAX_THREADS ? MAX_THREADS : (int)n;
+            return n > NATIVE_MAX_THREADS ? NATIVE_MAX_THREADS : (int)n;
     }
     long n = sysconf(_SC_NPROCESSORS_ONLN);
-    return n < 1 ? 1 : n > MAX_THREADS ? MAX_THREADS : (int)n;
+    return n < 1 ? 1 : n > NATIVE_MAX_THREADS ? NATIVE_MAX_THREADS : (int)n;
 }
 
 /* The hot loops for this CPU: the highest level it has, at most
@@ -87,183 +86,6 @@ static clattn_status pick_kernels(const native_kernels **out)
     (void)level;
 #endif
     return CLATTN_OK;
-}
-
-static void *worker(void *arg)
-{
-    native_call *c = arg;
-    for (;;) {
-        size_t job = atomic_fetch_add(&c->next, 1);
-        if (job >= c->jobs)
-            return NULL;
-        c->job(c, job);
-    }
-}
-
-/* A context's worker threads, started on its first threaded call and kept
- * until it is destroyed, rather than started and joined for each of a
- * call's rounds of jobs (packing, Dsum, each side's pass). Each round
- * bumps `round`; helper i takes part when i < want, and the caller waits
- * until `running` is 0. Between rounds a helper (and the caller, for
- * `running`) first spins for up to SPIN_NS, and only then sleeps on the
- * condition variable: a call's rounds follow each other within
- * microseconds, and a thread that slept must be woken. The context's lock
- * keeps one call at a time. */
-enum { SPIN_NS = 200000 };
-
-typedef struct native_pool {
-    pthread_mutex_t lock;
-    pthread_cond_t start, done;
-    native_call *call;
-    atomic_ulong round;
-    atomic_int running, stop;
-    int want, started;
-    struct native_helper {
-        struct native_pool *pool;
-        int index;
-        pthread_t tid;
-    } helper[MAX_THREADS];
-} native_pool;
-
-static long long now_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec * 1000000000LL + ts.tv_nsec;
-}
-
-static inline void cpu_relax(void)
-{
-#if defined(__x86_64__) || defined(__i386__)
-    __builtin_ia32_pause();
-#endif
-}
-
-/* Spins until *x is no longer `was` or SPIN_NS have passed. */
-static void spin_while(const atomic_ulong *x, unsigned long was)
-{
-    const long long end = now_ns() + SPIN_NS;
-    do {
-        for (int i = 0; i < 64; ++i) {
-            if (atomic_load_explicit(x, memory_order_acquire) != was)
-                return;
-            cpu_relax();
-        }
-    } while (now_ns() < end);
-}
-
-static void *helper_main(void *arg)
-{
-    struct native_helper *h = arg;
-    native_pool *p = h->pool;
-    unsigned long seen = 0;
-    for (;;) {
-        spin_while(&p->round, seen);
-        pthread_mutex_lock(&p->lock);
-        while (!atomic_load(&p->stop) && atomic_load(&p->round) == seen)
-            pthread_cond_wait(&p->start, &p->lock);
-        if (atomic_load(&p->stop)) {
-            pthread_mutex_unlock(&p->lock);
-            return NULL;
-        }
-        seen = atomic_load(&p->round);
-        native_call *c = p->call;
-        const int mine = h->index < p->want;
-        pthread_mutex_unlock(&p->lock);
-        if (!mine)
-            continue;
-        worker(c);
-        if (atomic_fetch_sub(&p->running, 1) == 1) {
-            pthread_mutex_lock(&p->lock); /* the caller waits under it */
-            pthread_cond_signal(&p->done);
-            pthread_mutex_unlock(&p->lock);
-        }
-    }
-}
-
-static void pool_destroy(native_pool *p)
-{
-    if (!p)
-        return;
-    pthread_mutex_lock(&p->lock);
-    atomic_store(&p->stop, 1);
-    pthread_cond_broadcast(&p->start);
-    pthread_mutex_unlock(&p->lock);
-    for (int i = 0; i < p->started; ++i)
-        pthread_join(p->helper[i].tid, NULL);
-    pthread_cond_destroy(&p->start);
-    pthread_cond_destroy(&p->done);
-    pthread_mutex_destroy(&p->lock);
-    free(p);
-}
-
-/* A pool of up to `helpers` threads; NULL (the caller then works alone)
- * when not even its memory can be had. Threads that cannot be started
- * leave their share to the others. */
-static native_pool *pool_create(int helpers)
-{
-    native_pool *p = calloc(1, sizeof *p);
-    if (!p)
-        return NULL;
-    atomic_init(&p->round, 0);
-    atomic_init(&p->running, 0);
-    atomic_init(&p->stop, 0);
-    if (pthread_mutex_init(&p->lock, NULL)) {
-        free(p);
-        return NULL;
-    }
-    if (pthread_cond_init(&p->start, NULL)) {
-        pthread_mutex_destroy(&p->lock);
-        free(p);
-        return NULL;
-    }
-    if (pthread_cond_init(&p->done, NULL)) {
-        pthread_cond_destroy(&p->start);
-        pthread_mutex_destroy(&p->lock);
-        free(p);
-        return NULL;
-    }
-    for (int i = 0; i < helpers; ++i) {
-        struct native_helper *h = &p->helper[p->started];
-        h->pool = p;
-        h->index = p->started;
-        if (pthread_create(&h->tid, NULL, helper_main, h) == 0)
-            ++p->started;
-    }
-    return p;
-}
-
-/* Runs every job of c on up to n threads: the caller's and the pool's.
- * This cannot fail. */
-static void run_jobs(native_pool *p, native_call *c, void (*job)(const native_call *, size_t),
-                     size_t jobs, int n)
-{
-    c->job = job;
-    c->jobs = jobs;
-    atomic_store(&c->next, 0);
-    int helpers = (size_t)n > jobs ? (int)jobs - 1 : n - 1;
-    if (!p || helpers > p->started)
-        helpers = p ? p->started : 0;
-    if (helpers <= 0) {
-        worker(c);
-        return;
-    }
-    pthread_mutex_lock(&p->lock);
-    p->call = c;
-    p->want = helpers;
-    atomic_store(&p->running, helpers);
-    atomic_fetch_add(&p->round, 1);
-    pthread_cond_broadcast(&p->start);
-    pthread_mutex_unlock(&p->lock);
-    worker(c);
-    const long long end = now_ns() + SPIN_NS;
-    while (atomic_load(&p->running) && now_ns() < end)
-        for (int i = 0; i < 64 && atomic_load(&p->running); ++i)
-            cpu_relax();
-    pthread_mutex_lock(&p->lock);
-    while (atomic_load(&p->running))
-        pthread_cond_wait(&p->done, &p->lock);
-    pthread_mutex_unlock(&p->lock);
 }
 
 /* Rows [r0, end) of one (batch, head) into their tiles of p->dst
@@ -386,7 +208,7 @@ static void pack_queued(native_call *c, size_t dsum_jobs, int threads)
     for (int i = 0; i < c->packs; ++i)
         c->pack_jobs += c->pack[i].jobs;
     if (c->pack_jobs + dsum_jobs)
-        run_jobs(c->pool, c, pack_job, c->pack_jobs + dsum_jobs, threads);
+        clattn_native_run_jobs(c->pool, c, pack_job, c->pack_jobs + dsum_jobs, threads);
     c->packs = 0;
 }
 
@@ -547,7 +369,7 @@ static clattn_status native_run(clattn_context *ctx, clattn_op op, const clattn_
 {
     /* The context's threads, once, for every round of jobs below. */
     if (!ctx->pool && ctx->num_threads > 1)
-        ctx->pool = pool_create(ctx->num_threads - 1);
+        ctx->pool = clattn_native_pool_create(ctx->num_threads - 1);
     const native_plan plan = plan_call(ctx, op, s);
     const native_kernels *hot = ctx->native;
     native_call c;
@@ -603,7 +425,7 @@ static clattn_status native_run(clattn_context *ctx, clattn_op op, const clattn_
     const int k_in_place = op == CLATTN_OP_FORWARD && s->dtype == CLATTN_DTYPE_F32;
     const size_t k_floats = k_in_place ? 0 : head_major_floats(s, s->num_kv_heads, sz->kv);
     /* the forward's V by transposed tiles (vt), always copied: by its
-     * jobs, as they first need them (native_kernels.c's ready_tiles), not
+     * jobs, as they first need them (kernels.c's ready_tiles), not
      * in a round before them, so that a float32 forward has no round of
      * copies. H200 machine's CPU, interleaved rounds, median in the jobs /
      * in a round: 16 threads 1.00-1.16 on float32 (d96 12/4 1.09, d256
@@ -620,7 +442,7 @@ static clattn_status native_run(clattn_context *ctx, clattn_op op, const clattn_
     const size_t oh_floats = head_major_floats(s, s->num_heads, sz->q);
     /* Where the key side runs first (grad-V, grad-K, the fused backward),
      * its jobs make Q's and dO's head-major rows and Dsum as they first
-     * need them (native_kernels.c's ready_rows), not in a round before
+     * need them (kernels.c's ready_rows), not in a round before
      * them. */
     const size_t units = (s->q_seq + (size_t)PACK_ROWS - 1) / PACK_ROWS;
     const size_t row_states = (size_t)s->batch * s->num_heads * units;
@@ -672,15 +494,15 @@ static clattn_status native_run(clattn_context *ctx, clattn_op op, const clattn_
     case CLATTN_OP_FORWARD:
         c.o_out = (void *)t[CLATTN_R_O];
         c.lse_out = (float *)t[CLATTN_R_LSE];
-        run_jobs(c.pool, &c, hot->forward, query_jobs, n);
+        clattn_native_run_jobs(c.pool, &c, hot->forward, query_jobs, n);
         break;
     case CLATTN_OP_GRAD_V:
         c.dv = (void *)t[CLATTN_R_DV];
-        run_jobs(c.pool, &c, hot->key_block, key_jobs, n);
+        clattn_native_run_jobs(c.pool, &c, hot->key_block, key_jobs, n);
         break;
     case CLATTN_OP_GRAD_Q:
         c.dq = (void *)t[CLATTN_R_DQ];
-        run_jobs(c.pool, &c, hot->grad_q, query_jobs, n);
+        clattn_native_run_jobs(c.pool, &c, hot->grad_q, query_jobs, n);
         break;
     case CLATTN_OP_GRAD_K:
     case CLATTN_OP_BACKWARD:
@@ -695,16 +517,16 @@ static clattn_status native_run(clattn_context *ctx, clattn_op op, const clattn_
             c.dq_in_place = (int)in_place;
             c.dq_part = take(&next, (copies - in_place) * sz->q);
             c.dq_part_floats = sz->q;
-            run_jobs(c.pool, &c, hot->key_block, key_jobs, n);
+            clattn_native_run_jobs(c.pool, &c, hot->key_block, key_jobs, n);
             if (copies > in_place)
-                run_jobs(c.pool, &c, sum_dq_job,
+                clattn_native_run_jobs(c.pool, &c, sum_dq_job,
                          s->batch * s->num_heads * ((s->q_seq + (size_t)SUM_ROWS - 1) / SUM_ROWS),
                          n);
             break;
         }
-        run_jobs(c.pool, &c, hot->key_block, key_jobs, n);
+        clattn_native_run_jobs(c.pool, &c, hot->key_block, key_jobs, n);
         if (op == CLATTN_OP_BACKWARD)
-            run_jobs(c.pool, &c, hot->grad_q, query_jobs, n);
+            clattn_native_run_jobs(c.pool, &c, hot->grad_q, query_jobs, n);
         break;
     case CLATTN_OP_COUNT:
         break;
@@ -714,7 +536,7 @@ static clattn_status native_run(clattn_context *ctx, clattn_op op, const clattn_
 
 static void native_destroy(clattn_context *ctx)
 {
-    pool_destroy(ctx->pool);
+    clattn_native_pool_destroy(ctx->pool);
     ctx->pool = NULL;
     free(ctx->scratch);
     ctx->scratch = NULL;
@@ -735,7 +557,7 @@ clattn_status clattn_native_init(clattn_context *ctx, const clattn_options *opts
     if (st != CLATTN_OK)
         return st;
     ctx->num_threads = opts->num_threads > 0
-                           ? (opts->num_threads > MAX_THREADS ? MAX_THREADS : opts->num_threads)
+                           ? (opts->num_threads > NATIVE_MAX_THREADS ? NATIVE_MAX_THREADS : opts->num_threads)
                            : default_threads();
     ctx->backend = CLATTN_BACKEND_NATIVE;
     ctx->ops = &native_ops;

@@ -1,0 +1,278 @@
+/* The clattn command line: option parsing, contexts, the small helpers the
+ * commands share, `clattn devices`, and the dispatch to each command
+ * (files.c: forward, backward, grad-v, merge; demo.c; train.c; bench.c).
+ * Exit status: 0 success, 1 a device or library failure, 2 bad input. */
+#define _POSIX_C_SOURCE 200809L
+#include <errno.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "clattn.h"
+#include "npy.h"
+
+#include "cli.h"
+
+
+static int parse_uint(const char *s, uint32_t *out)
+{
+    if (!s || !*s)
+        return 0;
+    uint64_t v = 0;
+    for (const char *p = s; *p; ++p) {
+        if (*p < '0' || *p > '9')
+            return 0;
+        v = v * 10 + (uint64_t)(*p - '0');
+        if (v > UINT32_MAX)
+            return 0;
+    }
+    *out = (uint32_t)v;
+    return 1;
+}
+
+static int parse_positive(const char *s, float *out)
+{
+    if (!s || !*s)
+        return 0;
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (*end != '\0' || errno == ERANGE || !(v > 0.0) || !isfinite((float)v))
+        return 0;
+    *out = (float)v;
+    return 1;
+}
+
+/* Parses argv against opts; prints one line and returns 0 on bad input. */
+int parse_opts(const char *cmd, int argc, char **argv, opt *opts, size_t n)
+{
+    for (int i = 0; i < argc; ++i) {
+        opt *o = NULL;
+        for (size_t j = 0; j < n; ++j)
+            if (!strcmp(argv[i], opts[j].name))
+                o = &opts[j];
+        if (!o) {
+            fprintf(stderr, "clattn %s: unknown argument '%s' (see clattn %s --help)\n", cmd,
+                    argv[i], cmd);
+            return 0;
+        }
+        o->seen = 1;
+        if (o->kind == OPT_FLAG) {
+            *(int *)o->value = 1;
+            continue;
+        }
+        if (i + 1 >= argc) {
+            fprintf(stderr, "clattn %s: %s needs a value\n", cmd, o->name);
+            return 0;
+        }
+        const char *v = argv[++i];
+        if (o->kind == OPT_STRING) {
+            *(const char **)o->value = v;
+        } else if (o->kind == OPT_UINT && !parse_uint(v, o->value)) {
+            fprintf(stderr, "clattn %s: %s wants a whole number from 0 to %u, not '%s'\n", cmd,
+                    o->name, UINT32_MAX, v);
+            return 0;
+        } else if (o->kind == OPT_POSITIVE && !parse_positive(v, o->value)) {
+            fprintf(stderr, "clattn %s: %s wants a finite number above 0, not '%s'\n", cmd,
+                    o->name, v);
+            return 0;
+        }
+    }
+    for (size_t j = 0; j < n; ++j)
+        if (opts[j].required && !opts[j].seen) {
+            fprintf(stderr, "clattn %s: %s is required (see clattn %s --help)\n", cmd,
+                    opts[j].name, cmd);
+            return 0;
+        }
+    return 1;
+}
+
+int wants_help(int argc, char **argv)
+{
+    for (int i = 0; i < argc; ++i)
+        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h"))
+            return 1;
+    return 0;
+}
+
+double now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* Creates a context for the CLI; a failure is a device failure (1) unless
+ * the selector or variant itself was malformed (2). */
+int open_context(const char *cmd, const char *device, const char *variant,
+                 clattn_context **ctx)
+{
+    clattn_options o = clattn_options_default();
+    o.device = device;
+    o.variant = variant;
+    clattn_status st = clattn_context_create(&o, ctx);
+    if (st == CLATTN_OK) {
+        /* What auto skipped, and why; not the routine lines about builds. */
+        for (const char *line = clattn_context_log(*ctx); *line;) {
+            const size_t n = strcspn(line, "\n");
+            if (!strncmp(line, "auto", 4))
+                fprintf(stderr, "%.*s\n", (int)n, line);
+            line += n + (line[n] == '\n');
+        }
+        return 0;
+    }
+    fprintf(stderr, "clattn %s: %s: %s\n", cmd, clattn_status_string(st), clattn_last_error());
+    return st == CLATTN_ERROR_INVALID_OPTION || st == CLATTN_ERROR_UNKNOWN_VARIANT ? EXIT_INPUT
+                                                                                  : EXIT_DEVICE;
+}
+
+int cmd_devices(int argc, char **argv)
+{
+    if (wants_help(argc, argv)) {
+        printf("usage: clattn devices\n"
+               "Lists every OpenCL platform and device, then the native backend, and marks\n"
+               "with '*' the one that auto (or CLATTN_DEVICE) picks. Select one with\n"
+               "--device P:D, gpu, cpu, native or a part of its name.\n");
+        return 0;
+    }
+    if (argc > 0) {
+        fprintf(stderr, "clattn devices: unknown argument '%s'\n", argv[0]);
+        return EXIT_INPUT;
+    }
+    size_t n = 0;
+    clattn_status st = clattn_list_devices(NULL, 0, &n);
+    clattn_device_info *list = st == CLATTN_OK ? calloc(n, sizeof *list) : NULL;
+    if (st == CLATTN_OK && !list)
+        st = CLATTN_ERROR_OUT_OF_MEMORY;
+    if (st == CLATTN_OK)
+        st = clattn_list_devices(list, n, &n);
+    if (st != CLATTN_OK) {
+        fprintf(stderr, "clattn devices: %s: %s\n", clattn_status_string(st),
+                clattn_last_error());
+        free(list);
+        return EXIT_DEVICE;
+    }
+    clattn_context *ctx = NULL;
+    clattn_options o = clattn_options_default();
+    st = clattn_context_create(&o, &ctx);
+    const char *picked = st == CLATTN_OK ? clattn_context_device(ctx) : "";
+    for (size_t i = 0; i < n; ++i) {
+        char idx[32] = "-", tag[40] = "";
+        int mark;
+        if (list[i].backend == CLATTN_BACKEND_NATIVE) {
+            mark = ctx && clattn_context_backend(ctx) == CLATTN_BACKEND_NATIVE;
+        } else {
+            snprintf(idx, sizeof idx, "%d:%d", list[i].platform_index, list[i].device_index);
+            snprintf(tag, sizeof tag, "(%s)", idx);
+            mark = ctx && strstr(picked, tag) != NULL;
+        }
+        printf("%c %-6s %-11s %s / %s\n", mark ? '*' : ' ', idx,
+               clattn_backend_name(list[i].backend), list[i].platform, list[i].name);
+    }
+    if (ctx)
+        printf("auto picks %s\n%s", picked, clattn_context_log(ctx));
+    else
+        printf("auto picks nothing: %s: %s\n", clattn_status_string(st), clattn_last_error());
+    clattn_context_destroy(ctx);
+    free(list);
+    return 0;
+}
+
+
+int parse_dtype(const char *cmd, const char *name, clattn_dtype *dtype)
+{
+    static const char *const names[3] = {"f32", "f16", "bf16"};
+    for (int i = 0; i < 3; ++i)
+        if (!strcmp(name, names[i])) {
+            *dtype = (clattn_dtype)i;
+            return 1;
+        }
+    fprintf(stderr, "clattn %s: --dtype wants f32, f16 or bf16, not '%s'\n", cmd, name);
+    return 0;
+}
+
+
+/* A small fixed generator, so that every run of the demo sees the same data. */
+float next_uniform(uint64_t *state)
+{
+    *state ^= *state << 13;
+    *state ^= *state >> 7;
+    *state ^= *state << 17;
+    return (float)((*state >> 40) * (1.0 / 16777216.0)) * 2.0f - 1.0f;
+}
+
+
+/* Fills n floats uniformly in [-gain, gain). */
+void fill_uniform(float *a, size_t n, float gain, uint64_t *state)
+{
+    for (size_t i = 0; i < n; ++i)
+        a[i] = next_uniform(state) * gain;
+}
+
+
+float *alloc_floats(size_t n)
+{
+    return malloc((n ? n : 1) * sizeof(float));
+}
+
+
+/* Reports a failed op: a device failure, or input the device cannot take. */
+int op_failed(const char *cmd, clattn_status st)
+{
+    fprintf(stderr, "clattn %s: %s: %s\n", cmd, clattn_status_string(st), clattn_last_error());
+    return st == CLATTN_ERROR_TOO_LARGE_FOR_DEVICE ? EXIT_INPUT : EXIT_DEVICE;
+}
+
+static void usage(FILE *f)
+{
+    fprintf(f, "usage: clattn COMMAND [ARGS]   (clattn COMMAND --help for each)\n"
+               "  devices   list OpenCL devices and the native backend; mark auto's pick\n"
+               "  forward   attention's forward, O and the LSE pairs, on .npy files\n"
+               "  backward  dQ, dK and dV from the forward's O and LSE, on .npy files\n"
+               "  grad-v    the gradient of attention with respect to V, on .npy files\n"
+               "  merge     two partial forwards' (O, LSE) over disjoint keys into one\n"
+               "  demo      grad-V on an embedded layer, checked against native\n"
+               "  train     train an embedded attention layer with Adam; the loss must fall\n"
+               "            100-fold\n"
+               "  bench     time ops and kernel variants side by side\n"
+               "  version   print the library version\n"
+               "The device comes from --device, else CLATTN_DEVICE, else auto.\n");
+}
+
+int clattn_cli_main(int argc, char **argv)
+{
+    if (argc < 2) {
+        usage(stderr);
+        return EXIT_INPUT;
+    }
+    const char *c = argv[1];
+    if (!strcmp(c, "--help") || !strcmp(c, "-h") || !strcmp(c, "help")) {
+        usage(stdout);
+        return 0;
+    }
+    if (!strcmp(c, "version") || !strcmp(c, "--version")) {
+        printf("clattn %s\n", clattn_version());
+        return 0;
+    }
+    if (!strcmp(c, "devices"))
+        return cmd_devices(argc - 2, argv + 2);
+    int rc;
+    if (cmd_file_named(c, argc - 2, argv + 2, &rc))
+        return rc;
+    if (!strcmp(c, "merge"))
+        return cmd_merge(argc - 2, argv + 2);
+    if (!strcmp(c, "demo"))
+        return cmd_demo(argc - 2, argv + 2);
+    if (!strcmp(c, "train"))
+        return cmd_train(argc - 2, argv + 2);
+    if (!strcmp(c, "bench"))
+        return cmd_bench(argc - 2, argv + 2);
+    fprintf(stderr, "clattn: unknown command '%s'\n", c);
+    usage(stderr);
+    return EXIT_INPUT;
+}
+

@@ -1,0 +1,312 @@
+/* Building a variant's programs: the prelude and the variant's source as one
+ * text, the defines each kernel takes from its shape, the program cache, and
+ * the sm_90a route for wgmma. Each kernel is checked against the device's
+ * and the built kernel's limits. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "clattn_kernels.h"
+#include "opencl.h"
+#include "program_cache.h"
+#include "sm90a.h"
+
+/* Kernels need -cl-std=CL1.2: NVIDIA reports OpenCL 3.0 but compiles C 1.2
+ * only. No fast-math: masks and empty rows rely on huge negatives. */
+static const char build_options[] = "-cl-std=CL1.2";
+
+typedef struct cl_variant {
+    int kernel;
+    const char *name;
+    const char *function;
+    const char *source;
+} cl_variant;
+
+static const cl_variant variants[] = {
+#define CLATTN_CL_VARIANT(kernel, name, function, source) {K_##kernel, name, function, source},
+#include "variants.inc"
+#undef CLATTN_CL_VARIANT
+};
+enum { VARIANT_COUNT = sizeof variants / sizeof variants[0] };
+
+static const cl_variant *find_variant(int kernel, const char *name)
+{
+    for (int i = 0; i < VARIANT_COUNT; ++i)
+        if (variants[i].kernel == kernel && !strcmp(name, variants[i].name))
+            return &variants[i];
+    return NULL;
+}
+
+/* Loads src from the program cache, or compiles and stores it. */
+static clattn_status compile(struct clattn_cl_state *cl, const cl_variant *v, const char *src,
+                             const char *options, cl_program *out)
+{
+    cl_int err;
+    if ((*out = clattn_cache_load(cl->context, cl->device, src, options)) != NULL) {
+        clattn_log_append(cl->owner, "%s kernels (%s): loaded from the program cache",
+                          v->name, options);
+        return CLATTN_OK;
+    }
+    *out = clCreateProgramWithSource(cl->context, 1, &src, NULL, &err);
+    if (err != CL_SUCCESS) {
+        *out = NULL;
+        return clattn_ocl_fail(err, "clCreateProgramWithSource");
+    }
+    err = clBuildProgram(*out, 1, &cl->device, options, NULL, NULL);
+    if (err == CL_SUCCESS) {
+        const int stored = clattn_cache_store(*out, cl->device, src, options);
+        clattn_log_append(cl->owner, "%s kernels (%s): compiled%s", v->name, options,
+                          stored ? ", stored in the program cache" : "");
+        return CLATTN_OK;
+    }
+    clattn_status st = clattn_fail(CLATTN_ERROR_BUILD_FAILED,
+                                   "building %s of variant '%s' (%s) failed: %s (%d); build log:",
+                                   v->function, v->name, options, clattn_ocl_error_name(err), err);
+    size_t len = 0;
+    clGetProgramBuildInfo(*out, cl->device, CL_PROGRAM_BUILD_LOG, 0, NULL, &len);
+    char *log = len ? malloc(len + 1) : NULL;
+    if (log &&
+        clGetProgramBuildInfo(*out, cl->device, CL_PROGRAM_BUILD_LOG, len, log, NULL) ==
+            CL_SUCCESS) {
+        log[len] = '\0';
+        clattn_fail_append(log);
+    }
+    free(log);
+    return st;
+}
+
+/* mma.cl's WGMMA programs: NVIDIA's OpenCL compiles them for sm_90 with
+ * their sm_90a instructions in comments marked SM90A; *program is replaced
+ * by the same PTX built for sm_90a with the markers taken out (src/sm90a.c;
+ * tests/sm90a_probe.c tries the route). */
+static clattn_status retarget_sm90a(struct clattn_cl_state *cl, cl_program *program)
+{
+    size_t size = 0;
+    char *ptx = NULL, *opened = NULL;
+    cl_int err = clGetProgramInfo(*program, CL_PROGRAM_BINARY_SIZES, sizeof size, &size, NULL);
+    if (err == CL_SUCCESS && (!size || !(ptx = calloc(size + 1, 1))))
+        err = CL_OUT_OF_HOST_MEMORY;
+    if (err == CL_SUCCESS)
+        err = clGetProgramInfo(*program, CL_PROGRAM_BINARIES, sizeof ptx, &ptx, NULL);
+    clattn_status st = err == CL_SUCCESS ? CLATTN_OK : clattn_ocl_fail(err, "clGetProgramInfo(PTX)");
+    const int made = st == CLATTN_OK ? clattn_sm90a_ptx(ptx, &opened) : CLATTN_SM90A_OK;
+    if (made == CLATTN_SM90A_NOT_SM90)
+        st = clattn_fail(CLATTN_ERROR_BUILD_FAILED, "wgmma: the program's PTX is not for sm_90");
+    else if (made == CLATTN_SM90A_NO_MEMORY)
+        st = clattn_fail(CLATTN_ERROR_OUT_OF_MEMORY, "out of host memory");
+    if (st == CLATTN_OK) {
+        const size_t len = strlen(opened) + 1;
+        const unsigned char *bin = (const unsigned char *)opened;
+        cl_int status;
+        cl_program p = clCreateProgramWithBinary(cl->context, 1, &cl->device, &len, &bin,
+                                                 &status, &err);
+        if (err == CL_SUCCESS && (err = clBuildProgram(p, 1, &cl->device, "", NULL, NULL)) !=
+                                     CL_SUCCESS)
+            clReleaseProgram(p);
+        if (err == CL_SUCCESS) {
+            clReleaseProgram(*program);
+            *program = p;
+        } else {
+            st = clattn_fail(CLATTN_ERROR_BUILD_FAILED, "wgmma: building the sm_90a PTX: %s (%d)",
+                             clattn_ocl_error_name(err), err);
+        }
+    }
+    free(ptx);
+    free(opened);
+    return st;
+}
+
+static clattn_status build_program(struct clattn_cl_state *cl, const cl_variant *v,
+                                   const char *defines, cl_program *out)
+{
+    /* CLATTN_CL_OPTIONS adds the caller's own compiler options. */
+    const char *extra = getenv("CLATTN_CL_OPTIONS");
+    char options[512];
+    snprintf(options, sizeof options, "%s %s", defines, extra ? extra : "");
+    /* The prelude goes ahead of the source, as one text: the cache's key
+     * covers both. */
+    const size_t prelude = strlen(clattn_cl_common), body = strlen(v->source);
+    char *src = malloc(prelude + body + 1);
+    if (!src)
+        return clattn_fail(CLATTN_ERROR_OUT_OF_MEMORY, "out of host memory");
+    memcpy(src, clattn_cl_common, prelude);
+    memcpy(src + prelude, v->source, body + 1);
+    clattn_status st = compile(cl, v, src, options, out);
+    free(src);
+    if (st == CLATTN_OK && strstr(options, "-DWGMMA=1") && !cl->mma_emulate &&
+        (st = retarget_sm90a(cl, out)) != CLATTN_OK) {
+        clReleaseProgram(*out);
+        *out = NULL;
+    }
+    return st;
+}
+
+/* Whether blocked.cl's products may keep 16 vectors of 16 floats: the
+ * device says its vectors are 16 floats, or (PoCL runs on this CPU) this
+ * CPU has AVX-512, whatever width LLVM prefers to report for it. */
+static int wide_vectors(const struct clattn_cl_state *cl)
+{
+#if defined(__x86_64__) && defined(__GNUC__)
+    if (__builtin_cpu_supports("avx512f"))
+        return 1;
+#endif
+    return cl->float_width >= 16;
+}
+
+/* The defines kernel k of a kind is built with for a head_dim (0: any). */
+static const char *kernel_options(const struct clattn_cl_state *cl, int kind, uint32_t head_dim,
+                                  clattn_dtype dtype, int k, char *buf, size_t size)
+{
+    const tile_config t = clattn_ocl_tile_config(cl, head_dim);
+    const int len = snprintf(buf, size,
+                             "%s -DHEAD_DIM=%u -DROWS=%u -DTILE=%u -DSPLIT=%u -DDSPLIT=%u "
+                             "-DDTYPE=%d",
+                             build_options, head_dim ? head_dim : 1u, t.rows, t.tile, t.split,
+                             clattn_ocl_tile_dsplit(&t, head_dim), (int)dtype);
+    /* blocked.cl's products hold 16 vectors of 16 floats: as 32 registers
+     * of 8 floats they spill, so such devices (AVX2) get four of them
+     * (NARROW). */
+    if (kind == KIND_BLOCKED && !wide_vectors(cl) && len > 0 && (size_t)len < size)
+        snprintf(buf + len, size - (size_t)len, " -DNARROW=1");
+    if (kind == KIND_MMA && len > 0 && (size_t)len < size) {
+        const mma_config *c = clattn_ocl_mma_config(cl, head_dim, dtype, k);
+        snprintf(buf + len, size - (size_t)len,
+                 " -DWARPS=%u -DWSPLIT=%u -DMMA_TILE=%u -DPLANES=%u%s%s", c->warps, c->wsplit,
+                 c->tile, c->planes,
+                 cl->mma_emulate     ? " -DMMA_EMULATE"
+                 : cl->nv_major >= 9 ? " -DSM90"
+                                     : "",
+                 clattn_ocl_mma_wgmma(cl->wgmma, cl->nv_major, cl->mma_emulate, c, head_dim, dtype, k)
+                     ? " -DWGMMA=1"
+                     : "");
+    }
+    return buf;
+}
+
+/* Whether mma's single-pass backward serves a head_dim (its kinds are
+ * known up to K_GRAD_KV): 16-bit tensors, a shape whose warps do not split
+ * head_dim, and local memory for it on the device. */
+static int single_pass(const struct clattn_cl_state *cl, const kernel_set *set,
+                       uint32_t head_dim)
+{
+    const mma_config *c = clattn_ocl_mma_config(cl, head_dim, set->dtype, K_GRAD_KVQ);
+    const uint32_t largest = head_dim ? head_dim : CLATTN_MAX_HEAD_DIM;
+    return set->kind[K_GRAD_KV] == KIND_MMA && set->dtype != CLATTN_DTYPE_F32 && c->warps &&
+           c->wsplit == 1 &&
+           clattn_ocl_mma_local_floats(c, largest, cl->mma_emulate, set->dtype, K_GRAD_KVQ) *
+                   sizeof(float) <=
+               cl->local_mem;
+}
+
+clattn_status clattn_ocl_build_set(struct clattn_cl_state *cl, const char *variant,
+                               uint32_t head_dim, clattn_dtype dtype, kernel_set *set,
+                               int strict_limits)
+{
+    set->dtype = dtype;
+    for (int k = 0; k < K_COUNT; ++k) {
+        const cl_variant *v = find_variant(k, variant);
+        if (!v) {
+            if (k == K_GRAD_KV || k == K_GRAD_KVQ || k == K_FINISH_DQ)
+                continue; /* the backward runs GRAD_K and GRAD_V, or two passes, instead */
+            return clattn_fail(CLATTN_ERROR_UNKNOWN_VARIANT, "no OpenCL variant '%s'", variant);
+        }
+        if ((k == K_GRAD_KVQ || k == K_FINISH_DQ) && !single_pass(cl, set, head_dim))
+            continue;
+        set->kind[k] = v->source == clattn_cl_tiled     ? KIND_TILED
+                       : v->source == clattn_cl_blocked ? KIND_BLOCKED
+                       : v->source == clattn_cl_mma     ? KIND_MMA
+                                                        : KIND_TREE;
+        if (set->kind[k] == KIND_MMA && dtype != CLATTN_DTYPE_F32 &&
+            clattn_ocl_mma_config(cl, head_dim, dtype, k)->tile % 16)
+            return clattn_fail(CLATTN_ERROR_INVALID_OPTION,
+                               "mma's 16-bit kernels want tiles of 16 rows or more (CLATTN_MMA, "
+                               "CLATTN_MMA_GRAD_Q, CLATTN_MMA_SINGLE)");
+        char options[256], other[256];
+        kernel_options(cl, set->kind[k], head_dim, dtype, k, options, sizeof options);
+        for (int j = 0; j < k && !set->program[k]; ++j) {
+            const cl_variant *w = set->program[j] ? find_variant(j, variant) : NULL;
+            if (w && w->source == v->source &&
+                !strcmp(options, kernel_options(cl, set->kind[j], head_dim, dtype, j, other,
+                                                sizeof other))) {
+                set->program[k] = set->program[j];
+                clRetainProgram(set->program[k]);
+            }
+        }
+        clattn_status st = CLATTN_OK;
+        if (!set->program[k] && (st = build_program(cl, v, options, &set->program[k])) != CLATTN_OK)
+            return st;
+        cl_int err;
+        set->function[k] = v->function;
+        set->kernel[k] = clCreateKernel(set->program[k], v->function, &err);
+        if (err != CL_SUCCESS) {
+            set->kernel[k] = NULL;
+            return clattn_ocl_fail(err, "clCreateKernel");
+        }
+        if ((err = clGetKernelWorkGroupInfo(set->kernel[k], cl->device, CL_KERNEL_WORK_GROUP_SIZE,
+                                            sizeof(size_t), &set->max_wg[k], NULL)) ||
+            (err = clGetKernelWorkGroupInfo(set->kernel[k], cl->device, CL_KERNEL_LOCAL_MEM_SIZE,
+                                            sizeof(cl_ulong), &set->local_mem[k], NULL)))
+            return clattn_ocl_fail(err, "clGetKernelWorkGroupInfo");
+        const uint32_t largest = head_dim ? head_dim : CLATTN_MAX_HEAD_DIM;
+        const size_t wg = clattn_ocl_work_group(cl, set, k, largest);
+        const size_t local = clattn_ocl_local_bytes(cl, set, k, largest);
+        if ((strict_limits || set->kind[k] != KIND_TREE) &&
+            (set->max_wg[k] < wg || cl->local_mem < set->local_mem[k] + local))
+            return clattn_fail(CLATTN_ERROR_WORK_GROUP_TOO_LARGE,
+                               "%s needs work-groups of %zu and %zu bytes of local memory; "
+                               "the device allows %zu and %llu",
+                               v->function, wg, local, set->max_wg[k],
+                               (unsigned long long)cl->local_mem);
+    }
+    return CLATTN_OK;
+}
+
+void clattn_ocl_release_set(kernel_set *set)
+{
+    for (int k = 0; k < K_COUNT; ++k) {
+        if (set->kernel[k])
+            clReleaseKernel(set->kernel[k]);
+        if (set->program[k])
+            clReleaseProgram(set->program[k]);
+    }
+}
+
+clattn_status clattn_ocl_generic_kernels(struct clattn_cl_state *cl, clattn_dtype dtype,
+                                     kernel_set **out)
+{
+    if (!cl->generic_built[dtype]) {
+        clattn_status st = clattn_ocl_build_set(cl, "tree", 0, dtype, &cl->generic[dtype], 0);
+        if (st != CLATTN_OK) {
+            clattn_ocl_release_set(&cl->generic[dtype]);
+            memset(&cl->generic[dtype], 0, sizeof cl->generic[dtype]);
+            return st;
+        }
+        cl->generic_built[dtype] = 1;
+    }
+    *out = &cl->generic[dtype];
+    return CLATTN_OK;
+}
+
+clattn_status clattn_ocl_kernels_for(struct clattn_cl_state *cl, uint32_t head_dim,
+                                 clattn_dtype dtype, kernel_set **out)
+{
+    const char *variant = cl->special_variant;
+    if (!variant)
+        return clattn_ocl_generic_kernels(cl, dtype, out);
+    if (!strcmp(variant, "mma") && dtype != CLATTN_DTYPE_F32 && head_dim % 8)
+        variant = "tiled";
+    if (!cl->special[dtype][head_dim]) {
+        kernel_set *set = calloc(1, sizeof *set);
+        if (!set)
+            return clattn_fail(CLATTN_ERROR_OUT_OF_MEMORY, "out of host memory");
+        clattn_status st = clattn_ocl_build_set(cl, variant, head_dim, dtype, set, 0);
+        if (st != CLATTN_OK) {
+            clattn_ocl_release_set(set);
+            free(set);
+            return st;
+        }
+        cl->special[dtype][head_dim] = set;
+    }
+    *out = cl->special[dtype][head_dim];
+    return CLATTN_OK;
+}

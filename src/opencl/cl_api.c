@@ -1,0 +1,268 @@
+/* The public calls on the caller's own OpenCL objects (clattn_cl.h). */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "opencl.h"
+
+/* Checks that a caller's tensor lies inside its buffer, of ctx's context. */
+static clattn_status check_tensor(const struct clattn_cl_state *cl, clattn_cl_tensor t,
+                                  size_t elems, size_t bytes, const char *name)
+{
+    if (!t.buffer)
+        return clattn_fail(CLATTN_ERROR_NULL_POINTER, "%s buffer is NULL", name);
+    size_t size = 0;
+    cl_context owner = NULL;
+    cl_int err = clGetMemObjectInfo(t.buffer, CL_MEM_SIZE, sizeof size, &size, NULL);
+    if (err == CL_SUCCESS)
+        err = clGetMemObjectInfo(t.buffer, CL_MEM_CONTEXT, sizeof owner, &owner, NULL);
+    if (err != CL_SUCCESS)
+        return clattn_fail(CLATTN_ERROR_INVALID_BUFFER, "%s is not a valid cl_mem: %s (%d)",
+                           name, clattn_ocl_error_name(err), err);
+    if (owner != cl->context)
+        return clattn_fail(CLATTN_ERROR_INVALID_BUFFER,
+                           "%s belongs to another cl_context than the clattn context's", name);
+    size_t cap = size / bytes;
+    if (t.offset > cap || elems > cap - t.offset)
+        return clattn_fail(CLATTN_ERROR_INVALID_BUFFER,
+                           "%s needs %zu elements of %zu bytes from offset %zu, the buffer "
+                           "holds %zu",
+                           name, elems, bytes, t.offset, cap);
+    return CLATTN_OK;
+}
+
+cl_context clattn_context_cl_context(const clattn_context *ctx)
+{
+    return ctx && ctx->cl ? ctx->cl->context : NULL;
+}
+
+cl_command_queue clattn_context_cl_queue(const clattn_context *ctx)
+{
+    return ctx && ctx->cl ? ctx->cl->queue : NULL;
+}
+
+/* The checks every _cl call starts with: clattn_call_begin()'s, an OpenCL
+ * context, and a wait list where events are counted. */
+static clattn_status cl_call_begin(const clattn_context *ctx, const clattn_shape *shape,
+                                   clattn_sizes *sz, cl_uint nwait, const cl_event *wait)
+{
+    clattn_status st = clattn_call_begin(ctx, shape, sz);
+    if (st != CLATTN_OK)
+        return st;
+    if (!ctx->cl)
+        return clattn_fail(CLATTN_ERROR_WRONG_BACKEND,
+                           "the _cl calls need an OpenCL context; this one is %s", ctx->device);
+    if (nwait && !wait)
+        return clattn_fail(CLATTN_ERROR_NULL_POINTER, "event_wait_list is NULL with %u events",
+                           nwait);
+    return CLATTN_OK;
+}
+
+clattn_status clattn_merge_cl(clattn_context *ctx, const clattn_shape *shape, clattn_cl_tensor o1,
+                              clattn_cl_tensor lse1, clattn_cl_tensor o2, clattn_cl_tensor lse2,
+                              clattn_cl_tensor o, clattn_cl_tensor lse,
+                              cl_uint num_events_in_wait_list, const cl_event *event_wait_list,
+                              cl_event *event)
+{
+    clattn_sizes sz;
+    clattn_status st = cl_call_begin(ctx, shape, &sz, num_events_in_wait_list, event_wait_list);
+    if (st != CLATTN_OK)
+        return st;
+    struct clattn_cl_state *cl = ctx->cl;
+    const clattn_cl_tensor t[6] = {o1, lse1, o2, lse2, o, lse};
+    static const char *const names[6] = {"o1", "lse1", "o2", "lse2", "o", "lse"};
+    const size_t ob = clattn_ocl_role_bytes(CLATTN_R_O, shape->dtype);
+    for (int i = 0; i < 6; ++i)
+        if ((st = check_tensor(cl, t[i], i % 2 ? sz.lse : sz.q, i % 2 ? sizeof(float) : ob,
+                               names[i])) != CLATTN_OK)
+            return st;
+    pthread_mutex_lock(&ctx->lock);
+    kernel_set *set = NULL;
+    const clattn_dtype dtype = shape->dtype;
+    cl_int err = CL_SUCCESS;
+    if (!cl->merge[dtype] && (st = clattn_ocl_generic_kernels(cl, dtype, &set)) == CLATTN_OK) {
+        cl->merge[dtype] = clCreateKernel(set->program[K_FORWARD], "merge__tree", &err);
+        if (err != CL_SUCCESS) {
+            cl->merge[dtype] = NULL;
+            st = clattn_ocl_fail(err, "clCreateKernel(merge__tree)");
+        }
+    }
+    if (st == CLATTN_OK) {
+        cl_kernel kn = cl->merge[dtype];
+        cl_uint arg = 0;
+        for (int i = 0; i < 6; ++i) {
+            cl_ulong off = t[i].offset;
+            err |= clSetKernelArg(kn, arg++, sizeof(cl_mem), &t[i].buffer);
+            err |= clSetKernelArg(kn, arg++, sizeof off, &off);
+        }
+        cl_ulong rows = sz.lse / 2;
+        cl_uint head_dim = shape->head_dim;
+        err |= clSetKernelArg(kn, arg++, sizeof rows, &rows);
+        err |= clSetKernelArg(kn, arg++, sizeof head_dim, &head_dim);
+        const size_t local = 64, global = (sz.lse / 2 + local - 1) / local * local;
+        if (err == CL_SUCCESS)
+            err = clEnqueueNDRangeKernel(cl->queue, kn, 1, NULL, &global, &local,
+                                         num_events_in_wait_list,
+                                         num_events_in_wait_list ? event_wait_list : NULL,
+                                         event);
+        if (err != CL_SUCCESS)
+            st = clattn_ocl_fail(err, "enqueueing merge__tree");
+    }
+    pthread_mutex_unlock(&ctx->lock);
+    return st;
+}
+
+/* Validates the caller's buffers for op and enqueues it. */
+static clattn_status run_cl(clattn_context *ctx, clattn_op op, const clattn_shape *shape,
+                            clattn_cl_tensor t[R_ALL], cl_uint nwait, const cl_event *wait,
+                            cl_event *event)
+{
+    clattn_sizes sz;
+    clattn_status st = cl_call_begin(ctx, shape, &sz, nwait, wait);
+    if (st != CLATTN_OK)
+        return st;
+    const unsigned reads = clattn_op_reads[op], writes = clattn_op_writes[op];
+    for (int r = 0; r < CLATTN_R_COUNT; ++r)
+        if (((reads | writes) & CLATTN_BIT(r)) &&
+            (st = check_tensor(ctx->cl, t[r], clattn_role_elems(&sz, (clattn_role)r),
+                               clattn_ocl_role_bytes(r, shape->dtype), clattn_role_name((clattn_role)r))) !=
+                CLATTN_OK)
+            return st;
+    /* An output may overlap no other tensor of the call. */
+    for (int w = 0; w < CLATTN_R_COUNT; ++w) {
+        if (!(writes & CLATTN_BIT(w)))
+            continue;
+        /* In bytes: the LSE pairs' elements are wider than 16-bit tensors'. */
+        const size_t wb = clattn_ocl_role_bytes(w, shape->dtype), w0 = t[w].offset * wb;
+        const size_t w1 = w0 + clattn_role_elems(&sz, (clattn_role)w) * wb;
+        for (int r = 0; r < CLATTN_R_COUNT; ++r) {
+            if (r == w || !((reads | writes) & CLATTN_BIT(r)) || t[r].buffer != t[w].buffer)
+                continue;
+            const size_t rb = clattn_ocl_role_bytes(r, shape->dtype), r0 = t[r].offset * rb;
+            const size_t r1 = r0 + clattn_role_elems(&sz, (clattn_role)r) * rb;
+            if (r0 < w1 && w0 < r1)
+                return clattn_fail(CLATTN_ERROR_INVALID_BUFFER, "%s overlaps %s",
+                                   clattn_role_name((clattn_role)w),
+                                   clattn_role_name((clattn_role)r));
+        }
+    }
+    if ((st = clattn_ocl_check_alloc(ctx->cl, &sz, shape->dtype)) != CLATTN_OK)
+        return st;
+    pthread_mutex_lock(&ctx->lock);
+    st = clattn_ocl_enqueue_op(ctx->cl, op, shape, &sz, t, nwait, wait, event);
+    pthread_mutex_unlock(&ctx->lock);
+    return st;
+}
+
+clattn_status clattn_grad_v_cl(clattn_context *ctx, const clattn_shape *shape,
+                               clattn_cl_tensor d_out, clattn_cl_tensor q, clattn_cl_tensor k,
+                               clattn_cl_tensor lse, clattn_cl_tensor dv,
+                               cl_uint num_events_in_wait_list, const cl_event *event_wait_list,
+                               cl_event *event)
+{
+    clattn_cl_tensor t[R_ALL];
+    memset(t, 0, sizeof t);
+    t[CLATTN_R_DO] = d_out;
+    t[CLATTN_R_Q] = q;
+    t[CLATTN_R_K] = k;
+    t[CLATTN_R_LSE] = lse;
+    t[CLATTN_R_DV] = dv;
+    return run_cl(ctx, CLATTN_OP_GRAD_V, shape, t, num_events_in_wait_list, event_wait_list,
+                  event);
+}
+
+clattn_status clattn_forward_cl(clattn_context *ctx, const clattn_shape *shape,
+                                clattn_cl_tensor q, clattn_cl_tensor k, clattn_cl_tensor v,
+                                clattn_cl_tensor o, clattn_cl_tensor lse,
+                                cl_uint num_events_in_wait_list,
+                                const cl_event *event_wait_list, cl_event *event)
+{
+    clattn_cl_tensor t[R_ALL];
+    memset(t, 0, sizeof t);
+    t[CLATTN_R_Q] = q;
+    t[CLATTN_R_K] = k;
+    t[CLATTN_R_V] = v;
+    t[CLATTN_R_O] = o;
+    t[CLATTN_R_LSE] = lse;
+    return run_cl(ctx, CLATTN_OP_FORWARD, shape, t, num_events_in_wait_list, event_wait_list,
+                  event);
+}
+
+/* The gradients that read Q K V O LSE dO. */
+static clattn_status run_backward_cl(clattn_context *ctx, clattn_op op,
+                                     const clattn_shape *shape, const clattn_cl_tensor in[6],
+                                     clattn_cl_tensor dq, clattn_cl_tensor dk,
+                                     clattn_cl_tensor dv, cl_uint nwait, const cl_event *wait,
+                                     cl_event *event)
+{
+    clattn_cl_tensor t[R_ALL];
+    memset(t, 0, sizeof t);
+    for (int r = 0; r < 6; ++r)
+        t[r] = in[r]; /* Q K V O LSE dO lead the role list */
+    t[CLATTN_R_DQ] = dq;
+    t[CLATTN_R_DK] = dk;
+    t[CLATTN_R_DV] = dv;
+    return run_cl(ctx, op, shape, t, nwait, wait, event);
+}
+
+clattn_status clattn_backward_cl(clattn_context *ctx, const clattn_shape *shape,
+                                 clattn_cl_tensor q, clattn_cl_tensor k, clattn_cl_tensor v,
+                                 clattn_cl_tensor o, clattn_cl_tensor lse,
+                                 clattn_cl_tensor d_out, clattn_cl_tensor dq,
+                                 clattn_cl_tensor dk, clattn_cl_tensor dv,
+                                 cl_uint num_events_in_wait_list,
+                                 const cl_event *event_wait_list, cl_event *event)
+{
+    const clattn_cl_tensor in[6] = {q, k, v, o, lse, d_out};
+    return run_backward_cl(ctx, CLATTN_OP_BACKWARD, shape, in, dq, dk, dv,
+                           num_events_in_wait_list, event_wait_list, event);
+}
+
+clattn_status clattn_grad_q_cl(clattn_context *ctx, const clattn_shape *shape,
+                               clattn_cl_tensor q, clattn_cl_tensor k, clattn_cl_tensor v,
+                               clattn_cl_tensor o, clattn_cl_tensor lse, clattn_cl_tensor d_out,
+                               clattn_cl_tensor dq, cl_uint num_events_in_wait_list,
+                               const cl_event *event_wait_list, cl_event *event)
+{
+    const clattn_cl_tensor in[6] = {q, k, v, o, lse, d_out}, none = {NULL, 0};
+    return run_backward_cl(ctx, CLATTN_OP_GRAD_Q, shape, in, dq, none, none,
+                           num_events_in_wait_list, event_wait_list, event);
+}
+
+clattn_status clattn_grad_k_cl(clattn_context *ctx, const clattn_shape *shape,
+                               clattn_cl_tensor q, clattn_cl_tensor k, clattn_cl_tensor v,
+                               clattn_cl_tensor o, clattn_cl_tensor lse, clattn_cl_tensor d_out,
+                               clattn_cl_tensor dk, cl_uint num_events_in_wait_list,
+                               const cl_event *event_wait_list, cl_event *event)
+{
+    const clattn_cl_tensor in[6] = {q, k, v, o, lse, d_out}, none = {NULL, 0};
+    return run_backward_cl(ctx, CLATTN_OP_GRAD_K, shape, in, none, dk, none,
+                           num_events_in_wait_list, event_wait_list, event);
+}
+
+clattn_status clattn_context_create_from_cl(const clattn_options *opts, cl_context context,
+                                            cl_device_id device, cl_command_queue queue,
+                                            clattn_context **ctx)
+{
+    clattn_clear_error();
+    if (!ctx)
+        return clattn_fail(CLATTN_ERROR_NULL_POINTER, "ctx is NULL");
+    *ctx = NULL;
+    if (!context || !device)
+        return clattn_fail(CLATTN_ERROR_NULL_POINTER, "%s is NULL",
+                           context ? "device" : "context");
+    clattn_options o = opts ? *opts : clattn_options_default();
+    clattn_context *c;
+    clattn_status st = clattn_context_alloc(&c);
+    if (st != CLATTN_OK)
+        return st;
+    st = clattn_ocl_init_on_device(c, o.variant, context, device, queue, 0);
+    if (st != CLATTN_OK) {
+        clattn_context_destroy(c);
+        return st;
+    }
+    snprintf(c->device + strlen(c->device), sizeof c->device - strlen(c->device),
+             " (caller's context)");
+    *ctx = c;
+    return CLATTN_OK;
+}

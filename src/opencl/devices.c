@@ -1,0 +1,423 @@
+/* OpenCL devices: error names, enumerating platforms and devices, picking
+ * one for a selector, and making a context's state on it. */
+#include <ctype.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "opencl.h"
+
+const char *clattn_ocl_error_name(cl_int err)
+{
+    switch (err) {
+#define E(x) \
+    case x:  \
+        return #x;
+        E(CL_DEVICE_NOT_FOUND)
+        E(CL_DEVICE_NOT_AVAILABLE)
+        E(CL_COMPILER_NOT_AVAILABLE)
+        E(CL_MEM_OBJECT_ALLOCATION_FAILURE)
+        E(CL_OUT_OF_RESOURCES)
+        E(CL_OUT_OF_HOST_MEMORY)
+        E(CL_BUILD_PROGRAM_FAILURE)
+        E(CL_INVALID_VALUE)
+        E(CL_INVALID_DEVICE)
+        E(CL_INVALID_CONTEXT)
+        E(CL_INVALID_COMMAND_QUEUE)
+        E(CL_INVALID_MEM_OBJECT)
+        E(CL_INVALID_BUILD_OPTIONS)
+        E(CL_INVALID_PROGRAM_EXECUTABLE)
+        E(CL_INVALID_KERNEL_ARGS)
+        E(CL_INVALID_WORK_GROUP_SIZE)
+        E(CL_INVALID_WORK_ITEM_SIZE)
+        E(CL_INVALID_GLOBAL_WORK_SIZE)
+        E(CL_INVALID_EVENT_WAIT_LIST)
+        E(CL_INVALID_EVENT)
+        E(CL_INVALID_BUFFER_SIZE)
+        E(CL_EXEC_STATUS_ERROR_FOR_EVENTS_IN_WAIT_LIST)
+        E(CL_MISALIGNED_SUB_BUFFER_OFFSET)
+#undef E
+    case CL_PLATFORM_NOT_FOUND_KHR:
+        return "CL_PLATFORM_NOT_FOUND_KHR";
+    }
+    return "an OpenCL error";
+}
+
+clattn_status clattn_ocl_fail(cl_int err, const char *what)
+{
+    if (err == CL_MEM_OBJECT_ALLOCATION_FAILURE || err == CL_INVALID_BUFFER_SIZE)
+        return clattn_fail(CLATTN_ERROR_TOO_LARGE_FOR_DEVICE, "%s: %s (%d)", what,
+                           clattn_ocl_error_name(err), err);
+    return clattn_fail(CLATTN_ERROR_OPENCL, "%s: %s (%d)", what, clattn_ocl_error_name(err), err);
+}
+
+/* One OpenCL device as enumerated: platforms in order, then their devices. */
+typedef struct cl_entry {
+    cl_platform_id platform;
+    cl_device_id device;
+    unsigned platform_index, device_index;
+    int is_cpu;
+    char platform_name[128];
+    char name[128];
+} cl_entry;
+
+static void query_string(cl_int (*get)(void *, cl_uint, size_t, void *, size_t *), void *obj,
+                         cl_uint what, char *out, size_t size)
+{
+    if (get(obj, what, size, out, NULL) != CL_SUCCESS)
+        snprintf(out, size, "?");
+    out[size - 1] = '\0';
+}
+
+static cl_int get_platform_info(void *p, cl_uint what, size_t n, void *out, size_t *ret)
+{
+    return clGetPlatformInfo((cl_platform_id)p, what, n, out, ret);
+}
+
+static cl_int get_device_info(void *d, cl_uint what, size_t n, void *out, size_t *ret)
+{
+    return clGetDeviceInfo((cl_device_id)d, what, n, out, ret);
+}
+
+/* Lists every device of every platform into a new array (free() it).
+ * A runtime without platforms yields CLATTN_ERROR_NO_PLATFORM. */
+static clattn_status enumerate(cl_entry **out, size_t *count)
+{
+    *out = NULL;
+    *count = 0;
+    cl_uint np = 0;
+    cl_int err = clGetPlatformIDs(0, NULL, &np);
+    if (err == CL_PLATFORM_NOT_FOUND_KHR || (err == CL_SUCCESS && np == 0))
+        return clattn_fail(CLATTN_ERROR_NO_PLATFORM,
+                           "no OpenCL platform: the ICD loader found no driver (%d)", err);
+    if (err != CL_SUCCESS)
+        return clattn_ocl_fail(err, "clGetPlatformIDs");
+    cl_platform_id *plats = calloc(np, sizeof *plats);
+    if (!plats)
+        return clattn_fail(CLATTN_ERROR_OUT_OF_MEMORY, "out of host memory");
+    clattn_status st = CLATTN_OK;
+    cl_entry *list = NULL;
+    size_t n = 0;
+    err = clGetPlatformIDs(np, plats, NULL);
+    if (err != CL_SUCCESS) {
+        st = clattn_ocl_fail(err, "clGetPlatformIDs");
+        goto done;
+    }
+    for (cl_uint p = 0; p < np; ++p) {
+        cl_uint nd = 0;
+        /* A platform with no devices answers CL_DEVICE_NOT_FOUND: skip it. */
+        if (clGetDeviceIDs(plats[p], CL_DEVICE_TYPE_ALL, 0, NULL, &nd) != CL_SUCCESS || !nd)
+            continue;
+        cl_device_id *devs = calloc(nd, sizeof *devs);
+        cl_entry *grown = realloc(list, (n + nd) * sizeof *list);
+        if (!devs || !grown) {
+            free(devs);
+            if (grown)
+                list = grown;
+            st = clattn_fail(CLATTN_ERROR_OUT_OF_MEMORY, "out of host memory");
+            goto done;
+        }
+        list = grown;
+        if (clGetDeviceIDs(plats[p], CL_DEVICE_TYPE_ALL, nd, devs, NULL) != CL_SUCCESS)
+            nd = 0;
+        for (cl_uint d = 0; d < nd; ++d) {
+            cl_entry *e = &list[n++];
+            cl_device_type type = 0;
+            e->platform = plats[p];
+            e->device = devs[d];
+            e->platform_index = p;
+            e->device_index = d;
+            clGetDeviceInfo(devs[d], CL_DEVICE_TYPE, sizeof type, &type, NULL);
+            e->is_cpu = (type & CL_DEVICE_TYPE_CPU) != 0;
+            query_string(get_platform_info, plats[p], CL_PLATFORM_NAME, e->platform_name,
+                         sizeof e->platform_name);
+            query_string(get_device_info, devs[d], CL_DEVICE_NAME, e->name, sizeof e->name);
+        }
+        free(devs);
+    }
+done:
+    free(plats);
+    if (st != CLATTN_OK) {
+        free(list);
+        return st;
+    }
+    *out = list;
+    *count = n;
+    return CLATTN_OK;
+}
+
+clattn_status clattn_list_devices(clattn_device_info *devices, size_t capacity, size_t *count)
+{
+    if (!count || (!devices && capacity))
+        return clattn_fail(CLATTN_ERROR_NULL_POINTER, "%s is NULL", count ? "devices" : "count");
+    cl_entry *list;
+    size_t n;
+    clattn_status st = enumerate(&list, &n);
+    if (st == CLATTN_ERROR_NO_PLATFORM)
+        n = 0;
+    else if (st != CLATTN_OK)
+        return st;
+    for (size_t i = 0; i < n && i < capacity; ++i) {
+        clattn_device_info *d = &devices[i];
+        d->backend = list[i].is_cpu ? CLATTN_BACKEND_OPENCL_CPU : CLATTN_BACKEND_OPENCL_GPU;
+        d->platform_index = (int)list[i].platform_index;
+        d->device_index = (int)list[i].device_index;
+        snprintf(d->platform, sizeof d->platform, "%s", list[i].platform_name);
+        snprintf(d->name, sizeof d->name, "%s", list[i].name);
+    }
+    if (n < capacity) {
+        clattn_device_info *d = &devices[n];
+        d->backend = CLATTN_BACKEND_NATIVE;
+        d->platform_index = d->device_index = -1;
+        snprintf(d->platform, sizeof d->platform, "clattn");
+        snprintf(d->name, sizeof d->name, "native C");
+    }
+    *count = n + 1;
+    free(list);
+    clattn_clear_error();
+    return CLATTN_OK;
+}
+
+/* NVIDIA's cl_nv_device_attribute_query. */
+#define CLATTN_DEVICE_COMPUTE_CAPABILITY_MAJOR_NV 0x4000
+
+/* The compute capability's major number of an NVIDIA GPU, 0 for any other
+ * device: mma.cl's tensor-core PTX wants 8 (Ampere) or later, its vector
+ * atomic adds 9 (Hopper). */
+static int nv_major(cl_device_id device)
+{
+    size_t len = 0;
+    if (clGetDeviceInfo(device, CL_DEVICE_EXTENSIONS, 0, NULL, &len) != CL_SUCCESS || !len)
+        return 0;
+    char *ext = malloc(len + 1);
+    cl_uint major = 0;
+    if (ext && clGetDeviceInfo(device, CL_DEVICE_EXTENSIONS, len, ext, NULL) == CL_SUCCESS) {
+        ext[len] = '\0';
+        if (!strstr(ext, "cl_nv_device_attribute_query") ||
+            clGetDeviceInfo(device, CLATTN_DEVICE_COMPUTE_CAPABILITY_MAJOR_NV, sizeof major,
+                            &major, NULL) != CL_SUCCESS || major > 1000)
+            major = 0;
+    }
+    free(ext);
+    return (int)major;
+}
+
+/* CLATTN_MMA_EMULATE=1: mma.cl's instructions emulated in local memory, so
+ * that its kernels run (slowly) on any device; for tests. */
+static int mma_emulated(void)
+{
+    const char *env = getenv("CLATTN_MMA_EMULATE");
+    return env && !strcmp(env, "1");
+}
+
+static void release_state(struct clattn_cl_state *cl)
+{
+    if (!cl)
+        return;
+    for (int i = 0; i < CLATTN_R_COUNT; ++i)
+        if (cl->scratch[i])
+            clReleaseMemObject(cl->scratch[i]);
+    for (int t = 0; t < 3; ++t) {
+        if (cl->merge[t])
+            clReleaseKernel(cl->merge[t]);
+        clattn_ocl_release_set(&cl->generic[t]);
+        for (int d = 0; d <= CLATTN_MAX_HEAD_DIM; ++d)
+            if (cl->special[t][d]) {
+                clattn_ocl_release_set(cl->special[t][d]);
+                free(cl->special[t][d]);
+            }
+    }
+    if (cl->own_queue && cl->queue)
+        clReleaseCommandQueue(cl->queue);
+    if (cl->own_context && cl->context)
+        clReleaseContext(cl->context);
+    free(cl);
+}
+
+static void opencl_destroy(clattn_context *ctx)
+{
+    release_state(ctx->cl);
+    ctx->cl = NULL;
+}
+
+static const clattn_backend_ops opencl_ops = {clattn_ocl_run, opencl_destroy};
+
+clattn_status clattn_ocl_init_on_device(clattn_context *ctx, const char *variant,
+                                    cl_context context, cl_device_id device,
+                                    cl_command_queue queue, int strict_limits)
+{
+    struct clattn_cl_state *cl = calloc(1, sizeof *cl);
+    if (!cl)
+        return clattn_fail(CLATTN_ERROR_OUT_OF_MEMORY, "out of host memory");
+    cl->owner = ctx;
+    cl->device = device;
+    cl_int err = CL_SUCCESS;
+    clattn_status st = CLATTN_OK;
+    if (context) {
+        cl->context = context;
+    } else {
+        cl->context = clCreateContext(NULL, 1, &device, NULL, NULL, &err);
+        cl->own_context = 1;
+        if (err != CL_SUCCESS) {
+            cl->context = NULL;
+            st = clattn_ocl_fail(err, "clCreateContext");
+            goto fail;
+        }
+    }
+    if (queue) {
+        cl->queue = queue;
+    } else {
+        cl->queue = clCreateCommandQueue(cl->context, device, 0, &err);
+        cl->own_queue = 1;
+        if (err != CL_SUCCESS) {
+            cl->queue = NULL;
+            st = clattn_ocl_fail(err, "clCreateCommandQueue");
+            goto fail;
+        }
+    }
+    cl_device_type type = 0;
+    if ((err = clGetDeviceInfo(device, CL_DEVICE_TYPE, sizeof type, &type, NULL)) ||
+        (err = clGetDeviceInfo(device, CL_DEVICE_MAX_MEM_ALLOC_SIZE, sizeof cl->max_alloc,
+                               &cl->max_alloc, NULL)) ||
+        (err = clGetDeviceInfo(device, CL_DEVICE_LOCAL_MEM_SIZE, sizeof cl->local_mem,
+                               &cl->local_mem, NULL)) ||
+        (err = clGetDeviceInfo(device, CL_DEVICE_NATIVE_VECTOR_WIDTH_FLOAT,
+                               sizeof cl->float_width, &cl->float_width, NULL))) {
+        st = clattn_ocl_fail(err, "clGetDeviceInfo");
+        goto fail;
+    }
+    /* Each device type's default is the first variant listed for it that
+     * the device can run. */
+    cl->nv_major = nv_major(device);
+    /* wgmma by default on compute capability 9; CLATTN_MMA_WGMMA=0 keeps
+     * mma.sync there, =1 asks for it where mma runs emulated too. */
+    const char *wgmma = getenv("CLATTN_MMA_WGMMA");
+    cl->wgmma = wgmma ? !strcmp(wgmma, "1") : cl->nv_major >= 9;
+    const int can_mma = cl->nv_major >= 8 || mma_emulated();
+    cl->mma_emulate = mma_emulated();
+    if (!variant) {
+        const clattn_backend kind = (type & CL_DEVICE_TYPE_CPU) ? CLATTN_BACKEND_OPENCL_CPU
+                                                                : CLATTN_BACKEND_OPENCL_GPU;
+        for (size_t i = 0; (variant = clattn_variant_name(kind, i)) != NULL; ++i)
+            if (can_mma || strcmp(variant, "mma") != 0)
+                break;
+    }
+    if (!strcmp(variant, "mma") && !can_mma) {
+        st = clattn_fail(CLATTN_ERROR_UNKNOWN_VARIANT,
+                         "variant 'mma' needs an NVIDIA GPU of compute capability 8.0 or "
+                         "later (tensor-core PTX); this device is not one");
+        goto fail;
+    }
+    if ((st = clattn_ocl_tuning_init(cl, type)) != CLATTN_OK)
+        goto fail;
+    /* Each program is built once per context, when first needed, except
+     * one now, so that a device that cannot compile the variant is never
+     * chosen: tree's (any head_dim) for tree, or the tiled or blocked ones
+     * for head_dim 64. */
+    cl->special_variant = !strcmp(variant, "tiled")     ? "tiled"
+                          : !strcmp(variant, "blocked") ? "blocked"
+                          : !strcmp(variant, "mma")     ? "mma"
+                                                        : NULL;
+    if (!cl->special_variant) {
+        if ((st = clattn_ocl_build_set(cl, variant, 0, CLATTN_DTYPE_F32, &cl->generic[0], strict_limits)) !=
+            CLATTN_OK)
+            goto fail;
+        cl->generic_built[0] = 1;
+    }
+    kernel_set *probe = NULL;
+    if (cl->special_variant && (st = clattn_ocl_kernels_for(cl, 64, CLATTN_DTYPE_F32, &probe)) != CLATTN_OK)
+        goto fail;
+
+    char name[128], platform_name[128];
+    cl_platform_id platform = NULL;
+    query_string(get_device_info, device, CL_DEVICE_NAME, name, sizeof name);
+    clGetDeviceInfo(device, CL_DEVICE_PLATFORM, sizeof platform, &platform, NULL);
+    query_string(get_platform_info, platform, CL_PLATFORM_NAME, platform_name,
+                 sizeof platform_name);
+    ctx->backend = (type & CL_DEVICE_TYPE_CPU) ? CLATTN_BACKEND_OPENCL_CPU
+                                               : CLATTN_BACKEND_OPENCL_GPU;
+    snprintf(ctx->device, sizeof ctx->device, "%s: %s / %s", clattn_backend_name(ctx->backend),
+             platform_name, name);
+    snprintf(ctx->variant, sizeof ctx->variant, "%s", variant);
+    ctx->ops = &opencl_ops;
+    ctx->cl = cl;
+    return CLATTN_OK;
+fail:
+    release_state(cl);
+    return st;
+}
+
+static int matches(const clattn_cl_pick *pick, const cl_entry *e)
+{
+    switch (pick->kind) {
+    case CLATTN_PICK_GPU:
+        return !e->is_cpu;
+    case CLATTN_PICK_CPU:
+        return e->is_cpu;
+    case CLATTN_PICK_INDEX:
+        return e->platform_index == pick->platform && e->device_index == pick->device;
+    case CLATTN_PICK_NAME: {
+        size_t n = strlen(pick->name);
+        for (const char *h = e->name; *h; ++h) {
+            size_t i = 0;
+            while (i < n && h[i] && tolower((unsigned char)h[i]) ==
+                                        tolower((unsigned char)pick->name[i]))
+                ++i;
+            if (i == n)
+                return 1;
+        }
+        return 0;
+    }
+    }
+    return 0;
+}
+
+static const char *pick_text(const clattn_cl_pick *pick, char *buf, size_t size)
+{
+    switch (pick->kind) {
+    case CLATTN_PICK_GPU:
+        return "OpenCL GPU";
+    case CLATTN_PICK_CPU:
+        return "OpenCL CPU device";
+    case CLATTN_PICK_INDEX:
+        snprintf(buf, size, "OpenCL device %u:%u", pick->platform, pick->device);
+        return buf;
+    case CLATTN_PICK_NAME:
+        snprintf(buf, size, "OpenCL device named like '%s'", pick->name);
+        return buf;
+    }
+    return "?";
+}
+
+clattn_status clattn_opencl_init(clattn_context *ctx, const clattn_options *opts,
+                                 const clattn_cl_pick *pick, int all_candidates)
+{
+    cl_entry *list;
+    size_t n;
+    char buf[192];
+    clattn_status st = enumerate(&list, &n);
+    if (st != CLATTN_OK)
+        return st;
+    st = CLATTN_ERROR_DEVICE_NOT_FOUND;
+    size_t i;
+    for (i = 0; i < n; ++i) {
+        if (!matches(pick, &list[i]))
+            continue;
+        st = clattn_ocl_init_on_device(ctx, opts->variant, NULL, list[i].device, NULL, all_candidates);
+        if (st == CLATTN_OK)
+            break;
+        clattn_log_append(ctx, "%u:%u %s / %s: %s: %s", list[i].platform_index,
+                          list[i].device_index, list[i].platform_name, list[i].name,
+                          clattn_status_string(st), clattn_last_error());
+        if (!all_candidates)
+            break;
+    }
+    if (st == CLATTN_OK)
+        snprintf(ctx->device + strlen(ctx->device), sizeof ctx->device - strlen(ctx->device),
+                 " (%u:%u)", list[i].platform_index, list[i].device_index);
+    free(list);
+    if (st == CLATTN_ERROR_DEVICE_NOT_FOUND)
+        return clattn_fail(st, "no %s among the OpenCL devices (see `clattn devices`)",
+                           pick_text(pick, buf, sizeof buf));
+    return st;
+}

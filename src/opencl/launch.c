@@ -1,0 +1,334 @@
+/* Launching kernels: each kernel's arguments and grid, an op's kernels in
+ * order, and the host-pointer calls through per-role scratch buffers. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "opencl.h"
+
+/* What each kernel takes: its tensors in argument order, whether its rows
+ * are queries or keys, and how many floats of local memory per lane. */
+typedef struct kernel_desc {
+    int roles[9];
+    int nroles;
+    int key_rows;
+    int local_per_lane;
+} kernel_desc;
+
+static const kernel_desc kernel_descs[K_COUNT] = {
+    [K_GRAD_V] = {{CLATTN_R_DO, CLATTN_R_Q, CLATTN_R_K, CLATTN_R_LSE, CLATTN_R_DV}, 5, 1, 1},
+    [K_FORWARD] = {{CLATTN_R_Q, CLATTN_R_K, CLATTN_R_V, CLATTN_R_O, CLATTN_R_LSE}, 5, 0, 1},
+    [K_DSUM] = {{CLATTN_R_DO, CLATTN_R_O, R_DSUM}, 3, 0, 1},
+    [K_GRAD_Q] = {{CLATTN_R_Q, CLATTN_R_K, CLATTN_R_V, CLATTN_R_DO, CLATTN_R_LSE, R_DSUM,
+                   CLATTN_R_DQ}, 7, 0, 2},
+    [K_GRAD_K] = {{CLATTN_R_Q, CLATTN_R_K, CLATTN_R_V, CLATTN_R_DO, CLATTN_R_LSE, R_DSUM,
+                   CLATTN_R_DK}, 7, 1, 2},
+    [K_GRAD_KV] = {{CLATTN_R_Q, CLATTN_R_K, CLATTN_R_V, CLATTN_R_DO, CLATTN_R_LSE, R_DSUM,
+                    CLATTN_R_DK, CLATTN_R_DV}, 8, 1, 2},
+    [K_GRAD_KVQ] = {{CLATTN_R_Q, CLATTN_R_K, CLATTN_R_V, CLATTN_R_DO, CLATTN_R_LSE, R_DSUM,
+                     CLATTN_R_DK, CLATTN_R_DV, R_DQ32}, 9, 1, 2},
+    [K_FINISH_DQ] = {{R_DQ32, CLATTN_R_DQ}, 2, 0, 1},
+};
+
+/* The kernels of each op, in order; -1 ends a list. The backward runs
+ * GRAD_KV where a variant has it, else GRAD_K and GRAD_V. */
+static const int op_plans[CLATTN_OP_COUNT][5] = {
+    [CLATTN_OP_FORWARD] = {K_FORWARD, -1},
+    [CLATTN_OP_GRAD_V] = {K_GRAD_V, -1},
+    [CLATTN_OP_GRAD_Q] = {K_DSUM, K_GRAD_Q, -1},
+    [CLATTN_OP_GRAD_K] = {K_DSUM, K_GRAD_K, -1},
+    [CLATTN_OP_BACKWARD] = {K_DSUM, K_GRAD_KV, K_GRAD_Q, -1},
+};
+static const int backward_unfused[5] = {K_DSUM, K_GRAD_K, K_GRAD_V, K_GRAD_Q, -1};
+/* The single-pass backward, where a variant has it for the call (mma's
+ * 16-bit kernels): DQ32 is zeroed before GRAD_KVQ. */
+static const int backward_single[5] = {K_DSUM, K_GRAD_KVQ, K_FINISH_DQ, -1};
+
+/* The work-group the tree kernels need for a head_dim: the next power of two. */
+static size_t tree_work_group(uint32_t head_dim)
+{
+    size_t wg = 1;
+    while (wg < head_dim)
+        wg <<= 1;
+    return wg;
+}
+
+size_t clattn_ocl_local_bytes(const struct clattn_cl_state *cl, const kernel_set *set, int k,
+                          uint32_t head_dim)
+{
+    if (set->kind[k] == KIND_BLOCKED)
+        return sizeof(float); /* unused, but an argument wants a size */
+    if (set->kind[k] == KIND_MMA && k == K_FINISH_DQ)
+        return sizeof(float); /* unused */
+    if (set->kind[k] == KIND_MMA) {
+        const mma_config *c = clattn_ocl_mma_config(cl, head_dim, set->dtype, k);
+        /* wgmma's tiles start at a 1024-byte boundary: up to 255 floats more */
+        const size_t align =
+            clattn_ocl_mma_wgmma(cl->wgmma, cl->nv_major, cl->mma_emulate, c, head_dim, set->dtype, k)
+                ? 256
+                : 0;
+        return (clattn_ocl_mma_local_floats(c, head_dim, cl->mma_emulate, set->dtype, k) + align) *
+               sizeof(float);
+    }
+    if (set->kind[k] == KIND_TILED) {
+        const tile_config c = clattn_ocl_tile_config(cl, head_dim);
+        return clattn_ocl_tiled_local_floats(&c, head_dim) * sizeof(float);
+    }
+    return tree_work_group(head_dim) * sizeof(float) * (size_t)kernel_descs[k].local_per_lane;
+}
+
+size_t clattn_ocl_work_group(const struct clattn_cl_state *cl, const kernel_set *set, int k,
+                         uint32_t head_dim)
+{
+    const tile_config c = clattn_ocl_tile_config(cl, head_dim);
+    return set->kind[k] == KIND_TILED ? (size_t)c.rows * c.split * clattn_ocl_tile_dsplit(&c, head_dim)
+           : set->kind[k] == KIND_BLOCKED ? 1
+           : set->kind[k] == KIND_MMA     ? 32u * clattn_ocl_mma_config(cl, head_dim, set->dtype, k)->warps
+                                          : tree_work_group(head_dim);
+}
+
+/* Rows of a work-group of mma.cl: 16 for each group of wsplit warps. */
+static size_t mma_rows(const struct clattn_cl_state *cl, uint32_t head_dim, clattn_dtype dtype,
+                       int k)
+{
+    const mma_config *c = clattn_ocl_mma_config(cl, head_dim, dtype, k);
+    return 16u * c->warps / c->wsplit;
+}
+
+size_t clattn_ocl_role_bytes(int r, clattn_dtype dtype)
+{
+    return r == CLATTN_R_LSE || r == R_DSUM || dtype == CLATTN_DTYPE_F32 ? sizeof(float) : 2u;
+}
+
+/* Makes sure the scratch buffer of a role holds bytes (contents are lost). */
+static clattn_status scratch(struct clattn_cl_state *cl, int role, size_t bytes)
+{
+    if (cl->scratch_bytes[role] >= bytes)
+        return CLATTN_OK;
+    if (cl->scratch[role])
+        clReleaseMemObject(cl->scratch[role]);
+    cl->scratch[role] = NULL;
+    cl->scratch_bytes[role] = 0;
+    cl_int err;
+    cl_mem m = clCreateBuffer(cl->context, CL_MEM_READ_WRITE, bytes, NULL, &err);
+    if (err != CL_SUCCESS)
+        return clattn_ocl_fail(err, "clCreateBuffer");
+    cl->scratch[role] = m;
+    cl->scratch_bytes[role] = bytes;
+    return CLATTN_OK;
+}
+
+clattn_status clattn_ocl_check_alloc(const struct clattn_cl_state *cl, const clattn_sizes *sz,
+                                 clattn_dtype dtype)
+{
+    const size_t largest = sz->q > sz->kv ? sz->q : sz->kv;
+    const size_t bytes = largest * clattn_ocl_role_bytes(CLATTN_R_Q, dtype);
+    if ((cl_ulong)bytes > cl->max_alloc || sz->lse * sizeof(float) > cl->max_alloc)
+        return clattn_fail(CLATTN_ERROR_TOO_LARGE_FOR_DEVICE,
+                           "a tensor of %zu bytes exceeds the device's largest allocation, "
+                           "%llu bytes",
+                           bytes, (unsigned long long)cl->max_alloc);
+    return CLATTN_OK;
+}
+
+static clattn_status enqueue_kernel(struct clattn_cl_state *cl, const kernel_set *set, int k,
+                                    const clattn_shape *s, const clattn_cl_tensor t[R_ALL],
+                                    cl_uint nwait, const cl_event *wait, cl_event *done)
+{
+    const kernel_desc *kd = &kernel_descs[k];
+    cl_kernel kn = set->kernel[k];
+    const size_t wg = clattn_ocl_work_group(cl, set, k, s->head_dim);
+    const size_t local = clattn_ocl_local_bytes(cl, set, k, s->head_dim);
+    if (wg > set->max_wg[k] || set->local_mem[k] + local > cl->local_mem)
+        return clattn_fail(CLATTN_ERROR_WORK_GROUP_TOO_LARGE,
+                           "head_dim %u needs work-groups of %zu with %zu bytes of local "
+                           "memory; the device runs at most %zu and has %llu bytes",
+                           s->head_dim, wg, local, set->max_wg[k],
+                           (unsigned long long)cl->local_mem);
+    cl_uint arg = 0;
+    cl_int err = CL_SUCCESS;
+    for (int i = 0; i < kd->nroles; ++i) {
+        const clattn_cl_tensor *x = &t[kd->roles[i]];
+        cl_ulong off = x->offset;
+        err |= clSetKernelArg(kn, arg++, sizeof(cl_mem), &x->buffer);
+        err |= clSetKernelArg(kn, arg++, sizeof off, &off);
+    }
+    cl_int causal = s->causal ? 1 : 0;
+    cl_float scale = clattn_effective_scale(s);
+    err |= clSetKernelArg(kn, arg++, sizeof(cl_uint), &s->q_seq);
+    err |= clSetKernelArg(kn, arg++, sizeof(cl_uint), &s->kv_seq);
+    err |= clSetKernelArg(kn, arg++, sizeof(cl_uint), &s->num_heads);
+    err |= clSetKernelArg(kn, arg++, sizeof(cl_uint), &s->num_kv_heads);
+    err |= clSetKernelArg(kn, arg++, sizeof(cl_uint), &s->head_dim);
+    err |= clSetKernelArg(kn, arg++, sizeof causal, &causal);
+    err |= clSetKernelArg(kn, arg++, sizeof(cl_uint), &s->window);
+    cl_long delta = clattn_mask_delta(s);
+    cl_int accumulate = s->accumulate ? 1 : 0;
+    err |= clSetKernelArg(kn, arg++, sizeof delta, &delta);
+    err |= clSetKernelArg(kn, arg++, sizeof scale, &scale);
+    err |= clSetKernelArg(kn, arg++, sizeof accumulate, &accumulate);
+    err |= clSetKernelArg(kn, arg++, local, NULL);
+    if (err != CL_SUCCESS)
+        return clattn_fail(CLATTN_ERROR_OPENCL, "clSetKernelArg failed for kernel %d", k);
+    const size_t rows = kd->key_rows ? s->kv_seq : s->q_seq;
+    const size_t heads = kd->key_rows ? s->num_kv_heads : s->num_heads;
+    const size_t per_group = set->kind[k] == KIND_TILED     ? clattn_ocl_tile_config(cl, s->head_dim).rows
+                             : set->kind[k] == KIND_BLOCKED ? BLOCKED_ROWS
+                             : set->kind[k] == KIND_MMA ? mma_rows(cl, s->head_dim, s->dtype, k)
+                                                            : 1;
+    const size_t blocks = (rows + per_group - 1) / per_group;
+    const size_t groups = set->kind[k] == KIND_TILED && s->causal ? (blocks + 1) / 2 : blocks;
+    size_t global[3] = {groups * wg, heads, s->batch};
+    size_t lsize[3] = {wg, 1, 1};
+    err = clEnqueueNDRangeKernel(cl->queue, kn, 3, NULL, global, lsize, nwait,
+                                 nwait ? wait : NULL, done);
+    if (err != CL_SUCCESS)
+        return clattn_ocl_fail(err, "clEnqueueNDRangeKernel");
+    return CLATTN_OK;
+}
+
+clattn_status clattn_ocl_enqueue_op(struct clattn_cl_state *cl, clattn_op op, const clattn_shape *s,
+                                const clattn_sizes *sz, clattn_cl_tensor t[R_ALL],
+                                cl_uint nwait, const cl_event *wait, cl_event *done)
+{
+    kernel_set *set = NULL;
+    clattn_status st = clattn_ocl_kernels_for(cl, s->head_dim, s->dtype, &set);
+    if (st != CLATTN_OK)
+        return st;
+    /* The single pass, built only where CLATTN_MMA_SINGLE asks for it. Its
+     * float32 dQ is as large as dQ's elements in float32: where that exceeds
+     * the device's largest allocation, two passes. */
+    const int single = op == CLATTN_OP_BACKWARD && set->kernel[K_GRAD_KVQ] &&
+                       (cl_ulong)sz->q * sizeof(float) <= cl->max_alloc;
+    const int *plan = single                                               ? backward_single
+                      : op == CLATTN_OP_BACKWARD && !set->kernel[K_GRAD_KV] ? backward_unfused
+                                                                            : op_plans[op];
+    cl_mem dsum = NULL, dq32 = NULL;
+    cl_event zeroed = NULL;
+    if (plan[0] == K_DSUM) {
+        /* Released at once: OpenCL keeps it until the kernels using it end. */
+        cl_int err;
+        dsum = clCreateBuffer(cl->context, CL_MEM_READ_WRITE, sz->lse / 2 * sizeof(float), NULL,
+                              &err);
+        if (err != CL_SUCCESS)
+            return clattn_ocl_fail(err, "clCreateBuffer(dsum)");
+        t[R_DSUM].buffer = dsum;
+        t[R_DSUM].offset = 0;
+    }
+    if (single) { /* the float32 dQ, zeroed ahead of GRAD_KVQ; released as dsum is */
+        cl_int err;
+        const cl_float zero = 0.0f;
+        dq32 = clCreateBuffer(cl->context, CL_MEM_READ_WRITE, sz->q * sizeof(float), NULL, &err);
+        if (err == CL_SUCCESS) {
+            err = clEnqueueFillBuffer(cl->queue, dq32, &zero, sizeof zero, 0,
+                                      sz->q * sizeof(float), 0, NULL, &zeroed);
+            if (err != CL_SUCCESS)
+                clReleaseMemObject(dq32);
+        }
+        if (err != CL_SUCCESS) {
+            clReleaseMemObject(dsum);
+            return clattn_ocl_fail(err, dq32 ? "clEnqueueFillBuffer(dq32)" : "clCreateBuffer(dq32)");
+        }
+        t[R_DQ32].buffer = dq32;
+        t[R_DQ32].offset = 0;
+    }
+    cl_event prev = NULL;
+    for (int i = 0; plan[i] >= 0 && st == CLATTN_OK; ++i) {
+        cl_event ev = NULL;
+        if (plan[i] == K_GRAD_KVQ) { /* after the zeroing too */
+            const cl_event both[2] = {prev, zeroed};
+            st = enqueue_kernel(cl, set, plan[i], s, t, 2, both, &ev);
+        } else {
+            st = prev ? enqueue_kernel(cl, set, plan[i], s, t, 1, &prev, &ev)
+                      : enqueue_kernel(cl, set, plan[i], s, t, nwait, wait, &ev);
+        }
+        if (prev)
+            clReleaseEvent(prev);
+        prev = ev;
+    }
+    if (zeroed) {
+        if (st != CLATTN_OK)
+            clWaitForEvents(1, &zeroed); /* nothing else may still use dq32 */
+        clReleaseEvent(zeroed);
+    }
+    if (dq32)
+        clReleaseMemObject(dq32);
+    if (dsum)
+        clReleaseMemObject(dsum);
+    if (st == CLATTN_OK) {
+        char *ran = cl->owner->kernels;
+        ran[0] = '\0';
+        for (int i = 0; plan[i] >= 0; ++i)
+            snprintf(ran + strlen(ran), sizeof cl->owner->kernels - strlen(ran), "%s%s",
+                     i ? "," : "", set->function[plan[i]]);
+    }
+    if (st == CLATTN_OK && done)
+        *done = prev;
+    else if (prev)
+        clReleaseEvent(prev);
+    return st;
+}
+
+clattn_status clattn_ocl_run(clattn_context *ctx, clattn_op op, const clattn_shape *s,
+                                const clattn_sizes *sz, const void *const host[CLATTN_R_COUNT])
+{
+    struct clattn_cl_state *cl = ctx->cl;
+    kernel_set *set = NULL;
+    /* A head_dim the variant refuses or cannot build fails before any copy. */
+    clattn_status st = clattn_ocl_check_alloc(cl, sz, s->dtype);
+    if (st == CLATTN_OK)
+        st = clattn_ocl_kernels_for(cl, s->head_dim, s->dtype, &set);
+    if (st != CLATTN_OK)
+        return st;
+    /* Accumulating gradients are read (uploaded) first, then written. */
+    const unsigned reads = clattn_call_reads(op, s), writes = clattn_op_writes[op];
+    clattn_cl_tensor t[R_ALL];
+    memset(t, 0, sizeof t);
+    for (int r = 0; r < CLATTN_R_COUNT; ++r) {
+        if (!((reads | writes) & CLATTN_BIT(r)))
+            continue;
+        const size_t bytes = clattn_role_elems(sz, (clattn_role)r) * clattn_ocl_role_bytes(r, s->dtype);
+        if ((st = scratch(cl, r, bytes)) != CLATTN_OK)
+            return st;
+        t[r].buffer = cl->scratch[r];
+    }
+    /* Events order the copies even on a caller's out-of-order queue. */
+    cl_event ev[CLATTN_R_COUNT], kernels_done = NULL;
+    cl_uint nev = 0;
+    cl_int err = CL_SUCCESS;
+    for (int r = 0; r < CLATTN_R_COUNT && err == CL_SUCCESS; ++r)
+        if (reads & CLATTN_BIT(r)) {
+            const size_t bytes = clattn_role_elems(sz, (clattn_role)r) * clattn_ocl_role_bytes(r, s->dtype);
+            err = clEnqueueWriteBuffer(cl->queue, t[r].buffer, CL_FALSE, 0, bytes, host[r], 0,
+                                       NULL, &ev[nev]);
+            if (err == CL_SUCCESS)
+                ++nev;
+        }
+    if (err != CL_SUCCESS)
+        st = clattn_ocl_fail(err, "clEnqueueWriteBuffer");
+    if (st == CLATTN_OK)
+        st = clattn_ocl_enqueue_op(cl, op, s, sz, t, nev, ev, &kernels_done);
+    for (cl_uint i = 0; i < nev; ++i)
+        clReleaseEvent(ev[i]);
+    nev = 0;
+    for (int r = 0; r < CLATTN_R_COUNT && st == CLATTN_OK; ++r)
+        if (writes & CLATTN_BIT(r)) {
+            const size_t bytes = clattn_role_elems(sz, (clattn_role)r) * clattn_ocl_role_bytes(r, s->dtype);
+            err = clEnqueueReadBuffer(cl->queue, t[r].buffer, CL_FALSE, 0, bytes, (void *)host[r],
+                                      1, &kernels_done, &ev[nev]);
+            if (err == CL_SUCCESS)
+                ++nev;
+            else
+                st = clattn_ocl_fail(err, "clEnqueueReadBuffer");
+        }
+    if (nev && (err = clWaitForEvents(nev, ev)) != CL_SUCCESS && st == CLATTN_OK)
+        st = clattn_ocl_fail(err, "running the kernels");
+    /* Nothing may still touch the caller's pointers once we return. */
+    if (st != CLATTN_OK)
+        clFinish(cl->queue);
+    for (cl_uint i = 0; i < nev; ++i)
+        clReleaseEvent(ev[i]);
+    if (kernels_done)
+        clReleaseEvent(kernels_done);
+    return st;
+}

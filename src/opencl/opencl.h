@@ -1,0 +1,171 @@
+/* What the OpenCL backend's files share: the kernels an op is made of, the
+ * kernel shapes, a context's state, and the functions one file offers the
+ * others.
+ *   devices.c  enumerating and picking devices, making a context's state
+ *   tuning.c   the shape tables per device class, their overrides, footprints
+ *   build.c    building a variant's programs (program cache, sm_90a route)
+ *   launch.c   sizing and enqueueing kernels, the host-pointer calls
+ *   cl_api.c   the public clattn_*_cl calls on the caller's cl_mem buffers */
+#ifndef CLATTN_OPENCL_H
+#define CLATTN_OPENCL_H
+
+#define CL_TARGET_OPENCL_VERSION 120
+#include "clattn_cl.h"
+#include "internal.h"
+
+#ifndef CL_PLATFORM_NOT_FOUND_KHR
+#define CL_PLATFORM_NOT_FOUND_KHR -1001
+#endif
+
+/* The kernels an op is made of. */
+enum {
+    K_GRAD_V,
+    K_FORWARD,
+    K_DSUM,
+    K_GRAD_Q,
+    K_GRAD_K,
+    K_GRAD_KV,
+    K_GRAD_KVQ, /* dK, dV and a float32 dQ in one pass (mma, 16-bit) */
+    K_FINISH_DQ, /* dQ from that float32 dQ */
+    K_COUNT
+};
+
+/* Dsum, the pre-pass's output, is a tensor of one float per query row;
+ * DQ32 the single-pass backward's float32 dQ, summed by atomic adds. */
+enum { R_DSUM = CLATTN_R_COUNT, R_DQ32, R_ALL };
+
+/* How a kernel is launched: tree.cl's a work-group per row; tiled.cl's a
+ * work-group per block of rows (per pair of blocks under a causal mask);
+ * blocked.cl's a single work-item per block of BLOCKED_ROWS rows; mma.cl's
+ * a work-group per 16 rows of each group of wsplit warps. */
+enum { KIND_TREE, KIND_TILED, KIND_BLOCKED, KIND_MMA };
+enum { BLOCKED_ROWS = 32 }; /* blocked.cl's KK keys and QB query rows */
+
+/* tiled.cl's shape: rows per work-group, keys (or queries) per local-memory
+ * tile, work-items per row by the tile's rows, and the most columns of
+ * head_dim one work-item holds (more work-items share a row by columns
+ * past it). */
+typedef struct tile_config {
+    unsigned rows, tile, split, columns;
+} tile_config;
+typedef struct tile_class {
+    cl_device_type type;
+    tile_config narrow, wide; /* wide past narrow.columns */
+    const char *why;
+} tile_class;
+
+/* mma.cl's shape: warps per work-group, warps that share 16 rows (each
+ * with a part of head_dim), rows per local tile, and whether float32 tiles
+ * hold tf32 planes (2) or fp32 (1; unused by 16-bit tensors). */
+typedef struct mma_config {
+    unsigned warps, wsplit, tile, planes;
+} mma_config;
+typedef struct mma_class {
+    uint32_t max_head_dim;
+    mma_config forward, backward, grad_q; /* backward: dK and dV */
+    const char *why;
+} mma_class;
+
+/* The kernels of one variant, built for one head_dim (tiled, blocked) or
+ * any (tree). */
+typedef struct kernel_set {
+    cl_program program[K_COUNT]; /* kernels of one source share a program */
+    cl_kernel kernel[K_COUNT];
+    const char *function[K_COUNT];
+    size_t max_wg[K_COUNT];
+    cl_ulong local_mem[K_COUNT];
+    int kind[K_COUNT];
+    clattn_dtype dtype;
+} kernel_set;
+
+struct clattn_cl_state {
+    clattn_context *owner; /* for its log */
+    cl_device_id device;
+    cl_context context;
+    cl_command_queue queue;
+    int own_context, own_queue;
+    /* Per dtype: */
+    kernel_set generic[3]; /* tree's, any head_dim: with the context for tree, else lazily */
+    int generic_built[3];
+    /* Per head_dim, on first use; &generic where auto fell back on it. */
+    kernel_set *special[3][CLATTN_MAX_HEAD_DIM + 1];
+    cl_kernel merge[3]; /* tree.cl's merge__tree, per dtype, on first use */
+    const char *special_variant; /* the variant built per head_dim, or NULL */
+    int mma_emulate;             /* build mma.cl with -DMMA_EMULATE */
+    int nv_major;                /* compute capability (NVIDIA), else 0: 9 builds with -DSM90 */
+    int wgmma; /* the 16-bit kernels on wgmma where it applies (mma_wgmma) */
+    int mma_tuned;               /* CLATTN_MMA set: mma_tune for every kernel */
+    mma_config mma_tune;
+    int grad_q_tuned;            /* CLATTN_MMA_GRAD_Q set: grad_q_tune for grad-Q */
+    mma_config grad_q_tune;
+    int single_tuned; /* CLATTN_MMA_SINGLE set to a shape: the single pass, wherever it fits */
+    mma_config single_tune;
+    tile_class tiles;
+    cl_ulong max_alloc;
+    cl_ulong local_mem;
+    cl_uint float_width; /* the device's native vector width for float */
+    /* Host-pointer calls copy through these buffers, grown as needed. */
+    cl_mem scratch[CLATTN_R_COUNT];
+    size_t scratch_bytes[CLATTN_R_COUNT];
+};
+
+/* devices.c */
+clattn_status clattn_ocl_fail(cl_int err, const char *what);
+const char *clattn_ocl_error_name(cl_int err);
+/* Makes ctx an OpenCL context on device; context and queue are created
+ * when NULL, the caller's used (never released) otherwise. */
+clattn_status clattn_ocl_init_on_device(clattn_context *ctx, const char *variant,
+                                        cl_context context, cl_device_id device,
+                                        cl_command_queue queue, int strict_limits);
+
+/* tuning.c */
+/* The device class's shapes into cl, then the CLATTN_TILED, CLATTN_MMA,
+ * CLATTN_MMA_GRAD_Q and CLATTN_MMA_SINGLE overrides (a bad one is
+ * CLATTN_ERROR_INVALID_OPTION). */
+clattn_status clattn_ocl_tuning_init(struct clattn_cl_state *cl, cl_device_type type);
+/* The tiled kernels' shape for a head_dim, its tile halved until its local
+ * buffer fits the device. */
+tile_config clattn_ocl_tile_config(const struct clattn_cl_state *cl, uint32_t head_dim);
+/* Work-items that share a row by columns under c. */
+unsigned clattn_ocl_tile_dsplit(const tile_config *c, uint32_t head_dim);
+size_t clattn_ocl_tiled_local_floats(const tile_config *c, uint32_t head_dim);
+/* The shape of mma kernel k at a head_dim for a dtype. */
+const mma_config *clattn_ocl_mma_config(const struct clattn_cl_state *cl, uint32_t head_dim,
+                                        clattn_dtype dtype, int k);
+size_t clattn_ocl_mma_local_floats(const mma_config *c, uint32_t head_dim, int emulate,
+                                   clattn_dtype dtype, int k);
+int clattn_ocl_mma_wgmma(int asked, int nv_major, int emulate, const mma_config *c,
+                         uint32_t head_dim, clattn_dtype dtype, int k);
+
+/* build.c */
+void clattn_ocl_release_set(kernel_set *set);
+clattn_status clattn_ocl_build_set(struct clattn_cl_state *cl, const char *variant,
+                                   uint32_t head_dim, clattn_dtype dtype, kernel_set *set,
+                                   int strict_limits);
+clattn_status clattn_ocl_generic_kernels(struct clattn_cl_state *cl, clattn_dtype dtype,
+                                         kernel_set **out);
+clattn_status clattn_ocl_kernels_for(struct clattn_cl_state *cl, uint32_t head_dim,
+                                     clattn_dtype dtype, kernel_set **out);
+
+/* launch.c */
+/* Local memory (bytes) and work-group size of a kernel of the set. */
+size_t clattn_ocl_local_bytes(const struct clattn_cl_state *cl, const kernel_set *set, int k,
+                              uint32_t head_dim);
+size_t clattn_ocl_work_group(const struct clattn_cl_state *cl, const kernel_set *set, int k,
+                             uint32_t head_dim);
+/* Bytes of one element of role r (R_DSUM and the LSE pairs are float). */
+size_t clattn_ocl_role_bytes(int r, clattn_dtype dtype);
+clattn_status clattn_ocl_check_alloc(const struct clattn_cl_state *cl, const clattn_sizes *sz,
+                                     clattn_dtype dtype);
+/* Enqueues the kernels of op after the wait list, each after the one
+ * before, so that an out-of-order queue keeps their order. *done, when
+ * not NULL, receives the last kernel's event. */
+clattn_status clattn_ocl_enqueue_op(struct clattn_cl_state *cl, clattn_op op,
+                                    const clattn_shape *s, const clattn_sizes *sz,
+                                    clattn_cl_tensor t[R_ALL], cl_uint nwait,
+                                    const cl_event *wait, cl_event *done);
+/* The backend's run: a host-pointer call through the scratch buffers. */
+clattn_status clattn_ocl_run(clattn_context *ctx, clattn_op op, const clattn_shape *s,
+                             const clattn_sizes *sz, const void *const host[CLATTN_R_COUNT]);
+
+#endif

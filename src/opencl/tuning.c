@@ -1,0 +1,197 @@
+/* The kernels' shapes per device class, as data: each entry says why it
+ * is what it is, and results/ holds the measurements behind it. The
+ * environment overrides (CLATTN_TILED, CLATTN_MMA, CLATTN_MMA_GRAD_Q,
+ * CLATTN_MMA_SINGLE) replace them for tuning; docs/tuning.md says how. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "opencl.h"
+
+/* tiled.cl, by device type; `wide` past `narrow.columns` columns. */
+static const tile_class tile_table[] = {
+    {CL_DEVICE_TYPE_GPU | CL_DEVICE_TYPE_ACCELERATOR, {64, 32, 2, 64}, {32, 16, 1, 32},
+     "two work-items a row keep a GPU busy on short calls; past 64 columns a whole row "
+     "spills, so rows split by columns"},
+    {CL_DEVICE_TYPE_CPU, {64, 32, 1, CLATTN_MAX_HEAD_DIM}, {64, 32, 1, CLATTN_MAX_HEAD_DIM},
+     "a CPU runs a work-group's items as a loop: no split"},
+};
+
+/* mma.cl's float32 kernels (3xTF32) by head_dim class: forward, dK/dV,
+ * grad-Q. A lane holds 16 * head_dim / (8 * wsplit) floats of fragments on
+ * the key side and a work-group gets 48 KB of local memory on NVIDIA's
+ * OpenCL, hence warps that split head_dim past 64. */
+static const mma_class mma_table[] = {
+    {64, {4, 1, 32, 2}, {8, 1, 32, 2}, {8, 1, 16, 2},
+     "fastest on the H200 at d64 causal and GQA; grad-Q gains from a shorter tile"},
+    {96, {4, 2, 16, 2}, {8, 2, 16, 2}, {8, 2, 16, 2},
+     "two warps share a row group: a whole d96 row of fragments spills"},
+    {128, {4, 2, 16, 2}, {8, 2, 16, 1}, {8, 2, 8, 2},
+     "the key side keeps fp32 tiles (tf32 planes need 50 KB); grad-Q a tile of 8"},
+    {CLATTN_MAX_HEAD_DIM, {8, 4, 8, 2}, {8, 4, 8, 2}, {8, 4, 8, 2},
+     "four warps a row group and 8-row tiles: what fits 48 KB at d256"},
+};
+
+/* mma.cl's 16-bit kernels (m16n8k16, wgmma on compute capability 9):
+ * tiles of 16-bit words copied by cp.async into two buffers, a whole
+ * number of k-steps of 16 rows. */
+static const mma_class mma16_table[] = {
+    {64, {4, 1, 64, 1}, {4, 1, 64, 1}, {4, 1, 64, 1},
+     "64-row tiles: fastest for every kernel at d64 on the H200"},
+    {128, {4, 1, 32, 1}, {4, 1, 32, 1}, {4, 1, 32, 1},
+     "two 64-row tiles do not fit 48 KB past d64; 32 rows beat 16"},
+    {CLATTN_MAX_HEAD_DIM, {4, 2, 16, 1}, {2, 2, 16, 1}, {4, 2, 16, 1},
+     "rows split by columns past d128 (untuned: what fits)"},
+};
+
+unsigned clattn_ocl_tile_dsplit(const tile_config *c, uint32_t head_dim)
+{
+    return head_dim > c->columns ? (head_dim + c->columns - 1) / c->columns : 1u;
+}
+
+/* tiled.cl's local buffer for a head_dim under c, in floats. */
+size_t clattn_ocl_tiled_local_floats(const tile_config *c, uint32_t head_dim)
+{
+    const size_t dsplit = clattn_ocl_tile_dsplit(c, head_dim);
+    const size_t stride = (head_dim + dsplit - 1) / dsplit * dsplit;
+    const size_t exchange = dsplit > 1 ? 2 * dsplit * c->tile * c->rows : 0;
+    const size_t tiles = 2 * (size_t)c->tile * stride + 3 * (size_t)c->tile + exchange;
+    const size_t combine = ((size_t)c->split - 1) * c->rows * (stride + 2);
+    return tiles > combine ? tiles : combine;
+}
+
+/* The tiled kernels' shape for a head_dim: the table's, with its tile
+ * halved until the local buffer fits the device (head_dim 256 on a GPU). */
+tile_config clattn_ocl_tile_config(const struct clattn_cl_state *cl, uint32_t head_dim)
+{
+    tile_config c = head_dim > cl->tiles.narrow.columns ? cl->tiles.wide : cl->tiles.narrow;
+    while (c.tile % 2 == 0 && (c.tile / 2) % c.split == 0 &&
+           clattn_ocl_tiled_local_floats(&c, head_dim) * sizeof(float) > cl->local_mem)
+        c.tile /= 2;
+    return c;
+}
+
+/* Whether kernel k runs on wgmma (mma.cl's WGMMA): asked for (by default
+ * on compute capability 9, or by CLATTN_MMA_WGMMA=1), the forward, grad-Q
+ * and the key side's kernels of 16-bit
+ * tensors at head_dim 64 or 128
+ * (the 128-byte swizzle's 64 columns), whole warpgroups (4 or 8 warps,
+ * WSPLIT 1) and tiles of 32 to 128 keys in steps of 32, on a GPU of
+ * compute capability 9 or emulated. */
+int clattn_ocl_mma_wgmma(int asked, int nv_major, int emulate, const mma_config *c,
+                     uint32_t head_dim, clattn_dtype dtype, int k)
+{
+    return asked && (nv_major >= 9 || emulate) &&
+           (k == K_FORWARD || k == K_GRAD_Q || k == K_GRAD_KV || k == K_GRAD_K || k == K_GRAD_V) &&
+           dtype != CLATTN_DTYPE_F32 &&
+           (head_dim == 64 || head_dim == 128) && c->warps % 4 == 0 && c->wsplit == 1 &&
+           c->tile % 32 == 0 && c->tile <= 128;
+}
+
+/* mma.cl's local buffer for a kernel at a head_dim under config c, in
+ * floats: up to 3 to a 16-byte boundary, the tile rows' m, l and Dsum, the
+ * warps' exchange, the emulation's scratch, then the kernel's two tiles
+ * (fp32: [tile][padded + 4] floats a plane; 16-bit: [tile][padded / 2 + 4]
+ * words of two elements). 16-bit kernels have two of each, rows and tiles:
+ * one is filled while the other is read. */
+size_t clattn_ocl_mma_local_floats(const mma_config *c, uint32_t head_dim, int emulate,
+                               clattn_dtype dtype, int k)
+{
+    const size_t kstep = dtype == CLATTN_DTYPE_F32 ? 8u : 16u;
+    const size_t unit = kstep * c->wsplit, padded = (head_dim + unit - 1) / unit * unit;
+    const size_t exchange = c->wsplit > 1 ? 2 * (size_t)c->warps * c->tile / 8 * 4 * 32 : 0;
+    const size_t emu = emulate ? (size_t)c->warps * (dtype == CLATTN_DTYPE_F32 ? 224 : 416) : 0;
+    const size_t tile = dtype == CLATTN_DTYPE_F32 ? (size_t)c->planes * c->tile * (padded + 4)
+                                                  : (size_t)c->tile * (padded / 2 + 4);
+    const size_t buffers = dtype == CLATTN_DTYPE_F32 ? 1u : 2u;
+    /* the single pass: K's rows and two tiles' dS^T, by rows of keys */
+    const size_t rows = 16u * c->warps / c->wsplit;
+    const size_t single = k == K_GRAD_KVQ ? rows * (padded / 2 + 4 + 2 * (c->tile / 2 + 4)) : 0;
+    return 3 + buffers * (3 * (size_t)c->tile + 2 * tile) + exchange + emu + single;
+}
+
+/* The shape of mma kernel k at a head_dim for a dtype. */
+const mma_config *clattn_ocl_mma_config(const struct clattn_cl_state *cl, uint32_t head_dim,
+                                        clattn_dtype dtype, int k)
+{
+    static const mma_config none = {0, 0, 0, 0};
+    if (k == K_GRAD_KVQ || k == K_FINISH_DQ) /* the single pass: only where asked */
+        return cl->single_tuned ? &cl->single_tune : &none;
+    if (k == K_GRAD_Q && cl->grad_q_tuned)
+        return &cl->grad_q_tune;
+    if (cl->mma_tuned)
+        return &cl->mma_tune;
+    const mma_class *table = dtype == CLATTN_DTYPE_F32 ? mma_table : mma16_table;
+    size_t i = 0;
+    while (table[i].max_head_dim < head_dim)
+        ++i;
+    return k == K_FORWARD  ? &table[i].forward
+           : k == K_GRAD_Q ? &table[i].grad_q
+                           : &table[i].backward;
+}
+
+/* A tuning override of mma shapes from the variable `name`, if set. */
+static clattn_status mma_override(const char *name, mma_config *c, int *set)
+{
+    const char *text = getenv(name);
+    if (!text || !*text)
+        return CLATTN_OK;
+    char end;
+    if (sscanf(text, "%u,%u,%u,%u%c", &c->warps, &c->wsplit, &c->tile, &c->planes, &end) != 4 ||
+        (c->warps != 1 && c->warps != 2 && c->warps != 4 && c->warps != 8) ||
+        (c->wsplit != 1 && c->wsplit != 2 && c->wsplit != 4) || c->warps % c->wsplit ||
+        (c->tile != 8 && c->tile != 16 && c->tile != 32 && c->tile != 64) ||
+        (c->planes != 1 && c->planes != 2))
+        return clattn_fail(CLATTN_ERROR_INVALID_OPTION,
+                           "%s='%s': want WARPS,WSPLIT,TILE,PLANES with WARPS 1, 2, 4 or 8, "
+                           "WSPLIT 1, 2 or 4 dividing WARPS, TILE 8, 16, 32 or 64 (16-bit "
+                           "tensors: 16 or more) and PLANES 1 or 2",
+                           name, text);
+    *set = 1;
+    return CLATTN_OK;
+}
+
+clattn_status clattn_ocl_tuning_init(struct clattn_cl_state *cl, cl_device_type type)
+{
+    cl->tiles = tile_table[0];
+    for (size_t i = 0; i < sizeof tile_table / sizeof tile_table[0]; ++i)
+        if (type & tile_table[i].type) {
+            cl->tiles = tile_table[i];
+            break;
+        }
+    /* A tuning override for a device the table does not know well. */
+    const char *tune = getenv("CLATTN_TILED");
+    if (tune && *tune) {
+        unsigned rows, tile, split, columns = 0;
+        char end;
+        const int n = sscanf(tune, "%u,%u,%u,%u%c", &rows, &tile, &split, &columns, &end);
+        if ((n != 3 && n != 4) || !rows || !tile || !split || tile % split || rows > 1024 ||
+            tile > 256 || rows * split > 1024 || (n == 4 && !columns))
+            return clattn_fail(CLATTN_ERROR_INVALID_OPTION,
+                               "CLATTN_TILED='%s': want ROWS,TILE,SPLIT[,COLUMNS] with SPLIT "
+                               "dividing TILE and ROWS * SPLIT <= 1024",
+                               tune);
+        tile_config *both[2] = {&cl->tiles.narrow, &cl->tiles.wide};
+        for (int i = 0; i < 2; ++i) {
+            both[i]->rows = rows;
+            both[i]->tile = tile;
+            both[i]->split = split;
+            if (columns)
+                both[i]->columns = columns;
+        }
+    }
+    clattn_status st;
+    const char *single = getenv("CLATTN_MMA_SINGLE"); /* "0", as unset: two passes */
+    if ((!single || strcmp(single, "0")) &&
+        (st = mma_override("CLATTN_MMA_SINGLE", &cl->single_tune, &cl->single_tuned)) !=
+            CLATTN_OK)
+        return st;
+    if (cl->single_tuned && cl->single_tune.wsplit != 1)
+        return clattn_fail(CLATTN_ERROR_INVALID_OPTION,
+                           "CLATTN_MMA_SINGLE='%s': the single pass wants WSPLIT 1 (or 0 for two "
+                           "passes)",
+                           single);
+    if ((st = mma_override("CLATTN_MMA", &cl->mma_tune, &cl->mma_tuned)) != CLATTN_OK)
+        return st;
+    return mma_override("CLATTN_MMA_GRAD_Q", &cl->grad_q_tune, &cl->grad_q_tuned);
+}
