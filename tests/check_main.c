@@ -125,17 +125,25 @@ int main(int argc, char **argv)
         suite = emulated_suite();
     else if (suite_name && !strcmp(suite_name, "split"))
         suite = split_suite();
+    else if (suite_name && !strcmp(suite_name, "buffers"))
+        suite = buffers_suite();
+    else if (suite_name && !strcmp(suite_name, "cache"))
+        suite = cache_suite();
+    else if (suite_name && !strcmp(suite_name, "faults"))
+        suite = faults_suite();
     if (!suite || (strcmp(test_backend, "native") && strcmp(test_backend, "opencl-cpu") &&
                    strcmp(test_backend, "opencl-gpu"))) {
         fprintf(stderr,
-                "usage: %s --suite kernels|train|oclgrind|emulated|split|api|cli|gradcheck "
+                "usage: %s --suite kernels|buffers|cache|faults|train|oclgrind|emulated|split|"
+                "api|cli|gradcheck "
                 "[--backend native|opencl-cpu|opencl-gpu]\n",
                 argv[0]);
         return 2;
     }
     const int per_backend = !strcmp(suite_name, "kernels") || !strcmp(suite_name, "train") ||
                             !strcmp(suite_name, "oclgrind") || !strcmp(suite_name, "emulated") ||
-                            !strcmp(suite_name, "split");
+                            !strcmp(suite_name, "split") || !strcmp(suite_name, "buffers") ||
+                            !strcmp(suite_name, "cache") || !strcmp(suite_name, "faults");
     if (per_backend && strcmp(test_backend, "native") &&
         !backend_present()) {
         if (required(test_backend)) {

@@ -22,13 +22,15 @@ asan)
   # No suppressions: PoCL 3.1 and the ICD loader left no leak report here.
   export ASAN_OPTIONS="detect_leaks=1:abort_on_error=0"
   export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1"
-  run api; run cli; run gradcheck; run kernels native; run train native
+  run api; run cli; run gradcheck; run kernels native; run buffers native; run train native
   if [ -n "${CLATTN_ASAN_OPENCL:-1}" ]; then
-    set +e
-    CLATTN_REQUIRE_BACKENDS= run kernels opencl-cpu
-    rc=$?
-    set -e
-    [ $rc -eq 0 ] || [ $rc -eq 77 ] || exit $rc
+    for suite in kernels buffers cache faults; do
+      set +e
+      CLATTN_REQUIRE_BACKENDS= run $suite opencl-cpu
+      rc=$?
+      set -e
+      [ $rc -eq 0 ] || [ $rc -eq 77 ] || exit $rc
+    done
   fi
   ;;
 tsan)
@@ -55,7 +57,7 @@ valgrind)
   # native path only: the ICD loader is shown no driver, so the API tests
   # that reach for OpenCL meet CLATTN_ERROR_NO_PLATFORM, as they expect.
   export OCL_ICD_VENDORS=/nonexistent/clattn-no-vendors
-  vg api; vg gradcheck; vg kernels native
+  vg api; vg gradcheck; vg kernels native; vg buffers native
   ;;
 *) echo "usage: $0 asan|tsan|valgrind SOURCE_DIR WORK_DIR"; exit 2 ;;
 esac

@@ -24,6 +24,9 @@ clattn_context *test_context(const char *variant);
 clattn_context *test_variant_context(const char *variant);
 
 Suite *kernels_suite(void);
+Suite *buffers_suite(void);
+Suite *cache_suite(void);
+Suite *faults_suite(void);
 Suite *api_suite(void);
 Suite *cli_suite(void);
 Suite *gradcheck_suite(void);

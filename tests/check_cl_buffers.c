@@ -1,0 +1,253 @@
+/* The cl_mem calls (clattn_cl.h) on the caller's own OpenCL objects:
+ * offsets, wait lists, events, bounds and ownership; on native, their
+ * refusal. */
+#define CL_TARGET_OPENCL_VERSION 120
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "clattn_cl.h"
+#include "harness.h"
+#include "numerics.h"
+#include "reference.h"
+
+/* Finds a device of the backend with the plain OpenCL API, as a caller would. */
+static cl_device_id caller_device(void)
+{
+    cl_platform_id plats[16];
+    cl_uint np = 0;
+    ck_assert_int_eq(clGetPlatformIDs(16, plats, &np), CL_SUCCESS);
+    cl_device_type want = !strcmp(test_backend, "opencl-cpu") ? CL_DEVICE_TYPE_CPU
+                                                              : CL_DEVICE_TYPE_GPU;
+    for (cl_uint i = 0; i < np && i < 16; ++i) {
+        cl_device_id dev;
+        cl_uint nd = 0;
+        if (clGetDeviceIDs(plats[i], want, 1, &dev, &nd) == CL_SUCCESS && nd)
+            return dev;
+    }
+    ck_abort_msg("no %s device through the OpenCL API", test_backend);
+    return NULL;
+}
+
+/* The caller's own cl_context, queue and buffers, with offsets, a wait list
+ * and an output event; clattn releases none of them. */
+START_TEST(caller_buffers)
+{
+    if (!strcmp(test_backend, "native")) {
+        clattn_context *ctx = test_context(NULL);
+        clattn_shape s = clattn_shape_default();
+        s.q_seq = s.kv_seq = s.num_heads = s.num_kv_heads = s.head_dim = 1;
+        clattn_cl_tensor none = {NULL, 0};
+        ck_assert_status(clattn_grad_v_cl(ctx, &s, none, none, none, none, none, 0, NULL, NULL),
+                         CLATTN_ERROR_WRONG_BACKEND);
+        ck_assert_ptr_null(clattn_context_cl_queue(ctx));
+        clattn_context_destroy(ctx);
+        return;
+    }
+    cl_device_id dev = caller_device();
+    cl_int err;
+    cl_context cctx = clCreateContext(NULL, 1, &dev, NULL, NULL, &err);
+    ck_assert_int_eq(err, CL_SUCCESS);
+    cl_command_queue queue = clCreateCommandQueue(cctx, dev, 0, &err);
+    ck_assert_int_eq(err, CL_SUCCESS);
+    clattn_context *ctx = NULL;
+    ck_assert_status(clattn_context_create_from_cl(NULL, cctx, dev, queue, &ctx), CLATTN_OK);
+    ck_assert_ptr_eq(clattn_context_cl_queue(ctx), queue);
+    ck_assert_ptr_eq(clattn_context_cl_context(ctx), cctx);
+
+    shape_case c = {2, 21, 21, 4, 2, 24, 1, 5, 0, 1};
+    clattn_shape s = to_shape(&c);
+    problem p;
+    problem_make(&p, &s, 4242, 1.0f);
+    /* All five tensors in one buffer, at odd float offsets. */
+    const size_t off[5] = {3, 3 + p.nq + 1, 3 + 2 * p.nq + 2, 3 + 2 * p.nq + p.nkv + 5,
+                           3 + 2 * p.nq + p.nkv + p.nlse + 7};
+    const size_t total = off[4] + p.nkv + 2;
+    float *host = nan_array(total);
+    memcpy(host + off[0], p.d_out, p.nq * 4);
+    memcpy(host + off[1], p.q, p.nq * 4);
+    memcpy(host + off[2], p.k, p.nkv * 4);
+    memcpy(host + off[3], p.lse, p.nlse * 4);
+    cl_mem buf = clCreateBuffer(cctx, CL_MEM_READ_WRITE | CL_MEM_COPY_HOST_PTR, total * 4, host,
+                                &err);
+    ck_assert_int_eq(err, CL_SUCCESS);
+    clattn_cl_tensor t[5];
+    for (int i = 0; i < 5; ++i) {
+        t[i].buffer = buf;
+        t[i].offset = off[i];
+    }
+    /* The kernel must wait for the caller's event. */
+    cl_event gate = clCreateUserEvent(cctx, &err);
+    ck_assert_int_eq(err, CL_SUCCESS);
+    cl_event done = NULL;
+    ck_assert_status(clattn_grad_v_cl(ctx, &s, t[0], t[1], t[2], t[3], t[4], 1, &gate, &done),
+                     CLATTN_OK);
+    ck_assert_ptr_nonnull(done);
+    cl_int state = 0;
+    ck_assert_int_eq(clGetEventInfo(done, CL_EVENT_COMMAND_EXECUTION_STATUS, sizeof state,
+                                    &state, NULL),
+                     CL_SUCCESS);
+    ck_assert_int_ne(state, CL_COMPLETE);
+    ck_assert_int_eq(clSetUserEventStatus(gate, CL_COMPLETE), CL_SUCCESS);
+    ck_assert_int_eq(clWaitForEvents(1, &done), CL_SUCCESS);
+    float *back = malloc(total * 4);
+    ck_assert_int_eq(clEnqueueReadBuffer(queue, buf, CL_TRUE, 0, total * 4, back, 0, NULL, NULL),
+                     CL_SUCCESS);
+    double *ref = malloc(p.nkv * sizeof(double)), *mag = malloc(p.nkv * sizeof(double));
+    ref_grad_v(&p, ref, mag);
+    size_t at;
+    double worst = worst_error(back + off[4], ref, mag, p.nkv, &at);
+    ck_assert_msg(worst <= 1.0, "caller buffers: element %zu is %g, want %g", at,
+                  (double)back[off[4] + at], ref[at]);
+    /* Floats around dV are untouched. */
+    ck_assert(isnan(back[off[4] - 1]) && isnan(back[off[4] + p.nkv]));
+
+    /* Wrong placements are refused before anything is enqueued. */
+    clattn_cl_tensor past = {buf, total - 1};
+    ck_assert_status(clattn_grad_v_cl(ctx, &s, t[0], t[1], t[2], t[3], past, 0, NULL, NULL),
+                     CLATTN_ERROR_INVALID_BUFFER);
+    clattn_cl_tensor overlap = {buf, off[3]};
+    ck_assert_status(clattn_grad_v_cl(ctx, &s, t[0], t[1], t[2], t[3], overlap, 0, NULL, NULL),
+                     CLATTN_ERROR_INVALID_BUFFER);
+    cl_context other = clCreateContext(NULL, 1, &dev, NULL, NULL, &err);
+    cl_mem foreign = clCreateBuffer(other, CL_MEM_READ_WRITE, total * 4, NULL, &err);
+    clattn_cl_tensor far = {foreign, 0};
+    ck_assert_status(clattn_grad_v_cl(ctx, &s, t[0], t[1], t[2], t[3], far, 0, NULL, NULL),
+                     CLATTN_ERROR_INVALID_BUFFER);
+    ck_assert_status(clattn_grad_v_cl(ctx, &s, t[0], t[1], t[2], t[3], t[4], 2, NULL, NULL),
+                     CLATTN_ERROR_NULL_POINTER);
+
+    clattn_context_destroy(ctx);
+    /* The caller's objects are still alive and usable. */
+    float one = 0;
+    ck_assert_int_eq(clEnqueueReadBuffer(queue, buf, CL_TRUE, off[1] * 4, 4, &one, 0, NULL, NULL),
+                     CL_SUCCESS);
+    ck_assert(one == p.q[0]);
+    clReleaseMemObject(foreign);
+    clReleaseContext(other);
+    clReleaseEvent(done);
+    clReleaseEvent(gate);
+    clReleaseMemObject(buf);
+    clReleaseCommandQueue(queue);
+    clReleaseContext(cctx);
+    free(host);
+    free(back);
+    free(ref);
+    free(mag);
+    problem_free(&p);
+}
+END_TEST
+
+/* forward_cl feeding backward_cl (and grad_q_cl, grad_k_cl) through the
+ * caller's buffers and events, on an out-of-order queue where the device
+ * has one: only the events order the kernels. */
+START_TEST(caller_buffers_training)
+{
+    if (!strcmp(test_backend, "native")) {
+        clattn_context *ctx = test_context(NULL);
+        clattn_shape s = clattn_shape_default();
+        s.q_seq = s.kv_seq = s.num_heads = s.num_kv_heads = s.head_dim = 1;
+        clattn_cl_tensor none = {NULL, 0};
+        ck_assert_status(clattn_backward_cl(ctx, &s, none, none, none, none, none, none, none,
+                                            none, none, 0, NULL, NULL),
+                         CLATTN_ERROR_WRONG_BACKEND);
+        clattn_context_destroy(ctx);
+        return;
+    }
+    cl_device_id dev = caller_device();
+    cl_int err;
+    cl_context cctx = clCreateContext(NULL, 1, &dev, NULL, NULL, &err);
+    ck_assert_int_eq(err, CL_SUCCESS);
+    cl_command_queue_properties props = 0;
+    clGetDeviceInfo(dev, CL_DEVICE_QUEUE_PROPERTIES, sizeof props, &props, NULL);
+    cl_command_queue queue = clCreateCommandQueue(
+        cctx, dev, props & CL_QUEUE_OUT_OF_ORDER_EXEC_MODE_ENABLE, &err);
+    ck_assert_int_eq(err, CL_SUCCESS);
+    clattn_context *ctx = NULL;
+    ck_assert_status(clattn_context_create_from_cl(NULL, cctx, dev, queue, &ctx), CLATTN_OK);
+
+    shape_case c = {2, 23, 23, 6, 3, 20, 1, 6, 0, 1};
+    clattn_shape s = to_shape(&c);
+    problem p;
+    problem_make(&p, &s, 777, 1.0f);
+    enum { Q, K, V, O, LSE, DO, DQ, DK, DV, DQ2, DK2, COUNT };
+    const size_t n[COUNT] = {p.nq, p.nkv, p.nkv, p.nq, p.nlse, p.nq, p.nq, p.nkv, p.nkv, p.nq,
+                             p.nkv};
+    const float *init[COUNT] = {p.q, p.k, p.v, NULL, NULL, p.d_out};
+    clattn_cl_tensor t[COUNT];
+    for (int i = 0; i < COUNT; ++i) {
+        float *host = nan_array(n[i] + 1);
+        if (init[i])
+            memcpy(host + 1, init[i], n[i] * sizeof(float));
+        t[i].buffer = clCreateBuffer(cctx, CL_MEM_READ_WRITE | CL_MEM_COPY_HOST_PTR,
+                                     (n[i] + 1) * sizeof(float), host, &err);
+        ck_assert_int_eq(err, CL_SUCCESS);
+        t[i].offset = 1;
+        free(host);
+    }
+    cl_event fwd = NULL, bwd = NULL, gq = NULL, gk = NULL;
+    ck_assert_status(clattn_forward_cl(ctx, &s, t[Q], t[K], t[V], t[O], t[LSE], 0, NULL, &fwd),
+                     CLATTN_OK);
+    ck_assert_status(clattn_backward_cl(ctx, &s, t[Q], t[K], t[V], t[O], t[LSE], t[DO], t[DQ],
+                                        t[DK], t[DV], 1, &fwd, &bwd),
+                     CLATTN_OK);
+    ck_assert_status(clattn_grad_q_cl(ctx, &s, t[Q], t[K], t[V], t[O], t[LSE], t[DO], t[DQ2], 1,
+                                      &fwd, &gq),
+                     CLATTN_OK);
+    ck_assert_status(clattn_grad_k_cl(ctx, &s, t[Q], t[K], t[V], t[O], t[LSE], t[DO], t[DK2], 1,
+                                      &fwd, &gk),
+                     CLATTN_OK);
+    /* An output over an input is refused. */
+    ck_assert_status(clattn_backward_cl(ctx, &s, t[Q], t[K], t[V], t[O], t[LSE], t[DO], t[DQ],
+                                        t[K], t[DV], 0, NULL, NULL),
+                     CLATTN_ERROR_INVALID_BUFFER);
+    cl_event all[3] = {bwd, gq, gk};
+    ck_assert_int_eq(clWaitForEvents(3, all), CL_SUCCESS);
+    float *back[COUNT];
+    for (int i = O; i < COUNT; ++i) {
+        back[i] = malloc((n[i] + 1) * sizeof(float));
+        ck_assert_int_eq(clEnqueueReadBuffer(queue, t[i].buffer, CL_TRUE, 0,
+                                             (n[i] + 1) * sizeof(float), back[i], 0, NULL, NULL),
+                         CL_SUCCESS);
+        ck_assert(isnan(back[i][0])); /* the float before the offset is untouched */
+    }
+    /* The reference backward from this device's own forward. */
+    memcpy(p.o, back[O] + 1, p.nq * sizeof(float));
+    memcpy(p.lse, back[LSE] + 1, p.nlse * sizeof(float));
+    double *dq = malloc(p.nq * 8), *dq_mag = malloc(p.nq * 8), *dk = malloc(p.nkv * 8);
+    double *dk_mag = malloc(p.nkv * 8), *dv = malloc(p.nkv * 8), *dv_mag = malloc(p.nkv * 8);
+    ref_backward(&p, dq, dq_mag, dk, dk_mag, dv, dv_mag);
+    expect_close("cl backward dQ", &s, 1.0f, back[DQ] + 1, dq, dq_mag, p.nq);
+    expect_close("cl backward dK", &s, 1.0f, back[DK] + 1, dk, dk_mag, p.nkv);
+    expect_close("cl backward dV", &s, 1.0f, back[DV] + 1, dv, dv_mag, p.nkv);
+    expect_close("cl grad-Q", &s, 1.0f, back[DQ2] + 1, dq, dq_mag, p.nq);
+    expect_close("cl grad-K", &s, 1.0f, back[DK2] + 1, dk, dk_mag, p.nkv);
+
+    clattn_context_destroy(ctx);
+    cl_event evs[4] = {fwd, bwd, gq, gk};
+    for (int i = 0; i < 4; ++i)
+        clReleaseEvent(evs[i]);
+    for (int i = 0; i < COUNT; ++i)
+        clReleaseMemObject(t[i].buffer);
+    for (int i = O; i < COUNT; ++i)
+        free(back[i]);
+    double *refs[] = {dq, dq_mag, dk, dk_mag, dv, dv_mag};
+    for (int i = 0; i < 6; ++i)
+        free(refs[i]);
+    clReleaseCommandQueue(queue);
+    clReleaseContext(cctx);
+    problem_free(&p);
+}
+END_TEST
+
+Suite *buffers_suite(void)
+{
+    Suite *s = suite_create("buffers");
+    TCase *tc = tcase_create("cl_mem");
+    tcase_set_timeout(tc, 600); /* a cold PoCL compile alone can take seconds */
+    tcase_add_test(tc, caller_buffers);
+    tcase_add_test(tc, caller_buffers_training);
+    suite_add_tcase(s, tc);
+    return s;
+}
