@@ -1,30 +1,30 @@
 #!/usr/bin/env bash
 # One call on a lent GPU machine (the device tool): build, then the stages
 # named, logs under $OUT. Debian packages that machine lacks travel in
-# .devdebs (README: "Measuring on the H200").
-#   bash tests/device_run.sh [suite] [compare] [bench] [tune]
+# .devdebs (docs/testing.md, "On a GPU machine").
+#   bash tools/device_run.sh [suite] [compare] [bench] [tune]
 #   suite    ctest's OpenCL GPU suites
 #   kernels  the GPU kernels suite, one process per variant at once (mma's and
 #            blocked's float32 and 16-bit tests apart, and mma's single-pass backward
 #            forced), ctest's
 #            train, ring and sm90a_probe GPU tests beside them; one summary,
 #            kernels.log (KERNELS_S: the time limit, default 540 s)
-#   compare  tests/torch_compare.py --large on the GPU, tolerance 1e-5
-#   compare16  tests/torch_compare.py --dtype bf16, then f16, on the GPU (12 cases; each
+#   compare  tools/torch_compare.py --large on the GPU, tolerance 1e-5
+#   compare16  tools/torch_compare.py --dtype bf16, then f16, on the GPU (12 cases; each
 #            under COMPARE16_S, default 240 s)
-#   bench    tests/torch_bench.py on the GPU shapes, with a plot (BENCH_VARIANT, BENCH_DTYPE,
+#   bench    tools/torch_bench.py on the GPU shapes, with a plot (BENCH_VARIANT, BENCH_DTYPE,
 #            BENCH_DIMS: variant, dtype and head_dims; defaults mma, f32, all)
 #   tune     clattn bench per CLATTN_MMA shape (TUNE_D64, TUNE_D128, ... override the lists;
 #            TUNE_DTYPE the tensors' dtype, default f32)
-#   cpu      tests/torch_bench.py on the CPU shapes, native and PoCL blocked beside
+#   cpu      tools/torch_bench.py on the CPU shapes, native and PoCL blocked beside
 #            torch, at the thread counts in CPU_THREADS (default 1,2,4,8,16),
 #            CPU_ROUNDS rounds (default 1; medians over the rounds after them)
-#   peak     tests/fmapeak.c's FMA peak at the thread counts in CPU_THREADS
+#   peak     tools/fmapeak.c's FMA peak at the thread counts in CPU_THREADS
 #   ab       native old against new: clattn bench of the CPU shapes, interleaved, AB_ROUNDS
 #            (default 2) rounds at each of AB_THREADS (default 16,1), the old build from
 #            the source tree AB_OLD (carried; `git archive REV | tar x -C DIR`)
 #   dtypes   float32 against bf16 and f16 on the CPU backends, old build against new: clattn
-#            bench of DT_SHAPES (default the three CPU shapes of issue 11) on native and
+#            bench of DT_SHAPES (default the first three CPU shapes) on native and
 #            PoCL blocked, forward and backward, at each of DT_THREADS (default 16,2),
 #            interleaved, AB_ROUNDS rounds; the old build from AB_OLD as for ab (programs
 #            compiled first, 8 at once)
@@ -142,17 +142,17 @@ for stage in "$@"; do
     grep -h -a '^[0-9]*%' "$logs"/*.out | tee -a "$OUT/kernels.log"
     grep -E 'Test #|tests passed|Failed' "$logs/ctest.out" | tee -a "$OUT/kernels.log" ;;
   compare)
-    python3 tests/torch_compare.py "$cli" --large --tolerance 1e-5 --backends gpu 2>&1 \
+    python3 tools/torch_compare.py "$cli" --large --tolerance 1e-5 --backends gpu 2>&1 \
       | tee "$OUT/compare.log" ;;
   compare16)
     for dt in bf16 f16; do
       echo "== $dt"
-      timeout "${COMPARE16_S:-240}" python3 tests/torch_compare.py "$cli" --backends gpu --dtype "$dt" 2>&1
+      timeout "${COMPARE16_S:-240}" python3 tools/torch_compare.py "$cli" --backends gpu --dtype "$dt" 2>&1
       echo "rc $?"
     done 2>&1 | tee "$OUT/compare16.log" ;;
   bench)
     dtype=${BENCH_DTYPE:-f32}
-    python3 tests/torch_bench.py "$cli" --no-cpu --variant "${BENCH_VARIANT:-mma}" --reps 5 \
+    python3 tools/torch_bench.py "$cli" --no-cpu --variant "${BENCH_VARIANT:-mma}" --reps 5 \
       --dtype "$dtype" ${BENCH_DIMS:+--head-dims "$BENCH_DIMS"} --plot "$OUT/speed-$dtype.svg" \
       2>&1 | tee "$OUT/bench-$dtype.log" ;;
   tune)
@@ -168,11 +168,11 @@ for stage in "$@"; do
       done
     done 2>&1 | tee "$OUT/tune.log" ;;
   cpu)
-    python3 tests/torch_bench.py "$cli" --no-gpu --variant blocked --reps 3 \
+    python3 tools/torch_bench.py "$cli" --no-gpu --variant blocked --reps 3 \
       --threads "${CPU_THREADS:-1,2,4,8,16}" --rounds "${CPU_ROUNDS:-1}" 2>&1 \
       | tee "$OUT/cpu.log" ;;
   peak)
-    cc -O2 -march=native -o build-dev/fmapeak tests/fmapeak.c -lpthread
+    cc -O2 -march=native -o build-dev/fmapeak tools/fmapeak.c -lpthread
     threads=${CPU_THREADS:-1,2,4,8,16}
     for t in ${threads//,/ }; do
       printf 'fmapeak %s threads: %s GFLOP/s\n' "$t" "$(build-dev/fmapeak "$t")"

@@ -2,9 +2,8 @@
  * share of: T threads, each running CHAINS independent chains of fused
  * multiply-adds on vectors of the widest width the build targets (build it
  * with -O2 -march=native). The chains are separate variables, not an array,
- * so that they stay in registers: ../shared/tools/fmapeak.c keeps them in
- * an array, which GCC leaves in memory at -O2 (one load, FMA and store a
- * step: 8 GFLOP/s a thread on a CPU that gives 88 here).
+ * so that they stay in registers: in an array GCC leaves them in memory at
+ * -O2 (one load, FMA and store a step, a tenth of the peak).
  *   usage: fmapeak [threads]   prints GFLOP/s (2 FLOP a lane a FMA) */
 #define _POSIX_C_SOURCE 200809L /* clock_gettime under -std=c11 */
 #include <pthread.h>

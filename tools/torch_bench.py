@@ -5,7 +5,7 @@ clattn/PyTorch ratios. GPU: clattn on the OpenCL GPU against torch on CUDA;
 CPU: clattn's native backend and PoCL against torch on the CPU, all at the
 same thread count. Needs torch; skips (exit 77) without it.
 
-    python3 tests/torch_bench.py BUILD/clattn [--threads N[,N...]] [--reps R] [--rounds N]
+    python3 tools/torch_bench.py BUILD/clattn [--threads N[,N...]] [--reps R] [--rounds N]
                                  [--no-cpu]
                                  [--no-gpu] [--variant NAME|all] [--head-dims 64,128]
                                  [--plot FILE.svg] [--dtype f32|f16|bf16]
@@ -56,7 +56,7 @@ GPU_SHAPES = [  # (batch, q_seq, heads, kv_heads, head_dim, causal)
     (1, 4096, 32, 8, 128, False),
     (1, 2048, 8, 8, 256, True),
 ]
-CPU_SHAPES = [  # issue 11's three, then head_dims 32, 96 and 256
+CPU_SHAPES = [  # d64 and d128 GQA, batched d64, then head_dims 32, 96 and 256
     (1, 1024, 8, 2, 64, True),
     (1, 1024, 16, 4, 128, True),
     (4, 512, 8, 8, 64, False),

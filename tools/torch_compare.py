@@ -4,7 +4,7 @@ float64 on random cases (GQA, causal, windows, odd head_dim, batch), on
 every backend this machine has. Needs numpy and torch; skips (exit 77)
 without them.
 
-    python3 tests/torch_compare.py BUILD/clattn [--cases N] [--seed S] [--large]
+    python3 tools/torch_compare.py BUILD/clattn [--cases N] [--seed S] [--large]
                                    [--dtype f16|bf16]
 
 --large adds the benchmark's shapes (q_seq 4096, head_dim 64: 8 heads causal,
