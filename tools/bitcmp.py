@@ -7,7 +7,7 @@ variant, native level and dtype asked for. Needs numpy.
 
     python3 tools/bitcmp.py OLD/clattn NEW/clattn [--devices native,cpu,gpu]
         [--variants default,blocked,...] [--levels v4,v3,baseline]
-        [--dtypes f32,bf16,f16] [--quick]
+        [--dtypes f32,bf16,f16] [--shapes 0,1,2]
 
 --levels applies to native (CLATTN_NATIVE_LEVEL), --variants to the OpenCL
 devices. Prints one line per case that differs and a closing
@@ -55,9 +55,9 @@ def main():
     ap.add_argument("--variants", default="default")
     ap.add_argument("--levels", default="default")
     ap.add_argument("--dtypes", default="f32,bf16")
-    ap.add_argument("--quick", action="store_true", help="the first two shapes only")
+    ap.add_argument("--shapes", help="indices into SHAPES, comma-separated (default all)")
     a = ap.parse_args()
-    shapes = SHAPES[:2] if a.quick else SHAPES
+    shapes = [SHAPES[int(i)] for i in a.shapes.split(",")] if a.shapes else SHAPES
     passed = failed = 0
     tmp = tempfile.mkdtemp(prefix="bitcmp")
     rng = np.random.default_rng(7)

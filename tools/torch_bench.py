@@ -10,6 +10,8 @@ same thread count. Needs torch; skips (exit 77) without it.
                                  [--no-gpu] [--variant NAME|all] [--head-dims 64,128]
                                  [--plot FILE.svg] [--dtype f32|f16|bf16]
                                  [--torch-backend flash|cudnn|efficient|math]
+                                 [--json FILE.json]
+    python3 tools/torch_bench.py --plot-from FILE.json [FILE.json ...] --plot FILE.svg
 
 --threads 1,2,4,8,16 runs the CPU shapes at each thread count (torch, native
 and PoCL alike): a scaling table.
@@ -28,12 +30,23 @@ sdpa_kernel); by default PyTorch picks one per call, as its users get.
 --plot draws clattn's and PyTorch's figures per shape and op as bars
 (needs matplotlib; without it the table is still printed).
 
+--json FILE writes the run as a results file: the command, the date, the
+machine, the versions and every line's figures. --plot-from FILE.json
+[FILE.json ...] --plot FILE.svg draws a plot from results files alone
+(no torch needed).
+
+For GQA shapes PyTorch is timed both ways, with enable_gqa=True and with K
+and V expanded to every head, and its faster time counts: its GQA path is
+much slower than its MHA path in fp32.
+
 FLOP are counted as clattn does (DESIGN.md): forward 4, backward 10 per
 visible (query, key) pair per head_dim element, so a ratio is a speed ratio."""
 import argparse
 import contextlib
+import datetime
 import json
 import os
+import platform
 import subprocess
 import sys
 import time
@@ -42,9 +55,11 @@ from statistics import median
 try:
     import torch
     import torch.nn.functional as F
+    TORCH_DTYPES = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}
 except ImportError as e:
-    print(f"SKIP: {e}")
-    sys.exit(77)
+    torch = None
+    TORCH_MISSING = str(e)
+    TORCH_DTYPES = {"f32": None, "f16": None, "bf16": None}
 
 GPU_SHAPES = [  # (batch, q_seq, heads, kv_heads, head_dim, causal)
     (1, 4096, 8, 8, 64, True),
@@ -70,9 +85,6 @@ def pairs(q_seq, heads, batch, causal):
     return (q_seq * (q_seq + 1) // 2 if causal else q_seq * q_seq) * heads * batch
 
 
-TORCH_DTYPES = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}
-
-
 def sdpa_backend(name):
     """A context that pins SDPA to backend `name` (None: PyTorch picks)."""
     if not name:
@@ -85,10 +97,14 @@ def sdpa_backend(name):
 
 
 def torch_time(shape, op, device, reps, dtype, backend=None):
-    """Median seconds a call, or None where the pinned backend cannot run it."""
+    """Median seconds a call, or None where the pinned backend cannot run it;
+    for GQA the faster of enable_gqa and K/V expanded to every head."""
     try:
         with sdpa_backend(backend):
-            return torch_time_in(shape, op, device, reps, dtype)
+            t = torch_time_in(shape, op, device, reps, dtype, expand=False)
+            if shape[2] != shape[3]:
+                t = min(t, torch_time_in(shape, op, device, reps, dtype, expand=True))
+            return t
     except RuntimeError as e:
         if not backend:
             raise
@@ -96,7 +112,7 @@ def torch_time(shape, op, device, reps, dtype, backend=None):
         return None
 
 
-def torch_time_in(shape, op, device, reps, dtype):
+def torch_time_in(shape, op, device, reps, dtype, expand):
     batch, s, h, kh, d, causal = shape
     g = torch.Generator(device="cpu").manual_seed(0)
     mk = lambda heads: (torch.rand(batch, heads, s, d, generator=g) * 2 - 1).to(
@@ -105,7 +121,11 @@ def torch_time_in(shape, op, device, reps, dtype):
     for t in (q, k, v):
         t.requires_grad_(op == "backward")
     d_out = mk(h)
-    kw = dict(is_causal=causal, enable_gqa=kh != h)
+    kw = dict(is_causal=causal, enable_gqa=kh != h and not expand)
+    if expand and kh != h:  # the expansion is part of what is timed, as in a model
+        grow = lambda x: x.repeat_interleave(h // kh, dim=1)
+    else:
+        grow = lambda x: x
 
     def sync():
         if device == "cuda":
@@ -117,10 +137,10 @@ def torch_time_in(shape, op, device, reps, dtype):
             sync()
             t0 = time.perf_counter()
             with torch.no_grad():
-                F.scaled_dot_product_attention(q, k, v, **kw)
+                F.scaled_dot_product_attention(q, grow(k), grow(v), **kw)
             sync()
         else:
-            out = F.scaled_dot_product_attention(q, k, v, **kw)
+            out = F.scaled_dot_product_attention(q, grow(k), grow(v), **kw)
             sync()
             t0 = time.perf_counter()
             torch.autograd.grad(out, (q, k, v), d_out)
@@ -182,7 +202,7 @@ def print_row(desc, op, where, g_clattn, g_torch, ratio, kernels):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("cli")
+    ap.add_argument("cli", nargs="?", help="the clattn program (not with --plot-from)")
     ap.add_argument("--threads", default=str(os.cpu_count()),
                     help="CPU thread counts, comma-separated")
     ap.add_argument("--reps", type=int, default=5)
@@ -194,7 +214,25 @@ def main():
     ap.add_argument("--plot", metavar="FILE.svg")
     ap.add_argument("--dtype", default="f32", choices=sorted(TORCH_DTYPES))
     ap.add_argument("--torch-backend", choices=["flash", "cudnn", "efficient", "math"])
+    ap.add_argument("--json", metavar="FILE.json", help="write the run as a results file")
+    ap.add_argument("--plot-from", nargs="+", metavar="FILE.json",
+                    help="draw --plot from results files and exit")
     args = ap.parse_args()
+    if args.plot_from:
+        if not args.plot:
+            ap.error("--plot-from needs --plot")
+        for path in args.plot_from:
+            with open(path) as f:
+                res = json.load(f)
+            out = args.plot if len(args.plot_from) == 1 else f"{os.path.splitext(path)[0]}.svg"
+            plot([tuple(r[k] for k in ROW_KEYS) for r in res["rows"]], out, res["torch"],
+                 res["dtype"])
+        return 0
+    if not args.cli:
+        ap.error("the clattn program is needed")
+    if torch is None:
+        print(f"SKIP: {TORCH_MISSING}")
+        return 77
     if args.rounds < 1 or args.reps < 1:
         ap.error("--rounds and --reps take a count of 1 or more")
     counts = [int(n) for n in args.threads.split(",")]
@@ -230,9 +268,41 @@ def main():
     else:
         rows = [row[:6] for row in every]
     print("(GFLOP/s; ratio = clattn / torch)")
+    if args.json:
+        write_results(args, rows)
     if args.plot:
         plot(rows, args.plot, torch.__version__, args.dtype)
     return 0
+
+
+ROW_KEYS = ("shape", "op", "clattn", "clattn_gflops", "torch_gflops", "torch_device")
+
+
+def machine():
+    """What the run ran on: the CPU model, and the GPU where torch sees one."""
+    cpu = platform.processor()
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next(l.split(":", 1)[1].strip() for l in f if l.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
+    return {"cpu": cpu, "cpu_count": os.cpu_count(), "gpu": gpu}
+
+
+def write_results(args, rows):
+    """The run as a results file (results/README.md says what it holds)."""
+    version = subprocess.run([args.cli, "version"], capture_output=True, text=True).stdout
+    res = {"command": " ".join([os.path.basename(sys.argv[0])] + sys.argv[1:]),
+           "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%MZ"),
+           "clattn": version.strip(), "torch": torch.__version__, "dtype": args.dtype,
+           "threads": args.threads, "reps": args.reps, "rounds": args.rounds,
+           "machine": machine(),
+           "rows": [dict(zip(ROW_KEYS, r)) for r in rows]}
+    with open(args.json, "w") as f:
+        json.dump(res, f, indent=1)
+        f.write("\n")
+    print(f"results: {args.json}")
 
 
 def plot(rows, path, version, dtype):
