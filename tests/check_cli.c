@@ -518,6 +518,83 @@ START_TEST(multiple_outputs_all_or_nothing)
 }
 END_TEST
 
+/* Whether two files hold the same bytes. */
+static int same_bytes(const char *a, const char *b)
+{
+    static char x[1 << 16], y[1 << 16];
+    FILE *f = fopen(a, "rb"), *g = fopen(b, "rb");
+    ck_assert_ptr_nonnull(f);
+    ck_assert_ptr_nonnull(g);
+    const size_t n = fread(x, 1, sizeof x, f), m = fread(y, 1, sizeof y, g);
+    fclose(f);
+    fclose(g);
+    return n == m && !memcmp(x, y, n);
+}
+
+/* Outputs take their places together or not at all: one that cannot (a
+ * folder in its place) fails the call before any is written, so none is
+ * left and an input named as an output is untouched; two outputs naming one
+ * file are bad input; an output naming an input replaces it once the op is
+ * done, from the input as it was. */
+START_TEST(outputs_renamed_together)
+{
+    make_dir();
+    clattn_shape s = cli_shape();
+    problem p;
+    write_problem(&p, &s, 0);
+    ck_assert_int_eq(mkdir(path("folder"), 0755), 0);
+    ck_assert_int_eq(run("forward", "--q", path("q.npy"), "--k", path("k.npy"), "--v",
+                         path("v.npy"), "--out", path("o.npy"), "--lse-out", path("lse.npy"),
+                         "--device", "native", NULL),
+                     0);
+    const int before = count_entries();
+    ck_assert_int_eq(run("backward", "--q", path("q.npy"), "--k", path("k.npy"), "--v",
+                         path("v.npy"), "--o", path("o.npy"), "--lse", path("lse.npy"),
+                         "--d-out", path("do.npy"), "--dq", path("dq.npy"), "--dk",
+                         path("dk.npy"), "--dv", path("folder"), "--device", "native", NULL),
+                     2);
+    ck_assert_msg(strstr(err_text, "--dv") && strstr(err_text, "folder"), "%s", err_text);
+    ck_assert_int_eq(count_entries(), before);
+    ck_assert_int_eq(run("merge", "--o", path("o.npy"), "--lse", path("lse.npy"), "--o2",
+                         path("o.npy"), "--lse2", path("lse.npy"), "--out", path("m.npy"),
+                         "--lse-out", path("folder"), NULL),
+                     2);
+    ck_assert_int_eq(count_entries(), before);
+    /* The input named as an output stays as it was. */
+    ck_assert_int_eq(run("forward", "--q", path("q.npy"), "--k", path("k.npy"), "--v",
+                         path("v.npy"), "--out", path("v.npy"), "--lse-out", path("folder"),
+                         "--device", "native", NULL),
+                     2);
+    ck_assert_int_eq(count_entries(), before);
+    ck_assert(!exists("v.npy") || !same_bytes(path("v.npy"), path("o.npy")));
+    /* Two outputs, one file: however it is spelled. */
+    char dotted[600];
+    snprintf(dotted, sizeof dotted, "%s/./x.npy", dir);
+    ck_assert_int_eq(run("forward", "--q", path("q.npy"), "--k", path("k.npy"), "--v",
+                         path("v.npy"), "--out", path("x.npy"), "--lse-out", dotted, "--device",
+                         "native", NULL),
+                     2);
+    ck_assert_msg(strstr(err_text, "same file"), "%s", err_text);
+    ck_assert_int_eq(run("backward", "--q", path("q.npy"), "--k", path("k.npy"), "--v",
+                         path("v.npy"), "--o", path("o.npy"), "--lse", path("lse.npy"),
+                         "--d-out", path("do.npy"), "--dq", path("dq.npy"), "--dk",
+                         path("x.npy"), "--dv", path("x.npy"), "--device", "native", NULL),
+                     2);
+    ck_assert_int_eq(count_entries(), before);
+    /* An output over its own input: O from Q as it was, as a run elsewhere
+     * writes it. */
+    ck_assert_int_eq(run("forward", "--q", path("q.npy"), "--k", path("k.npy"), "--v",
+                         path("v.npy"), "--out", path("q.npy"), "--lse-out", path("l2.npy"),
+                         "--device", "native", NULL),
+                     0);
+    ck_assert(same_bytes(path("q.npy"), path("o.npy")));
+    ck_assert(same_bytes(path("l2.npy"), path("lse.npy")));
+    ck_assert_int_eq(rmdir(path("folder")), 0);
+    problem_free(&p);
+    cleanup();
+}
+END_TEST
+
 /* Every kind of bad input: exit 2, one line on stderr, and no output file,
  * not even a temporary; an existing output is left as it was. */
 START_TEST(bad_input_leaves_nothing)
@@ -655,6 +732,7 @@ Suite *cli_suite(void)
     tcase_add_test(tc, forward_backward_files);
     tcase_add_test(tc, sixteen_bit_files);
     tcase_add_test(tc, multiple_outputs_all_or_nothing);
+    tcase_add_test(tc, outputs_renamed_together);
     tcase_add_test(tc, device_failure_exit_one);
     tcase_add_test(tc, devices_and_demo);
     suite_add_tcase(s, tc);

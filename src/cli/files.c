@@ -1,14 +1,17 @@
 /* The commands on .npy files: forward, backward, grad-v and merge. Every
  * output is written under a temporary name and renamed only once all of
  * them are written. */
-#define _POSIX_C_SOURCE 200809L
+#define _XOPEN_SOURCE 700 /* realpath */
 #include <errno.h>
+#include <libgen.h>
+#include <limits.h>
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "clattn.h"
@@ -194,11 +197,62 @@ typedef struct output {
     void *data;
 } output;
 
-/* Writes every output to a temporary beside it, then renames them all;
- * on any failure removes every temporary, so no output is left half-made. */
-static int write_outputs(const char *cmd, const output *outs, int n)
+/* Where path would be written: its folder's real path and its last name,
+ * so that two spellings of one file compare equal; 0 where the folder is
+ * missing. */
+static int resolve(const char *path, char *out, size_t size)
 {
-    char tmp[8][4096], err[512];
+    char dir[PATH_MAX], base[PATH_MAX], real[PATH_MAX];
+    if (snprintf(dir, sizeof dir, "%s", path) >= (int)sizeof dir ||
+        snprintf(base, sizeof base, "%s", path) >= (int)sizeof base)
+        return 0;
+    if (!realpath(dirname(dir), real))
+        return 0;
+    return snprintf(out, size, "%s/%s", real, basename(base)) < (int)size;
+}
+
+/* Checks before anything is computed or written that every output can be
+ * renamed into place: its folder exists, it is not a folder or other
+ * non-file, and no two outputs name the same file. Prints one line and
+ * returns 0 otherwise. */
+static int check_outputs(const char *cmd, const char *const *flags, const char *const *paths,
+                         int n)
+{
+    char where[3][PATH_MAX + 1];
+    struct stat st[3];
+    int exists[3];
+    for (int i = 0; i < n; ++i) {
+        exists[i] = stat(paths[i], &st[i]) == 0;
+        if (exists[i] && !S_ISREG(st[i].st_mode)) {
+            fprintf(stderr, "clattn %s: %s %s: %s\n", cmd, flags[i], paths[i],
+                    S_ISDIR(st[i].st_mode) ? "is a folder" : "is not a regular file");
+            return 0;
+        }
+        if (!resolve(paths[i], where[i], sizeof where[i])) {
+            fprintf(stderr, "clattn %s: %s %s: its folder does not exist\n", cmd, flags[i],
+                    paths[i]);
+            return 0;
+        }
+        for (int j = 0; j < i; ++j)
+            if (!strcmp(where[i], where[j]) ||
+                (exists[i] && exists[j] && st[i].st_dev == st[j].st_dev &&
+                 st[i].st_ino == st[j].st_ino)) {
+                fprintf(stderr, "clattn %s: %s and %s name the same file, %s\n", cmd, flags[j],
+                        flags[i], paths[i]);
+                return 0;
+            }
+    }
+    return 1;
+}
+
+/* Writes every output to a temporary beside it, checks again that each
+ * can take its place, then renames them all; on any failure removes every
+ * temporary, so no output is left and no existing file is touched. An
+ * output that names an input replaces it only then, after every input was
+ * read. */
+static int write_outputs(const char *cmd, const char *const *flags, const output *outs, int n)
+{
+    char tmp[3][PATH_MAX + 16], err[512];
     int made = 0, ok = 1;
     for (; made < n && ok; ++made)
         ok = npy_write_temp(outs[made].path, outs[made].shape, outs[made].ndim, outs[made].descr,
@@ -208,6 +262,14 @@ static int write_outputs(const char *cmd, const output *outs, int n)
         for (int i = 0; i < made; ++i)
             npy_discard(tmp[i]);
         fprintf(stderr, "clattn %s: %s\n", cmd, err);
+        return 0;
+    }
+    const char *paths[3] = {NULL, NULL, NULL};
+    for (int i = 0; i < n; ++i)
+        paths[i] = outs[i].path;
+    if (!check_outputs(cmd, flags, paths, n)) { /* changed while the op ran */
+        for (int i = 0; i < n; ++i)
+            npy_discard(tmp[i]);
         return 0;
     }
     for (int i = 0; i < n; ++i)
@@ -306,7 +368,7 @@ static int cmd_file(const file_command *fc, int argc, char **argv)
             opts[n++] = (opt){inputs_read[i].name, OPT_STRING, inputs_read[i].path, 1, 0};
     for (int i = 0; i < fc->nout; ++i)
         opts[n++] = (opt){fc->out_opt[i], OPT_STRING, &outp[i], 1, 0};
-    if (!parse_opts(cmd, argc, argv, opts, n))
+    if (!parse_opts(cmd, argc, argv, opts, n) || !check_outputs(cmd, fc->out_opt, outp, fc->nout))
         return EXIT_INPUT;
 
     inputs in = {0};
@@ -352,7 +414,7 @@ static int cmd_file(const file_command *fc, int argc, char **argv)
         rc = op_failed(cmd, st);
         goto done;
     }
-    rc = write_outputs(cmd, outs, fc->nout) ? 0 : EXIT_INPUT;
+    rc = write_outputs(cmd, fc->out_opt, outs, fc->nout) ? 0 : EXIT_INPUT;
 done:
     clattn_context_destroy(ctx);
     for (int i = 0; i < 3; ++i)
@@ -393,7 +455,11 @@ int cmd_merge(int argc, char **argv)
         {"--out", OPT_STRING, &out_o, 1, 0},       {"--lse-out", OPT_STRING, &out_lse, 1, 0},
         {"--device", OPT_STRING, &device, 0, 0},   {"--dtype", OPT_STRING, &dtype, 0, 0},
     };
+    static const char *const out_flags[2] = {"--out", "--lse-out"};
     if (!parse_opts(cmd, argc, argv, opts, sizeof opts / sizeof opts[0]))
+        return EXIT_INPUT;
+    const char *const out_paths[2] = {out_o, out_lse};
+    if (!check_outputs(cmd, out_flags, out_paths, 2))
         return EXIT_INPUT;
     /* O1 sits where a command's Q does, O2 where its O does. */
     inputs in = {0};
@@ -445,7 +511,7 @@ int cmd_merge(int argc, char **argv)
     }
     const output outs[2] = {{out_o, in.q.shape, in.q.ndim, in.q.descr, o},
                             {out_lse, in.lse.shape, in.lse.ndim, "<f4", lse}};
-    rc = write_outputs(cmd, outs, 2) ? 0 : EXIT_INPUT;
+    rc = write_outputs(cmd, out_flags, outs, 2) ? 0 : EXIT_INPUT;
 done:
     clattn_context_destroy(ctx);
     free(o);
