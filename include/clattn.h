@@ -206,7 +206,8 @@ clattn_shape clattn_shape_default(void);
 clattn_status clattn_shape_validate(const clattn_shape *shape);
 
 /* The number of visible (query, key) pairs summed over query heads and
- * batch; 0 for an invalid shape. grad-V does 4 * pairs * head_dim FLOP. */
+ * batch; 0 for an invalid shape, UINT64_MAX where the count does not fit.
+ * grad-V does 4 * pairs * head_dim FLOP. */
 uint64_t clattn_shape_visible_pairs(const clattn_shape *shape);
 
 /* Converts meganeura's uniform block {q_seq, kv_seq, packed_heads,
@@ -225,8 +226,10 @@ clattn_status clattn_shape_from_seed(const uint32_t params[8], clattn_shape *sha
  * CLATTN_ERROR_OUT_OF_MEMORY, and on a first call with a new head_dim
  * CLATTN_ERROR_BUILD_FAILED or CLATTN_ERROR_WORK_GROUP_TOO_LARGE;
  * CLATTN_ERROR_UNSUPPORTED_SHAPE where the backend has no kernels for the
- * shape: 16-bit dtypes run on the native backend only so far (every
- * variant runs every head_dim 1..256). */
+ * shape (every backend and variant runs every head_dim 1..256 in every
+ * dtype). A failure found before the op starts (bad shape, NULL pointer,
+ * a head_dim the device cannot build) leaves the outputs unwritten; one
+ * during it (a device fault) may leave them partly written. */
 clattn_status clattn_grad_v(clattn_context *ctx, const clattn_shape *shape,
                             const void *d_out, const void *q, const void *k,
                             const float *lse, void *dv);

@@ -129,13 +129,19 @@ START_TEST(shape_statuses)
     s.q_offset = 0;
     s.kv_offset = 5;
     ck_assert_status(clattn_shape_validate(&s), CLATTN_OK);
-    /* Positions past 2^32 - 1 are refused, not wrapped. */
-    s.kv_offset = 0xFFFFFFFFu - 8;
+    /* Positions past 2^32 - 1 are refused, not wrapped: kv_seq 9 from
+     * 2^32 - 8 ends at 2^32. */
+    s.kv_offset = 0xFFFFFFFFu - 7;
     ck_assert_status(clattn_shape_validate(&s), CLATTN_ERROR_SIZE_OVERFLOW);
     s.kv_offset = 0;
     s.q_offset = 0xFFFFFFFFu;
     ck_assert_status(clattn_shape_validate(&s), CLATTN_ERROR_SIZE_OVERFLOW);
     ck_assert_ptr_nonnull(strstr(clattn_last_error(), "q_offset"));
+    /* The last position may be 2^32 - 1 itself. */
+    s.q_offset = 0xFFFFFFFFu - s.q_seq + 1u;
+    s.kv_offset = 0xFFFFFFFFu - s.kv_seq + 1u;
+    ck_assert_status(clattn_shape_validate(&s), CLATTN_OK);
+    s.q_offset = s.kv_offset = 0;
     const float bad_scales[] = {-1.0f, NAN, INFINITY, -INFINITY};
     for (int i = 0; i < 4; ++i) {
         s = small_shape();
@@ -479,6 +485,18 @@ START_TEST(visible_pairs)
                 }
     s.num_kv_heads = 2;
     ck_assert_uint_eq(clattn_shape_visible_pairs(&s), 0);
+    /* A count past 2^64 saturates rather than wrapping: 2^40 pairs a head
+     * by 2^24 heads, against 2^63 by 2^23. */
+    s = clattn_shape_default();
+    s.q_seq = s.kv_seq = 1u << 20;
+    s.num_heads = s.num_kv_heads = 1u << 10;
+    s.head_dim = 1;
+    s.batch = 1u << 13;
+    ck_assert_status(clattn_shape_validate(&s), CLATTN_OK);
+    ck_assert_uint_eq(clattn_shape_visible_pairs(&s), UINT64_C(1) << 63);
+    s.batch = 1u << 14;
+    ck_assert_status(clattn_shape_validate(&s), CLATTN_OK);
+    ck_assert_uint_eq(clattn_shape_visible_pairs(&s), UINT64_MAX);
     /* With offsets: causal and windows over global positions. */
     for (uint32_t qo = 0; qo < 20; qo += 7)
         for (uint32_t ko = 0; ko < 20; ko += 6)
@@ -551,6 +569,32 @@ END_TEST
 
 /* With shape.accumulate the backward adds into dQ, dK and dV: twice from
  * zero is twice once; other ops ignore it. */
+/* Positions up to 2^32 - 1: a chunk at the top of the range is masked as
+ * the same chunk at 0 (the masks see only P - T), bit for bit. */
+START_TEST(top_positions)
+{
+    clattn_context *ctx = native_context(2);
+    clattn_shape s = small_shape();
+    s.causal = 1;
+    s.window = 5;
+    problem p;
+    problem_make(&p, &s, 21, 1.0f);
+    float *o0 = nan_array(p.nq), *l0 = nan_array(p.nlse);
+    float *o1 = nan_array(p.nq), *l1 = nan_array(p.nlse);
+    ck_assert_status(clattn_forward(ctx, &s, p.q, p.k, p.v, o0, l0), CLATTN_OK);
+    s.q_offset = s.kv_offset = 0xFFFFFFFFu - s.q_seq + 1u;
+    ck_assert_status(clattn_forward(ctx, &s, p.q, p.k, p.v, o1, l1), CLATTN_OK);
+    ck_assert_mem_eq(o0, o1, p.nq * sizeof(float));
+    ck_assert_mem_eq(l0, l1, p.nlse * sizeof(float));
+    free(o0);
+    free(l0);
+    free(o1);
+    free(l1);
+    problem_free(&p);
+    clattn_context_destroy(ctx);
+}
+END_TEST
+
 START_TEST(accumulate_gradients)
 {
     clattn_context *ctx = native_context(2);
@@ -803,6 +847,7 @@ Suite *api_suite(void)
     tcase_add_test(tc, null_context_queries);
     tcase_add_test(tc, seed_block_conversion);
     tcase_add_test(tc, visible_pairs);
+    tcase_add_test(tc, top_positions);
     tcase_add_test(tc, merge_rows);
     tcase_add_test(tc, accumulate_gradients);
     tcase_add_test(tc, native_threads_agree);

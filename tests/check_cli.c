@@ -644,11 +644,14 @@ START_TEST(bad_input_leaves_nothing)
         {"k.npy", {"--scale", "0", NULL}},
         {"k.npy", {"--scale", "nan", NULL}},
         {"k.npy", {"--scale", "1e99", NULL}},
+        {"k.npy", {"--scale", "1e-50", NULL}}, /* 0 in float32: not the default */
+        {"k.npy", {"--scale", "1e-40", NULL}}, /* subnormal in float32 */
         {"k.npy", {"--scale", "", NULL}},
         {"k.npy", {"--window", NULL}},
         {"k.npy", {"--bogus", NULL}},
         {"k.npy", {"--variant", "no-such", NULL}},
         {"k.npy", {"--device", "1:", NULL}},
+        {"k.npy", {"--device", "bogus", NULL}},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; ++i) {
         const char *argv[24] = {"grad-v", "--q", path("q.npy"), "--k", path(cases[i].k),
@@ -671,6 +674,33 @@ START_TEST(bad_input_leaves_nothing)
         slurp(path("keep.npy"), kept, sizeof kept);
         ck_assert_str_eq(kept, "keep");
     }
+    /* A stream that is no .npy is refused from its first bytes, not read
+     * until memory runs out. */
+    ck_assert_int_eq(run("grad-v", "--q", "/dev/zero", "--k", path("k.npy"), "--d-out",
+                         path("do.npy"), "--lse", path("lse.npy"), "--out", path("dv.npy"),
+                         "--device", "native", NULL),
+                     2);
+    ck_assert_msg(strstr(err_text, "/dev/zero: not a .npy file"), "%s", err_text);
+    /* A structured dtype is named whole; an LSE of the wrong rank says what
+     * an LSE is. */
+    static const char dict[] = "{'descr': [('a', '<f4')], 'fortran_order': False, "
+                               "'shape': (12, 2, 8), }";
+    unsigned char structured[128] = {0x93, 'N', 'U', 'M', 'P', 'Y', 1, 0, 118, 0};
+    memset(structured + 10, ' ', 117);
+    memcpy(structured + 10, dict, sizeof dict - 1);
+    structured[127] = '\n';
+    save_bytes("structured.npy", structured, 128);
+    ck_assert_int_eq(run("grad-v", "--q", path("q.npy"), "--k", path("structured.npy"),
+                         "--d-out", path("do.npy"), "--lse", path("lse.npy"), "--out",
+                         path("dv.npy"), "--device", "native", NULL),
+                     2);
+    ck_assert_msg(strstr(err_text, "dtype is [('a', '<f4')], want"), "%s", err_text);
+    unlink(path("structured.npy"));
+    ck_assert_int_eq(run("grad-v", "--q", path("q.npy"), "--k", path("k.npy"), "--d-out",
+                         path("do.npy"), "--lse", path("k4.npy"), "--out", path("dv.npy"),
+                         "--device", "native", NULL),
+                     2);
+    ck_assert_msg(strstr(err_text, "(seq, heads, 2)"), "%s", err_text);
     /* A required argument left out. */
     ck_assert_int_eq(run("grad-v", "--q", path("q.npy"), "--k", path("k.npy"), "--lse",
                          path("lse.npy"), "--out", path("dv.npy"), NULL),
@@ -693,12 +723,30 @@ START_TEST(device_failure_exit_one)
     clattn_shape s = cli_shape();
     problem p;
     write_problem(&p, &s, 0);
+    /* A selector that matches no device is bad input. */
     ck_assert_int_eq(run("grad-v", "--q", path("q.npy"), "--k", path("k.npy"), "--d-out",
                          path("do.npy"), "--lse", path("lse.npy"), "--out", path("dv.npy"),
                          "--device", "no-such-device-anywhere", NULL),
-                     1);
+                     2);
     ck_assert(!exists("dv.npy"));
-    ck_assert(strstr(err_text, "CLATTN_ERROR_") != NULL);
+    ck_assert(strstr(err_text, "CLATTN_ERROR_DEVICE_NOT_FOUND") != NULL);
+    /* A device that fails (its compiler refuses the kernels) is exit 1. */
+    clattn_device_info devs[16];
+    size_t n = 0;
+    int cpu = 0;
+    ck_assert_int_eq(clattn_list_devices(devs, 16, &n), CLATTN_OK);
+    for (size_t i = 0; i < n && i < 16; ++i)
+        cpu |= devs[i].backend == CLATTN_BACKEND_OPENCL_CPU;
+    if (cpu) {
+        setenv("CLATTN_CL_OPTIONS", "-DHEAD_DIM=not_a_number", 1);
+        ck_assert_int_eq(run("grad-v", "--q", path("q.npy"), "--k", path("k.npy"), "--d-out",
+                             path("do.npy"), "--lse", path("lse.npy"), "--out", path("dv.npy"),
+                             "--device", "cpu", NULL),
+                         1);
+        unsetenv("CLATTN_CL_OPTIONS");
+        ck_assert(!exists("dv.npy"));
+        ck_assert(strstr(err_text, "CLATTN_ERROR_BUILD_FAILED") != NULL);
+    }
     problem_free(&p);
     cleanup();
 }
@@ -714,7 +762,7 @@ START_TEST(devices_and_demo)
     ck_assert_int_eq(run("devices", "extra", NULL), 2);
     ck_assert_int_eq(run("demo", "--device", "native", NULL), 0);
     ck_assert_msg(strstr(out_text, "GFLOP/s") && strstr(out_text, ": ok"), "%s", out_text);
-    ck_assert_int_eq(run("demo", "--device", "nope-nope", NULL), 1);
+    ck_assert_int_eq(run("demo", "--device", "nope-nope", NULL), 2);
     cleanup();
 }
 END_TEST

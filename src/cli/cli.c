@@ -4,6 +4,7 @@
  * Exit status: 0 success, 1 a device or library failure, 2 bad input. */
 #define _POSIX_C_SOURCE 200809L
 #include <errno.h>
+#include <float.h>
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -41,9 +42,12 @@ static int parse_positive(const char *s, float *out)
     char *end;
     errno = 0;
     double v = strtod(s, &end);
-    if (*end != '\0' || errno == ERANGE || !(v > 0.0) || !isfinite((float)v))
+    /* In float32, as the library takes it: a value that rounds to 0 would
+     * mean the default scale, and a subnormal one loses its precision. */
+    const float f = (float)v;
+    if (*end != '\0' || errno == ERANGE || !(f >= FLT_MIN) || !isfinite(f))
         return 0;
-    *out = (float)v;
+    *out = f;
     return 1;
 }
 
@@ -77,8 +81,10 @@ int parse_opts(const char *cmd, int argc, char **argv, opt *opts, size_t n)
                     o->name, UINT32_MAX, v);
             return 0;
         } else if (o->kind == OPT_POSITIVE && !parse_positive(v, o->value)) {
-            fprintf(stderr, "clattn %s: %s wants a finite number above 0, not '%s'\n", cmd,
-                    o->name, v);
+            fprintf(stderr,
+                    "clattn %s: %s wants a finite number above 0 that float32 holds as a "
+                    "normal number (%g or more), not '%s'\n",
+                    cmd, o->name, (double)FLT_MIN, v);
             return 0;
         }
     }
@@ -126,8 +132,11 @@ int open_context(const char *cmd, const char *device, const char *variant,
         return 0;
     }
     fprintf(stderr, "clattn %s: %s: %s\n", cmd, clattn_status_string(st), clattn_last_error());
-    return st == CLATTN_ERROR_INVALID_OPTION || st == CLATTN_ERROR_UNKNOWN_VARIANT ? EXIT_INPUT
-                                                                                  : EXIT_DEVICE;
+    /* A selector or variant that names nothing here is the caller's to fix. */
+    return st == CLATTN_ERROR_INVALID_OPTION || st == CLATTN_ERROR_UNKNOWN_VARIANT ||
+                   st == CLATTN_ERROR_DEVICE_NOT_FOUND
+               ? EXIT_INPUT
+               : EXIT_DEVICE;
 }
 
 int cmd_devices(int argc, char **argv)

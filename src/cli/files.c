@@ -37,8 +37,9 @@ static int check_dims(const char *cmd, const char *what, const npy_array *a, int
 {
     int ndim = batched ? 4 : 3;
     if (a->ndim != ndim) {
-        fprintf(stderr, "clattn %s: %s has %d dimensions, want %d%s\n", cmd, what, a->ndim,
-                ndim, batched ? " (batch, seq, heads, dim)" : " (seq, heads, dim)");
+        const char *last = strncmp(what, "LSE", 3) ? "head_dim" : "2";
+        fprintf(stderr, "clattn %s: %s has %d dimensions, want %d (%sseq, heads, %s)\n", cmd,
+                what, a->ndim, ndim, batched ? "batch, " : "", last);
         return 0;
     }
     for (int i = 0; i < ndim; ++i) {

@@ -81,30 +81,55 @@ static int parse_shape(const char *v, npy_array *out, char *err, size_t errlen)
     return 0;
 }
 
-int npy_parse(const unsigned char *b, size_t size, npy_array *out, char *err, size_t errlen)
+/* The preamble's format version, header length and where the header
+ * starts, from the first `size` bytes (at least 10). */
+static int parse_preamble(const unsigned char *b, size_t size, size_t *start, size_t *hlen,
+                          char *err, size_t errlen)
 {
-    memset(out, 0, sizeof *out);
     if (size < 10 || memcmp(b, "\x93NUMPY", 6) != 0)
         return fail(err, errlen, "not a .npy file (no \\x93NUMPY magic)");
-    unsigned major = b[6];
-    size_t hlen, start;
+    const unsigned major = b[6];
     if (major == 1) {
-        hlen = (size_t)b[8] | (size_t)b[9] << 8;
-        start = 10;
+        *hlen = (size_t)b[8] | (size_t)b[9] << 8;
+        *start = 10;
     } else if (major == 2 || major == 3) {
         if (size < 12)
             return fail(err, errlen, "truncated .npy header");
-        hlen = (size_t)b[8] | (size_t)b[9] << 8 | (size_t)b[10] << 16 | (size_t)b[11] << 24;
-        start = 12;
+        *hlen = (size_t)b[8] | (size_t)b[9] << 8 | (size_t)b[10] << 16 | (size_t)b[11] << 24;
+        *start = 12;
     } else {
         return fail(err, errlen, "unsupported .npy format version %u", major);
     }
-    if (hlen > size - start)
-        return fail(err, errlen, "truncated .npy header");
+    return 0;
+}
+
+/* The value of a header key as it is written, up to the next key or the
+ * dict's end, for messages. */
+static int value_len(const char *v)
+{
+    const char *stop = NULL;
+    if (*v == '\'') { /* a string: to its closing quote */
+        stop = strchr(v + 1, '\'');
+        stop = stop ? stop + 1 : NULL;
+    } else if (*v == '[') { /* a structured dtype's list: to its bracket */
+        stop = strstr(v, "], '");
+        stop = stop ? stop + 1 : strrchr(v, ']') ? strrchr(v, ']') + 1 : NULL;
+    }
+    if (!stop)
+        stop = strstr(v, ", '");
+    const long n = stop ? stop - v : (long)strlen(v);
+    return n > 60 ? 60 : (int)n;
+}
+
+/* The header (hlen bytes at h) into out's shape and descr, and the element
+ * size and count. */
+static int parse_header(const unsigned char *hb, size_t hlen, npy_array *out, size_t *elem,
+                        char *err, size_t errlen)
+{
     char *h = malloc(hlen + 1);
     if (!h)
         return fail(err, errlen, "out of memory");
-    memcpy(h, b + start, hlen);
+    memcpy(h, hb, hlen);
     h[hlen] = '\0';
     if (strlen(h) != hlen) {
         free(h);
@@ -117,15 +142,12 @@ int npy_parse(const unsigned char *b, size_t size, npy_array *out, char *err, si
     if (h[0] != '{' || !descr || !order || !shape)
         rc = fail(err, errlen, "malformed .npy header: %.80s", h);
     else if (strncmp(descr, "'<f4'", 5) && strncmp(descr, "'<f2'", 5) &&
-             strncmp(descr, "'<u2'", 5) && strncmp(descr, "'<i2'", 5)) {
-        /* The quoted value alone, not what follows it in the header. */
-        const char *close = descr[0] == '\'' ? strchr(descr + 1, '\'') : NULL;
-        const int len = close && close - descr < 16 ? (int)(close - descr + 1) : 8;
+             strncmp(descr, "'<u2'", 5) && strncmp(descr, "'<i2'", 5))
+        /* The value alone, not what follows it in the header. */
         rc = fail(err, errlen,
                   "dtype is %.*s, want little-endian float32 ('<f4'), float16 ('<f2') or "
                   "bfloat16 bits ('<u2', '<i2')",
-                  len, descr);
-    }
+                  value_len(descr), descr);
     else if (strncmp(order, "False", 5) != 0)
         rc = fail(err, errlen, "array is in Fortran order, want C order");
     else
@@ -135,26 +157,26 @@ int npy_parse(const unsigned char *b, size_t size, npy_array *out, char *err, si
     free(h);
     if (rc)
         return rc;
-    const size_t elem = out->descr[2] == '4' ? sizeof(float) : sizeof(uint16_t);
+    *elem = out->descr[2] == '4' ? sizeof(float) : sizeof(uint16_t);
     size_t count = 1;
     for (int i = 0; i < out->ndim; ++i) {
-        if (out->shape[i] && count > SIZE_MAX / elem / out->shape[i])
+        if (out->shape[i] && count > SIZE_MAX / *elem / out->shape[i])
             return fail(err, errlen, "array too large");
         count *= out->shape[i];
     }
-    size_t have = size - start - hlen;
-    if (have < count * elem)
-        return fail(err, errlen, "truncated: %zu data bytes, the shape needs %zu", have,
-                    count * elem);
-    if (have > count * elem)
-        return fail(err, errlen, "%zu bytes past the data the shape describes",
-                    have - count * elem);
     out->count = count;
-    void *data = malloc(count ? count * elem : 1);
+    return 0;
+}
+
+/* The data (exactly count * elem bytes at d) into a new array of out. */
+static int take_data(const unsigned char *d, npy_array *out, size_t elem, char *err,
+                     size_t errlen)
+{
+    void *data = malloc(out->count ? out->count * elem : 1);
     if (!data)
-        return fail(err, errlen, "out of memory for %zu elements", count);
+        return fail(err, errlen, "out of memory for %zu elements", out->count);
     /* The hosts clattn runs on are little-endian, as these descrs are. */
-    memcpy(data, b + start + hlen, count * elem);
+    memcpy(data, d, out->count * elem);
     if (elem == sizeof(float))
         out->data = data;
     else
@@ -162,40 +184,77 @@ int npy_parse(const unsigned char *b, size_t size, npy_array *out, char *err, si
     return 0;
 }
 
+int npy_parse(const unsigned char *b, size_t size, npy_array *out, char *err, size_t errlen)
+{
+    memset(out, 0, sizeof *out);
+    size_t start = 0, hlen = 0, elem = 0;
+    if (parse_preamble(b, size, &start, &hlen, err, errlen))
+        return -1;
+    if (hlen > size - start)
+        return fail(err, errlen, "truncated .npy header");
+    if (parse_header(b + start, hlen, out, &elem, err, errlen))
+        return -1;
+    const size_t have = size - start - hlen, need = out->count * elem;
+    if (have < need)
+        return fail(err, errlen, "truncated: %zu data bytes, the shape needs %zu", have, need);
+    if (have > need)
+        return fail(err, errlen, "%zu bytes past the data the shape describes", have - need);
+    return take_data(b + start + hlen, out, elem, err, errlen);
+}
+
+/* Headers this long are no .npy's (NumPy pads them to 64 bytes). */
+enum { NPY_MAX_HEADER = 1 << 20 };
+
 int npy_read(const char *path, npy_array *out, char *err, size_t errlen)
 {
     memset(out, 0, sizeof *out);
     FILE *f = fopen(path, "rb");
     if (!f)
         return fail(err, errlen, "%s: %s", path, strerror(errno));
-    unsigned char *buf = NULL;
-    size_t size = 0, cap = 0;
-    int rc = 0;
-    for (;;) {
-        if (size == cap) {
-            cap = cap ? cap * 2 : 1 << 16;
-            unsigned char *grown = realloc(buf, cap);
-            if (!grown) {
-                rc = fail(err, errlen, "%s: out of memory", path);
-                break;
+    /* The preamble and the header first, each checked before more is read,
+     * then exactly the data the header describes: a stream that is no
+     * .npy (/dev/zero) is refused after a few bytes. */
+    unsigned char pre[12], *head = NULL, *data = NULL;
+    char inner[256];
+    size_t start = 0, hlen = 0, elem = 0;
+    int rc = -1;
+    size_t got = fread(pre, 1, 10, f);
+    if (got == 10 && pre[6] >= 2)
+        got += fread(pre + 10, 1, 2, f);
+    if (parse_preamble(pre, got, &start, &hlen, inner, sizeof inner) == 0) {
+        if (hlen > NPY_MAX_HEADER)
+            snprintf(inner, sizeof inner, ".npy header of %zu bytes, too long", hlen);
+        else if (!(head = malloc(hlen ? hlen : 1)))
+            snprintf(inner, sizeof inner, "out of memory");
+        else if (fread(head, 1, hlen, f) != hlen)
+            snprintf(inner, sizeof inner, "truncated .npy header");
+        else if (parse_header(head, hlen, out, &elem, inner, sizeof inner) == 0) {
+            const size_t need = out->count * elem;
+            unsigned char extra;
+            if (!(data = malloc(need ? need : 1)))
+                snprintf(inner, sizeof inner, "out of memory for %zu elements", out->count);
+            else if ((got = fread(data, 1, need, f)) != need)
+                snprintf(inner, sizeof inner, "truncated: %zu data bytes, the shape needs %zu",
+                         got, need);
+            else if (fread(&extra, 1, 1, f) == 1)
+                snprintf(inner, sizeof inner, "bytes past the data the shape describes");
+            else if (ferror(f))
+                snprintf(inner, sizeof inner, "read error");
+            else { /* the data as read is the array's */
+                if (elem == sizeof(float))
+                    out->data = (float *)data;
+                else
+                    out->bits = (uint16_t *)data;
+                data = NULL;
+                rc = 0;
             }
-            buf = grown;
-        }
-        size_t got = fread(buf + size, 1, cap - size, f);
-        size += got;
-        if (got == 0) {
-            if (ferror(f))
-                rc = fail(err, errlen, "%s: read error", path);
-            break;
         }
     }
     fclose(f);
-    if (rc == 0) {
-        char inner[256];
-        if (npy_parse(buf, size, out, inner, sizeof inner) != 0)
-            rc = fail(err, errlen, "%s: %s", path, inner);
-    }
-    free(buf);
+    free(head);
+    free(data);
+    if (rc)
+        fail(err, errlen, "%s: %s", path, inner);
     return rc;
 }
 

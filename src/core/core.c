@@ -133,8 +133,9 @@ clattn_status clattn_check_shape(const clattn_shape *s, clattn_sizes *sizes)
                            "causal attention with both offsets 0 needs kv_seq == q_seq (got %u "
                            "and %u); a continuation sets q_offset = kv_seq - q_seq",
                            s->kv_seq, s->q_seq);
-    if ((uint64_t)s->q_offset + s->q_seq > UINT32_MAX ||
-        (uint64_t)s->kv_offset + s->kv_seq > UINT32_MAX)
+    /* The last position, offset + seq - 1, must fit in 32 bits. */
+    if ((uint64_t)s->q_offset + s->q_seq - 1u > UINT32_MAX ||
+        (uint64_t)s->kv_offset + s->kv_seq - 1u > UINT32_MAX)
         return clattn_fail(CLATTN_ERROR_SIZE_OVERFLOW,
                            "positions past 2^32 - 1: q_offset %u + q_seq %u, kv_offset %u + "
                            "kv_seq %u",
@@ -200,13 +201,14 @@ uint64_t clattn_shape_visible_pairs(const clattn_shape *s)
 {
     if (clattn_check_shape(s, NULL) != CLATTN_OK)
         return 0;
-    uint64_t pairs = 0;
+    uint64_t pairs = 0; /* at most q_seq * kv_seq < 2^64 */
     for (uint32_t pos = 0; pos < s->q_seq; ++pos) {
         uint32_t lo, hi;
         clattn_key_range(s, pos, &lo, &hi);
         pairs += hi - lo;
     }
-    return pairs * s->num_heads * s->batch;
+    const uint64_t copies = (uint64_t)s->num_heads * s->batch;
+    return pairs && copies > UINT64_MAX / pairs ? UINT64_MAX : pairs * copies;
 }
 
 clattn_status clattn_shape_from_seed(const uint32_t params[8], clattn_shape *shape)
