@@ -2,8 +2,8 @@
  * The `blocked` variants, for CPU devices (PoCL): one work-item per
  * work-group and no barriers, since PoCL turns every barrier into loops over
  * the work-group's items with their state saved between. Each work-item is
- * the native backend's job (src/native.c), with float16 vectors for its
- * tiles, 32 rows wide as two float16 halves:
+ * the native backend's job (src/native/native.c), with float16 vectors for
+ * its tiles, 32 rows wide as two float16 halves:
  *  - key side (grad-V, grad-K, both): KK = 32 keys of one (batch, KV head),
  *    K and V transposed so that the keys lie along two vectors; the query
  *    rows that see any of them (every head of the group) stream by CHUNK at
@@ -21,8 +21,8 @@
  * 16 registers), the host defines NARROW and the products take four rows
  * of one half at a time instead (4 accumulators, 8 registers).
  *
- * HEAD_DIM is a compile-time define (src/opencl.c builds one program per
- * head_dim); with the default the file compiles after cl/common.cl.
+ * HEAD_DIM is a compile-time define (src/opencl/build.c builds one program
+ * per head_dim); with the default the file compiles after cl/common.cl.
  * Launch: global (ceil(rows / 32), heads, batch), local (1, 1, 1), with rows
  * and heads of the side the kernel runs on; the __local argument is unused.
  */

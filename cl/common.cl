@@ -1,6 +1,6 @@
 /*
- * The prelude of every clattn program: src/opencl.c passes this text ahead
- * of each kernel source (and into the program cache's key), so that the
+ * The prelude of every clattn program: src/opencl/build.c passes this text
+ * ahead of each kernel source (and into the program cache's key), so that the
  * contract's mask, its empty-row value and the kernels' shape arguments are
  * written once.
  */

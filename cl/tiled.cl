@@ -19,7 +19,7 @@
  * tiles are DP = DSPLIT * DC columns wide, zero past D.
  *
  * HEAD_DIM, ROWS, TILE, SPLIT and DSPLIT are compile-time defines, chosen
- * per device and head_dim by the host (src/opencl.c); with the defaults the
+ * per device and head_dim by the host (src/opencl/tuning.c); with the defaults the
  * file compiles after cl/common.cl.
  * Causal work is uneven (the last query sees every key, the first one key),
  * so there each work-group takes a pair of row blocks, g and blocks - 1 - g,

@@ -643,8 +643,8 @@ END_TEST
 
 /* A reduced set for the mma kernels with their instructions emulated on
  * the OpenCL CPU device, where each head_dim is a slow build. Every head_dim
- * class of src/opencl.c's mma table: up to 64 (a warp per 16 rows, 128-row
- * work-groups, 32-row tiles), 65..128 (two warps per 16 rows, 64 rows,
+ * class of src/opencl/tuning.c's mma table: up to 64 (a warp per 16 rows,
+ * 128-row work-groups, 32-row tiles), 65..128 (two warps per 16 rows, 64 rows,
  * 16-row tiles of fp32) and 129..256 (four warps per 16 rows, 32 rows, 8-row
  * tiles); each with tails past a work-group and a tile, a head_dim padded to
  * whole k-steps of every warp (7, 100, 200) and whole ones, GQA, MQA,
@@ -853,8 +853,8 @@ static clattn_context *emulated_mma_context(void)
 }
 
 /* mma's wgmma kernels (the 16-bit kernels at head_dim 64 and 128 that
- * src/opencl.c's mma_wgmma names): both dtypes, GQA, the causal mask with a
- * window, key tiles cut short by kv_seq. On a GPU, the variant that
+ * src/opencl/tuning.c's clattn_ocl_mma_wgmma names): both dtypes, GQA, the
+ * causal mask with a window, key tiles cut short by kv_seq. On a GPU, the variant that
  * CLATTN_TEST_VARIANT keeps, or the default (on an NVIDIA GPU of compute
  * capability 9, mma on wgmma unless CLATTN_MMA_WGMMA=0);
  * in the emulated suite, where CLATTN_MMA_WGMMA=1 asks, mma.sync products
@@ -930,8 +930,8 @@ START_TEST(emulated_16)
     clattn_context *ctx = emulated_mma_context();
     current_variant = "mma";
     check_ops_16(ctx, &s, dtype_cases[_i].q_gain, 3000u + (uint64_t)_i);
-    /* head_dims off a multiple of 8 run tiled's kernels (src/opencl.c's
-     * kernels_for) */
+    /* head_dims off a multiple of 8 run tiled's kernels
+     * (src/opencl/build.c's clattn_ocl_kernels_for) */
     const char *ran = clattn_context_kernels(ctx);
     const int on_mma = strstr(ran, "__mma") != NULL, on_tiled = strstr(ran, "__tiled") != NULL;
     ck_assert_msg(s.head_dim % 8 ? on_tiled && !on_mma : on_mma && !on_tiled,

@@ -75,7 +75,7 @@ static clattn_status compile(struct clattn_cl_state *cl, const cl_variant *v, co
     return st;
 }
 
-/* mma.cl's WGMMA programs: NVIDIA's OpenCL compiles them for sm_90 with
+/* cl/mma's WGMMA programs: NVIDIA's OpenCL compiles them for sm_90 with
  * their sm_90a instructions in comments marked SM90A; *program is replaced
  * by the same PTX built for sm_90a with the markers taken out (src/sm90a.c;
  * tests/sm90a_probe.c tries the route). */

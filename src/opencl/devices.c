@@ -182,7 +182,7 @@ clattn_status clattn_list_devices(clattn_device_info *devices, size_t capacity, 
 #define CLATTN_DEVICE_COMPUTE_CAPABILITY_MAJOR_NV 0x4000
 
 /* The compute capability's major number of an NVIDIA GPU, 0 for any other
- * device: mma.cl's tensor-core PTX wants 8 (Ampere) or later, its vector
+ * device: cl/mma's tensor-core PTX wants 8 (Ampere) or later, its vector
  * atomic adds 9 (Hopper). */
 static int nv_major(cl_device_id device)
 {
@@ -202,7 +202,7 @@ static int nv_major(cl_device_id device)
     return (int)major;
 }
 
-/* CLATTN_MMA_EMULATE=1: mma.cl's instructions emulated in local memory, so
+/* CLATTN_MMA_EMULATE=1: cl/mma's instructions emulated in local memory, so
  * that its kernels run (slowly) on any device; for tests. */
 static int mma_emulated(void)
 {

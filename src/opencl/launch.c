@@ -87,7 +87,7 @@ size_t clattn_ocl_work_group(const struct clattn_cl_state *cl, const kernel_set 
                                           : tree_work_group(head_dim);
 }
 
-/* Rows of a work-group of mma.cl: 16 for each group of wsplit warps. */
+/* Rows of a work-group of cl/mma: 16 for each group of wsplit warps. */
 static size_t mma_rows(const struct clattn_cl_state *cl, uint32_t head_dim, clattn_dtype dtype,
                        int k)
 {

@@ -36,7 +36,7 @@ enum { R_DSUM = CLATTN_R_COUNT, R_DQ32, R_ALL };
 
 /* How a kernel is launched: tree.cl's a work-group per row; tiled.cl's a
  * work-group per block of rows (per pair of blocks under a causal mask);
- * blocked.cl's a single work-item per block of BLOCKED_ROWS rows; mma.cl's
+ * blocked.cl's a single work-item per block of BLOCKED_ROWS rows; cl/mma's
  * a work-group per 16 rows of each group of wsplit warps. */
 enum { KIND_TREE, KIND_TILED, KIND_BLOCKED, KIND_MMA };
 enum { BLOCKED_ROWS = 32 }; /* blocked.cl's KK keys and QB query rows */
@@ -54,7 +54,7 @@ typedef struct tile_class {
     const char *why;
 } tile_class;
 
-/* mma.cl's shape: warps per work-group, warps that share 16 rows (each
+/* cl/mma's shape: warps per work-group, warps that share 16 rows (each
  * with a part of head_dim), rows per local tile, and whether float32 tiles
  * hold tf32 planes (2) or fp32 (1; unused by 16-bit tensors). */
 typedef struct mma_config {
@@ -91,7 +91,7 @@ struct clattn_cl_state {
     kernel_set *special[3][CLATTN_MAX_HEAD_DIM + 1];
     cl_kernel merge[3]; /* tree.cl's merge__tree, per dtype, on first use */
     const char *special_variant; /* the variant built per head_dim, or NULL */
-    int mma_emulate;             /* build mma.cl with -DMMA_EMULATE */
+    int mma_emulate;             /* build cl/mma with -DMMA_EMULATE */
     int nv_major;                /* compute capability (NVIDIA), else 0: 9 builds with -DSM90 */
     int wgmma; /* the 16-bit kernels on wgmma where it applies (mma_wgmma) */
     int mma_tuned;               /* CLATTN_MMA set: mma_tune for every kernel */

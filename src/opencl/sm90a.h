@@ -1,7 +1,7 @@
 /* Hopper's sm_90a instructions from OpenCL C on NVIDIA's OpenCL, whose
  * compiler targets sm_90 (src/sm90a.c). A kernel carries each sm_90a
  * instruction as inline PTX inside a comment that starts with
- * CLATTN_SM90A_MARK (cl/mma.cl's SM90A), so that its source builds for
+ * CLATTN_SM90A_MARK (cl/mma/wgmma.cl's SM90A), so that its source builds for
  * sm_90 with the operands filled in; the program's PTX, made sm_90a here,
  * then builds through clCreateProgramWithBinary. */
 #ifndef CLATTN_SM90A_H

@@ -17,7 +17,7 @@ static const tile_class tile_table[] = {
      "a CPU runs a work-group's items as a loop: no split"},
 };
 
-/* mma.cl's float32 kernels (3xTF32) by head_dim class: forward, dK/dV,
+/* cl/mma's float32 kernels (3xTF32) by head_dim class: forward, dK/dV,
  * grad-Q. A lane holds 16 * head_dim / (8 * wsplit) floats of fragments on
  * the key side and a work-group gets 48 KB of local memory on NVIDIA's
  * OpenCL, hence warps that split head_dim past 64. */
@@ -32,7 +32,7 @@ static const mma_class mma_table[] = {
      "four warps a row group and 8-row tiles: what fits 48 KB at d256"},
 };
 
-/* mma.cl's 16-bit kernels (m16n8k16, wgmma on compute capability 9):
+/* cl/mma's 16-bit kernels (m16n8k16, wgmma on compute capability 9):
  * tiles of 16-bit words copied by cp.async into two buffers, a whole
  * number of k-steps of 16 rows. */
 static const mma_class mma16_table[] = {
@@ -71,7 +71,7 @@ tile_config clattn_ocl_tile_config(const struct clattn_cl_state *cl, uint32_t he
     return c;
 }
 
-/* Whether kernel k runs on wgmma (mma.cl's WGMMA): asked for (by default
+/* Whether kernel k runs on wgmma (cl/mma's WGMMA): asked for (by default
  * on compute capability 9, or by CLATTN_MMA_WGMMA=1), the forward, grad-Q
  * and the key side's kernels of 16-bit
  * tensors at head_dim 64 or 128
@@ -88,7 +88,7 @@ int clattn_ocl_mma_wgmma(int asked, int nv_major, int emulate, const mma_config 
            c->tile % 32 == 0 && c->tile <= 128;
 }
 
-/* mma.cl's local buffer for a kernel at a head_dim under config c, in
+/* cl/mma's local buffer for a kernel at a head_dim under config c, in
  * floats: up to 3 to a 16-byte boundary, the tile rows' m, l and Dsum, the
  * warps' exchange, the emulation's scratch, then the kernel's two tiles
  * (fp32: [tile][padded + 4] floats a plane; 16-bit: [tile][padded / 2 + 4]
