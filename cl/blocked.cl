@@ -73,6 +73,9 @@ inline ushort16 bits16(float16 x)
 /* x (lane i: element d of row at[i] / D) to p[at[i] + d] for the lanes
  * below n, added to what is there under accumulate; 16-bit tensors
  * converted as a vector, stored lane by lane. */
+/* min0 of 16 lanes: min(x, 0) that keeps a NaN. */
+inline float16 min0v(float16 x) { return select(x, (float16)0.0f, x > 0.0f); }
+
 inline void store16(__global elem *p, const ulong *at, uint n, uint d, float16 x, int accumulate)
 {
 #if DTYPE == 0
@@ -358,12 +361,12 @@ inline void chunk_run(chunk *ch, __global const elem *q, __global const elem *d_
         const uint16 t = t0 + 16 * h + lane_ids();
         const int16 live = 16 * h + lane_ids() < nt;
         for (uint r = 0; r < n; ++r) {
-            float16 e = exp(fmin(p[h][r] * scale - ch->m[r], 0.0f) - ch->l[r]);
-            e = select((float16)0.0f, e,
-                       live & visible16((uint16)ch->pos[r], t, causal, window, delta));
-            p[h][r] = e;
+            const int16 keep = live & visible16((uint16)ch->pos[r], t, causal, window, delta);
+            const float16 e = exp(min0v(p[h][r] * scale - ch->m[r]) - ch->l[r]);
+            p[h][r] = select((float16)0.0f, e, keep);
+            /* masked pairs' dS exactly 0, whatever a NaN elsewhere in the row */
             if (want_dk)
-                ds[h][r] = scale * e * (ds[h][r] - ch->dsum[r]);
+                ds[h][r] = select((float16)0.0f, scale * e * (ds[h][r] - ch->dsum[r]), keep);
         }
     }
     if (want_dv)
@@ -569,10 +572,10 @@ __kernel void forward__blocked(__global const elem *q, ulong q_off, __global con
     for (uint h = 0; 16 * h < r.n; ++h)
         for (uint d = 0; d < D; ++d)
             store16(o, qrow + 16 * h, min(r.n - 16 * h, 16u), d,
-                    select((float16)0.0f, vload16(h, ot + d * QB) / l[h], l[h] > 0.0f), 0);
+                    select((float16)0.0f, vload16(h, ot + d * QB) / l[h], l[h] != 0.0f), 0);
     for (uint i = 0; i < r.n; ++i) {
-        lse[2 * r.row[i]] = lv[i] > 0.0f ? mv[i] : EMPTY_ROW;
-        lse[2 * r.row[i] + 1] = lv[i] > 0.0f ? log(lv[i]) : EMPTY_ROW;
+        lse[2 * r.row[i]] = lv[i] != 0.0f ? mv[i] : EMPTY_ROW;
+        lse[2 * r.row[i] + 1] = lv[i] != 0.0f ? log(lv[i]) : EMPTY_ROW;
     }
 }
 
@@ -629,7 +632,7 @@ __kernel void grad_q__blocked(__global const elem *q, ulong q_off, __global cons
             for (uint j = 0; j < KB; ++j) {
                 const int16 keep =
                     r.live[h] & visible16(r.pos[h], (uint16)(t0 + j), causal, window, delta);
-                const float16 p = exp(fmin(sc[h][j] * scale - m[h], 0.0f) - l[h]);
+                const float16 p = exp(min0v(sc[h][j] * scale - m[h]) - l[h]);
                 sc[h][j] = select((float16)0.0f, scale * p * (dp[h][j] - ds_row[h]),
                                   j < n ? keep : (int16)0);
             }

@@ -62,6 +62,10 @@ inline bool visible(uint pos, uint t, int causal, uint window, long delta)
     return (!causal || (long)t <= at) && (window == 0u || at < (long)t + (long)window);
 }
 
+/* min(x, 0) that keeps a NaN (fmin drops it): a NaN score or LSE reaches
+ * every gradient it touches, as in PyTorch. */
+inline float min0(float x) { return x > 0.0f ? 0.0f : x; }
+
 inline uint clamp_to(long x, uint n) { return x < 0 ? 0u : x > (long)n ? n : (uint)x; }
 
 /* The keys [*lo, *hi) that any query of [first, last] sees. */

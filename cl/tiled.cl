@@ -221,19 +221,24 @@ inline void forward_block(__global const elem *q, ulong q_off, __global const el
         whole_dots(tiles + XCH_AT, s, 0, me);
         if (!live)
             continue;
+        bool any = false; /* the row sees a key of the tile (its scores may be NaN) */
         for (uint i = 0; i < TILE / SPLIT; ++i) {
             const uint t = t0 + i * SPLIT + me.part;
-            s[i] = t < hi && visible(pos, t, causal, window, delta) ? s[i] : EMPTY_ROW;
+            const bool seen = t < hi && visible(pos, t, causal, window, delta);
+            s[i] = seen ? s[i] : EMPTY_ROW;
+            any = any || seen;
             tile_max = fmax(tile_max, s[i]);
         }
-        if (tile_max == EMPTY_ROW)
+        if (!any)
             continue;
         const float m_new = fmax(m, tile_max), rescale = exp(m - m_new);
         l *= rescale;
         for (uint d = 0; d < DC; ++d)
             acc[d] *= rescale;
         for (uint i = 0; i < TILE / SPLIT; ++i) {
-            s[i] = exp(s[i] - m_new);
+            /* Masked scores are exactly EMPTY_ROW; their weight is 0 even
+             * while the row's max is EMPTY_ROW too. */
+            s[i] = s[i] == EMPTY_ROW ? 0.0f : exp(s[i] - m_new);
             l += s[i];
         }
         tile_axpy(acc, s, vt, me);
@@ -274,13 +279,13 @@ inline void forward_block(__global const elem *q, ulong q_off, __global const el
     if (!live)
         return;
     for (uint d = 0; d < DC; ++d)
-        acc[d] = l > 0.0f ? acc[d] / l : 0.0f;
+        acc[d] = l != 0.0f ? acc[d] / l : 0.0f;
     store_row(o, o_off, b, q_seq, pos, num_heads, head, me.c0, acc, 1.0f, 0);
     if (me.c0 > 0)
         return;
     const ulong row = lse_off + 2 * row_of(b, q_seq, pos, num_heads, head);
-    lse[row] = l > 0.0f ? m : EMPTY_ROW;
-    lse[row + 1] = l > 0.0f ? log(l) : EMPTY_ROW;
+    lse[row] = l != 0.0f ? m : EMPTY_ROW;
+    lse[row + 1] = l != 0.0f ? log(l) : EMPTY_ROW;
 }
 
 /* dQ of a query row: sum over its keys of scale * dS * K[t]. */
@@ -321,7 +326,7 @@ inline void grad_q_block(__global const elem *q, ulong q_off, __global const ele
         for (uint i = 0; i < TILE / SPLIT; ++i) {
             const uint t = t0 + i * SPLIT + me.part;
             s[i] = t < hi && visible(pos, t, causal, window, delta)
-                       ? exp(fmin(s[i] - m, 0.0f) - l) * (dp[i] - ds_row)
+                       ? exp(min0(s[i] - m) - l) * (dp[i] - ds_row)
                        : 0.0f;
         }
         tile_axpy(acc, s, kt, me);
@@ -364,7 +369,7 @@ inline void grad_v_block(__global const elem *d_out, ulong d_out_off, __global c
             for (uint i = 0; i < TILE / SPLIT; ++i) {
                 const uint j = i * SPLIT + me.part;
                 s[i] = p0 + j < hi && visible(p0 + j, t, causal, window, delta)
-                           ? exp(fmin(s[i] - mt[j], 0.0f) - lt[j])
+                           ? exp(min0(s[i] - mt[j]) - lt[j])
                            : 0.0f;
             }
             tile_axpy(acc, s, ot, me);
@@ -414,7 +419,7 @@ inline void grad_k_block(__global const elem *q, ulong q_off, __global const ele
             for (uint i = 0; i < TILE / SPLIT; ++i) {
                 const uint j = i * SPLIT + me.part;
                 s[i] = p0 + j < hi && visible(p0 + j, t, causal, window, delta)
-                           ? exp(fmin(s[i] - mt[j], 0.0f) - lt[j]) * (dp[i] - dt[j])
+                           ? exp(min0(s[i] - mt[j]) - lt[j]) * (dp[i] - dt[j])
                            : 0.0f;
             }
             tile_axpy(acc, s, qt, me);

@@ -76,7 +76,7 @@ __kernel void grad_v__tree(__global const elem *d_out, ulong d_out_off,
             const float score =
                 tree_sum(red, live ? LOAD(q, q_off + q_at) * k_t : 0.0f, tid, wg) * scale;
             const ulong row = lse_off + 2 * at(b, q_seq, pos, num_heads, head, 1, 0);
-            const float p = exp(fmin(score - lse[row], 0.0f) - lse[row + 1]);
+            const float p = exp(min0(score - lse[row]) - lse[row + 1]);
             if (live)
                 my_dv += p * LOAD(d_out, d_out_off + q_at);
         }
@@ -112,11 +112,11 @@ __kernel void forward__tree(__global const elem *q, ulong q_off,
         m = m_new;
     }
     if (live)
-        STORE(o, o_off + q_at, l > 0.0f ? acc / l : 0.0f);
+        STORE(o, o_off + q_at, l != 0.0f ? acc / l : 0.0f);
     if (tid == 0) {
         const ulong row = lse_off + 2 * at(b, q_seq, pos, num_heads, head, 1, 0);
-        lse[row] = l > 0.0f ? m : EMPTY_ROW;
-        lse[row + 1] = l > 0.0f ? log(l) : EMPTY_ROW;
+        lse[row] = l != 0.0f ? m : EMPTY_ROW;
+        lse[row + 1] = l != 0.0f ? log(l) : EMPTY_ROW;
     }
 }
 
@@ -164,7 +164,7 @@ __kernel void grad_q__tree(__global const elem *q, ulong q_off,
         const float k_d = live ? LOAD(k, k_off + kv_at) : 0.0f;
         const float v_d = live ? LOAD(v, v_off + kv_at) : 0.0f;
         const float2 sums = tree_sum2(red, q_d * k_d, do_d * v_d, tid, wg);
-        const float p = exp(fmin(sums.x * scale - m, 0.0f) - l);
+        const float p = exp(min0(sums.x * scale - m) - l);
         acc += scale * p * (sums.y - ds_row) * k_d;
     }
     if (live)
@@ -200,7 +200,7 @@ inline void grad_kv_row(__global const elem *q, ulong q_off, __global const elem
             const float do_d = live ? LOAD(d_out, d_out_off + q_at) : 0.0f;
             const float2 sums = tree_sum2(red, q_d * k_d, do_d * v_d, tid, wg);
             const float p =
-                exp(fmin(sums.x * scale - lse[lse_off + 2 * row], 0.0f) - lse[lse_off + 2 * row + 1]);
+                exp(min0(sums.x * scale - lse[lse_off + 2 * row]) - lse[lse_off + 2 * row + 1]);
             dk_acc += scale * p * (sums.y - dsum[dsum_off + row]) * q_d;
             dv_acc += p * do_d;
         }
@@ -256,11 +256,11 @@ __kernel void merge__tree(__global const elem *o1, ulong o1_off, __global const 
     const bool e1 = l1 == EMPTY_ROW, e2 = l2 == EMPTY_ROW;
     const float m = e1 ? m2 : e2 ? m1 : fmax(m1, m2);
     const float s1 = e1 ? 0.0f : exp(m1 - m + l1), s2 = e2 ? 0.0f : exp(m2 - m + l2);
-    const float sum = s1 + s2, w1 = sum > 0.0f ? s1 / sum : 0.0f, w2 = sum > 0.0f ? s2 / sum : 0.0f;
+    const float sum = s1 + s2, w1 = sum != 0.0f ? s1 / sum : 0.0f, w2 = sum != 0.0f ? s2 / sum : 0.0f;
     for (uint d = 0; d < head_dim; ++d) {
         const ulong i = row * head_dim + d;
         STORE(o, o_off + i, w1 * LOAD(o1, o1_off + i) + w2 * LOAD(o2, o2_off + i));
     }
-    lse[lse_off + 2 * row] = sum > 0.0f ? m : EMPTY_ROW;
-    lse[lse_off + 2 * row + 1] = sum > 0.0f ? log(sum) : EMPTY_ROW;
+    lse[lse_off + 2 * row] = sum != 0.0f ? m : EMPTY_ROW;
+    lse[lse_off + 2 * row + 1] = sum != 0.0f ? log(sum) : EMPTY_ROW;
 }

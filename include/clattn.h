@@ -12,6 +12,13 @@
  * Key t is visible to query pos iff
  *   t < kv_seq && (!causal || t <= pos) && (window == 0 || pos < t + window).
  *
+ * Non-finite inputs propagate: a NaN or infinity in Q, K, V or dO reaches
+ * every output element it touches (the rows that see that query or key,
+ * and their gradients), as in PyTorch; a row comes out empty (O = 0, LSE
+ * (-1e30, -1e30)) only when it sees no key. Inside a tile's product a
+ * masked pair's zero weight times a NaN may carry it further (0 x NaN), as
+ * PyTorch's and FlashAttention's kernels do.
+ *
  * This header is plain C99 and C++; it needs no OpenCL header. The OpenCL
  * interop (caller-owned contexts, queues and buffers) is in clattn_cl.h.
  *
@@ -261,7 +268,8 @@ clattn_status clattn_backward(clattn_context *ctx, const clattn_shape *shape, co
  * pair; the merged one is the log of their summed exponentials, and o the
  * sum of o1 and o2 weighted by exp(their LSE - the merged LSE). The pair
  * written is (the larger m, the log-sum-exp relative to it). Rows empty in
- * both stay O = 0, (-1e30, -1e30). Uses the shape's batch, q_seq,
+ * both stay O = 0, (-1e30, -1e30); a NaN in either partial makes its row
+ * NaN. Uses the shape's batch, q_seq,
  * num_heads, head_dim and dtype (o1, o2, o of that dtype; the pairs float).
  * o and lse may be o1 and lse1, or o2 and lse2: merged in place. The
  * host-pointer form runs on the host for every backend; clattn_merge_cl()

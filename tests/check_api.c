@@ -563,6 +563,21 @@ START_TEST(merge_rows)
     ck_assert_status(clattn_merge(ctx, &s, o1, l1, o2, l2, o1, l1), CLATTN_OK);
     ck_assert_mem_eq(o1, o, sizeof o);
     ck_assert_mem_eq(l1, l, sizeof l);
+    /* A NaN partial (its LSE, or its O) makes its row NaN, beside a valid
+     * or an empty other side; it never empties the row. */
+    float n1[8] = {1, 2, NAN, 4, 1, 2, 0, 0}, m1[8] = {NAN, NAN, 1.0f, 0.2f, NAN, 0.0f, e, e};
+    float n2[8] = {5, 6, 7, 8, 0, 0, 0, 0}, m2[8] = {2.0f, 0.3f, 0.1f, 0.0f, e, e, e, e};
+    ck_assert_status(clattn_merge(ctx, &s, n1, m1, n2, m2, o, l), CLATTN_OK);
+    for (int row = 0; row < 3; ++row) {
+        ck_assert_msg(isnan(o[2 * row]) || row == 1, "row %d: O %g", row, (double)o[2 * row]);
+        ck_assert_msg(isnan(o[2 * row + 1]) || row == 1, "row %d", row);
+        ck_assert_msg(l[2 * row] > -1e29f || isnan(l[2 * row]), "row %d emptied", row);
+    }
+    ck_assert(isnan(o[2])); /* O1's NaN element reaches only its own element */
+    ck_assert(isfinite(o[3]));
+    ck_assert(isnan(l[1]) && isnan(l[5]));
+    ck_assert(isfinite(l[2]) && isfinite(l[3]));
+    ck_assert_float_eq(l[6], e);
     clattn_context_destroy(ctx);
 }
 END_TEST

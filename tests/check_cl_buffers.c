@@ -241,6 +241,52 @@ START_TEST(caller_buffers_training)
 }
 END_TEST
 
+/* clattn_merge_cl() with a NaN partial: its row comes out NaN, as the
+ * host's clattn_merge() gives it, never emptied. */
+START_TEST(merge_non_finite)
+{
+    if (!strcmp(test_backend, "native"))
+        return; /* no cl_mem there */
+    clattn_context *ctx = test_context(NULL);
+    clattn_shape s = clattn_shape_default();
+    s.q_seq = s.kv_seq = 4;
+    s.num_heads = s.num_kv_heads = 1;
+    s.head_dim = 2;
+    const float e = -1e30f;
+    float o1[8] = {1, 2, NAN, 4, 1, 2, 0, 0}, l1[8] = {NAN, NAN, 1.0f, 0.2f, NAN, 0.0f, e, e};
+    float o2[8] = {5, 6, 7, 8, 0, 0, 0, 0}, l2[8] = {2.0f, 0.3f, 0.1f, 0.0f, e, e, e, e};
+    float *host[4] = {o1, l1, o2, l2};
+    cl_context cctx = clattn_context_cl_context(ctx);
+    cl_mem buf[4];
+    for (int i = 0; i < 4; ++i) {
+        cl_int err;
+        buf[i] = clCreateBuffer(cctx, CL_MEM_READ_WRITE | CL_MEM_COPY_HOST_PTR, sizeof o1,
+                                host[i], &err);
+        ck_assert_int_eq(err, CL_SUCCESS);
+    }
+    const clattn_cl_tensor t[4] = {{buf[0], 0}, {buf[1], 0}, {buf[2], 0}, {buf[3], 0}};
+    ck_assert_status(clattn_merge_cl(ctx, &s, t[0], t[1], t[2], t[3], t[0], t[1], 0, NULL, NULL),
+                     CLATTN_OK);
+    float o[8], l[8], want_o[8], want_l[8];
+    cl_command_queue queue = clattn_context_cl_queue(ctx);
+    ck_assert_int_eq(clEnqueueReadBuffer(queue, buf[0], CL_TRUE, 0, sizeof o, o, 0, NULL, NULL),
+                     CL_SUCCESS);
+    ck_assert_int_eq(clEnqueueReadBuffer(queue, buf[1], CL_TRUE, 0, sizeof l, l, 0, NULL, NULL),
+                     CL_SUCCESS);
+    ck_assert_status(clattn_merge(ctx, &s, o1, l1, o2, l2, want_o, want_l), CLATTN_OK);
+    for (int i = 0; i < 8; ++i) {
+        ck_assert_msg(isnan(o[i]) == isnan(want_o[i]), "O[%d]: device %g, host %g", i,
+                      (double)o[i], (double)want_o[i]);
+        ck_assert_msg(isnan(l[i]) == isnan(want_l[i]), "LSE[%d]: device %g, host %g", i,
+                      (double)l[i], (double)want_l[i]);
+    }
+    ck_assert(isnan(o[0]) && isnan(o[1]) && isnan(o[2]) && isnan(o[4]) && isnan(l[1]));
+    for (int i = 0; i < 4; ++i)
+        clReleaseMemObject(buf[i]);
+    clattn_context_destroy(ctx);
+}
+END_TEST
+
 Suite *buffers_suite(void)
 {
     Suite *s = suite_create("buffers");
@@ -248,6 +294,7 @@ Suite *buffers_suite(void)
     tcase_set_timeout(tc, 600); /* a cold PoCL compile alone can take seconds */
     tcase_add_test(tc, caller_buffers);
     tcase_add_test(tc, caller_buffers_training);
+    tcase_add_test(tc, merge_non_finite);
     suite_add_tcase(s, tc);
     return s;
 }

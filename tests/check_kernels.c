@@ -516,6 +516,112 @@ static const shape_case scales[] = {
 START_TEST(caller_scale) { run_cases(scales, _i); }
 END_TEST
 
+/* Each element of x (rows of `width`) against want: 1 must be NaN (2: NaN
+ * or infinite), 0 must be finite, 3 either: a product over a tile may
+ * carry a NaN through a masked pair's zero weight (0 x NaN), as PyTorch's
+ * and FlashAttention's kernels do. */
+static void expect_non_finite(const char *what, const float *x, const char *want, size_t rows,
+                              size_t width)
+{
+    for (size_t r = 0; r < rows; ++r)
+        for (size_t c = 0; c < width; ++c) {
+            const float v = x[r * width + c];
+            const char w = want[r * width + c];
+            if (w == 3)
+                continue;
+            ck_assert_msg(w ? (w == 1 ? isnan(v) : !isfinite(v)) : isfinite(v),
+                          "%s on %s/%s: row %zu element %zu is %g, want %s", what, test_backend,
+                          current_variant, r, c, (double)v,
+                          w ? "NaN (a non-finite input reaches it)" : "finite");
+        }
+}
+
+/* A NaN or infinity in Q, K, V or dO reaches every output it touches and
+ * no other, and never turns a row into an empty one (O = 0, LSE -1e30):
+ * 12 positions, 2 query heads on 1 KV head, head_dim 8, causal. */
+START_TEST(non_finite_inputs)
+{
+    const shape_case c = {1, 12, 12, 2, 1, 8, 1, 0, 0, 1};
+    const clattn_shape s = to_shape(&c);
+    const size_t H = 2, D = 8, T = 12;
+    clattn_context *ctx;
+    for (size_t v = 0; (ctx = next_variant(&v)) != NULL;) {
+        problem p;
+        problem_make(&p, &s, 31, 1.0f);
+        float *o = nan_array(p.nq), *lse = nan_array(p.nlse);
+        float *dq = nan_array(p.nq), *dk = nan_array(p.nkv), *dv = nan_array(p.nkv);
+        char want_q[12 * 2 * 8], want_kv[12 * 8], want_l[12 * 2 * 2];
+        for (int which = 0; which < 3; ++which) { /* the forward: NaN in Q, NaN in K, inf in Q */
+            problem_free(&p);
+            problem_make(&p, &s, 31, 1.0f);
+            memset(want_q, 0, sizeof want_q);
+            if (which == 0) {
+                p.q[(2 * H + 1) * D] = NAN; /* row 2, head 1 */
+                memset(want_q + (2 * H + 1) * D, 1, D);
+            } else if (which == 1) {
+                p.k[5 * D + 3] = NAN; /* key 5: rows 5.. of both heads */
+                memset(want_q + 5 * H * D, 1, (T - 5) * H * D);
+            } else {
+                p.k[0] = 1.0f; /* a +inf score, so the row's max is infinite */
+                p.q[3 * H * D] = INFINITY; /* row 3, head 0 */
+                memset(want_q + 3 * H * D, 1, D);
+            }
+            for (size_t r = 0; r < T * H; ++r)
+                want_l[2 * r] = want_l[2 * r + 1] = want_q[r * D] ? 2 : 0;
+            ck_assert_status(clattn_forward(ctx, &s, p.q, p.k, p.v, o, lse), CLATTN_OK);
+            expect_non_finite(which == 2 ? "forward O (inf in Q)" : "forward O", o, want_q,
+                              T * H, D);
+            for (size_t r = 0; r < T * H; ++r) /* NaN in m or l, never (-1e30, -1e30) */
+                if (want_l[2 * r])
+                    ck_assert_msg(isnan(lse[2 * r]) || isnan(lse[2 * r + 1]),
+                                  "forward LSE on %s/%s: row %zu is (%g, %g), want a NaN",
+                                  test_backend, current_variant, r, (double)lse[2 * r],
+                                  (double)lse[2 * r + 1]);
+                else
+                    ck_assert(isfinite(lse[2 * r]) && isfinite(lse[2 * r + 1]) &&
+                              lse[2 * r] > -1e29f);
+        }
+        /* The backward from the clean forward: NaN in K at key 5 reaches
+         * dK and dV of key 5 and dQ of the rows that see it. */
+        problem_free(&p);
+        problem_make(&p, &s, 32, 1.0f);
+        p.k[5 * D + 3] = NAN;
+        ck_assert_status(
+            clattn_backward(ctx, &s, p.q, p.k, p.v, p.o, p.lse, p.d_out, dq, dk, dv), CLATTN_OK);
+        memset(want_q, 3, sizeof want_q); /* rows 0..4 may meet it through 0 x NaN */
+        memset(want_q + 5 * H * D, 1, (T - 5) * H * D);
+        memset(want_kv, 0, sizeof want_kv);
+        memset(want_kv + 5 * D, 1, D);
+        expect_non_finite("backward dQ (NaN in K)", dq, want_q, T * H, D);
+        expect_non_finite("backward dK (NaN in K)", dk, want_kv, T, D);
+        expect_non_finite("backward dV (NaN in K)", dv, want_kv, T, D);
+        /* NaN in dO at row 7, head 0, column 3: Dsum of that row, so dS of
+         * every key it sees (dK of keys 0..7, its dQ), and dV's column 3 of
+         * those keys. */
+        problem_free(&p);
+        problem_make(&p, &s, 33, 1.0f);
+        p.d_out[(7 * H + 0) * D + 3] = NAN;
+        ck_assert_status(
+            clattn_backward(ctx, &s, p.q, p.k, p.v, p.o, p.lse, p.d_out, dq, dk, dv), CLATTN_OK);
+        memset(want_q, 0, sizeof want_q);
+        memset(want_q + 7 * H * D, 1, D);
+        memset(want_kv, 0, sizeof want_kv);
+        memset(want_kv, 1, 8 * D);
+        expect_non_finite("backward dQ (NaN in dO)", dq, want_q, T * H, D);
+        expect_non_finite("backward dK (NaN in dO)", dk, want_kv, T, D);
+        memset(want_kv, 0, sizeof want_kv);
+        for (size_t t = 0; t < T; ++t) /* keys past 7 may meet it through 0 x NaN */
+            want_kv[t * D + 3] = t <= 7 ? 1 : 3;
+        expect_non_finite("backward dV (NaN in dO)", dv, want_kv, T, D);
+        void *frees[] = {o, lse, dq, dk, dv};
+        for (size_t i = 0; i < 5; ++i)
+            free(frees[i]);
+        problem_free(&p);
+        clattn_context_destroy(ctx);
+    }
+}
+END_TEST
+
 /* meganeura's uniform blocks, run through the conversion and compared with
  * a transliteration of the seed itself. */
 static const uint32_t seed_blocks[][8] = {
@@ -982,6 +1088,7 @@ Suite *emulated_suite(void)
     tcase_set_timeout(tc, 900);
     tcase_add_loop_test(tc, offset_sweep, 1, 2);
     tcase_add_loop_test(tc, split_sweep_offsets, 2, 3);
+    tcase_add_test(tc, non_finite_inputs); /* float32 at head_dim 8 */
     suite_add_tcase(s, tc);
     return s;
 }
@@ -1011,6 +1118,7 @@ Suite *kernels_suite(void)
     tcase_add_loop_test(tc, tile_edges, 0, N(tiles));
     tcase_add_loop_test(tc, large_logits, 0, N(large));
     tcase_add_loop_test(tc, caller_scale, 0, N(scales));
+    tcase_add_test(tc, non_finite_inputs);
     tcase_add_loop_test(tc, seed_uniform_block, 0, N(seed_blocks));
     tcase_add_loop_test(tc, offset_sweep, 0, N(offsets));
     tcase_add_loop_test(tc, split_sweep_offsets, 0, N(splits));

@@ -128,7 +128,7 @@ forward__mma(__global const elem *q, ulong q_off, __global const elem *k, ulong 
             const uint row = (i & 2) ? row1 : row0, d = d0 + n * 8 + 2 * t + (i & 1);
             const float l = (i & 2) ? l1 : l0;
             if (row < q_seq && d < D)
-                STORE(o, at(b, q_seq, row, num_heads, head, d), l > 0.0f ? acc[n][i] / l : 0.0f);
+                STORE(o, at(b, q_seq, row, num_heads, head, d), l != 0.0f ? acc[n][i] / l : 0.0f);
         }
     }
     if (t == 0 && d0 == 0)
@@ -137,8 +137,8 @@ forward__mma(__global const elem *q, ulong q_off, __global const elem *k, ulong 
             const float l = i ? l1 : l0, m = i ? m1 : m0;
             if (row < q_seq) {
                 const ulong at_row = 2 * (((ulong)b * q_seq + row) * num_heads + head);
-                lse[at_row] = l > 0.0f ? m / EXP_UNIT : EMPTY_ROW;
-                lse[at_row + 1] = l > 0.0f ? log(l) : EMPTY_ROW;
+                lse[at_row] = l != 0.0f ? m / EXP_UNIT : EMPTY_ROW;
+                lse[at_row + 1] = l != 0.0f ? log(l) : EMPTY_ROW;
             }
         }
 }
@@ -161,9 +161,9 @@ inline void ds_of_rows(float *s, const float *dp, const float *m, const float *l
         const uint key = t0 + j / 4 * 8 + 2 * t + (j & 1), row = row0 + ((j & 2) ? 8u : 0u);
         const int r = (j & 2) ? 1 : 0;
 #if DTYPE != 0 && FOLD_ML
-        const float p = EXPU(fmin(fma(s[j], unit, -ml[r]), 0.0f)); /* ml = m + l */
+        const float p = EXPU(min0(fma(s[j], unit, -ml[r]))); /* ml = m + l */
 #else
-        const float p = EXPU(fmin(fma(s[j], unit, -m[r]), 0.0f) - l[r]);
+        const float p = EXPU(min0(fma(s[j], unit, -m[r])) - l[r]);
 #endif
         const bool keep = !masked || (key < hi && visible(row, key, causal, window, delta));
         s[j] = keep ? p * (dp[j] - ds_row[r]) : 0.0f;
@@ -269,9 +269,9 @@ inline void p_of_keys(float *s, float *dp, __local const float *mt, __local cons
     for (uint i = 0; i < NT * 4; ++i) {
         const uint j = i / 4 * 8 + 2 * t + (i & 1), key = key0 + ((i & 2) ? 8u : 0u);
 #if DTYPE != 0 && FOLD_ML
-        const float p = EXPU(fmin(fma(s[i], unit, -(mt[j] + lt[j]) * EXP_UNIT), 0.0f));
+        const float p = EXPU(min0(fma(s[i], unit, -(mt[j] + lt[j]) * EXP_UNIT)));
 #else
-        const float p = EXPU(fmin(fma(s[i], unit, -mt[j] * EXP_UNIT), 0.0f) - lt[j] * EXP_UNIT);
+        const float p = EXPU(min0(fma(s[i], unit, -mt[j] * EXP_UNIT)) - lt[j] * EXP_UNIT);
 #endif
         const bool keep = !masked || (p0 + j < hi && visible(p0 + j, key, causal, window, delta));
         s[i] = keep ? p : 0.0f;

@@ -254,11 +254,12 @@ static void merge_row(const float *o1, const float *lse1, const float *o2, const
     const float s1 = e1 ? 0.0f : expf(lse1[0] - m + lse1[1]);
     const float s2 = e2 ? 0.0f : expf(lse2[0] - m + lse2[1]);
     const float sum = s1 + s2;
-    const float w1 = sum > 0.0f ? s1 / sum : 0.0f, w2 = sum > 0.0f ? s2 / sum : 0.0f;
+    /* sum is 0 only where both are empty; a NaN partial makes it NaN */
+    const float w1 = sum != 0.0f ? s1 / sum : 0.0f, w2 = sum != 0.0f ? s2 / sum : 0.0f;
     for (size_t d = 0; d < n; ++d)
         o[d] = w1 * o1[d] + w2 * o2[d];
-    lse[0] = sum > 0.0f ? m : empty;
-    lse[1] = sum > 0.0f ? logf(sum) : empty;
+    lse[0] = sum != 0.0f ? m : empty;
+    lse[1] = sum != 0.0f ? logf(sum) : empty;
 }
 
 clattn_status clattn_merge(clattn_context *ctx, const clattn_shape *shape, const void *o1,

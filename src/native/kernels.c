@@ -235,11 +235,14 @@ INLINE void key_chunk_run(const native_call *c, key_chunk *ch, const tile_row *k
         EACH_PART(h) {
             const hvec x = hload(p[r] + h) * unit - m2;
             const huvec j = huload(lane_index + h);
-            const hvec pr = HSELECT((j >= ch->lo[r]) & (j < ch->hi[r]), exp2v(HMIN0(x) - l2),
-                                    HSPLAT(0.0f));
+            const hivec live = (j >= ch->lo[r]) & (j < ch->hi[r]);
+            const hvec pr = HSELECT(live, exp2v(HMIN0(x) - l2), HSPLAT(0.0f));
             hstore(p[r] + h, pr);
+            /* masked pairs' dS exactly 0, whatever a NaN elsewhere in the row */
             if (dkt)
-                hstore(ds[r] + h, scale * pr * (hload(ds[r] + h) - ch->dsum[r]));
+                hstore(ds[r] + h,
+                       HSELECT(live, scale * pr * (hload(ds[r] + h) - ch->dsum[r]),
+                               HSPLAT(0.0f)));
         }
     }
     if (dvt)
@@ -612,7 +615,7 @@ static void forward_block(const native_call *c, size_t job)
      * forward's time on one thread of the development machine */
     EACH_PART(h) {
         const hvec sum = hload(l + h);
-        const hivec live = sum > 0.0f;
+        const hivec live = sum != 0.0f; /* NaN too: it must show */
         const hvec by = HSELECT(live, sum, HSPLAT(1.0f));
         for (size_t d = 0; d < D; ++d)
             hstore(ot[d] + h, HSELECT(live, hload(ot[d] + h) / by, HSPLAT(0.0f)));
@@ -622,8 +625,8 @@ static void forward_block(const native_call *c, size_t job)
     for (size_t r = 0; r < qb.rows; ++r) {
         out_row(c, c->o_out, qb.row[r] * D, rows + r * D, D, 0);
         float *pair = c->lse_out + 2 * qb.row[r];
-        pair[0] = l[r] > 0.0f ? m[r] : EMPTY_ROW;
-        pair[1] = l[r] > 0.0f ? logf(l[r]) : EMPTY_ROW;
+        pair[0] = l[r] != 0.0f ? m[r] : EMPTY_ROW;
+        pair[1] = l[r] != 0.0f ? logf(l[r]) : EMPTY_ROW;
     }
 }
 
@@ -664,9 +667,10 @@ static void grad_q_block(const native_call *c, size_t job)
             EACH_PART(h) {
                 const hvec x = hload(sc[j] + h) * unit - hload(m + h);
                 const huvec row_lo = huload(qb.row_lo + h), row_hi = huload(qb.row_hi + h);
-                const hvec p = HSELECT((t >= row_lo) & (t < row_hi),
-                                       exp2v(HMIN0(x) - hload(l + h)), HSPLAT(0.0f));
-                hstore(sc[j] + h, scale * p * (hload(dp[j] + h) - hload(dsum + h)));
+                const hivec live = (t >= row_lo) & (t < row_hi);
+                const hvec p = HSELECT(live, exp2v(HMIN0(x) - hload(l + h)), HSPLAT(0.0f));
+                hstore(sc[j] + h, HSELECT(live, scale * p * (hload(dp[j] + h) - hload(dsum + h)),
+                                          HSPLAT(0.0f)));
             }
         }
         accumulate(dqt, D, krows, sc, n);

@@ -56,7 +56,7 @@ typedef uint32_t huvec_u
 #define HSELECT(mask, a, b) \
     ((hvec)(((hivec)(mask) & (hivec)(a)) | (~(hivec)(mask) & (hivec)(b))))
 #define HSPLAT(x) ((hvec){0} + (x))
-#define HMIN0(x) HSELECT((x) < 0.0f, (x), HSPLAT(0.0f)) /* min(x, 0), NaN to 0 */
+#define HMIN0(x) HSELECT((x) > 0.0f, HSPLAT(0.0f), (x)) /* min(x, 0), NaN kept */
 /* HMAX(a, b): a where a > b, else b (b where either is NaN), one
  * instruction on x86 (GCC makes three of HSELECT's form); HMIN alike. */
 #if defined(__AVX512F__)
