@@ -1,5 +1,10 @@
 /* Faults a device meets: a tensor past its largest allocation, a kernel that
- * does not build; each a status, and the context (or a new one) works after. */
+ * does not build, and (suite inject, under tests/faultcl's LD_PRELOAD shim)
+ * every OpenCL call of an op failing in turn; each a status, and the
+ * context (or a new one) works after. */
+#define _GNU_SOURCE /* RTLD_DEFAULT */
+#include <dlfcn.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -52,12 +57,124 @@ START_TEST(device_faults)
 }
 END_TEST
 
+/* The op of an injection run: one of the host-pointer calls on ctx. */
+enum { OP_FORWARD, OP_GRAD_V, OP_BACKWARD, OP_GRAD_Q, OP_GRAD_K, OPS };
+static const char *const op_names[OPS] = {"forward", "grad_v", "backward", "grad_q", "grad_k"};
+
+static clattn_status run_op(clattn_context *ctx, int op, const clattn_shape *s, const problem *p,
+                            float *out[3])
+{
+    switch (op) {
+    case OP_FORWARD:
+        return clattn_forward(ctx, s, p->q, p->k, p->v, out[0], out[1]);
+    case OP_GRAD_V:
+        return clattn_grad_v(ctx, s, p->d_out, p->q, p->k, p->lse, out[0]);
+    case OP_BACKWARD:
+        return clattn_backward(ctx, s, p->q, p->k, p->v, p->o, p->lse, p->d_out, out[0], out[1],
+                               out[2]);
+    case OP_GRAD_Q:
+        return clattn_grad_q(ctx, s, p->q, p->k, p->v, p->o, p->lse, p->d_out, out[0]);
+    default:
+        return clattn_grad_k(ctx, s, p->q, p->k, p->v, p->o, p->lse, p->d_out, out[0]);
+    }
+}
+
+/* Every OpenCL call an op makes on a new context (its programs loaded from
+ * the cache, or built), failed in turn by the shim: the op returns a
+ * status with a message, or, where clattn absorbed the fault (a cached
+ * program that fails to load is built again), the right outputs; the same
+ * context then runs the op right. Leaks are the sanitizer checkers'. */
+START_TEST(injected_faults)
+{
+    void (*arm)(long) = (void (*)(long))dlsym(RTLD_DEFAULT, "faultcl_arm");
+    long (*counted)(void) = (long (*)(void))dlsym(RTLD_DEFAULT, "faultcl_calls");
+    ck_assert_msg(arm && counted, "the suite wants tests/faultcl's shim in LD_PRELOAD");
+    const shape_case c = {1, 20, 20, 2, 1, 16, 1, 0, 0, 1};
+    const clattn_shape s = to_shape(&c);
+    problem p;
+    problem_make(&p, &s, 41, 1.0f);
+    const size_t sizes[OPS][3] = {{p.nq, p.nlse, 0}, {p.nkv, 0, 0}, {p.nq, p.nkv, p.nkv},
+                                  {p.nq, 0, 0},      {p.nkv, 0, 0}};
+    for (int op = 0; op < OPS; ++op) {
+        float *want[3] = {NULL, NULL, NULL}, *out[3] = {NULL, NULL, NULL};
+        for (int i = 0; i < 3; ++i)
+            if (sizes[op][i]) {
+                want[i] = nan_array(sizes[op][i]);
+                out[i] = nan_array(sizes[op][i]);
+            }
+        clattn_context *ctx = test_context(NULL);
+        ck_assert_status(run_op(ctx, op, &s, &p, want), CLATTN_OK); /* the cache warm */
+        clattn_context_destroy(ctx);
+        ctx = test_context(NULL);
+        arm(0);
+        ck_assert_status(run_op(ctx, op, &s, &p, out), CLATTN_OK);
+        const long n = counted();
+        clattn_context_destroy(ctx);
+        ck_assert_int_gt(n, 0);
+        int failed = 0, absorbed = 0, untouched = 0, statuses[32] = {0};
+        for (long at = 1; at <= n; ++at) {
+            ctx = test_context(NULL);
+            for (int i = 0; i < 3; ++i)
+                if (out[i])
+                    memset(out[i], 0xA5, sizes[op][i] * sizeof(float));
+            arm(at);
+            const clattn_status st = run_op(ctx, op, &s, &p, out);
+            arm(0);
+            if (st == CLATTN_OK) {
+                ++absorbed;
+                for (int i = 0; i < 3; ++i)
+                    if (out[i])
+                        ck_assert_mem_eq(out[i], want[i], sizes[op][i] * sizeof(float));
+            } else {
+                ++failed;
+                ++statuses[(int)st & 31];
+                ck_assert_msg(strlen(clattn_last_error()) > 0, "%s, call %ld: %s with no message",
+                              op_names[op], at, clattn_status_string(st));
+                int clean = 1;
+                for (int i = 0; i < 3; ++i)
+                    for (size_t j = 0; out[i] && j < sizes[op][i]; ++j)
+                        clean &= ((const unsigned char *)out[i])[4 * j] == 0xA5;
+                untouched += clean;
+            }
+            /* The context still works. */
+            ck_assert_status(run_op(ctx, op, &s, &p, out), CLATTN_OK);
+            for (int i = 0; i < 3; ++i)
+                if (out[i])
+                    ck_assert_mem_eq(out[i], want[i], sizes[op][i] * sizeof(float));
+            clattn_context_destroy(ctx);
+        }
+        printf("%s on %s: %ld calls faulted in turn: %d failed (outputs untouched in %d), "
+               "%d absorbed; statuses:",
+               op_names[op], test_backend, n, failed, untouched, absorbed);
+        for (int st = 0; st < 32; ++st)
+            if (statuses[st])
+                printf(" %s x%d", clattn_status_string((clattn_status)st), statuses[st]);
+        printf("\n");
+        for (int i = 0; i < 3; ++i) {
+            free(want[i]);
+            free(out[i]);
+        }
+    }
+    problem_free(&p);
+}
+END_TEST
+
 Suite *faults_suite(void)
 {
     Suite *s = suite_create("faults");
     TCase *tc = tcase_create("device_faults");
     tcase_set_timeout(tc, 600);
     tcase_add_test(tc, device_faults);
+    suite_add_tcase(s, tc);
+    return s;
+}
+
+Suite *inject_suite(void)
+{
+    Suite *s = suite_create("inject");
+    TCase *tc = tcase_create("injected_faults");
+    tcase_set_timeout(tc, 900);
+    tcase_add_test(tc, injected_faults);
     suite_add_tcase(s, tc);
     return s;
 }

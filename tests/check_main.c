@@ -131,10 +131,12 @@ int main(int argc, char **argv)
         suite = cache_suite();
     else if (suite_name && !strcmp(suite_name, "faults"))
         suite = faults_suite();
+    else if (suite_name && !strcmp(suite_name, "inject"))
+        suite = inject_suite();
     if (!suite || (strcmp(test_backend, "native") && strcmp(test_backend, "opencl-cpu") &&
                    strcmp(test_backend, "opencl-gpu"))) {
         fprintf(stderr,
-                "usage: %s --suite kernels|buffers|cache|faults|train|oclgrind|emulated|split|"
+                "usage: %s --suite kernels|buffers|cache|faults|inject|train|oclgrind|emulated|split|"
                 "api|cli|gradcheck "
                 "[--backend native|opencl-cpu|opencl-gpu]\n",
                 argv[0]);
@@ -143,7 +145,8 @@ int main(int argc, char **argv)
     const int per_backend = !strcmp(suite_name, "kernels") || !strcmp(suite_name, "train") ||
                             !strcmp(suite_name, "oclgrind") || !strcmp(suite_name, "emulated") ||
                             !strcmp(suite_name, "split") || !strcmp(suite_name, "buffers") ||
-                            !strcmp(suite_name, "cache") || !strcmp(suite_name, "faults");
+                            !strcmp(suite_name, "cache") || !strcmp(suite_name, "faults") ||
+                            !strcmp(suite_name, "inject");
     if (per_backend && strcmp(test_backend, "native") &&
         !backend_present()) {
         if (required(test_backend)) {

@@ -10,7 +10,7 @@ set -eu
 mode=$1 src=$2 work=$3
 build() {
   cmake -S "$src" -B "$work" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCLATTN_SANITIZE="$1" >/dev/null
-  cmake --build "$work" -j2 --target clattn_tests clattn_cli >/dev/null
+  cmake --build "$work" -j2 --target clattn_tests clattn_cli faultcl >/dev/null
 }
 run() { # suite [backend]
   echo "== $mode: $*"
@@ -24,9 +24,17 @@ asan)
   export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1"
   run api; run cli; run gradcheck; run kernels native; run buffers native; run train native
   if [ -n "${CLATTN_ASAN_OPENCL:-1}" ]; then
-    for suite in kernels buffers cache faults; do
+    for suite in kernels buffers cache faults inject; do
       set +e
-      CLATTN_REQUIRE_BACKENDS= run $suite opencl-cpu
+      if [ $suite = inject ]; then
+        # Every OpenCL call of each op failed in turn: no leak on any path.
+        # The shim is not instrumented, so ASan need not come first.
+        LD_PRELOAD="$work/tests/libfaultcl.so" \
+          ASAN_OPTIONS="$ASAN_OPTIONS:verify_asan_link_order=0" \
+          CLATTN_REQUIRE_BACKENDS= run $suite opencl-cpu
+      else
+        CLATTN_REQUIRE_BACKENDS= run $suite opencl-cpu
+      fi
       rc=$?
       set -e
       [ $rc -eq 0 ] || [ $rc -eq 77 ] || exit $rc

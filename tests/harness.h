@@ -27,6 +27,7 @@ Suite *kernels_suite(void);
 Suite *buffers_suite(void);
 Suite *cache_suite(void);
 Suite *faults_suite(void);
+Suite *inject_suite(void);
 Suite *api_suite(void);
 Suite *cli_suite(void);
 Suite *gradcheck_suite(void);
