@@ -79,6 +79,14 @@ static clattn_status run_op(clattn_context *ctx, int op, const clattn_shape *s, 
     }
 }
 
+/* The outputs of an op (NULL past its last) are want's, bit for bit. */
+static void expect_outputs(float *const out[3], float *const want[3], const size_t sizes[3])
+{
+    for (int i = 0; i < 3; ++i)
+        if (out[i])
+            ck_assert_mem_eq(out[i], want[i], sizes[i] * sizeof(float));
+}
+
 /* Every OpenCL call an op makes on a new context (its programs loaded from
  * the cache, or built), failed in turn by the shim: the op returns a
  * status with a message, or, where clattn absorbed the fault (a cached
@@ -122,9 +130,7 @@ START_TEST(injected_faults)
             arm(0);
             if (st == CLATTN_OK) {
                 ++absorbed;
-                for (int i = 0; i < 3; ++i)
-                    if (out[i])
-                        ck_assert_mem_eq(out[i], want[i], sizes[op][i] * sizeof(float));
+                expect_outputs(out, want, sizes[op]);
             } else {
                 ++failed;
                 ++statuses[(int)st & 31];
@@ -138,9 +144,7 @@ START_TEST(injected_faults)
             }
             /* The context still works. */
             ck_assert_status(run_op(ctx, op, &s, &p, out), CLATTN_OK);
-            for (int i = 0; i < 3; ++i)
-                if (out[i])
-                    ck_assert_mem_eq(out[i], want[i], sizes[op][i] * sizeof(float));
+            expect_outputs(out, want, sizes[op]);
             clattn_context_destroy(ctx);
         }
         printf("%s on %s: %ld calls faulted in turn: %d failed (outputs untouched in %d), "
