@@ -556,9 +556,9 @@ clattn_status clattn_native_init(clattn_context *ctx, const clattn_options *opts
         st = parts_override(ctx->native_parts);
     if (st != CLATTN_OK)
         return st;
-    ctx->num_threads = opts->num_threads > 0
-                           ? (opts->num_threads > NATIVE_MAX_THREADS ? NATIVE_MAX_THREADS : opts->num_threads)
-                           : default_threads();
+    const int asked = opts->num_threads;
+    ctx->num_threads = asked > 0 ? (asked > NATIVE_MAX_THREADS ? NATIVE_MAX_THREADS : asked)
+                                 : default_threads();
     ctx->backend = CLATTN_BACKEND_NATIVE;
     ctx->ops = &native_ops;
     snprintf(ctx->device, sizeof ctx->device, "native: %d thread%s, %s code", ctx->num_threads,

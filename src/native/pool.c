@@ -146,8 +146,8 @@ native_pool *clattn_native_pool_create(int helpers)
     return p;
 }
 
-void clattn_native_run_jobs(native_pool *p, native_call *c, void (*job)(const native_call *, size_t),
-                            size_t jobs, int n)
+void clattn_native_run_jobs(native_pool *p, native_call *c,
+                            void (*job)(const native_call *, size_t), size_t jobs, int n)
 {
     c->job = job;
     c->jobs = jobs;

@@ -43,8 +43,8 @@ static clattn_status compile(struct clattn_cl_state *cl, const cl_variant *v, co
 {
     cl_int err;
     if ((*out = clattn_cache_load(cl->context, cl->device, src, options)) != NULL) {
-        clattn_log_append(cl->owner, "%s kernels (%s): loaded from the program cache",
-                          v->name, options);
+        clattn_log_append(cl->owner, "%s kernels (%s): loaded from the program cache", v->name,
+                          options);
         return CLATTN_OK;
     }
     *out = clCreateProgramWithSource(cl->context, 1, &src, NULL, &err);
@@ -59,15 +59,15 @@ static clattn_status compile(struct clattn_cl_state *cl, const cl_variant *v, co
                           stored ? ", stored in the program cache" : "");
         return CLATTN_OK;
     }
-    clattn_status st = clattn_fail(CLATTN_ERROR_BUILD_FAILED,
-                                   "building %s of variant '%s' (%s) failed: %s (%d); build log:",
-                                   v->function, v->name, options, clattn_ocl_error_name(err), err);
+    clattn_status st =
+        clattn_fail(CLATTN_ERROR_BUILD_FAILED,
+                    "building %s of variant '%s' (%s) failed: %s (%d); build log:", v->function,
+                    v->name, options, clattn_ocl_error_name(err), err);
     size_t len = 0;
     clGetProgramBuildInfo(*out, cl->device, CL_PROGRAM_BUILD_LOG, 0, NULL, &len);
     char *log = len ? malloc(len + 1) : NULL;
-    if (log &&
-        clGetProgramBuildInfo(*out, cl->device, CL_PROGRAM_BUILD_LOG, len, log, NULL) ==
-            CL_SUCCESS) {
+    if (log && clGetProgramBuildInfo(*out, cl->device, CL_PROGRAM_BUILD_LOG, len, log, NULL) ==
+                   CL_SUCCESS) {
         log[len] = '\0';
         clattn_fail_append(log);
     }
@@ -88,7 +88,8 @@ static clattn_status retarget_sm90a(struct clattn_cl_state *cl, cl_program *prog
         err = CL_OUT_OF_HOST_MEMORY;
     if (err == CL_SUCCESS)
         err = clGetProgramInfo(*program, CL_PROGRAM_BINARIES, sizeof ptx, &ptx, NULL);
-    clattn_status st = err == CL_SUCCESS ? CLATTN_OK : clattn_ocl_fail(err, "clGetProgramInfo(PTX)");
+    clattn_status st =
+        err == CL_SUCCESS ? CLATTN_OK : clattn_ocl_fail(err, "clGetProgramInfo(PTX)");
     const int made = st == CLATTN_OK ? clattn_sm90a_ptx(ptx, &opened) : CLATTN_SM90A_OK;
     if (made == CLATTN_SM90A_NOT_SM90)
         st = clattn_fail(CLATTN_ERROR_BUILD_FAILED, "wgmma: the program's PTX is not for sm_90");
@@ -98,10 +99,10 @@ static clattn_status retarget_sm90a(struct clattn_cl_state *cl, cl_program *prog
         const size_t len = strlen(opened) + 1;
         const unsigned char *bin = (const unsigned char *)opened;
         cl_int status;
-        cl_program p = clCreateProgramWithBinary(cl->context, 1, &cl->device, &len, &bin,
-                                                 &status, &err);
-        if (err == CL_SUCCESS && (err = clBuildProgram(p, 1, &cl->device, "", NULL, NULL)) !=
-                                     CL_SUCCESS)
+        cl_program p =
+            clCreateProgramWithBinary(cl->context, 1, &cl->device, &len, &bin, &status, &err);
+        if (err == CL_SUCCESS &&
+            (err = clBuildProgram(p, 1, &cl->device, "", NULL, NULL)) != CL_SUCCESS)
             clReleaseProgram(p);
         if (err == CL_SUCCESS) {
             clReleaseProgram(*program);
@@ -170,15 +171,15 @@ static const char *kernel_options(const struct clattn_cl_state *cl, int kind, ui
         snprintf(buf + len, size - (size_t)len, " -DNARROW=1");
     if (kind == KIND_MMA && len > 0 && (size_t)len < size) {
         const mma_config *c = clattn_ocl_mma_config(cl, head_dim, dtype, k);
-        snprintf(buf + len, size - (size_t)len,
-                 " -DWARPS=%u -DWSPLIT=%u -DMMA_TILE=%u -DPLANES=%u%s%s", c->warps, c->wsplit,
-                 c->tile, c->planes,
-                 cl->mma_emulate     ? " -DMMA_EMULATE"
-                 : cl->nv_major >= 9 ? " -DSM90"
-                                     : "",
-                 clattn_ocl_mma_wgmma(cl->wgmma, cl->nv_major, cl->mma_emulate, c, head_dim, dtype, k)
-                     ? " -DWGMMA=1"
-                     : "");
+        snprintf(
+            buf + len, size - (size_t)len, " -DWARPS=%u -DWSPLIT=%u -DMMA_TILE=%u -DPLANES=%u%s%s",
+            c->warps, c->wsplit, c->tile, c->planes,
+            cl->mma_emulate     ? " -DMMA_EMULATE"
+            : cl->nv_major >= 9 ? " -DSM90"
+                                : "",
+            clattn_ocl_mma_wgmma(cl->wgmma, cl->nv_major, cl->mma_emulate, c, head_dim, dtype, k)
+                ? " -DWGMMA=1"
+                : "");
     }
     return buf;
 }
@@ -186,8 +187,7 @@ static const char *kernel_options(const struct clattn_cl_state *cl, int kind, ui
 /* Whether mma's single-pass backward serves a head_dim (its kinds are
  * known up to K_GRAD_KV): 16-bit tensors, a shape whose warps do not split
  * head_dim, and local memory for it on the device. */
-static int single_pass(const struct clattn_cl_state *cl, const kernel_set *set,
-                       uint32_t head_dim)
+static int single_pass(const struct clattn_cl_state *cl, const kernel_set *set, uint32_t head_dim)
 {
     const mma_config *c = clattn_ocl_mma_config(cl, head_dim, set->dtype, K_GRAD_KVQ);
     const uint32_t largest = head_dim ? head_dim : CLATTN_MAX_HEAD_DIM;
@@ -199,8 +199,8 @@ static int single_pass(const struct clattn_cl_state *cl, const kernel_set *set,
 }
 
 clattn_status clattn_ocl_build_set(struct clattn_cl_state *cl, const char *variant,
-                               uint32_t head_dim, clattn_dtype dtype, kernel_set *set,
-                               int strict_limits)
+                                   uint32_t head_dim, clattn_dtype dtype, kernel_set *set,
+                                   int strict_limits)
 {
     set->dtype = dtype;
     for (int k = 0; k < K_COUNT; ++k) {
@@ -272,7 +272,7 @@ void clattn_ocl_release_set(kernel_set *set)
 }
 
 clattn_status clattn_ocl_generic_kernels(struct clattn_cl_state *cl, clattn_dtype dtype,
-                                     kernel_set **out)
+                                         kernel_set **out)
 {
     if (!cl->generic_built[dtype]) {
         clattn_status st = clattn_ocl_build_set(cl, "tree", 0, dtype, &cl->generic[dtype], 0);
@@ -288,7 +288,7 @@ clattn_status clattn_ocl_generic_kernels(struct clattn_cl_state *cl, clattn_dtyp
 }
 
 clattn_status clattn_ocl_kernels_for(struct clattn_cl_state *cl, uint32_t head_dim,
-                                 clattn_dtype dtype, kernel_set **out)
+                                     clattn_dtype dtype, kernel_set **out)
 {
     const char *variant = cl->special_variant;
     if (!variant)

@@ -17,8 +17,8 @@ static clattn_status check_tensor(const struct clattn_cl_state *cl, clattn_cl_te
     if (err == CL_SUCCESS)
         err = clGetMemObjectInfo(t.buffer, CL_MEM_CONTEXT, sizeof owner, &owner, NULL);
     if (err != CL_SUCCESS)
-        return clattn_fail(CLATTN_ERROR_INVALID_BUFFER, "%s is not a valid cl_mem: %s (%d)",
-                           name, clattn_ocl_error_name(err), err);
+        return clattn_fail(CLATTN_ERROR_INVALID_BUFFER, "%s is not a valid cl_mem: %s (%d)", name,
+                           clattn_ocl_error_name(err), err);
     if (owner != cl->context)
         return clattn_fail(CLATTN_ERROR_INVALID_BUFFER,
                            "%s belongs to another cl_context than the clattn context's", name);
@@ -103,8 +103,7 @@ clattn_status clattn_merge_cl(clattn_context *ctx, const clattn_shape *shape, cl
         if (err == CL_SUCCESS)
             err = clEnqueueNDRangeKernel(cl->queue, kn, 1, NULL, &global, &local,
                                          num_events_in_wait_list,
-                                         num_events_in_wait_list ? event_wait_list : NULL,
-                                         event);
+                                         num_events_in_wait_list ? event_wait_list : NULL, event);
         if (err != CL_SUCCESS)
             st = clattn_ocl_fail(err, "enqueueing merge__tree");
     }
@@ -125,8 +124,8 @@ static clattn_status run_cl(clattn_context *ctx, clattn_op op, const clattn_shap
     for (int r = 0; r < CLATTN_R_COUNT; ++r)
         if (((reads | writes) & CLATTN_BIT(r)) &&
             (st = check_tensor(ctx->cl, t[r], clattn_role_elems(&sz, (clattn_role)r),
-                               clattn_ocl_role_bytes(r, shape->dtype), clattn_role_name((clattn_role)r))) !=
-                CLATTN_OK)
+                               clattn_ocl_role_bytes(r, shape->dtype),
+                               clattn_role_name((clattn_role)r))) != CLATTN_OK)
             return st;
     /* An output may overlap no other tensor of the call. */
     for (int w = 0; w < CLATTN_R_COUNT; ++w) {
@@ -167,14 +166,12 @@ clattn_status clattn_grad_v_cl(clattn_context *ctx, const clattn_shape *shape,
     t[CLATTN_R_K] = k;
     t[CLATTN_R_LSE] = lse;
     t[CLATTN_R_DV] = dv;
-    return run_cl(ctx, CLATTN_OP_GRAD_V, shape, t, num_events_in_wait_list, event_wait_list,
-                  event);
+    return run_cl(ctx, CLATTN_OP_GRAD_V, shape, t, num_events_in_wait_list, event_wait_list, event);
 }
 
-clattn_status clattn_forward_cl(clattn_context *ctx, const clattn_shape *shape,
-                                clattn_cl_tensor q, clattn_cl_tensor k, clattn_cl_tensor v,
-                                clattn_cl_tensor o, clattn_cl_tensor lse,
-                                cl_uint num_events_in_wait_list,
+clattn_status clattn_forward_cl(clattn_context *ctx, const clattn_shape *shape, clattn_cl_tensor q,
+                                clattn_cl_tensor k, clattn_cl_tensor v, clattn_cl_tensor o,
+                                clattn_cl_tensor lse, cl_uint num_events_in_wait_list,
                                 const cl_event *event_wait_list, cl_event *event)
 {
     clattn_cl_tensor t[R_ALL];
@@ -189,11 +186,10 @@ clattn_status clattn_forward_cl(clattn_context *ctx, const clattn_shape *shape,
 }
 
 /* The gradients that read Q K V O LSE dO. */
-static clattn_status run_backward_cl(clattn_context *ctx, clattn_op op,
-                                     const clattn_shape *shape, const clattn_cl_tensor in[6],
-                                     clattn_cl_tensor dq, clattn_cl_tensor dk,
-                                     clattn_cl_tensor dv, cl_uint nwait, const cl_event *wait,
-                                     cl_event *event)
+static clattn_status run_backward_cl(clattn_context *ctx, clattn_op op, const clattn_shape *shape,
+                                     const clattn_cl_tensor in[6], clattn_cl_tensor dq,
+                                     clattn_cl_tensor dk, clattn_cl_tensor dv, cl_uint nwait,
+                                     const cl_event *wait, cl_event *event)
 {
     clattn_cl_tensor t[R_ALL];
     memset(t, 0, sizeof t);
@@ -205,35 +201,34 @@ static clattn_status run_backward_cl(clattn_context *ctx, clattn_op op,
     return run_cl(ctx, op, shape, t, nwait, wait, event);
 }
 
-clattn_status clattn_backward_cl(clattn_context *ctx, const clattn_shape *shape,
-                                 clattn_cl_tensor q, clattn_cl_tensor k, clattn_cl_tensor v,
-                                 clattn_cl_tensor o, clattn_cl_tensor lse,
-                                 clattn_cl_tensor d_out, clattn_cl_tensor dq,
+clattn_status clattn_backward_cl(clattn_context *ctx, const clattn_shape *shape, clattn_cl_tensor q,
+                                 clattn_cl_tensor k, clattn_cl_tensor v, clattn_cl_tensor o,
+                                 clattn_cl_tensor lse, clattn_cl_tensor d_out, clattn_cl_tensor dq,
                                  clattn_cl_tensor dk, clattn_cl_tensor dv,
-                                 cl_uint num_events_in_wait_list,
-                                 const cl_event *event_wait_list, cl_event *event)
+                                 cl_uint num_events_in_wait_list, const cl_event *event_wait_list,
+                                 cl_event *event)
 {
     const clattn_cl_tensor in[6] = {q, k, v, o, lse, d_out};
-    return run_backward_cl(ctx, CLATTN_OP_BACKWARD, shape, in, dq, dk, dv,
-                           num_events_in_wait_list, event_wait_list, event);
+    return run_backward_cl(ctx, CLATTN_OP_BACKWARD, shape, in, dq, dk, dv, num_events_in_wait_list,
+                           event_wait_list, event);
 }
 
-clattn_status clattn_grad_q_cl(clattn_context *ctx, const clattn_shape *shape,
-                               clattn_cl_tensor q, clattn_cl_tensor k, clattn_cl_tensor v,
-                               clattn_cl_tensor o, clattn_cl_tensor lse, clattn_cl_tensor d_out,
-                               clattn_cl_tensor dq, cl_uint num_events_in_wait_list,
-                               const cl_event *event_wait_list, cl_event *event)
+clattn_status clattn_grad_q_cl(clattn_context *ctx, const clattn_shape *shape, clattn_cl_tensor q,
+                               clattn_cl_tensor k, clattn_cl_tensor v, clattn_cl_tensor o,
+                               clattn_cl_tensor lse, clattn_cl_tensor d_out, clattn_cl_tensor dq,
+                               cl_uint num_events_in_wait_list, const cl_event *event_wait_list,
+                               cl_event *event)
 {
     const clattn_cl_tensor in[6] = {q, k, v, o, lse, d_out}, none = {NULL, 0};
     return run_backward_cl(ctx, CLATTN_OP_GRAD_Q, shape, in, dq, none, none,
                            num_events_in_wait_list, event_wait_list, event);
 }
 
-clattn_status clattn_grad_k_cl(clattn_context *ctx, const clattn_shape *shape,
-                               clattn_cl_tensor q, clattn_cl_tensor k, clattn_cl_tensor v,
-                               clattn_cl_tensor o, clattn_cl_tensor lse, clattn_cl_tensor d_out,
-                               clattn_cl_tensor dk, cl_uint num_events_in_wait_list,
-                               const cl_event *event_wait_list, cl_event *event)
+clattn_status clattn_grad_k_cl(clattn_context *ctx, const clattn_shape *shape, clattn_cl_tensor q,
+                               clattn_cl_tensor k, clattn_cl_tensor v, clattn_cl_tensor o,
+                               clattn_cl_tensor lse, clattn_cl_tensor d_out, clattn_cl_tensor dk,
+                               cl_uint num_events_in_wait_list, const cl_event *event_wait_list,
+                               cl_event *event)
 {
     const clattn_cl_tensor in[6] = {q, k, v, o, lse, d_out}, none = {NULL, 0};
     return run_backward_cl(ctx, CLATTN_OP_GRAD_K, shape, in, none, dk, none,
@@ -249,8 +244,7 @@ clattn_status clattn_context_create_from_cl(const clattn_options *opts, cl_conte
         return clattn_fail(CLATTN_ERROR_NULL_POINTER, "ctx is NULL");
     *ctx = NULL;
     if (!context || !device)
-        return clattn_fail(CLATTN_ERROR_NULL_POINTER, "%s is NULL",
-                           context ? "device" : "context");
+        return clattn_fail(CLATTN_ERROR_NULL_POINTER, "%s is NULL", context ? "device" : "context");
     clattn_options o = opts ? *opts : clattn_options_default();
     clattn_context *c;
     clattn_status st = clattn_context_alloc(&c);

@@ -10,8 +10,8 @@
 const char *clattn_ocl_error_name(cl_int err)
 {
     switch (err) {
-#define E(x) \
-    case x:  \
+#define E(x)                                                                                       \
+    case x:                                                                                        \
         return #x;
         E(CL_DEVICE_NOT_FOUND)
         E(CL_DEVICE_NOT_AVAILABLE)
@@ -194,8 +194,9 @@ static int nv_major(cl_device_id device)
     if (ext && clGetDeviceInfo(device, CL_DEVICE_EXTENSIONS, len, ext, NULL) == CL_SUCCESS) {
         ext[len] = '\0';
         if (!strstr(ext, "cl_nv_device_attribute_query") ||
-            clGetDeviceInfo(device, CLATTN_DEVICE_COMPUTE_CAPABILITY_MAJOR_NV, sizeof major,
-                            &major, NULL) != CL_SUCCESS || major > 1000)
+            clGetDeviceInfo(device, CLATTN_DEVICE_COMPUTE_CAPABILITY_MAJOR_NV, sizeof major, &major,
+                            NULL) != CL_SUCCESS ||
+            major > 1000)
             major = 0;
     }
     free(ext);
@@ -243,8 +244,8 @@ static void opencl_destroy(clattn_context *ctx)
 static const clattn_backend_ops opencl_ops = {clattn_ocl_run, opencl_destroy};
 
 clattn_status clattn_ocl_init_on_device(clattn_context *ctx, const char *variant,
-                                    cl_context context, cl_device_id device,
-                                    cl_command_queue queue, int strict_limits)
+                                        cl_context context, cl_device_id device,
+                                        cl_command_queue queue, int strict_limits)
 {
     struct clattn_cl_state *cl = calloc(1, sizeof *cl);
     if (!cl)
@@ -281,8 +282,8 @@ clattn_status clattn_ocl_init_on_device(clattn_context *ctx, const char *variant
                                &cl->max_alloc, NULL)) ||
         (err = clGetDeviceInfo(device, CL_DEVICE_LOCAL_MEM_SIZE, sizeof cl->local_mem,
                                &cl->local_mem, NULL)) ||
-        (err = clGetDeviceInfo(device, CL_DEVICE_NATIVE_VECTOR_WIDTH_FLOAT,
-                               sizeof cl->float_width, &cl->float_width, NULL))) {
+        (err = clGetDeviceInfo(device, CL_DEVICE_NATIVE_VECTOR_WIDTH_FLOAT, sizeof cl->float_width,
+                               &cl->float_width, NULL))) {
         st = clattn_ocl_fail(err, "clGetDeviceInfo");
         goto fail;
     }
@@ -296,8 +297,8 @@ clattn_status clattn_ocl_init_on_device(clattn_context *ctx, const char *variant
     const int can_mma = cl->nv_major >= 8 || mma_emulated();
     cl->mma_emulate = mma_emulated();
     if (!variant) {
-        const clattn_backend kind = (type & CL_DEVICE_TYPE_CPU) ? CLATTN_BACKEND_OPENCL_CPU
-                                                                : CLATTN_BACKEND_OPENCL_GPU;
+        const clattn_backend kind =
+            (type & CL_DEVICE_TYPE_CPU) ? CLATTN_BACKEND_OPENCL_CPU : CLATTN_BACKEND_OPENCL_GPU;
         for (size_t i = 0; (variant = clattn_variant_name(kind, i)) != NULL; ++i)
             if (can_mma || strcmp(variant, "mma") != 0)
                 break;
@@ -319,13 +320,14 @@ clattn_status clattn_ocl_init_on_device(clattn_context *ctx, const char *variant
                           : !strcmp(variant, "mma")     ? "mma"
                                                         : NULL;
     if (!cl->special_variant) {
-        if ((st = clattn_ocl_build_set(cl, variant, 0, CLATTN_DTYPE_F32, &cl->generic[0], strict_limits)) !=
-            CLATTN_OK)
+        if ((st = clattn_ocl_build_set(cl, variant, 0, CLATTN_DTYPE_F32, &cl->generic[0],
+                                       strict_limits)) != CLATTN_OK)
             goto fail;
         cl->generic_built[0] = 1;
     }
     kernel_set *probe = NULL;
-    if (cl->special_variant && (st = clattn_ocl_kernels_for(cl, 64, CLATTN_DTYPE_F32, &probe)) != CLATTN_OK)
+    if (cl->special_variant &&
+        (st = clattn_ocl_kernels_for(cl, 64, CLATTN_DTYPE_F32, &probe)) != CLATTN_OK)
         goto fail;
 
     char name[128], platform_name[128];
@@ -334,8 +336,8 @@ clattn_status clattn_ocl_init_on_device(clattn_context *ctx, const char *variant
     clGetDeviceInfo(device, CL_DEVICE_PLATFORM, sizeof platform, &platform, NULL);
     query_string(get_platform_info, platform, CL_PLATFORM_NAME, platform_name,
                  sizeof platform_name);
-    ctx->backend = (type & CL_DEVICE_TYPE_CPU) ? CLATTN_BACKEND_OPENCL_CPU
-                                               : CLATTN_BACKEND_OPENCL_GPU;
+    ctx->backend =
+        (type & CL_DEVICE_TYPE_CPU) ? CLATTN_BACKEND_OPENCL_CPU : CLATTN_BACKEND_OPENCL_GPU;
     snprintf(ctx->device, sizeof ctx->device, "%s: %s / %s", clattn_backend_name(ctx->backend),
              platform_name, name);
     snprintf(ctx->variant, sizeof ctx->variant, "%s", variant);
@@ -360,8 +362,8 @@ static int matches(const clattn_cl_pick *pick, const cl_entry *e)
         size_t n = strlen(pick->name);
         for (const char *h = e->name; *h; ++h) {
             size_t i = 0;
-            while (i < n && h[i] && tolower((unsigned char)h[i]) ==
-                                        tolower((unsigned char)pick->name[i]))
+            while (i < n && h[i] &&
+                   tolower((unsigned char)h[i]) == tolower((unsigned char)pick->name[i]))
                 ++i;
             if (i == n)
                 return 1;
@@ -403,7 +405,8 @@ clattn_status clattn_opencl_init(clattn_context *ctx, const clattn_options *opts
     for (i = 0; i < n; ++i) {
         if (!matches(pick, &list[i]))
             continue;
-        st = clattn_ocl_init_on_device(ctx, opts->variant, NULL, list[i].device, NULL, all_candidates);
+        st = clattn_ocl_init_on_device(ctx, opts->variant, NULL, list[i].device, NULL,
+                                       all_candidates);
         if (st == CLATTN_OK)
             break;
         clattn_log_append(ctx, "%u:%u %s / %s: %s: %s", list[i].platform_index,

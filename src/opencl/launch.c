@@ -54,7 +54,7 @@ static size_t tree_work_group(uint32_t head_dim)
 }
 
 size_t clattn_ocl_local_bytes(const struct clattn_cl_state *cl, const kernel_set *set, int k,
-                          uint32_t head_dim)
+                              uint32_t head_dim)
 {
     if (set->kind[k] == KIND_BLOCKED)
         return sizeof(float); /* unused, but an argument wants a size */
@@ -63,10 +63,9 @@ size_t clattn_ocl_local_bytes(const struct clattn_cl_state *cl, const kernel_set
     if (set->kind[k] == KIND_MMA) {
         const mma_config *c = clattn_ocl_mma_config(cl, head_dim, set->dtype, k);
         /* wgmma's tiles start at a 1024-byte boundary: up to 255 floats more */
-        const size_t align =
-            clattn_ocl_mma_wgmma(cl->wgmma, cl->nv_major, cl->mma_emulate, c, head_dim, set->dtype, k)
-                ? 256
-                : 0;
+        const int wgmma = clattn_ocl_mma_wgmma(cl->wgmma, cl->nv_major, cl->mma_emulate, c,
+                                               head_dim, set->dtype, k);
+        const size_t align = wgmma ? 256 : 0;
         return (clattn_ocl_mma_local_floats(c, head_dim, cl->mma_emulate, set->dtype, k) + align) *
                sizeof(float);
     }
@@ -78,13 +77,15 @@ size_t clattn_ocl_local_bytes(const struct clattn_cl_state *cl, const kernel_set
 }
 
 size_t clattn_ocl_work_group(const struct clattn_cl_state *cl, const kernel_set *set, int k,
-                         uint32_t head_dim)
+                             uint32_t head_dim)
 {
     const tile_config c = clattn_ocl_tile_config(cl, head_dim);
-    return set->kind[k] == KIND_TILED ? (size_t)c.rows * c.split * clattn_ocl_tile_dsplit(&c, head_dim)
+    return set->kind[k] == KIND_TILED
+               ? (size_t)c.rows * c.split * clattn_ocl_tile_dsplit(&c, head_dim)
            : set->kind[k] == KIND_BLOCKED ? 1
-           : set->kind[k] == KIND_MMA     ? 32u * clattn_ocl_mma_config(cl, head_dim, set->dtype, k)->warps
-                                          : tree_work_group(head_dim);
+           : set->kind[k] == KIND_MMA
+               ? 32u * clattn_ocl_mma_config(cl, head_dim, set->dtype, k)->warps
+               : tree_work_group(head_dim);
 }
 
 /* Rows of a work-group of cl/mma: 16 for each group of wsplit warps. */
@@ -119,7 +120,7 @@ static clattn_status scratch(struct clattn_cl_state *cl, int role, size_t bytes)
 }
 
 clattn_status clattn_ocl_check_alloc(const struct clattn_cl_state *cl, const clattn_sizes *sz,
-                                 clattn_dtype dtype)
+                                     clattn_dtype dtype)
 {
     const size_t largest = sz->q > sz->kv ? sz->q : sz->kv;
     const size_t bytes = largest * clattn_ocl_role_bytes(CLATTN_R_Q, dtype);
@@ -172,24 +173,25 @@ static clattn_status enqueue_kernel(struct clattn_cl_state *cl, const kernel_set
         return clattn_fail(CLATTN_ERROR_OPENCL, "clSetKernelArg failed for kernel %d", k);
     const size_t rows = kd->key_rows ? s->kv_seq : s->q_seq;
     const size_t heads = kd->key_rows ? s->num_kv_heads : s->num_heads;
-    const size_t per_group = set->kind[k] == KIND_TILED     ? clattn_ocl_tile_config(cl, s->head_dim).rows
+    const size_t per_group = set->kind[k] == KIND_TILED
+                                 ? clattn_ocl_tile_config(cl, s->head_dim).rows
                              : set->kind[k] == KIND_BLOCKED ? BLOCKED_ROWS
-                             : set->kind[k] == KIND_MMA ? mma_rows(cl, s->head_dim, s->dtype, k)
+                             : set->kind[k] == KIND_MMA     ? mma_rows(cl, s->head_dim, s->dtype, k)
                                                             : 1;
     const size_t blocks = (rows + per_group - 1) / per_group;
     const size_t groups = set->kind[k] == KIND_TILED && s->causal ? (blocks + 1) / 2 : blocks;
     size_t global[3] = {groups * wg, heads, s->batch};
     size_t lsize[3] = {wg, 1, 1};
-    err = clEnqueueNDRangeKernel(cl->queue, kn, 3, NULL, global, lsize, nwait,
-                                 nwait ? wait : NULL, done);
+    err = clEnqueueNDRangeKernel(cl->queue, kn, 3, NULL, global, lsize, nwait, nwait ? wait : NULL,
+                                 done);
     if (err != CL_SUCCESS)
         return clattn_ocl_fail(err, "clEnqueueNDRangeKernel");
     return CLATTN_OK;
 }
 
 clattn_status clattn_ocl_enqueue_op(struct clattn_cl_state *cl, clattn_op op, const clattn_shape *s,
-                                const clattn_sizes *sz, clattn_cl_tensor t[R_ALL],
-                                cl_uint nwait, const cl_event *wait, cl_event *done)
+                                    const clattn_sizes *sz, clattn_cl_tensor t[R_ALL],
+                                    cl_uint nwait, const cl_event *wait, cl_event *done)
 {
     kernel_set *set = NULL;
     clattn_status st = clattn_ocl_kernels_for(cl, s->head_dim, s->dtype, &set);
@@ -200,7 +202,7 @@ clattn_status clattn_ocl_enqueue_op(struct clattn_cl_state *cl, clattn_op op, co
      * the device's largest allocation, two passes. */
     const int single = op == CLATTN_OP_BACKWARD && set->kernel[K_GRAD_KVQ] &&
                        (cl_ulong)sz->q * sizeof(float) <= cl->max_alloc;
-    const int *plan = single                                               ? backward_single
+    const int *plan = single                                                ? backward_single
                       : op == CLATTN_OP_BACKWARD && !set->kernel[K_GRAD_KV] ? backward_unfused
                                                                             : op_plans[op];
     cl_mem dsum = NULL, dq32 = NULL;
@@ -208,8 +210,8 @@ clattn_status clattn_ocl_enqueue_op(struct clattn_cl_state *cl, clattn_op op, co
     if (plan[0] == K_DSUM) {
         /* Released at once: OpenCL keeps it until the kernels using it end. */
         cl_int err;
-        dsum = clCreateBuffer(cl->context, CL_MEM_READ_WRITE, sz->lse / 2 * sizeof(float), NULL,
-                              &err);
+        dsum =
+            clCreateBuffer(cl->context, CL_MEM_READ_WRITE, sz->lse / 2 * sizeof(float), NULL, &err);
         if (err != CL_SUCCESS)
             return clattn_ocl_fail(err, "clCreateBuffer(dsum)");
         t[R_DSUM].buffer = dsum;
@@ -220,14 +222,15 @@ clattn_status clattn_ocl_enqueue_op(struct clattn_cl_state *cl, clattn_op op, co
         const cl_float zero = 0.0f;
         dq32 = clCreateBuffer(cl->context, CL_MEM_READ_WRITE, sz->q * sizeof(float), NULL, &err);
         if (err == CL_SUCCESS) {
-            err = clEnqueueFillBuffer(cl->queue, dq32, &zero, sizeof zero, 0,
-                                      sz->q * sizeof(float), 0, NULL, &zeroed);
+            err = clEnqueueFillBuffer(cl->queue, dq32, &zero, sizeof zero, 0, sz->q * sizeof(float),
+                                      0, NULL, &zeroed);
             if (err != CL_SUCCESS)
                 clReleaseMemObject(dq32);
         }
         if (err != CL_SUCCESS) {
             clReleaseMemObject(dsum);
-            return clattn_ocl_fail(err, dq32 ? "clEnqueueFillBuffer(dq32)" : "clCreateBuffer(dq32)");
+            return clattn_ocl_fail(err,
+                                   dq32 ? "clEnqueueFillBuffer(dq32)" : "clCreateBuffer(dq32)");
         }
         t[R_DQ32].buffer = dq32;
         t[R_DQ32].offset = 0;
@@ -270,7 +273,7 @@ clattn_status clattn_ocl_enqueue_op(struct clattn_cl_state *cl, clattn_op op, co
 }
 
 clattn_status clattn_ocl_run(clattn_context *ctx, clattn_op op, const clattn_shape *s,
-                                const clattn_sizes *sz, const void *const host[CLATTN_R_COUNT])
+                             const clattn_sizes *sz, const void *const host[CLATTN_R_COUNT])
 {
     struct clattn_cl_state *cl = ctx->cl;
     kernel_set *set = NULL;
@@ -287,7 +290,8 @@ clattn_status clattn_ocl_run(clattn_context *ctx, clattn_op op, const clattn_sha
     for (int r = 0; r < CLATTN_R_COUNT; ++r) {
         if (!((reads | writes) & CLATTN_BIT(r)))
             continue;
-        const size_t bytes = clattn_role_elems(sz, (clattn_role)r) * clattn_ocl_role_bytes(r, s->dtype);
+        const size_t bytes =
+            clattn_role_elems(sz, (clattn_role)r) * clattn_ocl_role_bytes(r, s->dtype);
         if ((st = scratch(cl, r, bytes)) != CLATTN_OK)
             return st;
         t[r].buffer = cl->scratch[r];
@@ -298,9 +302,10 @@ clattn_status clattn_ocl_run(clattn_context *ctx, clattn_op op, const clattn_sha
     cl_int err = CL_SUCCESS;
     for (int r = 0; r < CLATTN_R_COUNT && err == CL_SUCCESS; ++r)
         if (reads & CLATTN_BIT(r)) {
-            const size_t bytes = clattn_role_elems(sz, (clattn_role)r) * clattn_ocl_role_bytes(r, s->dtype);
-            err = clEnqueueWriteBuffer(cl->queue, t[r].buffer, CL_FALSE, 0, bytes, host[r], 0,
-                                       NULL, &ev[nev]);
+            const size_t bytes =
+                clattn_role_elems(sz, (clattn_role)r) * clattn_ocl_role_bytes(r, s->dtype);
+            err = clEnqueueWriteBuffer(cl->queue, t[r].buffer, CL_FALSE, 0, bytes, host[r], 0, NULL,
+                                       &ev[nev]);
             if (err == CL_SUCCESS)
                 ++nev;
         }
@@ -313,7 +318,8 @@ clattn_status clattn_ocl_run(clattn_context *ctx, clattn_op op, const clattn_sha
     nev = 0;
     for (int r = 0; r < CLATTN_R_COUNT && st == CLATTN_OK; ++r)
         if (writes & CLATTN_BIT(r)) {
-            const size_t bytes = clattn_role_elems(sz, (clattn_role)r) * clattn_ocl_role_bytes(r, s->dtype);
+            const size_t bytes =
+                clattn_role_elems(sz, (clattn_role)r) * clattn_ocl_role_bytes(r, s->dtype);
             err = clEnqueueReadBuffer(cl->queue, t[r].buffer, CL_FALSE, 0, bytes, (void *)host[r],
                                       1, &kernels_done, &ev[nev]);
             if (err == CL_SUCCESS)

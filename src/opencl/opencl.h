@@ -25,7 +25,7 @@ enum {
     K_GRAD_Q,
     K_GRAD_K,
     K_GRAD_KV,
-    K_GRAD_KVQ, /* dK, dV and a float32 dQ in one pass (mma, 16-bit) */
+    K_GRAD_KVQ,  /* dK, dV and a float32 dQ in one pass (mma, 16-bit) */
     K_FINISH_DQ, /* dQ from that float32 dQ */
     K_COUNT
 };
@@ -89,14 +89,14 @@ struct clattn_cl_state {
     int generic_built[3];
     /* Per head_dim, on first use; &generic where auto fell back on it. */
     kernel_set *special[3][CLATTN_MAX_HEAD_DIM + 1];
-    cl_kernel merge[3]; /* tree.cl's merge__tree, per dtype, on first use */
+    cl_kernel merge[3];          /* tree.cl's merge__tree, per dtype, on first use */
     const char *special_variant; /* the variant built per head_dim, or NULL */
     int mma_emulate;             /* build cl/mma with -DMMA_EMULATE */
     int nv_major;                /* compute capability (NVIDIA), else 0: 9 builds with -DSM90 */
-    int wgmma; /* the 16-bit kernels on wgmma where it applies (mma_wgmma) */
+    int wgmma;                   /* the 16-bit kernels on wgmma where it applies (mma_wgmma) */
     int mma_tuned;               /* CLATTN_MMA set: mma_tune for every kernel */
     mma_config mma_tune;
-    int grad_q_tuned;            /* CLATTN_MMA_GRAD_Q set: grad_q_tune for grad-Q */
+    int grad_q_tuned; /* CLATTN_MMA_GRAD_Q set: grad_q_tune for grad-Q */
     mma_config grad_q_tune;
     int single_tuned; /* CLATTN_MMA_SINGLE set to a shape: the single pass, wherever it fits */
     mma_config single_tune;
@@ -160,10 +160,9 @@ clattn_status clattn_ocl_check_alloc(const struct clattn_cl_state *cl, const cla
 /* Enqueues the kernels of op after the wait list, each after the one
  * before, so that an out-of-order queue keeps their order. *done, when
  * not NULL, receives the last kernel's event. */
-clattn_status clattn_ocl_enqueue_op(struct clattn_cl_state *cl, clattn_op op,
-                                    const clattn_shape *s, const clattn_sizes *sz,
-                                    clattn_cl_tensor t[R_ALL], cl_uint nwait,
-                                    const cl_event *wait, cl_event *done);
+clattn_status clattn_ocl_enqueue_op(struct clattn_cl_state *cl, clattn_op op, const clattn_shape *s,
+                                    const clattn_sizes *sz, clattn_cl_tensor t[R_ALL],
+                                    cl_uint nwait, const cl_event *wait, cl_event *done);
 /* The backend's run: a host-pointer call through the scratch buffers. */
 clattn_status clattn_ocl_run(clattn_context *ctx, clattn_op op, const clattn_shape *s,
                              const clattn_sizes *sz, const void *const host[CLATTN_R_COUNT]);
