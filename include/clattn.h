@@ -9,8 +9,12 @@
  *   K, V, dK, dV  [batch][kv_seq][num_kv_heads][head_dim]
  *   LSE           [batch][q_seq][num_heads][2]   the pair (m, l) of a row
  * Query head h reads KV head h / (num_heads / num_kv_heads).
- * Key t is visible to query pos iff
- *   t < kv_seq && (!causal || t <= pos) && (window == 0 || pos < t + window).
+ * Key t is visible to query pos iff, over the global positions
+ * P = q_offset + pos and T = kv_offset + t,
+ *   t < kv_seq && (!causal || T <= P) && (window == 0 || P < T + window).
+ * With both offsets 0 and kv_seq != q_seq, causal is aligned top-left, as
+ * PyTorch's is_causal; CLATTN_CAUSAL_BOTTOM_RIGHT aligns the last query
+ * with the last key, as FlashAttention-2 (>= 2.1) and cuDNN do.
  *
  * Non-finite inputs propagate: a NaN or infinity in Q, K, V or dO reaches
  * every output element it touches (the rows that see that query or key,
@@ -51,7 +55,7 @@ typedef enum clattn_status {
     CLATTN_ERROR_ZERO_SIZE = 2,          /* batch, a sequence, heads or head_dim is 0 */
     CLATTN_ERROR_HEADS_NOT_DIVISIBLE = 3, /* num_heads % num_kv_heads != 0 */
     CLATTN_ERROR_HEAD_DIM_TOO_LARGE = 4, /* head_dim > CLATTN_MAX_HEAD_DIM */
-    CLATTN_ERROR_CAUSAL_SEQ_MISMATCH = 5, /* causal with kv_seq != q_seq */
+    CLATTN_ERROR_CAUSAL_SEQ_MISMATCH = 5, /* no longer returned: causal takes any kv_seq */
     CLATTN_ERROR_INVALID_SCALE = 6,      /* scale negative, NaN or infinite */
     CLATTN_ERROR_SIZE_OVERFLOW = 7,      /* a tensor's byte size overflows size_t */
     CLATTN_ERROR_TOO_LARGE_FOR_DEVICE = 8, /* a tensor exceeds the device's largest allocation */
@@ -175,23 +179,31 @@ typedef enum clattn_dtype {
     CLATTN_DTYPE_BF16 = 2 /* bfloat16: the top 16 bits of a binary32 */
 } clattn_dtype;
 
+/* shape.causal: any non-zero value but CLATTN_CAUSAL_BOTTOM_RIGHT is
+ * top-left, PyTorch's is_causal; CLATTN_CAUSAL_BOTTOM_RIGHT is
+ * FlashAttention's and cuDNN's alignment. They differ only where
+ * kv_seq != q_seq. */
+#define CLATTN_CAUSAL_TOP_LEFT 1
+#define CLATTN_CAUSAL_BOTTOM_RIGHT 2
+
 typedef struct clattn_shape {
     uint32_t batch;
     uint32_t q_seq;
-    uint32_t kv_seq;       /* must equal q_seq when causal with both offsets 0 */
+    uint32_t kv_seq;
     uint32_t num_heads;
     uint32_t num_kv_heads; /* divides num_heads; 1 is multi-query attention */
     uint32_t head_dim;     /* 1 .. CLATTN_MAX_HEAD_DIM */
-    int causal;            /* non-zero: key t is visible to query pos only if t <= pos */
+    int causal;            /* non-zero: key T is visible to query P only if T <= P */
     uint32_t window;       /* non-zero: key t is visible to query pos only if pos < t + window */
     float scale;           /* 0: 1 / sqrt(head_dim) */
     clattn_dtype dtype;    /* of the tensors; 0 (CLATTN_DTYPE_F32) by default */
     /* Global positions of the first query row and the first key (0, 0 by
      * default): the causal and window masks compare q_offset + i with
      * kv_offset + j, so that a chunk of a longer sequence is masked as in
-     * the whole. A continuation (bottom-right causal alignment) is
-     * q_offset = kv_seq - q_seq. Rows that see no key get O = 0 and the
-     * LSE pair (-1e30, -1e30). */
+     * the whole. causal = CLATTN_CAUSAL_BOTTOM_RIGHT adds kv_seq - q_seq to
+     * the queries' positions (a continuation: the last query sees the last
+     * key), the same as q_offset = kv_seq - q_seq. Rows that see no key get
+     * O = 0 and the LSE pair (-1e30, -1e30). */
     uint32_t q_offset;
     uint32_t kv_offset;
     /* Non-zero: the backward ops add their dQ, dK and dV into the output

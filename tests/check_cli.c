@@ -363,13 +363,11 @@ START_TEST(offsets_and_merge)
                      2);
     ck_assert(strstr(err_text, "O2") != NULL);
     ck_assert(!exists("bad.npy") && !exists("badl.npy"));
-    /* Causal chunks of unequal lengths at offsets 0 are refused. */
+    /* A causal chunk of unequal length at offsets 0 runs (top-left). */
     ck_assert_int_eq(run("forward", "--q", path("q.npy"), "--k", path("k1.npy"), "--v",
-                         path("v1.npy"), "--out", path("bad.npy"), "--lse-out",
-                         path("badl.npy"), "--causal", NULL),
-                     2);
-    ck_assert(strstr(err_text, "offsets") != NULL);
-    ck_assert(!exists("bad.npy"));
+                         path("v1.npy"), "--out", path("tl.npy"), "--lse-out",
+                         path("tll.npy"), "--causal", "--device", "native", NULL),
+                     0);
     double *all[] = {o, o_mag, lse, ones};
     for (size_t i = 0; i < sizeof all / sizeof *all; ++i)
         free(all[i]);
@@ -595,6 +593,37 @@ START_TEST(outputs_renamed_together)
 }
 END_TEST
 
+/* Causal at offsets 0 with kv_seq != q_seq runs (top-left, as PyTorch's
+ * is_causal); --causal-bottom-right is --causal with q_offset = kv_seq -
+ * q_seq, bit for bit. */
+START_TEST(causal_alignments)
+{
+    make_dir();
+    clattn_shape s = cli_shape();
+    s.kv_seq = 17;
+    problem p;
+    write_problem(&p, &s, 0);
+    const char *in[] = {"--q", path("q.npy"), "--k", path("k.npy"), "--v", path("v.npy")};
+    ck_assert_int_eq(run("forward", in[0], in[1], in[2], in[3], in[4], in[5], "--out",
+                         path("o_tl.npy"), "--lse-out", path("l_tl.npy"), "--causal", "--device",
+                         "native", NULL),
+                     0);
+    ck_assert_int_eq(run("forward", in[0], in[1], in[2], in[3], in[4], in[5], "--out",
+                         path("o_br.npy"), "--lse-out", path("l_br.npy"), "--causal-bottom-right",
+                         "--device", "native", NULL),
+                     0);
+    ck_assert_int_eq(run("forward", in[0], in[1], in[2], in[3], in[4], in[5], "--out",
+                         path("o_off.npy"), "--lse-out", path("l_off.npy"), "--causal",
+                         "--q-offset", "5", "--device", "native", NULL),
+                     0);
+    ck_assert(same_bytes(path("o_br.npy"), path("o_off.npy")));
+    ck_assert(same_bytes(path("l_br.npy"), path("l_off.npy")));
+    ck_assert(!same_bytes(path("o_tl.npy"), path("o_br.npy")));
+    problem_free(&p);
+    cleanup();
+}
+END_TEST
+
 /* Every kind of bad input: exit 2, one line on stderr, and no output file,
  * not even a temporary; an existing output is left as it was. */
 START_TEST(bad_input_leaves_nothing)
@@ -637,7 +666,6 @@ START_TEST(bad_input_leaves_nothing)
         {"missing.npy", {NULL}},    {"text.npy", {NULL}},       {"short.npy", {NULL}},
         {"f8.npy", {NULL}},         {"fortran.npy", {NULL}},    {"k9.npy", {NULL}},
         {"k3.npy", {NULL}},         {"k4.npy", {NULL}},
-        {"k7.npy", {"--causal", NULL}},
         {"k.npy", {"--window", "-1", NULL}},
         {"k.npy", {"--window", "3x", NULL}},
         {"k.npy", {"--window", "99999999999", NULL}},
@@ -781,6 +809,7 @@ Suite *cli_suite(void)
     tcase_add_test(tc, sixteen_bit_files);
     tcase_add_test(tc, multiple_outputs_all_or_nothing);
     tcase_add_test(tc, outputs_renamed_together);
+    tcase_add_test(tc, causal_alignments);
     tcase_add_test(tc, device_failure_exit_one);
     tcase_add_test(tc, devices_and_demo);
     suite_add_tcase(s, tc);

@@ -463,6 +463,25 @@ static const shape_case kv_seqs[] = {
 START_TEST(kv_seq_sweep) { run_cases(kv_seqs, _i); }
 END_TEST
 
+/* Causal at offsets 0 with kv_seq != q_seq: top-left (1) and bottom-right
+ * (2, CLATTN_CAUSAL_BOTTOM_RIGHT), longer keys and longer queries (rows that
+ * see no key), GQA, a window. */
+static const shape_case alignments[] = {
+    {1, 37, 12, 4, 2, 16, 1, 0, 0, 1},  {1, 12, 37, 4, 2, 16, 1, 0, 0, 1},
+    {1, 37, 12, 4, 2, 16, 2, 0, 0, 1},  {2, 12, 37, 4, 1, 16, 2, 0, 0, 1},
+    {1, 40, 70, 2, 2, 16, 2, 9, 0, 1},
+};
+START_TEST(causal_alignment) { run_cases(alignments, _i); }
+END_TEST
+
+/* The same at head_dim 64, for the emulated mma suite (its programs). */
+static const shape_case alignments_64[] = {
+    {1, 70, 20, 4, 2, 64, 2, 0, 0, 1},
+    {1, 20, 70, 2, 1, 64, 1, 9, 0, 1},
+};
+START_TEST(causal_alignment_64) { run_cases(alignments_64, _i); }
+END_TEST
+
 static const shape_case groups[] = {
     {1, 33, 33, 2, 2, 16, 1, 0, 0, 1},   {1, 33, 33, 4, 2, 16, 1, 0, 0, 1},
     {1, 33, 33, 8, 2, 16, 0, 0, 0, 1},   {1, 33, 33, 16, 2, 16, 1, 0, 0, 1},
@@ -1089,6 +1108,7 @@ Suite *emulated_suite(void)
     tcase_add_loop_test(tc, offset_sweep, 1, 2);
     tcase_add_loop_test(tc, split_sweep_offsets, 2, 3);
     tcase_add_test(tc, non_finite_inputs); /* float32 at head_dim 8 */
+    tcase_add_loop_test(tc, causal_alignment_64, 0, N(alignments_64));
     suite_add_tcase(s, tc);
     return s;
 }
@@ -1112,6 +1132,7 @@ Suite *kernels_suite(void)
     tcase_add_loop_test(tc, head_dim_sweep, 0, N(head_dims));
     tcase_add_loop_test(tc, q_seq_sweep, 0, N(q_seqs));
     tcase_add_loop_test(tc, kv_seq_sweep, 0, N(kv_seqs));
+    tcase_add_loop_test(tc, causal_alignment, 0, N(alignments));
     tcase_add_loop_test(tc, group_sweep, 0, N(groups));
     tcase_add_loop_test(tc, window_sweep, 0, N(windows));
     tcase_add_loop_test(tc, batch_sweep, 0, N(batches));

@@ -16,8 +16,11 @@ static float uniform(uint64_t *x)
 
 int ref_visible(const clattn_shape *s, uint32_t pos, uint32_t t)
 {
-    /* Global positions: the masks compare q_offset + pos with kv_offset + t. */
-    const int64_t at = (int64_t)s->q_offset + pos, key = (int64_t)s->kv_offset + t;
+    /* Global positions: the masks compare q_offset + pos with kv_offset + t;
+     * bottom-right alignment moves the queries by kv_seq - q_seq. */
+    const int64_t shift =
+        s->causal == CLATTN_CAUSAL_BOTTOM_RIGHT ? (int64_t)s->kv_seq - (int64_t)s->q_seq : 0;
+    const int64_t at = (int64_t)s->q_offset + pos + shift, key = (int64_t)s->kv_offset + t;
     return t < s->kv_seq && (!s->causal || key <= at) &&
            (s->window == 0 || at < key + (int64_t)s->window);
 }

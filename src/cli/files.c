@@ -137,7 +137,7 @@ static const void *elements(const npy_array *a)
 
 /* The mask and scale options of the file commands. */
 typedef struct mask_opts {
-    int causal;
+    int causal, bottom_right;
     uint32_t window, q_offset, kv_offset;
     float scale;
 } mask_opts;
@@ -175,7 +175,7 @@ static int load_inputs(const char *cmd, const input_paths *paths, inputs *in,
     s->head_dim = (uint32_t)qs[3];
     s->kv_seq = (uint32_t)ks[1];
     s->num_kv_heads = (uint32_t)ks[2];
-    s->causal = mask->causal;
+    s->causal = mask->bottom_right ? CLATTN_CAUSAL_BOTTOM_RIGHT : mask->causal;
     s->window = mask->window;
     s->scale = mask->scale;
     s->q_offset = mask->q_offset;
@@ -300,8 +300,9 @@ typedef struct file_command {
 static const file_command file_commands[] = {
     {"forward",
      "usage: clattn forward --q Q.npy --k K.npy --v V.npy --out O.npy --lse-out LSE.npy\n"
-     "                      [--causal] [--window N] [--scale S] [--q-offset N] [--kv-offset N]\n"
-     "                      [--device SEL] [--variant NAME] [--dtype T]\n"
+     "                      [--causal | --causal-bottom-right] [--window N] [--scale S]\n"
+     "                      [--q-offset N] [--kv-offset N] [--device SEL] [--variant NAME]\n"
+     "                      [--dtype T]\n"
      "Attention's forward: O (q_seq, heads, head_dim) and the LSE pairs (q_seq,\n"
      "heads, 2) that the gradients read. Arrays as for grad-v; exit 0, 1 on a\n"
      "device failure, 2 on bad input (and then no output is left).\n",
@@ -309,8 +310,9 @@ static const file_command file_commands[] = {
     {"backward",
      "usage: clattn backward --q Q.npy --k K.npy --v V.npy --o O.npy --lse LSE.npy\n"
      "                       --d-out DO.npy --dq DQ.npy --dk DK.npy --dv DV.npy\n"
-     "                       [--causal] [--window N] [--scale S] [--q-offset N]\n"
-     "                       [--kv-offset N] [--device SEL] [--variant NAME] [--dtype T]\n"
+     "                       [--causal | --causal-bottom-right] [--window N] [--scale S]\n"
+     "                       [--q-offset N] [--kv-offset N] [--device SEL] [--variant NAME]\n"
+     "                       [--dtype T]\n"
      "Attention's backward from the forward's O and LSE and the output gradient\n"
      "dO: dQ like Q, dK and dV like K. Exit 0, 1 on a device failure, 2 on bad\n"
      "input (and then none of the outputs is left).\n",
@@ -318,8 +320,9 @@ static const file_command file_commands[] = {
      {LIKE_Q, LIKE_K, LIKE_K}},
     {"grad-v",
      "usage: clattn grad-v --q Q.npy --k K.npy --d-out DO.npy --lse LSE.npy --out DV.npy\n"
-     "                    [--causal] [--window N] [--scale S] [--q-offset N] [--kv-offset N]\n"
-     "                    [--device SEL] [--variant NAME] [--dtype T]\n"
+     "                    [--causal | --causal-bottom-right] [--window N] [--scale S]\n"
+     "                    [--q-offset N] [--kv-offset N] [--device SEL] [--variant NAME]\n"
+     "                    [--dtype T]\n"
      "The gradient of attention with respect to V. Arrays are .npy, C order:\n"
      "Q and dO (q_seq, heads, head_dim), K (kv_seq, kv_heads, head_dim), LSE\n"
      "(q_seq, heads, 2), each with an optional leading batch dimension; DV is\n"
@@ -329,7 +332,9 @@ static const file_command file_commands[] = {
      "Exit 0 on success, 1 on a device failure, 2 on bad input (and then no\n"
      "output file is left). --q-offset and --kv-offset are the global positions\n"
      "of the first query and key (default 0): the causal and window masks compare\n"
-     "global positions, so causal needs kv_seq == q_seq only when both are 0.\n",
+     "global positions. --causal aligns top-left (key t <= query t, as PyTorch's\n"
+     "is_causal), --causal-bottom-right aligns the last query with the last key\n"
+     "(as FlashAttention); they differ only where kv_seq != q_seq.\n",
      READS_LSE | READS_DO, 1, {"--out"}, {LIKE_K}},
 };
 
@@ -342,11 +347,12 @@ static int cmd_file(const file_command *fc, int argc, char **argv)
     }
     input_paths paths = {0};
     const char *outp[3] = {NULL, NULL, NULL}, *device = NULL, *variant = NULL, *dtype = NULL;
-    mask_opts mask = {0, 0, 0, 0, 0.0f};
-    opt opts[18] = {
+    mask_opts mask = {0, 0, 0, 0, 0, 0.0f};
+    opt opts[19] = {
         {"--q", OPT_STRING, &paths.q, 1, 0},
         {"--k", OPT_STRING, &paths.k, 1, 0},
         {"--causal", OPT_FLAG, &mask.causal, 0, 0},
+        {"--causal-bottom-right", OPT_FLAG, &mask.bottom_right, 0, 0},
         {"--window", OPT_UINT, &mask.window, 0, 0},
         {"--scale", OPT_POSITIVE, &mask.scale, 0, 0},
         {"--q-offset", OPT_UINT, &mask.q_offset, 0, 0},
@@ -355,7 +361,7 @@ static int cmd_file(const file_command *fc, int argc, char **argv)
         {"--variant", OPT_STRING, &variant, 0, 0},
         {"--dtype", OPT_STRING, &dtype, 0, 0},
     };
-    size_t n = 10;
+    size_t n = 11;
     const struct {
         unsigned bit;
         const char *name;

@@ -128,11 +128,6 @@ clattn_status clattn_check_shape(const clattn_shape *s, clattn_sizes *sizes)
     if (s->head_dim > CLATTN_MAX_HEAD_DIM)
         return clattn_fail(CLATTN_ERROR_HEAD_DIM_TOO_LARGE, "head_dim %u is above %d",
                            s->head_dim, CLATTN_MAX_HEAD_DIM);
-    if (s->causal && s->kv_seq != s->q_seq && !s->q_offset && !s->kv_offset)
-        return clattn_fail(CLATTN_ERROR_CAUSAL_SEQ_MISMATCH,
-                           "causal attention with both offsets 0 needs kv_seq == q_seq (got %u "
-                           "and %u); a continuation sets q_offset = kv_seq - q_seq",
-                           s->kv_seq, s->q_seq);
     /* The last position, offset + seq - 1, must fit in 32 bits. */
     if ((uint64_t)s->q_offset + s->q_seq - 1u > UINT32_MAX ||
         (uint64_t)s->kv_offset + s->kv_seq - 1u > UINT32_MAX)
@@ -173,7 +168,9 @@ float clattn_effective_scale(const clattn_shape *s)
 
 int64_t clattn_mask_delta(const clattn_shape *s)
 {
-    return (int64_t)s->q_offset - (int64_t)s->kv_offset;
+    const int64_t align =
+        s->causal == CLATTN_CAUSAL_BOTTOM_RIGHT ? (int64_t)s->kv_seq - (int64_t)s->q_seq : 0;
+    return (int64_t)s->q_offset - (int64_t)s->kv_offset + align;
 }
 
 static uint32_t clamp_to(int64_t x, uint32_t n)

@@ -37,8 +37,9 @@ float clattn_effective_scale(const clattn_shape *s);
 void clattn_query_range(const clattn_shape *s, uint32_t t, uint32_t *start, uint32_t *end);
 /* The keys [*lo, *hi) that query pos sees. */
 void clattn_key_range(const clattn_shape *s, uint32_t pos, uint32_t *lo, uint32_t *hi);
-/* q_offset - kv_offset: key j is visible to query i iff (not causal or
- * j <= i + delta) and (no window or i + delta < j + window). */
+/* q_offset - kv_offset (+ kv_seq - q_seq aligned bottom-right): key j is
+ * visible to query i iff (not causal or j <= i + delta) and (no window or
+ * i + delta < j + window). */
 int64_t clattn_mask_delta(const clattn_shape *s);
 
 /* The tensors of the contract, by role. An op reads some and writes some. */
