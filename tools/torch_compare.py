@@ -42,8 +42,9 @@ DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 
 def visibility(q_seq, kv_seq, causal, window):
-    """The contract's mask: visible[pos, t]."""
-    pos = torch.arange(q_seq, device=DEVICE).view(-1, 1)
+    """The contract's mask: visible[pos, t]; causal 1 aligns top-left (PyTorch's
+    is_causal), 2 bottom-right (FlashAttention's: positions move by kv - q)."""
+    pos = torch.arange(q_seq, device=DEVICE).view(-1, 1) + (kv_seq - q_seq if causal == 2 else 0)
     t = torch.arange(kv_seq, device=DEVICE).view(1, -1)
     visible = torch.ones(q_seq, kv_seq, dtype=torch.bool, device=DEVICE)
     if causal:
@@ -67,6 +68,13 @@ def reference(q, k, v, d_out, causal, window, scale):
     vh = v.permute(0, 2, 1, 3).repeat_interleave(group, dim=1)
     s = qh @ kh.transpose(-1, -2) * scale
     visible = visibility(q_seq, kv_seq, causal, window)
+    if causal == 1 and not window:  # the mask is PyTorch's own is_causal one
+        with torch.no_grad():
+            mine = torch.nn.functional.scaled_dot_product_attention(
+                qh, kh, vh, attn_mask=visible, scale=scale)
+            theirs = torch.nn.functional.scaled_dot_product_attention(
+                qh, kh, vh, is_causal=True, scale=scale)
+        assert torch.allclose(mine, theirs, equal_nan=True), "is_causal aligns otherwise"
     has_key = visible.any(dim=1).view(1, 1, -1, 1)
     s = s.masked_fill(~visible, float("-inf")).masked_fill(~has_key, 0.0)
     lse = torch.logsumexp(s, dim=-1, keepdim=True)
@@ -164,15 +172,16 @@ def main():
             kv_heads = int(rng.choice([1, 2, 3]))
             heads = kv_heads * int(rng.choice([1, 2, 4]))
             head_dim = int(rng.choice([1, 5, 13, 32, 64, 80, 127]))
-            causal = bool(rng.integers(2))
+            causal = int(rng.integers(3))  # none, top-left, bottom-right
             q_seq = int(rng.integers(1, 90))
-            kv_seq = q_seq if causal else int(rng.integers(1, 90))
+            kv_seq = q_seq if rng.integers(2) else int(rng.integers(1, 90))
             window = int(rng.choice([0, 0, 1, 4, 17]))
             batch = int(rng.integers(1, 3))
             scale = float(rng.choice([0.0, 0.37]))
             gain = float(rng.choice([1.0, 4.0]))
             if case >= args.cases:
                 batch, q_seq, heads, kv_heads, head_dim, causal = large[case - args.cases]
+                causal = int(causal)
                 kv_seq, window, scale, gain = q_seq, 0, 0.0, 1.0
             q = rng.uniform(-gain, gain, (batch, q_seq, heads, head_dim))
             k = rng.uniform(-1, 1, (batch, kv_seq, kv_heads, head_dim))
@@ -185,7 +194,8 @@ def main():
                 q, k, v, d_out, causal, window, eff_scale)
             files = {n: save(folder, n + ".npy", a, args.dtype)
                      for n, a in (("q", q), ("k", k), ("v", v), ("do", d_out))}
-            flags = (["--causal"] if causal else []) + (["--window", str(window)] if window else [])
+            flags = ({1: ["--causal"], 2: ["--causal-bottom-right"]}.get(causal, []) +
+                     (["--window", str(window)] if window else []))
             flags += ["--scale", repr(scale)] if scale > 0 else []
             flags += ["--dtype", args.dtype] if args.dtype != "f32" else []
             # Rows that see no key: PyTorch gives NaN there, clattn zeros.
