@@ -177,8 +177,8 @@ int cmd_bench(int argc, char **argv)
     if (wants_help(argc, argv)) {
         printf("usage: clattn bench --op grad-v|forward|backward --q-seq N [--kv-seq N] "
                "--heads H\n"
-               "                    [--kv-heads KH] --head-dim D [--batch B] [--causal] "
-               "[--window W]\n"
+               "                    [--kv-heads KH] --head-dim D [--batch B]\n"
+               "                    [--causal | --causal-bottom-right] [--window W]\n"
                "                    [--device SEL] [--variant NAME|all] [--reps R] [--threads N]\n"
                "                    [--dtype f32|f16|bf16] [--json]\n"
                "Times the op on random inputs: compile and a warm-up call excluded, the\n"
@@ -197,7 +197,7 @@ int cmd_bench(int argc, char **argv)
     const char *op_name = NULL, *device = NULL, *variant = NULL, *dtype_name = "f32";
     uint32_t q_seq = 0, kv_seq = 0, heads = 0, kv_heads = 0, head_dim = 0, batch = 1;
     uint32_t window = 0, reps = 10, threads = 0;
-    int causal = 0, json = 0;
+    int causal = 0, bottom_right = 0, json = 0;
     opt opts[] = {
         {"--op", OPT_STRING, &op_name, 1, 0},       {"--q-seq", OPT_UINT, &q_seq, 1, 0},
         {"--kv-seq", OPT_UINT, &kv_seq, 0, 0},      {"--heads", OPT_UINT, &heads, 1, 0},
@@ -207,6 +207,7 @@ int cmd_bench(int argc, char **argv)
         {"--variant", OPT_STRING, &variant, 0, 0},  {"--reps", OPT_UINT, &reps, 0, 0},
         {"--threads", OPT_UINT, &threads, 0, 0},    {"--json", OPT_FLAG, &json, 0, 0},
         {"--dtype", OPT_STRING, &dtype_name, 0, 0},
+        {"--causal-bottom-right", OPT_FLAG, &bottom_right, 0, 0},
     };
     if (!parse_opts(cmd, argc, argv, opts, sizeof opts / sizeof opts[0]))
         return EXIT_INPUT;
@@ -250,7 +251,7 @@ int cmd_bench(int argc, char **argv)
     b.s.num_heads = heads;
     b.s.num_kv_heads = kv_heads ? kv_heads : heads;
     b.s.head_dim = head_dim;
-    b.s.causal = causal;
+    b.s.causal = bottom_right ? CLATTN_CAUSAL_BOTTOM_RIGHT : causal;
     b.s.window = window;
     clattn_status st = clattn_shape_validate(&b.s);
     if (st != CLATTN_OK) {
@@ -341,7 +342,7 @@ int cmd_bench(int argc, char **argv)
         printf("%s, batch %u, q_seq %u, kv_seq %u, %u heads, %u KV heads, head_dim %u%s, "
                "window %u, %s, on %s\n%-10s %12s %12s %12s  %s\n",
                op_names[b.op], batch, q_seq, b.s.kv_seq, heads, b.s.num_kv_heads, head_dim,
-               causal ? ", causal" : "", window, dtype_name, clattn_context_device(base), "variant",
+               bottom_right ? ", causal bottom-right" : causal ? ", causal" : "", window, dtype_name, clattn_context_device(base), "variant",
                "ms/call", "GFLOP/s", "max_error", "kernels");
     for (size_t vi = 0;; ++vi) {
         const char *name = variant && strcmp(variant, "all") ? (vi ? NULL : variant)
@@ -407,7 +408,10 @@ int cmd_bench(int argc, char **argv)
                    "\"threads\": %u, \"dtype\": \"%s\", "
                    "\"seconds\": %.6g, \"gflops\": %.6g, \"max_error\": %s, \"kernels\": \"%s\"}\n",
                    name, batch, q_seq, b.s.kv_seq, heads, b.s.num_kv_heads, head_dim,
-                   causal ? "true" : "false", window, reps, threads, dtype_name, seconds,
+                   b.s.causal == CLATTN_CAUSAL_BOTTOM_RIGHT ? "\"bottom-right\""
+                   : b.s.causal                              ? "true"
+                                                             : "false",
+                   window, reps, threads, dtype_name, seconds,
                    flop / seconds * 1e-9,
                    errtext, ran);
         } else
