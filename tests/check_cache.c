@@ -108,10 +108,6 @@ END_TEST
 
 Suite *cache_suite(void)
 {
-    Suite *s = suite_create("cache");
-    TCase *tc = tcase_create("program_cache");
-    tcase_set_timeout(tc, 600);
-    tcase_add_test(tc, program_cache);
-    suite_add_tcase(s, tc);
-    return s;
+    const TTest *const tests[] = {program_cache};
+    return case_suite("cache", "program_cache", 600, tests, 1);
 }

@@ -289,12 +289,6 @@ END_TEST
 
 Suite *buffers_suite(void)
 {
-    Suite *s = suite_create("buffers");
-    TCase *tc = tcase_create("cl_mem");
-    tcase_set_timeout(tc, 600); /* a cold PoCL compile alone can take seconds */
-    tcase_add_test(tc, caller_buffers);
-    tcase_add_test(tc, caller_buffers_training);
-    tcase_add_test(tc, merge_non_finite);
-    suite_add_tcase(s, tc);
-    return s;
+    const TTest *const tests[] = {caller_buffers, caller_buffers_training, merge_non_finite};
+    return case_suite("buffers", "cl_mem", 600, tests, sizeof tests / sizeof *tests);
 }

@@ -165,20 +165,12 @@ END_TEST
 
 Suite *faults_suite(void)
 {
-    Suite *s = suite_create("faults");
-    TCase *tc = tcase_create("device_faults");
-    tcase_set_timeout(tc, 600);
-    tcase_add_test(tc, device_faults);
-    suite_add_tcase(s, tc);
-    return s;
+    const TTest *const tests[] = {device_faults};
+    return case_suite("faults", "device_faults", 600, tests, 1);
 }
 
 Suite *inject_suite(void)
 {
-    Suite *s = suite_create("inject");
-    TCase *tc = tcase_create("injected_faults");
-    tcase_set_timeout(tc, 900);
-    tcase_add_test(tc, injected_faults);
-    suite_add_tcase(s, tc);
-    return s;
+    const TTest *const tests[] = {injected_faults};
+    return case_suite("inject", "injected_faults", 900, tests, 1);
 }

@@ -99,6 +99,18 @@ static int required(const char *backend)
     return 0;
 }
 
+Suite *case_suite(const char *suite, const char *tcase, double timeout,
+                  const TTest *const *tests, size_t n)
+{
+    Suite *s = suite_create(suite);
+    TCase *tc = tcase_create(tcase);
+    tcase_set_timeout(tc, timeout);
+    for (size_t i = 0; i < n; ++i)
+        tcase_add_test(tc, tests[i]);
+    suite_add_tcase(s, tc);
+    return s;
+}
+
 int main(int argc, char **argv)
 {
     const char *suite_name = NULL;

@@ -35,6 +35,10 @@ Suite *oclgrind_suite(void);
 Suite *emulated_suite(void);
 Suite *split_suite(void);
 Suite *train_suite(void);
+/* A suite of one test case holding tests[0..n), with its timeout in
+ * seconds (a cold PoCL compile alone can take seconds). */
+Suite *case_suite(const char *suite, const char *tcase, double timeout,
+                  const TTest *const *tests, size_t n);
 /* Adds the per-backend tests of check_training.c to the kernel suite. */
 void add_training_tests(TCase *tc);
 
