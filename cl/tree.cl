@@ -3,16 +3,23 @@
  * generalised. grad_v__tree is mha_grad_v.wgsl; the others follow its shape.
  *
  * One work-group per row (a query for forward and grad-Q, a key for grad-K,
- * grad-V and grad-KV) of one head and batch element; lane d owns element d of
- * the row. Each dot product is reduced across the work-group in local memory
- * by a tree of barriers, as the seed does with its 64 lanes. The work-group
- * is the next power of two >= head_dim; lanes past head_dim add zeros, so any
- * head_dim from 1 to 256 works.
+ * grad-V and grad-KV) of one head and batch element. Work-item `tid` of a
+ * work-group of WG owns elements tid, tid + WG, ... of the row, at most
+ * LANE_ELEMS of them, and sums its products over them first; each dot
+ * product is then reduced across the work-group in local memory by a tree
+ * of barriers, as the seed does with its 64 lanes. WG is the next power of
+ * two >= head_dim where the device allows it, else the largest power of two
+ * it allows (the host's clattn_ocl_tree_work_group), with LANE_ELEMS =
+ * ceil(largest head_dim / WG); elements past head_dim add zeros, so any
+ * head_dim from 1 to 256 runs on any device.
  *
  * Launch: global (rows * WG, heads, batch), local (WG, 1, 1); `red` is a
  * __local buffer of WG floats, or 2 * WG for kernels that reduce two dot
  * products at once. Tensor arguments are (buffer, offset in floats) pairs.
  */
+#ifndef LANE_ELEMS
+#define LANE_ELEMS 1
+#endif
 
 /* Sums every lane's value; every lane of the work-group must call it. */
 inline float tree_sum(__local float *red, float mine, uint tid, uint wg)
@@ -54,6 +61,50 @@ inline ulong at(uint b, uint rows, uint row, uint heads, uint head, uint head_di
     return (((ulong)b * rows + row) * heads + head) * head_dim + d;
 }
 
+/* A work-item's elements of one row (element tid + i * wg in x[i]), zeros
+ * past head_dim. `base` is the row's first element. */
+inline void lane_load(float *x, __global const elem *src, ulong base, uint tid, uint wg,
+                      uint head_dim)
+{
+    for (uint i = 0; i < LANE_ELEMS; ++i) {
+        const uint d = tid + i * wg;
+        x[i] = d < head_dim ? LOAD(src, base + d) : 0.0f;
+    }
+}
+
+/* The work-item's part of a dot product of a row with its elements x. */
+inline float lane_dot(const float *x, __global const elem *src, ulong base, uint tid, uint wg,
+                      uint head_dim)
+{
+    float sum = 0.0f;
+    for (uint i = 0; i < LANE_ELEMS; ++i) {
+        const uint d = tid + i * wg;
+        if (d < head_dim)
+            sum = i ? fma(x[i], LOAD(src, base + d), sum) : x[i] * LOAD(src, base + d);
+    }
+    return sum;
+}
+
+/* The work-item's part of the dot product of two of its element sets. */
+inline float lane_dot2(const float *x, const float *y)
+{
+    float sum = x[0] * y[0];
+    for (uint i = 1; i < LANE_ELEMS; ++i)
+        sum = fma(x[i], y[i], sum);
+    return sum;
+}
+
+/* Stores (or, for gradients under accumulate, adds) a work-item's elements. */
+inline void lane_store_grad(__global elem *dst, ulong base, const float *x, uint tid, uint wg,
+                            uint head_dim, int accumulate)
+{
+    for (uint i = 0; i < LANE_ELEMS; ++i) {
+        const uint d = tid + i * wg;
+        if (d < head_dim)
+            STORE_GRAD(dst, base + d, x[i], accumulate);
+    }
+}
+
 __kernel void grad_v__tree(__global const elem *d_out, ulong d_out_off,
                            __global const elem *q, ulong q_off,
                            __global const elem *k, ulong k_off,
@@ -62,27 +113,30 @@ __kernel void grad_v__tree(__global const elem *d_out, ulong d_out_off,
 {
     const uint wg = get_local_size(0), tid = get_local_id(0);
     const uint t = get_group_id(0), kv_head = get_group_id(1), b = get_group_id(2);
-    const bool live = tid < head_dim;
     const uint group = num_heads / num_kv_heads;
-    const ulong kv_at = at(b, kv_seq, t, num_kv_heads, kv_head, head_dim, tid);
-    const float k_t = live ? LOAD(k, k_off + kv_at) : 0.0f;
-    float my_dv = 0.0f;
+    const ulong kv_at = at(b, kv_seq, t, num_kv_heads, kv_head, head_dim, 0);
+    float k_t[LANE_ELEMS], my_dv[LANE_ELEMS];
+    lane_load(k_t, k, k_off + kv_at, tid, wg, head_dim);
+    for (uint i = 0; i < LANE_ELEMS; ++i)
+        my_dv[i] = 0.0f;
 
     uint start, end;
     queries_of_keys(t, t, q_seq, causal, window, delta, &start, &end);
     for (uint pos = start; pos < end; ++pos) {
         for (uint head = kv_head * group; head < (kv_head + 1u) * group; ++head) {
-            const ulong q_at = at(b, q_seq, pos, num_heads, head, head_dim, tid);
+            const ulong q_at = at(b, q_seq, pos, num_heads, head, head_dim, 0);
             const float score =
-                tree_sum(red, live ? LOAD(q, q_off + q_at) * k_t : 0.0f, tid, wg) * scale;
+                tree_sum(red, lane_dot(k_t, q, q_off + q_at, tid, wg, head_dim), tid, wg) * scale;
             const ulong row = lse_off + 2 * at(b, q_seq, pos, num_heads, head, 1, 0);
             const float p = exp(min0(score - lse[row]) - lse[row + 1]);
-            if (live)
-                my_dv += p * LOAD(d_out, d_out_off + q_at);
+            for (uint i = 0; i < LANE_ELEMS; ++i) {
+                const uint d = tid + i * wg;
+                if (d < head_dim)
+                    my_dv[i] += p * LOAD(d_out, d_out_off + q_at + d);
+            }
         }
     }
-    if (live)
-        STORE_GRAD(dv, dv_off + kv_at, my_dv, accumulate);
+    lane_store_grad(dv, dv_off + kv_at, my_dv, tid, wg, head_dim, accumulate);
 }
 
 /* O and the LSE pair of one query row, by online softmax over its keys. */
@@ -94,25 +148,36 @@ __kernel void forward__tree(__global const elem *q, ulong q_off,
 {
     const uint wg = get_local_size(0), tid = get_local_id(0);
     const uint pos = get_group_id(0), head = get_group_id(1), b = get_group_id(2);
-    const bool live = tid < head_dim;
     const uint kv_head = head / (num_heads / num_kv_heads);
-    const ulong q_at = at(b, q_seq, pos, num_heads, head, head_dim, tid);
-    const float q_d = live ? LOAD(q, q_off + q_at) : 0.0f;
-    float m = EMPTY_ROW, l = 0.0f, acc = 0.0f;
+    const ulong q_at = at(b, q_seq, pos, num_heads, head, head_dim, 0);
+    float q_d[LANE_ELEMS], acc[LANE_ELEMS];
+    lane_load(q_d, q, q_off + q_at, tid, wg, head_dim);
+    for (uint i = 0; i < LANE_ELEMS; ++i)
+        acc[i] = 0.0f;
+    float m = EMPTY_ROW, l = 0.0f;
 
     uint start, end;
     keys_of_queries(pos, pos, kv_seq, causal, window, delta, &start, &end);
     for (uint t = start; t < end; ++t) {
-        const ulong kv_at = at(b, kv_seq, t, num_kv_heads, kv_head, head_dim, tid);
-        const float s = tree_sum(red, live ? q_d * LOAD(k, k_off + kv_at) : 0.0f, tid, wg) * scale;
+        const ulong kv_at = at(b, kv_seq, t, num_kv_heads, kv_head, head_dim, 0);
+        const float s =
+            tree_sum(red, lane_dot(q_d, k, k_off + kv_at, tid, wg, head_dim), tid, wg) * scale;
         const float m_new = fmax(m, s);
         const float rescale = exp(m - m_new), e = exp(s - m_new);
         l = l * rescale + e;
-        acc = acc * rescale + (live ? e * LOAD(v, v_off + kv_at) : 0.0f);
+        for (uint i = 0; i < LANE_ELEMS; ++i) {
+            const uint d = tid + i * wg;
+            acc[i] = acc[i] * rescale + (d < head_dim ? e * LOAD(v, v_off + kv_at + d) : 0.0f);
+        }
         m = m_new;
     }
-    if (live)
-        STORE(o, o_off + q_at, l != 0.0f ? acc / l : 0.0f);
+    for (uint i = 0; i < LANE_ELEMS; ++i)
+        acc[i] = l != 0.0f ? acc[i] / l : 0.0f;
+    for (uint i = 0; i < LANE_ELEMS; ++i) {
+        const uint d = tid + i * wg;
+        if (d < head_dim)
+            STORE(o, o_off + q_at + d, acc[i]);
+    }
     if (tid == 0) {
         const ulong row = lse_off + 2 * at(b, q_seq, pos, num_heads, head, 1, 0);
         lse[row] = l != 0.0f ? m : EMPTY_ROW;
@@ -128,10 +193,10 @@ __kernel void dsum__tree(__global const elem *d_out, ulong d_out_off,
 {
     const uint wg = get_local_size(0), tid = get_local_id(0);
     const uint pos = get_group_id(0), head = get_group_id(1), b = get_group_id(2);
-    const bool live = tid < head_dim;
-    const ulong q_at = at(b, q_seq, pos, num_heads, head, head_dim, tid);
-    const float sum =
-        tree_sum(red, live ? LOAD(d_out, d_out_off + q_at) * LOAD(o, o_off + q_at) : 0.0f, tid, wg);
+    const ulong q_at = at(b, q_seq, pos, num_heads, head, head_dim, 0);
+    float do_d[LANE_ELEMS];
+    lane_load(do_d, d_out, d_out_off + q_at, tid, wg, head_dim);
+    const float sum = tree_sum(red, lane_dot(do_d, o, o_off + q_at, tid, wg, head_dim), tid, wg);
     if (tid == 0)
         dsum[dsum_off + at(b, q_seq, pos, num_heads, head, 1, 0)] = sum;
 }
@@ -147,28 +212,29 @@ __kernel void grad_q__tree(__global const elem *q, ulong q_off,
 {
     const uint wg = get_local_size(0), tid = get_local_id(0);
     const uint pos = get_group_id(0), head = get_group_id(1), b = get_group_id(2);
-    const bool live = tid < head_dim;
     const uint kv_head = head / (num_heads / num_kv_heads);
-    const ulong q_at = at(b, q_seq, pos, num_heads, head, head_dim, tid);
+    const ulong q_at = at(b, q_seq, pos, num_heads, head, head_dim, 0);
     const ulong row = at(b, q_seq, pos, num_heads, head, 1, 0);
-    const float q_d = live ? LOAD(q, q_off + q_at) : 0.0f;
-    const float do_d = live ? LOAD(d_out, d_out_off + q_at) : 0.0f;
+    float q_d[LANE_ELEMS], do_d[LANE_ELEMS], k_d[LANE_ELEMS], v_d[LANE_ELEMS], acc[LANE_ELEMS];
+    lane_load(q_d, q, q_off + q_at, tid, wg, head_dim);
+    lane_load(do_d, d_out, d_out_off + q_at, tid, wg, head_dim);
+    for (uint i = 0; i < LANE_ELEMS; ++i)
+        acc[i] = 0.0f;
     const float m = lse[lse_off + 2 * row], l = lse[lse_off + 2 * row + 1];
     const float ds_row = dsum[dsum_off + row];
-    float acc = 0.0f;
 
     uint start, end;
     keys_of_queries(pos, pos, kv_seq, causal, window, delta, &start, &end);
     for (uint t = start; t < end; ++t) {
-        const ulong kv_at = at(b, kv_seq, t, num_kv_heads, kv_head, head_dim, tid);
-        const float k_d = live ? LOAD(k, k_off + kv_at) : 0.0f;
-        const float v_d = live ? LOAD(v, v_off + kv_at) : 0.0f;
-        const float2 sums = tree_sum2(red, q_d * k_d, do_d * v_d, tid, wg);
+        const ulong kv_at = at(b, kv_seq, t, num_kv_heads, kv_head, head_dim, 0);
+        lane_load(k_d, k, k_off + kv_at, tid, wg, head_dim);
+        lane_load(v_d, v, v_off + kv_at, tid, wg, head_dim);
+        const float2 sums = tree_sum2(red, lane_dot2(q_d, k_d), lane_dot2(do_d, v_d), tid, wg);
         const float p = exp(min0(sums.x * scale - m) - l);
-        acc += scale * p * (sums.y - ds_row) * k_d;
+        for (uint i = 0; i < LANE_ELEMS; ++i)
+            acc[i] += scale * p * (sums.y - ds_row) * k_d[i];
     }
-    if (live)
-        STORE_GRAD(dq, dq_off + q_at, acc, accumulate);
+    lane_store_grad(dq, dq_off + q_at, acc, tid, wg, head_dim, accumulate);
 }
 
 /* dK (and dV when dv is not NULL) of one key row, over the queries of its
@@ -183,33 +249,36 @@ inline void grad_kv_row(__global const elem *q, ulong q_off, __global const elem
 {
     const uint wg = get_local_size(0), tid = get_local_id(0);
     const uint t = get_group_id(0), kv_head = get_group_id(1), b = get_group_id(2);
-    const bool live = tid < head_dim;
     const uint group = num_heads / num_kv_heads;
-    const ulong kv_at = at(b, kv_seq, t, num_kv_heads, kv_head, head_dim, tid);
-    const float k_d = live ? LOAD(k, k_off + kv_at) : 0.0f;
-    const float v_d = live ? LOAD(v, v_off + kv_at) : 0.0f;
-    float dk_acc = 0.0f, dv_acc = 0.0f;
+    const ulong kv_at = at(b, kv_seq, t, num_kv_heads, kv_head, head_dim, 0);
+    float k_d[LANE_ELEMS], v_d[LANE_ELEMS], q_d[LANE_ELEMS], do_d[LANE_ELEMS];
+    float dk_acc[LANE_ELEMS], dv_acc[LANE_ELEMS];
+    lane_load(k_d, k, k_off + kv_at, tid, wg, head_dim);
+    lane_load(v_d, v, v_off + kv_at, tid, wg, head_dim);
+    for (uint i = 0; i < LANE_ELEMS; ++i)
+        dk_acc[i] = dv_acc[i] = 0.0f;
 
     uint start, end;
     queries_of_keys(t, t, q_seq, causal, window, delta, &start, &end);
     for (uint pos = start; pos < end; ++pos) {
         for (uint head = kv_head * group; head < (kv_head + 1u) * group; ++head) {
-            const ulong q_at = at(b, q_seq, pos, num_heads, head, head_dim, tid);
+            const ulong q_at = at(b, q_seq, pos, num_heads, head, head_dim, 0);
             const ulong row = at(b, q_seq, pos, num_heads, head, 1, 0);
-            const float q_d = live ? LOAD(q, q_off + q_at) : 0.0f;
-            const float do_d = live ? LOAD(d_out, d_out_off + q_at) : 0.0f;
-            const float2 sums = tree_sum2(red, q_d * k_d, do_d * v_d, tid, wg);
+            lane_load(q_d, q, q_off + q_at, tid, wg, head_dim);
+            lane_load(do_d, d_out, d_out_off + q_at, tid, wg, head_dim);
+            const float2 sums = tree_sum2(red, lane_dot2(q_d, k_d), lane_dot2(do_d, v_d), tid, wg);
             const float p =
                 exp(min0(sums.x * scale - lse[lse_off + 2 * row]) - lse[lse_off + 2 * row + 1]);
-            dk_acc += scale * p * (sums.y - dsum[dsum_off + row]) * q_d;
-            dv_acc += p * do_d;
+            const float ds = scale * p * (sums.y - dsum[dsum_off + row]);
+            for (uint i = 0; i < LANE_ELEMS; ++i) {
+                dk_acc[i] += ds * q_d[i];
+                dv_acc[i] += p * do_d[i];
+            }
         }
     }
-    if (live) {
-        STORE_GRAD(dk, dk_off + kv_at, dk_acc, accumulate);
-        if (dv)
-            STORE_GRAD(dv, dv_off + kv_at, dv_acc, accumulate);
-    }
+    lane_store_grad(dk, dk_off + kv_at, dk_acc, tid, wg, head_dim, accumulate);
+    if (dv)
+        lane_store_grad(dv, dv_off + kv_at, dv_acc, tid, wg, head_dim, accumulate);
 }
 
 __kernel void grad_k__tree(__global const elem *q, ulong q_off,

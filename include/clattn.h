@@ -58,7 +58,8 @@ typedef enum clattn_status {
     CLATTN_ERROR_CAUSAL_SEQ_MISMATCH = 5, /* no longer returned: causal takes any kv_seq */
     CLATTN_ERROR_INVALID_SCALE = 6,      /* scale negative, NaN or infinite */
     CLATTN_ERROR_SIZE_OVERFLOW = 7,      /* a tensor's byte size overflows size_t */
-    CLATTN_ERROR_TOO_LARGE_FOR_DEVICE = 8, /* a tensor exceeds the device's largest allocation */
+    CLATTN_ERROR_TOO_LARGE_FOR_DEVICE = 8, /* a tensor exceeds the device's largest allocation,
+                                            * or the call's loops a driver's cap (llvmpipe) */
     CLATTN_ERROR_INVALID_OPTION = 9,     /* a malformed option or device selector */
     CLATTN_ERROR_UNKNOWN_VARIANT = 10,   /* no kernel variant of that name for the backend */
     CLATTN_ERROR_DEVICE_NOT_FOUND = 11,  /* the selector matches no device */

@@ -156,14 +156,18 @@ static int wide_vectors(const struct clattn_cl_state *cl)
 
 /* The defines kernel k of a kind is built with for a head_dim (0: any). */
 static const char *kernel_options(const struct clattn_cl_state *cl, int kind, uint32_t head_dim,
-                                  clattn_dtype dtype, int k, char *buf, size_t size)
+                                  clattn_dtype dtype, int k, size_t limit, char *buf, size_t size)
 {
-    const tile_config t = clattn_ocl_tile_config(cl, head_dim);
+    const tile_config t = clattn_ocl_tile_config(cl, head_dim, limit);
+    /* tree.cl: the elements of a row each work-item holds */
+    const uint32_t largest = head_dim ? head_dim : CLATTN_MAX_HEAD_DIM;
+    const size_t tree_wg = clattn_ocl_tree_work_group(largest, limit);
     const int len = snprintf(buf, size,
                              "%s -DHEAD_DIM=%u -DROWS=%u -DTILE=%u -DSPLIT=%u -DDSPLIT=%u "
-                             "-DDTYPE=%d",
+                             "-DDTYPE=%d -DLANE_ELEMS=%u",
                              build_options, head_dim ? head_dim : 1u, t.rows, t.tile, t.split,
-                             clattn_ocl_tile_dsplit(&t, head_dim), (int)dtype);
+                             clattn_ocl_tile_dsplit(&t, head_dim), (int)dtype,
+                             (unsigned)((largest + tree_wg - 1) / tree_wg));
     /* blocked.cl's products hold 16 vectors of 16 floats: as 32 registers
      * of 8 floats they spill, so such devices (AVX2) get four of them
      * (NARROW). */
@@ -198,9 +202,13 @@ static int single_pass(const struct clattn_cl_state *cl, const kernel_set *set, 
                cl->local_mem;
 }
 
-clattn_status clattn_ocl_build_set(struct clattn_cl_state *cl, const char *variant,
-                                   uint32_t head_dim, clattn_dtype dtype, kernel_set *set,
-                                   int strict_limits)
+/* One try at building a variant's kernels under set->limit. A tree or
+ * tiled kernel that allows fewer work-items than its shape needs (the
+ * compiler's registers can lower the device's limit) sets *lower to what
+ * it allows, for a try with that limit. */
+static clattn_status build_set_once(struct clattn_cl_state *cl, const char *variant,
+                                    uint32_t head_dim, clattn_dtype dtype, kernel_set *set,
+                                    int strict_limits, size_t *lower)
 {
     set->dtype = dtype;
     for (int k = 0; k < K_COUNT; ++k) {
@@ -222,12 +230,12 @@ clattn_status clattn_ocl_build_set(struct clattn_cl_state *cl, const char *varia
                                "mma's 16-bit kernels want tiles of 16 rows or more (CLATTN_MMA, "
                                "CLATTN_MMA_GRAD_Q, CLATTN_MMA_SINGLE)");
         char options[256], other[256];
-        kernel_options(cl, set->kind[k], head_dim, dtype, k, options, sizeof options);
+        kernel_options(cl, set->kind[k], head_dim, dtype, k, set->limit, options, sizeof options);
         for (int j = 0; j < k && !set->program[k]; ++j) {
             const cl_variant *w = set->program[j] ? find_variant(j, variant) : NULL;
             if (w && w->source == v->source &&
-                !strcmp(options, kernel_options(cl, set->kind[j], head_dim, dtype, j, other,
-                                                sizeof other))) {
+                !strcmp(options, kernel_options(cl, set->kind[j], head_dim, dtype, j, set->limit,
+                                                other, sizeof other))) {
                 set->program[k] = set->program[j];
                 clRetainProgram(set->program[k]);
             }
@@ -250,6 +258,11 @@ clattn_status clattn_ocl_build_set(struct clattn_cl_state *cl, const char *varia
         const uint32_t largest = head_dim ? head_dim : CLATTN_MAX_HEAD_DIM;
         const size_t wg = clattn_ocl_work_group(cl, set, k, largest);
         const size_t local = clattn_ocl_local_bytes(cl, set, k, largest);
+        const int fits = set->kind[k] == KIND_TREE || set->kind[k] == KIND_TILED;
+        if (fits && set->max_wg[k] < wg && set->max_wg[k] >= 1) {
+            *lower = set->max_wg[k];
+            return CLATTN_ERROR_WORK_GROUP_TOO_LARGE;
+        }
         if ((strict_limits || set->kind[k] != KIND_TREE) &&
             (set->max_wg[k] < wg || cl->local_mem < set->local_mem[k] + local))
             return clattn_fail(CLATTN_ERROR_WORK_GROUP_TOO_LARGE,
@@ -259,6 +272,27 @@ clattn_status clattn_ocl_build_set(struct clattn_cl_state *cl, const char *varia
                                (unsigned long long)cl->local_mem);
     }
     return CLATTN_OK;
+}
+
+clattn_status clattn_ocl_build_set(struct clattn_cl_state *cl, const char *variant,
+                                   uint32_t head_dim, clattn_dtype dtype, kernel_set *set,
+                                   int strict_limits)
+{
+    size_t limit = cl->max_wg;
+    for (;;) {
+        memset(set, 0, sizeof *set);
+        set->limit = limit;
+        size_t lower = 0;
+        const clattn_status st =
+            build_set_once(cl, variant, head_dim, dtype, set, strict_limits, &lower);
+        if (!lower)
+            return st;
+        clattn_log_append(cl->owner, "%s kernels at head_dim %u: a kernel allows work-groups "
+                          "of %zu, not %zu; building them again for that",
+                          variant, head_dim, lower, limit);
+        clattn_ocl_release_set(set);
+        limit = lower;
+    }
 }
 
 void clattn_ocl_release_set(kernel_set *set)

@@ -241,11 +241,53 @@ static void opencl_destroy(clattn_context *ctx)
     ctx->cl = NULL;
 }
 
+/* The most work-items of a one-dimensional work-group: the device's
+ * limit and its first dimension's. */
+static clattn_status work_group_limit(cl_device_id device, size_t *out)
+{
+    size_t wg = 0, sizes[16] = {0}, bytes = 0;
+    cl_int err = clGetDeviceInfo(device, CL_DEVICE_MAX_WORK_GROUP_SIZE, sizeof wg, &wg, NULL);
+    if (err == CL_SUCCESS)
+        err = clGetDeviceInfo(device, CL_DEVICE_MAX_WORK_ITEM_SIZES, sizeof sizes, sizes, &bytes);
+    if (err != CL_SUCCESS)
+        return clattn_ocl_fail(err, "clGetDeviceInfo");
+    if (bytes >= sizeof(size_t) && sizes[0] < wg)
+        wg = sizes[0];
+    if (wg < 1)
+        return clattn_fail(CLATTN_ERROR_WORK_GROUP_TOO_LARGE,
+                           "the device reports work-groups of at most %zu work-items", wg);
+    *out = wg;
+    return CLATTN_OK;
+}
+
+/* CLATTN_DEVICE_LIMITS=WG[,LOCAL_BYTES] lowers the device's work-group
+ * and local-memory limits, so that tests reach the paths of small devices
+ * on a large one. It never raises them. */
+static clattn_status test_limits(struct clattn_cl_state *cl)
+{
+    const char *text = getenv("CLATTN_DEVICE_LIMITS");
+    if (!text || !*text)
+        return CLATTN_OK;
+    unsigned long wg = 0, local = 0;
+    char end;
+    const int n = sscanf(text, "%lu,%lu%c", &wg, &local, &end);
+    if ((n != 1 && n != 2) || wg < 1 || (n == 2 && local < 1024))
+        return clattn_fail(CLATTN_ERROR_INVALID_OPTION,
+                           "CLATTN_DEVICE_LIMITS='%s': want WG[,LOCAL_BYTES], WG at least 1 "
+                           "and LOCAL_BYTES at least 1024",
+                           text);
+    if (wg < cl->max_wg)
+        cl->max_wg = wg;
+    if (n == 2 && local < cl->local_mem)
+        cl->local_mem = local;
+    return CLATTN_OK;
+}
+
 static const clattn_backend_ops opencl_ops = {clattn_ocl_run, opencl_destroy};
 
-clattn_status clattn_ocl_init_on_device(clattn_context *ctx, const char *variant,
-                                        cl_context context, cl_device_id device,
-                                        cl_command_queue queue, int strict_limits)
+/* Makes ctx an OpenCL context on device with a named variant. */
+static clattn_status init_variant(clattn_context *ctx, const char *variant, cl_context context,
+                                  cl_device_id device, cl_command_queue queue, int strict_limits)
 {
     struct clattn_cl_state *cl = calloc(1, sizeof *cl);
     if (!cl)
@@ -287,6 +329,15 @@ clattn_status clattn_ocl_init_on_device(clattn_context *ctx, const char *variant
         st = clattn_ocl_fail(err, "clGetDeviceInfo");
         goto fail;
     }
+    /* Mesa's llvmpipe stops each work-item after 65535 loop iterations in
+     * all (gallivm's loop limiter, LP_MAX_TGSI_LOOP_ITERATIONS) and keeps
+     * what it wrote so far: launch.c refuses calls that could reach it. */
+    char device_name[128];
+    query_string(get_device_info, device, CL_DEVICE_NAME, device_name, sizeof device_name);
+    cl->loop_cap = strstr(device_name, "llvmpipe") ? 65535ul : 0ul;
+    if ((st = work_group_limit(device, &cl->max_wg)) != CLATTN_OK ||
+        (st = test_limits(cl)) != CLATTN_OK)
+        goto fail;
     /* Each device type's default is the first variant listed for it that
      * the device can run. */
     cl->nv_major = nv_major(device);
@@ -296,20 +347,25 @@ clattn_status clattn_ocl_init_on_device(clattn_context *ctx, const char *variant
     cl->wgmma = wgmma ? !strcmp(wgmma, "1") : cl->nv_major >= 9;
     const int can_mma = cl->nv_major >= 8 || mma_emulated();
     cl->mma_emulate = mma_emulated();
-    if (!variant) {
-        const clattn_backend kind =
-            (type & CL_DEVICE_TYPE_CPU) ? CLATTN_BACKEND_OPENCL_CPU : CLATTN_BACKEND_OPENCL_GPU;
-        for (size_t i = 0; (variant = clattn_variant_name(kind, i)) != NULL; ++i)
-            if (can_mma || strcmp(variant, "mma") != 0)
-                break;
-    }
     if (!strcmp(variant, "mma") && !can_mma) {
         st = clattn_fail(CLATTN_ERROR_UNKNOWN_VARIANT,
                          "variant 'mma' needs an NVIDIA GPU of compute capability 8.0 or "
                          "later (tensor-core PTX); this device is not one");
         goto fail;
     }
-    if ((st = clattn_ocl_tuning_init(cl, type)) != CLATTN_OK)
+    /* tiled's shapes follow how the device runs a work-group's items: PoCL
+     * runs them as a loop (the table's CPU entry); GPUs, and CPU drivers that
+     * map work-items to SIMD lanes (Mesa's llvmpipe), run them side by side
+     * with registers of their own (the GPU entry). */
+    char platform_name[128];
+    cl_platform_id platform = NULL;
+    clGetDeviceInfo(device, CL_DEVICE_PLATFORM, sizeof platform, &platform, NULL);
+    query_string(get_platform_info, platform, CL_PLATFORM_NAME, platform_name,
+                 sizeof platform_name);
+    const int items_loop =
+        (type & CL_DEVICE_TYPE_CPU) && strstr(platform_name, "Portable Computing Language");
+    if ((st = clattn_ocl_tuning_init(cl, items_loop ? CL_DEVICE_TYPE_CPU : CL_DEVICE_TYPE_GPU)) !=
+        CLATTN_OK)
         goto fail;
     /* Each program is built once per context, when first needed, except
      * one now, so that a device that cannot compile the variant is never
@@ -330,12 +386,8 @@ clattn_status clattn_ocl_init_on_device(clattn_context *ctx, const char *variant
         (st = clattn_ocl_kernels_for(cl, 64, CLATTN_DTYPE_F32, &probe)) != CLATTN_OK)
         goto fail;
 
-    char name[128], platform_name[128];
-    cl_platform_id platform = NULL;
+    char name[128];
     query_string(get_device_info, device, CL_DEVICE_NAME, name, sizeof name);
-    clGetDeviceInfo(device, CL_DEVICE_PLATFORM, sizeof platform, &platform, NULL);
-    query_string(get_platform_info, platform, CL_PLATFORM_NAME, platform_name,
-                 sizeof platform_name);
     ctx->backend =
         (type & CL_DEVICE_TYPE_CPU) ? CLATTN_BACKEND_OPENCL_CPU : CLATTN_BACKEND_OPENCL_GPU;
     snprintf(ctx->device, sizeof ctx->device, "%s: %s / %s", clattn_backend_name(ctx->backend),
@@ -346,6 +398,35 @@ clattn_status clattn_ocl_init_on_device(clattn_context *ctx, const char *variant
     return CLATTN_OK;
 fail:
     release_state(cl);
+    return st;
+}
+
+clattn_status clattn_ocl_init_on_device(clattn_context *ctx, const char *variant,
+                                        cl_context context, cl_device_id device,
+                                        cl_command_queue queue, int strict_limits)
+{
+    if (variant)
+        return init_variant(ctx, variant, context, device, queue, strict_limits);
+    /* The device's default: the first variant listed for its type that it
+     * builds and runs; each one refused is noted in the log. */
+    cl_device_type type = 0;
+    cl_int err = clGetDeviceInfo(device, CL_DEVICE_TYPE, sizeof type, &type, NULL);
+    if (err != CL_SUCCESS)
+        return clattn_ocl_fail(err, "clGetDeviceInfo");
+    const clattn_backend kind =
+        (type & CL_DEVICE_TYPE_CPU) ? CLATTN_BACKEND_OPENCL_CPU : CLATTN_BACKEND_OPENCL_GPU;
+    const int can_mma = nv_major(device) >= 8 || mma_emulated();
+    clattn_status st = CLATTN_ERROR_UNKNOWN_VARIANT;
+    for (size_t i = 0; (variant = clattn_variant_name(kind, i)) != NULL; ++i) {
+        if (!can_mma && !strcmp(variant, "mma"))
+            continue;
+        st = init_variant(ctx, variant, context, device, queue, strict_limits);
+        if (st != CLATTN_OK && st != CLATTN_ERROR_OUT_OF_MEMORY)
+            clattn_log_append(ctx, "auto: variant %s skipped: %s: %s", variant,
+                              clattn_status_string(st), clattn_last_error());
+        if (st == CLATTN_OK || st == CLATTN_ERROR_OUT_OF_MEMORY)
+            break;
+    }
     return st;
 }
 

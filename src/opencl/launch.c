@@ -44,15 +44,6 @@ static const int backward_unfused[5] = {K_DSUM, K_GRAD_K, K_GRAD_V, K_GRAD_Q, -1
  * 16-bit kernels): DQ32 is zeroed before GRAD_KVQ. */
 static const int backward_single[5] = {K_DSUM, K_GRAD_KVQ, K_FINISH_DQ, -1};
 
-/* The work-group the tree kernels need for a head_dim: the next power of two. */
-static size_t tree_work_group(uint32_t head_dim)
-{
-    size_t wg = 1;
-    while (wg < head_dim)
-        wg <<= 1;
-    return wg;
-}
-
 size_t clattn_ocl_local_bytes(const struct clattn_cl_state *cl, const kernel_set *set, int k,
                               uint32_t head_dim)
 {
@@ -70,22 +61,23 @@ size_t clattn_ocl_local_bytes(const struct clattn_cl_state *cl, const kernel_set
                sizeof(float);
     }
     if (set->kind[k] == KIND_TILED) {
-        const tile_config c = clattn_ocl_tile_config(cl, head_dim);
+        const tile_config c = clattn_ocl_tile_config(cl, head_dim, set->limit);
         return clattn_ocl_tiled_local_floats(&c, head_dim) * sizeof(float);
     }
-    return tree_work_group(head_dim) * sizeof(float) * (size_t)kernel_descs[k].local_per_lane;
+    return clattn_ocl_tree_work_group(head_dim, set->limit) * sizeof(float) *
+           (size_t)kernel_descs[k].local_per_lane;
 }
 
 size_t clattn_ocl_work_group(const struct clattn_cl_state *cl, const kernel_set *set, int k,
                              uint32_t head_dim)
 {
-    const tile_config c = clattn_ocl_tile_config(cl, head_dim);
+    const tile_config c = clattn_ocl_tile_config(cl, head_dim, set->limit);
     return set->kind[k] == KIND_TILED
                ? (size_t)c.rows * c.split * clattn_ocl_tile_dsplit(&c, head_dim)
            : set->kind[k] == KIND_BLOCKED ? 1
            : set->kind[k] == KIND_MMA
                ? 32u * clattn_ocl_mma_config(cl, head_dim, set->dtype, k)->warps
-               : tree_work_group(head_dim);
+               : clattn_ocl_tree_work_group(head_dim, set->limit);
 }
 
 /* Rows of a work-group of cl/mma: 16 for each group of wsplit warps. */
@@ -174,7 +166,7 @@ static clattn_status enqueue_kernel(struct clattn_cl_state *cl, const kernel_set
     const size_t rows = kd->key_rows ? s->kv_seq : s->q_seq;
     const size_t heads = kd->key_rows ? s->num_kv_heads : s->num_heads;
     const size_t per_group = set->kind[k] == KIND_TILED
-                                 ? clattn_ocl_tile_config(cl, s->head_dim).rows
+                                 ? clattn_ocl_tile_config(cl, s->head_dim, set->limit).rows
                              : set->kind[k] == KIND_BLOCKED ? BLOCKED_ROWS
                              : set->kind[k] == KIND_MMA     ? mma_rows(cl, s->head_dim, s->dtype, k)
                                                             : 1;
@@ -189,12 +181,43 @@ static clattn_status enqueue_kernel(struct clattn_cl_state *cl, const kernel_set
     return CLATTN_OK;
 }
 
+/* Where the driver ends work-items after cl->loop_cap loop iterations: a
+ * bound on any kernel's, four passes over head_dim per row of the other
+ * side that a work-item visits (keys for the query-side kernels, queries of
+ * the whole head group for the key side), with 64 rows more for the second
+ * block a causal work-group takes; a call past it is refused rather than
+ * cut short. tiled's key side comes closest to it. */
+clattn_status clattn_ocl_check_loop_cap(const struct clattn_cl_state *cl, clattn_op op,
+                                        const clattn_shape *s)
+{
+    if (!cl->loop_cap)
+        return CLATTN_OK;
+    const uint64_t keys = s->kv_seq;
+    const uint64_t queries = (uint64_t)s->q_seq * (s->num_heads / s->num_kv_heads);
+    const uint64_t rows = op == CLATTN_OP_FORWARD || op == CLATTN_OP_GRAD_Q ? keys
+                          : op == CLATTN_OP_GRAD_V                         ? queries
+                          : keys > queries                                 ? keys
+                                                                           : queries;
+    const uint64_t loops = 4u * (rows + 64u) * s->head_dim;
+    if (loops <= cl->loop_cap)
+        return CLATTN_OK;
+    return clattn_fail(CLATTN_ERROR_TOO_LARGE_FOR_DEVICE,
+                       "this driver (Mesa's llvmpipe) ends a work-item after %lu loop "
+                       "iterations and keeps what it wrote so far; this call's work-items may "
+                       "run about %llu (%llu rows of head_dim %u): use a shorter sequence or "
+                       "chunks merged by clattn_merge, or another device",
+                       cl->loop_cap, (unsigned long long)loops, (unsigned long long)rows,
+                       s->head_dim);
+}
+
 clattn_status clattn_ocl_enqueue_op(struct clattn_cl_state *cl, clattn_op op, const clattn_shape *s,
                                     const clattn_sizes *sz, clattn_cl_tensor t[R_ALL],
                                     cl_uint nwait, const cl_event *wait, cl_event *done)
 {
     kernel_set *set = NULL;
-    clattn_status st = clattn_ocl_kernels_for(cl, s->head_dim, s->dtype, &set);
+    clattn_status st = clattn_ocl_check_loop_cap(cl, op, s);
+    if (st == CLATTN_OK)
+        st = clattn_ocl_kernels_for(cl, s->head_dim, s->dtype, &set);
     if (st != CLATTN_OK)
         return st;
     /* The single pass, built only where CLATTN_MMA_SINGLE asks for it. Its
@@ -279,6 +302,8 @@ clattn_status clattn_ocl_run(clattn_context *ctx, clattn_op op, const clattn_sha
     kernel_set *set = NULL;
     /* A head_dim the variant refuses or cannot build fails before any copy. */
     clattn_status st = clattn_ocl_check_alloc(cl, sz, s->dtype);
+    if (st == CLATTN_OK)
+        st = clattn_ocl_check_loop_cap(cl, op, s);
     if (st == CLATTN_OK)
         st = clattn_ocl_kernels_for(cl, s->head_dim, s->dtype, &set);
     if (st != CLATTN_OK)

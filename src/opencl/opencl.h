@@ -76,6 +76,10 @@ typedef struct kernel_set {
     cl_ulong local_mem[K_COUNT];
     int kind[K_COUNT];
     clattn_dtype dtype;
+    /* The most work-items a work-group of the set has: the device's limit,
+     * lowered to what every built kernel of the set allows. Tree and tiled
+     * fit their shapes to it. */
+    size_t limit;
 } kernel_set;
 
 struct clattn_cl_state {
@@ -103,6 +107,10 @@ struct clattn_cl_state {
     tile_class tiles;
     cl_ulong max_alloc;
     cl_ulong local_mem;
+    size_t max_wg; /* the device's work-group limit (in dimension 0 too) */
+    /* Loop iterations a work-item may run in all, where the driver ends
+     * work-items past a count (Mesa's llvmpipe: 65535); 0 where none. */
+    unsigned long loop_cap;
     cl_uint float_width; /* the device's native vector width for float */
     /* Host-pointer calls copy through these buffers, grown as needed. */
     cl_mem scratch[CLATTN_R_COUNT];
@@ -123,9 +131,13 @@ clattn_status clattn_ocl_init_on_device(clattn_context *ctx, const char *variant
  * CLATTN_MMA_GRAD_Q and CLATTN_MMA_SINGLE overrides (a bad one is
  * CLATTN_ERROR_INVALID_OPTION). */
 clattn_status clattn_ocl_tuning_init(struct clattn_cl_state *cl, cl_device_type type);
-/* The tiled kernels' shape for a head_dim, its tile halved until its local
- * buffer fits the device. */
-tile_config clattn_ocl_tile_config(const struct clattn_cl_state *cl, uint32_t head_dim);
+/* The tiled kernels' shape for a head_dim, fitted to work-groups of at
+ * most `limit` work-items and to the device's local memory. */
+tile_config clattn_ocl_tile_config(const struct clattn_cl_state *cl, uint32_t head_dim,
+                                   size_t limit);
+/* tree.cl's work-group for a head_dim: the next power of two, at most the
+ * largest power of two within `limit`. */
+size_t clattn_ocl_tree_work_group(uint32_t head_dim, size_t limit);
 /* Work-items that share a row by columns under c. */
 unsigned clattn_ocl_tile_dsplit(const tile_config *c, uint32_t head_dim);
 size_t clattn_ocl_tiled_local_floats(const tile_config *c, uint32_t head_dim);
@@ -153,6 +165,10 @@ size_t clattn_ocl_local_bytes(const struct clattn_cl_state *cl, const kernel_set
                               uint32_t head_dim);
 size_t clattn_ocl_work_group(const struct clattn_cl_state *cl, const kernel_set *set, int k,
                              uint32_t head_dim);
+/* CLATTN_ERROR_TOO_LARGE_FOR_DEVICE where the driver's loop cap could cut
+ * the call's work-items short (cl->loop_cap). */
+clattn_status clattn_ocl_check_loop_cap(const struct clattn_cl_state *cl, clattn_op op,
+                                        const clattn_shape *s);
 /* Bytes of one element of role r (R_DSUM and the LSE pairs are float). */
 size_t clattn_ocl_role_bytes(int r, clattn_dtype dtype);
 clattn_status clattn_ocl_check_alloc(const struct clattn_cl_state *cl, const clattn_sizes *sz,

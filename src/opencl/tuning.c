@@ -8,13 +8,16 @@
 
 #include "opencl.h"
 
-/* tiled.cl, by device type; `wide` past `narrow.columns` columns. */
+/* tiled.cl, by how the device runs a work-group: its items side by side
+ * (GPUs, and CPU drivers that map them to SIMD lanes, such as Mesa's
+ * llvmpipe) or as a loop (PoCL's CPU device); `wide` past `narrow.columns`
+ * columns. */
 static const tile_class tile_table[] = {
     {CL_DEVICE_TYPE_GPU | CL_DEVICE_TYPE_ACCELERATOR, {64, 32, 2, 64}, {32, 16, 1, 32},
      "two work-items a row keep a GPU busy on short calls; past 64 columns a whole row "
      "spills, so rows split by columns"},
     {CL_DEVICE_TYPE_CPU, {64, 32, 1, CLATTN_MAX_HEAD_DIM}, {64, 32, 1, CLATTN_MAX_HEAD_DIM},
-     "a CPU runs a work-group's items as a loop: no split"},
+     "PoCL runs a work-group's items as a loop: no split, whole rows in a work-item"},
 };
 
 /* cl/mma's float32 kernels (3xTF32) by head_dim class: forward, dK/dV,
@@ -60,15 +63,36 @@ size_t clattn_ocl_tiled_local_floats(const tile_config *c, uint32_t head_dim)
     return tiles > combine ? tiles : combine;
 }
 
-/* The tiled kernels' shape for a head_dim: the table's, with its tile
- * halved until the local buffer fits the device (head_dim 256 on a GPU). */
-tile_config clattn_ocl_tile_config(const struct clattn_cl_state *cl, uint32_t head_dim)
+/* The tiled kernels' shape for a head_dim on a device that runs
+ * work-groups of at most `limit` work-items: the table's, fitted. Fewer
+ * work-items share a row by tiles (split), then a group holds fewer rows,
+ * then a work-item holds more columns, until the group fits the limit;
+ * then the tile halves until the local buffer fits the device. Every
+ * device fits in the end: one work-item, one row, a tile of one. */
+tile_config clattn_ocl_tile_config(const struct clattn_cl_state *cl, uint32_t head_dim,
+                                   size_t limit)
 {
     tile_config c = head_dim > cl->tiles.narrow.columns ? cl->tiles.wide : cl->tiles.narrow;
-    while (c.tile % 2 == 0 && (c.tile / 2) % c.split == 0 &&
+    while ((size_t)c.rows * c.split * clattn_ocl_tile_dsplit(&c, head_dim) > limit) {
+        if (c.split > 1)
+            c.split /= 2;
+        else if (c.rows > 1)
+            c.rows = (c.rows + 1) / 2;
+        else
+            c.columns *= 2;
+    }
+    while (c.tile > c.split && (c.tile / 2) % c.split == 0 &&
            clattn_ocl_tiled_local_floats(&c, head_dim) * sizeof(float) > cl->local_mem)
         c.tile /= 2;
     return c;
+}
+
+size_t clattn_ocl_tree_work_group(uint32_t head_dim, size_t limit)
+{
+    size_t wg = 1;
+    while (wg < head_dim && wg * 2 <= limit)
+        wg <<= 1;
+    return wg;
 }
 
 /* Whether kernel k runs on wgmma (cl/mma's WGMMA): asked for (by default
