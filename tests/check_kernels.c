@@ -255,15 +255,25 @@ static void check_ops_16(clattn_context *ctx, const clattn_shape *s, float q_gai
     problem_free(&p);
 }
 
+/* Whether a comma-separated list names a variant. */
+static int listed(const char *list, const char *name)
+{
+    const size_t n = strlen(name);
+    for (const char *p = list; (p = strstr(p, name)) != NULL; p += n)
+        if ((p == list || p[-1] == ',') && (p[n] == '\0' || p[n] == ','))
+            return 1;
+    return 0;
+}
+
 /* A context for the next variant of the backend under test from *v on
- * (CLATTN_TEST_VARIANT keeps one), with current_variant set; NULL past the
- * last. Variants this device does not run are passed over
+ * (CLATTN_TEST_VARIANT keeps those it lists), with current_variant set;
+ * NULL past the last. Variants this device does not run are passed over
  * (test_variant_context checked their refusal). */
 static clattn_context *next_variant(size_t *v)
 {
     const char *name, *only = getenv("CLATTN_TEST_VARIANT");
     for (; (name = clattn_variant_name(test_backend_kind(), *v)) != NULL; ++*v) {
-        if (only && strcmp(only, name))
+        if (only && !listed(only, name))
             continue;
         clattn_context *ctx = test_variant_context(name);
         if (ctx) {
@@ -1116,6 +1126,62 @@ Suite *emulated_suite(void)
 Suite *split_suite(void)
 {
     return reduced_suite("split", "tiled", split_sweep, N(emulated));
+}
+
+/* The reduced set up to head_dim 128 on every variant of the backend, for
+ * a second OpenCL implementation (rusticl, whose llvmpipe takes minutes to
+ * compile blocked.cl past 128): tiled's row in one work-item and split by
+ * columns, tree's lanes of several elements, tails, GQA, MQA, masks, batch. */
+static const shape_case portable[] = {
+    {2, 70, 70, 4, 2, 64, 1, 20, 0, 1},   {1, 9, 37, 2, 1, 7, 0, 5, 0, 1},
+    {1, 33, 33, 3, 3, 64, 0, 0, 0.5f, 1}, {1, 90, 90, 4, 2, 64, 1, 0, 0, 8},
+    {1, 40, 70, 4, 2, 100, 1, 0, 0, 1},  {2, 20, 33, 2, 1, 128, 0, 9, 0, 1},
+};
+START_TEST(portable_sweep) { run_cases(portable, _i); }
+END_TEST
+
+/* On Mesa's llvmpipe, which ends a work-item after 65535 loop iterations
+ * and keeps what it wrote, a call that could reach that count is refused
+ * with outputs untouched (every variant, forward and backward); on other
+ * devices the same call runs. */
+START_TEST(loop_cap)
+{
+    const shape_case c = {1, 4, 600, 2, 1, 64, 0, 0, 0, 1};
+    const clattn_shape s = to_shape(&c);
+    clattn_context *ctx;
+    for (size_t v = 0; (ctx = next_variant(&v)) != NULL;) {
+        const int capped = strstr(clattn_context_device(ctx), "llvmpipe") != NULL;
+        problem p;
+        problem_make(&p, &s, 41, 1.0f);
+        float *o = nan_array(p.nq), *lse = nan_array(p.nlse);
+        const clattn_status st = clattn_forward(ctx, &s, p.q, p.k, p.v, o, lse);
+        if (capped) {
+            ck_assert_status(st, CLATTN_ERROR_TOO_LARGE_FOR_DEVICE);
+            ck_assert_msg(strstr(clattn_last_error(), "llvmpipe") != NULL, "message: %s",
+                          clattn_last_error());
+            for (size_t i = 0; i < p.nq; ++i)
+                ck_assert_msg(isnan(o[i]), "%s wrote O[%zu] on a refused call", current_variant,
+                              i);
+        } else {
+            ck_assert_status(st, CLATTN_OK);
+            ck_assert_msg(!isnan(o[0]), "%s left O unwritten", current_variant);
+        }
+        free(o);
+        free(lse);
+        problem_free(&p);
+        clattn_context_destroy(ctx);
+    }
+}
+END_TEST
+
+Suite *portable_suite(void)
+{
+    Suite *s = reduced_suite("portable", "variants", portable_sweep, N(portable));
+    TCase *tc = tcase_create("loop_cap");
+    tcase_set_timeout(tc, 900);
+    tcase_add_test(tc, loop_cap);
+    suite_add_tcase(s, tc);
+    return s;
 }
 
 Suite *oclgrind_suite(void)

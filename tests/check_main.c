@@ -15,18 +15,22 @@ enum { EXIT_SKIP = 77 };
 
 const char *test_backend = "native";
 
+/* "rusticl" is Mesa's OpenCL on llvmpipe (RUSTICL_ENABLE=llvmpipe), an
+ * OpenCL CPU device picked by its name. */
 const char *test_selector(void)
 {
     return !strcmp(test_backend, "opencl-gpu")   ? "gpu"
            : !strcmp(test_backend, "opencl-cpu") ? "cpu"
+           : !strcmp(test_backend, "rusticl")    ? "llvmpipe"
                                                  : "native";
 }
 
 clattn_backend test_backend_kind(void)
 {
-    return !strcmp(test_backend, "opencl-gpu")   ? CLATTN_BACKEND_OPENCL_GPU
-           : !strcmp(test_backend, "opencl-cpu") ? CLATTN_BACKEND_OPENCL_CPU
-                                                 : CLATTN_BACKEND_NATIVE;
+    return !strcmp(test_backend, "opencl-gpu") ? CLATTN_BACKEND_OPENCL_GPU
+           : !strcmp(test_backend, "opencl-cpu") || !strcmp(test_backend, "rusticl")
+               ? CLATTN_BACKEND_OPENCL_CPU
+               : CLATTN_BACKEND_NATIVE;
 }
 
 clattn_context *test_context(const char *variant)
@@ -137,6 +141,8 @@ int main(int argc, char **argv)
         suite = emulated_suite();
     else if (suite_name && !strcmp(suite_name, "split"))
         suite = split_suite();
+    else if (suite_name && !strcmp(suite_name, "portable"))
+        suite = portable_suite();
     else if (suite_name && !strcmp(suite_name, "buffers"))
         suite = buffers_suite();
     else if (suite_name && !strcmp(suite_name, "cache"))
@@ -146,17 +152,18 @@ int main(int argc, char **argv)
     else if (suite_name && !strcmp(suite_name, "inject"))
         suite = inject_suite();
     if (!suite || (strcmp(test_backend, "native") && strcmp(test_backend, "opencl-cpu") &&
-                   strcmp(test_backend, "opencl-gpu"))) {
+                   strcmp(test_backend, "opencl-gpu") && strcmp(test_backend, "rusticl"))) {
         fprintf(stderr,
                 "usage: %s --suite kernels|buffers|cache|faults|inject|train|oclgrind|emulated|split|"
-                "api|cli|gradcheck "
-                "[--backend native|opencl-cpu|opencl-gpu]\n",
+                "portable|api|cli|gradcheck "
+                "[--backend native|opencl-cpu|opencl-gpu|rusticl]\n",
                 argv[0]);
         return 2;
     }
     const int per_backend = !strcmp(suite_name, "kernels") || !strcmp(suite_name, "train") ||
                             !strcmp(suite_name, "oclgrind") || !strcmp(suite_name, "emulated") ||
-                            !strcmp(suite_name, "split") || !strcmp(suite_name, "buffers") ||
+                            !strcmp(suite_name, "split") || !strcmp(suite_name, "portable") ||
+                            !strcmp(suite_name, "buffers") ||
                             !strcmp(suite_name, "cache") || !strcmp(suite_name, "faults") ||
                             !strcmp(suite_name, "inject");
     if (per_backend && strcmp(test_backend, "native") &&

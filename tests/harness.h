@@ -34,6 +34,7 @@ Suite *gradcheck_suite(void);
 Suite *oclgrind_suite(void);
 Suite *emulated_suite(void);
 Suite *split_suite(void);
+Suite *portable_suite(void);
 Suite *train_suite(void);
 /* A suite of one test case holding tests[0..n), with its timeout in
  * seconds (a cold PoCL compile alone can take seconds). */
