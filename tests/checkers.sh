@@ -23,7 +23,7 @@ asan)
   # OpenCL libraries leak while the ICD loader enumerates platforms. Whole
   # allocation stacks, so that a leak inside a driver is told by its frames.
   export ASAN_OPTIONS="detect_leaks=1:abort_on_error=0:fast_unwind_on_malloc=0"
-  export LSAN_OPTIONS="suppressions=$src/tests/lsan.supp"
+  export LSAN_OPTIONS="suppressions=$src/tests/lsan.supp:print_suppressions=0"
   export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1"
   run api; run cli; run gradcheck; run kernels native; run buffers native; run train native
   if [ -n "${CLATTN_ASAN_OPENCL:-1}" ]; then
