@@ -21,10 +21,7 @@
  * and their gradients), as in PyTorch; a row comes out empty (O = 0, LSE
  * (-1e30, -1e30)) only when it sees no key. Inside a tile's product a
  * masked pair's zero weight times a NaN may carry it further (0 x NaN), as
- * PyTorch's and FlashAttention's kernels do. Known exception: the mma
- * variant's float32 kernels (3xTF32, NVIDIA GPUs) round a NaN that the GPU
- * produced (0x7fffffff) to -0 when they split it into tf32 parts, so there
- * a NaN input can come out finite.
+ * PyTorch's and FlashAttention's kernels do.
  *
  * This header is plain C99 and C++; it needs no OpenCL header. The OpenCL
  * interop (caller-owned contexts, queues and buffers) is in clattn_cl.h.

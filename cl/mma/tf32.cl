@@ -1,8 +1,17 @@
 #if DTYPE == 0
 /* ---- fp32 tensors: 3xTF32 on m16n8k8 ---------------------------------- */
 
-/* x rounded to tf32 (10 mantissa bits), as mma reads it. */
-inline uint tf32(float x) { return (as_uint(x) + 0x1000u) & 0xffffe000u; }
+/* x rounded to tf32 (10 mantissa bits), as mma reads it: Veltkamp's split
+ * by 2^13 + 1, in float arithmetic so that every NaN stays a NaN (integer
+ * rounding carries a NaN of all-ones mantissa, the GPU's, into the sign).
+ * Unfused: a contracted fma would round only once. Past 4e34 in magnitude
+ * x * 8193 overflows to a NaN. */
+inline uint tf32(float x)
+{
+#pragma OPENCL FP_CONTRACT OFF
+    const float t = x * 8193.0f;
+    return as_uint(t - (t - x));
+}
 
 /* The big and small tf32 parts of 4 values. */
 inline void split4(const float *x, uint *big, uint *small)
