@@ -332,9 +332,9 @@ static clattn_status init_variant(clattn_context *ctx, const char *variant, cl_c
     /* Mesa's llvmpipe stops each work-item after 65535 loop iterations in
      * all (gallivm's loop limiter, LP_MAX_TGSI_LOOP_ITERATIONS) and keeps
      * what it wrote so far: launch.c refuses calls that could reach it. */
-    char device_name[128];
-    query_string(get_device_info, device, CL_DEVICE_NAME, device_name, sizeof device_name);
-    cl->loop_cap = strstr(device_name, "llvmpipe") ? 65535ul : 0ul;
+    char name[128];
+    query_string(get_device_info, device, CL_DEVICE_NAME, name, sizeof name);
+    cl->loop_cap = strstr(name, "llvmpipe") ? 65535ul : 0ul;
     if ((st = work_group_limit(device, &cl->max_wg)) != CLATTN_OK ||
         (st = test_limits(cl)) != CLATTN_OK)
         goto fail;
@@ -386,8 +386,6 @@ static clattn_status init_variant(clattn_context *ctx, const char *variant, cl_c
         (st = clattn_ocl_kernels_for(cl, 64, CLATTN_DTYPE_F32, &probe)) != CLATTN_OK)
         goto fail;
 
-    char name[128];
-    query_string(get_device_info, device, CL_DEVICE_NAME, name, sizeof name);
     ctx->backend =
         (type & CL_DEVICE_TYPE_CPU) ? CLATTN_BACKEND_OPENCL_CPU : CLATTN_BACKEND_OPENCL_GPU;
     snprintf(ctx->device, sizeof ctx->device, "%s: %s / %s", clattn_backend_name(ctx->backend),
@@ -421,11 +419,10 @@ clattn_status clattn_ocl_init_on_device(clattn_context *ctx, const char *variant
         if (!can_mma && !strcmp(variant, "mma"))
             continue;
         st = init_variant(ctx, variant, context, device, queue, strict_limits);
-        if (st != CLATTN_OK && st != CLATTN_ERROR_OUT_OF_MEMORY)
-            clattn_log_append(ctx, "auto: variant %s skipped: %s: %s", variant,
-                              clattn_status_string(st), clattn_last_error());
         if (st == CLATTN_OK || st == CLATTN_ERROR_OUT_OF_MEMORY)
             break;
+        clattn_log_append(ctx, "auto: variant %s skipped: %s: %s", variant,
+                          clattn_status_string(st), clattn_last_error());
     }
     return st;
 }
