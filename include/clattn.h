@@ -164,7 +164,9 @@ const char *clattn_context_variant(const clattn_context *ctx);
 const char *clattn_context_kernels(const clattn_context *ctx);
 
 /* What creation tried before settling, one line per attempt ("" when the
- * first choice worked). Owned by the context. */
+ * first choice worked), with lines on the programs it built or loaded and
+ * on the tuning file (docs/tuning.md): which entries it applied, or why it
+ * ignored the file. Owned by the context. */
 const char *clattn_context_log(const clattn_context *ctx);
 
 /* The element type of Q, K, V, O, dO, dQ, dK and dV; the LSE pairs are

@@ -3,7 +3,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
+#define CL_TARGET_OPENCL_VERSION 120
+#include "clattn_cl.h"
 #include "harness.h"
 #include "numerics.h"
 #include "reference.h"
@@ -106,8 +109,136 @@ START_TEST(program_cache)
 }
 END_TEST
 
+/* The context's device as the tuning file keys it: "PLATFORM / DEVICE / DRIVER". */
+static void device_key(clattn_context *ctx, char *key, size_t size)
+{
+    cl_device_id dev = NULL;
+    cl_platform_id plat = NULL;
+    char platform[128], name[128], driver[128];
+    ck_assert_int_eq(clGetContextInfo(clattn_context_cl_context(ctx), CL_CONTEXT_DEVICES,
+                                      sizeof dev, &dev, NULL),
+                     CL_SUCCESS);
+    ck_assert_int_eq(clGetDeviceInfo(dev, CL_DEVICE_PLATFORM, sizeof plat, &plat, NULL),
+                     CL_SUCCESS);
+    ck_assert_int_eq(clGetPlatformInfo(plat, CL_PLATFORM_NAME, sizeof platform, platform, NULL),
+                     CL_SUCCESS);
+    ck_assert_int_eq(clGetDeviceInfo(dev, CL_DEVICE_NAME, sizeof name, name, NULL), CL_SUCCESS);
+    ck_assert_int_eq(clGetDeviceInfo(dev, CL_DRIVER_VERSION, sizeof driver, driver, NULL),
+                     CL_SUCCESS);
+    snprintf(key, size, "%s / %s / %s", platform, name, driver);
+}
+
+static void write_text(const char *file, const char *text)
+{
+    FILE *f = fopen(file, "w");
+    ck_assert_ptr_nonnull(f);
+    ck_assert_int_ge(fputs(text, f), 0);
+    ck_assert_int_eq(fclose(f), 0);
+}
+
+/* A tiled context on the test's device, with the log checked for `want`
+ * (and not `unwanted`) and the ops at head_dim 16 against the reference. */
+static void tiled_with_file(const char *want, const char *unwanted, uint64_t seed)
+{
+    clattn_context *ctx = test_context("tiled");
+    const char *log = clattn_context_log(ctx);
+    ck_assert_msg(strstr(log, want) && (!unwanted || !strstr(log, unwanted)), "%s", log);
+    const shape_case c = {1, 21, 21, 2, 1, 16, 1, 0, 0, 1};
+    clattn_shape s = to_shape(&c);
+    check_ops(ctx, &s, 1.0f, seed);
+    clattn_context_destroy(ctx);
+}
+
+/* The tuning file `clattn tune` writes: the device's entries replace the
+ * table's shape in the kernels built; other devices' entries are left
+ * alone; a stale or damaged file is ignored with a log line and never
+ * fails a context. */
+START_TEST(tuning_file)
+{
+    if (!strcmp(test_backend, "native"))
+        return; /* native has no shapes to tune */
+    char dir[] = "/tmp/clattn-tuning-XXXXXX", file[4096], text[4096], key[400];
+    ck_assert_ptr_nonnull(mkdtemp(dir));
+    snprintf(file, sizeof file, "%s/tuning", dir);
+    setenv("CLATTN_CACHE_DIR", "off", 1); /* the build lines name the shapes */
+    setenv("CLATTN_TUNING_FILE", "off", 1);
+    unsetenv("CLATTN_TILED");
+    clattn_context *ctx = test_context("tiled");
+    device_key(ctx, key, sizeof key);
+    clattn_context_destroy(ctx);
+    setenv("CLATTN_TUNING_FILE", file, 1);
+
+    /* This device's entry at head_dim 16, another device's, and this
+     * device's under another driver. */
+    char stem[400];
+    snprintf(stem, sizeof stem, "%s", key);
+    *strrchr(stem, '/') = '\0';
+    snprintf(text, sizeof text,
+             "clattn-tuning 1 %s\n# a comment\n\ntiled\tf32\t16\t8,8,1,16\t%s\n"
+             "tiled\tf32\t16\t4,4,1,16\tOther / Device / 1.0\n"
+             "tiled\tf32\t21\t4,4,1,32\t%s/ 0.0-other\n",
+             clattn_version(), key, stem);
+    write_text(file, text);
+    tiled_with_file("tuning: tiled f32 head_dim 16: 8,8,1,16 from", "4,4,1", 11);
+    ctx = test_context("tiled");
+    ck_assert_msg(strstr(clattn_context_log(ctx), "under another driver (stale)"), "%s",
+                  clattn_context_log(ctx));
+    clattn_context_destroy(ctx);
+    /* The kernels at head_dim 16 are built with the file's shape (as far as
+     * the device's limits let them be). */
+    ctx = test_context("tiled");
+    const shape_case c = {1, 21, 21, 2, 1, 16, 1, 0, 0, 1};
+    clattn_shape s = to_shape(&c);
+    check_ops(ctx, &s, 1.0f, 12);
+    ck_assert_msg(strstr(clattn_context_log(ctx), "-DHEAD_DIM=16 -DROWS=8 -DTILE=8 -DSPLIT=1"),
+                  "%s", clattn_context_log(ctx));
+    clattn_context_destroy(ctx);
+    /* CLATTN_TILED beats the file. */
+    setenv("CLATTN_TILED", "4,4,2", 1);
+    ctx = test_context("tiled");
+    check_ops(ctx, &s, 1.0f, 13);
+    ck_assert_msg(strstr(clattn_context_log(ctx), "-DHEAD_DIM=16 -DROWS=4 -DTILE=4 -DSPLIT=2"),
+                  "%s", clattn_context_log(ctx));
+    clattn_context_destroy(ctx);
+    unsetenv("CLATTN_TILED");
+
+    /* Stale: another clattn version's file. */
+    snprintf(text, sizeof text, "clattn-tuning 1 0.0.0-other\ntiled\tf32\t16\t8,8,1,16\t%s\n",
+             key);
+    write_text(file, text);
+    tiled_with_file("another clattn version (stale); the file is ignored", "8,8,1,16", 14);
+    /* Damaged: not a tuning file, a bad shape, a missing field, a line too long. */
+    write_text(file, "\x7f""ELF\x01\x02garbage\n");
+    tiled_with_file("is not 'clattn-tuning 1 VERSION'; the file is ignored", "8,8,1,16", 15);
+    snprintf(text, sizeof text,
+             "clattn-tuning 1 %s\ntiled\tf32\t16\t8,8,1,16\t%s\ntiled\tf32\t16\t8,7,2,16\t%s\n",
+             clattn_version(), key, key);
+    write_text(file, text);
+    tiled_with_file("line 3: not a tiled shape", "8,8,1,16 from", 16);
+    snprintf(text, sizeof text, "clattn-tuning 1 %s\ntiled\tf32\t16\n", clattn_version());
+    write_text(file, text);
+    tiled_with_file("line 2: want VARIANT", "from", 17);
+    FILE *f = fopen(file, "w");
+    ck_assert_ptr_nonnull(f);
+    fprintf(f, "clattn-tuning 1 %s\n", clattn_version());
+    for (int i = 0; i < 3000; ++i)
+        fputc('x', f);
+    ck_assert_int_eq(fclose(f), 0);
+    tiled_with_file("a line is too long", "from", 18);
+    write_text(file, "");
+    tiled_with_file("it is empty", "from", 19);
+    /* No file at all: nothing to say. */
+    remove(file);
+    tiled_with_file("", "tuning:", 20);
+
+    ck_assert_int_eq(rmdir(dir), 0);
+    unsetenv("CLATTN_TUNING_FILE");
+    unsetenv("CLATTN_CACHE_DIR");
+}
+END_TEST
+
 Suite *cache_suite(void)
 {
-    const TTest *const tests[] = {program_cache};
-    return case_suite("cache", "program_cache", 600, tests, 1);
+    const TTest *const tests[] = {program_cache, tuning_file};
+    return case_suite("cache", "program_cache", 600, tests, 2);
 }

@@ -158,7 +158,7 @@ static int wide_vectors(const struct clattn_cl_state *cl)
 static const char *kernel_options(const struct clattn_cl_state *cl, int kind, uint32_t head_dim,
                                   clattn_dtype dtype, int k, size_t limit, char *buf, size_t size)
 {
-    const tile_config t = clattn_ocl_tile_config(cl, head_dim, limit);
+    const tile_config t = clattn_ocl_tile_config(cl, head_dim, dtype, limit);
     /* tree.cl: the elements of a row each work-item holds */
     const uint32_t largest = head_dim ? head_dim : CLATTN_MAX_HEAD_DIM;
     const size_t tree_wg = clattn_ocl_tree_work_group(largest, limit);

@@ -367,6 +367,11 @@ static clattn_status init_variant(clattn_context *ctx, const char *variant, cl_c
     if ((st = clattn_ocl_tuning_init(cl, items_loop ? CL_DEVICE_TYPE_CPU : CL_DEVICE_TYPE_GPU)) !=
         CLATTN_OK)
         goto fail;
+    /* `clattn tune`'s winners for this device, keyed as docs/tuning.md says. */
+    char driver[128], key[400];
+    query_string(get_device_info, device, CL_DRIVER_VERSION, driver, sizeof driver);
+    snprintf(key, sizeof key, "%s / %s / %s", platform_name, name, driver);
+    clattn_ocl_tuning_file(cl, ctx, key);
     /* Each program is built once per context, when first needed, except
      * one now, so that a device that cannot compile the variant is never
      * chosen: tree's (any head_dim) for tree, or the tiled or blocked ones

@@ -60,6 +60,17 @@ typedef struct tile_class {
 typedef struct mma_config {
     unsigned warps, wsplit, tile, planes;
 } mma_config;
+/* A shape from the tuning file (`clattn tune`), for one variant, dtype and
+ * head_dim on this device. */
+typedef struct tuned_entry {
+    int kind; /* KIND_TILED or KIND_MMA */
+    clattn_dtype dtype;
+    uint32_t head_dim;
+    tile_config tile;
+    mma_config mma;
+} tuned_entry;
+enum { TUNED_MAX = 96 };
+
 typedef struct mma_class {
     uint32_t max_head_dim;
     mma_config forward, backward, grad_q; /* backward: dK and dV */
@@ -105,6 +116,9 @@ struct clattn_cl_state {
     int single_tuned; /* CLATTN_MMA_SINGLE set to a shape: the single pass, wherever it fits */
     mma_config single_tune;
     tile_class tiles;
+    int tiled_env; /* CLATTN_TILED set: it beats the tuning file */
+    tuned_entry tuned[TUNED_MAX]; /* the tuning file's entries for this device */
+    size_t ntuned;
     cl_ulong max_alloc;
     cl_ulong local_mem;
     size_t max_wg; /* the device's work-group limit (in dimension 0 too) */
@@ -131,10 +145,15 @@ clattn_status clattn_ocl_init_on_device(clattn_context *ctx, const char *variant
  * CLATTN_MMA_GRAD_Q and CLATTN_MMA_SINGLE overrides (a bad one is
  * CLATTN_ERROR_INVALID_OPTION). */
 clattn_status clattn_ocl_tuning_init(struct clattn_cl_state *cl, cl_device_type type);
+/* The tuning file's entries for the device whose key (docs/tuning.md) is
+ * "PLATFORM / DEVICE / DRIVER", into cl->tuned, each line of what happened
+ * in ctx's log. A missing file is no entry; a damaged or stale one is
+ * ignored with a log line, never a failure. */
+void clattn_ocl_tuning_file(struct clattn_cl_state *cl, clattn_context *ctx, const char *key);
 /* The tiled kernels' shape for a head_dim, fitted to work-groups of at
  * most `limit` work-items and to the device's local memory. */
 tile_config clattn_ocl_tile_config(const struct clattn_cl_state *cl, uint32_t head_dim,
-                                   size_t limit);
+                                   clattn_dtype dtype, size_t limit);
 /* tree.cl's work-group for a head_dim: the next power of two, at most the
  * largest power of two within `limit`. */
 size_t clattn_ocl_tree_work_group(uint32_t head_dim, size_t limit);

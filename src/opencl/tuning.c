@@ -69,10 +69,31 @@ size_t clattn_ocl_tiled_local_floats(const tile_config *c, uint32_t head_dim)
  * then a work-item holds more columns, until the group fits the limit;
  * then the tile halves until the local buffer fits the device. Every
  * device fits in the end: one work-item, one row, a tile of one. */
-tile_config clattn_ocl_tile_config(const struct clattn_cl_state *cl, uint32_t head_dim,
-                                   size_t limit)
+/* The tuning file's entry for a kind, dtype and head_dim, or NULL. */
+static const tuned_entry *tuned(const struct clattn_cl_state *cl, int kind, clattn_dtype dtype,
+                                uint32_t head_dim)
 {
-    tile_config c = head_dim > cl->tiles.narrow.columns ? cl->tiles.wide : cl->tiles.narrow;
+    for (size_t i = 0; i < cl->ntuned; ++i)
+        if (cl->tuned[i].kind == kind && cl->tuned[i].dtype == dtype &&
+            cl->tuned[i].head_dim == head_dim)
+            return &cl->tuned[i];
+    return NULL;
+}
+
+/* The tiled kernels' shape for a head_dim on a device that runs
+ * work-groups of at most `limit` work-items: CLATTN_TILED's, else the
+ * tuning file's, else the table's, fitted. Fewer work-items share a row by
+ * tiles (split), then a group holds fewer rows, then a work-item holds more
+ * columns, until the group fits the limit; then the tile halves until the
+ * local buffer fits the device. Every device fits in the end: one
+ * work-item, one row, a tile of one. */
+tile_config clattn_ocl_tile_config(const struct clattn_cl_state *cl, uint32_t head_dim,
+                                   clattn_dtype dtype, size_t limit)
+{
+    const tuned_entry *e = cl->tiled_env ? NULL : tuned(cl, KIND_TILED, dtype, head_dim);
+    tile_config c = e                                 ? e->tile
+                    : head_dim > cl->tiles.narrow.columns ? cl->tiles.wide
+                                                          : cl->tiles.narrow;
     while ((size_t)c.rows * c.split * clattn_ocl_tile_dsplit(&c, head_dim) > limit) {
         if (c.split > 1)
             c.split /= 2;
@@ -145,6 +166,9 @@ const mma_config *clattn_ocl_mma_config(const struct clattn_cl_state *cl, uint32
         return &cl->grad_q_tune;
     if (cl->mma_tuned)
         return &cl->mma_tune;
+    const tuned_entry *e = tuned(cl, KIND_MMA, dtype, head_dim);
+    if (e)
+        return &e->mma;
     const mma_class *table = dtype == CLATTN_DTYPE_F32 ? mma_table : mma16_table;
     size_t i = 0;
     while (table[i].max_head_dim < head_dim)
@@ -154,18 +178,42 @@ const mma_config *clattn_ocl_mma_config(const struct clattn_cl_state *cl, uint32
                            : &table[i].backward;
 }
 
+/* Parses "WARPS,WSPLIT,TILE,PLANES"; 0 where it is not a shape mma takes. */
+static int parse_mma(const char *text, mma_config *c)
+{
+    char end;
+    return sscanf(text, "%u,%u,%u,%u%c", &c->warps, &c->wsplit, &c->tile, &c->planes, &end) == 4 &&
+           (c->warps == 1 || c->warps == 2 || c->warps == 4 || c->warps == 8) &&
+           (c->wsplit == 1 || c->wsplit == 2 || c->wsplit == 4) && c->warps % c->wsplit == 0 &&
+           (c->tile == 8 || c->tile == 16 || c->tile == 32 || c->tile == 64) &&
+           (c->planes == 1 || c->planes == 2);
+}
+
+/* Parses "ROWS,TILE,SPLIT[,COLUMNS]" over *c (COLUMNS kept when left out);
+ * 0 where it is not a shape tiled takes. */
+static int parse_tiled(const char *text, tile_config *c)
+{
+    unsigned rows, tile, split, columns = 0;
+    char end;
+    const int n = sscanf(text, "%u,%u,%u,%u%c", &rows, &tile, &split, &columns, &end);
+    if ((n != 3 && n != 4) || !rows || !tile || !split || tile % split || rows > 1024 ||
+        tile > 256 || rows * split > 1024 || (n == 4 && (!columns || columns > 1024)))
+        return 0;
+    c->rows = rows;
+    c->tile = tile;
+    c->split = split;
+    if (columns)
+        c->columns = columns;
+    return 1;
+}
+
 /* A tuning override of mma shapes from the variable `name`, if set. */
 static clattn_status mma_override(const char *name, mma_config *c, int *set)
 {
     const char *text = getenv(name);
     if (!text || !*text)
         return CLATTN_OK;
-    char end;
-    if (sscanf(text, "%u,%u,%u,%u%c", &c->warps, &c->wsplit, &c->tile, &c->planes, &end) != 4 ||
-        (c->warps != 1 && c->warps != 2 && c->warps != 4 && c->warps != 8) ||
-        (c->wsplit != 1 && c->wsplit != 2 && c->wsplit != 4) || c->warps % c->wsplit ||
-        (c->tile != 8 && c->tile != 16 && c->tile != 32 && c->tile != 64) ||
-        (c->planes != 1 && c->planes != 2))
+    if (!parse_mma(text, c))
         return clattn_fail(CLATTN_ERROR_INVALID_OPTION,
                            "%s='%s': want WARPS,WSPLIT,TILE,PLANES with WARPS 1, 2, 4 or 8, "
                            "WSPLIT 1, 2 or 4 dividing WARPS, TILE 8, 16, 32 or 64 (16-bit "
@@ -186,23 +234,14 @@ clattn_status clattn_ocl_tuning_init(struct clattn_cl_state *cl, cl_device_type 
     /* A tuning override for a device the table does not know well. */
     const char *tune = getenv("CLATTN_TILED");
     if (tune && *tune) {
-        unsigned rows, tile, split, columns = 0;
-        char end;
-        const int n = sscanf(tune, "%u,%u,%u,%u%c", &rows, &tile, &split, &columns, &end);
-        if ((n != 3 && n != 4) || !rows || !tile || !split || tile % split || rows > 1024 ||
-            tile > 256 || rows * split > 1024 || (n == 4 && !columns))
-            return clattn_fail(CLATTN_ERROR_INVALID_OPTION,
-                               "CLATTN_TILED='%s': want ROWS,TILE,SPLIT[,COLUMNS] with SPLIT "
-                               "dividing TILE and ROWS * SPLIT <= 1024",
-                               tune);
         tile_config *both[2] = {&cl->tiles.narrow, &cl->tiles.wide};
-        for (int i = 0; i < 2; ++i) {
-            both[i]->rows = rows;
-            both[i]->tile = tile;
-            both[i]->split = split;
-            if (columns)
-                both[i]->columns = columns;
-        }
+        for (int i = 0; i < 2; ++i) /* COLUMNS left out: each entry keeps its own */
+            if (!parse_tiled(tune, both[i]))
+                return clattn_fail(CLATTN_ERROR_INVALID_OPTION,
+                                   "CLATTN_TILED='%s': want ROWS,TILE,SPLIT[,COLUMNS] with SPLIT "
+                                   "dividing TILE and ROWS * SPLIT <= 1024",
+                                   tune);
+        cl->tiled_env = 1;
     }
     clattn_status st;
     const char *single = getenv("CLATTN_MMA_SINGLE"); /* "0", as unset: two passes */
@@ -218,4 +257,172 @@ clattn_status clattn_ocl_tuning_init(struct clattn_cl_state *cl, cl_device_type 
     if ((st = mma_override("CLATTN_MMA", &cl->mma_tune, &cl->mma_tuned)) != CLATTN_OK)
         return st;
     return mma_override("CLATTN_MMA_GRAD_Q", &cl->grad_q_tune, &cl->grad_q_tuned);
+}
+
+/* The tuning file's path: CLATTN_TUNING_FILE ("off": none), else
+ * $XDG_CONFIG_HOME/clattn/tuning, else ~/.config/clattn/tuning; 0 where
+ * there is none. */
+static int tuning_path(char *path, size_t size)
+{
+    const char *set = getenv("CLATTN_TUNING_FILE"), *xdg = getenv("XDG_CONFIG_HOME");
+    const char *home = getenv("HOME");
+    int n;
+    if (set && *set)
+        n = strcmp(set, "off") ? snprintf(path, size, "%s", set) : -1;
+    else if (xdg && *xdg)
+        n = snprintf(path, size, "%s/clattn/tuning", xdg);
+    else if (home && *home)
+        n = snprintf(path, size, "%s/.config/clattn/tuning", home);
+    else
+        n = -1;
+    return n > 0 && (size_t)n < size;
+}
+
+static int parse_dtype_name(const char *name, clattn_dtype *dtype)
+{
+    static const char *const names[3] = {"f32", "f16", "bf16"};
+    for (int i = 0; i < 3; ++i)
+        if (!strcmp(name, names[i])) {
+            *dtype = (clattn_dtype)i;
+            return 1;
+        }
+    return 0;
+}
+
+/* One entry line, "VARIANT<TAB>DTYPE<TAB>HEAD_DIM<TAB>SHAPE<TAB>KEY", into
+ * *e and *key (pointing into line, which it cuts); the reason where it is
+ * malformed, else NULL. */
+static const char *parse_entry(char *line, tuned_entry *e, const char **key)
+{
+    char *field[5];
+    field[0] = line;
+    for (int i = 1; i < 5; ++i) {
+        char *tab = strchr(field[i - 1], '\t');
+        if (!tab)
+            return "want VARIANT, DTYPE, HEAD_DIM, SHAPE and the device, tab-separated";
+        *tab = '\0';
+        field[i] = tab + 1;
+    }
+    memset(e, 0, sizeof *e);
+    char end;
+    if (!strcmp(field[0], "tiled"))
+        e->kind = KIND_TILED;
+    else if (!strcmp(field[0], "mma"))
+        e->kind = KIND_MMA;
+    else
+        return "the variant is neither tiled nor mma";
+    if (!parse_dtype_name(field[1], &e->dtype))
+        return "the dtype is none of f32, f16 and bf16";
+    if (sscanf(field[2], "%u%c", &e->head_dim, &end) != 1 || !e->head_dim ||
+        e->head_dim > CLATTN_MAX_HEAD_DIM)
+        return "the head_dim is not 1 to 256";
+    e->tile.columns = CLATTN_MAX_HEAD_DIM;
+    if (e->kind == KIND_TILED ? !parse_tiled(field[3], &e->tile) : !parse_mma(field[3], &e->mma))
+        return e->kind == KIND_TILED ? "not a tiled shape (ROWS,TILE,SPLIT,COLUMNS)"
+                                     : "not an mma shape (WARPS,WSPLIT,TILE,PLANES)";
+    if (e->kind == KIND_MMA && e->dtype != CLATTN_DTYPE_F32 && e->mma.tile % 16)
+        return "mma's 16-bit kernels want tiles of 16 rows or more";
+    *key = field[4];
+    return NULL;
+}
+
+/* Whether an mma entry's kernels fit the device's local memory (wgmma's
+ * alignment counted). */
+static int mma_fits(const struct clattn_cl_state *cl, const tuned_entry *e)
+{
+    static const int kernels[3] = {K_FORWARD, K_GRAD_Q, K_GRAD_KV};
+    for (int i = 0; i < 3; ++i)
+        if ((clattn_ocl_mma_local_floats(&e->mma, e->head_dim, cl->mma_emulate, e->dtype,
+                                         kernels[i]) +
+             256) * sizeof(float) >
+            cl->local_mem)
+            return 0;
+    return 1;
+}
+
+void clattn_ocl_tuning_file(struct clattn_cl_state *cl, clattn_context *ctx, const char *key)
+{
+    char path[1024];
+    cl->ntuned = 0;
+    if (!tuning_path(path, sizeof path))
+        return;
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return; /* no file: the tables */
+    char line[1024];
+    const char *why = NULL;
+    unsigned number = 1, skipped = 0, other_driver = 0;
+    /* The device's key without its driver: entries from another driver are stale. */
+    const char *driver = strrchr(key, '/');
+    const size_t stem = driver ? (size_t)(driver - key) : strlen(key);
+    if (!fgets(line, sizeof line, f)) {
+        why = "it is empty";
+    } else {
+        char version[64];
+        line[strcspn(line, "\r\n")] = '\0';
+        if (sscanf(line, "clattn-tuning 1 %63s", version) != 1)
+            why = "its first line is not 'clattn-tuning 1 VERSION'";
+        else if (strcmp(version, clattn_version()))
+            why = "it was written by another clattn version (stale)";
+    }
+    while (!why && fgets(line, sizeof line, f)) {
+        ++number;
+        const size_t n = strcspn(line, "\r\n");
+        if (!line[n] && !feof(f)) {
+            why = "a line is too long";
+            break;
+        }
+        line[n] = '\0';
+        if (!line[0] || line[0] == '#')
+            continue;
+        tuned_entry e;
+        const char *entry_key = NULL;
+        if ((why = parse_entry(line, &e, &entry_key)) != NULL)
+            break;
+        if (e.kind == KIND_MMA && !mma_fits(cl, &e)) {
+            clattn_log_append(ctx, "tuning: %s, line %u: the mma shape needs more local memory "
+                              "than the device has; the entry is ignored", path, number);
+            continue;
+        }
+        if (strcmp(entry_key, key)) {
+            other_driver += !strncmp(entry_key, key, stem) && entry_key[stem] == '/';
+            continue; /* another device's */
+        }
+        tuned_entry *slot = (tuned_entry *)tuned(cl, e.kind, e.dtype, e.head_dim);
+        if (!slot && cl->ntuned == TUNED_MAX) {
+            ++skipped;
+            continue;
+        }
+        *(slot ? slot : &cl->tuned[cl->ntuned++]) = e; /* a later line replaces an earlier */
+    }
+    if (!why && ferror(f))
+        why = "it could not be read";
+    fclose(f);
+    if (why) {
+        cl->ntuned = 0;
+        if (number > 1)
+            clattn_log_append(ctx, "tuning: %s, line %u: %s; the file is ignored", path, number,
+                              why);
+        else
+            clattn_log_append(ctx, "tuning: %s: %s; the file is ignored", path, why);
+        return;
+    }
+    if (other_driver)
+        clattn_log_append(ctx, "tuning: %s: %u entries for this device under another driver "
+                          "(stale) are ignored", path, other_driver);
+    if (skipped)
+        clattn_log_append(ctx, "tuning: %s: %u entries past the first %d are ignored", path,
+                          skipped, (int)TUNED_MAX);
+    for (size_t i = 0; i < cl->ntuned; ++i) {
+        const tuned_entry *e = &cl->tuned[i];
+        static const char *const dtypes[3] = {"f32", "f16", "bf16"};
+        if (e->kind == KIND_TILED)
+            clattn_log_append(ctx, "tuning: tiled %s head_dim %u: %u,%u,%u,%u from %s",
+                              dtypes[e->dtype], e->head_dim, e->tile.rows, e->tile.tile,
+                              e->tile.split, e->tile.columns, path);
+        else
+            clattn_log_append(ctx, "tuning: mma %s head_dim %u: %u,%u,%u,%u from %s",
+                              dtypes[e->dtype], e->head_dim, e->mma.warps, e->mma.wsplit,
+                              e->mma.tile, e->mma.planes, path);
+    }
 }
