@@ -796,6 +796,65 @@ START_TEST(devices_and_demo)
 }
 END_TEST
 
+/* clattn tune: bad input is refused before anything runs; on PoCL a
+ * candidate is timed beside the table's shape, and the winner lands in
+ * the tuning file (a fresh one, then replacing its own line), whole. */
+START_TEST(tune_keeps_winner)
+{
+    make_dir();
+    const char *file = path("cfg/tuning");
+    ck_assert_int_eq(run("tune", "--variant", "blocked", "--head-dim", "16", NULL), 2);
+    ck_assert_msg(strstr(err_text, "tiled or mma"), "%s", err_text);
+    ck_assert_int_eq(run("tune", "--variant", "tiled", "--head-dim", "16", "--candidates",
+                         "8,8,1", "--file", file, NULL),
+                     2);
+    ck_assert_msg(strstr(err_text, "ROWS,TILE,SPLIT,COLUMNS"), "%s", err_text);
+    ck_assert_int_eq(run("tune", "--variant", "tiled", "--head-dim", "16", "--device", "native",
+                         "--file", file, NULL),
+                     2);
+    ck_assert_msg(strstr(err_text, "native"), "%s", err_text);
+    ck_assert_int_eq(run("devices", NULL), 0);
+    if (!strstr(out_text, "opencl-cpu")) { /* no OpenCL CPU device here: nothing more to run */
+        cleanup();
+        return;
+    }
+    const char *shape[] = {"--device", "cpu", "--variant", "tiled", "--head-dim", "16",
+                           "--q-seq", "40", "--heads", "2", "--reps", "1", "--rounds", "1"};
+    ck_assert_int_eq(run("tune", shape[0], shape[1], shape[2], shape[3], shape[4], shape[5],
+                         shape[6], shape[7], shape[8], shape[9], shape[10], shape[11], shape[12],
+                         shape[13], "--candidates", "8,8,1,16", "--write-best", "--file", file,
+                         NULL),
+                     0);
+    ck_assert_msg(strstr(out_text, "(table)") && strstr(out_text, "8,8,1,16 ") &&
+                      strstr(out_text, "max_error") && strstr(out_text, "kept in"),
+                  "%s", out_text);
+    char text[4096];
+    slurp(file, text, sizeof text);
+    ck_assert_msg(!strncmp(text, "clattn-tuning 1 ", 16) && strstr(text, "tiled\tf32\t16\t8,8,1,16\t"),
+                  "%s", text);
+    /* Again with another shape: its line replaces the first, once. */
+    ck_assert_int_eq(run("tune", shape[0], shape[1], shape[2], shape[3], shape[4], shape[5],
+                         shape[6], shape[7], shape[8], shape[9], shape[10], shape[11], shape[12],
+                         shape[13], "--candidates", "16,16,2,16", "--write-best", "--file", file,
+                         NULL),
+                     0);
+    slurp(file, text, sizeof text);
+    ck_assert_msg(strstr(text, "\t16,16,2,16\t") && !strstr(text, "8,8,1,16"), "%s", text);
+    /* A dry run writes nothing. */
+    ck_assert_int_eq(run("tune", shape[0], shape[1], shape[2], shape[3], shape[4], shape[5],
+                         shape[6], shape[7], shape[8], shape[9], shape[10], shape[11], shape[12],
+                         shape[13], "--candidates", "4,8,2,16", "--write-best", "--dry-run",
+                         "--file", file, NULL),
+                     0);
+    char after[4096];
+    slurp(file, after, sizeof after);
+    ck_assert_str_eq(after, text);
+    ck_assert_int_eq(remove(file), 0);
+    ck_assert_int_eq(rmdir(path("cfg")), 0);
+    cleanup();
+}
+END_TEST
+
 Suite *cli_suite(void)
 {
     Suite *s = suite_create("cli");
@@ -813,6 +872,7 @@ Suite *cli_suite(void)
     tcase_add_test(tc, causal_alignments);
     tcase_add_test(tc, device_failure_exit_one);
     tcase_add_test(tc, devices_and_demo);
+    tcase_add_test(tc, tune_keeps_winner);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -4,30 +4,14 @@
  * Builds and a warm-up call are excluded; the figure is the median of the
  * timed calls. */
 #define _POSIX_C_SOURCE 200809L
-#define CL_TARGET_OPENCL_VERSION 120
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "cli.h"
-#include "clattn_cl.h"
+#include "bench.h"
 
-typedef enum bench_op { BENCH_GRAD_V, BENCH_FORWARD, BENCH_BACKWARD } bench_op;
-static const char *const op_names[] = {"grad-v", "forward", "backward"};
-
-/* Host tensors: inputs Q K V O LSE dO, outputs in out[0..nout). */
-enum { T_Q, T_K, T_V, T_O, T_LSE, T_DO, T_OUT0, T_OUT1, T_OUT2, T_COUNT };
-
-typedef struct bench {
-    bench_op op;
-    clattn_shape s; /* its dtype is the timed calls' */
-    size_t n[T_COUNT];
-    float *host[T_COUNT]; /* float32 values (rounded to the dtype when it is 16-bit) */
-    void *elems[T_COUNT]; /* the inputs as the timed calls take them: host, or 16-bit */
-    float *want[3]; /* native's float32 outputs on the same values: the reference */
-    int nout;
-} bench;
+const char *const bench_op_names[3] = {"grad-v", "forward", "backward"};
 
 /* Bytes of one element of tensor i in the timed calls: the LSE pairs
  * (input, or the forward's second output) are float32. */
@@ -92,8 +76,8 @@ static clattn_status run_cl(clattn_context *ctx, const bench *b, const clattn_cl
 
 /* Times reps calls of one variant; fills seconds (median) and max_error
  * (max |got - native| / max |native| over the outputs, NAN on native). */
-static clattn_status time_variant(clattn_context *ctx, const bench *b, int reps,
-                                  double *seconds, double *max_error)
+clattn_status bench_time(clattn_context *ctx, const bench *b, int reps, double *seconds,
+                         double *max_error)
 {
     double *times = malloc((size_t)reps * sizeof(double));
     float *out[3] = {NULL, NULL, NULL};
@@ -171,6 +155,97 @@ static clattn_status time_variant(clattn_context *ctx, const bench *b, int reps,
     return st;
 }
 
+int bench_prepare(const char *cmd, bench *b, int reference)
+{
+    const clattn_dtype dt = b->s.dtype;
+    const clattn_shape *s = &b->s;
+    const size_t nq = (size_t)s->batch * s->q_seq * s->num_heads * s->head_dim;
+    const size_t nkv = (size_t)s->batch * s->kv_seq * s->num_kv_heads * s->head_dim;
+    const size_t nlse = (size_t)s->batch * s->q_seq * s->num_heads * 2;
+    const size_t sizes[T_COUNT] = {nq, nkv, nkv, nq, nlse, nq, 0, 0, 0};
+    memcpy(b->n, sizes, sizeof sizes);
+    switch (b->op) {
+    case BENCH_GRAD_V:
+        b->n[T_OUT0] = nkv;
+        b->nout = 1;
+        break;
+    case BENCH_FORWARD:
+        b->n[T_OUT0] = nq;
+        b->n[T_OUT1] = nlse;
+        b->nout = 2;
+        break;
+    case BENCH_BACKWARD:
+        b->n[T_OUT0] = nq;
+        b->n[T_OUT1] = b->n[T_OUT2] = nkv;
+        b->nout = 3;
+        break;
+    }
+    int ok = 1;
+    for (int i = 0; i < T_OUT0; ++i) {
+        ok = ok && (b->host[i] = alloc_floats(b->n[i])) != NULL;
+        b->elems[i] = b->host[i];
+        if (ok && dt && i != T_LSE)
+            ok = (b->elems[i] = malloc(b->n[i] * 2 + 1)) != NULL;
+    }
+    for (int i = 0; i < b->nout; ++i)
+        ok = ok && (b->want[i] = alloc_floats(b->n[T_OUT0 + i])) != NULL;
+    if (!ok) {
+        fprintf(stderr, "clattn %s: out of memory\n", cmd);
+        return EXIT_DEVICE;
+    }
+    uint64_t state = 0x853C49E6748FEA9Bull;
+    fill_uniform(b->host[T_Q], nq, 1.0f, &state);
+    fill_uniform(b->host[T_K], nkv, 1.0f, &state);
+    fill_uniform(b->host[T_V], nkv, 1.0f, &state);
+    fill_uniform(b->host[T_DO], nq, 1.0f, &state);
+    /* 16-bit: every input a value of the dtype, so that the float32
+     * reference sees what the timed calls see. */
+    const int inputs16[4] = {T_Q, T_K, T_V, T_DO};
+    for (int i = 0; i < 4 && dt; ++i) {
+        clattn_from_f32(dt, b->host[inputs16[i]], b->elems[inputs16[i]], b->n[inputs16[i]]);
+        clattn_to_f32(dt, b->elems[inputs16[i]], b->host[inputs16[i]], b->n[inputs16[i]]);
+    }
+    clattn_context *native = NULL;
+    clattn_options no = clattn_options_default();
+    no.backend = CLATTN_BACKEND_NATIVE;
+    clattn_status st = clattn_context_create(&no, &native);
+    /* O and LSE from the native forward; native's float32 outputs are the
+     * reference. */
+    bench f32 = *b;
+    f32.s.dtype = CLATTN_DTYPE_F32;
+    memcpy(f32.elems, b->host, sizeof f32.elems);
+    if (st == CLATTN_OK)
+        st = clattn_forward(native, &f32.s, b->host[T_Q], b->host[T_K], b->host[T_V],
+                            b->host[T_O], b->host[T_LSE]);
+    if (st == CLATTN_OK && dt) { /* O as a 16-bit forward gives it */
+        clattn_from_f32(dt, b->host[T_O], b->elems[T_O], b->n[T_O]);
+        clattn_to_f32(dt, b->elems[T_O], b->host[T_O], b->n[T_O]);
+    }
+    if (st == CLATTN_OK && reference)
+        st = run_host(native, &f32, (void *const *)b->want);
+    clattn_context_destroy(native);
+    if (st != CLATTN_OK) {
+        fprintf(stderr, "clattn %s: %s: %s\n", cmd, clattn_status_string(st),
+                clattn_last_error());
+        return EXIT_DEVICE;
+    }
+    return 0;
+}
+
+void bench_free(bench *b)
+{
+    for (int i = 0; i < T_OUT0; ++i) {
+        if (b->elems[i] != b->host[i])
+            free(b->elems[i]);
+        free(b->host[i]);
+        b->elems[i] = b->host[i] = NULL;
+    }
+    for (int i = 0; i < 3; ++i) {
+        free(b->want[i]);
+        b->want[i] = NULL;
+    }
+}
+
 int cmd_bench(int argc, char **argv)
 {
     const char *cmd = "bench";
@@ -215,7 +290,7 @@ int cmd_bench(int argc, char **argv)
     memset(&b, 0, sizeof b);
     int known = 0;
     for (int i = 0; i < 3; ++i)
-        if (!strcmp(op_name, op_names[i])) {
+        if (!strcmp(op_name, bench_op_names[i])) {
             b.op = (bench_op)i;
             known = 1;
         }
@@ -258,90 +333,20 @@ int cmd_bench(int argc, char **argv)
         fprintf(stderr, "clattn bench: %s: %s\n", clattn_status_string(st), clattn_last_error());
         return EXIT_INPUT;
     }
-    const size_t nq = (size_t)batch * q_seq * heads * head_dim;
-    const size_t nkv = (size_t)batch * b.s.kv_seq * b.s.num_kv_heads * head_dim;
-    const size_t nlse = (size_t)batch * q_seq * heads * 2;
-    const size_t sizes[T_COUNT] = {nq, nkv, nkv, nq, nlse, nq, 0, 0, 0};
-    memcpy(b.n, sizes, sizeof sizes);
-    switch (b.op) {
-    case BENCH_GRAD_V:
-        b.n[T_OUT0] = nkv;
-        b.nout = 1;
-        break;
-    case BENCH_FORWARD:
-        b.n[T_OUT0] = nq;
-        b.n[T_OUT1] = nlse;
-        b.nout = 2;
-        break;
-    case BENCH_BACKWARD:
-        b.n[T_OUT0] = nq;
-        b.n[T_OUT1] = b.n[T_OUT2] = nkv;
-        b.nout = 3;
-        break;
-    }
-
-    clattn_context *base = NULL, *native = NULL;
-    int rc = EXIT_DEVICE;
-    int ok = 1;
-    for (int i = 0; i < T_OUT0; ++i) {
-        ok = ok && (b.host[i] = alloc_floats(b.n[i])) != NULL;
-        b.elems[i] = b.host[i];
-        if (ok && dt && i != T_LSE)
-            ok = (b.elems[i] = malloc(b.n[i] * 2 + 1)) != NULL;
-    }
-    for (int i = 0; i < b.nout; ++i)
-        ok = ok && (b.want[i] = alloc_floats(b.n[T_OUT0 + i])) != NULL;
-    if (!ok) {
-        fprintf(stderr, "clattn bench: out of memory\n");
-        goto done;
-    }
-    uint64_t state = 0x853C49E6748FEA9Bull;
-    fill_uniform(b.host[T_Q], nq, 1.0f, &state);
-    fill_uniform(b.host[T_K], nkv, 1.0f, &state);
-    fill_uniform(b.host[T_V], nkv, 1.0f, &state);
-    fill_uniform(b.host[T_DO], nq, 1.0f, &state);
-    /* 16-bit: every input a value of the dtype, so that the float32
-     * reference sees what the timed calls see. */
-    const int inputs16[4] = {T_Q, T_K, T_V, T_DO};
-    for (int i = 0; i < 4 && dt; ++i) {
-        clattn_from_f32((clattn_dtype)dt, b.host[inputs16[i]], b.elems[inputs16[i]],
-                        b.n[inputs16[i]]);
-        clattn_to_f32((clattn_dtype)dt, b.elems[inputs16[i]], b.host[inputs16[i]],
-                      b.n[inputs16[i]]);
-    }
-    if ((rc = open_context(cmd, device, NULL, &base)) != 0)
+    clattn_context *base = NULL;
+    int rc = open_context(cmd, device, NULL, &base);
+    const int on_cl = !rc && clattn_context_backend(base) != CLATTN_BACKEND_NATIVE;
+    b.s.dtype = dt;
+    if (rc || (rc = bench_prepare(cmd, &b, on_cl || dt)) != 0)
         goto done;
     rc = EXIT_DEVICE;
-    clattn_options no = clattn_options_default();
-    no.backend = CLATTN_BACKEND_NATIVE;
-    st = clattn_context_create(&no, &native);
-    /* O and LSE from the native forward; native's float32 outputs are the
-     * reference. */
-    if (st == CLATTN_OK)
-        st = clattn_forward(native, &b.s, b.host[T_Q], b.host[T_K], b.host[T_V], b.host[T_O],
-                            b.host[T_LSE]);
-    if (st == CLATTN_OK && dt) { /* O as a 16-bit forward gives it */
-        clattn_from_f32((clattn_dtype)dt, b.host[T_O], b.elems[T_O], b.n[T_O]);
-        clattn_to_f32((clattn_dtype)dt, b.elems[T_O], b.host[T_O], b.n[T_O]);
-    }
-    const int on_cl = clattn_context_backend(base) != CLATTN_BACKEND_NATIVE;
-    if (st == CLATTN_OK && (on_cl || dt)) {
-        bench f32 = b;
-        memcpy(f32.elems, b.host, sizeof f32.elems);
-        st = run_host(native, &f32, (void *const *)b.want);
-    }
-    b.s.dtype = (clattn_dtype)dt;
-    if (st != CLATTN_OK) {
-        fprintf(stderr, "clattn bench: %s: %s\n", clattn_status_string(st), clattn_last_error());
-        goto done;
-    }
     const double flop = (b.op == BENCH_BACKWARD ? 10.0 : 4.0) *
                         (double)clattn_shape_visible_pairs(&b.s) * head_dim;
     const clattn_backend backend = clattn_context_backend(base);
     if (!json)
         printf("%s, batch %u, q_seq %u, kv_seq %u, %u heads, %u KV heads, head_dim %u%s, "
                "window %u, %s, on %s\n%-10s %12s %12s %12s  %s\n",
-               op_names[b.op], batch, q_seq, b.s.kv_seq, heads, b.s.num_kv_heads, head_dim,
+               bench_op_names[b.op], batch, q_seq, b.s.kv_seq, heads, b.s.num_kv_heads, head_dim,
                bottom_right ? ", causal bottom-right" : causal ? ", causal" : "", window, dtype_name, clattn_context_device(base), "variant",
                "ms/call", "GFLOP/s", "max_error", "kernels");
     for (size_t vi = 0;; ++vi) {
@@ -380,7 +385,7 @@ int cmd_bench(int argc, char **argv)
             goto done;
         }
         double seconds = 0.0, err = NAN;
-        st = time_variant(ctx, &b, (int)reps, &seconds, &err);
+        st = bench_time(ctx, &b, (int)reps, &seconds, &err);
         char ran[160];
         snprintf(ran, sizeof ran, "%s", clattn_context_kernels(ctx));
         clattn_context_destroy(ctx);
@@ -400,7 +405,7 @@ int cmd_bench(int argc, char **argv)
         else
             snprintf(errtext, sizeof errtext, "%.3g", err);
         if (json) {
-            printf("{\"op\": \"%s\", \"backend\": \"%s\", \"device\": \"", op_names[b.op],
+            printf("{\"op\": \"%s\", \"backend\": \"%s\", \"device\": \"", bench_op_names[b.op],
                    clattn_backend_name(backend));
             json_text(clattn_context_device(base));
             printf("\", \"variant\": \"%s\", \"batch\": %u, \"q_seq\": %u, \"kv_seq\": %u, \"heads\": %u, \"kv_heads\": %u, "
@@ -422,13 +427,6 @@ int cmd_bench(int argc, char **argv)
     rc = 0;
 done:
     clattn_context_destroy(base);
-    clattn_context_destroy(native);
-    for (int i = 0; i < T_OUT0; ++i) {
-        if (b.elems[i] != b.host[i])
-            free(b.elems[i]);
-        free(b.host[i]);
-    }
-    for (int i = 0; i < 3; ++i)
-        free(b.want[i]);
+    bench_free(&b);
     return rc;
 }

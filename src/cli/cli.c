@@ -248,6 +248,7 @@ static void usage(FILE *f)
                "  train     train an embedded attention layer with Adam; the loss must fall\n"
                "            100-fold\n"
                "  bench     time ops and kernel variants side by side\n"
+               "  tune      search a variant's kernel shapes on a device; keep the winner\n"
                "  version   print the library version\n"
                "The device comes from --device, else CLATTN_DEVICE, else auto.\n");
 }
@@ -280,6 +281,8 @@ int clattn_cli_main(int argc, char **argv)
         return cmd_train(argc - 2, argv + 2);
     if (!strcmp(c, "bench"))
         return cmd_bench(argc - 2, argv + 2);
+    if (!strcmp(c, "tune"))
+        return cmd_tune(argc - 2, argv + 2);
     fprintf(stderr, "clattn: unknown command '%s'\n", c);
     usage(stderr);
     return EXIT_INPUT;

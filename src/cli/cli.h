@@ -45,6 +45,7 @@ int cmd_merge(int argc, char **argv);
 int cmd_demo(int argc, char **argv);
 int cmd_train(int argc, char **argv);
 int cmd_bench(int argc, char **argv);
+int cmd_tune(int argc, char **argv);
 /* The whole command line; main() calls it, and so does the fuzzer. */
 int clattn_cli_main(int argc, char **argv);
 

@@ -1,0 +1,425 @@
+/* clattn tune: searches a variant's kernel shapes on one OpenCL device for
+ * one problem shape and dtype, printing each candidate's time and max error
+ * as it goes, and keeps the winner in the per-device tuning file that later
+ * contexts read (docs/tuning.md). Candidates are applied through the same
+ * variables a user would set by hand (CLATTN_TILED, CLATTN_MMA); the tuner's
+ * own contexts read no tuning file, so that the table's shape is the one to
+ * beat. */
+#define _POSIX_C_SOURCE 200809L
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "bench.h"
+
+enum { MAX_CANDIDATES = 160, FINALISTS = 3 };
+
+typedef struct candidate {
+    char text[32]; /* the shape as its variable takes it; "" for the table's */
+    double seconds[2]; /* forward, backward: the latest timing */
+    double total;      /* the sum over the ops of the latest timing */
+    double sum;        /* totals summed over the confirming rounds */
+    double error;
+    int ok;
+} candidate;
+
+/* The shapes to try: tiled's rows, tile, split and columns, or mma's warps,
+ * wsplit, tile and planes, within what the device's work-groups hold. */
+static size_t generate(const char *variant, uint32_t head_dim, clattn_dtype dtype, size_t max_wg,
+                       candidate *c)
+{
+    size_t n = 0;
+    if (!strcmp(variant, "tiled")) {
+        static const unsigned rows[] = {16, 32, 64, 128}, tiles[] = {16, 32, 64},
+                              splits[] = {1, 2, 4}, columns[] = {32, 64, 128, 256};
+        for (size_t ci = 0; ci < 4; ++ci) {
+            /* columns past head_dim are the same as head_dim's */
+            if (ci && columns[ci - 1] >= head_dim)
+                break;
+            const size_t dsplit = (head_dim + columns[ci] - 1) / columns[ci];
+            for (size_t r = 0; r < 4; ++r)
+                for (size_t t = 0; t < 3; ++t)
+                    for (size_t s = 0; s < 3; ++s)
+                        if (rows[r] * splits[s] * dsplit <= max_wg && n < MAX_CANDIDATES)
+                            snprintf(c[n++].text, sizeof c->text, "%u,%u,%u,%u", rows[r],
+                                     tiles[t], splits[s], columns[ci]);
+        }
+    } else {
+        static const unsigned warps[] = {2, 4, 8}, wsplits[] = {1, 2, 4}, tiles[] = {8, 16, 32, 64};
+        for (size_t w = 0; w < 3; ++w)
+            for (size_t s = 0; s < 3; ++s)
+                for (size_t t = 0; t < 4; ++t)
+                    for (unsigned planes = 1; planes <= (dtype ? 1u : 2u); ++planes)
+                        if (warps[w] % wsplits[s] == 0 && 16u * wsplits[s] <= head_dim + 15 &&
+                            (!dtype || tiles[t] >= 16) && 32u * warps[w] <= max_wg &&
+                            n < MAX_CANDIDATES)
+                            snprintf(c[n++].text, sizeof c->text, "%u,%u,%u,%u", warps[w],
+                                     wsplits[s], tiles[t], planes);
+    }
+    return n;
+}
+
+/* "PLATFORM / DEVICE / DRIVER", as the library keys the tuning file, and
+ * the device's work-group limit. */
+static int device_key(clattn_context *ctx, char *key, size_t size, size_t *max_wg)
+{
+    cl_device_id dev = NULL;
+    cl_platform_id plat = NULL;
+    char platform[128] = "?", name[128] = "?", driver[128] = "?";
+    if (clGetContextInfo(clattn_context_cl_context(ctx), CL_CONTEXT_DEVICES, sizeof dev, &dev,
+                         NULL) != CL_SUCCESS ||
+        clGetDeviceInfo(dev, CL_DEVICE_PLATFORM, sizeof plat, &plat, NULL) != CL_SUCCESS ||
+        clGetDeviceInfo(dev, CL_DEVICE_MAX_WORK_GROUP_SIZE, sizeof *max_wg, max_wg, NULL) !=
+            CL_SUCCESS)
+        return 0;
+    if (clGetPlatformInfo(plat, CL_PLATFORM_NAME, sizeof platform, platform, NULL) != CL_SUCCESS)
+        snprintf(platform, sizeof platform, "?");
+    if (clGetDeviceInfo(dev, CL_DEVICE_NAME, sizeof name, name, NULL) != CL_SUCCESS)
+        snprintf(name, sizeof name, "?");
+    if (clGetDeviceInfo(dev, CL_DRIVER_VERSION, sizeof driver, driver, NULL) != CL_SUCCESS)
+        snprintf(driver, sizeof driver, "?");
+    platform[sizeof platform - 1] = name[sizeof name - 1] = driver[sizeof driver - 1] = '\0';
+    snprintf(key, size, "%s / %s / %s", platform, name, driver);
+    return !strpbrk(key, "\t\r\n");
+}
+
+/* Times candidate c: a context on the device with c's shape, each op. A
+ * shape the device cannot take (a failed build, too little local memory) is
+ * not ok, with the reason printed; a failure of the device is the run's. */
+static int time_candidate(const char *selector, const char *variant, const char *var,
+                          const bench *b, int nops, int reps, candidate *c)
+{
+    if (c->text[0] ? setenv(var, c->text, 1) : unsetenv(var)) {
+        fprintf(stderr, "clattn tune: cannot set %s\n", var);
+        return EXIT_INPUT;
+    }
+    clattn_options o = clattn_options_default();
+    o.device = selector;
+    o.variant = variant;
+    clattn_context *ctx = NULL;
+    clattn_status st = clattn_context_create(&o, &ctx);
+    c->ok = 0;
+    c->total = 0.0;
+    c->error = 0.0;
+    for (int i = 0; i < nops && st == CLATTN_OK; ++i) {
+        double err = NAN;
+        st = bench_time(ctx, &b[i], reps, &c->seconds[i], &err);
+        c->total += c->seconds[i];
+        c->error = err > c->error || isnan(err) ? err : c->error;
+    }
+    clattn_context_destroy(ctx);
+    if (st == CLATTN_ERROR_BUILD_FAILED || st == CLATTN_ERROR_WORK_GROUP_TOO_LARGE ||
+        st == CLATTN_ERROR_INVALID_OPTION || st == CLATTN_ERROR_UNSUPPORTED_SHAPE) {
+        const char *why = clattn_last_error();
+        printf("  %-14s skipped: %s: %.*s\n", c->text[0] ? c->text : "(table)",
+               clattn_status_string(st), (int)strcspn(why, "\n"), why);
+        return 0;
+    }
+    if (st != CLATTN_OK) {
+        fprintf(stderr, "clattn tune: %s: %s: %s\n", c->text[0] ? c->text : "the table's shape",
+                clattn_status_string(st), clattn_last_error());
+        return EXIT_DEVICE;
+    }
+    c->ok = 1;
+    return 0;
+}
+
+static void print_candidate(const candidate *c, const bench *b, int nops)
+{
+    printf("  %-14s", c->text[0] ? c->text : "(table)");
+    for (int i = 0; i < nops; ++i)
+        printf(" %s %9.3f ms", bench_op_names[b[i].op], c->seconds[i] * 1e3);
+    printf("  max_error %.3g\n", c->error);
+    fflush(stdout);
+}
+
+/* The tuning file's path: --file, else CLATTN_TUNING_FILE, else under
+ * $XDG_CONFIG_HOME or ~/.config; 0 where there is none. */
+static int file_path(const char *given, char *path, size_t size, int *make_dir)
+{
+    const char *set = getenv("CLATTN_TUNING_FILE"), *xdg = getenv("XDG_CONFIG_HOME");
+    const char *home = getenv("HOME");
+    int n = -1;
+    *make_dir = 0;
+    if (given)
+        n = snprintf(path, size, "%s", given);
+    else if (set && *set && strcmp(set, "off"))
+        n = snprintf(path, size, "%s", set);
+    else if (set && !strcmp(set, "off"))
+        n = -1;
+    else if ((*make_dir = 1, xdg && *xdg))
+        n = snprintf(path, size, "%s/clattn/tuning", xdg);
+    else if (home && *home)
+        n = snprintf(path, size, "%s/.config/clattn/tuning", home);
+    return n > 0 && (size_t)n < size;
+}
+
+/* Writes the file with the winner's line in place of any older one for the
+ * same variant, dtype, head_dim and device: to a temporary file, renamed
+ * over the old one, so that a failure leaves the old file whole. A file of
+ * another format or version is replaced. */
+static int write_entry(const char *path, int make_dir, const char *line, const char *match)
+{
+    { /* the file's folder, and the config folder above clattn's */
+        char folder[1024];
+        snprintf(folder, sizeof folder, "%s", path);
+        char *slash = strrchr(folder, '/');
+        if (slash) {
+            *slash = '\0';
+            char *parent = strrchr(folder, '/');
+            if (parent && make_dir) { /* ~/.config may not exist yet either */
+                *parent = '\0';
+                mkdir(folder, 0755);
+                *parent = '/';
+            }
+            if (mkdir(folder, 0755) && errno != EEXIST) {
+                fprintf(stderr, "clattn tune: cannot create %s: %s\n", folder, strerror(errno));
+                return EXIT_INPUT;
+            }
+        }
+    }
+    char header[64], tmp[1100], text[1024];
+    snprintf(header, sizeof header, "clattn-tuning 1 %s\n", clattn_version());
+    snprintf(tmp, sizeof tmp, "%s.%ld.tmp", path, (long)getpid());
+    FILE *out = fopen(tmp, "w");
+    if (!out) {
+        fprintf(stderr, "clattn tune: cannot write %s: %s\n", tmp, strerror(errno));
+        return EXIT_INPUT;
+    }
+    fputs(header, out);
+    FILE *in = fopen(path, "r");
+    int ends = 1; /* whether what was copied ends its last line */
+    if (in && fgets(text, sizeof text, in) && !strcmp(text, header)) {
+        while (fgets(text, sizeof text, in)) {
+            const char *last = strrchr(text, '\t');
+            if (strncmp(text, match, strlen(match)) || !last || strcmp(last, strrchr(line, '\t'))) {
+                fputs(text, out);
+                ends = text[strlen(text) - 1] == '\n';
+            }
+        }
+    } else if (in) {
+        printf("replacing %s: another format or clattn version\n", path);
+    }
+    if (in)
+        fclose(in);
+    if (!ends)
+        fputc('\n', out);
+    fputs(line, out);
+    if (ferror(out) | fclose(out) || rename(tmp, path)) {
+        fprintf(stderr, "clattn tune: cannot write %s: %s\n", path, strerror(errno));
+        remove(tmp);
+        return EXIT_INPUT;
+    }
+    return 0;
+}
+
+static int by_total(const void *a, const void *b)
+{
+    const candidate *x = a, *y = b;
+    if (x->ok != y->ok)
+        return y->ok - x->ok;
+    return (x->total > y->total) - (x->total < y->total);
+}
+
+int cmd_tune(int argc, char **argv)
+{
+    const char *cmd = "tune";
+    if (wants_help(argc, argv)) {
+        printf("usage: clattn tune --variant tiled|mma --head-dim D [--dtype f32|f16|bf16]\n"
+               "                   [--q-seq N] [--kv-seq N] [--heads H] [--kv-heads KH]\n"
+               "                   [--batch B] [--causal] [--op forward|backward|both]\n"
+               "                   [--device SEL] [--reps R] [--rounds N]\n"
+               "                   [--candidates 'S S ...'] [--file PATH] [--dry-run]\n"
+               "                   [--write-best]\n"
+               "Searches the variant's kernel shapes (tiled: ROWS,TILE,SPLIT,COLUMNS; mma:\n"
+               "WARPS,WSPLIT,TILE,PLANES) on an OpenCL device for one problem (default:\n"
+               "q_seq 2048, 16 heads, both ops), printing each candidate's median time over\n"
+               "R calls (default 5) and max error against native as it goes. The three\n"
+               "fastest within the error of the table's shape are timed again with it,\n"
+               "interleaved, over N rounds (default 2); a winner at least 3%% faster than\n"
+               "the table's shape (any winner with --write-best) is kept in the tuning\n"
+               "file (--file, else CLATTN_TUNING_FILE, else\n"
+               "$XDG_CONFIG_HOME/clattn/tuning or ~/.config/clattn/tuning), which later\n"
+               "contexts on the device read. --dry-run writes nothing.\n");
+        return 0;
+    }
+    const char *variant = NULL, *device = NULL, *dtype_name = "f32", *op_name = "both";
+    const char *list = NULL, *file = NULL;
+    uint32_t q_seq = 2048, kv_seq = 0, heads = 16, kv_heads = 0, head_dim = 0, batch = 1;
+    uint32_t reps = 5, rounds = 2;
+    int causal = 0, dry_run = 0, write_best = 0;
+    opt opts[] = {
+        {"--variant", OPT_STRING, &variant, 1, 0},   {"--head-dim", OPT_UINT, &head_dim, 1, 0},
+        {"--dtype", OPT_STRING, &dtype_name, 0, 0},  {"--q-seq", OPT_UINT, &q_seq, 0, 0},
+        {"--kv-seq", OPT_UINT, &kv_seq, 0, 0},       {"--heads", OPT_UINT, &heads, 0, 0},
+        {"--kv-heads", OPT_UINT, &kv_heads, 0, 0},   {"--batch", OPT_UINT, &batch, 0, 0},
+        {"--causal", OPT_FLAG, &causal, 0, 0},       {"--op", OPT_STRING, &op_name, 0, 0},
+        {"--device", OPT_STRING, &device, 0, 0},     {"--reps", OPT_UINT, &reps, 0, 0},
+        {"--rounds", OPT_UINT, &rounds, 0, 0},       {"--candidates", OPT_STRING, &list, 0, 0},
+        {"--file", OPT_STRING, &file, 0, 0},         {"--dry-run", OPT_FLAG, &dry_run, 0, 0},
+        {"--write-best", OPT_FLAG, &write_best, 0, 0},
+    };
+    if (!parse_opts(cmd, argc, argv, opts, sizeof opts / sizeof opts[0]))
+        return EXIT_INPUT;
+    const int tiled = !strcmp(variant, "tiled");
+    if (!tiled && strcmp(variant, "mma")) {
+        fprintf(stderr, "clattn tune: --variant wants tiled or mma, not '%s'\n", variant);
+        return EXIT_INPUT;
+    }
+    const int both = !strcmp(op_name, "both"), fwd = both || !strcmp(op_name, "forward");
+    if (!fwd && strcmp(op_name, "backward")) {
+        fprintf(stderr, "clattn tune: --op wants forward, backward or both, not '%s'\n", op_name);
+        return EXIT_INPUT;
+    }
+    if (reps == 0 || reps > 1000 || rounds > 20) {
+        fprintf(stderr, "clattn tune: --reps wants 1 to 1000 and --rounds 0 to 20\n");
+        return EXIT_INPUT;
+    }
+    clattn_dtype dt;
+    if (!parse_dtype(cmd, dtype_name, &dt))
+        return EXIT_INPUT;
+    bench b[2];
+    memset(b, 0, sizeof b);
+    b[0].s = clattn_shape_default();
+    b[0].s.batch = batch;
+    b[0].s.q_seq = q_seq;
+    b[0].s.kv_seq = kv_seq ? kv_seq : q_seq;
+    b[0].s.num_heads = heads;
+    b[0].s.num_kv_heads = kv_heads ? kv_heads : heads;
+    b[0].s.head_dim = head_dim;
+    b[0].s.causal = causal;
+    b[0].s.dtype = dt;
+    clattn_status st = clattn_shape_validate(&b[0].s);
+    if (st != CLATTN_OK) {
+        fprintf(stderr, "clattn tune: %s: %s\n", clattn_status_string(st), clattn_last_error());
+        return EXIT_INPUT;
+    }
+    const int nops = both ? 2 : 1;
+    b[0].op = fwd ? BENCH_FORWARD : BENCH_BACKWARD;
+    b[1] = b[0];
+    b[1].op = BENCH_BACKWARD;
+
+    static candidate c[MAX_CANDIDATES + 1]; /* c[0]: the table's */
+    memset(c, 0, sizeof c);
+    size_t n = 1;
+    for (const char *p = list; p && *(p += strspn(p, " ;\t"));) {
+        const size_t len = strcspn(p, " ;\t");
+        unsigned v[4];
+        char end, text[32];
+        snprintf(text, sizeof text, "%.*s", (int)(len < 31 ? len : 31), p);
+        if (len > 31 || n > MAX_CANDIDATES ||
+            sscanf(text, "%u,%u,%u,%u%c", &v[0], &v[1], &v[2], &v[3], &end) != 4) {
+            fprintf(stderr, "clattn tune: --candidates wants up to %d shapes of four numbers "
+                            "(%s), not '%s'\n",
+                    MAX_CANDIDATES, tiled ? "ROWS,TILE,SPLIT,COLUMNS" : "WARPS,WSPLIT,TILE,PLANES",
+                    text);
+            return EXIT_INPUT;
+        }
+        snprintf(c[n++].text, sizeof c->text, "%s", text);
+        p += len;
+    }
+    char path[1024];
+    int make_dir = 0;
+    const int have_path = file_path(file, path, sizeof path, &make_dir);
+    if (!have_path && !dry_run) {
+        fprintf(stderr, "clattn tune: no tuning file: give --file, or set HOME or "
+                        "XDG_CONFIG_HOME, or --dry-run\n");
+        return EXIT_INPUT;
+    }
+    /* The tuner's contexts: the table's shape or a candidate's, never a file's. */
+    const char *var = tiled ? "CLATTN_TILED" : "CLATTN_MMA";
+    if (setenv("CLATTN_TUNING_FILE", "off", 1) || unsetenv("CLATTN_TILED") ||
+        unsetenv("CLATTN_MMA") || unsetenv("CLATTN_MMA_GRAD_Q") || unsetenv("CLATTN_MMA_SINGLE")) {
+        fprintf(stderr, "clattn tune: cannot set the environment\n");
+        return EXIT_INPUT;
+    }
+
+    clattn_context *base = NULL;
+    int rc = open_context(cmd, device, variant, &base);
+    if (rc)
+        return rc;
+    char key[400], selector[32];
+    size_t max_wg = 0;
+    const char *dev = clattn_context_device(base), *idx = strrchr(dev, '(');
+    if (clattn_context_backend(base) == CLATTN_BACKEND_NATIVE || !idx ||
+        sscanf(idx, "(%31[0-9:])", selector) != 1 || !device_key(base, key, sizeof key, &max_wg)) {
+        fprintf(stderr, "clattn tune: tunes an OpenCL device's kernels; %s is not one\n", dev);
+        clattn_context_destroy(base);
+        return EXIT_INPUT;
+    }
+    printf("tuning %s, %s, head_dim %u, batch %u, q_seq %u, kv_seq %u, %u heads, %u KV heads%s "
+           "on %s\n",
+           variant, dtype_name, head_dim, batch, q_seq, b[0].s.kv_seq, heads,
+           b[0].s.num_kv_heads, causal ? ", causal" : "", dev);
+    clattn_context_destroy(base);
+    if (n == 1)
+        n += generate(variant, head_dim, dt, max_wg, c + 1);
+
+    rc = 0;
+    for (int i = 0; i < nops && !rc; ++i)
+        rc = bench_prepare(cmd, &b[i], 1);
+    /* The sweep: the table's shape first, then every candidate once. */
+    for (size_t i = 0; i < n && !rc; ++i)
+        if (!(rc = time_candidate(selector, variant, var, b, nops, (int)reps, &c[i])) && c[i].ok)
+            print_candidate(&c[i], b, nops);
+    if (!rc && !c[0].ok) {
+        fprintf(stderr, "clattn tune: the table's shape does not run here\n");
+        rc = EXIT_DEVICE;
+    }
+    if (rc)
+        goto done;
+    /* Candidates whose error is well beyond the table's are out. */
+    const double floor = dt == CLATTN_DTYPE_F32 ? 1e-5 : dt == CLATTN_DTYPE_F16 ? 2e-3 : 1.6e-2;
+    const double gate = 2.0 * c[0].error + floor;
+    for (size_t i = 1; i < n; ++i)
+        if (c[i].ok && !(c[i].error <= gate)) {
+            printf("  %-14s left out: max_error %.3g beyond %.3g\n", c[i].text, c[i].error, gate);
+            c[i].ok = 0;
+        }
+    qsort(c + 1, n - 1, sizeof *c, by_total);
+    size_t finalists = 1;
+    while (finalists <= FINALISTS && finalists < n && c[finalists].ok)
+        ++finalists;
+    /* The finalists again with the table's, interleaved: a shared machine
+     * drifts over minutes. */
+    for (size_t i = 0; i < finalists; ++i)
+        c[i].sum = rounds ? 0.0 : c[i].total;
+    for (uint32_t r = 0; r < rounds && !rc; ++r) {
+        printf("round %u:\n", r + 1);
+        for (size_t i = 0; i < finalists && !rc; ++i)
+            if (!(rc = time_candidate(selector, variant, var, b, nops, (int)reps, &c[i])) &&
+                c[i].ok) {
+                c[i].sum += c[i].total;
+                print_candidate(&c[i], b, nops);
+            } else if (!rc) {
+                c[i].sum = INFINITY;
+            }
+    }
+    if (rc)
+        goto done;
+    size_t best = write_best && finalists > 1 ? 1 : 0;
+    for (size_t i = 1; i < finalists; ++i)
+        if (c[i].sum < c[best].sum)
+            best = i;
+    if (!best || (!write_best && c[best].sum > 0.97 * c[0].sum)) {
+        printf("the table's shape stays: no candidate is 3%% faster\n");
+        goto done;
+    }
+    printf("best: %s, %.1f%% of the table's time\n", c[best].text,
+           100.0 * c[best].sum / c[0].sum);
+    if (dry_run)
+        goto done;
+    char line[600], match[64];
+    snprintf(match, sizeof match, "%s\t%s\t%u\t", variant, dtype_name, head_dim);
+    snprintf(line, sizeof line, "%s%s\t%s\n", match, c[best].text, key);
+    if ((rc = write_entry(path, make_dir, line, match)) == 0)
+        printf("kept in %s\n", path);
+done:
+    for (int i = 0; i < 2; ++i)
+        bench_free(&b[i]);
+    return rc;
+}
