@@ -44,6 +44,10 @@
 #            with the program's source hash and options (REGS_GREP: only options matching)
 #   tiled    clattn bench of tree and tiled at head_dims 64..256, and of tiled
 #            per CLATTN_TILED shape in TUNE_TILED (TILED_DIMS: the head_dims)
+#   tunecli  clattn tune on the GPU per head_dim in TUNECLI_DIMS (default 64 128) on the
+#            issue's shapes (TUNECLI_VARIANT, default tiled; TUNECLI_DTYPE, default f32;
+#            each under TUNECLI_S, default 280 s), winners in $OUT/tuning; then, where
+#            TUNECLI_BENCH=1, tools/torch_bench.py of that variant with the file and without
 #   ring     examples/ring_attention on 1 and then RING_RANKS (default 2) ranks, a GPU
 #            each, RING_ARGS (default q_seq 131072, d128, 8 heads, causal); needs
 #            Open MPI's Debian packages in .devdebs/mpi (unpacked under /opt/mpi)
@@ -307,6 +311,23 @@ for stage in "$@"; do
         done
       done
     done 2>&1 | tee "$OUT/tiled.log" ;;
+  tunecli)
+    for entry in "${shapes[@]}"; do
+      d=${entry%%:*}
+      case " ${TUNECLI_DIMS:-64 128} " in *" $d "*) ;; *) continue ;; esac
+      timeout "${TUNECLI_S:-280}" $cli tune --variant "${TUNECLI_VARIANT:-tiled}" \
+        --dtype "${TUNECLI_DTYPE:-f32}" --head-dim "$d" ${entry#*:} --device gpu --reps 3 \
+        --file "$OUT/tuning" > "$OUT/tune-d$d.log" 2>&1
+      echo "d$d: exit $?"; grep -E '^tuning|^round|^best|^the table|^kept' "$OUT/tune-d$d.log"
+    done
+    if [ "${TUNECLI_BENCH:-0}" = 1 ]; then
+      dims=$(echo ${TUNECLI_DIMS:-64 128} | tr ' ' ,)
+      for f in off "$OUT/tuning"; do
+        echo "== tuning file: $f"
+        CLATTN_TUNING_FILE=$f python3 tools/torch_bench.py --variant "${TUNECLI_VARIANT:-tiled}" \
+          --dtype "${TUNECLI_DTYPE:-f32}" --head-dims "$dims" 2>&1 | tail -8
+      done
+    fi 2>&1 | tee "$OUT/tunecli.log" ;;
   ring)
     gpus=$($cli devices | sed -n 's/^[* ] \([0-9]*\):[0-9]* *opencl-gpu.*/\1/p' | head -1)
     for np in 1 ${RING_RANKS:-2}; do

@@ -27,40 +27,52 @@ typedef struct candidate {
     int ok;
 } candidate;
 
-/* The shapes to try: tiled's rows, tile, split and columns, or mma's warps,
- * wsplit, tile and planes, within what the device's work-groups hold. */
-static size_t generate(const char *variant, uint32_t head_dim, clattn_dtype dtype, size_t max_wg,
-                       candidate *c)
+/* The shapes to try, in two stages, as far as the device's work-groups hold
+ * them: first how work is split (tiled's rows and split, mma's warps and
+ * wsplit) at a middling tile, then the tile and columns (mma: planes)
+ * around the first stage's winner `best`. Appends to c[*n]. */
+static void generate(const char *variant, int stage, const char *best, uint32_t head_dim,
+                     clattn_dtype dtype, size_t max_wg, candidate *c, size_t *n)
 {
-    size_t n = 0;
+    unsigned b[4] = {0, 0, 0, 0};
+    if (stage == 2 && sscanf(best, "%u,%u,%u,%u", &b[0], &b[1], &b[2], &b[3]) != 4)
+        return;
     if (!strcmp(variant, "tiled")) {
-        static const unsigned rows[] = {16, 32, 64, 128}, tiles[] = {16, 32, 64},
-                              splits[] = {1, 2, 4}, columns[] = {32, 64, 128, 256};
-        for (size_t ci = 0; ci < 4; ++ci) {
-            /* columns past head_dim are the same as head_dim's */
-            if (ci && columns[ci - 1] >= head_dim)
-                break;
-            const size_t dsplit = (head_dim + columns[ci] - 1) / columns[ci];
-            for (size_t r = 0; r < 4; ++r)
-                for (size_t t = 0; t < 3; ++t)
-                    for (size_t s = 0; s < 3; ++s)
-                        if (rows[r] * splits[s] * dsplit <= max_wg && n < MAX_CANDIDATES)
-                            snprintf(c[n++].text, sizeof c->text, "%u,%u,%u,%u", rows[r],
-                                     tiles[t], splits[s], columns[ci]);
+        static const unsigned rows[] = {16, 32, 64, 128}, splits[] = {1, 2, 4},
+                              tiles[] = {16, 32, 64}, columns[] = {32, 64, 128, 256};
+        for (size_t i = 0; i < 12u; ++i) {
+            unsigned v[4];
+            if (stage == 1) { /* whole rows up to 64 columns, else 32 a work-item */
+                v[0] = rows[i / 3], v[1] = 32, v[2] = splits[i % 3];
+                v[3] = head_dim > 64 ? 32 : 64;
+            } else {
+                v[0] = b[0], v[1] = tiles[i / 4], v[2] = b[2], v[3] = columns[i % 4];
+                /* columns past head_dim are the same as head_dim's */
+                if ((i % 4 && columns[i % 4 - 1] >= head_dim) || v[1] % v[2] ||
+                    (v[1] == b[1] && v[3] == b[3]))
+                    continue;
+            }
+            const size_t dsplit = (head_dim + v[3] - 1) / v[3];
+            if ((size_t)v[0] * v[2] * dsplit <= max_wg && *n < MAX_CANDIDATES)
+                snprintf(c[(*n)++].text, sizeof c->text, "%u,%u,%u,%u", v[0], v[1], v[2], v[3]);
         }
-    } else {
-        static const unsigned warps[] = {2, 4, 8}, wsplits[] = {1, 2, 4}, tiles[] = {8, 16, 32, 64};
-        for (size_t w = 0; w < 3; ++w)
-            for (size_t s = 0; s < 3; ++s)
-                for (size_t t = 0; t < 4; ++t)
-                    for (unsigned planes = 1; planes <= (dtype ? 1u : 2u); ++planes)
-                        if (warps[w] % wsplits[s] == 0 && 16u * wsplits[s] <= head_dim + 15 &&
-                            (!dtype || tiles[t] >= 16) && 32u * warps[w] <= max_wg &&
-                            n < MAX_CANDIDATES)
-                            snprintf(c[n++].text, sizeof c->text, "%u,%u,%u,%u", warps[w],
-                                     wsplits[s], tiles[t], planes);
+        return;
     }
-    return n;
+    static const unsigned warps[] = {2, 4, 8}, wsplits[] = {1, 2, 4}, tiles[] = {8, 16, 32, 64};
+    for (size_t i = 0; i < (stage == 1 ? 9u : 8u); ++i) {
+        unsigned v[4];
+        if (stage == 1) {
+            v[0] = warps[i / 3], v[1] = wsplits[i % 3], v[2] = head_dim > 64 ? 16 : 32;
+            v[3] = dtype ? 1 : 2;
+        } else {
+            v[0] = b[0], v[1] = b[1], v[2] = tiles[i / 2], v[3] = 1 + i % 2;
+            if ((dtype && v[3] == 2) || (v[2] == b[2] && v[3] == b[3]))
+                continue;
+        }
+        if (v[0] % v[1] == 0 && 16u * v[1] <= head_dim + 15 && (!dtype || v[2] >= 16) &&
+            32u * v[0] <= max_wg && *n < MAX_CANDIDATES)
+            snprintf(c[(*n)++].text, sizeof c->text, "%u,%u,%u,%u", v[0], v[1], v[2], v[3]);
+    }
 }
 
 /* "PLATFORM / DEVICE / DRIVER", as the library keys the tuning file, and
@@ -237,8 +249,10 @@ int cmd_tune(int argc, char **argv)
                "                   [--write-best]\n"
                "Searches the variant's kernel shapes (tiled: ROWS,TILE,SPLIT,COLUMNS; mma:\n"
                "WARPS,WSPLIT,TILE,PLANES) on an OpenCL device for one problem (default:\n"
-               "q_seq 2048, 16 heads, both ops), printing each candidate's median time over\n"
-               "R calls (default 5) and max error against native as it goes. The three\n"
+               "q_seq 2048, 16 heads, both ops): first how the work is split, then the\n"
+               "tile and columns (mma: planes) around the best split, or the shapes given,\n"
+               "printing each candidate's median time over R calls (default 5) and max\n"
+               "error against native as it goes. The three\n"
                "fastest within the error of the table's shape are timed again with it,\n"
                "interleaved, over N rounds (default 2); a winner at least 3%% faster than\n"
                "the table's shape (any winner with --write-best) is kept in the tuning\n"
@@ -356,16 +370,28 @@ int cmd_tune(int argc, char **argv)
            variant, dtype_name, head_dim, batch, q_seq, b[0].s.kv_seq, heads,
            b[0].s.num_kv_heads, causal ? ", causal" : "", dev);
     clattn_context_destroy(base);
-    if (n == 1)
-        n += generate(variant, head_dim, dt, max_wg, c + 1);
+    int search = n == 1; /* no --candidates: the two stages */
+    if (search)
+        generate(variant, 1, NULL, head_dim, dt, max_wg, c, &n);
 
     rc = 0;
     for (int i = 0; i < nops && !rc; ++i)
         rc = bench_prepare(cmd, &b[i], 1);
-    /* The sweep: the table's shape first, then every candidate once. */
-    for (size_t i = 0; i < n && !rc; ++i)
+    /* The sweep: the table's shape first, then every candidate once; the
+     * second stage's candidates once the first stage's winner is known. */
+    for (size_t i = 0; i < n && !rc; ++i) {
         if (!(rc = time_candidate(selector, variant, var, b, nops, (int)reps, &c[i])) && c[i].ok)
             print_candidate(&c[i], b, nops);
+        if (search == 1 && i + 1 == n && !rc) {
+            size_t best = 0;
+            for (size_t j = 1; j < n; ++j)
+                if (c[j].ok && (!best || c[j].total < c[best].total))
+                    best = j;
+            if (best)
+                generate(variant, 2, c[best].text, head_dim, dt, max_wg, c, &n);
+            search = 2;
+        }
+    }
     if (!rc && !c[0].ok) {
         fprintf(stderr, "clattn tune: the table's shape does not run here\n");
         rc = EXIT_DEVICE;
