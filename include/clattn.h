@@ -68,7 +68,9 @@ typedef enum clattn_status {
     CLATTN_ERROR_WRONG_BACKEND = 17,     /* an OpenCL-only call on a native context */
     CLATTN_ERROR_INVALID_BUFFER = 18,    /* a cl_mem too small for its tensor, of another context, or overlapping */
     CLATTN_ERROR_UNSUPPORTED_SHAPE = 19, /* the backend or variant has no kernels for the shape or dtype */
-    CLATTN_ERROR_INVALID_DTYPE = 20      /* shape.dtype is not a clattn_dtype */
+    CLATTN_ERROR_INVALID_DTYPE = 20,     /* shape.dtype is not a clattn_dtype */
+    CLATTN_ERROR_INVALID_SEQLENS = 21    /* packed sequences' prefix sums not from 0, decreasing,
+                                          * or past the rows given */
 } clattn_status;
 
 #define CLATTN_MAX_HEAD_DIM 256
@@ -210,6 +212,25 @@ typedef struct clattn_shape {
      * tensors instead of overwriting them (BLAS's beta = 1), so that a
      * caller sums the gradients of several key chunks in place. */
     int accumulate;
+    /* Packed variable-length sequences (FlashAttention's cu_seqlens):
+     * NULL and NULL (the default) for a uniform batch; else batch + 1
+     * prefix sums each, from 0 and non-decreasing, read during the call
+     * only. Sequence i has the query rows [cu_seqlens_q[i],
+     * cu_seqlens_q[i + 1]) and the key rows [cu_seqlens_kv[i],
+     * cu_seqlens_kv[i + 1]); the tensors drop their batch dimension:
+     *   Q, dO, O, dQ  [q_seq][num_heads][head_dim]
+     *   K, V, dK, dV  [kv_seq][num_kv_heads][head_dim]
+     *   LSE           [q_seq][num_heads][2]
+     * with q_seq and kv_seq the rows given (at least the last prefix sum).
+     * Each sequence is its own problem: its positions start at q_offset
+     * and kv_offset, and the causal (either alignment, per sequence),
+     * window, GQA and scale rules apply inside it. Sequences may be empty.
+     * Query rows that see no key (in an empty key sequence, or past the
+     * last prefix sum) get O = 0, the LSE pair (-1e30, -1e30) and dQ = 0;
+     * key rows no query sees get dK = dV = 0 (left as they are under
+     * accumulate). */
+    const uint32_t *cu_seqlens_q;
+    const uint32_t *cu_seqlens_kv;
 } clattn_shape;
 
 /* n elements of dtype to float32 and back, as clattn converts them:

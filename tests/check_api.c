@@ -32,7 +32,7 @@ static clattn_context *native_context(int threads)
 
 START_TEST(status_strings)
 {
-    for (int st = CLATTN_OK; st <= CLATTN_ERROR_INVALID_DTYPE; ++st) {
+    for (int st = CLATTN_OK; st <= CLATTN_ERROR_INVALID_SEQLENS; ++st) {
         const char *name = clattn_status_string((clattn_status)st);
         ck_assert_msg(strncmp(name, "CLATTN_", 7) == 0 &&
                           strcmp(name, "CLATTN_ERROR_UNKNOWN_STATUS") != 0,
@@ -191,6 +191,60 @@ START_TEST(grad_v_statuses)
     s.head_dim = 300;
     ck_assert_status(clattn_grad_v(ctx, &s, buf, buf, buf, buf, buf),
                      CLATTN_ERROR_HEAD_DIM_TOO_LARGE);
+    clattn_context_destroy(ctx);
+}
+END_TEST
+
+/* Bad prefix sums of packed sequences: a clear status, before anything is
+ * written; the visible pairs of a packed shape sum its sequences'. */
+START_TEST(packed_statuses)
+{
+    clattn_context *ctx = native_context(0);
+    uint32_t cq[4] = {0, 3, 3, 7}, ck[4] = {0, 2, 5, 7};
+    clattn_shape s = clattn_shape_default();
+    s.batch = 3;
+    s.q_seq = 8;
+    s.kv_seq = 7;
+    s.num_heads = s.num_kv_heads = 1;
+    s.head_dim = 4;
+    s.causal = 1;
+    s.cu_seqlens_q = cq;
+    s.cu_seqlens_kv = ck;
+    ck_assert_status(clattn_shape_validate(&s), CLATTN_OK);
+    /* (3 queries, 2 keys) top-left: 1 + 2 + 2; (0, 3): none; (4, 2): 1 + 2 + 2 + 2 */
+    ck_assert_uint_eq(clattn_shape_visible_pairs(&s), 12u);
+    float q[8 * 4], k[7 * 4], v[7 * 4], o[8 * 4], lse[8 * 2];
+    for (int i = 0; i < 32; ++i)
+        q[i] = (float)(i % 5) * 0.25f, o[i] = 42.0f;
+    for (int i = 0; i < 28; ++i)
+        k[i] = v[i] = (float)(i % 3) * 0.5f;
+    struct {
+        uint32_t *at, value;
+        clattn_status want;
+        const char *says;
+    } bad[] = {
+        {&cq[0], 1, CLATTN_ERROR_INVALID_SEQLENS, "start from 0"},
+        {&ck[2], 1, CLATTN_ERROR_INVALID_SEQLENS, "decreases"},
+        {&cq[3], 9, CLATTN_ERROR_INVALID_SEQLENS, "past the 8 rows"},
+        {&ck[3], 8, CLATTN_ERROR_INVALID_SEQLENS, "past the 7 rows"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; ++i) {
+        const uint32_t keep = *bad[i].at;
+        *bad[i].at = bad[i].value;
+        ck_assert_status(clattn_forward(ctx, &s, q, k, v, o, lse), bad[i].want);
+        ck_assert_msg(strstr(clattn_last_error(), bad[i].says), "%s", clattn_last_error());
+        ck_assert_status(clattn_shape_validate(&s), bad[i].want);
+        *bad[i].at = keep;
+    }
+    for (int i = 0; i < 32; ++i)
+        ck_assert(o[i] == 42.0f); /* nothing written */
+    s.cu_seqlens_kv = NULL;
+    ck_assert_status(clattn_forward(ctx, &s, q, k, v, o, lse), CLATTN_ERROR_NULL_POINTER);
+    ck_assert(strstr(clattn_last_error(), "cu_seqlens_kv is NULL"));
+    s.cu_seqlens_kv = ck;
+    ck_assert_status(clattn_forward(ctx, &s, q, k, v, o, lse), CLATTN_OK);
+    /* the row past the last prefix sum, and the empty sequence's none */
+    ck_assert(o[7 * 4] == 0.0f && lse[7 * 2] == -1e30f && lse[7 * 2 + 1] == -1e30f);
     clattn_context_destroy(ctx);
 }
 END_TEST
@@ -866,6 +920,7 @@ Suite *api_suite(void)
     tcase_add_test(tc, version);
     tcase_add_test(tc, shape_statuses);
     tcase_add_test(tc, grad_v_statuses);
+    tcase_add_test(tc, packed_statuses);
     tcase_add_test(tc, op_null_pointers);
     tcase_add_test(tc, options_statuses);
     tcase_add_test(tc, selector_matches_nothing);

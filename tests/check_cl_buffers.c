@@ -287,8 +287,97 @@ START_TEST(merge_non_finite)
 }
 END_TEST
 
+/* Packed sequences on cl_mem: tensors at odd offsets in buffers of their
+ * own, outputs poisoned first; the _cl calls give bitwise what the
+ * host-pointer calls give, rows no sequence writes included, and the event
+ * completes after every sequence and fill. */
+START_TEST(packed_buffers)
+{
+    if (!strcmp(test_backend, "native"))
+        return; /* no cl_mem there */
+    clattn_context *ctx = test_context(NULL);
+    cl_context cctx = clattn_context_cl_context(ctx);
+    cl_command_queue queue = clattn_context_cl_queue(ctx);
+    /* sequences: (6, 6), (0, 4), (9, 0), (1, 1), (20, 13); two rows past each end */
+    const uint32_t cq[6] = {0, 6, 6, 15, 16, 36}, ck[6] = {0, 6, 10, 10, 11, 24};
+    clattn_shape s = clattn_shape_default();
+    s.batch = 5;
+    s.q_seq = 38;
+    s.kv_seq = 26;
+    s.num_heads = 4;
+    s.num_kv_heads = 2;
+    s.head_dim = 24;
+    s.causal = CLATTN_CAUSAL_BOTTOM_RIGHT;
+    s.cu_seqlens_q = cq;
+    s.cu_seqlens_kv = ck;
+    const size_t nq = 38 * 4 * 24, nkv = 26 * 2 * 24, nl = 38 * 4 * 2, off = 3;
+    const size_t n[9] = {nq, nkv, nkv, nq, nl, nq, nq, nkv, nkv};
+    float *host[9], *got[9];
+    uint64_t state = 77;
+    for (int i = 0; i < 9; ++i) {
+        host[i] = nan_array(n[i]);
+        got[i] = nan_array(n[i]);
+        for (size_t j = 0; j < n[i] && (i < 3 || i == 5); ++j) {
+            state = state * 6364136223846793005ull + 1442695040888963407ull;
+            host[i][j] = (float)((state >> 40) * (1.0 / 16777216.0) * 2.0 - 1.0);
+        }
+    }
+    /* the host-pointer calls: what the _cl calls must give */
+    ck_assert_status(clattn_forward(ctx, &s, host[0], host[1], host[2], host[3], host[4]),
+                     CLATTN_OK);
+    ck_assert_status(clattn_backward(ctx, &s, host[0], host[1], host[2], host[3], host[4],
+                                     host[5], host[6], host[7], host[8]),
+                     CLATTN_OK);
+    cl_mem buf[9];
+    clattn_cl_tensor t[9];
+    for (int i = 0; i < 9; ++i) {
+        cl_int err;
+        buf[i] = clCreateBuffer(cctx, CL_MEM_READ_WRITE, (n[i] + off) * sizeof(float), NULL, &err);
+        ck_assert_int_eq(err, CL_SUCCESS);
+        const float poison = NAN;
+        ck_assert_int_eq(clEnqueueFillBuffer(queue, buf[i], &poison, sizeof poison, 0,
+                                             (n[i] + off) * sizeof(float), 0, NULL, NULL),
+                         CL_SUCCESS);
+        if (i < 3 || i == 5)
+            ck_assert_int_eq(clEnqueueWriteBuffer(queue, buf[i], CL_TRUE, off * sizeof(float),
+                                                  n[i] * sizeof(float), host[i], 0, NULL, NULL),
+                             CL_SUCCESS);
+        t[i].buffer = buf[i];
+        t[i].offset = off;
+    }
+    cl_event fwd = NULL, bwd = NULL;
+    ck_assert_status(clattn_forward_cl(ctx, &s, t[0], t[1], t[2], t[3], t[4], 0, NULL, &fwd),
+                     CLATTN_OK);
+    ck_assert_status(clattn_backward_cl(ctx, &s, t[0], t[1], t[2], t[3], t[4], t[5], t[6], t[7],
+                                        t[8], 1, &fwd, &bwd),
+                     CLATTN_OK);
+    ck_assert_int_eq(clWaitForEvents(1, &bwd), CL_SUCCESS);
+    clReleaseEvent(fwd);
+    clReleaseEvent(bwd);
+    const int outs[5] = {3, 4, 6, 7, 8};
+    for (int j = 0; j < 5; ++j) {
+        const int i = outs[j];
+        ck_assert_int_eq(clEnqueueReadBuffer(queue, buf[i], CL_TRUE, off * sizeof(float),
+                                             n[i] * sizeof(float), got[i], 0, NULL, NULL),
+                         CL_SUCCESS);
+        ck_assert_msg(!memcmp(got[i], host[i], n[i] * sizeof(float)),
+                      "packed tensor %d on cl_mem differs from the host-pointer call", i);
+    }
+    /* the rows past the ends: empty O rows and LSE pairs, zero gradients */
+    ck_assert(host[3][nq - 1] == 0.0f && host[4][nl - 1] == -1e30f && host[6][nq - 1] == 0.0f &&
+              host[7][nkv - 1] == 0.0f && host[8][nkv - 1] == 0.0f);
+    for (int i = 0; i < 9; ++i) {
+        clReleaseMemObject(buf[i]);
+        free(host[i]);
+        free(got[i]);
+    }
+    clattn_context_destroy(ctx);
+}
+END_TEST
+
 Suite *buffers_suite(void)
 {
-    const TTest *const tests[] = {caller_buffers, caller_buffers_training, merge_non_finite};
+    const TTest *const tests[] = {caller_buffers, caller_buffers_training, merge_non_finite,
+                                  packed_buffers};
     return case_suite("buffers", "cl_mem", 600, tests, sizeof tests / sizeof *tests);
 }

@@ -302,6 +302,238 @@ static void run_cases(const shape_case *cases, int i)
     run_shape(&s, cases[i].q_gain, 1000u + (uint64_t)i);
 }
 
+/* Packed variable-length sequences: lengths per sequence (query, key),
+ * with GQA, both causal alignments, a window, offsets, empty and one-token
+ * sequences, lengths off every tile size, and rows past the last prefix
+ * sum on both sides. */
+typedef struct packed_case {
+    uint32_t heads, kv_heads, head_dim;
+    int causal;
+    uint32_t window, q_offset, kv_offset, count;
+    uint32_t q[6], kv[6];
+} packed_case;
+
+static const packed_case packed[] = {
+    {2, 1, 16, CLATTN_CAUSAL_TOP_LEFT, 0, 0, 0, 5, {5, 0, 1, 17, 33}, {5, 3, 1, 12, 33}},
+    {2, 2, 32, CLATTN_CAUSAL_BOTTOM_RIGHT, 0, 0, 0, 4, {7, 20, 1, 3}, {12, 9, 0, 3}},
+    {4, 2, 64, 0, 6, 3, 1, 2, {65, 31}, {40, 70}},
+    {3, 3, 40, CLATTN_CAUSAL_BOTTOM_RIGHT, 9, 2, 0, 3, {1, 50, 0}, {66, 17, 0}},
+};
+
+static int dtype_runs(clattn_dtype dtype);
+
+/* Sequence i of a packed shape alone: batch 1, its lengths. */
+static clattn_shape sequence_alone(const clattn_shape *s, uint32_t i)
+{
+    clattn_shape one = *s;
+    one.batch = 1;
+    one.q_seq = s->cu_seqlens_q[i + 1] - s->cu_seqlens_q[i];
+    one.kv_seq = s->cu_seqlens_kv[i + 1] - s->cu_seqlens_kv[i];
+    one.cu_seqlens_q = one.cu_seqlens_kv = NULL;
+    return one;
+}
+
+/* The case as a shape over cu (2 * (count + 1) entries), with two rows
+ * past the last prefix sum on each side. */
+static clattn_shape packed_shape(const packed_case *c, uint32_t *cu)
+{
+    clattn_shape s = clattn_shape_default();
+    s.batch = c->count;
+    s.num_heads = c->heads;
+    s.num_kv_heads = c->kv_heads;
+    s.head_dim = c->head_dim;
+    s.causal = c->causal;
+    s.window = c->window;
+    s.q_offset = c->q_offset;
+    s.kv_offset = c->kv_offset;
+    uint32_t *cq = cu, *ck = cu + c->count + 1;
+    cq[0] = ck[0] = 0;
+    for (uint32_t i = 0; i < c->count; ++i) {
+        cq[i + 1] = cq[i] + c->q[i];
+        ck[i + 1] = ck[i] + c->kv[i];
+    }
+    s.q_seq = cq[c->count] + 2;
+    s.kv_seq = ck[c->count] + 2;
+    s.cu_seqlens_q = cq;
+    s.cu_seqlens_kv = ck;
+    return s;
+}
+
+/* The float64 reference of a packed problem, sequence by sequence: O, its
+ * magnitudes and the LSE (float O and LSE into p->o and p->lse), then dQ,
+ * dK and dV with theirs; rows no sequence writes are O 0, LSE empty, and
+ * zero gradients. */
+static void packed_reference(problem *p, double *o, double *o_mag, double *lse, double *g[6])
+{
+    const clattn_shape *s = &p->s;
+    const size_t qrow = (size_t)s->num_heads * s->head_dim;
+    const size_t kvrow = (size_t)s->num_kv_heads * s->head_dim, lrow = 2u * s->num_heads;
+    memset(o, 0, p->nq * sizeof *o);
+    memset(o_mag, 0, p->nq * sizeof *o_mag);
+    for (size_t j = 0; j < p->nlse; ++j)
+        lse[j] = -1e30;
+    for (int i = 0; i < 6; ++i)
+        memset(g[i], 0, (i < 2 ? p->nq : p->nkv) * sizeof(double));
+    for (int pass = 0; pass < 2; ++pass)
+        for (uint32_t i = 0; i < s->batch; ++i) {
+            const clattn_shape one = sequence_alone(s, i);
+            if (!one.q_seq || !one.kv_seq)
+                continue;
+            const size_t q0 = s->cu_seqlens_q[i], k0 = s->cu_seqlens_kv[i];
+            problem sub = {one,
+                           one.q_seq * qrow,
+                           one.kv_seq * kvrow,
+                           one.q_seq * lrow,
+                           p->q + q0 * qrow,
+                           p->k + k0 * kvrow,
+                           p->v + k0 * kvrow,
+                           p->d_out + q0 * qrow,
+                           p->o + q0 * qrow,
+                           p->lse + q0 * lrow};
+            if (pass == 0) {
+                ref_forward(&sub, o + q0 * qrow, o_mag + q0 * qrow, lse + q0 * lrow);
+                for (size_t j = 0; j < sub.nq; ++j)
+                    sub.o[j] = (float)o[q0 * qrow + j];
+                for (size_t j = 0; j < sub.nlse; ++j)
+                    sub.lse[j] = (float)lse[q0 * lrow + j];
+            } else {
+                ref_backward(&sub, g[0] + q0 * qrow, g[1] + q0 * qrow, g[2] + k0 * kvrow,
+                             g[3] + k0 * kvrow, g[4] + k0 * kvrow, g[5] + k0 * kvrow);
+            }
+        }
+}
+
+static void packed_ops(clattn_context *ctx, const packed_case *c, uint64_t seed)
+{
+    uint32_t cu[14];
+    const clattn_shape s = packed_shape(c, cu);
+    problem p;
+    memset(&p, 0, sizeof p);
+    p.s = s;
+    p.nq = (size_t)s.q_seq * s.num_heads * s.head_dim;
+    p.nkv = (size_t)s.kv_seq * s.num_kv_heads * s.head_dim;
+    p.nlse = (size_t)s.q_seq * s.num_heads * 2;
+    float *in[6] = {NULL};
+    const size_t n_in[6] = {p.nq, p.nkv, p.nkv, p.nq, p.nq, p.nlse};
+    uint64_t state = seed * 0x9E3779B97F4A7C15ull + 1;
+    for (int i = 0; i < 6; ++i) {
+        in[i] = nan_array(n_in[i]);
+        for (size_t j = 0; j < n_in[i] && i < 4; ++j) {
+            state = state * 6364136223846793005ull + 1442695040888963407ull;
+            in[i][j] = (float)((state >> 40) * (1.0 / 16777216.0) * 2.0 - 1.0);
+        }
+    }
+    p.q = in[0], p.k = in[1], p.v = in[2], p.d_out = in[3], p.o = in[4], p.lse = in[5];
+    double *o_ref = doubles(p.nq), *o_mag = doubles(p.nq), *lse_ref = doubles(p.nlse);
+    double *g[6] = {doubles(p.nq), doubles(p.nq), doubles(p.nkv),
+                    doubles(p.nkv), doubles(p.nkv), doubles(p.nkv)};
+    packed_reference(&p, o_ref, o_mag, lse_ref, g);
+
+    float *o = nan_array(p.nq), *lse = nan_array(p.nlse), *gq = nan_array(p.nq);
+    float *gk = nan_array(p.nkv), *gv = nan_array(p.nkv);
+    ck_assert_status(clattn_forward(ctx, &s, p.q, p.k, p.v, o, lse), CLATTN_OK);
+    expect_close("packed forward O", &s, 1.0f, o, o_ref, o_mag, p.nq);
+    expect_lse(&s, lse, lse_ref, p.nlse);
+    ck_assert_status(clattn_grad_v(ctx, &s, p.d_out, p.q, p.k, p.lse, gv), CLATTN_OK);
+    expect_close("packed grad-V", &s, 1.0f, gv, g[4], g[5], p.nkv);
+    ck_assert_status(clattn_grad_q(ctx, &s, p.q, p.k, p.v, p.o, p.lse, p.d_out, gq), CLATTN_OK);
+    expect_close("packed grad-Q", &s, 1.0f, gq, g[0], g[1], p.nq);
+    ck_assert_status(clattn_grad_k(ctx, &s, p.q, p.k, p.v, p.o, p.lse, p.d_out, gk), CLATTN_OK);
+    expect_close("packed grad-K", &s, 1.0f, gk, g[2], g[3], p.nkv);
+    float *fill[3] = {gq, gk, gv};
+    const size_t nfill[3] = {p.nq, p.nkv, p.nkv};
+    for (int i = 0; i < 3; ++i)
+        for (size_t j = 0; j < nfill[i]; ++j)
+            fill[i][j] = NAN;
+    ck_assert_status(clattn_backward(ctx, &s, p.q, p.k, p.v, p.o, p.lse, p.d_out, gq, gk, gv),
+                     CLATTN_OK);
+    expect_close("packed backward dQ", &s, 1.0f, gq, g[0], g[1], p.nq);
+    expect_close("packed backward dK", &s, 1.0f, gk, g[2], g[3], p.nkv);
+    expect_close("packed backward dV", &s, 1.0f, gv, g[4], g[5], p.nkv);
+
+    /* accumulate adds the same gradients again; rows no sequence writes
+     * keep what they held. */
+    clattn_shape acc = s;
+    acc.accumulate = 1;
+    ck_assert_status(clattn_backward(ctx, &acc, p.q, p.k, p.v, p.o, p.lse, p.d_out, gq, gk, gv),
+                     CLATTN_OK);
+    for (int i = 0; i < 6; ++i)
+        for (size_t j = 0; j < (i < 2 ? p.nq : p.nkv); ++j)
+            g[i][j] *= 2.0;
+    expect_close("packed accumulated dQ", &s, 1.0f, gq, g[0], g[1], p.nq);
+    expect_close("packed accumulated dK", &s, 1.0f, gk, g[2], g[3], p.nkv);
+    expect_close("packed accumulated dV", &s, 1.0f, gv, g[4], g[5], p.nkv);
+
+    /* Each sequence alone gives bitwise what the packed call gave it. */
+    const size_t qrow = (size_t)s.num_heads * s.head_dim, lrow = 2u * s.num_heads;
+    for (uint32_t i = 0; i < s.batch; ++i) {
+        const clattn_shape one = sequence_alone(&s, i);
+        if (!one.q_seq || !one.kv_seq)
+            continue;
+        const size_t q0 = cu[i], k0 = cu[s.batch + 1 + i];
+        const size_t kvrow = (size_t)s.num_kv_heads * s.head_dim;
+        float *o1 = nan_array(one.q_seq * qrow), *l1 = nan_array(one.q_seq * lrow);
+        ck_assert_status(clattn_forward(ctx, &one, p.q + q0 * qrow, p.k + k0 * kvrow,
+                                        p.v + k0 * kvrow, o1, l1),
+                         CLATTN_OK);
+        ck_assert_msg(!memcmp(o1, o + q0 * qrow, one.q_seq * qrow * sizeof(float)) &&
+                          !memcmp(l1, lse + q0 * lrow, one.q_seq * lrow * sizeof(float)),
+                      "sequence %u alone differs from the packed call on %s/%s", i,
+                      test_backend, current_variant);
+        free(o1);
+        free(l1);
+    }
+
+    /* 16-bit: the packed call gives each sequence bitwise what it gets alone. */
+    if (dtype_runs(CLATTN_DTYPE_BF16)) {
+        clattn_shape h = s;
+        h.dtype = CLATTN_DTYPE_BF16;
+        uint16_t *hq = halves(p.nq), *hk = halves(p.nkv), *hv = halves(p.nkv);
+        uint16_t *ho = halves(p.nq), *hpack = halves(p.nq), *hone = halves(p.nq);
+        round_16(p.q, hq, p.nq, CLATTN_DTYPE_BF16);
+        round_16(p.k, hk, p.nkv, CLATTN_DTYPE_BF16);
+        round_16(p.v, hv, p.nkv, CLATTN_DTYPE_BF16);
+        ck_assert_status(clattn_forward(ctx, &h, hq, hk, hv, hpack, lse), CLATTN_OK);
+        for (uint32_t i = 0; i < s.batch; ++i) {
+            clattn_shape one = sequence_alone(&h, i);
+            if (!one.q_seq || !one.kv_seq)
+                continue;
+            const size_t q0 = cu[i], k0 = cu[s.batch + 1 + i];
+            const size_t kvrow = (size_t)s.num_kv_heads * s.head_dim;
+            ck_assert_status(clattn_forward(ctx, &one, hq + q0 * qrow, hk + k0 * kvrow,
+                                            hv + k0 * kvrow, hone, o),
+                             CLATTN_OK);
+            ck_assert_msg(!memcmp(hone, hpack + q0 * qrow, one.q_seq * qrow * 2),
+                          "bf16 sequence %u alone differs from the packed call", i);
+        }
+        /* ... and O stays within bf16's rounding of the float64 reference. */
+        for (size_t j = 0; j < p.nq; ++j) {
+            const double tol = 1e-2 * (o_mag[j] + 1e-3);
+            ck_assert_msg(fabs(from_16(hpack[j], CLATTN_DTYPE_BF16) - o_ref[j]) <= tol,
+                          "bf16 packed O %zu: %g, reference %g", j,
+                          (double)from_16(hpack[j], CLATTN_DTYPE_BF16), o_ref[j]);
+        }
+        free(hq), free(hk), free(hv), free(ho), free(hpack), free(hone);
+    }
+
+    double *frees[] = {o_ref, o_mag, lse_ref, g[0], g[1], g[2], g[3], g[4], g[5]};
+    for (size_t i = 0; i < sizeof frees / sizeof *frees; ++i)
+        free(frees[i]);
+    float *ffrees[] = {o, lse, gq, gk, gv, in[0], in[1], in[2], in[3], in[4], in[5]};
+    for (size_t i = 0; i < sizeof ffrees / sizeof *ffrees; ++i)
+        free(ffrees[i]);
+}
+
+START_TEST(packed_sweep)
+{
+    clattn_context *ctx;
+    for (size_t v = 0; (ctx = next_variant(&v)) != NULL;) {
+        packed_ops(ctx, &packed[_i], 2000u + (uint64_t)_i);
+        clattn_context_destroy(ctx);
+    }
+}
+END_TEST
+
 /* Global positions: a continuation (bottom-right causal, q_offset = kv_seq
  * - q_seq), chunks in the middle of a sequence with causal and window masks
  * crossing them, queries before every key (empty rows), keys past the
@@ -1209,6 +1441,7 @@ Suite *kernels_suite(void)
     tcase_add_loop_test(tc, seed_uniform_block, 0, N(seed_blocks));
     tcase_add_loop_test(tc, offset_sweep, 0, N(offsets));
     tcase_add_loop_test(tc, split_sweep_offsets, 0, N(splits));
+    tcase_add_loop_test(tc, packed_sweep, 0, N(packed));
     tcase_add_test(tc, one_context_many_calls);
     tcase_add_test(tc, named_variant);
     add_training_tests(tc);

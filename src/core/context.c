@@ -290,6 +290,54 @@ clattn_status clattn_merge(clattn_context *ctx, const clattn_shape *shape, const
     return CLATTN_OK;
 }
 
+/* Packed sequences on host pointers: each sequence's problem on the
+ * backend, at its rows of the tensors, the longest first; then the rows
+ * no problem wrote get what a row that sees nothing gets. */
+static clattn_status run_packed(clattn_context *ctx, clattn_op op, const clattn_shape *s,
+                                const void *const t[CLATTN_R_COUNT])
+{
+    const size_t elem = s->dtype == CLATTN_DTYPE_F32 ? sizeof(float) : 2u;
+    for (uint32_t n = 0; n < s->batch; ++n) {
+        const uint32_t i = clattn_sequence_order(s, n);
+        const clattn_shape one = clattn_sequence_shape(s, i);
+        if (!one.q_seq || !one.kv_seq)
+            continue;
+        const void *sub[CLATTN_R_COUNT];
+        for (int r = 0; r < CLATTN_R_COUNT; ++r) {
+            const size_t row0 = clattn_role_kv(r) ? s->cu_seqlens_kv[i] : s->cu_seqlens_q[i];
+            const size_t bytes = r == CLATTN_R_LSE ? sizeof(float) : elem;
+            sub[r] = t[r] ? (const char *)t[r] + row0 * clattn_role_row(s, r) * bytes : NULL;
+        }
+        clattn_sizes sz;
+        clattn_status st = clattn_check_shape(&one, &sz);
+        if (st == CLATTN_OK)
+            st = ctx->ops->run(ctx, op, &one, &sz, sub);
+        if (st != CLATTN_OK)
+            return st;
+    }
+    const unsigned writes = clattn_op_writes[op];
+    for (int r = 0; r < CLATTN_R_COUNT; ++r) {
+        const int grad = r == CLATTN_R_DQ || r == CLATTN_R_DK || r == CLATTN_R_DV;
+        if (!(writes & CLATTN_BIT(r)) || (grad && s->accumulate))
+            continue;
+        const size_t per = clattn_role_row(s, r);
+        for (uint32_t i = 0; i <= s->batch; ++i) {
+            uint32_t start, end;
+            if (!clattn_unseen_rows(s, clattn_role_kv(r), i, &start, &end))
+                continue;
+            if (r == CLATTN_R_LSE) {
+                float *lse = (float *)t[r] + (size_t)start * per;
+                for (size_t j = 0; j < (size_t)(end - start) * per; ++j)
+                    lse[j] = -1e30f;
+            } else {
+                memset((char *)t[r] + (size_t)start * per * elem, 0,
+                       (size_t)(end - start) * per * elem);
+            }
+        }
+    }
+    return CLATTN_OK;
+}
+
 /* Validates and runs one op on ctx's backend under its lock. */
 static clattn_status run_op(clattn_context *ctx, clattn_op op, const clattn_shape *shape,
                             const void *const t[CLATTN_R_COUNT])
@@ -304,7 +352,7 @@ static clattn_status run_op(clattn_context *ctx, clattn_op op, const clattn_shap
             return clattn_fail(CLATTN_ERROR_NULL_POINTER, "%s is NULL",
                                clattn_role_name((clattn_role)r));
     pthread_mutex_lock(&ctx->lock);
-    st = ctx->ops->run(ctx, op, shape, &sz, t);
+    st = clattn_packed(shape) ? run_packed(ctx, op, shape, t) : ctx->ops->run(ctx, op, shape, &sz, t);
     pthread_mutex_unlock(&ctx->lock);
     return st;
 }

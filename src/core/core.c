@@ -58,6 +58,7 @@ const char *clattn_status_string(clattn_status status)
         NAME(CLATTN_ERROR_INVALID_BUFFER)
         NAME(CLATTN_ERROR_UNSUPPORTED_SHAPE)
         NAME(CLATTN_ERROR_INVALID_DTYPE)
+        NAME(CLATTN_ERROR_INVALID_SEQLENS)
 #undef NAME
     }
     return "CLATTN_ERROR_UNKNOWN_STATUS";
@@ -110,6 +111,90 @@ static int tensor_fits(size_t d0, size_t d1, size_t d2, size_t d3, size_t *elems
            mul_fits(n, sizeof(float), &bytes) && (*elems = n, 1);
 }
 
+/* Packed sequences' prefix sums: both or neither, from 0, non-decreasing,
+ * within the rows given. */
+static clattn_status check_seqlens(const clattn_shape *s)
+{
+    if (!s->cu_seqlens_q && !s->cu_seqlens_kv)
+        return CLATTN_OK;
+    if (!s->cu_seqlens_q || !s->cu_seqlens_kv)
+        return clattn_fail(CLATTN_ERROR_NULL_POINTER,
+                           "cu_seqlens_%s is NULL while cu_seqlens_%s is set: packed sequences "
+                           "need both",
+                           s->cu_seqlens_q ? "kv" : "q", s->cu_seqlens_q ? "q" : "kv");
+    const uint32_t *cu[2] = {s->cu_seqlens_q, s->cu_seqlens_kv};
+    const char *name[2] = {"q", "kv"};
+    const uint32_t rows[2] = {s->q_seq, s->kv_seq};
+    for (int k = 0; k < 2; ++k) {
+        if (cu[k][0] != 0)
+            return clattn_fail(CLATTN_ERROR_INVALID_SEQLENS,
+                               "cu_seqlens_%s[0] is %u; the prefix sums start from 0", name[k],
+                               cu[k][0]);
+        for (uint32_t i = 0; i < s->batch; ++i)
+            if (cu[k][i + 1] < cu[k][i])
+                return clattn_fail(CLATTN_ERROR_INVALID_SEQLENS,
+                                   "cu_seqlens_%s decreases: entry %u is %u, entry %u is %u",
+                                   name[k], i, cu[k][i], i + 1, cu[k][i + 1]);
+        if (cu[k][s->batch] > rows[k])
+            return clattn_fail(CLATTN_ERROR_INVALID_SEQLENS,
+                               "cu_seqlens_%s[%u] is %u, past the %u rows given (%s_seq)",
+                               name[k], s->batch, cu[k][s->batch], rows[k], name[k]);
+    }
+    return CLATTN_OK;
+}
+
+clattn_shape clattn_sequence_shape(const clattn_shape *s, uint32_t i)
+{
+    clattn_shape one = *s;
+    one.batch = 1;
+    one.q_seq = s->cu_seqlens_q[i + 1] - s->cu_seqlens_q[i];
+    one.kv_seq = s->cu_seqlens_kv[i + 1] - s->cu_seqlens_kv[i];
+    one.cu_seqlens_q = one.cu_seqlens_kv = NULL;
+    return one;
+}
+
+int clattn_unseen_rows(const clattn_shape *s, int kv, uint32_t i, uint32_t *start,
+                       uint32_t *end)
+{
+    const uint32_t *mine = kv ? s->cu_seqlens_kv : s->cu_seqlens_q;
+    const uint32_t *other = kv ? s->cu_seqlens_q : s->cu_seqlens_kv;
+    if (i == s->batch) {
+        *start = mine[s->batch];
+        *end = kv ? s->kv_seq : s->q_seq;
+    } else {
+        *start = mine[i];
+        *end = other[i + 1] == other[i] ? mine[i + 1] : mine[i];
+    }
+    return *end > *start;
+}
+
+int clattn_role_kv(int r)
+{
+    return r == CLATTN_R_K || r == CLATTN_R_V || r == CLATTN_R_DK || r == CLATTN_R_DV;
+}
+
+size_t clattn_role_row(const clattn_shape *s, int r)
+{
+    return r == CLATTN_R_LSE   ? 2u * s->num_heads
+           : clattn_role_kv(r) ? (size_t)s->num_kv_heads * s->head_dim
+                               : (size_t)s->num_heads * s->head_dim;
+}
+
+uint32_t clattn_sequence_order(const clattn_shape *s, uint32_t n)
+{
+    uint32_t first = 0;
+    uint64_t most = 0;
+    for (uint32_t i = 0; i < s->batch; ++i) {
+        const uint64_t w = (uint64_t)(s->cu_seqlens_q[i + 1] - s->cu_seqlens_q[i]) *
+                           (s->cu_seqlens_kv[i + 1] - s->cu_seqlens_kv[i]);
+        if (w > most) {
+            most = w;
+            first = i;
+        }
+    }
+    return n == 0 ? first : n - 1 < first ? n - 1 : n;
+}
+
 clattn_status clattn_check_shape(const clattn_shape *s, clattn_sizes *sizes)
 {
     if (!s)
@@ -143,10 +228,14 @@ clattn_status clattn_check_shape(const clattn_shape *s, clattn_sizes *sizes)
         return clattn_fail(CLATTN_ERROR_INVALID_SCALE,
                            "scale %g is not a finite positive number (0 means default)",
                            (double)s->scale);
+    clattn_status st = check_seqlens(s);
+    if (st != CLATTN_OK)
+        return st;
+    const size_t batch = clattn_packed(s) ? 1u : s->batch; /* packed: no batch dimension */
     clattn_sizes z;
-    if (!tensor_fits(s->batch, s->q_seq, s->num_heads, s->head_dim, &z.q) ||
-        !tensor_fits(s->batch, s->kv_seq, s->num_kv_heads, s->head_dim, &z.kv) ||
-        !tensor_fits(s->batch, s->q_seq, s->num_heads, 2, &z.lse))
+    if (!tensor_fits(batch, s->q_seq, s->num_heads, s->head_dim, &z.q) ||
+        !tensor_fits(batch, s->kv_seq, s->num_kv_heads, s->head_dim, &z.kv) ||
+        !tensor_fits(batch, s->q_seq, s->num_heads, 2, &z.lse))
         return clattn_fail(CLATTN_ERROR_SIZE_OVERFLOW,
                            "a tensor of batch %u, q_seq %u, kv_seq %u, %u heads, head_dim %u "
                            "does not fit in memory addresses",
@@ -194,10 +283,9 @@ void clattn_key_range(const clattn_shape *s, uint32_t pos, uint32_t *lo, uint32_
     *lo = s->window > 0 ? clamp_to(at - s->window + 1, *hi) : 0;
 }
 
-uint64_t clattn_shape_visible_pairs(const clattn_shape *s)
+/* Visible pairs of one uniform problem, over its heads and batch. */
+static uint64_t uniform_pairs(const clattn_shape *s)
 {
-    if (clattn_check_shape(s, NULL) != CLATTN_OK)
-        return 0;
     uint64_t pairs = 0; /* at most q_seq * kv_seq < 2^64 */
     for (uint32_t pos = 0; pos < s->q_seq; ++pos) {
         uint32_t lo, hi;
@@ -206,6 +294,21 @@ uint64_t clattn_shape_visible_pairs(const clattn_shape *s)
     }
     const uint64_t copies = (uint64_t)s->num_heads * s->batch;
     return pairs && copies > UINT64_MAX / pairs ? UINT64_MAX : pairs * copies;
+}
+
+uint64_t clattn_shape_visible_pairs(const clattn_shape *s)
+{
+    if (clattn_check_shape(s, NULL) != CLATTN_OK)
+        return 0;
+    if (!clattn_packed(s))
+        return uniform_pairs(s);
+    uint64_t pairs = 0;
+    for (uint32_t i = 0; i < s->batch; ++i) {
+        const clattn_shape one = clattn_sequence_shape(s, i);
+        const uint64_t n = one.q_seq && one.kv_seq ? uniform_pairs(&one) : 0;
+        pairs = n > UINT64_MAX - pairs ? UINT64_MAX : pairs + n;
+    }
+    return pairs;
 }
 
 clattn_status clattn_shape_from_seed(const uint32_t params[8], clattn_shape *shape)

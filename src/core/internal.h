@@ -30,6 +30,24 @@ typedef struct clattn_sizes {
     size_t lse; /* LSE */
 } clattn_sizes;
 
+/* Whether s packs variable-length sequences (cu_seqlens set). */
+static inline int clattn_packed(const clattn_shape *s) { return s->cu_seqlens_q != NULL; }
+/* Sequence i of a packed shape as a problem of its own: batch 1, its
+ * lengths, no prefix sums. */
+clattn_shape clattn_sequence_shape(const clattn_shape *s, uint32_t i);
+/* For packed s, the rows of one side (kv: keys, else queries) that no
+ * sequence's problem writes, in pieces: piece i < batch is sequence i's
+ * rows where its other side is empty, piece batch the rows past the last
+ * prefix sum. Returns 0 where piece i is empty. */
+int clattn_unseen_rows(const clattn_shape *s, int kv, uint32_t i, uint32_t *start,
+                       uint32_t *end);
+/* Whether role r's rows are keys (K, V, dK, dV), and its elements per row. */
+int clattn_role_kv(int r);
+size_t clattn_role_row(const clattn_shape *s, int r);
+/* The order packed sequences run in: the one with the most pairs first,
+ * so that what fails for the longest (a size, a build) fails before any
+ * output is written; then the others in order. */
+uint32_t clattn_sequence_order(const clattn_shape *s, uint32_t n);
 /* Validates the shape and fills sizes (may be NULL). */
 clattn_status clattn_check_shape(const clattn_shape *s, clattn_sizes *sizes);
 float clattn_effective_scale(const clattn_shape *s);
