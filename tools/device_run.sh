@@ -48,6 +48,10 @@
 #            issue's shapes (TUNECLI_VARIANT, default tiled; TUNECLI_DTYPE, default f32;
 #            each under TUNECLI_S, default 280 s), winners in $OUT/tuning; then, where
 #            TUNECLI_BENCH=1, tools/torch_bench.py of that variant with the file and without
+#   varlen   a packed batch (VARLEN_LENS: --random-seqlens, default 128,4096,1; VARLEN_COUNT
+#            sequences, default 32; d128, 32 heads on 8 KV heads, causal) as packed, uniform
+#            (as many pairs) and padded, forward and backward, in VARLEN_DTYPES (default
+#            bf16 f32), then tools/torch_varlen.py on the same lengths (bf16)
 #   ring     examples/ring_attention on 1 and then RING_RANKS (default 2) ranks, a GPU
 #            each, RING_ARGS (default q_seq 131072, d128, 8 heads, causal); needs
 #            Open MPI's Debian packages in .devdebs/mpi (unpacked under /opt/mpi)
@@ -328,6 +332,19 @@ for stage in "$@"; do
           --dtype "${TUNECLI_DTYPE:-f32}" --head-dims "$dims" 2>&1 | tail -8
       done
     fi 2>&1 | tee "$OUT/tunecli.log" ;;
+  varlen)
+    lens=${VARLEN_LENS:-128,4096,1} count=${VARLEN_COUNT:-32}
+    for dt in ${VARLEN_DTYPES:-bf16 f32}; do
+      for op in forward backward; do
+        for layout in packed uniform padded; do
+          printf '%s %s %s: ' "$dt" "$op" "$layout"
+          $cli bench --op $op --random-seqlens "$lens" --batch "$count" --heads 32 --kv-heads 8 \
+            --head-dim 128 --causal --dtype "$dt" --layout $layout --reps 5 --device gpu 2>&1 | tail -1
+        done
+      done
+    done 2>&1 | tee "$OUT/varlen.log"
+    python3 tools/torch_varlen.py --random-seqlens "$lens" --batch "$count" --heads 32 \
+      --kv-heads 8 --head-dim 128 --dtype bf16 2>&1 | tee -a "$OUT/varlen.log" ;;
   ring)
     gpus=$($cli devices | sed -n 's/^[* ] \([0-9]*\):[0-9]* *opencl-gpu.*/\1/p' | head -1)
     for np in 1 ${RING_RANKS:-2}; do

@@ -13,6 +13,8 @@
 
 const char *const bench_op_names[3] = {"grad-v", "forward", "backward"};
 
+enum { MAX_SEQS = 4096 };
+
 /* Bytes of one element of tensor i in the timed calls: the LSE pairs
  * (input, or the forward's second output) are float32. */
 static size_t elem_bytes(const bench *b, int i)
@@ -159,9 +161,10 @@ int bench_prepare(const char *cmd, bench *b, int reference)
 {
     const clattn_dtype dt = b->s.dtype;
     const clattn_shape *s = &b->s;
-    const size_t nq = (size_t)s->batch * s->q_seq * s->num_heads * s->head_dim;
-    const size_t nkv = (size_t)s->batch * s->kv_seq * s->num_kv_heads * s->head_dim;
-    const size_t nlse = (size_t)s->batch * s->q_seq * s->num_heads * 2;
+    const size_t nb = s->cu_seqlens_q ? 1u : s->batch; /* packed: no batch dimension */
+    const size_t nq = nb * s->q_seq * s->num_heads * s->head_dim;
+    const size_t nkv = nb * s->kv_seq * s->num_kv_heads * s->head_dim;
+    const size_t nlse = nb * s->q_seq * s->num_heads * 2;
     const size_t sizes[T_COUNT] = {nq, nkv, nkv, nq, nlse, nq, 0, 0, 0};
     memcpy(b->n, sizes, sizeof sizes);
     switch (b->op) {
@@ -256,6 +259,8 @@ int cmd_bench(int argc, char **argv)
                "                    [--causal | --causal-bottom-right] [--window W]\n"
                "                    [--device SEL] [--variant NAME|all] [--reps R] [--threads N]\n"
                "                    [--dtype f32|f16|bf16] [--json]\n"
+               "                    [--seqlens L,L,... | --random-seqlens MIN,MAX[,SEED]]\n"
+               "                    [--layout packed|padded|uniform]\n"
                "Times the op on random inputs: compile and a warm-up call excluded, the\n"
                "median of R timed calls (default 10). OpenCL devices run on buffers that\n"
                "stay on the device. --variant all measures every variant of the device side\n"
@@ -266,15 +271,20 @@ int cmd_bench(int argc, char **argv)
                "on them (so it shows the outputs' rounding, on native too).\n"
                "GFLOP/s count 4 (grad-v, forward) or 10 (backward) FLOP per visible\n"
                "(query, key) pair per head_dim element; max_error is max |out - native| /\n"
-               "max |native| over the outputs (null on native itself).\n");
+               "max |native| over the outputs (null on native itself).\n"
+               "--seqlens or --random-seqlens (--batch sequences) times a batch of\n"
+               "sequences of those lengths (self-attention, --q-seq not needed): packed\n"
+               "(cu_seqlens), padded to the longest (GFLOP/s over the packed batch's\n"
+               "pairs: the useful work), or a uniform batch of as many pairs in all.\n");
         return 0;
     }
     const char *op_name = NULL, *device = NULL, *variant = NULL, *dtype_name = "f32";
+    const char *seqlens = NULL, *random_lens = NULL, *layout = "packed";
     uint32_t q_seq = 0, kv_seq = 0, heads = 0, kv_heads = 0, head_dim = 0, batch = 1;
     uint32_t window = 0, reps = 10, threads = 0;
     int causal = 0, bottom_right = 0, json = 0;
     opt opts[] = {
-        {"--op", OPT_STRING, &op_name, 1, 0},       {"--q-seq", OPT_UINT, &q_seq, 1, 0},
+        {"--op", OPT_STRING, &op_name, 1, 0},       {"--q-seq", OPT_UINT, &q_seq, 0, 0},
         {"--kv-seq", OPT_UINT, &kv_seq, 0, 0},      {"--heads", OPT_UINT, &heads, 1, 0},
         {"--kv-heads", OPT_UINT, &kv_heads, 0, 0},  {"--head-dim", OPT_UINT, &head_dim, 1, 0},
         {"--batch", OPT_UINT, &batch, 0, 0},        {"--causal", OPT_FLAG, &causal, 0, 0},
@@ -283,9 +293,61 @@ int cmd_bench(int argc, char **argv)
         {"--threads", OPT_UINT, &threads, 0, 0},    {"--json", OPT_FLAG, &json, 0, 0},
         {"--dtype", OPT_STRING, &dtype_name, 0, 0},
         {"--causal-bottom-right", OPT_FLAG, &bottom_right, 0, 0},
+        {"--seqlens", OPT_STRING, &seqlens, 0, 0},
+        {"--random-seqlens", OPT_STRING, &random_lens, 0, 0},
+        {"--layout", OPT_STRING, &layout, 0, 0},
     };
     if (!parse_opts(cmd, argc, argv, opts, sizeof opts / sizeof opts[0]))
         return EXIT_INPUT;
+    /* Packed sequences: their lengths, from a list or drawn at random. */
+    static uint32_t cu[MAX_SEQS + 1];
+    uint32_t count = 0, longest = 0;
+    if (seqlens && random_lens) {
+        fprintf(stderr, "clattn bench: --seqlens or --random-seqlens, not both\n");
+        return EXIT_INPUT;
+    }
+    if (seqlens) {
+        for (const char *p = seqlens; *p;) {
+            char *end;
+            const unsigned long len = strtoul(p, &end, 10);
+            if (end == p || len > UINT32_MAX / 2 || count == MAX_SEQS ||
+                (*end && *end != ',') || cu[count] + len > UINT32_MAX / 2) {
+                fprintf(stderr, "clattn bench: --seqlens wants up to %d lengths, "
+                                "comma-separated, not '%s'\n", MAX_SEQS, seqlens);
+                return EXIT_INPUT;
+            }
+            cu[count + 1] = cu[count] + (uint32_t)len;
+            longest = len > longest ? (uint32_t)len : longest;
+            ++count;
+            p = *end ? end + 1 : end;
+        }
+    } else if (random_lens) {
+        unsigned lo, hi, seed = 1;
+        char end;
+        const int n = sscanf(random_lens, "%u,%u,%u%c", &lo, &hi, &seed, &end);
+        if ((n != 2 && n != 3) || hi < lo || hi > 1u << 24 || batch > MAX_SEQS) {
+            fprintf(stderr, "clattn bench: --random-seqlens wants MIN,MAX[,SEED] with MIN <= "
+                            "MAX, for --batch sequences (at most %d)\n", MAX_SEQS);
+            return EXIT_INPUT;
+        }
+        uint64_t state = seed;
+        for (count = 0; count < batch; ++count) {
+            state = state * 6364136223846793005ull + 1442695040888963407ull;
+            const uint32_t len = lo + (uint32_t)((state >> 33) % (hi - lo + 1u));
+            cu[count + 1] = cu[count] + len;
+            longest = len > longest ? len : longest;
+        }
+    }
+    const int packed = count > 0;
+    if (!packed && !q_seq) {
+        fprintf(stderr, "clattn bench: --q-seq, --seqlens or --random-seqlens is required\n");
+        return EXIT_INPUT;
+    }
+    if (strcmp(layout, "packed") && strcmp(layout, "padded") && strcmp(layout, "uniform")) {
+        fprintf(stderr, "clattn bench: --layout wants packed, padded or uniform, not '%s'\n",
+                layout);
+        return EXIT_INPUT;
+    }
     bench b;
     memset(&b, 0, sizeof b);
     int known = 0;
@@ -328,11 +390,38 @@ int cmd_bench(int argc, char **argv)
     b.s.head_dim = head_dim;
     b.s.causal = bottom_right ? CLATTN_CAUSAL_BOTTOM_RIGHT : causal;
     b.s.window = window;
+    double pairs = 0.0; /* the work counted: a packed batch's pairs, however laid out */
+    if (packed) {
+        b.s.batch = count;
+        b.s.q_seq = b.s.kv_seq = cu[count] ? cu[count] : 1;
+        b.s.cu_seqlens_q = b.s.cu_seqlens_kv = cu;
+        pairs = (double)clattn_shape_visible_pairs(&b.s);
+        if (!strcmp(layout, "padded")) { /* every sequence padded to the longest */
+            b.s.cu_seqlens_q = b.s.cu_seqlens_kv = NULL;
+            b.s.q_seq = b.s.kv_seq = longest ? longest : 1;
+        } else if (!strcmp(layout, "uniform")) { /* equal sequences of as many pairs in all */
+            b.s.cu_seqlens_q = b.s.cu_seqlens_kv = NULL;
+            uint32_t lo = 1, hi = longest ? longest : 1;
+            while (lo < hi) {
+                b.s.q_seq = b.s.kv_seq = lo + (hi - lo) / 2;
+                if ((double)clattn_shape_visible_pairs(&b.s) < pairs)
+                    lo = b.s.q_seq + 1;
+                else
+                    hi = b.s.q_seq;
+            }
+            b.s.q_seq = b.s.kv_seq = lo;
+            pairs = (double)clattn_shape_visible_pairs(&b.s);
+        }
+        batch = b.s.batch;
+        q_seq = b.s.q_seq;
+    }
     clattn_status st = clattn_shape_validate(&b.s);
     if (st != CLATTN_OK) {
         fprintf(stderr, "clattn bench: %s: %s\n", clattn_status_string(st), clattn_last_error());
         return EXIT_INPUT;
     }
+    if (!packed)
+        pairs = (double)clattn_shape_visible_pairs(&b.s);
     clattn_context *base = NULL;
     int rc = open_context(cmd, device, NULL, &base);
     const int on_cl = !rc && clattn_context_backend(base) != CLATTN_BACKEND_NATIVE;
@@ -340,8 +429,10 @@ int cmd_bench(int argc, char **argv)
     if (rc || (rc = bench_prepare(cmd, &b, on_cl || dt)) != 0)
         goto done;
     rc = EXIT_DEVICE;
-    const double flop = (b.op == BENCH_BACKWARD ? 10.0 : 4.0) *
-                        (double)clattn_shape_visible_pairs(&b.s) * head_dim;
+    const double flop = (b.op == BENCH_BACKWARD ? 10.0 : 4.0) * pairs * head_dim;
+    if (packed && !json)
+        printf("%u sequences of %u tokens in all, the longest %u, %s: ", count, cu[count],
+               longest, layout);
     const clattn_backend backend = clattn_context_backend(base);
     if (!json)
         printf("%s, batch %u, q_seq %u, kv_seq %u, %u heads, %u KV heads, head_dim %u%s, "
@@ -410,13 +501,13 @@ int cmd_bench(int argc, char **argv)
             json_text(clattn_context_device(base));
             printf("\", \"variant\": \"%s\", \"batch\": %u, \"q_seq\": %u, \"kv_seq\": %u, \"heads\": %u, \"kv_heads\": %u, "
                    "\"head_dim\": %u, \"causal\": %s, \"window\": %u, \"reps\": %u, "
-                   "\"threads\": %u, \"dtype\": \"%s\", "
+                   "\"threads\": %u, \"dtype\": \"%s\", \"layout\": \"%s\", "
                    "\"seconds\": %.6g, \"gflops\": %.6g, \"max_error\": %s, \"kernels\": \"%s\"}\n",
                    name, batch, q_seq, b.s.kv_seq, heads, b.s.num_kv_heads, head_dim,
                    b.s.causal == CLATTN_CAUSAL_BOTTOM_RIGHT ? "\"bottom-right\""
                    : b.s.causal                              ? "true"
                                                              : "false",
-                   window, reps, threads, dtype_name, seconds,
+                   window, reps, threads, dtype_name, packed ? layout : "batch", seconds,
                    flop / seconds * 1e-9,
                    errtext, ran);
         } else
