@@ -99,8 +99,10 @@ clattn_status bench_time(clattn_context *ctx, const bench *b, int reps, double *
     for (int i = 0; i < T_OUT0 + b->nout && on_cl && st == CLATTN_OK; ++i) {
         cl_int err;
         const cl_mem_flags flags = CL_MEM_READ_WRITE | (i < T_OUT0 ? CL_MEM_COPY_HOST_PTR : 0);
-        t[i].buffer = clCreateBuffer(cctx, flags, b->n[i] * elem_bytes(b, i) + 1,
-                                     i < T_OUT0 ? b->elems[i] : NULL, &err);
+        /* the tensor's bytes exactly: a copy reads that many from the host */
+        const size_t bytes = b->n[i] * elem_bytes(b, i);
+        t[i].buffer = clCreateBuffer(cctx, flags, bytes ? bytes : 1,
+                                     i < T_OUT0 && bytes ? b->elems[i] : NULL, &err);
         if (err != CL_SUCCESS) {
             fprintf(stderr, "clattn bench: clCreateBuffer of %zu floats failed (%d)\n", b->n[i],
                     err);

@@ -352,7 +352,8 @@ static clattn_status run_op(clattn_context *ctx, clattn_op op, const clattn_shap
             return clattn_fail(CLATTN_ERROR_NULL_POINTER, "%s is NULL",
                                clattn_role_name((clattn_role)r));
     pthread_mutex_lock(&ctx->lock);
-    st = clattn_packed(shape) ? run_packed(ctx, op, shape, t) : ctx->ops->run(ctx, op, shape, &sz, t);
+    st = clattn_packed(shape) && !ctx->ops->packed ? run_packed(ctx, op, shape, t)
+                                                   : ctx->ops->run(ctx, op, shape, &sz, t);
     pthread_mutex_unlock(&ctx->lock);
     return st;
 }

@@ -98,13 +98,15 @@ const char *clattn_role_name(clattn_role r);
 /* Elements of the tensor of a role. */
 size_t clattn_role_elems(const clattn_sizes *sz, clattn_role r);
 
-/* One backend: a runner for every op, and its teardown. t holds a pointer
+/* One backend: a runner for every op, its teardown, and whether it runs
+ * packed sequences itself. t holds a pointer
  * for each role the op reads or writes (outputs are cast back to float *);
  * shape and pointers are validated before run is called, under ctx's lock. */
 typedef struct clattn_backend_ops {
     clattn_status (*run)(clattn_context *ctx, clattn_op op, const clattn_shape *s,
                          const clattn_sizes *sz, const void *const t[CLATTN_R_COUNT]);
     void (*destroy)(clattn_context *ctx);
+    int packed; /* run takes packed sequences (cu_seqlens) itself; else the core splits them */
 } clattn_backend_ops;
 
 struct clattn_cl_state;

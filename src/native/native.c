@@ -543,7 +543,7 @@ static void native_destroy(clattn_context *ctx)
     ctx->scratch_floats = 0;
 }
 
-static const clattn_backend_ops native_ops = {native_run, native_destroy};
+static const clattn_backend_ops native_ops = {native_run, native_destroy, 0};
 
 clattn_status clattn_native_init(clattn_context *ctx, const clattn_options *opts)
 {

@@ -111,77 +111,6 @@ clattn_status clattn_merge_cl(clattn_context *ctx, const clattn_shape *shape, cl
     return st;
 }
 
-/* Packed sequences on the caller's buffers: each sequence's problem at its
- * rows (the longest first, so that what fails for it fails before anything
- * is enqueued), the rows no problem writes filled as a row that sees
- * nothing, every command after the caller's wait list; event, when asked
- * for, is a marker after them all. */
-static clattn_status enqueue_packed(struct clattn_cl_state *cl, clattn_op op,
-                                    const clattn_shape *s, const clattn_cl_tensor t[R_ALL],
-                                    cl_uint nwait, const cl_event *wait, cl_event *event)
-{
-    const size_t most = (size_t)s->batch + 5u * ((size_t)s->batch + 1u);
-    cl_event *evs = malloc(most * sizeof *evs);
-    if (!evs)
-        return clattn_fail(CLATTN_ERROR_OUT_OF_MEMORY, "out of host memory");
-    cl_uint n = 0;
-    clattn_status st = CLATTN_OK;
-    for (uint32_t k = 0; k < s->batch && st == CLATTN_OK; ++k) {
-        const uint32_t i = clattn_sequence_order(s, k);
-        const clattn_shape one = clattn_sequence_shape(s, i);
-        if (!one.q_seq || !one.kv_seq)
-            continue;
-        clattn_cl_tensor sub[R_ALL];
-        memcpy(sub, t, sizeof sub);
-        for (int r = 0; r < CLATTN_R_COUNT; ++r)
-            sub[r].offset += (size_t)(clattn_role_kv(r) ? s->cu_seqlens_kv[i]
-                                                        : s->cu_seqlens_q[i]) *
-                             clattn_role_row(s, r);
-        clattn_sizes sz;
-        if ((st = clattn_check_shape(&one, &sz)) == CLATTN_OK &&
-            (st = clattn_ocl_enqueue_op(cl, op, &one, &sz, sub, nwait, wait, &evs[n])) ==
-                CLATTN_OK)
-            ++n;
-    }
-    const unsigned writes = clattn_op_writes[op];
-    for (int r = 0; r < CLATTN_R_COUNT && st == CLATTN_OK; ++r) {
-        const int grad = r == CLATTN_R_DQ || r == CLATTN_R_DK || r == CLATTN_R_DV;
-        if (!(writes & CLATTN_BIT(r)) || (grad && s->accumulate))
-            continue;
-        const size_t per = clattn_role_row(s, r), bytes = clattn_ocl_role_bytes(r, s->dtype);
-        const cl_float empty = -1e30f, zero = 0.0f;
-        const cl_ushort zero16 = 0;
-        const void *pattern = r == CLATTN_R_LSE ? (const void *)&empty
-                              : bytes == 2      ? (const void *)&zero16
-                                                : (const void *)&zero;
-        for (uint32_t i = 0; i <= s->batch && st == CLATTN_OK; ++i) {
-            uint32_t start, end;
-            if (!clattn_unseen_rows(s, clattn_role_kv(r), i, &start, &end))
-                continue;
-            const cl_int err = clEnqueueFillBuffer(
-                cl->queue, t[r].buffer, pattern, bytes, (t[r].offset + (size_t)start * per) * bytes,
-                (size_t)(end - start) * per * bytes, nwait, nwait ? wait : NULL, &evs[n]);
-            if (err == CL_SUCCESS)
-                ++n;
-            else
-                st = clattn_ocl_fail(err, "clEnqueueFillBuffer");
-        }
-    }
-    if (st == CLATTN_OK && event) {
-        const cl_int err = n ? clEnqueueMarkerWithWaitList(cl->queue, n, evs, event)
-                             : clEnqueueMarkerWithWaitList(cl->queue, nwait, nwait ? wait : NULL,
-                                                           event);
-        if (err != CL_SUCCESS)
-            st = clattn_ocl_fail(err, "clEnqueueMarkerWithWaitList");
-    }
-    if (st != CLATTN_OK && n)
-        clWaitForEvents(n, evs); /* nothing of the call still runs once it returns */
-    for (cl_uint j = 0; j < n; ++j)
-        clReleaseEvent(evs[j]);
-    free(evs);
-    return st;
-}
-
 /* Validates the caller's buffers for op and enqueues it. */
 static clattn_status run_cl(clattn_context *ctx, clattn_op op, const clattn_shape *shape,
                             clattn_cl_tensor t[R_ALL], cl_uint nwait, const cl_event *wait,
@@ -219,9 +148,9 @@ static clattn_status run_cl(clattn_context *ctx, clattn_op op, const clattn_shap
     if ((st = clattn_ocl_check_alloc(ctx->cl, &sz, shape->dtype)) != CLATTN_OK)
         return st;
     pthread_mutex_lock(&ctx->lock);
-    st = clattn_packed(shape) ? enqueue_packed(ctx->cl, op, shape, t, nwait, wait, event)
-                              : clattn_ocl_enqueue_op(ctx->cl, op, shape, &sz, t, nwait, wait,
-                                                      event);
+    st = clattn_packed(shape)
+             ? clattn_ocl_enqueue_packed(ctx->cl, op, shape, t, nwait, wait, event)
+             : clattn_ocl_enqueue_op(ctx->cl, ctx->cl->queue, op, shape, &sz, t, nwait, wait, event);
     pthread_mutex_unlock(&ctx->lock);
     return st;
 }

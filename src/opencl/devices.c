@@ -218,6 +218,9 @@ static void release_state(struct clattn_cl_state *cl)
     for (int i = 0; i < CLATTN_R_COUNT; ++i)
         if (cl->scratch[i])
             clReleaseMemObject(cl->scratch[i]);
+    for (int i = 0; i < PACKED_LANES; ++i)
+        if (cl->lanes[i])
+            clReleaseCommandQueue(cl->lanes[i]);
     for (int t = 0; t < 3; ++t) {
         if (cl->merge[t])
             clReleaseKernel(cl->merge[t]);
@@ -283,7 +286,7 @@ static clattn_status test_limits(struct clattn_cl_state *cl)
     return CLATTN_OK;
 }
 
-static const clattn_backend_ops opencl_ops = {clattn_ocl_run, opencl_destroy};
+static const clattn_backend_ops opencl_ops = {clattn_ocl_run, opencl_destroy, 1};
 
 /* Makes ctx an OpenCL context on device with a named variant. */
 static clattn_status init_variant(clattn_context *ctx, const char *variant, cl_context context,

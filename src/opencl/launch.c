@@ -124,7 +124,8 @@ clattn_status clattn_ocl_check_alloc(const struct clattn_cl_state *cl, const cla
     return CLATTN_OK;
 }
 
-static clattn_status enqueue_kernel(struct clattn_cl_state *cl, const kernel_set *set, int k,
+static clattn_status enqueue_kernel(struct clattn_cl_state *cl, cl_command_queue queue,
+                                    const kernel_set *set, int k,
                                     const clattn_shape *s, const clattn_cl_tensor t[R_ALL],
                                     cl_uint nwait, const cl_event *wait, cl_event *done)
 {
@@ -174,7 +175,7 @@ static clattn_status enqueue_kernel(struct clattn_cl_state *cl, const kernel_set
     const size_t groups = set->kind[k] == KIND_TILED && s->causal ? (blocks + 1) / 2 : blocks;
     size_t global[3] = {groups * wg, heads, s->batch};
     size_t lsize[3] = {wg, 1, 1};
-    err = clEnqueueNDRangeKernel(cl->queue, kn, 3, NULL, global, lsize, nwait, nwait ? wait : NULL,
+    err = clEnqueueNDRangeKernel(queue, kn, 3, NULL, global, lsize, nwait, nwait ? wait : NULL,
                                  done);
     if (err != CL_SUCCESS)
         return clattn_ocl_fail(err, "clEnqueueNDRangeKernel");
@@ -210,7 +211,8 @@ clattn_status clattn_ocl_check_loop_cap(const struct clattn_cl_state *cl, clattn
                        s->head_dim);
 }
 
-clattn_status clattn_ocl_enqueue_op(struct clattn_cl_state *cl, clattn_op op, const clattn_shape *s,
+clattn_status clattn_ocl_enqueue_op(struct clattn_cl_state *cl, cl_command_queue queue,
+                                    clattn_op op, const clattn_shape *s,
                                     const clattn_sizes *sz, clattn_cl_tensor t[R_ALL],
                                     cl_uint nwait, const cl_event *wait, cl_event *done)
 {
@@ -245,7 +247,7 @@ clattn_status clattn_ocl_enqueue_op(struct clattn_cl_state *cl, clattn_op op, co
         const cl_float zero = 0.0f;
         dq32 = clCreateBuffer(cl->context, CL_MEM_READ_WRITE, sz->q * sizeof(float), NULL, &err);
         if (err == CL_SUCCESS) {
-            err = clEnqueueFillBuffer(cl->queue, dq32, &zero, sizeof zero, 0, sz->q * sizeof(float),
+            err = clEnqueueFillBuffer(queue, dq32, &zero, sizeof zero, 0, sz->q * sizeof(float),
                                       0, NULL, &zeroed);
             if (err != CL_SUCCESS)
                 clReleaseMemObject(dq32);
@@ -263,10 +265,10 @@ clattn_status clattn_ocl_enqueue_op(struct clattn_cl_state *cl, clattn_op op, co
         cl_event ev = NULL;
         if (plan[i] == K_GRAD_KVQ) { /* after the zeroing too */
             const cl_event both[2] = {prev, zeroed};
-            st = enqueue_kernel(cl, set, plan[i], s, t, 2, both, &ev);
+            st = enqueue_kernel(cl, queue, set, plan[i], s, t, 2, both, &ev);
         } else {
-            st = prev ? enqueue_kernel(cl, set, plan[i], s, t, 1, &prev, &ev)
-                      : enqueue_kernel(cl, set, plan[i], s, t, nwait, wait, &ev);
+            st = prev ? enqueue_kernel(cl, queue, set, plan[i], s, t, 1, &prev, &ev)
+                      : enqueue_kernel(cl, queue, set, plan[i], s, t, nwait, wait, &ev);
         }
         if (prev)
             clReleaseEvent(prev);
@@ -295,6 +297,114 @@ clattn_status clattn_ocl_enqueue_op(struct clattn_cl_state *cl, clattn_op op, co
     return st;
 }
 
+/* The queues packed sequences spread over, created on first use: NVIDIA's
+ * OpenCL runs each in-order queue as a stream of its own, so kernels of
+ * short sequences run beside each other rather than one after another.
+ * None on CPU devices, whose kernels each take every core already (and
+ * PoCL 3.1 was seen to fail an assertion, pocl_release_dlhandle_cache's,
+ * with kernels in flight on several queues), or where the device refuses
+ * more queues: then the context's. */
+static cl_uint packed_lanes(struct clattn_cl_state *cl)
+{
+    if (cl->owner->backend == CLATTN_BACKEND_OPENCL_CPU)
+        return 0;
+    for (cl_uint i = 0; i < PACKED_LANES; ++i) {
+        if (cl->lanes[i])
+            continue;
+        cl_int err;
+        cl->lanes[i] = clCreateCommandQueue(cl->context, cl->device, 0, &err);
+        if (err != CL_SUCCESS) {
+            cl->lanes[i] = NULL;
+            return i;
+        }
+    }
+    return PACKED_LANES;
+}
+
+/* Packed sequences on device buffers: each sequence's problem at its rows
+ * (the longest first, so that what fails for it fails before anything is
+ * enqueued), spread over the lanes after a marker for what the caller's
+ * queue and wait list hold; the rows no problem writes filled as a row that
+ * sees nothing; then a barrier on the context's queue after them all, so
+ * that the caller's later commands (and `event`) follow the whole call. */
+clattn_status clattn_ocl_enqueue_packed(struct clattn_cl_state *cl, clattn_op op,
+                                        const clattn_shape *s, const clattn_cl_tensor t[R_ALL],
+                                        cl_uint nwait, const cl_event *wait, cl_event *event)
+{
+    const size_t most = (size_t)s->batch + 5u * ((size_t)s->batch + 1u);
+    cl_event *evs = malloc(most * sizeof *evs), start = NULL;
+    if (!evs)
+        return clattn_fail(CLATTN_ERROR_OUT_OF_MEMORY, "out of host memory");
+    const cl_uint lanes = packed_lanes(cl);
+    cl_uint n = 0, sequences = 0;
+    cl_int err = clEnqueueMarkerWithWaitList(cl->queue, nwait, nwait ? wait : NULL, &start);
+    clattn_status st = CLATTN_OK;
+    if (err == CL_SUCCESS)
+        err = clFlush(cl->queue);
+    if (err != CL_SUCCESS)
+        st = clattn_ocl_fail(err, "clEnqueueMarkerWithWaitList");
+    for (uint32_t k = 0; k < s->batch && st == CLATTN_OK; ++k) {
+        const uint32_t i = clattn_sequence_order(s, k);
+        const clattn_shape one = clattn_sequence_shape(s, i);
+        if (!one.q_seq || !one.kv_seq)
+            continue;
+        clattn_cl_tensor sub[R_ALL];
+        memcpy(sub, t, sizeof sub);
+        for (int r = 0; r < CLATTN_R_COUNT; ++r)
+            sub[r].offset += (size_t)(clattn_role_kv(r) ? s->cu_seqlens_kv[i]
+                                                        : s->cu_seqlens_q[i]) *
+                             clattn_role_row(s, r);
+        clattn_sizes sz;
+        cl_command_queue q = lanes ? cl->lanes[sequences % lanes] : cl->queue;
+        if ((st = clattn_check_shape(&one, &sz)) == CLATTN_OK &&
+            (st = clattn_ocl_enqueue_op(cl, q, op, &one, &sz, sub, 1, &start, &evs[n])) ==
+                CLATTN_OK) {
+            ++n;
+            ++sequences;
+        }
+    }
+    const unsigned writes = clattn_op_writes[op];
+    for (int r = 0; r < CLATTN_R_COUNT && st == CLATTN_OK; ++r) {
+        const int grad = r == CLATTN_R_DQ || r == CLATTN_R_DK || r == CLATTN_R_DV;
+        if (!(writes & CLATTN_BIT(r)) || (grad && s->accumulate))
+            continue;
+        const size_t per = clattn_role_row(s, r), bytes = clattn_ocl_role_bytes(r, s->dtype);
+        const cl_float empty = -1e30f, zero = 0.0f;
+        const cl_ushort zero16 = 0;
+        const void *pattern = r == CLATTN_R_LSE ? (const void *)&empty
+                              : bytes == 2      ? (const void *)&zero16
+                                                : (const void *)&zero;
+        for (uint32_t i = 0; i <= s->batch && st == CLATTN_OK; ++i) {
+            uint32_t first, end;
+            if (!clattn_unseen_rows(s, clattn_role_kv(r), i, &first, &end))
+                continue;
+            err = clEnqueueFillBuffer(cl->queue, t[r].buffer, pattern, bytes,
+                                      (t[r].offset + (size_t)first * per) * bytes,
+                                      (size_t)(end - first) * per * bytes, 1, &start, &evs[n]);
+            if (err == CL_SUCCESS)
+                ++n;
+            else
+                st = clattn_ocl_fail(err, "clEnqueueFillBuffer");
+        }
+    }
+    for (cl_uint i = 0; i < lanes && i < sequences; ++i)
+        clFlush(cl->lanes[i]);
+    if (st == CLATTN_OK) {
+        err = n ? clEnqueueBarrierWithWaitList(cl->queue, n, evs, event)
+                : clEnqueueBarrierWithWaitList(cl->queue, 1, &start, event);
+        if (err != CL_SUCCESS)
+            st = clattn_ocl_fail(err, "clEnqueueBarrierWithWaitList");
+    }
+    if (st != CLATTN_OK && n)
+        clWaitForEvents(n, evs); /* nothing of the call still runs once it returns */
+    for (cl_uint j = 0; j < n; ++j)
+        clReleaseEvent(evs[j]);
+    if (start)
+        clReleaseEvent(start);
+    free(evs);
+    return st;
+}
+
 clattn_status clattn_ocl_run(clattn_context *ctx, clattn_op op, const clattn_shape *s,
                              const clattn_sizes *sz, const void *const host[CLATTN_R_COUNT])
 {
@@ -302,7 +412,7 @@ clattn_status clattn_ocl_run(clattn_context *ctx, clattn_op op, const clattn_sha
     kernel_set *set = NULL;
     /* A head_dim the variant refuses or cannot build fails before any copy. */
     clattn_status st = clattn_ocl_check_alloc(cl, sz, s->dtype);
-    if (st == CLATTN_OK)
+    if (st == CLATTN_OK && !clattn_packed(s)) /* packed: each sequence's, longest first */
         st = clattn_ocl_check_loop_cap(cl, op, s);
     if (st == CLATTN_OK)
         st = clattn_ocl_kernels_for(cl, s->head_dim, s->dtype, &set);
@@ -337,7 +447,9 @@ clattn_status clattn_ocl_run(clattn_context *ctx, clattn_op op, const clattn_sha
     if (err != CL_SUCCESS)
         st = clattn_ocl_fail(err, "clEnqueueWriteBuffer");
     if (st == CLATTN_OK)
-        st = clattn_ocl_enqueue_op(cl, op, s, sz, t, nev, ev, &kernels_done);
+        st = clattn_packed(s) ? clattn_ocl_enqueue_packed(cl, op, s, t, nev, ev, &kernels_done)
+                              : clattn_ocl_enqueue_op(cl, cl->queue, op, s, sz, t, nev, ev,
+                                                      &kernels_done);
     for (cl_uint i = 0; i < nev; ++i)
         clReleaseEvent(ev[i]);
     nev = 0;

@@ -69,7 +69,7 @@ typedef struct tuned_entry {
     tile_config tile;
     mma_config mma;
 } tuned_entry;
-enum { TUNED_MAX = 96 };
+enum { TUNED_MAX = 96, PACKED_LANES = 4 };
 
 typedef struct mma_class {
     uint32_t max_head_dim;
@@ -126,6 +126,8 @@ struct clattn_cl_state {
      * work-items past a count (Mesa's llvmpipe: 65535); 0 where none. */
     unsigned long loop_cap;
     cl_uint float_width; /* the device's native vector width for float */
+    /* Queues of the context's own that packed sequences spread over. */
+    cl_command_queue lanes[PACKED_LANES];
     /* Host-pointer calls copy through these buffers, grown as needed. */
     cl_mem scratch[CLATTN_R_COUNT];
     size_t scratch_bytes[CLATTN_R_COUNT];
@@ -195,9 +197,16 @@ clattn_status clattn_ocl_check_alloc(const struct clattn_cl_state *cl, const cla
 /* Enqueues the kernels of op after the wait list, each after the one
  * before, so that an out-of-order queue keeps their order. *done, when
  * not NULL, receives the last kernel's event. */
-clattn_status clattn_ocl_enqueue_op(struct clattn_cl_state *cl, clattn_op op, const clattn_shape *s,
+clattn_status clattn_ocl_enqueue_op(struct clattn_cl_state *cl, cl_command_queue queue,
+                                    clattn_op op, const clattn_shape *s,
                                     const clattn_sizes *sz, clattn_cl_tensor t[R_ALL],
                                     cl_uint nwait, const cl_event *wait, cl_event *done);
+/* Packed sequences (cu_seqlens) on device buffers, each sequence's problem
+ * at its rows, spread over the context's lanes; a barrier on its queue
+ * after them all (event, when not NULL). */
+clattn_status clattn_ocl_enqueue_packed(struct clattn_cl_state *cl, clattn_op op,
+                                        const clattn_shape *s, const clattn_cl_tensor t[R_ALL],
+                                        cl_uint nwait, const cl_event *wait, cl_event *event);
 /* The backend's run: a host-pointer call through the scratch buffers. */
 clattn_status clattn_ocl_run(clattn_context *ctx, clattn_op op, const clattn_shape *s,
                              const clattn_sizes *sz, const void *const host[CLATTN_R_COUNT]);
