@@ -624,6 +624,102 @@ START_TEST(causal_alignments)
 }
 END_TEST
 
+/* An int32 ('<i4') .npy of n entries, written by hand. */
+static void save_ints(const char *name, const int32_t *v, size_t n)
+{
+    char head[128];
+    int len = snprintf(head + 10, sizeof head - 10,
+                       "{'descr': '<i4', 'fortran_order': False, 'shape': (%zu,), }", n);
+    while ((10 + len + 1) % 64)
+        head[10 + len++] = ' ';
+    head[10 + len++] = '\n';
+    memcpy(head, "\x93NUMPY\x01\x00", 8);
+    head[8] = (char)(len & 0xff);
+    head[9] = (char)(len >> 8);
+    char buf[512];
+    memcpy(buf, head, (size_t)(10 + len));
+    memcpy(buf + 10 + len, v, n * sizeof *v);
+    save_bytes(name, buf, (size_t)(10 + len) + n * sizeof *v);
+}
+
+/* Packed sequences through the file commands: --cu-seqlens-q and
+ * --cu-seqlens-kv give what the library's packed call gives, and bad
+ * prefix sums are bad input that leaves nothing. */
+START_TEST(packed_files)
+{
+    make_dir();
+    clattn_shape s = cli_shape(); /* 12 query rows, 12 key rows */
+    problem p;
+    write_problem(&p, &s, 0);
+    const int32_t cq[4] = {0, 5, 5, 12}, ck[4] = {0, 4, 9, 11};
+    save_ints("cq.npy", cq, 4);
+    save_ints("ck.npy", ck, 4);
+    char qp[512], kp[512], vp[512]; /* path()'s buffers are reused */
+    snprintf(qp, sizeof qp, "%s", path("q.npy"));
+    snprintf(kp, sizeof kp, "%s", path("k.npy"));
+    snprintf(vp, sizeof vp, "%s", path("v.npy"));
+    const char *in[] = {"--q", qp, "--k", kp, "--v", vp};
+    ck_assert_int_eq(run("forward", in[0], in[1], in[2], in[3], in[4], in[5], "--out",
+                         path("o.npy"), "--lse-out", path("l.npy"), "--causal-bottom-right",
+                         "--cu-seqlens-q", path("cq.npy"), "--cu-seqlens-kv", path("ck.npy"),
+                         "--device", "native", NULL),
+                     0);
+    const uint32_t uq[4] = {0, 5, 5, 12}, uk[4] = {0, 4, 9, 11};
+    clattn_shape packed = s;
+    packed.batch = 3;
+    packed.causal = CLATTN_CAUSAL_BOTTOM_RIGHT;
+    packed.cu_seqlens_q = uq;
+    packed.cu_seqlens_kv = uk;
+    clattn_options o = clattn_options_default();
+    o.backend = CLATTN_BACKEND_NATIVE;
+    clattn_context *ctx = NULL;
+    ck_assert_status(clattn_context_create(&o, &ctx), CLATTN_OK);
+    float *want = nan_array(p.nq), *want_l = nan_array(p.nlse);
+    ck_assert_status(clattn_forward(ctx, &packed, p.q, p.k, p.v, want, want_l), CLATTN_OK);
+    clattn_context_destroy(ctx);
+    npy_array a, l;
+    char err[256];
+    ck_assert_msg(npy_read(path("o.npy"), &a, err, sizeof err) == 0, "%s", err);
+    ck_assert_msg(npy_read(path("l.npy"), &l, err, sizeof err) == 0, "%s", err);
+    ck_assert(a.count == p.nq && !memcmp(a.data, want, p.nq * sizeof(float)));
+    ck_assert(l.count == p.nlse && !memcmp(l.data, want_l, p.nlse * sizeof(float)));
+    npy_free(&a);
+    npy_free(&l);
+    free(want);
+    free(want_l);
+
+    /* bad prefix sums, a count that does not match, one flag alone, int32 tensors */
+    const int32_t down[4] = {0, 6, 5, 12}, past[4] = {0, 5, 5, 13}, three[3] = {0, 5, 12};
+    save_ints("down.npy", down, 4);
+    save_ints("past.npy", past, 4);
+    save_ints("three.npy", three, 3);
+    const struct {
+        const char *cq, *ck, *says;
+    } bad[] = {
+        {"down.npy", "ck.npy", "CLATTN_ERROR_INVALID_SEQLENS"},
+        {"past.npy", "ck.npy", "past the 12 rows"},
+        {"three.npy", "ck.npy", "both want batch + 1"},
+        {"cq.npy", NULL, "want both"},
+        {"q.npy", "ck.npy", "want a 1-D int32"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; ++i) {
+        ck_assert_int_eq(run("forward", in[0], in[1], in[2], in[3], in[4], in[5], "--out",
+                             path("bad.npy"), "--lse-out", path("badl.npy"), "--cu-seqlens-q",
+                             path(bad[i].cq), bad[i].ck ? "--cu-seqlens-kv" : "--device",
+                             bad[i].ck ? path(bad[i].ck) : "native", NULL),
+                         2);
+        ck_assert_msg(strstr(err_text, bad[i].says), "%s", err_text);
+        ck_assert(access(path("bad.npy"), F_OK) != 0 && access(path("badl.npy"), F_OK) != 0);
+    }
+    ck_assert_int_eq(run("forward", "--q", path("cq.npy"), in[2], in[3], in[4], in[5], "--out",
+                         path("bad.npy"), "--lse-out", path("badl.npy"), NULL),
+                     2);
+    ck_assert_msg(strstr(err_text, "holds int32"), "%s", err_text);
+    problem_free(&p);
+    cleanup();
+}
+END_TEST
+
 /* Every kind of bad input: exit 2, one line on stderr, and no output file,
  * not even a temporary; an existing output is left as it was. */
 START_TEST(bad_input_leaves_nothing)
@@ -870,6 +966,7 @@ Suite *cli_suite(void)
     tcase_add_test(tc, multiple_outputs_all_or_nothing);
     tcase_add_test(tc, outputs_renamed_together);
     tcase_add_test(tc, causal_alignments);
+    tcase_add_test(tc, packed_files);
     tcase_add_test(tc, device_failure_exit_one);
     tcase_add_test(tc, devices_and_demo);
     tcase_add_test(tc, tune_keeps_winner);

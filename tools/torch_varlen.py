@@ -69,7 +69,15 @@ def main():
         m = max(lens)
         kr = k.repeat_interleave(rep, 1).contiguous()
         vr = v.repeat_interleave(rep, 1).contiguous()
-        return (lambda qq, kk, vv: varlen_attn(qq, kk, vv, cu, cu, m, m, is_causal=True)), kr, vr
+        # causal: is_causal in some releases, window_size=(-1, 0) in others
+        for causal in ({"window_size": (-1, 0)}, {"is_causal": True}):
+            try:
+                varlen_attn(q[:1], kr[:1], vr[:1], cu[:2].clamp(max=1), cu[:2].clamp(max=1), 1,
+                            1, **causal)
+                break
+            except TypeError:
+                continue
+        return (lambda qq, kk, vv: varlen_attn(qq, kk, vv, cu, cu, m, m, **causal)), kr, vr
 
     def per_sequence():
         def run(qq, kk, vv):

@@ -20,14 +20,52 @@
 #include "cli.h"
 
 
-/* Reads a .npy input for a command; prints the reason on failure. */
+/* Reads a .npy tensor for a command; prints the reason on failure. */
 static int load(const char *cmd, const char *path, npy_array *a)
 {
     char err[512];
-    if (npy_read(path, a, err, sizeof err) == 0)
-        return 1;
-    fprintf(stderr, "clattn %s: %s\n", cmd, err);
-    return 0;
+    if (npy_read(path, a, err, sizeof err) != 0) {
+        fprintf(stderr, "clattn %s: %s\n", cmd, err);
+        return 0;
+    }
+    if (a->ints) {
+        fprintf(stderr, "clattn %s: %s holds int32 ('<i4'); tensors are float32, float16 or "
+                        "bfloat16 bits\n", cmd, path);
+        npy_free(a);
+        return 0;
+    }
+    return 1;
+}
+
+/* Reads packed sequences' prefix sums: a 1-D int32 ('<i4') array of at
+ * least two entries, none negative, into a new uint32 array. */
+static uint32_t *load_seqlens(const char *cmd, const char *flag, const char *path, size_t *n)
+{
+    npy_array a;
+    char err[512];
+    if (npy_read(path, &a, err, sizeof err) != 0) {
+        fprintf(stderr, "clattn %s: %s\n", cmd, err);
+        return NULL;
+    }
+    uint32_t *cu = NULL;
+    if (!a.ints || a.ndim != 1 || a.count < 2)
+        fprintf(stderr, "clattn %s: %s %s: want a 1-D int32 ('<i4') array of batch + 1 prefix "
+                        "sums\n", cmd, flag, path);
+    else if (!(cu = malloc(a.count * sizeof *cu)))
+        fprintf(stderr, "clattn %s: out of memory\n", cmd);
+    for (size_t i = 0; cu && i < a.count; ++i) {
+        if (a.ints[i] < 0) {
+            fprintf(stderr, "clattn %s: %s %s: entry %zu is %d, negative\n", cmd, flag, path, i,
+                    (int)a.ints[i]);
+            free(cu);
+            cu = NULL;
+            break;
+        }
+        cu[i] = (uint32_t)a.ints[i];
+    }
+    *n = a.count;
+    npy_free(&a);
+    return cu;
 }
 
 /* Checks that a has ndim dims (3, or 4 with batch) and each of want, where
@@ -65,6 +103,7 @@ static int check_dims(const char *cmd, const char *what, const npy_array *a, int
  * shape from them. */
 typedef struct inputs {
     npy_array q, k, v, o, lse, d_out;
+    uint32_t *cu_q, *cu_kv; /* packed sequences' prefix sums, or NULL */
 } inputs;
 
 static void inputs_free(inputs *in)
@@ -75,10 +114,13 @@ static void inputs_free(inputs *in)
     npy_free(&in->o);
     npy_free(&in->lse);
     npy_free(&in->d_out);
+    free(in->cu_q);
+    free(in->cu_kv);
 }
 
 typedef struct input_paths {
     const char *q, *k, *v, *o, *lse, *d_out;
+    const char *cu_q, *cu_kv; /* --cu-seqlens-q and --cu-seqlens-kv */
 } input_paths;
 
 /* Whether LSE pairs read from path are float32, as they must be. */
@@ -151,6 +193,26 @@ static int load_inputs(const char *cmd, const input_paths *paths, inputs *in,
         (paths->lse && !load(cmd, paths->lse, &in->lse)) ||
         (paths->d_out && !load(cmd, paths->d_out, &in->d_out)))
         return 0;
+    if (!paths->cu_q != !paths->cu_kv) {
+        fprintf(stderr, "clattn %s: packed sequences want both --cu-seqlens-q and "
+                        "--cu-seqlens-kv\n", cmd);
+        return 0;
+    }
+    size_t nq = 0, nkv = 0;
+    if (paths->cu_q &&
+        (!(in->cu_q = load_seqlens(cmd, "--cu-seqlens-q", paths->cu_q, &nq)) ||
+         !(in->cu_kv = load_seqlens(cmd, "--cu-seqlens-kv", paths->cu_kv, &nkv))))
+        return 0;
+    if (paths->cu_q && (nq != nkv || nq - 1 > UINT32_MAX)) {
+        fprintf(stderr, "clattn %s: --cu-seqlens-q has %zu entries and --cu-seqlens-kv %zu: "
+                        "both want batch + 1\n", cmd, nq, nkv);
+        return 0;
+    }
+    if (paths->cu_q && in->q.ndim != 3) {
+        fprintf(stderr, "clattn %s: packed sequences want 3-D arrays (rows, heads, head_dim); "
+                        "Q has %d dimensions\n", cmd, in->q.ndim);
+        return 0;
+    }
     int batched = in->q.ndim == 4;
     /* [batch, q_seq, heads, dim] and [batch, kv_seq, kv_heads, dim] */
     size_t qs[4] = {batched ? 0 : 1, 0, 0, 0}, ks[4] = {0}, ls[4] = {0};
@@ -180,6 +242,11 @@ static int load_inputs(const char *cmd, const input_paths *paths, inputs *in,
     s->scale = mask->scale;
     s->q_offset = mask->q_offset;
     s->kv_offset = mask->kv_offset;
+    if (in->cu_q) {
+        s->batch = (uint32_t)(nq - 1);
+        s->cu_seqlens_q = in->cu_q;
+        s->cu_seqlens_kv = in->cu_kv;
+    }
     clattn_status st = clattn_shape_validate(s);
     if (st != CLATTN_OK) {
         fprintf(stderr, "clattn %s: %s: %s\n", cmd, clattn_status_string(st),
@@ -302,7 +369,7 @@ static const file_command file_commands[] = {
      "usage: clattn forward --q Q.npy --k K.npy --v V.npy --out O.npy --lse-out LSE.npy\n"
      "                      [--causal | --causal-bottom-right] [--window N] [--scale S]\n"
      "                      [--q-offset N] [--kv-offset N] [--device SEL] [--variant NAME]\n"
-     "                      [--dtype T]\n"
+     "                      [--dtype T] [--cu-seqlens-q CQ.npy --cu-seqlens-kv CK.npy]\n"
      "Attention's forward: O (q_seq, heads, head_dim) and the LSE pairs (q_seq,\n"
      "heads, 2) that the gradients read. Arrays as for grad-v; exit 0, 1 on a\n"
      "device failure, 2 on bad input (and then no output is left).\n",
@@ -312,7 +379,7 @@ static const file_command file_commands[] = {
      "                       --d-out DO.npy --dq DQ.npy --dk DK.npy --dv DV.npy\n"
      "                       [--causal | --causal-bottom-right] [--window N] [--scale S]\n"
      "                       [--q-offset N] [--kv-offset N] [--device SEL] [--variant NAME]\n"
-     "                       [--dtype T]\n"
+     "                       [--dtype T] [--cu-seqlens-q CQ.npy --cu-seqlens-kv CK.npy]\n"
      "Attention's backward from the forward's O and LSE and the output gradient\n"
      "dO: dQ like Q, dK and dV like K. Exit 0, 1 on a device failure, 2 on bad\n"
      "input (and then none of the outputs is left).\n",
@@ -322,7 +389,7 @@ static const file_command file_commands[] = {
      "usage: clattn grad-v --q Q.npy --k K.npy --d-out DO.npy --lse LSE.npy --out DV.npy\n"
      "                    [--causal | --causal-bottom-right] [--window N] [--scale S]\n"
      "                    [--q-offset N] [--kv-offset N] [--device SEL] [--variant NAME]\n"
-     "                    [--dtype T]\n"
+     "                    [--dtype T] [--cu-seqlens-q CQ.npy --cu-seqlens-kv CK.npy]\n"
      "The gradient of attention with respect to V. Arrays are .npy, C order:\n"
      "Q and dO (q_seq, heads, head_dim), K (kv_seq, kv_heads, head_dim), LSE\n"
      "(q_seq, heads, 2), each with an optional leading batch dimension; DV is\n"
@@ -334,7 +401,10 @@ static const file_command file_commands[] = {
      "of the first query and key (default 0): the causal and window masks compare\n"
      "global positions. --causal aligns top-left (key t <= query t, as PyTorch's\n"
      "is_causal), --causal-bottom-right aligns the last query with the last key\n"
-     "(as FlashAttention); they differ only where kv_seq != q_seq.\n",
+     "(as FlashAttention); they differ only where kv_seq != q_seq.\n"
+     "--cu-seqlens-q and --cu-seqlens-kv pack variable-length sequences: int32\n"
+     "'<i4' arrays of batch + 1 prefix sums from 0, with the tensors as 3-D\n"
+     "arrays of all the sequences' rows; each sequence is its own problem.\n",
      READS_LSE | READS_DO, 1, {"--out"}, {LIKE_K}},
 };
 
@@ -348,7 +418,7 @@ static int cmd_file(const file_command *fc, int argc, char **argv)
     input_paths paths = {0};
     const char *outp[3] = {NULL, NULL, NULL}, *device = NULL, *variant = NULL, *dtype = NULL;
     mask_opts mask = {0, 0, 0, 0, 0, 0.0f};
-    opt opts[19] = {
+    opt opts[21] = {
         {"--q", OPT_STRING, &paths.q, 1, 0},
         {"--k", OPT_STRING, &paths.k, 1, 0},
         {"--causal", OPT_FLAG, &mask.causal, 0, 0},
@@ -360,8 +430,10 @@ static int cmd_file(const file_command *fc, int argc, char **argv)
         {"--device", OPT_STRING, &device, 0, 0},
         {"--variant", OPT_STRING, &variant, 0, 0},
         {"--dtype", OPT_STRING, &dtype, 0, 0},
+        {"--cu-seqlens-q", OPT_STRING, &paths.cu_q, 0, 0},
+        {"--cu-seqlens-kv", OPT_STRING, &paths.cu_kv, 0, 0},
     };
-    size_t n = 11;
+    size_t n = 13;
     const struct {
         unsigned bit;
         const char *name;

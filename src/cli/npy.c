@@ -26,8 +26,10 @@ void npy_free(npy_array *a)
         return;
     free(a->data);
     free(a->bits);
+    free(a->ints);
     a->data = NULL;
     a->bits = NULL;
+    a->ints = NULL;
 }
 
 /* Finds the value text after 'key': in the header dict. */
@@ -142,11 +144,12 @@ static int parse_header(const unsigned char *hb, size_t hlen, npy_array *out, si
     if (h[0] != '{' || !descr || !order || !shape)
         rc = fail(err, errlen, "malformed .npy header: %.80s", h);
     else if (strncmp(descr, "'<f4'", 5) && strncmp(descr, "'<f2'", 5) &&
-             strncmp(descr, "'<u2'", 5) && strncmp(descr, "'<i2'", 5))
+             strncmp(descr, "'<u2'", 5) && strncmp(descr, "'<i2'", 5) &&
+             strncmp(descr, "'<i4'", 5))
         /* The value alone, not what follows it in the header. */
         rc = fail(err, errlen,
-                  "dtype is %.*s, want little-endian float32 ('<f4'), float16 ('<f2') or "
-                  "bfloat16 bits ('<u2', '<i2')",
+                  "dtype is %.*s, want little-endian float32 ('<f4'), float16 ('<f2'), "
+                  "bfloat16 bits ('<u2', '<i2') or int32 ('<i4')",
                   value_len(descr), descr);
     else if (strncmp(order, "False", 5) != 0)
         rc = fail(err, errlen, "array is in Fortran order, want C order");
@@ -177,7 +180,9 @@ static int take_data(const unsigned char *d, npy_array *out, size_t elem, char *
         return fail(err, errlen, "out of memory for %zu elements", out->count);
     /* The hosts clattn runs on are little-endian, as these descrs are. */
     memcpy(data, d, out->count * elem);
-    if (elem == sizeof(float))
+    if (!strcmp(out->descr, "<i4"))
+        out->ints = data;
+    else if (elem == sizeof(float))
         out->data = data;
     else
         out->bits = data;
@@ -241,7 +246,9 @@ int npy_read(const char *path, npy_array *out, char *err, size_t errlen)
             else if (ferror(f))
                 snprintf(inner, sizeof inner, "read error");
             else { /* the data as read is the array's */
-                if (elem == sizeof(float))
+                if (!strcmp(out->descr, "<i4"))
+                    out->ints = (int32_t *)data;
+                else if (elem == sizeof(float))
                     out->data = (float *)data;
                 else
                     out->bits = (uint16_t *)data;
