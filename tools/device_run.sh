@@ -334,6 +334,13 @@ for stage in "$@"; do
     fi 2>&1 | tee "$OUT/tunecli.log" ;;
   varlen)
     lens=${VARLEN_LENS:-128,4096,1} count=${VARLEN_COUNT:-32}
+    # every variant on a small packed batch first: max_error against native
+    for dt in f32 bf16; do for op in forward backward; do
+      $cli bench --op $op --random-seqlens 1,300,7 --batch 9 --heads 4 --kv-heads 2 --head-dim 64 \
+        --causal --variant all --device gpu --reps 1 --dtype $dt 2>&1 | tail -4
+    done; done 2>&1 | tee "$OUT/varlen-check.log"
+    ctest --test-dir build-dev -R 'buffers.opencl-gpu|cache.opencl-gpu' --output-on-failure 2>&1 \
+      | tee "$OUT/varlen-suite.log" | grep -E 'tests passed|Failed|Passed'
     for dt in ${VARLEN_DTYPES:-bf16 f32}; do
       for op in forward backward; do
         for layout in packed uniform padded; do
