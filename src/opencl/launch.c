@@ -232,7 +232,8 @@ clattn_status clattn_ocl_enqueue_op(struct clattn_cl_state *cl, cl_command_queue
                                                                             : op_plans[op];
     cl_mem dsum = NULL, dq32 = NULL;
     cl_event zeroed = NULL;
-    if (plan[0] == K_DSUM) {
+    /* A caller's Dsum (packed sequences share one) is used as given. */
+    if (plan[0] == K_DSUM && !t[R_DSUM].buffer) {
         /* Released at once: OpenCL keeps it until the kernels using it end. */
         cl_int err;
         dsum =
@@ -339,10 +340,18 @@ clattn_status clattn_ocl_enqueue_packed(struct clattn_cl_state *cl, clattn_op op
     cl_uint n = 0, sequences = 0;
     cl_int err = clEnqueueMarkerWithWaitList(cl->queue, nwait, nwait ? wait : NULL, &start);
     clattn_status st = CLATTN_OK;
+    /* One Dsum buffer for every sequence, at its rows: an allocation per
+     * sequence can wait for the device (NVIDIA's does), which ran the
+     * backward's sequences one after another. Released at once: OpenCL
+     * keeps it until the kernels using it end. */
+    cl_mem dsum = NULL;
+    if (err == CL_SUCCESS && op != CLATTN_OP_FORWARD)
+        dsum = clCreateBuffer(cl->context, CL_MEM_READ_WRITE,
+                              (size_t)s->q_seq * s->num_heads * sizeof(float), NULL, &err);
     if (err == CL_SUCCESS)
         err = clFlush(cl->queue);
     if (err != CL_SUCCESS)
-        st = clattn_ocl_fail(err, "clEnqueueMarkerWithWaitList");
+        st = clattn_ocl_fail(err, "starting the packed sequences");
     for (uint32_t k = 0; k < s->batch && st == CLATTN_OK; ++k) {
         const uint32_t i = clattn_sequence_order(s, k);
         const clattn_shape one = clattn_sequence_shape(s, i);
@@ -354,6 +363,8 @@ clattn_status clattn_ocl_enqueue_packed(struct clattn_cl_state *cl, clattn_op op
             sub[r].offset += (size_t)(clattn_role_kv(r) ? s->cu_seqlens_kv[i]
                                                         : s->cu_seqlens_q[i]) *
                              clattn_role_row(s, r);
+        sub[R_DSUM].buffer = dsum;
+        sub[R_DSUM].offset = (size_t)s->cu_seqlens_q[i] * s->num_heads;
         clattn_sizes sz;
         cl_command_queue q = lanes ? cl->lanes[sequences % lanes] : cl->queue;
         if ((st = clattn_check_shape(&one, &sz)) == CLATTN_OK &&
@@ -397,6 +408,8 @@ clattn_status clattn_ocl_enqueue_packed(struct clattn_cl_state *cl, clattn_op op
     }
     if (st != CLATTN_OK && n)
         clWaitForEvents(n, evs); /* nothing of the call still runs once it returns */
+    if (dsum)
+        clReleaseMemObject(dsum);
     for (cl_uint j = 0; j < n; ++j)
         clReleaseEvent(evs[j]);
     if (start)
