@@ -290,6 +290,26 @@ clattn_status clattn_merge(clattn_context *ctx, const clattn_shape *shape, const
     return CLATTN_OK;
 }
 
+/* clattn_fill_unseen()'s fill on host tensors (arg: the tensors and the
+ * bytes of a 16-bit or float32 element). */
+typedef struct host_fill {
+    const void *const *t;
+    size_t elem;
+} host_fill;
+
+static int fill_host(void *arg, int role, size_t first, size_t count, float value)
+{
+    const host_fill *h = arg;
+    if (role == CLATTN_R_LSE) {
+        float *lse = (float *)h->t[role] + first;
+        for (size_t j = 0; j < count; ++j)
+            lse[j] = value;
+    } else { /* value is 0: every dtype's zero is all zero bits */
+        memset((char *)h->t[role] + first * h->elem, 0, count * h->elem);
+    }
+    return 0;
+}
+
 /* Packed sequences on host pointers: each sequence's problem on the
  * backend, at its rows of the tensors, the longest first; then the rows
  * no problem wrote get what a row that sees nothing gets. */
@@ -304,9 +324,8 @@ static clattn_status run_packed(clattn_context *ctx, clattn_op op, const clattn_
             continue;
         const void *sub[CLATTN_R_COUNT];
         for (int r = 0; r < CLATTN_R_COUNT; ++r) {
-            const size_t row0 = clattn_role_kv(r) ? s->cu_seqlens_kv[i] : s->cu_seqlens_q[i];
             const size_t bytes = r == CLATTN_R_LSE ? sizeof(float) : elem;
-            sub[r] = t[r] ? (const char *)t[r] + row0 * clattn_role_row(s, r) * bytes : NULL;
+            sub[r] = t[r] ? (const char *)t[r] + clattn_sequence_offset(s, r, i) * bytes : NULL;
         }
         clattn_sizes sz;
         clattn_status st = clattn_check_shape(&one, &sz);
@@ -315,26 +334,8 @@ static clattn_status run_packed(clattn_context *ctx, clattn_op op, const clattn_
         if (st != CLATTN_OK)
             return st;
     }
-    const unsigned writes = clattn_op_writes[op];
-    for (int r = 0; r < CLATTN_R_COUNT; ++r) {
-        const int grad = r == CLATTN_R_DQ || r == CLATTN_R_DK || r == CLATTN_R_DV;
-        if (!(writes & CLATTN_BIT(r)) || (grad && s->accumulate))
-            continue;
-        const size_t per = clattn_role_row(s, r);
-        for (uint32_t i = 0; i <= s->batch; ++i) {
-            uint32_t start, end;
-            if (!clattn_unseen_rows(s, clattn_role_kv(r), i, &start, &end))
-                continue;
-            if (r == CLATTN_R_LSE) {
-                float *lse = (float *)t[r] + (size_t)start * per;
-                for (size_t j = 0; j < (size_t)(end - start) * per; ++j)
-                    lse[j] = -1e30f;
-            } else {
-                memset((char *)t[r] + (size_t)start * per * elem, 0,
-                       (size_t)(end - start) * per * elem);
-            }
-        }
-    }
+    host_fill h = {t, elem};
+    clattn_fill_unseen(s, op, fill_host, &h);
     return CLATTN_OK;
 }
 

@@ -35,19 +35,6 @@ static inline int clattn_packed(const clattn_shape *s) { return s->cu_seqlens_q 
 /* Sequence i of a packed shape as a problem of its own: batch 1, its
  * lengths, no prefix sums. */
 clattn_shape clattn_sequence_shape(const clattn_shape *s, uint32_t i);
-/* For packed s, the rows of one side (kv: keys, else queries) that no
- * sequence's problem writes, in pieces: piece i < batch is sequence i's
- * rows where its other side is empty, piece batch the rows past the last
- * prefix sum. Returns 0 where piece i is empty. */
-int clattn_unseen_rows(const clattn_shape *s, int kv, uint32_t i, uint32_t *start,
-                       uint32_t *end);
-/* Whether role r's rows are keys (K, V, dK, dV), and its elements per row. */
-int clattn_role_kv(int r);
-size_t clattn_role_row(const clattn_shape *s, int r);
-/* The order packed sequences run in: the one with the most pairs first,
- * so that what fails for the longest (a size, a build) fails before any
- * output is written; then the others in order. */
-uint32_t clattn_sequence_order(const clattn_shape *s, uint32_t n);
 /* Validates the shape and fills sizes (may be NULL). */
 clattn_status clattn_check_shape(const clattn_shape *s, clattn_sizes *sizes);
 float clattn_effective_scale(const clattn_shape *s);
@@ -97,6 +84,21 @@ clattn_status clattn_call_begin(const clattn_context *ctx, const clattn_shape *s
 const char *clattn_role_name(clattn_role r);
 /* Elements of the tensor of a role. */
 size_t clattn_role_elems(const clattn_sizes *sz, clattn_role r);
+
+/* Elements of role r's tensor before sequence i's rows, for packed s. */
+size_t clattn_sequence_offset(const clattn_shape *s, int r, uint32_t i);
+/* For packed s, the rows of op's outputs that no sequence's problem writes
+ * (those of a sequence whose other side is empty, and those past the last
+ * prefix sum; not the gradients under accumulate): fill(arg, role, first
+ * element, elements, value) for each run of them, value 0 or, for the LSE,
+ * -1e30. Stops at, and returns, the first non-zero that fill returns. */
+int clattn_fill_unseen(const clattn_shape *s, clattn_op op,
+                       int (*fill)(void *arg, int role, size_t first, size_t count, float value),
+                       void *arg);
+/* The order packed sequences run in: the one with the most pairs first,
+ * so that what fails for the longest (a size, a build) fails before any
+ * output is written; then the others in order. */
+uint32_t clattn_sequence_order(const clattn_shape *s, uint32_t n);
 
 /* One backend: a runner for every op, its teardown, and whether it runs
  * packed sequences itself. t holds a pointer

@@ -322,6 +322,33 @@ static cl_uint packed_lanes(struct clattn_cl_state *cl)
     return PACKED_LANES;
 }
 
+/* clattn_fill_unseen()'s fill on device buffers: a fill command after the
+ * call's start, its event appended to evs. */
+typedef struct device_fill {
+    struct clattn_cl_state *cl;
+    clattn_dtype dtype;
+    const clattn_cl_tensor *t;
+    cl_event start, *evs;
+    cl_uint *n;
+    cl_int err;
+} device_fill;
+
+static int fill_device(void *arg, int role, size_t first, size_t count, float value)
+{
+    device_fill *f = arg;
+    const size_t bytes = clattn_ocl_role_bytes(role, f->dtype);
+    const cl_float wide = value;
+    const cl_ushort zero16 = 0; /* value is 0 for 16-bit tensors */
+    f->err = clEnqueueFillBuffer(f->cl->queue, f->t[role].buffer,
+                                 bytes == 2 ? (const void *)&zero16 : (const void *)&wide, bytes,
+                                 (f->t[role].offset + first) * bytes, count * bytes, 1, &f->start,
+                                 &f->evs[*f->n]);
+    if (f->err != CL_SUCCESS)
+        return 1;
+    ++*f->n;
+    return 0;
+}
+
 /* Packed sequences on device buffers: each sequence's problem at its rows
  * (the longest first, so that what fails for it fails before anything is
  * enqueued), spread over the lanes after a marker for what the caller's
@@ -360,9 +387,7 @@ clattn_status clattn_ocl_enqueue_packed(struct clattn_cl_state *cl, clattn_op op
         clattn_cl_tensor sub[R_ALL];
         memcpy(sub, t, sizeof sub);
         for (int r = 0; r < CLATTN_R_COUNT; ++r)
-            sub[r].offset += (size_t)(clattn_role_kv(r) ? s->cu_seqlens_kv[i]
-                                                        : s->cu_seqlens_q[i]) *
-                             clattn_role_row(s, r);
+            sub[r].offset += clattn_sequence_offset(s, r, i);
         sub[R_DSUM].buffer = dsum;
         sub[R_DSUM].offset = (size_t)s->cu_seqlens_q[i] * s->num_heads;
         clattn_sizes sz;
@@ -374,30 +399,9 @@ clattn_status clattn_ocl_enqueue_packed(struct clattn_cl_state *cl, clattn_op op
             ++sequences;
         }
     }
-    const unsigned writes = clattn_op_writes[op];
-    for (int r = 0; r < CLATTN_R_COUNT && st == CLATTN_OK; ++r) {
-        const int grad = r == CLATTN_R_DQ || r == CLATTN_R_DK || r == CLATTN_R_DV;
-        if (!(writes & CLATTN_BIT(r)) || (grad && s->accumulate))
-            continue;
-        const size_t per = clattn_role_row(s, r), bytes = clattn_ocl_role_bytes(r, s->dtype);
-        const cl_float empty = -1e30f, zero = 0.0f;
-        const cl_ushort zero16 = 0;
-        const void *pattern = r == CLATTN_R_LSE ? (const void *)&empty
-                              : bytes == 2      ? (const void *)&zero16
-                                                : (const void *)&zero;
-        for (uint32_t i = 0; i <= s->batch && st == CLATTN_OK; ++i) {
-            uint32_t first, end;
-            if (!clattn_unseen_rows(s, clattn_role_kv(r), i, &first, &end))
-                continue;
-            err = clEnqueueFillBuffer(cl->queue, t[r].buffer, pattern, bytes,
-                                      (t[r].offset + (size_t)first * per) * bytes,
-                                      (size_t)(end - first) * per * bytes, 1, &start, &evs[n]);
-            if (err == CL_SUCCESS)
-                ++n;
-            else
-                st = clattn_ocl_fail(err, "clEnqueueFillBuffer");
-        }
-    }
+    device_fill f = {cl, s->dtype, t, start, evs, &n, CL_SUCCESS};
+    if (st == CLATTN_OK && clattn_fill_unseen(s, op, fill_device, &f))
+        st = clattn_ocl_fail(f.err, "clEnqueueFillBuffer");
     for (cl_uint i = 0; i < lanes && i < sequences; ++i)
         clFlush(cl->lanes[i]);
     if (st == CLATTN_OK) {
