@@ -21,7 +21,12 @@ is computed from the rounded inputs, and each 16-bit output's error must be
 at most twice that of PyTorch's own 16-bit scaled_dot_product_attention
 (forward and autograd backward) on the same inputs and mask, or 1e-5
 where PyTorch's is below that; the LSE pairs, float32, keep the
-tolerance."""
+tolerance.
+
+--packed N (default 4; float32 only) adds N batches of packed sequences
+(--cu-seqlens-q and --cu-seqlens-kv, empty and one-token sequences among
+them, two rows past the last prefix sum on each side), each sequence's
+reference computed alone; rows no sequence writes must come out zero."""
 import argparse
 import os
 import subprocess
@@ -139,6 +144,79 @@ def rel_error(got, want):
     return float(np.abs(got.astype(np.float64) - want).max() / (scale if scale > 0 else 1.0))
 
 
+def packed_case(rng, folder, cli, backends, variant, tolerance, worst):
+    """One batch of packed sequences through forward and backward on every
+    backend, against each sequence's float64 reference; True where one fails."""
+    kv_heads = int(rng.choice([1, 2]))
+    heads = kv_heads * int(rng.choice([1, 2, 3]))
+    head_dim = int(rng.choice([5, 16, 33, 64]))
+    causal = int(rng.integers(3))
+    window = int(rng.choice([0, 0, 3]))
+    count = int(rng.integers(1, 6))
+    lens = lambda: [int(rng.choice([0, 1, int(rng.integers(2, 70))])) for _ in range(count)]
+    lq = lens()
+    lk = lq if rng.integers(2) else lens()
+    cq, ck = np.concatenate([[0], np.cumsum(lq)]), np.concatenate([[0], np.cumsum(lk)])
+    nq, nk = int(cq[-1]) + 2, int(ck[-1]) + 2
+    q = rng.uniform(-1, 1, (nq, heads, head_dim)).astype(np.float32)
+    k = rng.uniform(-1, 1, (nk, kv_heads, head_dim)).astype(np.float32)
+    v = rng.uniform(-1, 1, (nk, kv_heads, head_dim)).astype(np.float32)
+    d_out = rng.uniform(-1, 1, (nq, heads, head_dim)).astype(np.float32)
+    scale = 1.0 / np.sqrt(head_dim)
+    o_ref, dq_ref = np.zeros(q.shape), np.zeros(q.shape)
+    dk_ref, dv_ref = np.zeros(k.shape), np.zeros(k.shape)
+    lse_ref, has = np.zeros((nq, heads)), np.zeros(nq, dtype=bool)
+    for i in range(count):
+        a, b, c, d = int(cq[i]), int(cq[i + 1]), int(ck[i]), int(ck[i + 1])
+        if a == b or c == d:
+            continue
+        o, lse, has_key, dq, dk, dv = reference(q[None, a:b], k[None, c:d], v[None, c:d],
+                                                d_out[None, a:b], causal, window, scale)
+        o_ref[a:b], lse_ref[a:b], has[a:b] = o[0], lse[0], has_key
+        dq_ref[a:b], dk_ref[c:d], dv_ref[c:d] = dq[0], dk[0], dv[0]
+    o_ref[~has], dq_ref[~has] = 0.0, 0.0
+    files = {n: save(folder, "p" + n + ".npy", x)
+             for n, x in (("q", q), ("k", k), ("v", v), ("do", d_out))}
+    for n, x in (("cq", cq), ("ck", ck)):
+        files[n] = os.path.join(folder, n + ".npy")
+        np.save(files[n], x.astype("<i4"))
+    flags = ({1: ["--causal"], 2: ["--causal-bottom-right"]}.get(causal, []) +
+             (["--window", str(window)] if window else []) +
+             ["--cu-seqlens-q", files["cq"], "--cu-seqlens-kv", files["ck"]])
+    desc = (f"packed {lq} / {lk}: heads {heads}/{kv_heads} d {head_dim} causal {causal} "
+            f"window {window}")
+    failed = False
+    for b in backends:
+        out = {n: os.path.join(folder, f"p{b}-{n}.npy") for n in ("o", "lse", "dq", "dk", "dv")}
+        run_flags = ["--device", b] + flags + (["--variant", variant] if variant and
+                                               b != "native" else [])
+        for cmd in (["forward", "--q", files["q"], "--k", files["k"], "--v", files["v"],
+                     "--out", out["o"], "--lse-out", out["lse"]],
+                    ["backward", "--q", files["q"], "--k", files["k"], "--v", files["v"],
+                     "--o", out["o"], "--lse", out["lse"], "--d-out", files["do"],
+                     "--dq", out["dq"], "--dk", out["dk"], "--dv", out["dv"]]):
+            run = subprocess.run([cli] + cmd + run_flags, capture_output=True, text=True)
+            if run.returncode:
+                print(f"{desc}: {b} {cmd[0]} failed: {run.stderr}")
+                failed = True
+                break
+        else:
+            pairs = np.load(out["lse"]).astype(np.float64)
+            lse_sum = np.where(has[:, None], pairs[..., 0] + pairs[..., 1], 0.0)
+            errors = {"O": rel_error(load(out["o"]), o_ref),
+                      "LSE": rel_error(lse_sum, np.where(has[:, None], lse_ref, 0.0)),
+                      "dQ": rel_error(load(out["dq"]), dq_ref),
+                      "dK": rel_error(load(out["dk"]), dk_ref),
+                      "dV": rel_error(load(out["dv"]), dv_ref)}
+            for name, err in errors.items():
+                if err > worst[b].get(name, (0.0, ""))[0]:
+                    worst[b][name] = (err, desc)
+                if not err <= tolerance:
+                    print(f"{desc}: {b} {name} error {err:.3g} (bound {tolerance:.3g})")
+                    failed = True
+    return failed
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("cli")
@@ -149,6 +227,7 @@ def main():
     ap.add_argument("--backends", help="comma-separated: native, cpu, gpu (default: all here)")
     ap.add_argument("--dtype", default="f32", choices=["f32", "f16", "bf16"])
     ap.add_argument("--variant", help="the OpenCL backends' variant (default: each's own)")
+    ap.add_argument("--packed", type=int, default=4)
     args = ap.parse_args()
     large = [(1, 4096, 8, 8, 64, True), (1, 4096, 32, 8, 64, False),
              (1, 2048, 8, 8, 80, True), (1, 2048, 8, 8, 96, False),
@@ -259,11 +338,16 @@ def main():
                     if not err <= bound:
                         print(f"{desc}: {b} {name} error {err:.3g} (bound {bound:.3g})")
                         failed = True
+        packed = args.packed if args.dtype == "f32" else 0
+        for _ in range(packed):
+            failed |= packed_case(rng, folder, args.cli, [b for b in backends if b != "torch"],
+                                  args.variant, args.tolerance, worst)
     bound = (f"tolerance {args.tolerance:g}" if args.dtype == "f32" else
              f"{args.dtype}: at most 2x torch's own {args.dtype} SDPA error, the LSE "
              f"{args.tolerance:g}")
     print(f"clattn against torch {torch.__version__} float64 autograd, {args.cases} cases "
           f"{f'and {len(large)} large shapes ' if large else ''}"
+          f"{f'and {packed} packed batches ' if packed else ''}"
           f"(max |err| / max |ref|, {bound}):")
     print("backend     " + "".join(f"{n:>11}" for n in ("O", "LSE", "dQ", "dK", "dV")))
     for b in backends:
