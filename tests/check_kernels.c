@@ -1412,6 +1412,8 @@ Suite *portable_suite(void)
     TCase *tc = tcase_create("loop_cap");
     tcase_set_timeout(tc, 900);
     tcase_add_test(tc, loop_cap);
+    /* packed sequences on a second OpenCL implementation: the d64 case */
+    tcase_add_loop_test(tc, packed_sweep, 2, 3);
     suite_add_tcase(s, tc);
     return s;
 }
