@@ -28,8 +28,13 @@ extern "C" {
 /* Creates a clattn context on the caller's device. queue may be NULL, in
  * which case clattn creates (and later releases) an in-order queue of its
  * own on context and device; a caller's queue may be out of order, since
- * clattn orders its own commands through events. opts may be NULL; its
- * backend and device fields are ignored here, its variant is honoured.
+ * clattn orders its own commands through events. Packed sequences
+ * (shape.cu_seqlens_*) on a GPU also run on up to four in-order queues that
+ * clattn creates on context and device when first needed and releases with
+ * the clattn context; the call's commands still follow what the caller's
+ * queue holds, and the caller's later commands follow them. opts may be
+ * NULL; its backend and device fields are ignored here, its variant is
+ * honoured.
  * The kernels are built here.
  * Status: CLATTN_OK, CLATTN_ERROR_NULL_POINTER (ctx, context or device
  * NULL), CLATTN_ERROR_UNKNOWN_VARIANT, CLATTN_ERROR_BUILD_FAILED,
