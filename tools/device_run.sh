@@ -45,7 +45,7 @@
 #   tiled    clattn bench of tree and tiled at head_dims 64..256, and of tiled
 #            per CLATTN_TILED shape in TUNE_TILED (TILED_DIMS: the head_dims)
 #   tunecli  clattn tune on the GPU per head_dim in TUNECLI_DIMS (default 64 128) on the
-#            issue's shapes (TUNECLI_VARIANT, default tiled; TUNECLI_DTYPE, default f32;
+#            stage shapes above (TUNECLI_VARIANT, default tiled; TUNECLI_DTYPE, default f32;
 #            each under TUNECLI_S, default 280 s), winners in $OUT/tuning; then, where
 #            TUNECLI_BENCH=1, tools/torch_bench.py of that variant with the file and without
 #   varlen   a packed batch (VARLEN_LENS: --random-seqlens, default 128,4096,1; VARLEN_COUNT
