@@ -317,8 +317,9 @@ static clattn_status run_packed(clattn_context *ctx, clattn_op op, const clattn_
                                 const void *const t[CLATTN_R_COUNT])
 {
     const size_t elem = s->dtype == CLATTN_DTYPE_F32 ? sizeof(float) : 2u;
+    const uint32_t longest = clattn_longest_sequence(s);
     for (uint32_t n = 0; n < s->batch; ++n) {
-        const uint32_t i = clattn_sequence_order(s, n);
+        const uint32_t i = clattn_sequence_at(n, longest);
         const clattn_shape one = clattn_sequence_shape(s, i);
         if (!one.q_seq || !one.kv_seq)
             continue;

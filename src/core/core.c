@@ -175,9 +175,8 @@ int clattn_fill_unseen(const clattn_shape *s, clattn_op op,
                        int (*fill)(void *arg, int role, size_t first, size_t count, float value),
                        void *arg)
 {
-    const unsigned grads = CLATTN_BIT(CLATTN_R_DQ) | CLATTN_BIT(CLATTN_R_DK) |
-                           CLATTN_BIT(CLATTN_R_DV);
-    const unsigned writes = clattn_op_writes[op] & ~(s->accumulate ? grads : 0u);
+    /* what the call overwrites: not the gradients it adds into */
+    const unsigned writes = clattn_op_writes[op] & ~clattn_call_reads(op, s);
     for (int r = 0; r < CLATTN_R_COUNT; ++r) {
         if (!(writes & CLATTN_BIT(r)))
             continue;
@@ -202,7 +201,7 @@ int clattn_fill_unseen(const clattn_shape *s, clattn_op op,
     return 0;
 }
 
-uint32_t clattn_sequence_order(const clattn_shape *s, uint32_t n)
+uint32_t clattn_longest_sequence(const clattn_shape *s)
 {
     uint32_t first = 0;
     uint64_t most = 0;
@@ -214,7 +213,7 @@ uint32_t clattn_sequence_order(const clattn_shape *s, uint32_t n)
             first = i;
         }
     }
-    return n == 0 ? first : n - 1 < first ? n - 1 : n;
+    return first;
 }
 
 clattn_status clattn_check_shape(const clattn_shape *s, clattn_sizes *sizes)

@@ -97,8 +97,13 @@ int clattn_fill_unseen(const clattn_shape *s, clattn_op op,
                        void *arg);
 /* The order packed sequences run in: the one with the most pairs first,
  * so that what fails for the longest (a size, a build) fails before any
- * output is written; then the others in order. */
-uint32_t clattn_sequence_order(const clattn_shape *s, uint32_t n);
+ * output is written; then the others in order. clattn_longest_sequence()
+ * finds that one; step n of the order is clattn_sequence_at(n, longest). */
+uint32_t clattn_longest_sequence(const clattn_shape *s);
+static inline uint32_t clattn_sequence_at(uint32_t n, uint32_t longest)
+{
+    return n == 0 ? longest : n - 1 < longest ? n - 1 : n;
+}
 
 /* One backend: a runner for every op, its teardown, and whether it runs
  * packed sequences itself. t holds a pointer

@@ -379,8 +379,9 @@ clattn_status clattn_ocl_enqueue_packed(struct clattn_cl_state *cl, clattn_op op
         err = clFlush(cl->queue);
     if (err != CL_SUCCESS)
         st = clattn_ocl_fail(err, "starting the packed sequences");
+    const uint32_t longest = clattn_longest_sequence(s);
     for (uint32_t k = 0; k < s->batch && st == CLATTN_OK; ++k) {
-        const uint32_t i = clattn_sequence_order(s, k);
+        const uint32_t i = clattn_sequence_at(k, longest);
         const clattn_shape one = clattn_sequence_shape(s, i);
         if (!one.q_seq || !one.kv_seq)
             continue;

@@ -63,12 +63,6 @@ size_t clattn_ocl_tiled_local_floats(const tile_config *c, uint32_t head_dim)
     return tiles > combine ? tiles : combine;
 }
 
-/* The tiled kernels' shape for a head_dim on a device that runs
- * work-groups of at most `limit` work-items: the table's, fitted. Fewer
- * work-items share a row by tiles (split), then a group holds fewer rows,
- * then a work-item holds more columns, until the group fits the limit;
- * then the tile halves until the local buffer fits the device. Every
- * device fits in the end: one work-item, one row, a tile of one. */
 /* The tuning file's entry for a kind, dtype and head_dim, or NULL. */
 static const tuned_entry *tuned(const struct clattn_cl_state *cl, int kind, clattn_dtype dtype,
                                 uint32_t head_dim)
