@@ -171,6 +171,18 @@ static int parse_header(const unsigned char *hb, size_t hlen, npy_array *out, si
     return 0;
 }
 
+/* Hands out its element array: ints, float32 data or 16-bit bits, as its
+ * descr says. */
+static void attach(npy_array *out, void *data)
+{
+    if (!strcmp(out->descr, "<i4"))
+        out->ints = data;
+    else if (!strcmp(out->descr, "<f4"))
+        out->data = data;
+    else
+        out->bits = data;
+}
+
 /* The data (exactly count * elem bytes at d) into a new array of out. */
 static int take_data(const unsigned char *d, npy_array *out, size_t elem, char *err,
                      size_t errlen)
@@ -180,12 +192,7 @@ static int take_data(const unsigned char *d, npy_array *out, size_t elem, char *
         return fail(err, errlen, "out of memory for %zu elements", out->count);
     /* The hosts clattn runs on are little-endian, as these descrs are. */
     memcpy(data, d, out->count * elem);
-    if (!strcmp(out->descr, "<i4"))
-        out->ints = data;
-    else if (elem == sizeof(float))
-        out->data = data;
-    else
-        out->bits = data;
+    attach(out, data);
     return 0;
 }
 
@@ -246,12 +253,7 @@ int npy_read(const char *path, npy_array *out, char *err, size_t errlen)
             else if (ferror(f))
                 snprintf(inner, sizeof inner, "read error");
             else { /* the data as read is the array's */
-                if (!strcmp(out->descr, "<i4"))
-                    out->ints = (int32_t *)data;
-                else if (elem == sizeof(float))
-                    out->data = (float *)data;
-                else
-                    out->bits = (uint16_t *)data;
+                attach(out, data);
                 data = NULL;
                 rc = 0;
             }
