@@ -323,10 +323,58 @@ inline int16 visible16(uint16 pos, uint16 t, int causal, uint window, long delta
     return select((int16)(causal ? 0 : -1), near, past);
 }
 
+
 inline uint16 lane_ids(void)
 {
     return (uint16)(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
 }
+
+/* cl/common.cl's modify() of 16 pairs (query positions pos, keys t) of
+ * query head `head`; *dz its derivatives. */
+inline float16 modify16(float16 x, uint16 pos, uint16 t, uint head, long delta, float softcap,
+                        __global const float *slopes, float16 *dz)
+{
+    *dz = (float16)1.0f;
+#if MODS & MOD_SOFTCAP
+    const float16 th = tanh(x / softcap);
+    x = softcap * th;
+    *dz = 1.0f - th * th;
+#endif
+#if MODS & MOD_ALIBI
+    const long16 dist = convert_long16(pos) + delta - convert_long16(t);
+    x -= slopes[head] * convert_float16(abs(dist));
+#endif
+    return x;
+}
+#define MODIFY16(x, pos, t, head, dz) \
+    modify16((x), (pos), (t), (head), delta, softcap, slopes, (dz))
+
+/* cl/common.cl's DROP() of 16 pairs: drop_gain where kept, else 0, from
+ * 16 Philox blocks side by side. */
+inline float16 drop16(uint16 pos, uint16 t, uint head, uint b, long delta, uint kv_pos0,
+                      uint seq0, uint k0, uint k1, uint thr, float gain)
+{
+    const uint16 T = t + kv_pos0;
+    uint16 c0 = T >> 2u, c1 = convert_uint16(convert_long16(pos) + delta + (long)kv_pos0);
+    uint16 c2 = (uint16)head, c3 = (uint16)(b + seq0);
+    for (int round = 0; round < 10; ++round) {
+        if (round > 0) {
+            k0 += 0x9E3779B9u;
+            k1 += 0xBB67AE85u;
+        }
+        const uint16 hi0 = mul_hi((uint16)0xD2511F53u, c0), lo0 = (uint16)0xD2511F53u * c0;
+        const uint16 hi1 = mul_hi((uint16)0xCD9E8D57u, c2), lo1 = (uint16)0xCD9E8D57u * c2;
+        c0 = hi1 ^ c1 ^ k0;
+        c1 = lo1;
+        c2 = hi0 ^ c3 ^ k1;
+        c3 = lo0;
+    }
+    const int16 odd = convert_int16((T & 1u) != 0u), high = convert_int16((T & 2u) != 0u);
+    const uint16 w = select(select(c0, c1, odd), select(c2, c3, odd), high);
+    return select((float16)0.0f, (float16)gain, convert_int16(w >= thr));
+}
+#define DROP16(pos, t, head, b) \
+    drop16((pos), (t), (head), (b), delta, kv_pos0, seq0, drop_k0, drop_k1, drop_thr, drop_gain)
 
 /* ---- key side ---------------------------------------------------------- */
 
@@ -334,7 +382,7 @@ inline uint16 lane_ids(void)
  * LSE and Dsum. */
 typedef struct chunk {
     ulong row[CHUNK];
-    uint pos[CHUNK];
+    uint pos[CHUNK], head[CHUNK];
     float m[CHUNK], l[CHUNK], dsum[CHUNK];
     uint n;
 } chunk;
@@ -342,7 +390,7 @@ typedef struct chunk {
 inline void chunk_run(chunk *ch, __global const elem *q, __global const elem *d_out,
                       const float *kt, const float *vt, float *dkt, float *dvt, uint t0,
                       uint nt, int causal, uint window, long delta, float scale, bool want_dk,
-                      bool want_dv)
+                      bool want_dv, uint b, MOD_ARGS)
 {
     float16 p[2][CHUNK], ds[2][CHUNK]; /* the block's two halves of keys */
     const uint n = ch->n, n8 = (n + 7u) / 8u * 8u;
@@ -362,11 +410,26 @@ inline void chunk_run(chunk *ch, __global const elem *q, __global const elem *d_
         const int16 live = 16 * h + lane_ids() < nt;
         for (uint r = 0; r < n; ++r) {
             const int16 keep = live & visible16((uint16)ch->pos[r], t, causal, window, delta);
+#if MODS
+            float16 dz = 1.0f, x = p[h][r] * scale, g = 1.0f;
+#if SHAPED
+            x = MODIFY16(x, (uint16)ch->pos[r], t, ch->head[r], &dz);
+#endif
+#if MODS & MOD_DROPOUT
+            g = DROP16((uint16)ch->pos[r], t, ch->head[r], b);
+#endif
+            const float16 e = exp(min0v(x - ch->m[r]) - ch->l[r]);
+            p[h][r] = select((float16)0.0f, e * g, keep);
+            if (want_dk)
+                ds[h][r] =
+                    select((float16)0.0f, scale * e * (g * ds[h][r] - ch->dsum[r]) * dz, keep);
+#else
             const float16 e = exp(min0v(p[h][r] * scale - ch->m[r]) - ch->l[r]);
             p[h][r] = select((float16)0.0f, e, keep);
             /* masked pairs' dS exactly 0, whatever a NaN elsewhere in the row */
             if (want_dk)
                 ds[h][r] = select((float16)0.0f, scale * e * (ds[h][r] - ch->dsum[r]), keep);
+#endif
         }
     }
     if (want_dv)
@@ -381,7 +444,7 @@ inline void key_job(__global const elem *q, __global const elem *k, __global con
                     __global const float *dsum, __global elem *dk, __global elem *dv,
                     uint q_seq, uint kv_seq, uint num_heads, uint num_kv_heads, int causal,
                     uint window, long delta, float scale, int accumulate, bool want_dk,
-                    bool want_dv)
+                    bool want_dv, MOD_ARGS)
 {
     const uint t0 = get_global_id(0) * KK, kv_head = get_global_id(1), b = get_global_id(2);
     if (t0 >= kv_seq)
@@ -412,14 +475,15 @@ inline void key_job(__global const elem *q, __global const elem *k, __global con
             ch.l[ch.n] = lse[2 * row + 1];
             ch.dsum[ch.n] = want_dk ? dsum[row] : 0.0f;
             ch.pos[ch.n] = pos;
+            ch.head[ch.n] = head;
             if (++ch.n == CHUNK)
                 chunk_run(&ch, q, d_out, kt, vt, dkt, dvt, t0, nt, causal, window, delta, scale,
-                          want_dk, want_dv);
+                          want_dk, want_dv, b, MOD_PASS);
         }
     }
     if (ch.n)
         chunk_run(&ch, q, d_out, kt, vt, dkt, dvt, t0, nt, causal, window, delta, scale, want_dk,
-                  want_dv);
+                  want_dv, b, MOD_PASS);
     for (uint h = 0; 16 * h < nt; ++h)
         for (uint d = 0; d < D; ++d) {
             if (want_dv)
@@ -439,7 +503,7 @@ __kernel void grad_v__blocked(__global const elem *d_out, ulong d_out_off,
 {
     key_job(q + q_off, k + k_off, k + k_off, d_out + d_out_off, lse + lse_off, lse + lse_off,
             dv + dv_off, dv + dv_off, q_seq, kv_seq, num_heads, num_kv_heads, causal, window, delta,
-            scale, accumulate, false, true);
+            scale, accumulate, false, true, MOD_PASS);
 }
 
 __kernel void grad_k__blocked(__global const elem *q, ulong q_off, __global const elem *k,
@@ -451,7 +515,7 @@ __kernel void grad_k__blocked(__global const elem *q, ulong q_off, __global cons
 {
     key_job(q + q_off, k + k_off, v + v_off, d_out + d_out_off, lse + lse_off, dsum + dsum_off,
             dk + dk_off, dk + dk_off, q_seq, kv_seq, num_heads, num_kv_heads, causal, window, delta,
-            scale, accumulate, true, false);
+            scale, accumulate, true, false, MOD_PASS);
 }
 
 __kernel void grad_kv__blocked(__global const elem *q, ulong q_off, __global const elem *k,
@@ -464,7 +528,7 @@ __kernel void grad_kv__blocked(__global const elem *q, ulong q_off, __global con
 {
     key_job(q + q_off, k + k_off, v + v_off, d_out + d_out_off, lse + lse_off, dsum + dsum_off,
             dk + dk_off, dv + dv_off, q_seq, kv_seq, num_heads, num_kv_heads, causal, window, delta,
-            scale, accumulate, true, true);
+            scale, accumulate, true, true, MOD_PASS);
 }
 
 /* ---- query side -------------------------------------------------------- */
@@ -524,6 +588,7 @@ __kernel void forward__blocked(__global const elem *q, ulong q_off, __global con
     rows r;
     rows_of(&r, q_seq, kv_seq, num_heads, causal, window, delta);
     const uint b = get_global_id(2), kv_head = get_global_id(1) / (num_heads / num_kv_heads);
+    const uint head = get_global_id(1);
     ulong qrow[QB];
     for (uint i = 0; i < QB; ++i)
         qrow[i] = r.row[i] * D;
@@ -547,7 +612,12 @@ __kernel void forward__blocked(__global const elem *q, ulong q_off, __global con
             for (uint j = 0; j < KB; ++j) {
                 const int16 keep =
                     r.live[h] & visible16(r.pos[h], (uint16)(t0 + j), causal, window, delta);
-                sc[h][j] = select((float16)EMPTY_ROW, sc[h][j] * scale, j < n ? keep : (int16)0);
+                float16 x = sc[h][j] * scale;
+#if SHAPED
+                float16 dz;
+                x = MODIFY16(x, r.pos[h], (uint16)(t0 + j), head, &dz);
+#endif
+                sc[h][j] = select((float16)EMPTY_ROW, x, j < n ? keep : (int16)0);
                 block_max = fmax(block_max, sc[h][j]);
             }
             const float16 m_new = fmax(m[h], block_max);
@@ -558,6 +628,9 @@ __kernel void forward__blocked(__global const elem *q, ulong q_off, __global con
                  * even while the row's max is EMPTY_ROW too. */
                 sc[h][j] = select(exp(sc[h][j] - m_new), (float16)0.0f, sc[h][j] == EMPTY_ROW);
                 sum += sc[h][j];
+#if MODS & MOD_DROPOUT
+                sc[h][j] *= DROP16(r.pos[h], (uint16)(t0 + j), head, b); /* l: undropped */
+#endif
             }
             l[h] = l[h] * rescale[h] + sum;
             m[h] = m_new;
@@ -572,7 +645,8 @@ __kernel void forward__blocked(__global const elem *q, ulong q_off, __global con
     for (uint h = 0; 16 * h < r.n; ++h)
         for (uint d = 0; d < D; ++d)
             store16(o, qrow + 16 * h, min(r.n - 16 * h, 16u), d,
-                    select((float16)0.0f, vload16(h, ot + d * QB) / l[h], l[h] != 0.0f), 0);
+                    select((float16)0.0f, vload16(h, ot + d * QB) / l[h], l[h] != 0.0f),
+                    0);
     for (uint i = 0; i < r.n; ++i) {
         lse[2 * r.row[i]] = lv[i] != 0.0f ? mv[i] : EMPTY_ROW;
         lse[2 * r.row[i] + 1] = lv[i] != 0.0f ? log(lv[i]) : EMPTY_ROW;
@@ -598,6 +672,7 @@ __kernel void grad_q__blocked(__global const elem *q, ulong q_off, __global cons
     rows r;
     rows_of(&r, q_seq, kv_seq, num_heads, causal, window, delta);
     const uint b = get_global_id(2), kv_head = get_global_id(1) / (num_heads / num_kv_heads);
+    const uint head = get_global_id(1);
     ulong qrow[QB];
     float mv[QB], lv[QB], sv[QB];
     for (uint i = 0; i < QB; ++i) {
@@ -632,9 +707,22 @@ __kernel void grad_q__blocked(__global const elem *q, ulong q_off, __global cons
             for (uint j = 0; j < KB; ++j) {
                 const int16 keep =
                     r.live[h] & visible16(r.pos[h], (uint16)(t0 + j), causal, window, delta);
+#if MODS
+                float16 x = sc[h][j] * scale, dz = 1.0f, g = 1.0f;
+#if SHAPED
+                x = MODIFY16(x, r.pos[h], (uint16)(t0 + j), head, &dz);
+#endif
+#if MODS & MOD_DROPOUT
+                g = DROP16(r.pos[h], (uint16)(t0 + j), head, b);
+#endif
+                const float16 p = exp(min0v(x - m[h]) - l[h]);
+                sc[h][j] = select((float16)0.0f, scale * p * (g * dp[h][j] - ds_row[h]) * dz,
+                                  j < n ? keep : (int16)0);
+#else
                 const float16 p = exp(min0v(sc[h][j] * scale - m[h]) - l[h]);
                 sc[h][j] = select((float16)0.0f, scale * p * (dp[h][j] - ds_row[h]),
                                   j < n ? keep : (int16)0);
+#endif
             }
         add_rows(dqt, kx, at, sc[0], sc[1], n, 1.0f, 1.0f);
     }

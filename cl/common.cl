@@ -37,14 +37,96 @@ inline ushort bf16_rte(float x)
 
 /* Every kernel's shape arguments, after its tensors: delta is q_offset -
  * kv_offset (the masks compare global positions), accumulate makes the
- * gradient kernels add into their outputs. */
+ * gradient kernels add into their outputs; then the score modifiers'
+ * (MOD_ARGS). */
 #define SHAPE_ARGS                                                                       \
     uint q_seq, uint kv_seq, uint num_heads, uint num_kv_heads, uint head_dim, int causal, \
-        uint window, long delta, float scale, int accumulate
+        uint window, long delta, float scale, int accumulate, MOD_ARGS
 
 /* The shape arguments passed on, in SHAPE_ARGS's order. */
-#define SHAPE_PASS \
-    q_seq, kv_seq, num_heads, num_kv_heads, head_dim, causal, window, delta, scale, accumulate
+#define SHAPE_PASS                                                                         \
+    q_seq, kv_seq, num_heads, num_kv_heads, head_dim, causal, window, delta, scale, accumulate, \
+        MOD_PASS
+
+/* The score modifiers a program is built with (MODS, a build option: the
+ * bits of MOD_SOFTCAP, MOD_ALIBI and MOD_DROPOUT); without them their
+ * arguments go unread and the kernels are those of plain attention.
+ * Their arguments: the cap; the ALiBi slopes, one per query head; the
+ * first key's global position kv_pos0 (kv_offset) and the first batch
+ * element's index seq0 (a packed sequence's), which dropout's draw takes;
+ * the call's Philox key (drop_k0, drop_k1), the threshold a draw is kept
+ * from and the kept probabilities' gain 1 / (1 - p) (docs/numerics.md). */
+#ifndef MODS
+#define MODS 0
+#endif
+#define MOD_SOFTCAP 1
+#define MOD_ALIBI 2
+#define MOD_DROPOUT 4
+#define SHAPED (MODS & (MOD_SOFTCAP | MOD_ALIBI)) /* the scores themselves change */
+#define MOD_ARGS                                                                             \
+    float softcap, __global const float *slopes, uint kv_pos0, uint seq0, uint drop_k0,   \
+        uint drop_k1, uint drop_thr, float drop_gain
+#define MOD_PASS softcap, slopes, kv_pos0, seq0, drop_k0, drop_k1, drop_thr, drop_gain
+
+/* The modified score of the scaled score x of query row pos and key t of
+ * query head `head`: softcap, then ALiBi over |P - T| = |pos + delta - t|;
+ * *dz gets dz/dx, softcap's 1 - tanh^2 (1 without it). */
+inline float modify(float x, uint pos, uint t, uint head, long delta, float softcap,
+                    __global const float *slopes, float *dz)
+{
+    float g = 1.0f;
+#if MODS & MOD_SOFTCAP
+    const float th = tanh(x / softcap);
+    x = softcap * th;
+    g = 1.0f - th * th;
+#endif
+#if MODS & MOD_ALIBI
+    const long dist = (long)pos + delta - (long)t;
+    x -= slopes[head] * (float)(dist < 0 ? -dist : dist);
+#endif
+    *dz = g;
+    return x;
+}
+#define MODIFY(x, pos, t, head, dz) modify((x), (pos), (t), (head), delta, softcap, slopes, (dz))
+
+/* Philox4x32-10 (Salmon et al., SC 2011) of counter c under key (k0, k1). */
+inline uint4 philox(uint4 c, uint k0, uint k1)
+{
+    for (int round = 0; round < 10; ++round) {
+        if (round > 0) {
+            k0 += 0x9E3779B9u;
+            k1 += 0xBB67AE85u;
+        }
+        const uint hi0 = mul_hi(0xD2511F53u, c.x), lo0 = 0xD2511F53u * c.x;
+        const uint hi1 = mul_hi(0xCD9E8D57u, c.z), lo1 = 0xCD9E8D57u * c.z;
+        c = (uint4)(hi1 ^ c.y ^ k0, lo1, hi0 ^ c.w ^ k1, lo0);
+    }
+    return c;
+}
+
+/* Dropout's four draws of keys 4c .. 4c + 3 (global positions) for query
+ * row pos of head `head` of batch element b: the Philox block at (c, P,
+ * head, b + seq0). */
+inline uint4 draws(uint c, uint pos, uint head, uint b, long delta, uint kv_pos0, uint seq0,
+                   uint k0, uint k1)
+{
+    const uint P = (uint)((long)pos + delta + (long)kv_pos0);
+    return philox((uint4)(c, P, head, b + seq0), k0, k1);
+}
+
+/* Whether dropout keeps key t of query row pos (one draw of its block). */
+inline bool kept(uint pos, uint t, uint head, uint b, long delta, uint kv_pos0, uint seq0,
+                 uint k0, uint k1, uint thr)
+{
+    const uint T = t + kv_pos0;
+    const uint4 w = draws(T >> 2, pos, head, b, delta, kv_pos0, seq0, k0, k1);
+    const uint u = (T & 2u) ? ((T & 1u) ? w.w : w.z) : ((T & 1u) ? w.y : w.x);
+    return u >= thr;
+}
+#define KEPT(pos, t, head, b) \
+    kept((pos), (t), (head), (b), delta, kv_pos0, seq0, drop_k0, drop_k1, drop_thr)
+/* Dropout's factor of a probability: drop_gain where kept, else 0. */
+#define DROP(pos, t, head, b) (KEPT(pos, t, head, b) ? drop_gain : 0.0f)
 
 /* A gradient's element i of p: x, or x added to it under accumulate. */
 #define STORE_GRAD(p, i, x, accumulate) STORE(p, i, (accumulate) ? LOAD(p, i) + (x) : (x))

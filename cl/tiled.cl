@@ -225,6 +225,10 @@ inline void forward_block(__global const elem *q, ulong q_off, __global const el
         for (uint i = 0; i < TILE / SPLIT; ++i) {
             const uint t = t0 + i * SPLIT + me.part;
             const bool seen = t < hi && visible(pos, t, causal, window, delta);
+#if SHAPED
+            float dz;
+            s[i] = MODIFY(s[i], pos, t, head, &dz);
+#endif
             s[i] = seen ? s[i] : EMPTY_ROW;
             any = any || seen;
             tile_max = fmax(tile_max, s[i]);
@@ -240,6 +244,9 @@ inline void forward_block(__global const elem *q, ulong q_off, __global const el
              * while the row's max is EMPTY_ROW too. */
             s[i] = s[i] == EMPTY_ROW ? 0.0f : exp(s[i] - m_new);
             l += s[i];
+#if MODS & MOD_DROPOUT
+            s[i] *= DROP(pos, t0 + i * SPLIT + me.part, head, b); /* l is the undropped sum */
+#endif
         }
         tile_axpy(acc, s, vt, me);
         m = m_new;
@@ -325,9 +332,22 @@ inline void grad_q_block(__global const elem *q, ulong q_off, __global const ele
             continue;
         for (uint i = 0; i < TILE / SPLIT; ++i) {
             const uint t = t0 + i * SPLIT + me.part;
+#if MODS
+            float dz = 1.0f;
+#if SHAPED
+            s[i] = MODIFY(s[i], pos, t, head, &dz);
+#endif
+#if MODS & MOD_DROPOUT
+            dp[i] *= DROP(pos, t, head, b);
+#endif
+            s[i] = t < hi && visible(pos, t, causal, window, delta)
+                       ? exp(min0(s[i] - m) - l) * (dp[i] - ds_row) * dz
+                       : 0.0f;
+#else
             s[i] = t < hi && visible(pos, t, causal, window, delta)
                        ? exp(min0(s[i] - m) - l) * (dp[i] - ds_row)
                        : 0.0f;
+#endif
         }
         tile_axpy(acc, s, kt, me);
     }
@@ -368,9 +388,16 @@ inline void grad_v_block(__global const elem *d_out, ulong d_out_off, __global c
                 continue;
             for (uint i = 0; i < TILE / SPLIT; ++i) {
                 const uint j = i * SPLIT + me.part;
+#if SHAPED
+                float dz;
+                s[i] = MODIFY(s[i], p0 + j, t, head, &dz);
+#endif
                 s[i] = p0 + j < hi && visible(p0 + j, t, causal, window, delta)
                            ? exp(min0(s[i] - mt[j]) - lt[j])
                            : 0.0f;
+#if MODS & MOD_DROPOUT
+                s[i] *= DROP(p0 + j, t, head, b);
+#endif
             }
             tile_axpy(acc, s, ot, me);
         }
@@ -418,9 +445,22 @@ inline void grad_k_block(__global const elem *q, ulong q_off, __global const ele
                 continue;
             for (uint i = 0; i < TILE / SPLIT; ++i) {
                 const uint j = i * SPLIT + me.part;
+#if MODS
+                float dz = 1.0f;
+#if SHAPED
+                s[i] = MODIFY(s[i], p0 + j, t, head, &dz);
+#endif
+#if MODS & MOD_DROPOUT
+                dp[i] *= DROP(p0 + j, t, head, b);
+#endif
+                s[i] = p0 + j < hi && visible(p0 + j, t, causal, window, delta)
+                           ? exp(min0(s[i] - mt[j]) - lt[j]) * (dp[i] - dt[j]) * dz
+                           : 0.0f;
+#else
                 s[i] = p0 + j < hi && visible(p0 + j, t, causal, window, delta)
                            ? exp(min0(s[i] - mt[j]) - lt[j]) * (dp[i] - dt[j])
                            : 0.0f;
+#endif
             }
             tile_axpy(acc, s, qt, me);
         }

@@ -125,10 +125,17 @@ __kernel void grad_v__tree(__global const elem *d_out, ulong d_out_off,
     for (uint pos = start; pos < end; ++pos) {
         for (uint head = kv_head * group; head < (kv_head + 1u) * group; ++head) {
             const ulong q_at = at(b, q_seq, pos, num_heads, head, head_dim, 0);
-            const float score =
+            float score =
                 tree_sum(red, lane_dot(k_t, q, q_off + q_at, tid, wg, head_dim), tid, wg) * scale;
+#if SHAPED
+            float dz;
+            score = MODIFY(score, pos, t, head, &dz);
+#endif
             const ulong row = lse_off + 2 * at(b, q_seq, pos, num_heads, head, 1, 0);
-            const float p = exp(min0(score - lse[row]) - lse[row + 1]);
+            float p = exp(min0(score - lse[row]) - lse[row + 1]);
+#if MODS & MOD_DROPOUT
+            p *= DROP(pos, t, head, b);
+#endif
             for (uint i = 0; i < LANE_ELEMS; ++i) {
                 const uint d = tid + i * wg;
                 if (d < head_dim)
@@ -160,11 +167,18 @@ __kernel void forward__tree(__global const elem *q, ulong q_off,
     keys_of_queries(pos, pos, kv_seq, causal, window, delta, &start, &end);
     for (uint t = start; t < end; ++t) {
         const ulong kv_at = at(b, kv_seq, t, num_kv_heads, kv_head, head_dim, 0);
-        const float s =
+        float s =
             tree_sum(red, lane_dot(q_d, k, k_off + kv_at, tid, wg, head_dim), tid, wg) * scale;
+#if SHAPED
+        float dz;
+        s = MODIFY(s, pos, t, head, &dz);
+#endif
         const float m_new = fmax(m, s);
-        const float rescale = exp(m - m_new), e = exp(s - m_new);
+        float rescale = exp(m - m_new), e = exp(s - m_new);
         l = l * rescale + e;
+#if MODS & MOD_DROPOUT
+        e *= DROP(pos, t, head, b); /* l is the undropped sum */
+#endif
         for (uint i = 0; i < LANE_ELEMS; ++i) {
             const uint d = tid + i * wg;
             acc[i] = acc[i] * rescale + (d < head_dim ? e * LOAD(v, v_off + kv_at + d) : 0.0f);
@@ -230,9 +244,16 @@ __kernel void grad_q__tree(__global const elem *q, ulong q_off,
         lane_load(k_d, k, k_off + kv_at, tid, wg, head_dim);
         lane_load(v_d, v, v_off + kv_at, tid, wg, head_dim);
         const float2 sums = tree_sum2(red, lane_dot2(q_d, k_d), lane_dot2(do_d, v_d), tid, wg);
-        const float p = exp(min0(sums.x * scale - m) - l);
+        float s = sums.x * scale, dz = 1.0f, dp = sums.y;
+#if SHAPED
+        s = MODIFY(s, pos, t, head, &dz);
+#endif
+#if MODS & MOD_DROPOUT
+        dp *= DROP(pos, t, head, b);
+#endif
+        const float p = exp(min0(s - m) - l);
         for (uint i = 0; i < LANE_ELEMS; ++i)
-            acc[i] += scale * p * (sums.y - ds_row) * k_d[i];
+            acc[i] += scale * p * (dp - ds_row) * dz * k_d[i];
     }
     lane_store_grad(dq, dq_off + q_at, acc, tid, wg, head_dim, accumulate);
 }
@@ -267,9 +288,16 @@ inline void grad_kv_row(__global const elem *q, ulong q_off, __global const elem
             lane_load(q_d, q, q_off + q_at, tid, wg, head_dim);
             lane_load(do_d, d_out, d_out_off + q_at, tid, wg, head_dim);
             const float2 sums = tree_sum2(red, lane_dot2(q_d, k_d), lane_dot2(do_d, v_d), tid, wg);
-            const float p =
-                exp(min0(sums.x * scale - lse[lse_off + 2 * row]) - lse[lse_off + 2 * row + 1]);
-            const float ds = scale * p * (sums.y - dsum[dsum_off + row]);
+            float s = sums.x * scale, dz = 1.0f, keep = 1.0f;
+#if SHAPED
+            s = MODIFY(s, pos, t, head, &dz);
+#endif
+#if MODS & MOD_DROPOUT
+            keep = DROP(pos, t, head, b);
+#endif
+            float p = exp(min0(s - lse[lse_off + 2 * row]) - lse[lse_off + 2 * row + 1]);
+            const float ds = scale * p * (keep * sums.y - dsum[dsum_off + row]) * dz;
+            p *= keep;
             for (uint i = 0; i < LANE_ELEMS; ++i) {
                 dk_acc[i] += ds * q_d[i];
                 dv_acc[i] += p * do_d[i];

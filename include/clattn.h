@@ -69,8 +69,10 @@ typedef enum clattn_status {
     CLATTN_ERROR_INVALID_BUFFER = 18,    /* a cl_mem too small for its tensor, of another context, or overlapping */
     CLATTN_ERROR_UNSUPPORTED_SHAPE = 19, /* the backend or variant has no kernels for the shape or dtype */
     CLATTN_ERROR_INVALID_DTYPE = 20,     /* shape.dtype is not a clattn_dtype */
-    CLATTN_ERROR_INVALID_SEQLENS = 21    /* packed sequences' prefix sums not from 0, decreasing,
+    CLATTN_ERROR_INVALID_SEQLENS = 21,   /* packed sequences' prefix sums not from 0, decreasing,
                                           * or past the rows given */
+    CLATTN_ERROR_INVALID_MODIFIER = 22   /* softcap negative or not finite, an ALiBi slope not
+                                          * finite, dropout_p outside [0, 1) */
 } clattn_status;
 
 #define CLATTN_MAX_HEAD_DIM 256
@@ -231,6 +233,29 @@ typedef struct clattn_shape {
      * accumulate). */
     const uint32_t *cu_seqlens_q;
     const uint32_t *cu_seqlens_kv;
+    /* Score modifiers, applied in FlashAttention-2's order to the score
+     * s = scale * (q . k) of query position P and key position T (the
+     * global positions the masks use), before the mask:
+     *   softcap > 0:        s = softcap * tanh(s / softcap)    (Gemma 2)
+     *   alibi_slopes set:   s = s - alibi_slopes[h] * |P - T|  (query head h)
+     * The LSE pairs are over the modified s; the backward goes through
+     * tanh's derivative. alibi_slopes holds num_heads finite float32
+     * slopes, read during the call only (for the _cl calls too). */
+    float softcap;
+    const float *alibi_slopes;
+    /* Dropout of the attention probabilities: 0 (the default) is none;
+     * else each (batch element or packed sequence b, query head h, P, T)
+     * is kept iff the Philox4x32-10 draw that docs/numerics.md defines,
+     * keyed by dropout_seed at dropout_offset, is at least dropout_p, and
+     * kept probabilities are scaled by 1 / (1 - dropout_p). The draw
+     * depends on nothing else, so the mask is the same on every backend,
+     * variant and device and for any chunking; a new dropout_offset (one
+     * a step) draws a new mask from the same seed. The LSE pairs are the
+     * undropped softmax's; the backward, given the same seed and offset,
+     * regenerates the mask. clattn_dropout_mask() writes it out. */
+    float dropout_p;
+    uint64_t dropout_seed;
+    uint64_t dropout_offset;
 } clattn_shape;
 
 /* n elements of dtype to float32 and back, as clattn converts them:
@@ -321,6 +346,18 @@ clattn_status clattn_grad_q(clattn_context *ctx, const clattn_shape *shape, cons
 clattn_status clattn_grad_k(clattn_context *ctx, const clattn_shape *shape, const void *q,
                             const void *k, const void *v, const void *o, const float *lse,
                             const void *d_out, void *dk);
+
+/* The dropout mask of shape (dropout_p, dropout_seed, dropout_offset,
+ * the offsets and causal alignment) for batch element (or packed
+ * sequence) b and query head `head`: keep[pos * kv_len + t] = 1 where the
+ * draw keeps (query row pos, key t) and 0 where it drops it, for the
+ * q_len x kv_len rows of that element (its sequence's lengths when
+ * packed). Visibility is not applied: a masked pair's entry is its draw
+ * all the same. With dropout_p 0 every entry is 1.
+ * Status: the shape's, CLATTN_ERROR_NULL_POINTER, CLATTN_ERROR_INVALID_OPTION
+ * (b or head out of range). */
+clattn_status clattn_dropout_mask(const clattn_shape *shape, uint32_t b, uint32_t head,
+                                  uint8_t *keep);
 
 /* The kernel variants a backend offers, by index from 0 (the first is its
  * default where the device runs it: OpenCL GPUs list "mma" first, then

@@ -389,7 +389,8 @@ static void packed_reference(problem *p, double *o, double *o_mag, double *lse, 
                            p->v + k0 * kvrow,
                            p->d_out + q0 * qrow,
                            p->o + q0 * qrow,
-                           p->lse + q0 * lrow};
+                           p->lse + q0 * lrow,
+                           i};
             if (pass == 0) {
                 ref_forward(&sub, o + q0 * qrow, o_mag + q0 * qrow, lse + q0 * lrow);
                 for (size_t j = 0; j < sub.nq; ++j)
@@ -403,10 +404,18 @@ static void packed_reference(problem *p, double *o, double *o_mag, double *lse, 
         }
 }
 
-static void packed_ops(clattn_context *ctx, const packed_case *c, uint64_t seed)
+/* packed_ops with score modifiers: softcap, ALiBi slopes (or NULL) and
+ * dropout, Q times q_gain. */
+static void packed_ops_with(clattn_context *ctx, const packed_case *c, uint64_t seed,
+                            float q_gain, const float *slopes, float dropout_p)
 {
     uint32_t cu[14];
-    const clattn_shape s = packed_shape(c, cu);
+    clattn_shape s = packed_shape(c, cu);
+    s.softcap = q_gain > 1.0f ? 2.0f : 0.0f;
+    s.alibi_slopes = slopes;
+    s.dropout_p = dropout_p;
+    s.dropout_seed = seed;
+    s.dropout_offset = 11;
     problem p;
     memset(&p, 0, sizeof p);
     p.s = s;
@@ -420,7 +429,8 @@ static void packed_ops(clattn_context *ctx, const packed_case *c, uint64_t seed)
         in[i] = nan_array(n_in[i]);
         for (size_t j = 0; j < n_in[i] && i < 4; ++j) {
             state = state * 6364136223846793005ull + 1442695040888963407ull;
-            in[i][j] = (float)((state >> 40) * (1.0 / 16777216.0) * 2.0 - 1.0);
+            in[i][j] = (float)((state >> 40) * (1.0 / 16777216.0) * 2.0 - 1.0) *
+                       (i == 0 ? q_gain : 1.0f);
         }
     }
     p.q = in[0], p.k = in[1], p.v = in[2], p.d_out = in[3], p.o = in[4], p.lse = in[5];
@@ -468,7 +478,7 @@ static void packed_ops(clattn_context *ctx, const packed_case *c, uint64_t seed)
     const size_t qrow = (size_t)s.num_heads * s.head_dim, lrow = 2u * s.num_heads;
     for (uint32_t i = 0; i < s.batch; ++i) {
         const clattn_shape one = sequence_alone(&s, i);
-        if (!one.q_seq || !one.kv_seq)
+        if (!one.q_seq || !one.kv_seq || (dropout_p > 0.0f && i > 0)) /* alone, b is 0 */
             continue;
         const size_t q0 = cu[i], k0 = cu[s.batch + 1 + i];
         const size_t kvrow = (size_t)s.num_kv_heads * s.head_dim;
@@ -498,7 +508,7 @@ static void packed_ops(clattn_context *ctx, const packed_case *c, uint64_t seed)
         ck_assert_status(clattn_forward(ctx, &h, hq, hk, hv, hpack, lse), CLATTN_OK);
         for (uint32_t i = 0; i < s.batch; ++i) {
             clattn_shape one = sequence_alone(&h, i);
-            if (!one.q_seq || !one.kv_seq)
+            if (!one.q_seq || !one.kv_seq || (dropout_p > 0.0f && i > 0))
                 continue;
             const size_t q0 = cu[i], k0 = cu[s.batch + 1 + i];
             const size_t kvrow = (size_t)s.num_kv_heads * s.head_dim;
@@ -519,6 +529,11 @@ static void packed_ops(clattn_context *ctx, const packed_case *c, uint64_t seed)
     float *ffrees[] = {o, lse, gq, gk, gv, in[0], in[1], in[2], in[3], in[4], in[5]};
     for (size_t i = 0; i < sizeof ffrees / sizeof *ffrees; ++i)
         free(ffrees[i]);
+}
+
+static void packed_ops(clattn_context *ctx, const packed_case *c, uint64_t seed)
+{
+    packed_ops_with(ctx, c, seed, 1.0f, NULL, 0.0f);
 }
 
 START_TEST(packed_sweep)
@@ -562,15 +577,40 @@ static const shape_case splits[] = {
     {1, 45, 45, 4, 2, 32, 1, 13, 0, 1}, {1, 45, 45, 3, 3, 20, 1, 0, 0, 1},
     {1, 45, 45, 2, 1, 64, 0, 9, 0, 1},  {1, 45, 45, 4, 2, 8, 0, 0, 0, 4},
 };
+static void split_check(const clattn_shape *shape, uint64_t seed, float q_gain);
 START_TEST(split_sweep_offsets)
 {
     const clattn_shape whole = to_shape(&splits[_i]);
+    split_check(&whole, 4000u + (uint64_t)_i, splits[_i].q_gain);
+}
+END_TEST
+
+/* The score modifiers (see modifier_sweep) over the same chunks: ALiBi's
+ * |P - T| and dropout's draws take global positions, so the chunks' sum is
+ * the whole. */
+static const float slopes8[8] = {0.5f,     0.25f,     0.125f,     0.0625f,
+                                 0.03125f, 0.015625f, 0.0078125f, 0.00390625f};
+START_TEST(split_modifiers)
+{
+    clattn_shape whole = to_shape(&splits[_i]);
+    whole.softcap = 2.5f;
+    whole.alibi_slopes = slopes8;
+    whole.dropout_p = 0.25f;
+    whole.dropout_seed = 0x0123456789abcdefull;
+    whole.dropout_offset = 3;
+    split_check(&whole, 4100u + (uint64_t)_i, 3.0f);
+}
+END_TEST
+
+static void split_check(const clattn_shape *shape, uint64_t seed, float q_gain)
+{
+    const clattn_shape whole = *shape;
     const uint32_t q_cuts[] = {0, 15, 45}, kv_cuts[] = {0, 15, 32, 45};
     const size_t qrow = (size_t)whole.num_heads * whole.head_dim;
     const size_t kvrow = (size_t)whole.num_kv_heads * whole.head_dim;
     const size_t lrow = 2u * whole.num_heads;
     problem p;
-    problem_make(&p, &whole, 4000u + (uint64_t)_i, splits[_i].q_gain);
+    problem_make(&p, &whole, seed, q_gain);
     double *o_ref = doubles(p.nq), *o_mag = doubles(p.nq), *lse_ref = doubles(p.nlse);
     double *dq = doubles(p.nq), *dq_mag = doubles(p.nq), *dk = doubles(p.nkv);
     double *dk_mag = doubles(p.nkv), *dv = doubles(p.nkv), *dv_mag = doubles(p.nkv);
@@ -670,6 +710,167 @@ START_TEST(split_sweep_offsets)
     for (size_t i = 0; i < sizeof frees / sizeof *frees; ++i)
         free(frees[i]);
     problem_free(&p);
+}
+
+/* The score modifiers against the float64 reference on every variant and
+ * op, in float32 and bf16: softcap (scores pushed past the cap by large
+ * logits), ALiBi, dropout, and all three at once, with GQA, both causal
+ * alignments, a window, offsets and batch. */
+typedef struct modifier_case {
+    shape_case c;
+    float softcap;
+    int alibi;
+    float dropout_p;
+    uint32_t q_offset, kv_offset;
+} modifier_case;
+static const modifier_case modifiers[] = {
+    {{1, 37, 37, 4, 2, 32, 1, 0, 0, 4}, 5.0f, 0, 0.0f, 0, 0},
+    {{1, 33, 50, 8, 4, 64, 0, 9, 0, 1}, 0.0f, 1, 0.0f, 40, 31},
+    {{2, 29, 29, 4, 1, 16, 1, 0, 0, 1}, 0.0f, 0, 0.3f, 0, 0},
+    {{1, 20, 45, 8, 2, 32, CLATTN_CAUSAL_BOTTOM_RIGHT, 0, 0, 3}, 4.0f, 1, 0.2f, 7, 5},
+};
+enum { ALL_MODIFIERS = 3 }; /* the case with all three, also in bf16 */
+
+static clattn_shape modifier_shape(const modifier_case *m, uint64_t seed)
+{
+    clattn_shape s = to_shape(&m->c);
+    s.softcap = m->softcap;
+    s.alibi_slopes = m->alibi ? slopes8 : NULL;
+    s.dropout_p = m->dropout_p;
+    s.dropout_seed = seed * 0x9E3779B97F4A7C15ull;
+    s.dropout_offset = seed;
+    s.q_offset = m->q_offset;
+    s.kv_offset = m->kv_offset;
+    return s;
+}
+
+START_TEST(modifier_sweep)
+{
+    const clattn_shape s = modifier_shape(&modifiers[_i], 5000u + (uint64_t)_i);
+    clattn_context *ctx;
+    for (size_t v = 0; (ctx = next_variant(&v)) != NULL;) {
+        check_ops(ctx, &s, modifiers[_i].c.q_gain, 5000u + (uint64_t)_i);
+        if (_i == ALL_MODIFIERS && dtype_runs(CLATTN_DTYPE_BF16)) {
+            clattn_shape h = s;
+            h.dtype = CLATTN_DTYPE_BF16;
+            check_ops_16(ctx, &h, modifiers[_i].c.q_gain, 5000u + (uint64_t)_i);
+        }
+        clattn_context_destroy(ctx);
+    }
+}
+END_TEST
+
+/* Packed sequences with every modifier: dropout's b is the sequence. */
+START_TEST(packed_modifiers)
+{
+    packed_case c = packed[1];
+    clattn_context *ctx;
+    for (size_t v = 0; (ctx = next_variant(&v)) != NULL;) {
+        packed_ops_with(ctx, &c, 2100u, 3.0f, slopes8, 0.3f);
+        clattn_context_destroy(ctx);
+    }
+}
+END_TEST
+
+/* Dropout's mask: clattn_dropout_mask() against the tests' own Philox
+ * (its known answers first), bit for bit, at odd and large offsets, both
+ * alignments, packed; the kept fraction within binomial bounds; p = 0
+ * keeps all and runs as no dropout, bit for bit. */
+START_TEST(dropout_mask)
+{
+    static const uint32_t kat[3][10] = {
+        {0, 0, 0, 0, 0, 0, 0x6627e8d5u, 0xe169c58du, 0xbc57ac4cu, 0x9b00dbd8u},
+        {~0u, ~0u, ~0u, ~0u, ~0u, ~0u, 0x408f276du, 0x41c83b0eu, 0xa20bc7c6u, 0x6d5451fdu},
+        {0x243f6a88u, 0x85a308d3u, 0x13198a2eu, 0x03707344u, 0xa4093822u, 0x299f31d0u,
+         0xd16cfe09u, 0x94fdccebu, 0x5001e420u, 0x24126ea1u},
+    };
+    for (int i = 0; i < 3; ++i) {
+        uint32_t out[4];
+        ref_philox(kat[i], kat[i] + 4, out);
+        ck_assert_mem_eq(out, kat[i] + 6, sizeof out);
+    }
+    uint32_t cu_q[4] = {0, 30, 30, 77}, cu_kv[4] = {0, 41, 50, 64};
+    const struct {
+        uint32_t batch, q, kv, heads, q_offset, kv_offset;
+        int causal, packed;
+        float p;
+    } cases[] = {
+        {2, 64, 64, 4, 0, 0, 1, 0, 0.3f},
+        {1, 33, 70, 3, 4000000000u, 4000000001u, CLATTN_CAUSAL_BOTTOM_RIGHT, 0, 0.5f},
+        {3, 80, 70, 2, 5, 3, 0, 1, 0.1f},
+        {1, 10, 7, 1, 0, 0, CLATTN_CAUSAL_BOTTOM_RIGHT, 0, 0.9f},
+    };
+    for (size_t c = 0; c < sizeof cases / sizeof *cases; ++c) {
+        clattn_shape s = clattn_shape_default();
+        s.batch = cases[c].batch;
+        s.q_seq = cases[c].q;
+        s.kv_seq = cases[c].kv;
+        s.num_heads = s.num_kv_heads = cases[c].heads;
+        s.head_dim = 8;
+        s.causal = cases[c].causal;
+        s.q_offset = cases[c].q_offset;
+        s.kv_offset = cases[c].kv_offset;
+        s.dropout_p = cases[c].p;
+        s.dropout_seed = 0xfeedfacecafebeefull + c;
+        s.dropout_offset = 0x100000000ull * c + 7u;
+        if (cases[c].packed) {
+            s.cu_seqlens_q = cu_q;
+            s.cu_seqlens_kv = cu_kv;
+        }
+        uint8_t *keep = malloc((size_t)s.q_seq * s.kv_seq);
+        ck_assert_ptr_nonnull(keep);
+        size_t kept = 0, all = 0;
+        for (uint32_t b = 0; b < s.batch; ++b)
+            for (uint32_t h = 0; h < s.num_heads; ++h) {
+                ck_assert_status(clattn_dropout_mask(&s, b, h, keep), CLATTN_OK);
+                clattn_shape one = s;
+                if (cases[c].packed) {
+                    one.q_seq = cu_q[b + 1] - cu_q[b];
+                    one.kv_seq = cu_kv[b + 1] - cu_kv[b];
+                }
+                for (uint32_t pos = 0; pos < one.q_seq; ++pos)
+                    for (uint32_t t = 0; t < one.kv_seq; ++t) {
+                        const int want = ref_dropout(&one, b, h, pos, t) != 0.0;
+                        ck_assert_msg(keep[(size_t)pos * one.kv_seq + t] == want,
+                                      "case %zu b %u h %u (%u, %u): mask %d, reference %d", c, b,
+                                      h, pos, t, keep[(size_t)pos * one.kv_seq + t], want);
+                        kept += (size_t)want;
+                        ++all;
+                    }
+            }
+        /* within 5 standard deviations of the binomial's mean */
+        const double q = 1.0 - cases[c].p, sd = sqrt(q * (1.0 - q) / (double)all);
+        ck_assert_msg(fabs((double)kept / (double)all - q) <= 5.0 * sd + 1e-12,
+                      "case %zu keeps %zu of %zu, expected fraction %g", c, kept, all, q);
+        /* p = 0 keeps every pair */
+        s.dropout_p = 0.0f;
+        ck_assert_status(clattn_dropout_mask(&s, 0, 0, keep), CLATTN_OK);
+        for (size_t i = 0; i < (size_t)s.q_seq * s.kv_seq && !cases[c].packed; ++i)
+            ck_assert_int_eq(keep[i], 1);
+        free(keep);
+    }
+    /* p = 0 with a seed runs as no dropout at all */
+    const shape_case sc = {1, 30, 30, 2, 1, 16, 1, 0, 0, 1};
+    clattn_shape a = to_shape(&sc), b = a;
+    b.dropout_seed = 99;
+    b.dropout_offset = 5;
+    problem pr;
+    problem_make(&pr, &a, 77, 1.0f);
+    clattn_context *ctx;
+    for (size_t v = 0; (ctx = next_variant(&v)) != NULL;) {
+        float *o1 = nan_array(pr.nq), *o2 = nan_array(pr.nq), *l1 = nan_array(pr.nlse),
+              *l2 = nan_array(pr.nlse);
+        ck_assert_status(clattn_forward(ctx, &a, pr.q, pr.k, pr.v, o1, l1), CLATTN_OK);
+        ck_assert_status(clattn_forward(ctx, &b, pr.q, pr.k, pr.v, o2, l2), CLATTN_OK);
+        ck_assert_mem_eq(o1, o2, pr.nq * sizeof(float));
+        ck_assert_mem_eq(l1, l2, pr.nlse * sizeof(float));
+        free(o1);
+        free(o2);
+        free(l1);
+        free(l2);
+        clattn_context_destroy(ctx);
+    }
+    problem_free(&pr);
 }
 END_TEST
 
@@ -1348,6 +1549,8 @@ Suite *emulated_suite(void)
     tcase_add_loop_test(tc, split_sweep_offsets, 2, 3);
     tcase_add_test(tc, non_finite_inputs); /* float32 at head_dim 8 */
     tcase_add_loop_test(tc, causal_alignment_64, 0, N(alignments_64));
+    /* the score modifiers, all three, float32 and bf16 */
+    tcase_add_loop_test(tc, modifier_sweep, ALL_MODIFIERS, ALL_MODIFIERS + 1);
     suite_add_tcase(s, tc);
     return s;
 }
@@ -1411,6 +1614,8 @@ Suite *portable_suite(void)
     tcase_add_test(tc, loop_cap);
     /* packed sequences on a second OpenCL implementation: the d64 case */
     tcase_add_loop_test(tc, packed_sweep, 2, 3);
+    /* the score modifiers, all three: dropout's mask as on every device */
+    tcase_add_loop_test(tc, modifier_sweep, ALL_MODIFIERS, ALL_MODIFIERS + 1);
     suite_add_tcase(s, tc);
     return s;
 }
@@ -1444,6 +1649,14 @@ Suite *kernels_suite(void)
     tcase_add_test(tc, one_context_many_calls);
     tcase_add_test(tc, named_variant);
     add_training_tests(tc);
+    suite_add_tcase(s, tc);
+    /* The score modifiers apart (CK_RUN_CASE=modifiers). */
+    tc = tcase_create("modifiers");
+    tcase_set_timeout(tc, 600);
+    tcase_add_loop_test(tc, modifier_sweep, 0, N(modifiers));
+    tcase_add_loop_test(tc, split_modifiers, 0, 1);
+    tcase_add_test(tc, packed_modifiers);
+    tcase_add_test(tc, dropout_mask);
     suite_add_tcase(s, tc);
     /* The 16-bit tensors apart (CK_RUN_CASE=grad_v-16): what
      * CLATTN_MMA_WGMMA changes, to be run alone under it. */

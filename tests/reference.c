@@ -30,8 +30,58 @@ static double ref_scale(const clattn_shape *s)
     return s->scale > 0.0f ? (double)s->scale : 1.0 / sqrt((double)s->head_dim);
 }
 
-/* The score of (b, pos, head) against key t, from the float inputs. */
-static double score(const problem *p, size_t b, size_t pos, size_t head, size_t t)
+/* The global positions of query row pos and key t. */
+static int64_t query_at(const clattn_shape *s, size_t pos)
+{
+    const int64_t shift =
+        s->causal == CLATTN_CAUSAL_BOTTOM_RIGHT ? (int64_t)s->kv_seq - (int64_t)s->q_seq : 0;
+    return (int64_t)s->q_offset + (int64_t)pos + shift;
+}
+
+void ref_philox(const uint32_t ctr[4], const uint32_t key[2], uint32_t out[4])
+{
+    static const uint32_t mul[2] = {0xD2511F53u, 0xCD9E8D57u};
+    static const uint32_t weyl[2] = {0x9E3779B9u, 0xBB67AE85u};
+    uint32_t x[4], k[2] = {key[0], key[1]};
+    memcpy(x, ctr, sizeof x);
+    for (int r = 1; r <= 10; ++r) {
+        if (r >= 2) /* the key schedule: bumped before rounds 2 .. 10 */
+            for (int i = 0; i < 2; ++i)
+                k[i] = (uint32_t)(k[i] + weyl[i]);
+        const uint64_t p0 = (uint64_t)mul[0] * x[0], p1 = (uint64_t)mul[1] * x[2];
+        const uint32_t y[4] = {(uint32_t)(p1 >> 32) ^ x[1] ^ k[0], (uint32_t)p1,
+                               (uint32_t)(p0 >> 32) ^ x[3] ^ k[1], (uint32_t)p0};
+        memcpy(x, y, sizeof x);
+    }
+    memcpy(out, x, sizeof x);
+}
+
+double ref_dropout(const clattn_shape *s, uint32_t b, uint32_t head, uint32_t pos, uint32_t t)
+{
+    if (!(s->dropout_p > 0.0f))
+        return 1.0;
+    /* the call's key: Philox of (offset, 0, 0) under the seed */
+    const uint32_t seed[2] = {(uint32_t)(s->dropout_seed & 0xFFFFFFFFu),
+                              (uint32_t)(s->dropout_seed >> 32)};
+    const uint32_t at[4] = {(uint32_t)(s->dropout_offset & 0xFFFFFFFFu),
+                            (uint32_t)(s->dropout_offset >> 32), 0, 0};
+    uint32_t step[4];
+    ref_philox(at, seed, step);
+    const uint32_t T = s->kv_offset + t, P = (uint32_t)query_at(s, pos);
+    const uint32_t ctr[4] = {T / 4u, P, head, b}, key[2] = {step[0], step[1]};
+    uint32_t draw[4];
+    ref_philox(ctr, key, draw);
+    /* u = draw / 2^32 is kept iff u >= p */
+    return (double)draw[T % 4u] / 4294967296.0 >= (double)s->dropout_p
+               ? 1.0 / (1.0 - (double)s->dropout_p)
+               : 0.0;
+}
+
+/* The score of (b, pos, head) against key t, from the float inputs, with
+ * the softcap and ALiBi modifiers; *dz (when not NULL) gets the softcap's
+ * derivative. */
+static double score_d(const problem *p, size_t b, size_t pos, size_t head, size_t t,
+                      double *dz)
 {
     const clattn_shape *s = &p->s;
     const size_t D = s->head_dim, group = s->num_heads / s->num_kv_heads;
@@ -40,7 +90,23 @@ static double score(const problem *p, size_t b, size_t pos, size_t head, size_t 
     double dot = 0.0;
     for (size_t d = 0; d < D; ++d)
         dot += (double)qr[d] * (double)kr[d];
-    return dot * ref_scale(s);
+    double x = dot * ref_scale(s), g = 1.0;
+    if (s->softcap > 0.0f) {
+        const double th = tanh(x / s->softcap);
+        x = s->softcap * th;
+        g = 1.0 - th * th;
+    }
+    if (s->alibi_slopes)
+        x -= (double)s->alibi_slopes[head] *
+             fabs((double)(query_at(s, pos) - ((int64_t)s->kv_offset + (int64_t)t)));
+    if (dz)
+        *dz = g;
+    return x;
+}
+
+static double score(const problem *p, size_t b, size_t pos, size_t head, size_t t)
+{
+    return score_d(p, b, pos, head, t, NULL);
 }
 
 void problem_make(problem *p, const clattn_shape *s, uint64_t seed, float q_gain)
@@ -107,7 +173,9 @@ void ref_forward(const problem *p, double *o, double *o_mag, double *lse)
                     for (size_t t = 0; t < s->kv_seq; ++t) {
                         if (!ref_visible(s, (uint32_t)pos, (uint32_t)t))
                             continue;
-                        const double pr = exp(score(p, b, pos, h, t) - m - l);
+                        const double pr = exp(score(p, b, pos, h, t) - m - l) *
+                                          ref_dropout(s, (uint32_t)(p->seq_base + b),
+                                                      (uint32_t)h, (uint32_t)pos, (uint32_t)t);
                         const float *vr = p->v + ((b * s->kv_seq + t) * s->num_kv_heads + h / group) * D;
                         for (size_t d = 0; d < D; ++d) {
                             o[row * D + d] += pr * vr[d];
@@ -148,14 +216,19 @@ void ref_backward(const problem *p, double *dq, double *dq_mag, double *dk, doub
                         continue;
                     const size_t kv = ((b * s->kv_seq + t) * s->num_kv_heads + h / group) * D;
                     const float *kr = p->k + kv, *vr = p->v + kv;
-                    const double x = score(p, b, pos, h, t) - p->lse[2 * row];
-                    const double pr = exp((x < 0.0 ? x : 0.0) - p->lse[2 * row + 1]);
+                    double dz;
+                    const double x = score_d(p, b, pos, h, t, &dz) - p->lse[2 * row];
+                    const double pr0 = exp((x < 0.0 ? x : 0.0) - p->lse[2 * row + 1]);
+                    const double keep = ref_dropout(s, (uint32_t)(p->seq_base + b), (uint32_t)h,
+                                                    (uint32_t)pos, (uint32_t)t);
+                    const double pr = pr0 * keep; /* the probability O took */
                     double dp = 0.0, dp_mag = 0.0;
                     for (size_t d = 0; d < D; ++d) {
                         dp += (double)dor[d] * vr[d];
                         dp_mag += fabs((double)dor[d] * vr[d]);
                     }
-                    const double ds = pr * (dp - dsum), ds_mag = pr * (dp_mag + dsum_mag);
+                    const double ds = pr0 * (keep * dp - dsum) * dz,
+                                 ds_mag = pr0 * (keep * dp_mag + dsum_mag) * dz;
                     for (size_t d = 0; d < D; ++d) {
                         dq[row * D + d] += scale * ds * kr[d];
                         dq_mag[row * D + d] += scale * ds_mag * fabs((double)kr[d]);
@@ -197,7 +270,9 @@ void ref_grad_v(const problem *p, double *dv, double *mag)
                         const float *pair =
                             p->lse + ((b * s->q_seq + pos) * s->num_heads + h) * 2;
                         double x = score(p, b, pos, h, t) - pair[0];
-                        double pr = exp((x < 0.0 ? x : 0.0) - pair[1]);
+                        double pr = exp((x < 0.0 ? x : 0.0) - pair[1]) *
+                                    ref_dropout(s, (uint32_t)(p->seq_base + b), (uint32_t)h,
+                                                (uint32_t)pos, (uint32_t)t);
                         const float *o =
                             p->d_out + ((b * s->q_seq + pos) * s->num_heads + h) * D;
                         for (size_t d = 0; d < D; ++d) {

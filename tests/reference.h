@@ -21,6 +21,7 @@ typedef struct problem {
     clattn_shape s;
     size_t nq, nkv, nlse; /* elements */
     float *q, *k, *v, *d_out, *o, *lse;
+    uint32_t seq_base; /* dropout's b of element 0: a packed sequence's index */
 } problem;
 
 /* Random Q, K, V and dO in [-1, 1) from seed, Q scaled by q_gain (large
@@ -31,6 +32,13 @@ void problem_free(problem *p);
 
 /* Is key t visible to query pos, by the contract's rule? */
 int ref_visible(const clattn_shape *s, uint32_t pos, uint32_t t);
+
+/* Philox4x32-10 (Salmon et al., SC 2011), written apart from the
+ * library's: out = philox(ctr, key). */
+void ref_philox(const uint32_t ctr[4], const uint32_t key[2], uint32_t out[4]);
+/* Dropout's factor of (b, head, pos, t) by docs/numerics.md: 0 where the
+ * pair is dropped, 1 / (1 - p) where kept, 1 without dropout. */
+double ref_dropout(const clattn_shape *s, uint32_t b, uint32_t head, uint32_t pos, uint32_t t);
 
 /* dV in float64 from the problem's float inputs; mag receives the sum of
  * |p * dO| of each element. Both arrays hold p->nkv doubles. */

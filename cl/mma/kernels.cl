@@ -1,3 +1,56 @@
+/* ---- score modifiers ---------------------------------------------------- */
+
+
+/* Scores to the units of exp. Unmodified, fp32's Q carries the scale
+ * already and 16-bit scores take it with log2(e) in one product; modified
+ * ones (SHAPED) are scaled first (PRE), and then in natural units. */
+#if SHAPED
+#define SCORE_UNIT(scale) EXP_UNIT
+#else
+#define SCORE_UNIT(scale) (DTYPE != 0 ? (scale) * EXP_UNIT : 1.0f)
+#endif
+#define PRE(scale) (DTYPE != 0 ? (scale) : 1.0f)
+
+/* The modified scores of the warp's 16 x TILE block: keys t0 + n * 8 + 2t
+ * + (i & 1), rows row0 (+ 8 where i & 2). */
+inline void modify_block(float *s, float pre, uint t0, uint row0, uint head, long delta,
+                         float softcap, __global const float *slopes)
+{
+    const uint t = get_local_id(0) & 3u;
+    UNROLL
+    for (uint j = 0; j < NT * 4; ++j) {
+        float dz;
+        s[j] = modify(s[j] * pre, row0 + ((j & 2) ? 8u : 0u), t0 + j / 4 * 8 + 2 * t + (j & 1),
+                      head, delta, softcap, slopes, &dz);
+    }
+}
+
+/* Word i (0 .. 3) of a Philox block. */
+inline uint block_word(uint4 w, uint i) { return i == 0u ? w.x : i == 1u ? w.y : i == 2u ? w.z : w.w; }
+
+/* Dropout's factors (drop_gain or 0) into the weights of the same block:
+ * a lane's two adjacent keys share one Philox block but where the first
+ * is the last of its block. */
+inline void drop_block(float *s, uint t0, uint row0, uint head, uint b, long delta,
+                       uint kv_pos0, uint seq0, uint k0, uint k1, uint thr, float gain)
+{
+    const uint t = get_local_id(0) & 3u;
+    UNROLL
+    for (uint n = 0; n < NT; ++n)
+        UNROLL
+        for (uint r = 0; r < 2; ++r) {
+            const uint row = row0 + r * 8u, T = t0 + n * 8 + 2 * t + kv_pos0;
+            const uint4 w = draws(T >> 2, row, head, b, delta, kv_pos0, seq0, k0, k1);
+            const uint u0 = block_word(w, T & 3u);
+            const uint u1 = (T & 3u) != 3u ? block_word(w, (T & 3u) + 1u)
+                                           : draws((T + 1u) >> 2, row, head, b, delta, kv_pos0,
+                                                   seq0, k0, k1)
+                                                 .x;
+            s[n * 4 + r * 2] *= u0 >= thr ? gain : 0.0f;
+            s[n * 4 + r * 2 + 1] *= u1 >= thr ? gain : 0.0f;
+        }
+}
+
 /* ---- forward --------------------------------------------------------- */
 
 /* The warp's 16 x TILE scores s to their weights exp(s * unit - n), n the
@@ -33,8 +86,7 @@ forward__mma(__global const elem *q, ulong q_off, __global const elem *k, ulong 
     const uint lid = get_local_id(0), lane = lid & 31u, warp = lid >> 5;
     const uint g = lane >> 2, t = lane & 3u, d0 = warp % WSPLIT * DW;
     tiles = tile_base(tiles);
-    /* scores to the units of exp: fp32's Q carries the scale already */
-    const float unit = DTYPE != 0 ? scale * EXP_UNIT : 1.0f;
+    const float unit = SCORE_UNIT(scale);
     __local float *xch = tiles + XCH_AT, *emu = tiles + EMU_AT + warp * EMU_FLOATS;
     const uint head = get_group_id(1), b = get_group_id(2);
     const uint kv_head = head / (num_heads / num_kv_heads);
@@ -71,6 +123,9 @@ forward__mma(__global const elem *q, ulong q_off, __global const elem *k, ulong 
 
         float s[NT][4];
         scores(&s[0][0], 0, &qf[0][0], 0, kt, 0, d0, xch, emu);
+#if SHAPED
+        modify_block(&s[0][0], PRE(scale), t0, row0, head, delta, softcap, slopes);
+#endif
         /* Only tiles that some row sees in part are masked. */
         const bool whole =
             t0 + TILE <= hi && all_visible(r0, last, t0, t0 + TILE - 1u, causal, window, delta);
@@ -115,6 +170,10 @@ forward__mma(__global const elem *q, ulong q_off, __global const elem *k, ulong 
             exp_rows(&s[0][0], n0, n1, unit, false, &l0, &l1);
         else
             exp_rows(&s[0][0], n0, n1, unit, true, &l0, &l1);
+#if MODS & MOD_DROPOUT /* l0 and l1 are the undropped sums */
+        drop_block(&s[0][0], t0, row0, head, b, delta, kv_pos0, seq0, drop_k0, drop_k1,
+                   drop_thr, drop_gain);
+#endif
         times_issue(&acc[0][0], pa, &s[0][0], vt, d0, emu);
         stream_advance(&st, tiles, false);
     }
@@ -128,7 +187,8 @@ forward__mma(__global const elem *q, ulong q_off, __global const elem *k, ulong 
             const uint row = (i & 2) ? row1 : row0, d = d0 + n * 8 + 2 * t + (i & 1);
             const float l = (i & 2) ? l1 : l0;
             if (row < q_seq && d < D)
-                STORE(o, at(b, q_seq, row, num_heads, head, d), l != 0.0f ? acc[n][i] / l : 0.0f);
+                STORE(o, at(b, q_seq, row, num_heads, head, d),
+                      l != 0.0f ? acc[n][i] / l : 0.0f);
         }
     }
     if (t == 0 && d0 == 0)
@@ -150,7 +210,8 @@ forward__mma(__global const elem *q, ulong q_off, __global const elem *k, ulong 
  * `masked`: keys past hi or not visible get 0. */
 inline void ds_of_rows(float *s, const float *dp, const float *m, const float *l,
                        const float *ds_row, float unit, bool masked, uint t0, uint hi, uint row0,
-                       int causal, uint window, long delta)
+                       int causal, uint window, long delta, uint head, uint b, float scale,
+                       MOD_ARGS)
 {
     const uint t = get_local_id(0) & 3u;
 #if DTYPE != 0 && FOLD_ML
@@ -160,13 +221,24 @@ inline void ds_of_rows(float *s, const float *dp, const float *m, const float *l
     for (uint j = 0; j < NT * 4; ++j) {
         const uint key = t0 + j / 4 * 8 + 2 * t + (j & 1), row = row0 + ((j & 2) ? 8u : 0u);
         const int r = (j & 2) ? 1 : 0;
+        float x = s[j], dz = 1.0f, g = 1.0f;
+#if SHAPED
+        x = MODIFY(x * PRE(scale), row, key, head, &dz);
+#endif
+#if MODS & MOD_DROPOUT
+        g = DROP(row, key, head, b);
+#endif
 #if DTYPE != 0 && FOLD_ML
-        const float p = EXPU(min0(fma(s[j], unit, -ml[r]))); /* ml = m + l */
+        const float p = EXPU(min0(fma(x, unit, -ml[r]))); /* ml = m + l */
 #else
-        const float p = EXPU(min0(fma(s[j], unit, -m[r])) - l[r]);
+        const float p = EXPU(min0(fma(x, unit, -m[r])) - l[r]);
 #endif
         const bool keep = !masked || (key < hi && visible(row, key, causal, window, delta));
+#if MODS
+        s[j] = keep ? p * (g * dp[j] - ds_row[r]) * dz : 0.0f;
+#else
         s[j] = keep ? p * (dp[j] - ds_row[r]) : 0.0f;
+#endif
     }
 }
 
@@ -187,8 +259,7 @@ grad_q__mma(__global const elem *q, ulong q_off, __global const elem *k, ulong k
     const uint lid = get_local_id(0), lane = lid & 31u, warp = lid >> 5;
     const uint g = lane >> 2, t = lane & 3u, d0 = warp % WSPLIT * DW;
     tiles = tile_base(tiles);
-    /* scores to the units of exp: fp32's Q carries the scale already */
-    const float unit = DTYPE != 0 ? scale * EXP_UNIT : 1.0f;
+    const float unit = SCORE_UNIT(scale);
     __local float *xch = tiles + XCH_AT, *emu = tiles + EMU_AT + warp * EMU_FLOATS;
     /* S = Q K^T, dP = dO V^T and dS K */
     const uint head = get_group_id(1), b = get_group_id(2);
@@ -235,10 +306,10 @@ grad_q__mma(__global const elem *q, ulong q_off, __global const elem *k, ulong k
         /* whole tiles skip the mask's tests */
         if (whole)
             ds_of_rows(&s[0][0], &dp[0][0], m, l, ds_row, unit, false, t0, hi, row0, causal,
-                       window, delta);
+                       window, delta, head, b, scale, MOD_PASS);
         else
             ds_of_rows(&s[0][0], &dp[0][0], m, l, ds_row, unit, true, t0, hi, row0, causal,
-                       window, delta);
+                       window, delta, head, b, scale, MOD_PASS);
         times(&acc[0][0], &s[0][0], kt, 0, 0, 0, d0, emu);
         stream_advance(&st, tiles, false);
     }
@@ -262,20 +333,33 @@ grad_q__mma(__global const elem *q, ulong q_off, __global const elem *k, ulong k
  * queries past hi or not seeing the key get 0. */
 inline void p_of_keys(float *s, float *dp, __local const float *mt, __local const float *lt,
                       __local const float *dt, float unit, bool masked, bool want_dk, uint p0,
-                      uint hi, uint key0, int causal, uint window, long delta)
+                      uint hi, uint key0, int causal, uint window, long delta, uint head, uint b,
+                      float scale, MOD_ARGS)
 {
     const uint t = get_local_id(0) & 3u;
     UNROLL
     for (uint i = 0; i < NT * 4; ++i) {
         const uint j = i / 4 * 8 + 2 * t + (i & 1), key = key0 + ((i & 2) ? 8u : 0u);
+        float x = s[i], dz = 1.0f, g = 1.0f;
+#if SHAPED
+        x = MODIFY(x * PRE(scale), p0 + j, key, head, &dz);
+#endif
+#if MODS & MOD_DROPOUT
+        g = DROP(p0 + j, key, head, b);
+#endif
 #if DTYPE != 0 && FOLD_ML
-        const float p = EXPU(min0(fma(s[i], unit, -(mt[j] + lt[j]) * EXP_UNIT)));
+        const float p = EXPU(min0(fma(x, unit, -(mt[j] + lt[j]) * EXP_UNIT)));
 #else
-        const float p = EXPU(min0(fma(s[i], unit, -mt[j] * EXP_UNIT)) - lt[j] * EXP_UNIT);
+        const float p = EXPU(min0(fma(x, unit, -mt[j] * EXP_UNIT)) - lt[j] * EXP_UNIT);
 #endif
         const bool keep = !masked || (p0 + j < hi && visible(p0 + j, key, causal, window, delta));
+#if MODS
+        s[i] = keep ? p * g : 0.0f;
+        dp[i] = keep && want_dk ? p * (g * dp[i] - dt[j]) * dz : 0.0f;
+#else
         s[i] = keep ? p : 0.0f;
         dp[i] = keep && want_dk ? p * (dp[i] - dt[j]) : 0.0f;
+#endif
     }
 }
 
@@ -288,13 +372,12 @@ inline void key_side(__global const elem *q, __global const elem *k, __global co
                      uint q_seq, uint kv_seq, uint num_heads, uint num_kv_heads, int causal,
                      uint window, long delta, float scale, int accumulate,
                      __local float *tiles, bool want_dk, bool want_dv,
-                     __global float *dq32)
+                     __global float *dq32, MOD_ARGS)
 {
     const uint lid = get_local_id(0), lane = lid & 31u, warp = lid >> 5;
     const uint g = lane >> 2, t = lane & 3u, d0 = warp % WSPLIT * DW;
     tiles = tile_base(tiles);
-    /* scores to the units of exp: fp32's Q carries the scale already */
-    const float unit = DTYPE != 0 ? scale * EXP_UNIT : 1.0f;
+    const float unit = SCORE_UNIT(scale);
     __local float *xch = tiles + XCH_AT, *emu = tiles + EMU_AT + warp * EMU_FLOATS;
     /* S^T = K Q^T, dP^T = V dO^T, dS^T Q and P^T dO */
     const uint kv_head = get_group_id(1), b = get_group_id(2);
@@ -353,12 +436,13 @@ inline void key_side(__global const elem *q, __global const elem *k, __global co
         const bool whole = p0 + TILE <= hi &&
                            all_visible(p0, (long)p0 + TILE - 1, r0, last, causal, window, delta);
         /* whole tiles skip the mask's tests */
+        const uint head = kv_head * group + step / per_head;
         if (whole)
             p_of_keys(&s[0][0], &dp[0][0], mt, lt, dt, unit, false, want_dk, p0, hi, key0, causal,
-                      window, delta);
+                      window, delta, head, b, scale, MOD_PASS);
         else
             p_of_keys(&s[0][0], &dp[0][0], mt, lt, dt, unit, true, want_dk, p0, hi, key0, causal,
-                      window, delta);
+                      window, delta, head, b, scale, MOD_PASS);
 #if DTYPE != 0 && WSPLIT == 1
         if (dq32)
             store_ds(ds, &dp[0][0]);
@@ -408,7 +492,7 @@ grad_v__mma(__global const elem *d_out, ulong d_out_off, __global const elem *q,
 {
     key_side(q + q_off, k + k_off, k + k_off, d_out + d_out_off, lse + lse_off, lse + lse_off,
              dv + dv_off, dv + dv_off, q_seq, kv_seq, num_heads, num_kv_heads, causal, window, delta,
-             scale, accumulate, tiles, false, true, 0);
+             scale, accumulate, tiles, false, true, 0, MOD_PASS);
 }
 
 __kernel __attribute__((reqd_work_group_size(LANES, 1, 1))) void
@@ -420,7 +504,7 @@ grad_k__mma(__global const elem *q, ulong q_off, __global const elem *k, ulong k
 {
     key_side(q + q_off, k + k_off, v + v_off, d_out + d_out_off, lse + lse_off, dsum + dsum_off,
              dk + dk_off, dk + dk_off, q_seq, kv_seq, num_heads, num_kv_heads, causal, window, delta,
-             scale, accumulate, tiles, true, false, 0);
+             scale, accumulate, tiles, true, false, 0, MOD_PASS);
 }
 
 __kernel __attribute__((reqd_work_group_size(LANES, 1, 1))) void
@@ -432,7 +516,7 @@ grad_kv__mma(__global const elem *q, ulong q_off, __global const elem *k, ulong 
 {
     key_side(q + q_off, k + k_off, v + v_off, d_out + d_out_off, lse + lse_off, dsum + dsum_off,
              dk + dk_off, dv + dv_off, q_seq, kv_seq, num_heads, num_kv_heads, causal, window, delta,
-             scale, accumulate, tiles, true, true, 0);
+             scale, accumulate, tiles, true, true, 0, MOD_PASS);
 }
 
 #if DTYPE != 0 && WSPLIT == 1
@@ -447,7 +531,7 @@ grad_kvq__mma(__global const elem *q, ulong q_off, __global const elem *k, ulong
 {
     key_side(q + q_off, k + k_off, v + v_off, d_out + d_out_off, lse + lse_off, dsum + dsum_off,
              dk + dk_off, dv + dv_off, q_seq, kv_seq, num_heads, num_kv_heads, causal, window, delta,
-             scale, accumulate, tiles, true, true, dq32 + dq32_off);
+             scale, accumulate, tiles, true, true, dq32 + dq32_off, MOD_PASS);
 }
 
 /* dQ = scale * dq32, rounded once (or added to dQ under accumulate): a

@@ -330,8 +330,10 @@ static clattn_status run_packed(clattn_context *ctx, clattn_op op, const clattn_
         }
         clattn_sizes sz;
         clattn_status st = clattn_check_shape(&one, &sz);
+        ctx->seq_base = i;
         if (st == CLATTN_OK)
             st = ctx->ops->run(ctx, op, &one, &sz, sub);
+        ctx->seq_base = 0;
         if (st != CLATTN_OK)
             return st;
     }

@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "internal.h"
+#include "philox.h"
 
 /* Large enough for a typical build log; longer ones are cut. */
 static _Thread_local char last_error[16384];
@@ -59,6 +60,7 @@ const char *clattn_status_string(clattn_status status)
         NAME(CLATTN_ERROR_UNSUPPORTED_SHAPE)
         NAME(CLATTN_ERROR_INVALID_DTYPE)
         NAME(CLATTN_ERROR_INVALID_SEQLENS)
+        NAME(CLATTN_ERROR_INVALID_MODIFIER)
 #undef NAME
     }
     return "CLATTN_ERROR_UNKNOWN_STATUS";
@@ -141,6 +143,33 @@ static clattn_status check_seqlens(const clattn_shape *s)
                                name[k], s->batch, cu[k][s->batch], rows[k], name[k]);
     }
     return CLATTN_OK;
+}
+
+/* The score modifiers: a cap that is 0 or positive and finite, finite
+ * slopes, dropout_p in [0, 1). */
+static clattn_status check_modifiers(const clattn_shape *s)
+{
+    if (!(s->softcap >= 0.0f) || isinf(s->softcap))
+        return clattn_fail(CLATTN_ERROR_INVALID_MODIFIER,
+                           "softcap %g is not a finite positive number (0 means none)",
+                           (double)s->softcap);
+    if (s->alibi_slopes)
+        for (uint32_t h = 0; h < s->num_heads; ++h)
+            if (!isfinite(s->alibi_slopes[h]))
+                return clattn_fail(CLATTN_ERROR_INVALID_MODIFIER,
+                                   "alibi_slopes[%u] is %g, not a finite number", h,
+                                   (double)s->alibi_slopes[h]);
+    if (!(s->dropout_p >= 0.0f && s->dropout_p < 1.0f))
+        return clattn_fail(CLATTN_ERROR_INVALID_MODIFIER,
+                           "dropout_p %g is outside [0, 1)", (double)s->dropout_p);
+    return CLATTN_OK;
+}
+
+unsigned clattn_modifiers(const clattn_shape *s)
+{
+    return (s->softcap > 0.0f ? CLATTN_MOD_SOFTCAP : 0u) |
+           (s->alibi_slopes ? CLATTN_MOD_ALIBI : 0u) |
+           (s->dropout_p > 0.0f ? CLATTN_MOD_DROPOUT : 0u);
 }
 
 clattn_shape clattn_sequence_shape(const clattn_shape *s, uint32_t i)
@@ -250,6 +279,8 @@ clattn_status clattn_check_shape(const clattn_shape *s, clattn_sizes *sizes)
                            "scale %g is not a finite positive number (0 means default)",
                            (double)s->scale);
     clattn_status st = check_seqlens(s);
+    if (st == CLATTN_OK)
+        st = check_modifiers(s);
     if (st != CLATTN_OK)
         return st;
     const size_t batch = clattn_packed(s) ? 1u : s->batch; /* packed: no batch dimension */
@@ -263,6 +294,34 @@ clattn_status clattn_check_shape(const clattn_shape *s, clattn_sizes *sizes)
                            s->batch, s->q_seq, s->kv_seq, s->num_heads, s->head_dim);
     if (sizes)
         *sizes = z;
+    return CLATTN_OK;
+}
+
+clattn_status clattn_dropout_mask(const clattn_shape *shape, uint32_t b, uint32_t head,
+                                  uint8_t *keep)
+{
+    clattn_clear_error();
+    clattn_status st = clattn_check_shape(shape, NULL);
+    if (st != CLATTN_OK)
+        return st;
+    if (!keep)
+        return clattn_fail(CLATTN_ERROR_NULL_POINTER, "keep is NULL");
+    if (b >= shape->batch || head >= shape->num_heads)
+        return clattn_fail(CLATTN_ERROR_INVALID_OPTION,
+                           "element %u, head %u: the shape has %u and %u", b, head,
+                           shape->batch, shape->num_heads);
+    const clattn_shape one = clattn_packed(shape) ? clattn_sequence_shape(shape, b) : *shape;
+    const clattn_dropout d =
+        clattn_dropout_of(one.dropout_p, one.dropout_seed, one.dropout_offset);
+    const int64_t delta = clattn_mask_delta(&one);
+    for (uint32_t pos = 0; pos < one.q_seq; ++pos)
+        for (uint32_t t = 0; t < one.kv_seq; ++t)
+            keep[(size_t)pos * one.kv_seq + t] =
+                one.dropout_p > 0.0f
+                    ? (uint8_t)clattn_dropout_keeps(&d, b, head,
+                                                    clattn_query_position(&one, pos, delta),
+                                                    one.kv_offset + t)
+                    : 1u;
     return CLATTN_OK;
 }
 

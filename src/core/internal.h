@@ -47,6 +47,17 @@ void clattn_key_range(const clattn_shape *s, uint32_t pos, uint32_t *lo, uint32_
  * i + delta < j + window). */
 int64_t clattn_mask_delta(const clattn_shape *s);
 
+/* The score modifiers a shape asks for, as bits. */
+enum { CLATTN_MOD_SOFTCAP = 1, CLATTN_MOD_ALIBI = 2, CLATTN_MOD_DROPOUT = 4, CLATTN_MODS = 8 };
+unsigned clattn_modifiers(const clattn_shape *s);
+/* The global position P of query row pos that dropout's draw and ALiBi
+ * take: pos + delta + kv_offset (delta from clattn_mask_delta), modulo
+ * 2^32 (bottom-right alignment may make it negative). */
+static inline uint32_t clattn_query_position(const clattn_shape *s, uint32_t pos, int64_t delta)
+{
+    return (uint32_t)((int64_t)pos + delta + (int64_t)s->kv_offset);
+}
+
 /* The tensors of the contract, by role. An op reads some and writes some. */
 typedef enum clattn_role {
     CLATTN_R_Q,
@@ -133,6 +144,9 @@ struct clattn_context {
     float *scratch;                      /* native: head-major copies and Dsum */
     size_t scratch_floats;
     struct clattn_cl_state *cl; /* NULL on native */
+    /* The batch index of element 0 of the call being run: dropout's b. The
+     * index of the sequence while packed sequences run one by one, else 0. */
+    uint32_t seq_base;
 };
 
 /* Native backend: fills ctx->device, ctx->variant and num_threads. */

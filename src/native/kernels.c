@@ -142,6 +142,9 @@ typedef struct key_chunk {
     float *dq[CHUNK]; /* the row of the float32 dQ the block adds into */
     float m[CHUNK], l[CHUNK], dsum[CHUNK];
     uint32_t lo[CHUNK], hi[CHUNK]; /* keys of the block the row sees */
+    uint32_t pos[CHUNK], head[CHUNK]; /* the row's query position and head */
+    size_t b;                         /* the block's batch element */
+    uint32_t t0;                      /* and first key */
     size_t n;
 } key_chunk;
 
@@ -228,7 +231,23 @@ INLINE void key_chunk_run(const native_call *c, key_chunk *ch, const tile_row *k
         if (dkt)
             dots(ch->d_out + r, vt, D, ds + r);
     }
-    const float scale = c->scale, unit = scale * LOG2E;
+    const float scale = c->scale;
+    /* modified scores come scaled; dS takes dropout's mask through dP */
+    float dz[CHUNK][KEY_BLOCK];
+    uint32_t kept[CHUNK];
+    const int shaped = (c->mods & (CLATTN_MOD_SOFTCAP | CLATTN_MOD_ALIBI)) != 0;
+    if (c->mods & CLATTN_MOD_DROPOUT)
+        native_keep_bits(c, ch->b, ch->pos, ch->head, n, ch->t0, kept);
+    if (c->mods)
+        for (size_t r = 0; r < n; ++r)
+            for (uint32_t j = 0; j < KEY_BLOCK; ++j) {
+                if (shaped)
+                    p[r][j] = native_modify(c, p[r][j] * scale, ch->pos[r], ch->t0 + j,
+                                            ch->head[r], &dz[r][j]);
+                if (dkt && (c->mods & CLATTN_MOD_DROPOUT))
+                    ds[r][j] = (kept[r] >> j & 1u) ? ds[r][j] * c->drop.gain : 0.0f;
+            }
+    const float unit = shaped ? LOG2E : scale * LOG2E;
     for (size_t r = 0; r < n; ++r) {
         /* p = exp(min(s * scale - m, 0) - l) in base 2 */
         const float m2 = ch->m[r] * LOG2E, l2 = ch->l[r] * LOG2E;
@@ -245,6 +264,14 @@ INLINE void key_chunk_run(const native_call *c, key_chunk *ch, const tile_row *k
                                HSPLAT(0.0f)));
         }
     }
+    if (c->mods & (CLATTN_MOD_SOFTCAP | CLATTN_MOD_DROPOUT))
+        for (size_t r = 0; r < n; ++r)
+            for (uint32_t j = 0; j < KEY_BLOCK; ++j) {
+                if (c->mods & CLATTN_MOD_DROPOUT)
+                    p[r][j] = (kept[r] >> j & 1u) ? p[r][j] * c->drop.gain : 0.0f;
+                if (dkt && (c->mods & CLATTN_MOD_SOFTCAP))
+                    ds[r][j] *= dz[r][j];
+            }
     if (dvt)
         accumulate(dvt, D, ch->d_out, p, n);
     if (dkt)
@@ -385,6 +412,8 @@ static void key_block(const native_call *c, size_t job)
         ready_rows(c, b, kv_head, start, end);
     key_chunk ch;
     ch.n = 0;
+    ch.b = b;
+    ch.t0 = t0;
     /* the part's dQ: a head-major copy (at), or dQ's own rows (row * D) */
     float *const dq_copy = c->dq_fused ? part_copy(c, part_of(block, c->key_parts)) : NULL;
     float *const dq_own = c->dq_fused && !dq_copy ? (float *)c->dq : NULL;
@@ -407,6 +436,8 @@ static void key_block(const native_call *c, size_t job)
             ch.dsum[ch.n] = want_dk ? c->dsum[row] : 0.0f;
             ch.lo[ch.n] = lo;
             ch.hi[ch.n] = hi;
+            ch.pos[ch.n] = pos;
+            ch.head[ch.n] = (uint32_t)head;
             if (++ch.n == CHUNK)
                 key_chunk_run(c, &ch, kt, vt, want_dk ? dkt : NULL, want_dv ? dvt : NULL,
                               krows);
@@ -549,7 +580,14 @@ static void forward_block(const native_call *c, size_t job)
         m[r] = EMPTY_ROW;
         l[r] = 0.0f;
     }
-    const float scale = c->scale, unit = scale * LOG2E;
+    /* Modified scores come scaled: their scale is 1. */
+    const int shaped = (c->mods & (CLATTN_MOD_SOFTCAP | CLATTN_MOD_ALIBI)) != 0;
+    const float scale = shaped ? 1.0f : c->scale, unit = scale * LOG2E;
+    uint32_t pos[QUERY_BLOCK], heads[QUERY_BLOCK];
+    for (size_t r = 0; r < QUERY_BLOCK; ++r) {
+        pos[r] = (uint32_t)(qb.pos0 + r);
+        heads[r] = (uint32_t)qb.head;
+    }
     /* Keys that every row of the block sees: tiles of them skip the mask. */
     uint32_t all_lo = 0, all_hi = UINT32_MAX;
     for (size_t r = 0; r < qb.rows; ++r) {
@@ -563,6 +601,13 @@ static void forward_block(const native_call *c, size_t job)
         const float *krows[KEY_BLOCK];
         key_rows(qb.kb, qb.kv_row, t0, n, krows);
         tile_scores(krows, qt, D, sc);
+        if (shaped)
+            for (uint32_t j = 0; j < KEY_BLOCK; ++j)
+                for (size_t r = 0; r < QUERY_BLOCK; ++r) {
+                    float unused;
+                    sc[j][r] = native_modify(c, sc[j][r] * c->scale, pos[r], t0 + j, qb.head,
+                                             &unused);
+                }
         const int whole = n == KEY_BLOCK && all_lo <= t0 && t0 + KEY_BLOCK <= all_hi;
         EACH_PART(h) {
             /* The tile's row maxima (scaled: the scale is positive) */
@@ -608,6 +653,13 @@ static void forward_block(const native_call *c, size_t job)
             }
             hstore(l + h, hload(l + h) * rs + sum);
         }
+        if (c->mods & CLATTN_MOD_DROPOUT) { /* l is the undropped sum */
+            uint32_t kept[QUERY_BLOCK];
+            native_keep_bits(c, qb.b, pos, heads, qb.rows, t0, kept);
+            for (uint32_t j = 0; j < KEY_BLOCK; ++j)
+                for (size_t r = 0; r < qb.rows; ++r)
+                    sc[j][r] = (kept[r] >> j & 1u) ? sc[j][r] : 0.0f;
+        }
         accumulate_t(ot, D, qb.vt + (size_t)(t0 / KEY_BLOCK) * D, sc, n, rescale);
     }
     /* O = ot / l, a vector of rows at a time (0 where a row saw no key):
@@ -617,8 +669,9 @@ static void forward_block(const native_call *c, size_t job)
         const hvec sum = hload(l + h);
         const hivec live = sum != 0.0f; /* NaN too: it must show */
         const hvec by = HSELECT(live, sum, HSPLAT(1.0f));
+        const float gain = c->drop.gain; /* 1 without dropout */
         for (size_t d = 0; d < D; ++d)
-            hstore(ot[d] + h, HSELECT(live, hload(ot[d] + h) / by, HSPLAT(0.0f)));
+            hstore(ot[d] + h, HSELECT(live, hload(ot[d] + h) / by * gain, HSPLAT(0.0f)));
     }
     float *rows = qt[0]; /* free */
     tile_to_rows(ot, D, rows);
@@ -650,7 +703,15 @@ static void grad_q_block(const native_call *c, size_t job)
         l[r] = live ? c->lse[2 * qb.row[r] + 1] : 0.0f;
         dsum[r] = live ? row_dsum(c, qb.row[r]) : 0.0f;
     }
-    const float scale = c->scale, unit = scale * LOG2E;
+    const float scale = c->scale;
+    const int shaped = (c->mods & (CLATTN_MOD_SOFTCAP | CLATTN_MOD_ALIBI)) != 0;
+    const float unit = shaped ? LOG2E : scale * LOG2E; /* modified scores come scaled */
+    uint32_t pos[QUERY_BLOCK], heads[QUERY_BLOCK];
+    for (size_t r = 0; r < QUERY_BLOCK; ++r) {
+        pos[r] = (uint32_t)(qb.pos0 + r);
+        heads[r] = (uint32_t)qb.head;
+    }
+    _Alignas(64) tile_row dz[KEY_BLOCK];
     for (size_t r = 0; r < QUERY_BLOCK; ++r) { /* p = exp(min(s * scale - m, 0) - l) in base 2 */
         m[r] *= LOG2E;
         l[r] *= LOG2E;
@@ -662,6 +723,19 @@ static void grad_q_block(const native_call *c, size_t job)
         key_rows(qb.vb, qb.kv_row, t0, n, vrows);
         tile_scores(krows, qt, D, sc);
         tile_scores(vrows, dot_t, D, dp);
+        uint32_t kept[QUERY_BLOCK];
+        if (c->mods & CLATTN_MOD_DROPOUT)
+            native_keep_bits(c, qb.b, pos, heads, qb.rows, t0, kept);
+        if (c->mods)
+            for (uint32_t j = 0; j < KEY_BLOCK; ++j)
+                for (size_t r = 0; r < QUERY_BLOCK; ++r) {
+                    if (shaped)
+                        sc[j][r] = native_modify(c, sc[j][r] * scale, pos[r], t0 + j, qb.head,
+                                                 &dz[j][r]);
+                    if (c->mods & CLATTN_MOD_DROPOUT)
+                        dp[j][r] = r < qb.rows && (kept[r] >> j & 1u) ? dp[j][r] * c->drop.gain
+                                                                       : 0.0f;
+                }
         for (uint32_t j = 0; j < KEY_BLOCK; ++j) {
             const uint32_t t = t0 + j;
             EACH_PART(h) {
@@ -673,6 +747,10 @@ static void grad_q_block(const native_call *c, size_t job)
                                           HSPLAT(0.0f)));
             }
         }
+        if (c->mods & CLATTN_MOD_SOFTCAP)
+            for (uint32_t j = 0; j < KEY_BLOCK; ++j)
+                for (size_t r = 0; r < QUERY_BLOCK; ++r)
+                    sc[j][r] *= dz[j][r];
         accumulate(dqt, D, krows, sc, n);
     }
     float *rows = qt[0]; /* free */

@@ -384,6 +384,12 @@ static clattn_status native_run(clattn_context *ctx, clattn_op op, const clattn_
     c.lse = t[CLATTN_R_LSE];
     c.d_out = t[CLATTN_R_DO];
     c.scale = clattn_effective_scale(s);
+    c.mods = clattn_modifiers(s);
+    c.softcap = s->softcap;
+    c.slopes = s->alibi_slopes;
+    c.drop = clattn_dropout_of(s->dropout_p, s->dropout_seed, s->dropout_offset);
+    c.delta = clattn_mask_delta(s);
+    c.seq_base = ctx->seq_base;
     c.group = s->num_heads / s->num_kv_heads;
     c.blocks_per_head = plan.blocks_per_head;
     c.key_parts = plan.key_parts;

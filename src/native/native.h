@@ -8,6 +8,7 @@
 #include <stddef.h>
 
 #include "internal.h"
+#include "philox.h"
 
 /* Keys of a key-side block, and query rows of a query-side one: a row of
  * 32 floats (two AVX-512 vectors: 16 had the products reload every
@@ -117,6 +118,15 @@ typedef struct native_call {
      * unit's rows. NULL: the copies were made in a round. */
     atomic_int *row_state;
     float scale;
+    /* The score modifiers (clattn_modifiers bits) and what they take:
+     * delta (clattn_mask_delta) for ALiBi's |P - T| and dropout's P,
+     * seq_base for dropout's b (the packed sequence's index). */
+    unsigned mods;
+    float softcap;
+    const float *slopes;
+    clattn_dropout drop;
+    int64_t delta;
+    uint32_t seq_base;
     size_t group;           /* query heads per KV head */
     size_t blocks_per_head; /* key blocks of one (batch, KV head) */
     size_t key_parts, query_parts; /* jobs per head of each side (above) */
@@ -124,6 +134,84 @@ typedef struct native_call {
     size_t jobs;
     atomic_size_t next;
 } native_call;
+
+/* The modified score of the scaled score x of query row pos and key t of
+ * query head `head` (softcap, then ALiBi); *dz gets dz/dx (softcap's
+ * 1 - tanh^2; 1 without it). */
+static inline float native_modify(const native_call *c, float x, uint32_t pos, uint32_t t,
+                                  size_t head, float *dz)
+{
+    float g = 1.0f;
+    if (c->mods & CLATTN_MOD_SOFTCAP) {
+        const float th = tanhf(x / c->softcap);
+        x = c->softcap * th;
+        g = 1.0f - th * th;
+    }
+    if (c->mods & CLATTN_MOD_ALIBI) {
+        const int64_t dist = (int64_t)pos + c->delta - (int64_t)t;
+        x -= c->slopes[head] * (float)(dist < 0 ? -dist : dist);
+    }
+    *dz = g;
+    return x;
+}
+
+/* Dropout's keep bits of 32 keys t0 .. t0 + 31 for n query rows pos[r] of
+ * element b (of the call) and query head `head`: bit j of bits[r] is key
+ * t0 + j's. Eight rows' Philox blocks at a time, in 64-bit lanes. */
+typedef uint64_t native_u64x8 __attribute__((vector_size(64)));
+static inline void native_philox8(native_u64x8 c[4], uint32_t k0, uint32_t k1)
+{
+    const native_u64x8 lo32 = (native_u64x8){0} + 0xFFFFFFFFu;
+    native_u64x8 c0 = c[0], c1 = c[1], c2 = c[2], c3 = c[3];
+    for (int round = 0; round < 10; ++round) {
+        if (round > 0) {
+            k0 += 0x9E3779B9u;
+            k1 += 0xBB67AE85u;
+        }
+        const native_u64x8 a = c0 * 0xD2511F53u, b = c2 * 0xCD9E8D57u;
+        const native_u64x8 n0 = (b >> 32) ^ c1 ^ k0, n2 = (a >> 32) ^ c3 ^ k1;
+        c1 = b & lo32;
+        c3 = a & lo32;
+        c0 = n0;
+        c2 = n2;
+    }
+    c[0] = c0;
+    c[1] = c1;
+    c[2] = c2;
+    c[3] = c3;
+}
+
+static inline void native_keep_bits(const native_call *c, size_t b, const uint32_t *pos,
+                                    const uint32_t *head, size_t n, uint32_t t0, uint32_t *bits)
+{
+    const uint32_t T0 = t0 + c->s->kv_offset, thr = c->drop.threshold;
+    const uint64_t first = T0 >> 2, last = ((uint64_t)T0 + 31u) >> 2;
+    for (size_t r0 = 0; r0 < n; r0 += 8) {
+        uint32_t out[8] = {0};
+        for (uint64_t blk = first; blk <= last; ++blk) {
+            uint64_t lanes[4][8];
+            for (int i = 0; i < 8; ++i) {
+                const size_t r = r0 + i < n ? r0 + i : r0;
+                lanes[0][i] = (uint32_t)blk;
+                lanes[1][i] = clattn_query_position(c->s, pos[r], c->delta);
+                lanes[2][i] = head[r];
+                lanes[3][i] = (uint32_t)(b + c->seq_base);
+            }
+            native_u64x8 ctr[4];
+            memcpy(ctr, lanes, sizeof ctr);
+            native_philox8(ctr, c->drop.key[0], c->drop.key[1]);
+            for (uint32_t w = 0; w < 4; ++w) {
+                const uint32_t at = (uint32_t)blk * 4u + w - T0; /* key t0 + at */
+                if (at >= 32u)
+                    continue;
+                for (int i = 0; i < 8; ++i)
+                    out[i] |= (uint32_t)(ctr[w][i] >= thr) << at;
+            }
+        }
+        for (size_t i = 0; i < 8 && r0 + i < n; ++i)
+            bits[r0 + i] = out[i];
+    }
+}
 
 typedef void (*native_job)(const native_call *c, size_t job);
 

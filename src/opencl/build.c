@@ -156,7 +156,8 @@ static int wide_vectors(const struct clattn_cl_state *cl)
 
 /* The defines kernel k of a kind is built with for a head_dim (0: any). */
 static const char *kernel_options(const struct clattn_cl_state *cl, int kind, uint32_t head_dim,
-                                  clattn_dtype dtype, int k, size_t limit, char *buf, size_t size)
+                                  clattn_dtype dtype, unsigned mods, int k, size_t limit,
+                                  char *buf, size_t size)
 {
     const tile_config t = clattn_ocl_tile_config(cl, head_dim, dtype, limit);
     /* tree.cl: the elements of a row each work-item holds */
@@ -171,12 +172,16 @@ static const char *kernel_options(const struct clattn_cl_state *cl, int kind, ui
     /* blocked.cl's products hold 16 vectors of 16 floats: as 32 registers
      * of 8 floats they spill, so such devices (AVX2) get four of them
      * (NARROW). */
-    if (kind == KIND_BLOCKED && !wide_vectors(cl) && len > 0 && (size_t)len < size)
-        snprintf(buf + len, size - (size_t)len, " -DNARROW=1");
-    if (kind == KIND_MMA && len > 0 && (size_t)len < size) {
+    int at = len;
+    if (kind == KIND_BLOCKED && !wide_vectors(cl) && at > 0 && (size_t)at < size)
+        at += snprintf(buf + at, size - (size_t)at, " -DNARROW=1");
+    if (mods && at > 0 && (size_t)at < size) /* none: the options, and cache keys, of old */
+        snprintf(buf + at, size - (size_t)at, " -DMODS=%u", mods);
+    const size_t used = strlen(buf);
+    if (kind == KIND_MMA && used + 1 < size) {
         const mma_config *c = clattn_ocl_mma_config(cl, head_dim, dtype, k);
         snprintf(
-            buf + len, size - (size_t)len, " -DWARPS=%u -DWSPLIT=%u -DMMA_TILE=%u -DPLANES=%u%s%s",
+            buf + used, size - used, " -DWARPS=%u -DWSPLIT=%u -DMMA_TILE=%u -DPLANES=%u%s%s",
             c->warps, c->wsplit, c->tile, c->planes,
             cl->mma_emulate     ? " -DMMA_EMULATE"
             : cl->nv_major >= 9 ? " -DSM90"
@@ -207,10 +212,11 @@ static int single_pass(const struct clattn_cl_state *cl, const kernel_set *set, 
  * compiler's registers can lower the device's limit) sets *lower to what
  * it allows, for a try with that limit. */
 static clattn_status build_set_once(struct clattn_cl_state *cl, const char *variant,
-                                    uint32_t head_dim, clattn_dtype dtype, kernel_set *set,
-                                    int strict_limits, size_t *lower)
+                                    uint32_t head_dim, clattn_dtype dtype, unsigned mods,
+                                    kernel_set *set, int strict_limits, size_t *lower)
 {
     set->dtype = dtype;
+    set->mods = mods;
     for (int k = 0; k < K_COUNT; ++k) {
         const cl_variant *v = find_variant(k, variant);
         if (!v) {
@@ -229,13 +235,14 @@ static clattn_status build_set_once(struct clattn_cl_state *cl, const char *vari
             return clattn_fail(CLATTN_ERROR_INVALID_OPTION,
                                "mma's 16-bit kernels want tiles of 16 rows or more (CLATTN_MMA, "
                                "CLATTN_MMA_GRAD_Q, CLATTN_MMA_SINGLE)");
-        char options[256], other[256];
-        kernel_options(cl, set->kind[k], head_dim, dtype, k, set->limit, options, sizeof options);
+        char options[384], other[384];
+        kernel_options(cl, set->kind[k], head_dim, dtype, mods, k, set->limit, options,
+                       sizeof options);
         for (int j = 0; j < k && !set->program[k]; ++j) {
             const cl_variant *w = set->program[j] ? find_variant(j, variant) : NULL;
             if (w && w->source == v->source &&
-                !strcmp(options, kernel_options(cl, set->kind[j], head_dim, dtype, j, set->limit,
-                                                other, sizeof other))) {
+                !strcmp(options, kernel_options(cl, set->kind[j], head_dim, dtype, mods, j,
+                                                set->limit, other, sizeof other))) {
                 set->program[k] = set->program[j];
                 clRetainProgram(set->program[k]);
             }
@@ -275,8 +282,8 @@ static clattn_status build_set_once(struct clattn_cl_state *cl, const char *vari
 }
 
 clattn_status clattn_ocl_build_set(struct clattn_cl_state *cl, const char *variant,
-                                   uint32_t head_dim, clattn_dtype dtype, kernel_set *set,
-                                   int strict_limits)
+                                   uint32_t head_dim, clattn_dtype dtype, unsigned mods,
+                                   kernel_set *set, int strict_limits)
 {
     size_t limit = cl->max_wg;
     for (;;) {
@@ -284,7 +291,7 @@ clattn_status clattn_ocl_build_set(struct clattn_cl_state *cl, const char *varia
         set->limit = limit;
         size_t lower = 0;
         const clattn_status st =
-            build_set_once(cl, variant, head_dim, dtype, set, strict_limits, &lower);
+            build_set_once(cl, variant, head_dim, dtype, mods, set, strict_limits, &lower);
         if (!lower)
             return st;
         clattn_log_append(cl->owner, "%s kernels at head_dim %u: a kernel allows work-groups "
@@ -306,41 +313,42 @@ void clattn_ocl_release_set(kernel_set *set)
 }
 
 clattn_status clattn_ocl_generic_kernels(struct clattn_cl_state *cl, clattn_dtype dtype,
-                                         kernel_set **out)
+                                         unsigned mods, kernel_set **out)
 {
-    if (!cl->generic_built[dtype]) {
-        clattn_status st = clattn_ocl_build_set(cl, "tree", 0, dtype, &cl->generic[dtype], 0);
+    kernel_set *set = &cl->generic[mods][dtype];
+    if (!cl->generic_built[mods][dtype]) {
+        clattn_status st = clattn_ocl_build_set(cl, "tree", 0, dtype, mods, set, 0);
         if (st != CLATTN_OK) {
-            clattn_ocl_release_set(&cl->generic[dtype]);
-            memset(&cl->generic[dtype], 0, sizeof cl->generic[dtype]);
+            clattn_ocl_release_set(set);
+            memset(set, 0, sizeof *set);
             return st;
         }
-        cl->generic_built[dtype] = 1;
+        cl->generic_built[mods][dtype] = 1;
     }
-    *out = &cl->generic[dtype];
+    *out = set;
     return CLATTN_OK;
 }
 
 clattn_status clattn_ocl_kernels_for(struct clattn_cl_state *cl, uint32_t head_dim,
-                                     clattn_dtype dtype, kernel_set **out)
+                                     clattn_dtype dtype, unsigned mods, kernel_set **out)
 {
     const char *variant = cl->special_variant;
     if (!variant)
-        return clattn_ocl_generic_kernels(cl, dtype, out);
+        return clattn_ocl_generic_kernels(cl, dtype, mods, out);
     if (!strcmp(variant, "mma") && dtype != CLATTN_DTYPE_F32 && head_dim % 8)
         variant = "tiled";
-    if (!cl->special[dtype][head_dim]) {
+    if (!cl->special[mods][dtype][head_dim]) {
         kernel_set *set = calloc(1, sizeof *set);
         if (!set)
             return clattn_fail(CLATTN_ERROR_OUT_OF_MEMORY, "out of host memory");
-        clattn_status st = clattn_ocl_build_set(cl, variant, head_dim, dtype, set, 0);
+        clattn_status st = clattn_ocl_build_set(cl, variant, head_dim, dtype, mods, set, 0);
         if (st != CLATTN_OK) {
             clattn_ocl_release_set(set);
             free(set);
             return st;
         }
-        cl->special[dtype][head_dim] = set;
+        cl->special[mods][dtype][head_dim] = set;
     }
-    *out = cl->special[dtype][head_dim];
+    *out = cl->special[mods][dtype][head_dim];
     return CLATTN_OK;
 }

@@ -80,7 +80,7 @@ clattn_status clattn_merge_cl(clattn_context *ctx, const clattn_shape *shape, cl
     kernel_set *set = NULL;
     const clattn_dtype dtype = shape->dtype;
     cl_int err = CL_SUCCESS;
-    if (!cl->merge[dtype] && (st = clattn_ocl_generic_kernels(cl, dtype, &set)) == CLATTN_OK) {
+    if (!cl->merge[dtype] && (st = clattn_ocl_generic_kernels(cl, dtype, 0, &set)) == CLATTN_OK) {
         cl->merge[dtype] = clCreateKernel(set->program[K_FORWARD], "merge__tree", &err);
         if (err != CL_SUCCESS) {
             cl->merge[dtype] = NULL;

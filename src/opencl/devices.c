@@ -221,16 +221,18 @@ static void release_state(struct clattn_cl_state *cl)
     for (int i = 0; i < PACKED_LANES; ++i)
         if (cl->lanes[i])
             clReleaseCommandQueue(cl->lanes[i]);
-    for (int t = 0; t < 3; ++t) {
+    for (int t = 0; t < 3; ++t)
         if (cl->merge[t])
             clReleaseKernel(cl->merge[t]);
-        clattn_ocl_release_set(&cl->generic[t]);
-        for (int d = 0; d <= CLATTN_MAX_HEAD_DIM; ++d)
-            if (cl->special[t][d]) {
-                clattn_ocl_release_set(cl->special[t][d]);
-                free(cl->special[t][d]);
-            }
-    }
+    for (int m = 0; m < CLATTN_MODS; ++m)
+        for (int t = 0; t < 3; ++t) {
+            clattn_ocl_release_set(&cl->generic[m][t]);
+            for (int d = 0; d <= CLATTN_MAX_HEAD_DIM; ++d)
+                if (cl->special[m][t][d]) {
+                    clattn_ocl_release_set(cl->special[m][t][d]);
+                    free(cl->special[m][t][d]);
+                }
+        }
     if (cl->own_queue && cl->queue)
         clReleaseCommandQueue(cl->queue);
     if (cl->own_context && cl->context)
@@ -384,14 +386,14 @@ static clattn_status init_variant(clattn_context *ctx, const char *variant, cl_c
                           : !strcmp(variant, "mma")     ? "mma"
                                                         : NULL;
     if (!cl->special_variant) {
-        if ((st = clattn_ocl_build_set(cl, variant, 0, CLATTN_DTYPE_F32, &cl->generic[0],
+        if ((st = clattn_ocl_build_set(cl, variant, 0, CLATTN_DTYPE_F32, 0, &cl->generic[0][0],
                                        strict_limits)) != CLATTN_OK)
             goto fail;
-        cl->generic_built[0] = 1;
+        cl->generic_built[0][0] = 1;
     }
     kernel_set *probe = NULL;
     if (cl->special_variant &&
-        (st = clattn_ocl_kernels_for(cl, 64, CLATTN_DTYPE_F32, &probe)) != CLATTN_OK)
+        (st = clattn_ocl_kernels_for(cl, 64, CLATTN_DTYPE_F32, 0, &probe)) != CLATTN_OK)
         goto fail;
 
     ctx->backend =

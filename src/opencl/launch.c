@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "opencl.h"
+#include "philox.h"
 
 /* What each kernel takes: its tensors in argument order, whether its rows
  * are queries or keys, and how many floats of local memory per lane. */
@@ -125,8 +126,8 @@ clattn_status clattn_ocl_check_alloc(const struct clattn_cl_state *cl, const cla
 }
 
 static clattn_status enqueue_kernel(struct clattn_cl_state *cl, cl_command_queue queue,
-                                    const kernel_set *set, int k,
-                                    const clattn_shape *s, const clattn_cl_tensor t[R_ALL],
+                                    const kernel_set *set, int k, const clattn_shape *s,
+                                    cl_mem slopes, const clattn_cl_tensor t[R_ALL],
                                     cl_uint nwait, const cl_event *wait, cl_event *done)
 {
     const kernel_desc *kd = &kernel_descs[k];
@@ -161,6 +162,19 @@ static clattn_status enqueue_kernel(struct clattn_cl_state *cl, cl_command_queue
     err |= clSetKernelArg(kn, arg++, sizeof delta, &delta);
     err |= clSetKernelArg(kn, arg++, sizeof scale, &scale);
     err |= clSetKernelArg(kn, arg++, sizeof accumulate, &accumulate);
+    /* the score modifiers' (cl/common.cl's MOD_ARGS) */
+    const clattn_dropout drop = clattn_dropout_of(s->dropout_p, s->dropout_seed,
+                                                  s->dropout_offset);
+    const cl_float softcap = s->softcap;
+    const cl_uint kv_pos0 = s->kv_offset, seq0 = cl->owner->seq_base;
+    err |= clSetKernelArg(kn, arg++, sizeof softcap, &softcap);
+    err |= clSetKernelArg(kn, arg++, sizeof(cl_mem), &slopes);
+    err |= clSetKernelArg(kn, arg++, sizeof kv_pos0, &kv_pos0);
+    err |= clSetKernelArg(kn, arg++, sizeof seq0, &seq0);
+    err |= clSetKernelArg(kn, arg++, sizeof(cl_uint), &drop.key[0]);
+    err |= clSetKernelArg(kn, arg++, sizeof(cl_uint), &drop.key[1]);
+    err |= clSetKernelArg(kn, arg++, sizeof(cl_uint), &drop.threshold);
+    err |= clSetKernelArg(kn, arg++, sizeof(cl_float), &drop.gain);
     err |= clSetKernelArg(kn, arg++, local, NULL);
     if (err != CL_SUCCESS)
         return clattn_fail(CLATTN_ERROR_OPENCL, "clSetKernelArg failed for kernel %d", k);
@@ -219,7 +233,7 @@ clattn_status clattn_ocl_enqueue_op(struct clattn_cl_state *cl, cl_command_queue
     kernel_set *set = NULL;
     clattn_status st = clattn_ocl_check_loop_cap(cl, op, s);
     if (st == CLATTN_OK)
-        st = clattn_ocl_kernels_for(cl, s->head_dim, s->dtype, &set);
+        st = clattn_ocl_kernels_for(cl, s->head_dim, s->dtype, clattn_modifiers(s), &set);
     if (st != CLATTN_OK)
         return st;
     /* The single pass, built only where CLATTN_MMA_SINGLE asks for it. Its
@@ -230,16 +244,26 @@ clattn_status clattn_ocl_enqueue_op(struct clattn_cl_state *cl, cl_command_queue
     const int *plan = single                                                ? backward_single
                       : op == CLATTN_OP_BACKWARD && !set->kernel[K_GRAD_KV] ? backward_unfused
                                                                             : op_plans[op];
-    cl_mem dsum = NULL, dq32 = NULL;
+    cl_mem dsum = NULL, dq32 = NULL, slopes = NULL;
     cl_event zeroed = NULL;
+    if (s->alibi_slopes) { /* copied now: the caller's array is read during the call only */
+        cl_int err;
+        slopes = clCreateBuffer(cl->context, CL_MEM_READ_ONLY | CL_MEM_COPY_HOST_PTR,
+                                s->num_heads * sizeof(float), (void *)s->alibi_slopes, &err);
+        if (err != CL_SUCCESS)
+            return clattn_ocl_fail(err, "clCreateBuffer(alibi_slopes)");
+    }
     /* A caller's Dsum (packed sequences share one) is used as given. */
     if (plan[0] == K_DSUM && !t[R_DSUM].buffer) {
         /* Released at once: OpenCL keeps it until the kernels using it end. */
         cl_int err;
         dsum =
             clCreateBuffer(cl->context, CL_MEM_READ_WRITE, sz->lse / 2 * sizeof(float), NULL, &err);
-        if (err != CL_SUCCESS)
+        if (err != CL_SUCCESS) {
+            if (slopes)
+                clReleaseMemObject(slopes);
             return clattn_ocl_fail(err, "clCreateBuffer(dsum)");
+        }
         t[R_DSUM].buffer = dsum;
         t[R_DSUM].offset = 0;
     }
@@ -254,7 +278,10 @@ clattn_status clattn_ocl_enqueue_op(struct clattn_cl_state *cl, cl_command_queue
                 clReleaseMemObject(dq32);
         }
         if (err != CL_SUCCESS) {
-            clReleaseMemObject(dsum);
+            if (dsum)
+                clReleaseMemObject(dsum);
+            if (slopes)
+                clReleaseMemObject(slopes);
             return clattn_ocl_fail(err,
                                    dq32 ? "clEnqueueFillBuffer(dq32)" : "clCreateBuffer(dq32)");
         }
@@ -266,10 +293,10 @@ clattn_status clattn_ocl_enqueue_op(struct clattn_cl_state *cl, cl_command_queue
         cl_event ev = NULL;
         if (plan[i] == K_GRAD_KVQ) { /* after the zeroing too */
             const cl_event both[2] = {prev, zeroed};
-            st = enqueue_kernel(cl, queue, set, plan[i], s, t, 2, both, &ev);
+            st = enqueue_kernel(cl, queue, set, plan[i], s, slopes, t, 2, both, &ev);
         } else {
-            st = prev ? enqueue_kernel(cl, queue, set, plan[i], s, t, 1, &prev, &ev)
-                      : enqueue_kernel(cl, queue, set, plan[i], s, t, nwait, wait, &ev);
+            st = prev ? enqueue_kernel(cl, queue, set, plan[i], s, slopes, t, 1, &prev, &ev)
+                      : enqueue_kernel(cl, queue, set, plan[i], s, slopes, t, nwait, wait, &ev);
         }
         if (prev)
             clReleaseEvent(prev);
@@ -284,6 +311,8 @@ clattn_status clattn_ocl_enqueue_op(struct clattn_cl_state *cl, cl_command_queue
         clReleaseMemObject(dq32);
     if (dsum)
         clReleaseMemObject(dsum);
+    if (slopes)
+        clReleaseMemObject(slopes);
     if (st == CLATTN_OK) {
         char *ran = cl->owner->kernels;
         ran[0] = '\0';
@@ -393,12 +422,14 @@ clattn_status clattn_ocl_enqueue_packed(struct clattn_cl_state *cl, clattn_op op
         sub[R_DSUM].offset = (size_t)s->cu_seqlens_q[i] * s->num_heads;
         clattn_sizes sz;
         cl_command_queue q = lanes ? cl->lanes[sequences % lanes] : cl->queue;
+        cl->owner->seq_base = i; /* dropout's b */
         if ((st = clattn_check_shape(&one, &sz)) == CLATTN_OK &&
             (st = clattn_ocl_enqueue_op(cl, q, op, &one, &sz, sub, 1, &start, &evs[n])) ==
                 CLATTN_OK) {
             ++n;
             ++sequences;
         }
+        cl->owner->seq_base = 0;
     }
     device_fill f = {cl, s->dtype, t, start, evs, &n, CL_SUCCESS};
     if (st == CLATTN_OK && clattn_fill_unseen(s, op, fill_device, &f))
@@ -433,7 +464,7 @@ clattn_status clattn_ocl_run(clattn_context *ctx, clattn_op op, const clattn_sha
     if (st == CLATTN_OK && !clattn_packed(s)) /* packed: each sequence's, longest first */
         st = clattn_ocl_check_loop_cap(cl, op, s);
     if (st == CLATTN_OK)
-        st = clattn_ocl_kernels_for(cl, s->head_dim, s->dtype, &set);
+        st = clattn_ocl_kernels_for(cl, s->head_dim, s->dtype, clattn_modifiers(s), &set);
     if (st != CLATTN_OK)
         return st;
     /* Accumulating gradients are read (uploaded) first, then written. */

@@ -87,6 +87,7 @@ typedef struct kernel_set {
     cl_ulong local_mem[K_COUNT];
     int kind[K_COUNT];
     clattn_dtype dtype;
+    unsigned mods; /* the score modifiers it was built with (MODS) */
     /* The most work-items a work-group of the set has: the device's limit,
      * lowered to what every built kernel of the set allows. Tree and tiled
      * fit their shapes to it. */
@@ -99,11 +100,12 @@ struct clattn_cl_state {
     cl_context context;
     cl_command_queue queue;
     int own_context, own_queue;
-    /* Per dtype: */
-    kernel_set generic[3]; /* tree's, any head_dim: with the context for tree, else lazily */
-    int generic_built[3];
+    /* Per score modifiers (clattn_modifiers bits) and dtype: */
+    kernel_set generic[CLATTN_MODS][3]; /* tree's, any head_dim: with the context for tree,
+                                         * else lazily */
+    int generic_built[CLATTN_MODS][3];
     /* Per head_dim, on first use; &generic where auto fell back on it. */
-    kernel_set *special[3][CLATTN_MAX_HEAD_DIM + 1];
+    kernel_set *special[CLATTN_MODS][3][CLATTN_MAX_HEAD_DIM + 1];
     cl_kernel merge[3];          /* tree.cl's merge__tree, per dtype, on first use */
     const char *special_variant; /* the variant built per head_dim, or NULL */
     int mma_emulate;             /* build cl/mma with -DMMA_EMULATE */
@@ -173,12 +175,14 @@ int clattn_ocl_mma_wgmma(int asked, int nv_major, int emulate, const mma_config 
 /* build.c */
 void clattn_ocl_release_set(kernel_set *set);
 clattn_status clattn_ocl_build_set(struct clattn_cl_state *cl, const char *variant,
-                                   uint32_t head_dim, clattn_dtype dtype, kernel_set *set,
-                                   int strict_limits);
+                                   uint32_t head_dim, clattn_dtype dtype, unsigned mods,
+                                   kernel_set *set, int strict_limits);
 clattn_status clattn_ocl_generic_kernels(struct clattn_cl_state *cl, clattn_dtype dtype,
-                                         kernel_set **out);
+                                         unsigned mods, kernel_set **out);
+/* The kernels of the context's variant for a head_dim, dtype and set of
+ * score modifiers, built on first use. */
 clattn_status clattn_ocl_kernels_for(struct clattn_cl_state *cl, uint32_t head_dim,
-                                     clattn_dtype dtype, kernel_set **out);
+                                     clattn_dtype dtype, unsigned mods, kernel_set **out);
 
 /* launch.c */
 /* Local memory (bytes) and work-group size of a kernel of the set. */
