@@ -263,6 +263,7 @@ int cmd_bench(int argc, char **argv)
                "                    [--dtype f32|f16|bf16] [--json]\n"
                "                    [--seqlens L,L,... | --random-seqlens MIN,MAX[,SEED]]\n"
                "                    [--layout packed|padded|uniform]\n"
+               "                    " MOD_USAGE "\n"
                "Times the op on random inputs: compile and a warm-up call excluded, the\n"
                "median of R timed calls (default 10). OpenCL devices run on buffers that\n"
                "stay on the device. --variant all measures every variant of the device side\n"
@@ -277,7 +278,9 @@ int cmd_bench(int argc, char **argv)
                "--seqlens or --random-seqlens (--batch sequences) times a batch of\n"
                "sequences of those lengths (self-attention, --q-seq not needed): packed\n"
                "(cu_seqlens), padded to the longest (GFLOP/s over the packed batch's\n"
-               "pairs: the useful work), or a uniform batch of as many pairs in all.\n");
+               "pairs: the useful work), or a uniform batch of as many pairs in all.\n"
+               "--softcap, --alibi and --dropout time the score modifiers as the file\n"
+               "commands take them (clattn forward --help).\n");
         return 0;
     }
     const char *op_name = NULL, *device = NULL, *variant = NULL, *dtype_name = "f32";
@@ -285,7 +288,8 @@ int cmd_bench(int argc, char **argv)
     uint32_t q_seq = 0, kv_seq = 0, heads = 0, kv_heads = 0, head_dim = 0, batch = 1;
     uint32_t window = 0, reps = 10, threads = 0;
     int causal = 0, bottom_right = 0, json = 0;
-    opt opts[] = {
+    mod_opts mods = {0};
+    opt opts[19 + MOD_OPTS] = {
         {"--op", OPT_STRING, &op_name, 1, 0},       {"--q-seq", OPT_UINT, &q_seq, 0, 0},
         {"--kv-seq", OPT_UINT, &kv_seq, 0, 0},      {"--heads", OPT_UINT, &heads, 1, 0},
         {"--kv-heads", OPT_UINT, &kv_heads, 0, 0},  {"--head-dim", OPT_UINT, &head_dim, 1, 0},
@@ -299,7 +303,9 @@ int cmd_bench(int argc, char **argv)
         {"--random-seqlens", OPT_STRING, &random_lens, 0, 0},
         {"--layout", OPT_STRING, &layout, 0, 0},
     };
-    if (!parse_opts(cmd, argc, argv, opts, sizeof opts / sizeof opts[0]))
+    size_t nopts = 19;
+    mod_opts_add(opts, &nopts, &mods);
+    if (!parse_opts(cmd, argc, argv, opts, nopts))
         return EXIT_INPUT;
     /* Packed sequences: their lengths, from a list or drawn at random. */
     static uint32_t cu[MAX_SEQS + 1];
@@ -422,6 +428,10 @@ int cmd_bench(int argc, char **argv)
         fprintf(stderr, "clattn bench: %s: %s\n", clattn_status_string(st), clattn_last_error());
         return EXIT_INPUT;
     }
+    if (!mod_apply(cmd, opts, nopts, &mods, &b.s)) {
+        free(mods.slopes);
+        return EXIT_INPUT;
+    }
     if (!packed)
         pairs = (double)clattn_shape_visible_pairs(&b.s);
     clattn_context *base = NULL;
@@ -438,10 +448,13 @@ int cmd_bench(int argc, char **argv)
     const clattn_backend backend = clattn_context_backend(base);
     if (!json)
         printf("%s, batch %u, q_seq %u, kv_seq %u, %u heads, %u KV heads, head_dim %u%s, "
-               "window %u, %s, on %s\n%-10s %12s %12s %12s  %s\n",
+               "window %u%s%s%s, %s, on %s\n%-10s %12s %12s %12s  %s\n",
                bench_op_names[b.op], batch, q_seq, b.s.kv_seq, heads, b.s.num_kv_heads, head_dim,
-               bottom_right ? ", causal bottom-right" : causal ? ", causal" : "", window, dtype_name, clattn_context_device(base), "variant",
-               "ms/call", "GFLOP/s", "max_error", "kernels");
+               bottom_right ? ", causal bottom-right" : causal ? ", causal" : "", window,
+               mods.softcap > 0.0f ? ", softcap" : "", mods.alibi ? ", ALiBi" : "",
+               mods.dropout > 0.0f ? ", dropout" : "", dtype_name,
+               clattn_context_device(base), "variant", "ms/call", "GFLOP/s", "max_error",
+               "kernels");
     for (size_t vi = 0;; ++vi) {
         const char *name = variant && strcmp(variant, "all") ? (vi ? NULL : variant)
                            : variant ? clattn_variant_name(backend, vi)
@@ -504,12 +517,15 @@ int cmd_bench(int argc, char **argv)
             printf("\", \"variant\": \"%s\", \"batch\": %u, \"q_seq\": %u, \"kv_seq\": %u, \"heads\": %u, \"kv_heads\": %u, "
                    "\"head_dim\": %u, \"causal\": %s, \"window\": %u, \"reps\": %u, "
                    "\"threads\": %u, \"dtype\": \"%s\", \"layout\": \"%s\", "
+                   "\"softcap\": %g, \"alibi\": %s, \"dropout\": %g, "
                    "\"seconds\": %.6g, \"gflops\": %.6g, \"max_error\": %s, \"kernels\": \"%s\"}\n",
                    name, batch, q_seq, b.s.kv_seq, heads, b.s.num_kv_heads, head_dim,
                    b.s.causal == CLATTN_CAUSAL_BOTTOM_RIGHT ? "\"bottom-right\""
                    : b.s.causal                              ? "true"
                                                              : "false",
-                   window, reps, threads, dtype_name, packed ? layout : "batch", seconds,
+                   window, reps, threads, dtype_name, packed ? layout : "batch",
+                   (double)mods.softcap, mods.alibi ? "true" : "false", (double)mods.dropout,
+                   seconds,
                    flop / seconds * 1e-9,
                    errtext, ran);
         } else
@@ -521,5 +537,6 @@ int cmd_bench(int argc, char **argv)
 done:
     clattn_context_destroy(base);
     bench_free(&b);
+    free(mods.slopes);
     return rc;
 }

@@ -51,6 +51,92 @@ static int parse_positive(const char *s, float *out)
     return 1;
 }
 
+static int parse_fraction(const char *s, float *out)
+{
+    if (!s || !*s)
+        return 0;
+    char *end;
+    errno = 0;
+    const double v = strtod(s, &end);
+    const float f = (float)v;
+    if (*end != '\0' || errno == ERANGE || !(f >= 0.0f && f < 1.0f))
+        return 0;
+    *out = f;
+    return 1;
+}
+
+static int parse_u64(const char *s, uint64_t *out)
+{
+    if (!s || !*s)
+        return 0;
+    uint64_t v = 0;
+    for (const char *p = s; *p; ++p) {
+        if (*p < '0' || *p > '9' || v > (UINT64_MAX - (uint64_t)(*p - '0')) / 10)
+            return 0;
+        v = v * 10 + (uint64_t)(*p - '0');
+    }
+    *out = v;
+    return 1;
+}
+
+void mod_opts_add(opt *opts, size_t *n, mod_opts *m)
+{
+    opts[(*n)++] = (opt){"--softcap", OPT_POSITIVE, &m->softcap, 0, 0};
+    opts[(*n)++] = (opt){"--alibi", OPT_STRING, &m->alibi, 0, 0};
+    opts[(*n)++] = (opt){"--dropout", OPT_FRACTION, &m->dropout, 0, 0};
+    opts[(*n)++] = (opt){"--seed", OPT_U64, &m->seed, 0, 0};
+    opts[(*n)++] = (opt){"--dropout-offset", OPT_U64, &m->offset, 0, 0};
+}
+
+static const opt *find_opt(const opt *opts, size_t n, const char *name)
+{
+    for (size_t i = 0; i < n; ++i)
+        if (!strcmp(opts[i].name, name))
+            return &opts[i];
+    return NULL;
+}
+
+int mod_apply(const char *cmd, const opt *opts, size_t n, mod_opts *m, clattn_shape *s)
+{
+    const opt *seed = find_opt(opts, n, "--seed"), *off = find_opt(opts, n, "--dropout-offset");
+    if (m->dropout > 0.0f && !(seed && seed->seen)) {
+        fprintf(stderr, "clattn %s: --dropout wants --seed: the mask is drawn from it\n", cmd);
+        return 0;
+    }
+    if (!(m->dropout > 0.0f) && ((seed && seed->seen) || (off && off->seen))) {
+        fprintf(stderr, "clattn %s: --seed and --dropout-offset go with --dropout P > 0\n", cmd);
+        return 0;
+    }
+    if (m->alibi) {
+        npy_array a;
+        char err[512];
+        if (npy_read(m->alibi, &a, err, sizeof err) != 0) {
+            fprintf(stderr, "clattn %s: %s\n", cmd, err);
+            return 0;
+        }
+        const int ok = a.data && a.ndim == 1 && a.count == s->num_heads;
+        if (!ok)
+            fprintf(stderr, "clattn %s: --alibi %s: want a 1-D float32 ('<f4') array of %u "
+                            "slopes, one per query head\n", cmd, m->alibi, s->num_heads);
+        else
+            m->slopes = a.data, a.data = NULL;
+        npy_free(&a);
+        if (!ok)
+            return 0;
+    }
+    s->softcap = m->softcap;
+    s->alibi_slopes = m->slopes;
+    s->dropout_p = m->dropout;
+    s->dropout_seed = m->seed;
+    s->dropout_offset = m->offset;
+    const clattn_status st = clattn_shape_validate(s);
+    if (st != CLATTN_OK) {
+        fprintf(stderr, "clattn %s: %s: %s\n", cmd, clattn_status_string(st), clattn_last_error());
+        return 0;
+    }
+    return 1;
+}
+
 /* Parses argv against opts; prints one line and returns 0 on bad input. */
 int parse_opts(const char *cmd, int argc, char **argv, opt *opts, size_t n)
 {
@@ -79,6 +165,14 @@ int parse_opts(const char *cmd, int argc, char **argv, opt *opts, size_t n)
         } else if (o->kind == OPT_UINT && !parse_uint(v, o->value)) {
             fprintf(stderr, "clattn %s: %s wants a whole number from 0 to %u, not '%s'\n", cmd,
                     o->name, UINT32_MAX, v);
+            return 0;
+        } else if (o->kind == OPT_FRACTION && !parse_fraction(v, o->value)) {
+            fprintf(stderr, "clattn %s: %s wants a number from 0 to below 1, not '%s'\n", cmd,
+                    o->name, v);
+            return 0;
+        } else if (o->kind == OPT_U64 && !parse_u64(v, o->value)) {
+            fprintf(stderr, "clattn %s: %s wants a whole number from 0 to %llu, not '%s'\n",
+                    cmd, o->name, (unsigned long long)UINT64_MAX, v);
             return 0;
         } else if (o->kind == OPT_POSITIVE && !parse_positive(v, o->value)) {
             fprintf(stderr,

@@ -370,6 +370,7 @@ static const file_command file_commands[] = {
      "                      [--causal | --causal-bottom-right] [--window N] [--scale S]\n"
      "                      [--q-offset N] [--kv-offset N] [--device SEL] [--variant NAME]\n"
      "                      [--dtype T] [--cu-seqlens-q CQ.npy --cu-seqlens-kv CK.npy]\n"
+     "                      " MOD_USAGE "\n"
      "Attention's forward: O (q_seq, heads, head_dim) and the LSE pairs (q_seq,\n"
      "heads, 2) that the gradients read. Arrays as for grad-v; exit 0, 1 on a\n"
      "device failure, 2 on bad input (and then no output is left).\n",
@@ -380,6 +381,7 @@ static const file_command file_commands[] = {
      "                       [--causal | --causal-bottom-right] [--window N] [--scale S]\n"
      "                       [--q-offset N] [--kv-offset N] [--device SEL] [--variant NAME]\n"
      "                       [--dtype T] [--cu-seqlens-q CQ.npy --cu-seqlens-kv CK.npy]\n"
+     "                       " MOD_USAGE "\n"
      "Attention's backward from the forward's O and LSE and the output gradient\n"
      "dO: dQ like Q, dK and dV like K. Exit 0, 1 on a device failure, 2 on bad\n"
      "input (and then none of the outputs is left).\n",
@@ -390,6 +392,7 @@ static const file_command file_commands[] = {
      "                    [--causal | --causal-bottom-right] [--window N] [--scale S]\n"
      "                    [--q-offset N] [--kv-offset N] [--device SEL] [--variant NAME]\n"
      "                    [--dtype T] [--cu-seqlens-q CQ.npy --cu-seqlens-kv CK.npy]\n"
+     "                    " MOD_USAGE "\n"
      "The gradient of attention with respect to V. Arrays are .npy, C order:\n"
      "Q and dO (q_seq, heads, head_dim), K (kv_seq, kv_heads, head_dim), LSE\n"
      "(q_seq, heads, 2), each with an optional leading batch dimension; DV is\n"
@@ -404,7 +407,12 @@ static const file_command file_commands[] = {
      "(as FlashAttention); they differ only where kv_seq != q_seq.\n"
      "--cu-seqlens-q and --cu-seqlens-kv pack variable-length sequences: int32\n"
      "'<i4' arrays of batch + 1 prefix sums from 0, with the tensors as 3-D\n"
-     "arrays of all the sequences' rows; each sequence is its own problem.\n",
+     "arrays of all the sequences' rows; each sequence is its own problem.\n"
+     "Score modifiers, in this order: --softcap C caps scores at C * tanh(s / C);\n"
+     "--alibi SLOPES.npy (float32, one slope per query head) subtracts\n"
+     "slope * |P - T|; --dropout P drops attention probabilities with the mask\n"
+     "drawn from --seed S at --dropout-offset N (default 0), the same on every\n"
+     "device; the backward needs the forward's seed and offset.\n",
      READS_LSE | READS_DO, 1, {"--out"}, {LIKE_K}},
 };
 
@@ -418,7 +426,8 @@ static int cmd_file(const file_command *fc, int argc, char **argv)
     input_paths paths = {0};
     const char *outp[3] = {NULL, NULL, NULL}, *device = NULL, *variant = NULL, *dtype = NULL;
     mask_opts mask = {0, 0, 0, 0, 0, 0.0f};
-    opt opts[21] = {
+    mod_opts mods = {0};
+    opt opts[26] = {
         {"--q", OPT_STRING, &paths.q, 1, 0},
         {"--k", OPT_STRING, &paths.k, 1, 0},
         {"--causal", OPT_FLAG, &mask.causal, 0, 0},
@@ -434,6 +443,7 @@ static int cmd_file(const file_command *fc, int argc, char **argv)
         {"--cu-seqlens-kv", OPT_STRING, &paths.cu_kv, 0, 0},
     };
     size_t n = 13;
+    mod_opts_add(opts, &n, &mods);
     const struct {
         unsigned bit;
         const char *name;
@@ -457,7 +467,7 @@ static int cmd_file(const file_command *fc, int argc, char **argv)
     output outs[3];
     size_t lse_shape[NPY_MAX_DIMS];
     int rc = EXIT_INPUT;
-    if (!load_inputs(cmd, &paths, &in, &mask, dtype, &s))
+    if (!load_inputs(cmd, &paths, &in, &mask, dtype, &s) || !mod_apply(cmd, opts, n, &mods, &s))
         goto done;
     memcpy(lse_shape, in.q.shape, sizeof lse_shape);
     lse_shape[in.q.ndim - 1] = 2;
@@ -499,6 +509,7 @@ done:
     for (int i = 0; i < 3; ++i)
         free(out[i]);
     inputs_free(&in);
+    free(mods.slopes);
     return rc;
 }
 

@@ -133,6 +133,88 @@ INLINE void accumulate_t(tile_row *acc, size_t D, const tile_row *xt, const tile
         }
 }
 
+/* ---- score modifiers ---------------------------------------------------- */
+
+/* j as a float, lane by lane: |P - T| of a tile's rows or keys. */
+static const float lane_float[KEY_BLOCK] = {
+    0,  1,  2,  3,  4,  5,  6,  7,  8,  9,  10, 11, 12, 13, 14, 15,
+    16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31};
+
+/* tanh, lane by lane: sign(x) (1 - e) / (1 + e) with e = exp(-2 |x|) from
+ * exp2v; an absolute error of a few float32 ulps of 1, as the scores'
+ * own rounding at the cap's size. NaN stays NaN. */
+INLINE hvec tanh_v(hvec x)
+{
+    const hivec neg = x < 0.0f;
+    const hvec e = exp2v(HSELECT(neg, x, -x) * (2.0f * LOG2E));
+    const hvec t = (1.0f - e) / (1.0f + e);
+    return HSELECT(neg, -t, t);
+}
+
+/* native_modify() of HW scaled scores x whose |P - T| are dist, of one
+ * query head's slope; *dz their derivatives. */
+INLINE hvec modify_v(const native_call *c, hvec x, hvec dist, float slope, hvec *dz)
+{
+    *dz = HSPLAT(1.0f);
+    if (c->mods & CLATTN_MOD_SOFTCAP) {
+        const hvec th = tanh_v(x / c->softcap);
+        x = c->softcap * th;
+        *dz = 1.0f - th * th;
+    }
+    if (c->mods & CLATTN_MOD_ALIBI)
+        x -= slope * dist;
+    return x;
+}
+
+/* |P - T| = |base + r - j| in float32 lanes is exact while |base| stays
+ * well below 2^24; past it the scalar native_modify() takes the tile. */
+INLINE int small_distance(int64_t base) { return base > -(1 << 23) && base < (1 << 23); }
+
+/* A query-side tile sc[j][r] (raw dots of key t0 + j and query row pos0 +
+ * r of query head `head`) to modified scaled scores, their derivatives in
+ * dz where not NULL. */
+INLINE void modify_rows(const native_call *c, tile_row *sc, tile_row *dz, size_t pos0,
+                        uint32_t t0, size_t head)
+{
+    const float slope = c->slopes ? c->slopes[head] : 0.0f;
+    const int64_t base = (int64_t)pos0 + c->delta - (int64_t)t0;
+    if (!small_distance(base)) {
+        for (uint32_t j = 0; j < KEY_BLOCK; ++j)
+            for (size_t r = 0; r < QUERY_BLOCK; ++r) {
+                float g;
+                sc[j][r] = native_modify(c, sc[j][r] * c->scale, (uint32_t)(pos0 + r), t0 + j,
+                                         head, &g);
+                if (dz)
+                    dz[j][r] = g;
+            }
+        return;
+    }
+    EACH_PART(h) {
+        const hvec rows = hload(lane_float + h) + (float)base;
+        for (uint32_t j = 0; j < KEY_BLOCK; ++j) {
+            const hvec d = rows - (float)j;
+            hvec g;
+            hstore(sc[j] + h,
+                   modify_v(c, hload(sc[j] + h) * c->scale, HSELECT(d < 0.0f, -d, d), slope, &g));
+            if (dz)
+                hstore(dz[j] + h, g);
+        }
+    }
+}
+
+/* Dropout's keep bits (native_keep_bits' layout: bit j of kept[r] for key
+ * t0 + j and row r) applied to a query-side tile x[j][r]: x times gain
+ * where kept, 0 where dropped. */
+INLINE void drop_rows(tile_row *x, const uint32_t *kept, float gain)
+{
+    EACH_PART(h) {
+        const huvec bits = huload(kept + h);
+        for (uint32_t j = 0; j < KEY_BLOCK; ++j)
+            hstore(x[j] + h, HSELECT((hivec)((bits >> j) & 1u) != 0, hload(x[j] + h) * gain,
+                                     HSPLAT(0.0f)));
+    }
+}
+
 /* Key-side jobs gather the query rows (every head of the group at each
  * position) that see any key of the block, CHUNK at a time. */
 enum { CHUNK = 32 };
@@ -233,20 +315,33 @@ INLINE void key_chunk_run(const native_call *c, key_chunk *ch, const tile_row *k
     }
     const float scale = c->scale;
     /* modified scores come scaled; dS takes dropout's mask through dP */
-    float dz[CHUNK][KEY_BLOCK];
+    _Alignas(64) tile_row dz[CHUNK];
     uint32_t kept[CHUNK];
     const int shaped = (c->mods & (CLATTN_MOD_SOFTCAP | CLATTN_MOD_ALIBI)) != 0;
     if (c->mods & CLATTN_MOD_DROPOUT)
         native_keep_bits(c, ch->b, ch->pos, ch->head, n, ch->t0, kept);
-    if (c->mods)
-        for (size_t r = 0; r < n; ++r)
-            for (uint32_t j = 0; j < KEY_BLOCK; ++j) {
-                if (shaped)
-                    p[r][j] = native_modify(c, p[r][j] * scale, ch->pos[r], ch->t0 + j,
-                                            ch->head[r], &dz[r][j]);
-                if (dkt && (c->mods & CLATTN_MOD_DROPOUT))
-                    ds[r][j] = (kept[r] >> j & 1u) ? ds[r][j] * c->drop.gain : 0.0f;
+    for (size_t r = 0; r < n && c->mods; ++r) {
+        const int64_t base = (int64_t)ch->pos[r] + c->delta - (int64_t)ch->t0;
+        const float slope = c->slopes ? c->slopes[ch->head[r]] : 0.0f;
+        if (shaped && !small_distance(base))
+            for (uint32_t j = 0; j < KEY_BLOCK; ++j)
+                p[r][j] = native_modify(c, p[r][j] * scale, ch->pos[r], ch->t0 + j,
+                                        ch->head[r], &dz[r][j]);
+        EACH_PART(h) {
+            if (shaped && small_distance(base)) {
+                const hvec d = (float)base - hload(lane_float + h);
+                hvec g;
+                hstore(p[r] + h, modify_v(c, hload(p[r] + h) * scale, HSELECT(d < 0.0f, -d, d),
+                                          slope, &g));
+                hstore(dz[r] + h, g);
             }
+            if (dkt && (c->mods & CLATTN_MOD_DROPOUT)) {
+                const hivec keep = (hivec)(((huvec){0} + kept[r]) >> huload(lane_index + h) & 1u);
+                hstore(ds[r] + h, HSELECT(keep != 0, hload(ds[r] + h) * c->drop.gain,
+                                          HSPLAT(0.0f)));
+            }
+        }
+    }
     const float unit = shaped ? LOG2E : scale * LOG2E;
     for (size_t r = 0; r < n; ++r) {
         /* p = exp(min(s * scale - m, 0) - l) in base 2 */
@@ -264,14 +359,16 @@ INLINE void key_chunk_run(const native_call *c, key_chunk *ch, const tile_row *k
                                HSPLAT(0.0f)));
         }
     }
-    if (c->mods & (CLATTN_MOD_SOFTCAP | CLATTN_MOD_DROPOUT))
-        for (size_t r = 0; r < n; ++r)
-            for (uint32_t j = 0; j < KEY_BLOCK; ++j) {
-                if (c->mods & CLATTN_MOD_DROPOUT)
-                    p[r][j] = (kept[r] >> j & 1u) ? p[r][j] * c->drop.gain : 0.0f;
-                if (dkt && (c->mods & CLATTN_MOD_SOFTCAP))
-                    ds[r][j] *= dz[r][j];
+    for (size_t r = 0; r < n && (c->mods & (CLATTN_MOD_SOFTCAP | CLATTN_MOD_DROPOUT)); ++r)
+        EACH_PART(h) {
+            if (c->mods & CLATTN_MOD_DROPOUT) {
+                const hivec keep = (hivec)(((huvec){0} + kept[r]) >> huload(lane_index + h) & 1u);
+                hstore(p[r] + h, HSELECT(keep != 0, hload(p[r] + h) * c->drop.gain,
+                                         HSPLAT(0.0f)));
             }
+            if (dkt && (c->mods & CLATTN_MOD_SOFTCAP))
+                hstore(ds[r] + h, hload(ds[r] + h) * hload(dz[r] + h));
+        }
     if (dvt)
         accumulate(dvt, D, ch->d_out, p, n);
     if (dkt)
@@ -602,12 +699,7 @@ static void forward_block(const native_call *c, size_t job)
         key_rows(qb.kb, qb.kv_row, t0, n, krows);
         tile_scores(krows, qt, D, sc);
         if (shaped)
-            for (uint32_t j = 0; j < KEY_BLOCK; ++j)
-                for (size_t r = 0; r < QUERY_BLOCK; ++r) {
-                    float unused;
-                    sc[j][r] = native_modify(c, sc[j][r] * c->scale, pos[r], t0 + j, qb.head,
-                                             &unused);
-                }
+            modify_rows(c, sc, NULL, qb.pos0, t0, qb.head);
         const int whole = n == KEY_BLOCK && all_lo <= t0 && t0 + KEY_BLOCK <= all_hi;
         EACH_PART(h) {
             /* The tile's row maxima (scaled: the scale is positive) */
@@ -654,11 +746,9 @@ static void forward_block(const native_call *c, size_t job)
             hstore(l + h, hload(l + h) * rs + sum);
         }
         if (c->mods & CLATTN_MOD_DROPOUT) { /* l is the undropped sum */
-            uint32_t kept[QUERY_BLOCK];
+            uint32_t kept[QUERY_BLOCK] = {0};
             native_keep_bits(c, qb.b, pos, heads, qb.rows, t0, kept);
-            for (uint32_t j = 0; j < KEY_BLOCK; ++j)
-                for (size_t r = 0; r < qb.rows; ++r)
-                    sc[j][r] = (kept[r] >> j & 1u) ? sc[j][r] : 0.0f;
+            drop_rows(sc, kept, 1.0f);
         }
         accumulate_t(ot, D, qb.vt + (size_t)(t0 / KEY_BLOCK) * D, sc, n, rescale);
     }
@@ -723,19 +813,13 @@ static void grad_q_block(const native_call *c, size_t job)
         key_rows(qb.vb, qb.kv_row, t0, n, vrows);
         tile_scores(krows, qt, D, sc);
         tile_scores(vrows, dot_t, D, dp);
-        uint32_t kept[QUERY_BLOCK];
-        if (c->mods & CLATTN_MOD_DROPOUT)
+        if (shaped)
+            modify_rows(c, sc, dz, qb.pos0, t0, qb.head);
+        if (c->mods & CLATTN_MOD_DROPOUT) {
+            uint32_t kept[QUERY_BLOCK] = {0}; /* rows past qb.rows: dropped */
             native_keep_bits(c, qb.b, pos, heads, qb.rows, t0, kept);
-        if (c->mods)
-            for (uint32_t j = 0; j < KEY_BLOCK; ++j)
-                for (size_t r = 0; r < QUERY_BLOCK; ++r) {
-                    if (shaped)
-                        sc[j][r] = native_modify(c, sc[j][r] * scale, pos[r], t0 + j, qb.head,
-                                                 &dz[j][r]);
-                    if (c->mods & CLATTN_MOD_DROPOUT)
-                        dp[j][r] = r < qb.rows && (kept[r] >> j & 1u) ? dp[j][r] * c->drop.gain
-                                                                       : 0.0f;
-                }
+            drop_rows(dp, kept, c->drop.gain);
+        }
         for (uint32_t j = 0; j < KEY_BLOCK; ++j) {
             const uint32_t t = t0 + j;
             EACH_PART(h) {
@@ -749,8 +833,7 @@ static void grad_q_block(const native_call *c, size_t job)
         }
         if (c->mods & CLATTN_MOD_SOFTCAP)
             for (uint32_t j = 0; j < KEY_BLOCK; ++j)
-                for (size_t r = 0; r < QUERY_BLOCK; ++r)
-                    sc[j][r] *= dz[j][r];
+                EACH_PART(h) hstore(sc[j] + h, hload(sc[j] + h) * hload(dz[j] + h));
         accumulate(dqt, D, krows, sc, n);
     }
     float *rows = qt[0]; /* free */

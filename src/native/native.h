@@ -10,6 +10,10 @@
 #include "internal.h"
 #include "philox.h"
 
+#if defined(__AVX2__) || defined(__AVX512F__)
+#include <immintrin.h>
+#endif
+
 /* Keys of a key-side block, and query rows of a query-side one: a row of
  * 32 floats (two AVX-512 vectors: 16 had the products reload every
  * broadcast element per vector). A job takes the blocks of one head that
@@ -159,26 +163,45 @@ static inline float native_modify(const native_call *c, float x, uint32_t pos, u
  * element b (of the call) and query head `head`: bit j of bits[r] is key
  * t0 + j's. Eight rows' Philox blocks at a time, in 64-bit lanes. */
 typedef uint64_t native_u64x8 __attribute__((vector_size(64)));
-static inline void native_philox8(native_u64x8 c[4], uint32_t k0, uint32_t k1)
+/* *r = *a * m lane by lane, a's lanes below 2^32: one 32 x 32 -> 64-bit
+ * product where the level has it (vpmuludq), not a 64-bit one. Through
+ * pointers: a 64-byte vector is no argument below AVX-512. */
+static inline void native_mul32(native_u64x8 *r, const native_u64x8 *a, uint32_t m)
+{
+#if defined(__AVX512F__)
+    *r = (native_u64x8)_mm512_mul_epu32((__m512i)*a, _mm512_set1_epi64(m));
+#elif defined(__AVX2__)
+    __m256i half[2];
+    memcpy(half, a, sizeof half);
+    const __m256i k = _mm256_set1_epi64x(m);
+    half[0] = _mm256_mul_epu32(half[0], k);
+    half[1] = _mm256_mul_epu32(half[1], k);
+    memcpy(r, half, sizeof *r);
+#else
+    *r = *a * (uint64_t)m;
+#endif
+}
+
+/* Philox4x32-10 of n blocks of eight counters each (c[i][word]), rounds
+ * outside, blocks inside: the blocks' chains of products overlap. */
+static inline void native_philox8(native_u64x8 (*c)[4], int n, uint32_t k0, uint32_t k1)
 {
     const native_u64x8 lo32 = (native_u64x8){0} + 0xFFFFFFFFu;
-    native_u64x8 c0 = c[0], c1 = c[1], c2 = c[2], c3 = c[3];
     for (int round = 0; round < 10; ++round) {
         if (round > 0) {
             k0 += 0x9E3779B9u;
             k1 += 0xBB67AE85u;
         }
-        const native_u64x8 a = c0 * 0xD2511F53u, b = c2 * 0xCD9E8D57u;
-        const native_u64x8 n0 = (b >> 32) ^ c1 ^ k0, n2 = (a >> 32) ^ c3 ^ k1;
-        c1 = b & lo32;
-        c3 = a & lo32;
-        c0 = n0;
-        c2 = n2;
+        for (int i = 0; i < n; ++i) {
+            native_u64x8 a, b;
+            native_mul32(&a, &c[i][0], 0xD2511F53u);
+            native_mul32(&b, &c[i][2], 0xCD9E8D57u);
+            c[i][0] = (b >> 32) ^ c[i][1] ^ k0;
+            c[i][2] = (a >> 32) ^ c[i][3] ^ k1;
+            c[i][1] = b & lo32;
+            c[i][3] = a & lo32;
+        }
     }
-    c[0] = c0;
-    c[1] = c1;
-    c[2] = c2;
-    c[3] = c3;
 }
 
 static inline void native_keep_bits(const native_call *c, size_t b, const uint32_t *pos,
@@ -187,27 +210,32 @@ static inline void native_keep_bits(const native_call *c, size_t b, const uint32
     const uint32_t T0 = t0 + c->s->kv_offset, thr = c->drop.threshold;
     const uint64_t first = T0 >> 2, last = ((uint64_t)T0 + 31u) >> 2;
     for (size_t r0 = 0; r0 < n; r0 += 8) {
-        uint32_t out[8] = {0};
-        for (uint64_t blk = first; blk <= last; ++blk) {
-            uint64_t lanes[4][8];
-            for (int i = 0; i < 8; ++i) {
-                const size_t r = r0 + i < n ? r0 + i : r0;
-                lanes[0][i] = (uint32_t)blk;
-                lanes[1][i] = clattn_query_position(c->s, pos[r], c->delta);
-                lanes[2][i] = head[r];
-                lanes[3][i] = (uint32_t)(b + c->seq_base);
-            }
-            native_u64x8 ctr[4];
-            memcpy(ctr, lanes, sizeof ctr);
-            native_philox8(ctr, c->drop.key[0], c->drop.key[1]);
-            for (uint32_t w = 0; w < 4; ++w) {
-                const uint32_t at = (uint32_t)blk * 4u + w - T0; /* key t0 + at */
-                if (at >= 32u)
-                    continue;
-                for (int i = 0; i < 8; ++i)
-                    out[i] |= (uint32_t)(ctr[w][i] >= thr) << at;
-            }
+        uint64_t lanes[3][8]; /* P, head and b of the eight rows */
+        for (int i = 0; i < 8; ++i) {
+            const size_t r = r0 + i < n ? r0 + i : r0;
+            lanes[0][i] = clattn_query_position(c->s, pos[r], c->delta);
+            lanes[1][i] = head[r];
+            lanes[2][i] = (uint32_t)(b + c->seq_base);
         }
+        native_u64x8 row[3], ctr[9][4]; /* 32 keys span at most 9 blocks of 4 */
+        memcpy(row, lanes, sizeof row);
+        const int blocks = (int)(last - first + 1);
+        for (int k = 0; k < blocks; ++k) {
+            ctr[k][0] = (native_u64x8){0} + (uint32_t)(first + (uint64_t)k);
+            ctr[k][1] = row[0];
+            ctr[k][2] = row[1];
+            ctr[k][3] = row[2];
+        }
+        native_philox8(ctr, blocks, c->drop.key[0], c->drop.key[1]);
+        native_u64x8 keep = {0};
+        for (int k = 0; k < blocks; ++k)
+            for (uint32_t w = 0; w < 4; ++w) {
+                const uint32_t at = (uint32_t)(first + (uint64_t)k) * 4u + w - T0; /* key t0 + at */
+                if (at < 32u)
+                    keep |= ((native_u64x8)(ctr[k][w] >= thr) & 1u) << at;
+            }
+        uint64_t out[8];
+        memcpy(out, &keep, sizeof out);
         for (size_t i = 0; i < 8 && r0 + i < n; ++i)
             bits[r0 + i] = out[i];
     }
