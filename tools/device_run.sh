@@ -53,6 +53,13 @@
 #            (as many pairs) and padded, forward and backward, in VARLEN_DTYPES (default
 #            bf16 f32; VARLEN_OPS, default forward backward), then tools/torch_varlen.py on
 #            the same lengths (bf16)
+#   mods     the score modifiers' cost: clattn bench of the d64 and d128 GPU shapes (mma;
+#            MODS_DTYPES, default bf16 f32; MODS_DIMS, default 64 128) plain, with
+#            --softcap 30, --alibi (2^(-8 (i + 1) / heads)) and --dropout 0.1, interleaved,
+#            AB_ROUNDS rounds; tools/torch_mods.py (bf16 SDPA plain, dropout_p, ALiBi
+#            attn_mask) on the same shapes; then native at MODS_THREADS (default 16) on
+#            q 2048 8 heads d64 and d128 likewise, and a packed native batch (32 of 64-1024)
+#            against its uniform batch (VARLEN's layouts)
 #   ring     examples/ring_attention on 1 and then RING_RANKS (default 2) ranks, a GPU
 #            each, RING_ARGS (default q_seq 131072, d128, 8 heads, causal); needs
 #            Open MPI's Debian packages in .devdebs/mpi (unpacked under /opt/mpi)
@@ -137,6 +144,8 @@ for stage in "$@"; do
     suite blocked CLATTN_TEST_VARIANT=blocked CK_RUN_CASE=grad_v &
     suite blocked-16 CLATTN_TEST_VARIANT=blocked CK_RUN_CASE=grad_v-16 &
     for v in tiled tree; do suite "$v" CLATTN_TEST_VARIANT=$v & done
+    # the score modifiers, every variant
+    suite modifiers CK_RUN_CASE=modifiers &
     # mma's single-pass backward, forced (it runs only where CLATTN_MMA_SINGLE asks)
     suite mma-single CLATTN_MMA_SINGLE=4,1,16,1 CLATTN_TEST_VARIANT=mma &
     timeout "${KERNELS_S:-540}" ctest --test-dir build-dev -R 'train.opencl-gpu|ring.opencl-gpu|sm90a_probe' \
@@ -354,6 +363,58 @@ for stage in "$@"; do
     done 2>&1 | tee "$OUT/varlen.log"
     python3 tools/torch_varlen.py --random-seqlens "$lens" --batch "$count" --heads 32 \
       --kv-heads 8 --head-dim 128 --dtype bf16 2>&1 | tee -a "$OUT/varlen.log" ;;
+  mods)
+    slopes() { python3 -c "import numpy as n,sys; h=int(sys.argv[1]); n.save(sys.argv[2], n.array([2**(-8*(i+1)/h) for i in range(h)],dtype='<f4'))" "$1" "$2"; }
+    mods_of=("none:" "softcap:--softcap 30" "alibi:--alibi ALIBI" "dropout:--dropout 0.1 --seed 1")
+    run_mods() { # LABEL HEADS then clattn bench args
+      local label=$1 heads=$2 r m
+      shift 2
+      slopes "$heads" "$OUT/slopes$heads.npy"
+      for r in $(seq "${AB_ROUNDS:-2}"); do
+        local line="$label r$r:"
+        for m in "${mods_of[@]}"; do
+          local args=${m#*:}
+          args=${args//ALIBI/$OUT/slopes$heads.npy}
+          line="$line ${m%%:*}=$($cli bench "$@" $args | awk 'NR==3{print $3}')"
+        done
+        echo "$line"
+      done
+    }
+    for dt in ${MODS_DTYPES:-bf16 f32}; do
+      for s in "${shapes[@]}"; do
+        d=${s%%:*}
+        case " ${MODS_DIMS:-64 128} " in *" $d "*) ;; *) continue ;; esac
+        heads=$(echo "${s#*:}" | sed 's/.*--heads \([0-9]*\).*/\1/')
+        for op in forward backward; do
+          run_mods "mma $dt d$d $op" "$heads" --op $op --head-dim "$d" ${s#*:} --dtype "$dt" \
+            --device gpu --reps 5
+        done
+      done
+    done 2>&1 | tee "$OUT/mods.log"
+    for s in "${shapes[@]}"; do
+      d=${s%%:*}
+      case " ${MODS_DIMS:-64 128} " in *" $d "*) ;; *) continue ;; esac
+      kvh=$(echo "${s#*:}" | sed -n 's/.*--kv-heads \([0-9]*\).*/\1/p')
+      heads=$(echo "${s#*:}" | sed 's/.*--heads \([0-9]*\).*/\1/')
+      python3 tools/torch_mods.py --q-seq 4096 --heads "$heads" ${kvh:+--kv-heads $kvh} \
+        --head-dim "$d" --dtype bf16
+    done 2>&1 | tee -a "$OUT/mods.log"
+    for d in 64 128; do
+      for op in forward backward; do
+        run_mods "native d$d $op" 8 --op $op --q-seq 2048 --heads 8 --kv-heads 2 \
+          --head-dim $d --causal --device native --threads "${MODS_THREADS:-16}" --reps 5
+      done
+    done 2>&1 | tee -a "$OUT/mods.log"
+    for r in $(seq "${AB_ROUNDS:-2}"); do
+      for op in forward backward; do
+        for layout in packed uniform padded; do
+          printf 'native r%s %s %s: ' "$r" "$op" "$layout"
+          $cli bench --op $op --random-seqlens 64,1024,1 --batch 32 --heads 8 --kv-heads 2 \
+            --head-dim 64 --causal --layout $layout --reps 5 --device native \
+            --threads "${MODS_THREADS:-16}" 2>&1 | tail -1
+        done
+      done
+    done 2>&1 | tee -a "$OUT/mods.log" ;;
   ring)
     gpus=$($cli devices | sed -n 's/^[* ] \([0-9]*\):[0-9]* *opencl-gpu.*/\1/p' | head -1)
     for np in 1 ${RING_RANKS:-2}; do
