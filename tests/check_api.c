@@ -32,7 +32,7 @@ static clattn_context *native_context(int threads)
 
 START_TEST(status_strings)
 {
-    for (int st = CLATTN_OK; st <= CLATTN_ERROR_INVALID_SEQLENS; ++st) {
+    for (int st = CLATTN_OK; st <= CLATTN_ERROR_INVALID_MODIFIER; ++st) {
         const char *name = clattn_status_string((clattn_status)st);
         ck_assert_msg(strncmp(name, "CLATTN_", 7) == 0 &&
                           strcmp(name, "CLATTN_ERROR_UNKNOWN_STATUS") != 0,
@@ -245,6 +245,71 @@ START_TEST(packed_statuses)
     ck_assert_status(clattn_forward(ctx, &s, q, k, v, o, lse), CLATTN_OK);
     /* the row past the last prefix sum, and the empty sequence's none */
     ck_assert(o[7 * 4] == 0.0f && lse[7 * 2] == -1e30f && lse[7 * 2 + 1] == -1e30f);
+    clattn_context_destroy(ctx);
+}
+END_TEST
+
+/* Bad score modifiers: a negative, NaN or infinite cap, a slope not
+ * finite, dropout_p outside [0, 1): CLATTN_ERROR_INVALID_MODIFIER with the
+ * value named, from every op and from validation, nothing written; the
+ * dropout mask's bad arguments. */
+START_TEST(modifier_statuses)
+{
+    clattn_context *ctx = native_context(0);
+    const clattn_shape base = small_shape();
+    float slopes[4] = {0.5f, 0.25f, 0.125f, 0.0625f};
+    float buf[9][8 * 4 * 16];
+    float lse[8 * 4 * 2];
+    for (int i = 0; i < 9; ++i)
+        for (size_t j = 0; j < sizeof buf[i] / sizeof(float); ++j)
+            buf[i][j] = i < 6 ? (float)(j % 7) * 0.125f : 42.0f;
+    for (size_t j = 0; j < sizeof lse / sizeof(float); ++j)
+        lse[j] = 0.0f;
+    const struct {
+        float softcap, slope, p;
+        const char *says;
+    } bad[] = {
+        {-1.0f, 0.5f, 0.0f, "softcap -1"},     {NAN, 0.5f, 0.0f, "softcap nan"},
+        {INFINITY, 0.5f, 0.0f, "softcap inf"}, {0.0f, NAN, 0.0f, "alibi_slopes[2] is nan"},
+        {0.0f, -INFINITY, 0.0f, "alibi_slopes[2] is -inf"},
+        {0.0f, 0.5f, 1.0f, "dropout_p 1"},     {0.0f, 0.5f, -0.25f, "dropout_p -0.25"},
+        {0.0f, 0.5f, NAN, "dropout_p nan"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; ++i) {
+        clattn_shape s = base;
+        s.softcap = bad[i].softcap;
+        slopes[2] = bad[i].slope;
+        s.alibi_slopes = slopes;
+        s.dropout_p = bad[i].p;
+        ck_assert_status(clattn_shape_validate(&s), CLATTN_ERROR_INVALID_MODIFIER);
+        ck_assert_msg(strstr(clattn_last_error(), bad[i].says), "%s", clattn_last_error());
+        ck_assert_status(clattn_forward(ctx, &s, buf[0], buf[1], buf[2], buf[6], lse),
+                         CLATTN_ERROR_INVALID_MODIFIER);
+        ck_assert_status(clattn_backward(ctx, &s, buf[0], buf[1], buf[2], buf[3], lse, buf[5],
+                                         buf[6], buf[7], buf[8]),
+                         CLATTN_ERROR_INVALID_MODIFIER);
+        ck_assert_status(clattn_grad_v(ctx, &s, buf[5], buf[0], buf[1], lse, buf[8]),
+                         CLATTN_ERROR_INVALID_MODIFIER);
+        uint8_t keep[64];
+        ck_assert_status(clattn_dropout_mask(&s, 0, 0, keep), CLATTN_ERROR_INVALID_MODIFIER);
+    }
+    for (int i = 6; i < 9; ++i)
+        for (size_t j = 0; j < sizeof buf[i] / sizeof(float); ++j)
+            ck_assert(buf[i][j] == 42.0f); /* nothing written */
+    /* the mask's own arguments */
+    clattn_shape s = base;
+    s.dropout_p = 0.5f;
+    uint8_t keep[64];
+    ck_assert_status(clattn_dropout_mask(&s, 0, 0, NULL), CLATTN_ERROR_NULL_POINTER);
+    ck_assert_status(clattn_dropout_mask(&s, 1, 0, keep), CLATTN_ERROR_INVALID_OPTION);
+    ck_assert_status(clattn_dropout_mask(&s, 0, 4, keep), CLATTN_ERROR_INVALID_OPTION);
+    ck_assert_status(clattn_dropout_mask(NULL, 0, 0, keep), CLATTN_ERROR_NULL_POINTER);
+    ck_assert_status(clattn_dropout_mask(&s, 0, 3, keep), CLATTN_OK);
+    /* a new offset draws a new mask */
+    uint8_t again[64];
+    s.dropout_offset = 1;
+    ck_assert_status(clattn_dropout_mask(&s, 0, 3, again), CLATTN_OK);
+    ck_assert(memcmp(keep, again, sizeof keep) != 0);
     clattn_context_destroy(ctx);
 }
 END_TEST
@@ -921,6 +986,7 @@ Suite *api_suite(void)
     tcase_add_test(tc, shape_statuses);
     tcase_add_test(tc, grad_v_statuses);
     tcase_add_test(tc, packed_statuses);
+    tcase_add_test(tc, modifier_statuses);
     tcase_add_test(tc, op_null_pointers);
     tcase_add_test(tc, options_statuses);
     tcase_add_test(tc, selector_matches_nothing);

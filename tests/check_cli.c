@@ -720,6 +720,108 @@ START_TEST(packed_files)
 }
 END_TEST
 
+/* The score modifiers through the file commands: --softcap, --alibi and
+ * --dropout with --seed and --dropout-offset give what the library gives,
+ * the backward too; bad values are bad input that leaves nothing; train
+ * --dropout's evaluation loss falls. */
+START_TEST(modifier_files)
+{
+    make_dir();
+    clattn_shape s = cli_shape();
+    problem p;
+    write_problem(&p, &s, 0);
+    const float slopes[4] = {0.5f, 0.25f, 0.125f, 0.0625f}, bad_slopes[4] = {0.5f, 0, 0, NAN};
+    const size_t four = 4, three = 3;
+    save("slopes.npy", &four, 1, slopes);
+    save("nan.npy", &four, 1, bad_slopes);
+    save("three.npy", &three, 1, slopes);
+    char qp[512], kp[512], vp[512], sp[512];
+    snprintf(qp, sizeof qp, "%s", path("q.npy"));
+    snprintf(kp, sizeof kp, "%s", path("k.npy"));
+    snprintf(vp, sizeof vp, "%s", path("v.npy"));
+    snprintf(sp, sizeof sp, "%s", path("slopes.npy"));
+    ck_assert_int_eq(run("forward", "--q", qp, "--k", kp, "--v", vp, "--out", path("o.npy"),
+                         "--lse-out", path("l.npy"), "--causal", "--softcap", "2.5", "--alibi",
+                         sp, "--dropout", "0.25", "--seed", "42", "--dropout-offset", "7",
+                         "--device", "native", NULL),
+                     0);
+    clattn_shape m = s;
+    m.causal = 1;
+    m.softcap = 2.5f;
+    m.alibi_slopes = slopes;
+    m.dropout_p = 0.25f;
+    m.dropout_seed = 42;
+    m.dropout_offset = 7;
+    clattn_options o = clattn_options_default();
+    o.backend = CLATTN_BACKEND_NATIVE;
+    clattn_context *ctx = NULL;
+    ck_assert_status(clattn_context_create(&o, &ctx), CLATTN_OK);
+    float *want = nan_array(p.nq), *want_l = nan_array(p.nlse);
+    ck_assert_status(clattn_forward(ctx, &m, p.q, p.k, p.v, want, want_l), CLATTN_OK);
+    npy_array a, l;
+    char err[256];
+    ck_assert_msg(npy_read(path("o.npy"), &a, err, sizeof err) == 0, "%s", err);
+    ck_assert_msg(npy_read(path("l.npy"), &l, err, sizeof err) == 0, "%s", err);
+    ck_assert(a.count == p.nq && !memcmp(a.data, want, p.nq * sizeof(float)));
+    ck_assert(l.count == p.nlse && !memcmp(l.data, want_l, p.nlse * sizeof(float)));
+    /* the backward from that forward, with the same seed and offset */
+    ck_assert_int_eq(run("backward", "--q", qp, "--k", kp, "--v", vp, "--o", path("o.npy"),
+                         "--lse", path("l.npy"), "--d-out", path("do.npy"), "--dq",
+                         path("dq.npy"), "--dk", path("dk.npy"), "--dv", path("dv.npy"),
+                         "--causal", "--softcap", "2.5", "--alibi", sp, "--dropout", "0.25",
+                         "--seed", "42", "--dropout-offset", "7", "--device", "native", NULL),
+                     0);
+    float *dq = nan_array(p.nq), *dk = nan_array(p.nkv), *dv = nan_array(p.nkv);
+    ck_assert_status(clattn_backward(ctx, &m, p.q, p.k, p.v, a.data, l.data, p.d_out, dq, dk,
+                                     dv),
+                     CLATTN_OK);
+    npy_array g;
+    ck_assert_msg(npy_read(path("dv.npy"), &g, err, sizeof err) == 0, "%s", err);
+    ck_assert(g.count == p.nkv && !memcmp(g.data, dv, p.nkv * sizeof(float)));
+    npy_free(&g);
+    ck_assert_msg(npy_read(path("dq.npy"), &g, err, sizeof err) == 0, "%s", err);
+    ck_assert(g.count == p.nq && !memcmp(g.data, dq, p.nq * sizeof(float)));
+    npy_free(&g);
+    clattn_context_destroy(ctx);
+    npy_free(&a);
+    npy_free(&l);
+    free(want), free(want_l), free(dq), free(dk), free(dv);
+
+    /* bad values: exit 2, the reason, no file */
+    const struct {
+        const char *flag, *value, *flag2, *value2, *says;
+    } bad[] = {
+        {"--dropout", "1", NULL, NULL, "from 0 to below 1"},
+        {"--dropout", "-0.1", NULL, NULL, "from 0 to below 1"},
+        {"--dropout", "0.1", NULL, NULL, "wants --seed"},
+        {"--seed", "3", NULL, NULL, "go with --dropout"},
+        {"--softcap", "-2", NULL, NULL, "finite number above 0"},
+        {"--softcap", "inf", NULL, NULL, "finite number above 0"},
+        {"--alibi", "three.npy", NULL, NULL, "4 slopes"},
+        {"--alibi", "nan.npy", NULL, NULL, "CLATTN_ERROR_INVALID_MODIFIER"},
+        {"--alibi", "missing.npy", NULL, NULL, "missing.npy"},
+        {"--dropout", "0.1", "--seed", "-1", "whole number"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; ++i) {
+        char value[512];
+        snprintf(value, sizeof value, "%s",
+                 !strcmp(bad[i].flag, "--alibi") ? path(bad[i].value) : bad[i].value);
+        ck_assert_int_eq(run("forward", "--q", qp, "--k", kp, "--v", vp, "--out",
+                             path("bad.npy"), "--lse-out", path("badl.npy"), bad[i].flag, value,
+                             bad[i].flag2 ? bad[i].flag2 : "--device",
+                             bad[i].flag2 ? bad[i].value2 : "native", NULL),
+                         2);
+        ck_assert_msg(strstr(err_text, bad[i].says), "%s %s: %s", bad[i].flag, value, err_text);
+        ck_assert(access(path("bad.npy"), F_OK) != 0 && access(path("badl.npy"), F_OK) != 0);
+    }
+    ck_assert_int_eq(run("train", "--device", "native", "--dropout", "0.1", NULL), 0);
+    ck_assert_msg(strstr(out_text, "evaluation loss") && strstr(out_text, "ok"), "%s", out_text);
+    ck_assert_int_eq(run("train", "--seed", "3", NULL), 2);
+    problem_free(&p);
+    cleanup();
+}
+END_TEST
+
 /* Every kind of bad input: exit 2, one line on stderr, and no output file,
  * not even a temporary; an existing output is left as it was. */
 START_TEST(bad_input_leaves_nothing)
@@ -967,6 +1069,7 @@ Suite *cli_suite(void)
     tcase_add_test(tc, outputs_renamed_together);
     tcase_add_test(tc, causal_alignments);
     tcase_add_test(tc, packed_files);
+    tcase_add_test(tc, modifier_files);
     tcase_add_test(tc, device_failure_exit_one);
     tcase_add_test(tc, devices_and_demo);
     tcase_add_test(tc, tune_keeps_winner);

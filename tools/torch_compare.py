@@ -23,6 +23,11 @@ at most twice that of PyTorch's own 16-bit scaled_dot_product_attention
 where PyTorch's is below that; the LSE pairs, float32, keep the
 tolerance.
 
+--modifiers N (default 6; float32 only) adds N cases with softcap, ALiBi and
+dropout in random combinations: the cap by explicit float64 tanh, ALiBi as
+an additive bias (checked against PyTorch's SDPA with it as attn_mask),
+dropout's mask from a third Philox4x32-10 written here in numpy.
+
 --packed N (default 4; float32 only) adds N batches of packed sequences
 (--cu-seqlens-q and --cu-seqlens-kv, empty and one-token sequences among
 them, two rows past the last prefix sum on each side), each sequence's
@@ -217,6 +222,156 @@ def packed_case(rng, folder, cli, backends, variant, tolerance, worst):
     return failed
 
 
+MASK32 = np.uint64(0xFFFFFFFF)
+
+
+def philox(c, key):
+    """Philox4x32-10 of counters c (four uint64 arrays of 32-bit values) under
+    key (two ints), as docs/numerics.md states it; a third implementation,
+    beside the library's and the C tests'."""
+    c0, c1, c2, c3 = (np.asarray(x, dtype=np.uint64) & MASK32 for x in c)
+    k0, k1 = np.uint64(key[0]), np.uint64(key[1])
+    for r in range(10):
+        if r:
+            k0, k1 = (k0 + np.uint64(0x9E3779B9)) & MASK32, (k1 + np.uint64(0xBB67AE85)) & MASK32
+        p0, p1 = c0 * np.uint64(0xD2511F53), c2 * np.uint64(0xCD9E8D57)
+        c0, c1, c2, c3 = (p1 >> np.uint64(32)) ^ c1 ^ k0, p1 & MASK32, \
+            (p0 >> np.uint64(32)) ^ c3 ^ k1, p0 & MASK32
+    return c0, c1, c2, c3
+
+
+def dropout_factor(batch, heads, q_seq, kv_seq, causal, p, seed, offset):
+    """z[b, h, pos, t]: 1 / (1 - p) where the draw keeps the pair, else 0."""
+    w = philox((offset & 0xFFFFFFFF, offset >> 32, 0, 0), (seed & 0xFFFFFFFF, seed >> 32))
+    key = (int(w[0]), int(w[1]))
+    b, h, pos, t = np.meshgrid(np.arange(batch), np.arange(heads), np.arange(q_seq),
+                               np.arange(kv_seq), indexing="ij")
+    big_p = (pos + (kv_seq - q_seq if causal == 2 else 0)) % 2**32
+    words = philox((t // 4, big_p, h, b), key)
+    draw = np.choose(t % 4, words)
+    keep = draw.astype(np.float64) / 2.0**32 >= p
+    return np.where(keep, 1.0 / (1.0 - np.float64(np.float32(p))), 0.0)
+
+
+def reference_mod(q, k, v, d_out, causal, window, scale, softcap, slopes, z):
+    """reference() with the score modifiers, by explicit float64 math: the
+    cap by tanh, ALiBi as an additive bias (checked against PyTorch's SDPA
+    with that bias as attn_mask where there is no cap), dropout's factors z
+    on the probabilities."""
+    q, k, v, d_out = (torch.tensor(a, dtype=torch.float64, device=DEVICE)
+                      for a in (q, k, v, d_out))
+    for t in (q, k, v):
+        t.requires_grad_(True)
+    batch, q_seq, heads, _ = q.shape
+    kv_seq, kv_heads = k.shape[1], k.shape[2]
+    group = heads // kv_heads
+    qh = q.permute(0, 2, 1, 3)
+    kh = k.permute(0, 2, 1, 3).repeat_interleave(group, dim=1)
+    vh = v.permute(0, 2, 1, 3).repeat_interleave(group, dim=1)
+    s = qh @ kh.transpose(-1, -2) * scale
+    if softcap:
+        s = softcap * torch.tanh(s / softcap)
+    bias = torch.zeros(heads, q_seq, kv_seq, dtype=torch.float64, device=DEVICE)
+    if slopes is not None:
+        pos = torch.arange(q_seq, device=DEVICE).view(-1, 1) + (kv_seq - q_seq if causal == 2 else 0)
+        t = torch.arange(kv_seq, device=DEVICE).view(1, -1)
+        bias = -torch.tensor(slopes, dtype=torch.float64, device=DEVICE).view(-1, 1, 1) * \
+            (pos - t).abs().to(torch.float64)
+    s = s + bias
+    visible = visibility(q_seq, kv_seq, causal, window)
+    has_key = visible.any(dim=1).view(1, 1, -1, 1)
+    if not softcap and z is None:  # the bias as PyTorch's own additive mask
+        with torch.no_grad():
+            theirs = torch.nn.functional.scaled_dot_product_attention(
+                qh, kh, vh, attn_mask=bias.masked_fill(~visible, float("-inf")), scale=scale)
+            mine = torch.softmax(s.masked_fill(~visible, float("-inf")), dim=-1) @ vh
+        rows = has_key.expand_as(mine)
+        assert torch.allclose(mine[rows], theirs[rows]), "ALiBi differs from SDPA's attn_mask"
+    s = s.masked_fill(~visible, float("-inf")).masked_fill(~has_key, 0.0)
+    lse = torch.logsumexp(s, dim=-1, keepdim=True)
+    p = torch.exp(s - lse) * has_key
+    if z is not None:
+        p = p * torch.tensor(z, dtype=torch.float64, device=DEVICE)
+    o = (p @ vh).permute(0, 2, 1, 3)
+    o.backward(d_out)
+    cpu = lambda x: x.detach().cpu().numpy()
+    return (cpu(o), cpu(lse.squeeze(-1).permute(0, 2, 1)), cpu(has_key.view(-1)),
+            cpu(q.grad), cpu(k.grad), cpu(v.grad))
+
+
+def modifier_case(rng, folder, cli, backends, variant, tolerance, worst):
+    """One case with softcap, ALiBi and/or dropout through forward and
+    backward on every backend, against reference_mod; True where one fails."""
+    kv_heads = int(rng.choice([1, 2]))
+    heads = kv_heads * int(rng.choice([1, 2, 3]))
+    head_dim = int(rng.choice([8, 16, 40, 64]))
+    causal = int(rng.integers(3))
+    window = int(rng.choice([0, 0, 5]))
+    batch = int(rng.integers(1, 3))
+    q_seq = int(rng.integers(1, 70))
+    kv_seq = q_seq if rng.integers(2) else int(rng.integers(1, 70))
+    which = int(rng.integers(1, 8))  # bits: softcap, ALiBi, dropout
+    softcap = float(rng.choice([2.0, 10.0])) if which & 1 else 0.0
+    slopes = (2.0 ** -rng.uniform(1, 8, heads)).astype(np.float32) if which & 2 else None
+    p = float(np.float32(rng.choice([0.1, 0.5]))) if which & 4 else 0.0
+    seed, offset = int(rng.integers(2**63)), int(rng.integers(2**40))
+    q = rng.uniform(-4, 4, (batch, q_seq, heads, head_dim)).astype(np.float32)
+    k, v = (rng.uniform(-1, 1, (batch, kv_seq, kv_heads, head_dim)).astype(np.float32)
+            for _ in range(2))
+    d_out = rng.uniform(-1, 1, (batch, q_seq, heads, head_dim)).astype(np.float32)
+    scale = 1.0 / np.sqrt(head_dim)
+    z = dropout_factor(batch, heads, q_seq, kv_seq, causal, p, seed, offset) if p else None
+    o_ref, lse_ref, has_key, dq_ref, dk_ref, dv_ref = reference_mod(
+        q, k, v, d_out, causal, window, scale, softcap, slopes, z)
+    files = {n: save(folder, "m" + n + ".npy", x)
+             for n, x in (("q", q), ("k", k), ("v", v), ("do", d_out))}
+    flags = ({1: ["--causal"], 2: ["--causal-bottom-right"]}.get(causal, []) +
+             (["--window", str(window)] if window else []))
+    if softcap:
+        flags += ["--softcap", repr(softcap)]
+    if slopes is not None:
+        files["slopes"] = os.path.join(folder, "slopes.npy")
+        np.save(files["slopes"], slopes.astype("<f4"))
+        flags += ["--alibi", files["slopes"]]
+    if p:
+        flags += ["--dropout", repr(p), "--seed", str(seed), "--dropout-offset", str(offset)]
+    desc = (f"modifiers softcap {softcap} alibi {slopes is not None} dropout {p}: batch {batch} "
+            f"q {q_seq} kv {kv_seq} heads {heads}/{kv_heads} d {head_dim} causal {causal} "
+            f"window {window}")
+    rows_with_key = np.tile(has_key.reshape(1, -1, 1, 1), (batch, 1, heads, 1))
+    failed = False
+    for b in backends:
+        out = {n: os.path.join(folder, f"m{b}-{n}.npy") for n in ("o", "lse", "dq", "dk", "dv")}
+        run_flags = ["--device", b] + flags + (["--variant", variant] if variant and
+                                               b != "native" else [])
+        for cmd in (["forward", "--q", files["q"], "--k", files["k"], "--v", files["v"],
+                     "--out", out["o"], "--lse-out", out["lse"]],
+                    ["backward", "--q", files["q"], "--k", files["k"], "--v", files["v"],
+                     "--o", out["o"], "--lse", out["lse"], "--d-out", files["do"],
+                     "--dq", out["dq"], "--dk", out["dk"], "--dv", out["dv"]]):
+            run = subprocess.run([cli] + cmd + run_flags, capture_output=True, text=True)
+            if run.returncode:
+                print(f"{desc}: {b} {cmd[0]} failed: {run.stderr}")
+                failed = True
+                break
+        else:
+            pairs = np.load(out["lse"]).astype(np.float64)
+            has = rows_with_key[..., 0]
+            lse_sum = np.where(has, pairs[..., 0] + pairs[..., 1], 0.0)
+            errors = {"O": rel_error(load(out["o"]), o_ref),
+                      "LSE": rel_error(lse_sum, np.where(has, lse_ref, 0.0)),
+                      "dQ": rel_error(load(out["dq"]), dq_ref),
+                      "dK": rel_error(load(out["dk"]), dk_ref),
+                      "dV": rel_error(load(out["dv"]), dv_ref)}
+            for name, err in errors.items():
+                if err > worst[b].get(name, (0.0, ""))[0]:
+                    worst[b][name] = (err, desc)
+                if not err <= tolerance:
+                    print(f"{desc}: {b} {name} error {err:.3g} (bound {tolerance:.3g})")
+                    failed = True
+    return failed
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("cli")
@@ -228,6 +383,7 @@ def main():
     ap.add_argument("--dtype", default="f32", choices=["f32", "f16", "bf16"])
     ap.add_argument("--variant", help="the OpenCL backends' variant (default: each's own)")
     ap.add_argument("--packed", type=int, default=4)
+    ap.add_argument("--modifiers", type=int, default=6)
     args = ap.parse_args()
     large = [(1, 4096, 8, 8, 64, True), (1, 4096, 32, 8, 64, False),
              (1, 2048, 8, 8, 80, True), (1, 2048, 8, 8, 96, False),
@@ -342,12 +498,17 @@ def main():
         for _ in range(packed):
             failed |= packed_case(rng, folder, args.cli, [b for b in backends if b != "torch"],
                                   args.variant, args.tolerance, worst)
+        modified = args.modifiers if args.dtype == "f32" else 0
+        for _ in range(modified):
+            failed |= modifier_case(rng, folder, args.cli, [b for b in backends if b != "torch"],
+                                    args.variant, args.tolerance, worst)
     bound = (f"tolerance {args.tolerance:g}" if args.dtype == "f32" else
              f"{args.dtype}: at most 2x torch's own {args.dtype} SDPA error, the LSE "
              f"{args.tolerance:g}")
     print(f"clattn against torch {torch.__version__} float64 autograd, {args.cases} cases "
           f"{f'and {len(large)} large shapes ' if large else ''}"
           f"{f'and {packed} packed batches ' if packed else ''}"
+          f"{f'and {modified} cases with score modifiers ' if modified else ''}"
           f"(max |err| / max |ref|, {bound}):")
     print("backend     " + "".join(f"{n:>11}" for n in ("O", "LSE", "dQ", "dK", "dV")))
     for b in backends:

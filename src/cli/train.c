@@ -44,27 +44,62 @@ static void progress(int tty, int step, int steps, double loss)
     }
 }
 
+/* The loss of the layer's output against the target with s as given
+ * (the evaluation loss: without dropout). */
+static clattn_status eval_loss(clattn_context *ctx, const clattn_shape *s, float *const param[3],
+                               void *const p_op[3], const size_t sizes[3], void *o_op, float *o,
+                               const float *target, float *lse, size_t nq, double *loss)
+{
+    for (int i = 0; i < 3 && s->dtype; ++i)
+        clattn_from_f32(s->dtype, param[i], p_op[i], sizes[i]);
+    const clattn_status st = clattn_forward(ctx, s, p_op[0], p_op[1], p_op[2], o_op, lse);
+    if (st != CLATTN_OK)
+        return st;
+    if (s->dtype)
+        clattn_to_f32(s->dtype, o_op, o, nq);
+    *loss = 0.0;
+    for (size_t i = 0; i < nq; ++i) {
+        const double diff = (double)o[i] - target[i];
+        *loss += diff * diff / (double)nq;
+    }
+    return CLATTN_OK;
+}
+
 int cmd_train(int argc, char **argv)
 {
     const char *cmd = "train";
     if (wants_help(argc, argv)) {
         printf("usage: clattn train [--steps N] [--device SEL] [--variant NAME] [--dtype T]\n"
+               "                    [--dropout P [--seed S]]\n"
                "Trains one causal attention layer (q_seq 64, 4 heads, 2 KV heads, head_dim\n"
                "16) whose Q, K and V are parameters, with Adam on forward + backward, to\n"
                "reproduce the output of a fixed random target layer. Prints the first and\n"
                "last loss; exits 1 unless the loss fell at least 100-fold. Default 300 steps.\n"
                "--dtype f16 or bf16 keeps float32 master weights and runs the op on 16-bit\n"
-               "tensors, as mixed-precision training does (default f32).\n");
+               "tensors, as mixed-precision training does (default f32).\n"
+               "--dropout P trains with dropout on the attention probabilities, a fresh\n"
+               "mask each step (seed S, default 1, at offset = the step), the backward\n"
+               "regenerating it; the loss that must fall is then the evaluation loss,\n"
+               "the forward without dropout, measured before the first and after the\n"
+               "last step.\n");
         return 0;
     }
     const char *device = NULL, *variant = NULL, *dtype_name = "f32";
     uint32_t steps = 300;
+    float dropout = 0.0f;
+    uint64_t seed = 1;
     opt opts[] = {{"--device", OPT_STRING, &device, 0, 0},
                   {"--variant", OPT_STRING, &variant, 0, 0},
                   {"--steps", OPT_UINT, &steps, 0, 0},
-                  {"--dtype", OPT_STRING, &dtype_name, 0, 0}};
-    if (!parse_opts(cmd, argc, argv, opts, 4))
+                  {"--dtype", OPT_STRING, &dtype_name, 0, 0},
+                  {"--dropout", OPT_FRACTION, &dropout, 0, 0},
+                  {"--seed", OPT_U64, &seed, 0, 0}};
+    if (!parse_opts(cmd, argc, argv, opts, 6))
         return EXIT_INPUT;
+    if (opts[5].seen && !(dropout > 0.0f)) {
+        fprintf(stderr, "clattn train: --seed goes with --dropout P > 0\n");
+        return EXIT_INPUT;
+    }
     static const char *const dtype_words[3] = {"float32", "float16", "bfloat16"};
     clattn_dtype dt;
     if (!parse_dtype(cmd, dtype_name, &dt))
@@ -125,13 +160,22 @@ int cmd_train(int argc, char **argv)
     for (int i = 0; i < 3; ++i)
         fill_uniform(param[i], sizes[i], 1.0f, &state);
     printf("clattn train on %s, variant %s: causal, q_seq %u, %u heads, %u KV heads, "
-           "head_dim %u, %s tensors, Adam, %u steps\n",
+           "head_dim %u, %s tensors, Adam, %u steps",
            clattn_context_device(ctx), clattn_context_variant(ctx), s.q_seq, s.num_heads,
            s.num_kv_heads, s.head_dim, dtype_words[dt], steps);
+    if (dropout > 0.0f)
+        printf(", dropout %g (seed %llu)", (double)dropout, (unsigned long long)seed);
+    printf("\n");
+    double eval_first = 0.0;
+    if (dropout > 0.0f && st == CLATTN_OK)
+        st = eval_loss(ctx, &s, param, p_op, sizes, o_op, o, target, lse, nq, &eval_first);
+    s.dropout_p = dropout;
+    s.dropout_seed = seed;
     fflush(stdout);
     const int tty = isatty(fileno(stderr));
     double first = 0.0, loss = 0.0;
     for (uint32_t step = 1; step <= steps && st == CLATTN_OK; ++step) {
+        s.dropout_offset = step; /* a fresh mask each step, the backward's the same */
         for (int i = 0; i < 3 && dt; ++i)
             clattn_from_f32(s.dtype, param[i], p_op[i], sizes[i]);
         st = clattn_forward(ctx, &s, p_op[0], p_op[1], p_op[2], o_op, lse);
@@ -161,8 +205,19 @@ int cmd_train(int argc, char **argv)
         rc = op_failed(cmd, st);
         goto done;
     }
+    if (dropout > 0.0f) {
+        printf("training loss (dropout): first %.6e, last %.6e\n", first, loss);
+        s.dropout_p = 0.0f;
+        st = eval_loss(ctx, &s, param, p_op, sizes, o_op, o, target, lse, nq, &loss);
+        if (st != CLATTN_OK) {
+            rc = op_failed(cmd, st);
+            goto done;
+        }
+        first = eval_first;
+    }
     const double fell = loss > 0.0 ? first / loss : INFINITY;
-    printf("loss: first %.6e, last %.6e, fell %.1f-fold (target 100): %s\n", first, loss, fell,
+    printf("%s: first %.6e, last %.6e, fell %.1f-fold (target 100): %s\n",
+           dropout > 0.0f ? "evaluation loss" : "loss", first, loss, fell,
            fell >= 100.0 ? "ok" : "FAILED");
     rc = fell >= 100.0 ? 0 : EXIT_DEVICE;
 done:
