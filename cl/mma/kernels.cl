@@ -11,18 +11,67 @@
 #endif
 #define PRE(scale) (DTYPE != 0 ? (scale) : 1.0f)
 
-/* The modified scores of the warp's 16 x TILE block: keys t0 + n * 8 + 2t
- * + (i & 1), rows row0 (+ 8 where i & 2). */
-inline void modify_block(float *s, float pre, uint t0, uint row0, uint head, long delta,
-                         float softcap, __global const float *slopes)
+/* The ALiBi slope of a query head (0 without ALiBi). */
+#if MODS & MOD_ALIBI
+#define SLOPE(head) slopes[head]
+#else
+#define SLOPE(head) 0.0f
+#endif
+
+/* One score modified: x is the raw product, times pre the scaled score.
+ * The cap: 16-bit kernels take tanh(y) = 1 - 2 / (1 + 2^(2 y log2(e))) by
+ * ex2.approx and rcp.approx (inv2 = pre * 2 log2(e) / softcap), a few
+ * ulps of 1 where the builtin tanh took about 20 instructions a score;
+ * float32 keeps tanh. Then ALiBi's slope * dist. */
+inline float modify_one(float x, float pre, float inv2, float softcap, float slope, float dist,
+                        float *dz)
 {
-    const uint t = get_local_id(0) & 3u;
-    UNROLL
-    for (uint j = 0; j < NT * 4; ++j) {
-        float dz;
-        s[j] = modify(s[j] * pre, row0 + ((j & 2) ? 8u : 0u), t0 + j / 4 * 8 + 2 * t + (j & 1),
-                      head, delta, softcap, slopes, &dz);
+    float g = 1.0f;
+    x *= pre;
+#if MODS & MOD_SOFTCAP
+#if DTYPE != 0
+    const float th = 1.0f - 2.0f * native_recip(1.0f + native_exp2(x * (inv2 / pre)));
+#else
+    const float th = tanh(x / softcap);
+#endif
+    x = softcap * th;
+    g = 1.0f - th * th;
+#endif
+#if MODS & MOD_ALIBI
+    x -= slope * dist;
+#endif
+    *dz = g;
+    return x;
+}
+
+/* The modified scores of a lane's part of a 16 x TILE block, and their
+ * derivatives into dz: element j's |P - T| is |base + side * off(j)| with
+ * off(j) = (j & 2 ? 8 : 0) - j / 4 * 8 - (j & 1), side 1 for the query
+ * side's blocks (rows queries, columns keys: base = row0 + delta - t0 -
+ * 2t) and -1 for the key side's (base = p0 + 2t + delta - key0). In
+ * float32 from base while that is exact, below 2^23. */
+inline void modify_lane(float *s, float *dz, float pre, long base, float side, float softcap,
+                        float slope)
+{
+#if MODS & MOD_SOFTCAP
+    const float inv2 = pre * (2.0f * 1.44269504088896341f) / softcap;
+#else
+    const float inv2 = 0.0f;
+#endif
+#define OFF(j) ((float)(((j) & 2 ? 8 : 0) - (int)((j) / 4 * 8) - (int)((j) & 1)))
+    if (base > -(1L << 23) && base < (1L << 23)) {
+        const float fb = (float)base;
+        UNROLL
+        for (uint j = 0; j < NT * 4; ++j)
+            s[j] = modify_one(s[j], pre, inv2, softcap, slope, fabs(fb + side * OFF(j)), &dz[j]);
+    } else {
+        UNROLL
+        for (uint j = 0; j < NT * 4; ++j) {
+            const long d = base + (long)(side * OFF(j));
+            s[j] = modify_one(s[j], pre, inv2, softcap, slope, (float)(d < 0 ? -d : d), &dz[j]);
+        }
     }
+#undef OFF
 }
 
 /* Word i (0 .. 3) of a Philox block. */
@@ -92,6 +141,7 @@ forward__mma(__global const elem *q, ulong q_off, __global const elem *k, ulong 
     const uint kv_head = head / (num_heads / num_kv_heads);
     const uint r0 = query_block(q_seq, causal);
     const uint row0 = r0 + warp / WSPLIT * 16u + g, row1 = row0 + 8u;
+    const float slope = SLOPE(head);
 
     frag qf[KS][4]; /* Q (times scale for fp32): this lane's part of its rows and columns */
     UNROLL
@@ -124,7 +174,9 @@ forward__mma(__global const elem *q, ulong q_off, __global const elem *k, ulong 
         float s[NT][4];
         scores(&s[0][0], 0, &qf[0][0], 0, kt, 0, d0, xch, emu);
 #if SHAPED
-        modify_block(&s[0][0], PRE(scale), t0, row0, head, delta, softcap, slopes);
+        float dz[NT * 4]; /* unused: the forward needs no derivative */
+        modify_lane(&s[0][0], dz, PRE(scale), (long)row0 + delta - (long)t0 - 2 * (long)t, 1.0f,
+                    softcap, slope);
 #endif
         /* Only tiles that some row sees in part are masked. */
         const bool whole =
@@ -210,8 +262,8 @@ forward__mma(__global const elem *q, ulong q_off, __global const elem *k, ulong 
  * `masked`: keys past hi or not visible get 0. */
 inline void ds_of_rows(float *s, const float *dp, const float *m, const float *l,
                        const float *ds_row, float unit, bool masked, uint t0, uint hi, uint row0,
-                       int causal, uint window, long delta, uint head, uint b, float scale,
-                       MOD_ARGS)
+                       int causal, uint window, long delta, uint head, uint b,
+                       const float *dz, MOD_ARGS)
 {
     const uint t = get_local_id(0) & 3u;
 #if DTYPE != 0 && FOLD_ML
@@ -221,10 +273,8 @@ inline void ds_of_rows(float *s, const float *dp, const float *m, const float *l
     for (uint j = 0; j < NT * 4; ++j) {
         const uint key = t0 + j / 4 * 8 + 2 * t + (j & 1), row = row0 + ((j & 2) ? 8u : 0u);
         const int r = (j & 2) ? 1 : 0;
-        float x = s[j], dz = 1.0f, g = 1.0f;
-#if SHAPED
-        x = MODIFY(x * PRE(scale), row, key, head, &dz);
-#endif
+        const float x = s[j];
+        float g = 1.0f;
 #if MODS & MOD_DROPOUT
         g = DROP(row, key, head, b);
 #endif
@@ -235,7 +285,7 @@ inline void ds_of_rows(float *s, const float *dp, const float *m, const float *l
 #endif
         const bool keep = !masked || (key < hi && visible(row, key, causal, window, delta));
 #if MODS
-        s[j] = keep ? p * (g * dp[j] - ds_row[r]) * dz : 0.0f;
+        s[j] = keep ? p * (g * dp[j] - ds_row[r]) * dz[j] : 0.0f;
 #else
         s[j] = keep ? p * (dp[j] - ds_row[r]) : 0.0f;
 #endif
@@ -266,6 +316,7 @@ grad_q__mma(__global const elem *q, ulong q_off, __global const elem *k, ulong k
     const uint kv_head = head / (num_heads / num_kv_heads);
     const uint r0 = query_block(q_seq, causal);
     const uint row0 = r0 + warp / WSPLIT * 16u + g, row1 = row0 + 8u;
+    const float slope = SLOPE(head);
 
     frag qf[KS][4], of[KS][4];
     float acc[KW][4];
@@ -299,17 +350,25 @@ grad_q__mma(__global const elem *q, ulong q_off, __global const elem *k, ulong k
                         num_kv_heads, kv_head);
         __local const float *kt = st.xt, *vt = st.yt;
 
-        float s[NT][4], dp[NT][4];
+        float s[NT][4], dp[NT][4], dz[NT * 4];
         scores(&s[0][0], &dp[0][0], &qf[0][0], &of[0][0], kt, vt, d0, xch, emu);
+#if SHAPED
+        modify_lane(&s[0][0], dz, PRE(scale), (long)row0 + delta - (long)t0 - 2 * (long)t, 1.0f,
+                    softcap, slope);
+#else
+        UNROLL
+        for (uint j = 0; j < NT * 4; ++j)
+            dz[j] = 1.0f;
+#endif
         const bool whole =
             t0 + TILE <= hi && all_visible(r0, last, t0, t0 + TILE - 1u, causal, window, delta);
         /* whole tiles skip the mask's tests */
         if (whole)
             ds_of_rows(&s[0][0], &dp[0][0], m, l, ds_row, unit, false, t0, hi, row0, causal,
-                       window, delta, head, b, scale, MOD_PASS);
+                       window, delta, head, b, dz, MOD_PASS);
         else
             ds_of_rows(&s[0][0], &dp[0][0], m, l, ds_row, unit, true, t0, hi, row0, causal,
-                       window, delta, head, b, scale, MOD_PASS);
+                       window, delta, head, b, dz, MOD_PASS);
         times(&acc[0][0], &s[0][0], kt, 0, 0, 0, d0, emu);
         stream_advance(&st, tiles, false);
     }
@@ -334,16 +393,14 @@ grad_q__mma(__global const elem *q, ulong q_off, __global const elem *k, ulong k
 inline void p_of_keys(float *s, float *dp, __local const float *mt, __local const float *lt,
                       __local const float *dt, float unit, bool masked, bool want_dk, uint p0,
                       uint hi, uint key0, int causal, uint window, long delta, uint head, uint b,
-                      float scale, MOD_ARGS)
+                      const float *dz, MOD_ARGS)
 {
     const uint t = get_local_id(0) & 3u;
     UNROLL
     for (uint i = 0; i < NT * 4; ++i) {
         const uint j = i / 4 * 8 + 2 * t + (i & 1), key = key0 + ((i & 2) ? 8u : 0u);
-        float x = s[i], dz = 1.0f, g = 1.0f;
-#if SHAPED
-        x = MODIFY(x * PRE(scale), p0 + j, key, head, &dz);
-#endif
+        const float x = s[i];
+        float g = 1.0f;
 #if MODS & MOD_DROPOUT
         g = DROP(p0 + j, key, head, b);
 #endif
@@ -355,7 +412,7 @@ inline void p_of_keys(float *s, float *dp, __local const float *mt, __local cons
         const bool keep = !masked || (p0 + j < hi && visible(p0 + j, key, causal, window, delta));
 #if MODS
         s[i] = keep ? p * g : 0.0f;
-        dp[i] = keep && want_dk ? p * (g * dp[i] - dt[j]) * dz : 0.0f;
+        dp[i] = keep && want_dk ? p * (g * dp[i] - dt[j]) * dz[i] : 0.0f;
 #else
         s[i] = keep ? p : 0.0f;
         dp[i] = keep && want_dk ? p * (dp[i] - dt[j]) : 0.0f;
@@ -437,12 +494,21 @@ inline void key_side(__global const elem *q, __global const elem *k, __global co
                            all_visible(p0, (long)p0 + TILE - 1, r0, last, causal, window, delta);
         /* whole tiles skip the mask's tests */
         const uint head = kv_head * group + step / per_head;
+        float dz[NT * 4];
+#if SHAPED
+        modify_lane(&s[0][0], dz, PRE(scale), (long)p0 + 2 * (long)t + delta - (long)key0, -1.0f,
+                    softcap, SLOPE(head));
+#else
+        UNROLL
+        for (uint j = 0; j < NT * 4; ++j)
+            dz[j] = 1.0f;
+#endif
         if (whole)
             p_of_keys(&s[0][0], &dp[0][0], mt, lt, dt, unit, false, want_dk, p0, hi, key0, causal,
-                      window, delta, head, b, scale, MOD_PASS);
+                      window, delta, head, b, dz, MOD_PASS);
         else
             p_of_keys(&s[0][0], &dp[0][0], mt, lt, dt, unit, true, want_dk, p0, hi, key0, causal,
-                      window, delta, head, b, scale, MOD_PASS);
+                      window, delta, head, b, dz, MOD_PASS);
 #if DTYPE != 0 && WSPLIT == 1
         if (dq32)
             store_ds(ds, &dp[0][0]);

@@ -110,18 +110,20 @@ static const uint32_t lane_index[KEY_BLOCK] = {
  * trick) and f in [-1/2, 1/2]; 2^f by a degree-6 polynomial (fitted to
  * 2^f's relative error on that range by reweighted least squares: 1.9e-9,
  * within 1.6 ulp as float32 arithmetic evaluates it), times 2^n made in
- * the exponent bits. t is clamped to [-127, 127]: below -127 it gives 0,
- * far below anything the sums can see (the weights here are at most 1).
+ * the exponent bits. t is clamped to [-127, 127]; below -64 it gives 0, far
+ * below anything the sums can see (the weights here are at most 1, and one
+ * of each row's is 1), and never a subnormal weight: subnormal operands
+ * make x86 FMAs take microcode assists, and ALiBi's far keys give many
+ * weights in that range.
  * Scores go to the units of t with their scale in one product (scale *
  * log2(e)): about 15 operations a lane where exp() by Cody-Waite reduction
  * by ln 2 took about 22.
  *
  * AVX-512 has the rounding (vrndscaleps) and the scaling by 2^n
  * (vscalefps) as instructions: 11 operations a lane. Bit for bit the same:
- * n nearest-even either way, p * 2^n rounded once either way (a subnormal
- * product too), and where the clamp above makes n -127 (t < -126.5,
- * -inf) the zero that 2^-127's bits (0) give comes from the scaling's
- * zero mask instead; NaN (unordered, so not masked) stays NaN. On the H200
+ * n nearest-even either way, p * 2^n rounded once either way, and below
+ * -64 the zero comes from the scaling's zero mask in one and a select in
+ * the other; NaN (unordered, so not masked) stays NaN. On the H200
  * machine's CPU, one thread, a pass of it over a 32 x 32 tile took 0.84-0.89
  * of the time of the bits form (7 of 8 readings; one 0.55). */
 #define LOG2E 1.44269504088896341f
@@ -141,16 +143,17 @@ INLINE hvec exp2v(hvec t)
 {
     const __m512 x = _mm512_min_ps(_mm512_set1_ps(127.0f), (__m512)t); /* NaN stays NaN */
     const __m512 n = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    const __mmask16 live = _mm512_cmp_ps_mask((__m512)t, _mm512_set1_ps(-126.5f), _CMP_NLT_UQ);
+    const __mmask16 live = _mm512_cmp_ps_mask((__m512)t, _mm512_set1_ps(-64.0f), _CMP_NLT_UQ);
     return (hvec)_mm512_maskz_scalef_ps(live, (__m512)exp2_poly((hvec)x - (hvec)n), n);
 }
 #else
 INLINE hvec exp2v(hvec t)
 {
+    const hivec dead = t < -64.0f; /* not NaN */
     t = HMIN(HSPLAT(127.0f), HMAX(HSPLAT(-127.0f), t)); /* NaN stays NaN */
     const hvec n = (t + 12582912.0f) - 12582912.0f;
     const hivec bits = (__builtin_convertvector(n, hivec) + 127) << 23;
-    return exp2_poly(t - n) * (hvec)bits;
+    return HSELECT(dead, HSPLAT(0.0f), exp2_poly(t - n) * (hvec)bits);
 }
 #endif
 
