@@ -291,7 +291,7 @@ END_TEST
  * own, outputs poisoned first; the _cl calls give bitwise what the
  * host-pointer calls give, rows no sequence writes included, and the event
  * completes after every sequence and fill. */
-START_TEST(packed_buffers)
+static void packed_buffers_run(int mods)
 {
     if (!strcmp(test_backend, "native"))
         return; /* no cl_mem there */
@@ -310,6 +310,15 @@ START_TEST(packed_buffers)
     s.causal = CLATTN_CAUSAL_BOTTOM_RIGHT;
     s.cu_seqlens_q = cq;
     s.cu_seqlens_kv = ck;
+    /* mods: every score modifier, the slopes read during the call only */
+    float slopes[4] = {0.5f, 0.25f, 0.125f, 0.0625f};
+    if (mods) {
+        s.softcap = 3.0f;
+        s.alibi_slopes = slopes;
+        s.dropout_p = 0.2f;
+        s.dropout_seed = 5;
+        s.dropout_offset = 9;
+    }
     const size_t nq = 38 * 4 * 24, nkv = 26 * 2 * 24, nl = 38 * 4 * 2, off = 3;
     const size_t n[9] = {nq, nkv, nkv, nq, nl, nq, nq, nkv, nkv};
     float *host[9], *got[9];
@@ -351,6 +360,7 @@ START_TEST(packed_buffers)
     ck_assert_status(clattn_backward_cl(ctx, &s, t[0], t[1], t[2], t[3], t[4], t[5], t[6], t[7],
                                         t[8], 1, &fwd, &bwd),
                      CLATTN_OK);
+    slopes[0] = slopes[1] = slopes[2] = slopes[3] = NAN; /* the calls have returned */
     ck_assert_int_eq(clWaitForEvents(1, &bwd), CL_SUCCESS);
     clReleaseEvent(fwd);
     clReleaseEvent(bwd);
@@ -373,11 +383,17 @@ START_TEST(packed_buffers)
     }
     clattn_context_destroy(ctx);
 }
+
+START_TEST(packed_buffers) { packed_buffers_run(0); }
+END_TEST
+
+/* The same with softcap, ALiBi and dropout. */
+START_TEST(modified_buffers) { packed_buffers_run(1); }
 END_TEST
 
 Suite *buffers_suite(void)
 {
     const TTest *const tests[] = {caller_buffers, caller_buffers_training, merge_non_finite,
-                                  packed_buffers};
+                                  packed_buffers, modified_buffers};
     return case_suite("buffers", "cl_mem", 600, tests, sizeof tests / sizeof *tests);
 }
