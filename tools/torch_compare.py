@@ -149,6 +149,44 @@ def rel_error(got, want):
     return float(np.abs(got.astype(np.float64) - want).max() / (scale if scale > 0 else 1.0))
 
 
+def run_backends(cli, folder, tag, files, flags, backends, variant, has, refs, tolerance,
+                 worst, desc):
+    """clattn forward and backward of one case on every backend, each output
+    against refs (O, LSE, dQ, dK, dV; the LSE pairs summed where has, the
+    rows that see a key); True where one fails."""
+    o_ref, lse_ref, dq_ref, dk_ref, dv_ref = refs
+    failed = False
+    for b in backends:
+        out = {n: os.path.join(folder, f"{tag}{b}-{n}.npy") for n in ("o", "lse", "dq", "dk", "dv")}
+        run_flags = ["--device", b] + flags + (["--variant", variant] if variant and
+                                               b != "native" else [])
+        for cmd in (["forward", "--q", files["q"], "--k", files["k"], "--v", files["v"],
+                     "--out", out["o"], "--lse-out", out["lse"]],
+                    ["backward", "--q", files["q"], "--k", files["k"], "--v", files["v"],
+                     "--o", out["o"], "--lse", out["lse"], "--d-out", files["do"],
+                     "--dq", out["dq"], "--dk", out["dk"], "--dv", out["dv"]]):
+            run = subprocess.run([cli] + cmd + run_flags, capture_output=True, text=True)
+            if run.returncode:
+                print(f"{desc}: {b} {cmd[0]} failed: {run.stderr}")
+                failed = True
+                break
+        else:
+            pairs = np.load(out["lse"]).astype(np.float64)
+            lse_sum = np.where(has, pairs[..., 0] + pairs[..., 1], 0.0)
+            errors = {"O": rel_error(load(out["o"]), o_ref),
+                      "LSE": rel_error(lse_sum, np.where(has, lse_ref, 0.0)),
+                      "dQ": rel_error(load(out["dq"]), dq_ref),
+                      "dK": rel_error(load(out["dk"]), dk_ref),
+                      "dV": rel_error(load(out["dv"]), dv_ref)}
+            for name, err in errors.items():
+                if err > worst[b].get(name, (0.0, ""))[0]:
+                    worst[b][name] = (err, desc)
+                if not err <= tolerance:
+                    print(f"{desc}: {b} {name} error {err:.3g} (bound {tolerance:.3g})")
+                    failed = True
+    return failed
+
+
 def packed_case(rng, folder, cli, backends, variant, tolerance, worst):
     """One batch of packed sequences through forward and backward on every
     backend, against each sequence's float64 reference; True where one fails."""
@@ -190,36 +228,8 @@ def packed_case(rng, folder, cli, backends, variant, tolerance, worst):
              ["--cu-seqlens-q", files["cq"], "--cu-seqlens-kv", files["ck"]])
     desc = (f"packed {lq} / {lk}: heads {heads}/{kv_heads} d {head_dim} causal {causal} "
             f"window {window}")
-    failed = False
-    for b in backends:
-        out = {n: os.path.join(folder, f"p{b}-{n}.npy") for n in ("o", "lse", "dq", "dk", "dv")}
-        run_flags = ["--device", b] + flags + (["--variant", variant] if variant and
-                                               b != "native" else [])
-        for cmd in (["forward", "--q", files["q"], "--k", files["k"], "--v", files["v"],
-                     "--out", out["o"], "--lse-out", out["lse"]],
-                    ["backward", "--q", files["q"], "--k", files["k"], "--v", files["v"],
-                     "--o", out["o"], "--lse", out["lse"], "--d-out", files["do"],
-                     "--dq", out["dq"], "--dk", out["dk"], "--dv", out["dv"]]):
-            run = subprocess.run([cli] + cmd + run_flags, capture_output=True, text=True)
-            if run.returncode:
-                print(f"{desc}: {b} {cmd[0]} failed: {run.stderr}")
-                failed = True
-                break
-        else:
-            pairs = np.load(out["lse"]).astype(np.float64)
-            lse_sum = np.where(has[:, None], pairs[..., 0] + pairs[..., 1], 0.0)
-            errors = {"O": rel_error(load(out["o"]), o_ref),
-                      "LSE": rel_error(lse_sum, np.where(has[:, None], lse_ref, 0.0)),
-                      "dQ": rel_error(load(out["dq"]), dq_ref),
-                      "dK": rel_error(load(out["dk"]), dk_ref),
-                      "dV": rel_error(load(out["dv"]), dv_ref)}
-            for name, err in errors.items():
-                if err > worst[b].get(name, (0.0, ""))[0]:
-                    worst[b][name] = (err, desc)
-                if not err <= tolerance:
-                    print(f"{desc}: {b} {name} error {err:.3g} (bound {tolerance:.3g})")
-                    failed = True
-    return failed
+    return run_backends(cli, folder, "p", files, flags, backends, variant, has[:, None],
+                        (o_ref, lse_ref, dq_ref, dk_ref, dv_ref), tolerance, worst, desc)
 
 
 MASK32 = np.uint64(0xFFFFFFFF)
@@ -338,38 +348,9 @@ def modifier_case(rng, folder, cli, backends, variant, tolerance, worst):
     desc = (f"modifiers softcap {softcap} alibi {slopes is not None} dropout {p}: batch {batch} "
             f"q {q_seq} kv {kv_seq} heads {heads}/{kv_heads} d {head_dim} causal {causal} "
             f"window {window}")
-    rows_with_key = np.tile(has_key.reshape(1, -1, 1, 1), (batch, 1, heads, 1))
-    failed = False
-    for b in backends:
-        out = {n: os.path.join(folder, f"m{b}-{n}.npy") for n in ("o", "lse", "dq", "dk", "dv")}
-        run_flags = ["--device", b] + flags + (["--variant", variant] if variant and
-                                               b != "native" else [])
-        for cmd in (["forward", "--q", files["q"], "--k", files["k"], "--v", files["v"],
-                     "--out", out["o"], "--lse-out", out["lse"]],
-                    ["backward", "--q", files["q"], "--k", files["k"], "--v", files["v"],
-                     "--o", out["o"], "--lse", out["lse"], "--d-out", files["do"],
-                     "--dq", out["dq"], "--dk", out["dk"], "--dv", out["dv"]]):
-            run = subprocess.run([cli] + cmd + run_flags, capture_output=True, text=True)
-            if run.returncode:
-                print(f"{desc}: {b} {cmd[0]} failed: {run.stderr}")
-                failed = True
-                break
-        else:
-            pairs = np.load(out["lse"]).astype(np.float64)
-            has = rows_with_key[..., 0]
-            lse_sum = np.where(has, pairs[..., 0] + pairs[..., 1], 0.0)
-            errors = {"O": rel_error(load(out["o"]), o_ref),
-                      "LSE": rel_error(lse_sum, np.where(has, lse_ref, 0.0)),
-                      "dQ": rel_error(load(out["dq"]), dq_ref),
-                      "dK": rel_error(load(out["dk"]), dk_ref),
-                      "dV": rel_error(load(out["dv"]), dv_ref)}
-            for name, err in errors.items():
-                if err > worst[b].get(name, (0.0, ""))[0]:
-                    worst[b][name] = (err, desc)
-                if not err <= tolerance:
-                    print(f"{desc}: {b} {name} error {err:.3g} (bound {tolerance:.3g})")
-                    failed = True
-    return failed
+    rows_with_key = np.tile(has_key.reshape(1, -1, 1), (batch, 1, heads))
+    return run_backends(cli, folder, "m", files, flags, backends, variant, rows_with_key,
+                        (o_ref, lse_ref, dq_ref, dk_ref, dv_ref), tolerance, worst, desc)
 
 
 def main():

@@ -12,23 +12,10 @@ backward).
 """
 import argparse
 import json
-import statistics
 
 import torch
 
-
-def timed(fn, reps):
-    fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        torch.cuda.synchronize()
-        times.append(a.elapsed_time(b) * 1e-3)
-    return statistics.median(times)
+from torch_varlen import timed  # the same CUDA-event timing, median of reps
 
 
 def main():
