@@ -64,8 +64,12 @@ def visibility(q_seq, kv_seq, causal, window):
     return visible
 
 
-def reference(q, k, v, d_out, causal, window, scale):
-    """O, the log-sum-exp per row, and dQ dK dV by autograd, in float64."""
+def reference(q, k, v, d_out, causal, window, scale, softcap=0.0, slopes=None, z=None):
+    """O, the log-sum-exp per row, and dQ dK dV by autograd, in float64; with
+    the score modifiers by explicit math: the cap by tanh, ALiBi as an
+    additive bias (checked against PyTorch's SDPA with that bias as
+    attn_mask where there is no cap), dropout's factors z on the
+    probabilities."""
     q, k, v, d_out = (torch.tensor(a, dtype=torch.float64, device=DEVICE)
                       for a in (q, k, v, d_out))
     for t in (q, k, v):
@@ -78,17 +82,35 @@ def reference(q, k, v, d_out, causal, window, scale):
     vh = v.permute(0, 2, 1, 3).repeat_interleave(group, dim=1)
     s = qh @ kh.transpose(-1, -2) * scale
     visible = visibility(q_seq, kv_seq, causal, window)
-    if causal == 1 and not window:  # the mask is PyTorch's own is_causal one
+    has_key = visible.any(dim=1).view(1, 1, -1, 1)
+    plain = not softcap and slopes is None and z is None
+    if plain and causal == 1 and not window:  # the mask is PyTorch's own is_causal one
         with torch.no_grad():
             mine = torch.nn.functional.scaled_dot_product_attention(
                 qh, kh, vh, attn_mask=visible, scale=scale)
             theirs = torch.nn.functional.scaled_dot_product_attention(
                 qh, kh, vh, is_causal=True, scale=scale)
         assert torch.allclose(mine, theirs, equal_nan=True), "is_causal aligns otherwise"
-    has_key = visible.any(dim=1).view(1, 1, -1, 1)
+    if softcap:
+        s = softcap * torch.tanh(s / softcap)
+    if slopes is not None:
+        pos = torch.arange(q_seq, device=DEVICE).view(-1, 1) + (kv_seq - q_seq if causal == 2 else 0)
+        t = torch.arange(kv_seq, device=DEVICE).view(1, -1)
+        bias = -torch.tensor(slopes, dtype=torch.float64, device=DEVICE).view(-1, 1, 1) * \
+            (pos - t).abs().to(torch.float64)
+        s = s + bias
+        if not softcap and z is None:  # the bias as PyTorch's own additive mask
+            with torch.no_grad():
+                theirs = torch.nn.functional.scaled_dot_product_attention(
+                    qh, kh, vh, attn_mask=bias.masked_fill(~visible, float("-inf")), scale=scale)
+                mine = torch.softmax(s.masked_fill(~visible, float("-inf")), dim=-1) @ vh
+            rows = has_key.expand_as(mine)
+            assert torch.allclose(mine[rows], theirs[rows]), "ALiBi differs from SDPA's attn_mask"
     s = s.masked_fill(~visible, float("-inf")).masked_fill(~has_key, 0.0)
     lse = torch.logsumexp(s, dim=-1, keepdim=True)
     p = torch.exp(s - lse) * has_key
+    if z is not None:
+        p = p * torch.tensor(z, dtype=torch.float64, device=DEVICE)
     o = (p @ vh).permute(0, 2, 1, 3)
     o.backward(d_out)
     cpu = lambda x: x.detach().cpu().numpy()
@@ -263,55 +285,9 @@ def dropout_factor(batch, heads, q_seq, kv_seq, causal, p, seed, offset):
     return np.where(keep, 1.0 / (1.0 - np.float64(np.float32(p))), 0.0)
 
 
-def reference_mod(q, k, v, d_out, causal, window, scale, softcap, slopes, z):
-    """reference() with the score modifiers, by explicit float64 math: the
-    cap by tanh, ALiBi as an additive bias (checked against PyTorch's SDPA
-    with that bias as attn_mask where there is no cap), dropout's factors z
-    on the probabilities."""
-    q, k, v, d_out = (torch.tensor(a, dtype=torch.float64, device=DEVICE)
-                      for a in (q, k, v, d_out))
-    for t in (q, k, v):
-        t.requires_grad_(True)
-    batch, q_seq, heads, _ = q.shape
-    kv_seq, kv_heads = k.shape[1], k.shape[2]
-    group = heads // kv_heads
-    qh = q.permute(0, 2, 1, 3)
-    kh = k.permute(0, 2, 1, 3).repeat_interleave(group, dim=1)
-    vh = v.permute(0, 2, 1, 3).repeat_interleave(group, dim=1)
-    s = qh @ kh.transpose(-1, -2) * scale
-    if softcap:
-        s = softcap * torch.tanh(s / softcap)
-    bias = torch.zeros(heads, q_seq, kv_seq, dtype=torch.float64, device=DEVICE)
-    if slopes is not None:
-        pos = torch.arange(q_seq, device=DEVICE).view(-1, 1) + (kv_seq - q_seq if causal == 2 else 0)
-        t = torch.arange(kv_seq, device=DEVICE).view(1, -1)
-        bias = -torch.tensor(slopes, dtype=torch.float64, device=DEVICE).view(-1, 1, 1) * \
-            (pos - t).abs().to(torch.float64)
-    s = s + bias
-    visible = visibility(q_seq, kv_seq, causal, window)
-    has_key = visible.any(dim=1).view(1, 1, -1, 1)
-    if not softcap and z is None:  # the bias as PyTorch's own additive mask
-        with torch.no_grad():
-            theirs = torch.nn.functional.scaled_dot_product_attention(
-                qh, kh, vh, attn_mask=bias.masked_fill(~visible, float("-inf")), scale=scale)
-            mine = torch.softmax(s.masked_fill(~visible, float("-inf")), dim=-1) @ vh
-        rows = has_key.expand_as(mine)
-        assert torch.allclose(mine[rows], theirs[rows]), "ALiBi differs from SDPA's attn_mask"
-    s = s.masked_fill(~visible, float("-inf")).masked_fill(~has_key, 0.0)
-    lse = torch.logsumexp(s, dim=-1, keepdim=True)
-    p = torch.exp(s - lse) * has_key
-    if z is not None:
-        p = p * torch.tensor(z, dtype=torch.float64, device=DEVICE)
-    o = (p @ vh).permute(0, 2, 1, 3)
-    o.backward(d_out)
-    cpu = lambda x: x.detach().cpu().numpy()
-    return (cpu(o), cpu(lse.squeeze(-1).permute(0, 2, 1)), cpu(has_key.view(-1)),
-            cpu(q.grad), cpu(k.grad), cpu(v.grad))
-
-
 def modifier_case(rng, folder, cli, backends, variant, tolerance, worst):
     """One case with softcap, ALiBi and/or dropout through forward and
-    backward on every backend, against reference_mod; True where one fails."""
+    backward on every backend, against reference(); True where one fails."""
     kv_heads = int(rng.choice([1, 2]))
     heads = kv_heads * int(rng.choice([1, 2, 3]))
     head_dim = int(rng.choice([8, 16, 40, 64]))
@@ -331,7 +307,7 @@ def modifier_case(rng, folder, cli, backends, variant, tolerance, worst):
     d_out = rng.uniform(-1, 1, (batch, q_seq, heads, head_dim)).astype(np.float32)
     scale = 1.0 / np.sqrt(head_dim)
     z = dropout_factor(batch, heads, q_seq, kv_seq, causal, p, seed, offset) if p else None
-    o_ref, lse_ref, has_key, dq_ref, dk_ref, dv_ref = reference_mod(
+    o_ref, lse_ref, has_key, dq_ref, dk_ref, dv_ref = reference(
         q, k, v, d_out, causal, window, scale, softcap, slopes, z)
     files = {n: save(folder, "m" + n + ".npy", x)
              for n, x in (("q", q), ("k", k), ("v", v), ("do", d_out))}
