@@ -311,32 +311,45 @@ static int fill_host(void *arg, int role, size_t first, size_t count, float valu
 }
 
 /* Packed sequences on host pointers: each sequence's problem on the
- * backend, at its rows of the tensors, the longest first; then the rows
- * no problem wrote get what a row that sees nothing gets. */
+ * backend, at its rows of the tensors, the longest first (all in one call
+ * where the backend has run_many); then the rows no problem wrote get what
+ * a row that sees nothing gets. */
 static clattn_status run_packed(clattn_context *ctx, clattn_op op, const clattn_shape *s,
                                 const void *const t[CLATTN_R_COUNT])
 {
     const size_t elem = s->dtype == CLATTN_DTYPE_F32 ? sizeof(float) : 2u;
     const uint32_t longest = clattn_longest_sequence(s);
-    for (uint32_t n = 0; n < s->batch; ++n) {
+    clattn_seq_call *calls = ctx->ops->run_many ? malloc(s->batch * sizeof *calls) : NULL;
+    if (ctx->ops->run_many && !calls)
+        return clattn_fail(CLATTN_ERROR_OUT_OF_MEMORY, "out of host memory for %u sequences",
+                           s->batch);
+    size_t n_calls = 0;
+    clattn_status st = CLATTN_OK;
+    for (uint32_t n = 0; n < s->batch && st == CLATTN_OK; ++n) {
         const uint32_t i = clattn_sequence_at(n, longest);
-        const clattn_shape one = clattn_sequence_shape(s, i);
-        if (!one.q_seq || !one.kv_seq)
+        clattn_seq_call one = {.shape = clattn_sequence_shape(s, i), .index = i};
+        if (!one.shape.q_seq || !one.shape.kv_seq)
             continue;
-        const void *sub[CLATTN_R_COUNT];
         for (int r = 0; r < CLATTN_R_COUNT; ++r) {
             const size_t bytes = r == CLATTN_R_LSE ? sizeof(float) : elem;
-            sub[r] = t[r] ? (const char *)t[r] + clattn_sequence_offset(s, r, i) * bytes : NULL;
+            one.t[r] = t[r] ? (const char *)t[r] + clattn_sequence_offset(s, r, i) * bytes : NULL;
         }
-        clattn_sizes sz;
-        clattn_status st = clattn_check_shape(&one, &sz);
-        ctx->seq_base = i;
-        if (st == CLATTN_OK)
-            st = ctx->ops->run(ctx, op, &one, &sz, sub);
-        ctx->seq_base = 0;
+        st = clattn_check_shape(&one.shape, &one.sizes);
         if (st != CLATTN_OK)
-            return st;
+            break;
+        if (calls) {
+            calls[n_calls++] = one;
+            continue;
+        }
+        ctx->seq_base = i;
+        st = ctx->ops->run(ctx, op, &one.shape, &one.sizes, one.t);
+        ctx->seq_base = 0;
     }
+    if (st == CLATTN_OK && n_calls)
+        st = ctx->ops->run_many(ctx, op, calls, n_calls);
+    free(calls);
+    if (st != CLATTN_OK)
+        return st;
     host_fill h = {t, elem};
     clattn_fill_unseen(s, op, fill_host, &h);
     return CLATTN_OK;

@@ -116,15 +116,30 @@ static inline uint32_t clattn_sequence_at(uint32_t n, uint32_t longest)
     return n == 0 ? longest : n - 1 < longest ? n - 1 : n;
 }
 
+/* One packed sequence's problem, as the core hands it to a backend's
+ * run_many: its shape (batch 1), sizes and tensors (at its rows), and its
+ * index in the batch (dropout's b). */
+typedef struct clattn_seq_call {
+    clattn_shape shape;
+    clattn_sizes sizes;
+    const void *t[CLATTN_R_COUNT];
+    uint32_t index;
+} clattn_seq_call;
+
 /* One backend: a runner for every op, its teardown, and whether it runs
  * packed sequences itself. t holds a pointer
  * for each role the op reads or writes (outputs are cast back to float *);
- * shape and pointers are validated before run is called, under ctx's lock. */
+ * shape and pointers are validated before run is called, under ctx's lock.
+ * run_many, where a backend has it, runs the core's split of a packed
+ * batch (the sequences with work, the longest first) as one call, so
+ * that the sequences share its rounds of work; NULL: run for each. */
 typedef struct clattn_backend_ops {
     clattn_status (*run)(clattn_context *ctx, clattn_op op, const clattn_shape *s,
                          const clattn_sizes *sz, const void *const t[CLATTN_R_COUNT]);
     void (*destroy)(clattn_context *ctx);
     int packed; /* run takes packed sequences (cu_seqlens) itself; else the core splits them */
+    clattn_status (*run_many)(clattn_context *ctx, clattn_op op, const clattn_seq_call *calls,
+                              size_t n);
 } clattn_backend_ops;
 
 struct clattn_cl_state;
@@ -145,7 +160,8 @@ struct clattn_context {
     size_t scratch_floats;
     struct clattn_cl_state *cl; /* NULL on native */
     /* The batch index of element 0 of the call being run: dropout's b. The
-     * index of the sequence while packed sequences run one by one, else 0. */
+     * index of the sequence while packed sequences run one by one through
+     * run, else 0. */
     uint32_t seq_base;
 };
 

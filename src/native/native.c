@@ -185,7 +185,7 @@ static atomic_int *take_states(float **next, size_t n)
 
 /* Tensor r head-major: t[r] itself where it is float32 with one head, else
  * a copy in dst (16-bit rows widened as they are packed). The copy is
- * queued (four at most), and made by the next pack_queued(). */
+ * queued (four at most), and made by the call's round of copies (setup_call). */
 static const float *head_major(native_call *c, const void *const *t, clattn_role r, size_t heads,
                                size_t rows, float *dst)
 {
@@ -199,17 +199,6 @@ static const float *head_major(native_call *c, const void *const *t, clattn_role
     p->rows = rows;
     p->jobs = c->s->batch * heads * ((rows + PACK_ROWS - 1) / PACK_ROWS);
     return dst;
-}
-
-/* The queued copies and dsum_jobs of Dsum (c->dsum set), in one round. */
-static void pack_queued(native_call *c, size_t dsum_jobs, int threads)
-{
-    c->pack_jobs = 0;
-    for (int i = 0; i < c->packs; ++i)
-        c->pack_jobs += c->pack[i].jobs;
-    if (c->pack_jobs + dsum_jobs)
-        clattn_native_run_jobs(c->pool, c, pack_job, c->pack_jobs + dsum_jobs, threads);
-    c->packs = 0;
 }
 
 /* floats of the head-major copy of a tensor of n elements over `heads`
@@ -358,6 +347,186 @@ static int grow(float **buf, size_t *have, size_t n)
     return 1;
 }
 
+/* What a call keeps in the scratch, in floats, and whether its dQ is
+ * summed in the key side (the plan's choice, unless memory ran short). */
+typedef struct native_layout {
+    int query_side, key_side, want_dsum, fused, k_in_place, v_tiles, lazy_rows;
+    size_t copies, in_place, k_floats, v_floats, v_states, qh_floats, oh_floats, row_states;
+    size_t total;
+} native_layout;
+
+static native_layout layout_call(clattn_op op, const clattn_shape *s, const clattn_sizes *sz,
+                                 const native_plan *plan, int fused)
+{
+    native_layout L;
+    memset(&L, 0, sizeof L);
+    L.query_side = op == CLATTN_OP_FORWARD || op == CLATTN_OP_GRAD_Q || op == CLATTN_OP_BACKWARD;
+    L.key_side = op != CLATTN_OP_FORWARD && op != CLATTN_OP_GRAD_Q;
+    L.want_dsum = op == CLATTN_OP_GRAD_K || op == CLATTN_OP_BACKWARD;
+    L.copies = plan->key_parts;
+    L.fused = fused;
+    /* A float32 dQ that is overwritten is the first key-side part's own:
+     * one copy fewer to zero and to sum, none where the key side has one
+     * part. (One added into keeps its copies: dQ's values plus the sum of
+     * the parts, as the two-pass backward adds.) */
+    L.in_place = s->dtype == CLATTN_DTYPE_F32 && !s->accumulate;
+    /* The forward reads float32 K where it lies (query_block_of), without
+     * a head-major copy: its score product streams 8 key rows at a time,
+     * not the 32 of a tile that the backward's dQ product holds, and the
+     * copy's round cost more than the strided rows (results/history.md). */
+    L.k_in_place = op == CLATTN_OP_FORWARD && s->dtype == CLATTN_DTYPE_F32;
+    L.k_floats = L.k_in_place ? 0 : head_major_floats(s, s->num_kv_heads, sz->kv);
+    /* the forward's V by transposed tiles (vt), always copied: by its
+     * jobs, as they first need them (kernels.c's ready_tiles), not in a
+     * round before them, so that a float32 forward has no round of
+     * copies. */
+    L.v_tiles = op == CLATTN_OP_FORWARD;
+    L.v_floats = L.v_tiles ? (size_t)s->batch * s->num_kv_heads * native_tiled_rows(s->kv_seq) *
+                                 s->head_dim
+                           : head_major_floats(s, s->num_kv_heads, sz->kv);
+    L.v_states = L.v_tiles ? (size_t)s->batch * s->num_kv_heads *
+                                 (native_tiled_rows(s->kv_seq) / KEY_BLOCK)
+                           : 0;
+    L.qh_floats = head_major_floats(s, s->num_heads, sz->q);
+    L.oh_floats = head_major_floats(s, s->num_heads, sz->q);
+    /* Where the key side runs first (grad-V, grad-K, the fused backward),
+     * its jobs make Q's and dO's head-major rows and Dsum as they first
+     * need them (kernels.c's ready_rows), not in a round before them. */
+    const size_t units = (s->q_seq + (size_t)PACK_ROWS - 1) / PACK_ROWS;
+    L.row_states = (size_t)s->batch * s->num_heads * units;
+    L.lazy_rows = L.key_side && (fused || !L.query_side);
+    L.total = (L.query_side && !fused ? L.k_floats + L.v_floats + L.v_states : 0) +
+              (L.key_side ? L.qh_floats + L.oh_floats : 0) + (L.want_dsum ? sz->lse / 2 : 0) +
+              (fused ? (L.copies - L.in_place) * sz->q : 0) + (L.lazy_rows ? L.row_states : 0);
+    return L;
+}
+
+/* Sets c up for op on s (sequence seq_base of a packed batch, else 0),
+ * its copies, states and Dsum in `scratch` (L.total floats), and its
+ * rounds of jobs in order: a round of copies and Dsum (or none), the
+ * op's main side, then the fused backward's sum of dQ or the two-pass
+ * backward's query side. */
+static void setup_call(const clattn_context *ctx, clattn_op op, const clattn_shape *s,
+                       const clattn_sizes *sz, const void *const t[CLATTN_R_COUNT],
+                       uint32_t seq_base, const native_plan *plan, const native_layout *L,
+                       float *scratch, native_call *c)
+{
+    const native_kernels *hot = ctx->native;
+    memset(c, 0, sizeof *c);
+    c->pool = ctx->pool;
+    c->hot = hot;
+    c->s = s;
+    c->q = t[CLATTN_R_Q];
+    c->k = t[CLATTN_R_K];
+    c->v = t[CLATTN_R_V];
+    c->o = t[CLATTN_R_O];
+    c->lse = t[CLATTN_R_LSE];
+    c->d_out = t[CLATTN_R_DO];
+    c->scale = clattn_effective_scale(s);
+    c->mods = clattn_modifiers(s);
+    c->softcap = s->softcap;
+    c->slopes = s->alibi_slopes;
+    c->drop = clattn_dropout_of(s->dropout_p, s->dropout_seed, s->dropout_offset);
+    c->delta = clattn_mask_delta(s);
+    c->seq_base = seq_base;
+    c->group = s->num_heads / s->num_kv_heads;
+    c->blocks_per_head = plan->blocks_per_head;
+    c->key_parts = plan->key_parts;
+    c->query_parts = plan->query_parts;
+    const size_t key_jobs = plan->key_parts * s->num_kv_heads * s->batch;
+    const size_t query_jobs = plan->query_parts * s->num_heads * s->batch;
+    const size_t rows = sz->lse / 2;
+    float *next = scratch;
+    if (L->query_side && !L->fused) {
+        if (!L->k_in_place)
+            c->kh = head_major(c, t, CLATTN_R_K, s->num_kv_heads, s->kv_seq,
+                               take(&next, L->k_floats));
+        if (L->v_tiles) {
+            c->vt_pack = (struct native_pack){.src = t[CLATTN_R_V], .dtype = s->dtype,
+                                              .dst = take(&next, L->v_floats),
+                                              .heads = s->num_kv_heads, .rows = s->kv_seq};
+            c->vt = c->vt_pack.dst;
+            c->vt_state = take_states(&next, L->v_states);
+        } else {
+            c->vh = head_major(c, t, CLATTN_R_V, s->num_kv_heads, s->kv_seq,
+                               take(&next, L->v_floats));
+        }
+    }
+    if (L->key_side) {
+        c->qh = head_major(c, t, CLATTN_R_Q, s->num_heads, s->q_seq, take(&next, L->qh_floats));
+        c->oh = head_major(c, t, CLATTN_R_DO, s->num_heads, s->q_seq, take(&next, L->oh_floats));
+    }
+    if (L->want_dsum)
+        c->dsum = take(&next, rows);
+    if (L->lazy_rows) {
+        c->row_state = take_states(&next, L->row_states);
+    } else { /* the copies and Dsum: one round, none depending on another */
+        for (int i = 0; i < c->packs; ++i)
+            c->pack_jobs += c->pack[i].jobs;
+        c->round_job[0] = pack_job;
+        c->round_jobs[0] = c->pack_jobs + (L->want_dsum ? (rows + DSUM_ROWS - 1) / DSUM_ROWS : 0);
+    }
+    switch (op) {
+    case CLATTN_OP_FORWARD:
+        c->o_out = (void *)t[CLATTN_R_O];
+        c->lse_out = (float *)t[CLATTN_R_LSE];
+        c->round_job[1] = hot->forward;
+        c->round_jobs[1] = query_jobs;
+        break;
+    case CLATTN_OP_GRAD_V:
+        c->dv = (void *)t[CLATTN_R_DV];
+        c->round_job[1] = hot->key_block;
+        c->round_jobs[1] = key_jobs;
+        break;
+    case CLATTN_OP_GRAD_Q:
+        c->dq = (void *)t[CLATTN_R_DQ];
+        c->round_job[1] = hot->grad_q;
+        c->round_jobs[1] = query_jobs;
+        break;
+    case CLATTN_OP_GRAD_K:
+    case CLATTN_OP_BACKWARD:
+        c->dk = (void *)t[CLATTN_R_DK];
+        if (op == CLATTN_OP_BACKWARD) {
+            c->dv = (void *)t[CLATTN_R_DV];
+            c->dq = (void *)t[CLATTN_R_DQ];
+        }
+        c->round_job[1] = hot->key_block;
+        c->round_jobs[1] = key_jobs;
+        if (L->fused) { /* the key side into dQ (and copies), then their sum */
+            c->dq_fused = 1;
+            c->dq_in_place = (int)L->in_place;
+            c->dq_part = take(&next, (L->copies - L->in_place) * sz->q);
+            c->dq_part_floats = sz->q;
+            c->round_job[2] = sum_dq_job;
+            c->round_jobs[2] =
+                L->copies > L->in_place
+                    ? s->batch * s->num_heads * ((s->q_seq + (size_t)SUM_ROWS - 1) / SUM_ROWS)
+                    : 0;
+        } else if (op == CLATTN_OP_BACKWARD) {
+            c->round_job[2] = hot->grad_q;
+            c->round_jobs[2] = query_jobs;
+        }
+        break;
+    case CLATTN_OP_COUNT:
+        break;
+    }
+}
+
+static const char *const ran[CLATTN_OP_COUNT] = {
+    [CLATTN_OP_FORWARD] = "forward__native",
+    [CLATTN_OP_GRAD_V] = "grad_v__native",
+    [CLATTN_OP_GRAD_Q] = "grad_q__native",
+    [CLATTN_OP_GRAD_K] = "dsum__native,grad_k__native",
+    [CLATTN_OP_BACKWARD] = "dsum__native,grad_kv__native,grad_q__native",
+};
+
+/* The kernels a call ran, for clattn_context_kernels(). */
+static void name_kernels(clattn_context *ctx, clattn_op op, int fused)
+{
+    snprintf(ctx->kernels, sizeof ctx->kernels, "%s",
+             fused ? "dsum__native,grad_kvq__native" : ran[op]);
+}
+
 /* A 16-bit op reads and writes the caller's tensors row by row, widened
  * and rounded in the jobs (native_call); only the head-major copies the
  * float32 op makes too are float32. Whole float32 copies of the tensors,
@@ -367,177 +536,122 @@ static int grow(float **buf, size_t *have, size_t n)
 static clattn_status native_run(clattn_context *ctx, clattn_op op, const clattn_shape *s,
                                 const clattn_sizes *sz, const void *const t[CLATTN_R_COUNT])
 {
+    if (op >= CLATTN_OP_COUNT)
+        return clattn_fail(CLATTN_ERROR_INVALID_OPTION, "unknown op %d", (int)op);
     /* The context's threads, once, for every round of jobs below. */
     if (!ctx->pool && ctx->num_threads > 1)
         ctx->pool = clattn_native_pool_create(ctx->num_threads - 1);
     const native_plan plan = plan_call(ctx, op, s);
-    const native_kernels *hot = ctx->native;
+    native_layout L = layout_call(op, s, sz, &plan, plan.fused);
+    if (!grow(&ctx->scratch, &ctx->scratch_floats, L.total)) {
+        /* Without the dQ copies, dQ has a pass of its own. */
+        if (L.fused)
+            L = layout_call(op, s, sz, &plan, 0);
+        if (!grow(&ctx->scratch, &ctx->scratch_floats, L.total))
+            return clattn_fail(CLATTN_ERROR_OUT_OF_MEMORY,
+                               "out of host memory for %zu floats of scratch", L.total);
+    }
+    name_kernels(ctx, op, L.fused);
     native_call c;
-    memset(&c, 0, sizeof c);
-    c.pool = ctx->pool;
-    c.hot = hot;
-    c.s = s;
-    c.q = t[CLATTN_R_Q];
-    c.k = t[CLATTN_R_K];
-    c.v = t[CLATTN_R_V];
-    c.o = t[CLATTN_R_O];
-    c.lse = t[CLATTN_R_LSE];
-    c.d_out = t[CLATTN_R_DO];
-    c.scale = clattn_effective_scale(s);
-    c.mods = clattn_modifiers(s);
-    c.softcap = s->softcap;
-    c.slopes = s->alibi_slopes;
-    c.drop = clattn_dropout_of(s->dropout_p, s->dropout_seed, s->dropout_offset);
-    c.delta = clattn_mask_delta(s);
-    c.seq_base = ctx->seq_base;
-    c.group = s->num_heads / s->num_kv_heads;
-    c.blocks_per_head = plan.blocks_per_head;
-    c.key_parts = plan.key_parts;
-    c.query_parts = plan.query_parts;
-    const size_t key_jobs = plan.key_parts * s->num_kv_heads * s->batch;
-    const size_t query_jobs = plan.query_parts * s->num_heads * s->batch;
-    const size_t rows = sz->lse / 2;
-    const int n = ctx->num_threads;
-    static const char *const ran[CLATTN_OP_COUNT] = {
-        [CLATTN_OP_FORWARD] = "forward__native",
-        [CLATTN_OP_GRAD_V] = "grad_v__native",
-        [CLATTN_OP_GRAD_Q] = "grad_q__native",
-        [CLATTN_OP_GRAD_K] = "dsum__native,grad_k__native",
-        [CLATTN_OP_BACKWARD] = "dsum__native,grad_kv__native,grad_q__native",
-    };
+    setup_call(ctx, op, s, sz, t, ctx->seq_base, &plan, &L, ctx->scratch, &c);
+    for (int r = 0; r < NATIVE_ROUNDS; ++r)
+        if (c.round_jobs[r])
+            clattn_native_run_jobs(c.pool, &c, c.round_job[r], c.round_jobs[r],
+                                   ctx->num_threads);
+    return CLATTN_OK;
+}
+
+/* A round of several calls' jobs (native_many's): job j of the round is
+ * job j - start[i] of calls[i]'s round r, for the last i whose start is
+ * at most j. */
+typedef struct native_many {
+    native_call *calls;
+    size_t *start;
+    size_t n;
+    int r;
+} native_many;
+
+static void many_job(const native_call *group, size_t job)
+{
+    const native_many *m = group->many;
+    size_t lo = 0, hi = m->n; /* start[lo] <= job < start[hi] */
+    while (hi - lo > 1) {
+        const size_t mid = (lo + hi) / 2;
+        if (m->start[mid] <= job)
+            lo = mid;
+        else
+            hi = mid;
+    }
+    const native_call *c = &m->calls[lo];
+    c->round_job[m->r](c, job - m->start[lo]);
+}
+
+/* Packed sequences as one call: every sequence's copies in one round, then
+ * every sequence's main side in one, then the sums or query sides in one,
+ * the longest sequences' jobs first in each, so that short sequences fill
+ * the threads that long ones leave idle; one barrier a round, not one a
+ * round a sequence. */
+static clattn_status native_run_many(clattn_context *ctx, clattn_op op,
+                                     const clattn_seq_call *seqs, size_t n)
+{
     if (op >= CLATTN_OP_COUNT)
         return clattn_fail(CLATTN_ERROR_INVALID_OPTION, "unknown op %d", (int)op);
-    snprintf(ctx->kernels, sizeof ctx->kernels, "%s", ran[op]);
-
-    /* Scratch: the head-major copies the op's sides read, and Dsum. */
-    const int query_side = op == CLATTN_OP_FORWARD || op == CLATTN_OP_GRAD_Q ||
-                           op == CLATTN_OP_BACKWARD;
-    const int key_side = op != CLATTN_OP_FORWARD && op != CLATTN_OP_GRAD_Q;
-    const int want_dsum = op == CLATTN_OP_GRAD_K || op == CLATTN_OP_BACKWARD;
-    const size_t copies = plan.key_parts;
-    int fused = plan.fused;
-    /* A float32 dQ that is overwritten is the first key-side part's own:
-     * one copy fewer to zero and to sum, none where the key side has one
-     * part. (One added into keeps its copies: dQ's values plus the sum of
-     * the parts, as the two-pass backward adds.) */
-    const size_t in_place = s->dtype == CLATTN_DTYPE_F32 && !s->accumulate;
-    /* The forward reads float32 K where it lies (query_block_of), without
-     * a head-major copy: its score product streams 8 key rows at a time,
-     * not the 32 of a tile that the backward's dQ product holds, and the
-     * copy's round cost more than the strided rows. H200 machine's CPU,
-     * the six CPU shapes, five interleaved rounds, median in place / copy:
-     * 0.94-1.20 at 16 threads (geometric mean 1.05; d96 12/4 1.12, d256
-     * 1.20, d128 16/4 0.94), 0.97-1.09 at 8 (1.03), 0.85-1.15 at 2 (1.01). */
-    const int k_in_place = op == CLATTN_OP_FORWARD && s->dtype == CLATTN_DTYPE_F32;
-    const size_t k_floats = k_in_place ? 0 : head_major_floats(s, s->num_kv_heads, sz->kv);
-    /* the forward's V by transposed tiles (vt), always copied: by its
-     * jobs, as they first need them (kernels.c's ready_tiles), not
-     * in a round before them, so that a float32 forward has no round of
-     * copies. H200 machine's CPU, interleaved rounds, median in the jobs /
-     * in a round: 16 threads 1.00-1.16 on float32 (d96 12/4 1.09, d256
-     * causal 1.07 and 1.16, b4 d64 1.05 and 1.00), 0.94-1.05 on bf16 and
-     * f16; 8 threads 0.96-1.09; 2 threads 0.83-1.38, that machine's noise. */
-    const int v_tiles = op == CLATTN_OP_FORWARD;
-    const size_t v_floats =
-        v_tiles
-            ? (size_t)s->batch * s->num_kv_heads * native_tiled_rows(s->kv_seq) * s->head_dim
-            : head_major_floats(s, s->num_kv_heads, sz->kv);
-    const size_t v_states =
-        v_tiles ? (size_t)s->batch * s->num_kv_heads * (native_tiled_rows(s->kv_seq) / KEY_BLOCK) : 0;
-    const size_t qh_floats = head_major_floats(s, s->num_heads, sz->q);
-    const size_t oh_floats = head_major_floats(s, s->num_heads, sz->q);
-    /* Where the key side runs first (grad-V, grad-K, the fused backward),
-     * its jobs make Q's and dO's head-major rows and Dsum as they first
-     * need them (kernels.c's ready_rows), not in a round before
-     * them. */
-    const size_t units = (s->q_seq + (size_t)PACK_ROWS - 1) / PACK_ROWS;
-    const size_t row_states = (size_t)s->batch * s->num_heads * units;
-    int lazy_rows;
-    size_t scratch;
-    for (;;) {
-        lazy_rows = key_side && (fused || !query_side);
-        scratch = (query_side && !fused ? k_floats + v_floats + v_states : 0) +
-                  (key_side ? qh_floats + oh_floats : 0) + (want_dsum ? rows : 0) +
-                  (fused ? (copies - in_place) * sz->q : 0) + (lazy_rows ? row_states : 0);
-        if (grow(&ctx->scratch, &ctx->scratch_floats, scratch))
+    if (!ctx->pool && ctx->num_threads > 1)
+        ctx->pool = clattn_native_pool_create(ctx->num_threads - 1);
+    native_call *calls = calloc(n, sizeof *calls);
+    native_plan *plans = malloc(n * sizeof *plans);
+    native_layout *lays = malloc(n * sizeof *lays);
+    size_t *start = malloc((n + 1) * sizeof *start);
+    clattn_status st = CLATTN_OK;
+    if (!calls || !plans || !lays || !start) {
+        st = clattn_fail(CLATTN_ERROR_OUT_OF_MEMORY, "out of host memory for %zu sequences", n);
+        goto done;
+    }
+    /* The scratch of all: with dQ summed in the key sides as planned, else
+     * (memory short) every dQ in a pass of its own. */
+    size_t total = 0;
+    for (int fused_ok = 1; fused_ok >= 0; --fused_ok) {
+        total = 0;
+        for (size_t i = 0; i < n; ++i) {
+            plans[i] = plan_call(ctx, op, &seqs[i].shape);
+            lays[i] = layout_call(op, &seqs[i].shape, &seqs[i].sizes, &plans[i],
+                                  fused_ok && plans[i].fused);
+            total += lays[i].total;
+        }
+        if (grow(&ctx->scratch, &ctx->scratch_floats, total))
             break;
-        /* Without the dQ copies, dQ has a pass of its own. */
-        if (!fused)
-            return clattn_fail(CLATTN_ERROR_OUT_OF_MEMORY,
-                               "out of host memory for %zu floats of scratch", scratch);
-        fused = 0;
+        if (!fused_ok) {
+            st = clattn_fail(CLATTN_ERROR_OUT_OF_MEMORY,
+                             "out of host memory for %zu floats of scratch", total);
+            goto done;
+        }
     }
     float *next = ctx->scratch;
-    if (query_side && !fused) {
-        if (!k_in_place)
-            c.kh = head_major(&c, t, CLATTN_R_K, s->num_kv_heads, s->kv_seq,
-                              take(&next, k_floats));
-        if (v_tiles) {
-            c.vt_pack = (struct native_pack){.src = t[CLATTN_R_V], .dtype = s->dtype,
-                                             .dst = take(&next, v_floats),
-                                             .heads = s->num_kv_heads, .rows = s->kv_seq};
-            c.vt = c.vt_pack.dst;
-            c.vt_state = take_states(&next, v_states);
-        } else {
-            c.vh = head_major(&c, t, CLATTN_R_V, s->num_kv_heads, s->kv_seq,
-                              take(&next, v_floats));
-        }
+    int any_fused = 0;
+    for (size_t i = 0; i < n; ++i) {
+        setup_call(ctx, op, &seqs[i].shape, &seqs[i].sizes, seqs[i].t, seqs[i].index, &plans[i],
+                   &lays[i], next, &calls[i]);
+        next += lays[i].total;
+        any_fused |= lays[i].fused;
     }
-    if (key_side) {
-        c.qh = head_major(&c, t, CLATTN_R_Q, s->num_heads, s->q_seq,
-                          take(&next, qh_floats));
-        c.oh = head_major(&c, t, CLATTN_R_DO, s->num_heads, s->q_seq,
-                          take(&next, oh_floats));
+    name_kernels(ctx, op, any_fused);
+    native_many m = {calls, start, n, 0};
+    native_call group;
+    memset(&group, 0, sizeof group);
+    group.many = &m;
+    for (m.r = 0; m.r < NATIVE_ROUNDS; ++m.r) {
+        start[0] = 0;
+        for (size_t i = 0; i < n; ++i)
+            start[i + 1] = start[i] + calls[i].round_jobs[m.r];
+        if (start[n])
+            clattn_native_run_jobs(ctx->pool, &group, many_job, start[n], ctx->num_threads);
     }
-    if (want_dsum)
-        c.dsum = take(&next, rows);
-    if (lazy_rows) {
-        c.row_state = take_states(&next, row_states);
-    } else { /* the copies and Dsum: one round, none depending on another */
-        pack_queued(&c, want_dsum ? (rows + DSUM_ROWS - 1) / DSUM_ROWS : 0, n);
-    }
-    switch (op) {
-    case CLATTN_OP_FORWARD:
-        c.o_out = (void *)t[CLATTN_R_O];
-        c.lse_out = (float *)t[CLATTN_R_LSE];
-        clattn_native_run_jobs(c.pool, &c, hot->forward, query_jobs, n);
-        break;
-    case CLATTN_OP_GRAD_V:
-        c.dv = (void *)t[CLATTN_R_DV];
-        clattn_native_run_jobs(c.pool, &c, hot->key_block, key_jobs, n);
-        break;
-    case CLATTN_OP_GRAD_Q:
-        c.dq = (void *)t[CLATTN_R_DQ];
-        clattn_native_run_jobs(c.pool, &c, hot->grad_q, query_jobs, n);
-        break;
-    case CLATTN_OP_GRAD_K:
-    case CLATTN_OP_BACKWARD:
-        c.dk = (void *)t[CLATTN_R_DK];
-        if (op == CLATTN_OP_BACKWARD) {
-            c.dv = (void *)t[CLATTN_R_DV];
-            c.dq = (void *)t[CLATTN_R_DQ];
-        }
-        if (fused) { /* the key side into dQ (and copies), then their sum */
-            snprintf(ctx->kernels, sizeof ctx->kernels, "dsum__native,grad_kvq__native");
-            c.dq_fused = 1;
-            c.dq_in_place = (int)in_place;
-            c.dq_part = take(&next, (copies - in_place) * sz->q);
-            c.dq_part_floats = sz->q;
-            clattn_native_run_jobs(c.pool, &c, hot->key_block, key_jobs, n);
-            if (copies > in_place)
-                clattn_native_run_jobs(c.pool, &c, sum_dq_job,
-                         s->batch * s->num_heads * ((s->q_seq + (size_t)SUM_ROWS - 1) / SUM_ROWS),
-                         n);
-            break;
-        }
-        clattn_native_run_jobs(c.pool, &c, hot->key_block, key_jobs, n);
-        if (op == CLATTN_OP_BACKWARD)
-            clattn_native_run_jobs(c.pool, &c, hot->grad_q, query_jobs, n);
-        break;
-    case CLATTN_OP_COUNT:
-        break;
-    }
-    return CLATTN_OK;
+done:
+    free(calls);
+    free(plans);
+    free(lays);
+    free(start);
+    return st;
 }
 
 static void native_destroy(clattn_context *ctx)
@@ -549,7 +663,7 @@ static void native_destroy(clattn_context *ctx)
     ctx->scratch_floats = 0;
 }
 
-static const clattn_backend_ops native_ops = {native_run, native_destroy, 0};
+static const clattn_backend_ops native_ops = {native_run, native_destroy, 0, native_run_many};
 
 clattn_status clattn_native_init(clattn_context *ctx, const clattn_options *opts)
 {

@@ -58,6 +58,10 @@ static inline void native_transpose(const float *const *rows, size_t D, float *t
     }
 }
 
+/* A call's rounds of jobs: copies and Dsum, the op's main side, then the
+ * fused backward's dQ sum or the two-pass backward's query side. */
+enum { NATIVE_ROUNDS = 3 };
+
 /* meganeura's LSE pair for a row with no visible key. */
 #define EMPTY_ROW (-1e30f)
 
@@ -134,6 +138,15 @@ typedef struct native_call {
     size_t group;           /* query heads per KV head */
     size_t blocks_per_head; /* key blocks of one (batch, KV head) */
     size_t key_parts, query_parts; /* jobs per head of each side (above) */
+    /* The call's rounds of jobs, in order (native.c's setup_call); a
+     * round of none is skipped. */
+    void (*round_job[NATIVE_ROUNDS])(const struct native_call *c, size_t job);
+    size_t round_jobs[NATIVE_ROUNDS];
+    /* Where this call stands for several (packed sequences' rounds run
+     * together): theirs and the round's (native.c's native_many). */
+    const struct native_many *many;
+    /* The round being run, for the pool: its job function, count and the
+     * next job to take. */
     void (*job)(const struct native_call *c, size_t job);
     size_t jobs;
     atomic_size_t next;

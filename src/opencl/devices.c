@@ -288,7 +288,7 @@ static clattn_status test_limits(struct clattn_cl_state *cl)
     return CLATTN_OK;
 }
 
-static const clattn_backend_ops opencl_ops = {clattn_ocl_run, opencl_destroy, 1};
+static const clattn_backend_ops opencl_ops = {clattn_ocl_run, opencl_destroy, 1, NULL};
 
 /* Makes ctx an OpenCL context on device with a named variant. */
 static clattn_status init_variant(clattn_context *ctx, const char *variant, cl_context context,
