@@ -1006,7 +1006,7 @@ START_TEST(tune_keeps_winner)
     ck_assert_int_eq(run("tune", "--variant", "tiled", "--head-dim", "16", "--candidates",
                          "8,8,1", "--file", file, NULL),
                      2);
-    ck_assert_msg(strstr(err_text, "ROWS,TILE,SPLIT,COLUMNS"), "%s", err_text);
+    ck_assert_msg(strstr(err_text, "ROWS,TILE,SPLIT,PER_ITEM"), "%s", err_text);
     ck_assert_int_eq(run("tune", "--variant", "tiled", "--head-dim", "16", "--device", "native",
                          "--file", file, NULL),
                      2);
@@ -1020,28 +1020,28 @@ START_TEST(tune_keeps_winner)
                            "--q-seq", "40", "--heads", "2", "--reps", "1", "--rounds", "1"};
     ck_assert_int_eq(run("tune", shape[0], shape[1], shape[2], shape[3], shape[4], shape[5],
                          shape[6], shape[7], shape[8], shape[9], shape[10], shape[11], shape[12],
-                         shape[13], "--candidates", "8,8,1,16", "--write-best", "--file", file,
+                         shape[13], "--candidates", "8,8,1,2", "--write-best", "--file", file,
                          NULL),
                      0);
-    ck_assert_msg(strstr(out_text, "(table)") && strstr(out_text, "8,8,1,16 ") &&
+    ck_assert_msg(strstr(out_text, "(table)") && strstr(out_text, "8,8,1,2 ") &&
                       strstr(out_text, "max_error") && strstr(out_text, "kept in"),
                   "%s", out_text);
     char text[4096];
     slurp(file, text, sizeof text);
-    ck_assert_msg(!strncmp(text, "clattn-tuning 1 ", 16) && strstr(text, "tiled\tf32\t16\t8,8,1,16\t"),
+    ck_assert_msg(!strncmp(text, "clattn-tuning 2 ", 16) && strstr(text, "tiled\tf32\t16\t8,8,1,2\t"),
                   "%s", text);
     /* Again with another shape: its line replaces the first, once. */
     ck_assert_int_eq(run("tune", shape[0], shape[1], shape[2], shape[3], shape[4], shape[5],
                          shape[6], shape[7], shape[8], shape[9], shape[10], shape[11], shape[12],
-                         shape[13], "--candidates", "16,16,2,16", "--write-best", "--file", file,
+                         shape[13], "--candidates", "16,16,2,4", "--write-best", "--file", file,
                          NULL),
                      0);
     slurp(file, text, sizeof text);
-    ck_assert_msg(strstr(text, "\t16,16,2,16\t") && !strstr(text, "8,8,1,16"), "%s", text);
+    ck_assert_msg(strstr(text, "\t16,16,2,4\t") && !strstr(text, "8,8,1,2"), "%s", text);
     /* A dry run writes nothing. */
     ck_assert_int_eq(run("tune", shape[0], shape[1], shape[2], shape[3], shape[4], shape[5],
                          shape[6], shape[7], shape[8], shape[9], shape[10], shape[11], shape[12],
-                         shape[13], "--candidates", "4,8,2,16", "--write-best", "--dry-run",
+                         shape[13], "--candidates", "4,8,2,2", "--write-best", "--dry-run",
                          "--file", file, NULL),
                      0);
     char after[4096];

@@ -8,7 +8,8 @@
 #            blocked's float32 and 16-bit tests apart, and mma's single-pass backward
 #            forced), ctest's
 #            train, ring and sm90a_probe GPU tests beside them; one summary,
-#            kernels.log (KERNELS_S: the time limit, default 540 s)
+#            kernels.log (KERNELS_S: the time limit, default 540 s; KERNELS_VARIANT:
+#            that variant's tests alone)
 #   compare  tools/torch_compare.py --large on the GPU, tolerance 1e-5
 #   compare16  tools/torch_compare.py --dtype bf16, then f16, on the GPU (12 cases; each
 #            under COMPARE16_S, default 240 s)
@@ -28,7 +29,8 @@
 #            PoCL blocked, forward and backward, at each of DT_THREADS (default 16,2),
 #            interleaved, AB_ROUNDS rounds; the old build from AB_OLD as for ab (programs
 #            compiled first, 8 at once)
-#   gab      GPU kernels old against new: clattn bench of the GPU shapes (mma, GAB_DTYPE:
+#   gab      GPU kernels old against new: clattn bench of the GPU shapes (GAB_VARIANT, default
+#            mma; GAB_DTYPE:
 #            default bf16; GAB_DIMS: head_dims, default 64,128; GAB_OPS: default
 #            "forward backward"), interleaved, AB_ROUNDS rounds, the old build from
 #            AB_OLD as for ab
@@ -137,6 +139,10 @@ for stage in "$@"; do
         build-dev/tests/clattn_tests --suite kernels --backend opencl-gpu 2>&1 \
         | grep -v 'warning generated' > "$logs/$name.out"
     }
+    if [ -n "${KERNELS_VARIANT:-}" ]; then # one variant alone, its modifiers' tests apart
+      suite "$KERNELS_VARIANT" CLATTN_TEST_VARIANT="$KERNELS_VARIANT" CK_EXCLUDE_TAGS=modifiers &
+      suite modifiers CLATTN_TEST_VARIANT="$KERNELS_VARIANT" CK_RUN_CASE=modifiers &
+    else
     suite mma CLATTN_TEST_VARIANT=mma CK_RUN_CASE=grad_v &
     suite mma-16 CLATTN_TEST_VARIANT=mma CK_RUN_CASE=grad_v-16 &
     # blocked (one work-item a work-group: slow on a GPU) split likewise; in
@@ -150,6 +156,7 @@ for stage in "$@"; do
     suite mma-single CLATTN_MMA_SINGLE=4,1,16,1 CLATTN_TEST_VARIANT=mma &
     timeout "${KERNELS_S:-540}" ctest --test-dir build-dev -R 'train.opencl-gpu|ring.opencl-gpu|sm90a_probe' \
       --output-on-failure > "$logs/ctest.out" 2>&1 &
+    fi
     wait
     for f in "$logs"/*.log; do
       [ -f "$f" ] || continue
@@ -158,7 +165,7 @@ for stage in "$@"; do
       grep ':[FE]:' "$f" | head -10
     done 2>&1 | tee "$OUT/kernels.log"
     grep -h -a '^[0-9]*%' "$logs"/*.out | tee -a "$OUT/kernels.log"
-    grep -E 'Test #|tests passed|Failed' "$logs/ctest.out" | tee -a "$OUT/kernels.log" ;;
+    [ -f "$logs/ctest.out" ] && grep -E 'Test #|tests passed|Failed' "$logs/ctest.out" | tee -a "$OUT/kernels.log" ;;
   compare)
     python3 tools/torch_compare.py "$cli" --large --tolerance 1e-5 --backends gpu 2>&1 \
       | tee "$OUT/compare.log" ;;
@@ -255,7 +262,7 @@ for stage in "$@"; do
       d=${entry%%:*}
       case ",${GAB_DIMS:-64,128}," in *",$d,"*) ;; *) continue ;; esac
       for op in ${GAB_OPS:-forward backward}; do
-        ab_line "d$d $op ${entry#*:}" --op $op --head-dim "$d" ${entry#*:} --variant mma \
+        ab_line "d$d $op ${entry#*:}" --op $op --head-dim "$d" ${entry#*:} --variant "${GAB_VARIANT:-mma}" \
           --reps 5 --dtype "${GAB_DTYPE:-bf16}"
       done
     done 2>&1 | tee "$OUT/gab.log" ;;
