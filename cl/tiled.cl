@@ -149,9 +149,15 @@ inline void micro_dots(float *s, __local const float *as, __local const float *b
  * tx + SPLIT * j) into ws[tile row][WS]. */
 inline void put_weights(__local float *ws, const float *w, lane me)
 {
-    for (uint j = 0; j < CN; ++j)
+    for (uint j = 0; j < CN; ++j) {
+        __local float *at = ws + (me.tx + SPLIT * j) * WS + me.ty * RM;
+#if RM == 4
+        *(__local float4 *)at = (float4)(w[j], w[CN + j], w[2 * CN + j], w[3 * CN + j]);
+#else
         for (uint i = 0; i < RM; ++i)
-            ws[(me.tx + SPLIT * j) * WS + me.ty * RM + i] = w[i * CN + j];
+            at[i] = w[i * CN + j];
+#endif
+    }
 }
 
 /* acc[(i * NC4 + k) * 4 + c] += sum over the tile's rows t of the weight of
@@ -162,8 +168,16 @@ inline void micro_axpy(float *acc, float *sum, __local const float *ws, __local 
 {
     for (uint t = 0; t < TILE; ++t) {
         float w[RM];
+#if RM == 4 /* one load: WS and the rows' offset are whole float4s */
+        const float4 w4 = *(__local const float4 *)(ws + t * WS + me.ty * 4);
+        w[0] = w4.x;
+        w[1] = w4.y;
+        w[2] = w4.z;
+        w[3] = w4.w;
+#else
         for (uint i = 0; i < RM; ++i)
             w[i] = ws[t * WS + me.ty * RM + i];
+#endif
         if (sum)
             for (uint i = 0; i < RM; ++i)
                 sum[i] += w[i];
