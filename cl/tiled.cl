@@ -1,72 +1,56 @@
 /*
- * The `tiled` variants: register micro-tiles over local-memory tiles, in
- * the manner of a blocked matrix product (CLBlast's xgemm), on any OpenCL
- * device.
+ * The `tiled` variants: a whole dot product per work-item, no barrier per
+ * product. A work-group holds ROWS rows of one head and batch element (query
+ * rows for the forward and grad-Q, key rows for grad-V and grad-K), each
+ * row's vectors in its work-items' registers; the other side streams through
+ * local memory TILE rows at a time, loaded once for the whole work-group.
+ * SPLIT work-items share a row, each taking every SPLIT-th row of each tile,
+ * and combine their partial sums at the end: more work-items in flight when
+ * rows are few. Lanes of one part are adjacent, so a warp reads one tile row
+ * at a time (a broadcast). Tiles that no row of the group can see are
+ * skipped through the loop bounds; only boundary tiles test the mask.
  *
- * A work-group holds ROWS rows of one head and batch element (query rows
- * for the forward and grad-Q, key rows for the key side) in local memory,
- * the rows' vectors of the inputs it scores them with; the other side
- * streams through local memory TILE rows at a time. Its work-items form a
- * grid of ROWS / PER_ITEM by SPLIT: work-item (ty, tx) holds rows ty *
- * PER_ITEM + i (i < PER_ITEM) and
- *  - scores them against tile rows tx + SPLIT * j (j < CN = TILE / SPLIT),
- *    four columns a step: each local load of four floats feeds PER_ITEM or
- *    CN products of four, not one;
- *  - accumulates their outputs over the head_dim columns 4 (tx + SPLIT k)
- *    .. + 3 (k < NC4), from the tile's weights, which pass through local
- *    memory (WS), times the tile's rows.
- * Everything is float32 inside. A row's SPLIT work-items agree on the
- * row's softmax state bitwise: each takes the same values in the same
- * order (the tile's maximum through local memory, the sum from the
- * weights). Local rows are DS = DP + 4 floats apart (DP: head_dim rounded
- * up to four, zeros past it), so that the SPLIT rows a load step reads lie
- * in different banks. Tiles that no pair of the group masks skip the mask
- * test; tiles that no row of the group can see are skipped through the
- * loop bounds.
+ * Past a head_dim of 64 a row's vectors no longer fit a work-item's
+ * registers, so DSPLIT work-items share a row by columns as well: each holds
+ * DC = ceil(D / DSPLIT) columns of its vectors and of its accumulator, and
+ * computes partial dot products over them. The work-items of a row add their
+ * partials through local memory once per tile, each in the same order, so
+ * that all of them hold bitwise the same scores and the same softmax. Local
+ * tiles are DP = DSPLIT * DC columns wide, zero past D.
  *
- * HEAD_DIM, ROWS, TILE, SPLIT and PER_ITEM are compile-time defines, chosen
- * per device and head_dim by the host (src/opencl/tuning.c); with the
- * defaults the file compiles after cl/common.cl.
+ * HEAD_DIM, ROWS, TILE, SPLIT and DSPLIT are compile-time defines, chosen
+ * per device and head_dim by the host (src/opencl/tuning.c); with the defaults the
+ * file compiles after cl/common.cl.
  * Causal work is uneven (the last query sees every key, the first one key),
  * so there each work-group takes a pair of row blocks, g and blocks - 1 - g,
- * and every group has about the same work.
+ * and every group has about the same work. A loop, not two inlined copies,
+ * so that the pairing costs no registers.
  * Launch: global (B * LANES, heads, batch) with blocks = ceil(rows / ROWS)
  * and B = causal ? ceil(blocks / 2) : blocks; local (LANES, 1, 1); `tiles`
- * is a __local buffer of clattn_ocl_tiled_local_floats() floats (the
- * largest of the kernels' LOCAL_* below), taken as float4s so that it is
- * 16-byte aligned for the vector loads.
+ * is a __local buffer of max(2 * TILE * DP + 3 * TILE + XCH, (SPLIT - 1) *
+ * ROWS * (DP + 2)) floats, XCH = 2 * DSPLIT * TILE * ROWS when DSPLIT > 1,
+ * else 0.
  */
 #ifndef HEAD_DIM
 #define HEAD_DIM 64
 #endif
 #ifndef ROWS
-#define ROWS 32
+#define ROWS 64
 #endif
 #ifndef TILE
 #define TILE 32
 #endif
 #ifndef SPLIT
-#define SPLIT 8
+#define SPLIT 1
 #endif
-#ifndef PER_ITEM
-#define PER_ITEM 4
+#ifndef DSPLIT
+#define DSPLIT 1
 #endif
 #define D HEAD_DIM
-#define RM PER_ITEM
-#define DP ((D + 3) / 4 * 4)              /* a row's columns in local memory */
-#define DS (DP + 4)                       /* a local row's stride */
-#define WS ((ROWS + 3) / 4 * 4 + 4)       /* a weight row's stride (one a tile row) */
-#define LANES (ROWS / RM * SPLIT)
-#define CN (TILE / SPLIT)                 /* tile rows a work-item scores */
-#define NC4 ((DP / 4 + SPLIT - 1) / SPLIT) /* float4 columns a work-item accumulates */
-#define WHOLE_C4 (NC4 * SPLIT * 4 == DP)  /* every work-item's columns all lie inside DP */
-
-/* Local floats of each kernel: the group's rows, the tile's rows, the
- * weights, and the forward's maxima and dropout sums (RED) or the key
- * side's per-query values. */
-#define LOCAL_FORWARD (ROWS * DS + 2 * TILE * DS + TILE * WS + 2 * SPLIT * ROWS)
-#define LOCAL_GRAD_Q (2 * ROWS * DS + 2 * TILE * DS + TILE * WS)
-#define LOCAL_KEY (2 * ROWS * DS + 2 * TILE * DS + 2 * TILE * WS + 3 * TILE)
+#define DC ((D + DSPLIT - 1) / DSPLIT) /* columns a work-item holds */
+#define DP (DC * DSPLIT)               /* a local tile row's stride */
+#define LANES (ROWS * DSPLIT * SPLIT)
+#define XCH_AT (2 * TILE * DP + 3 * TILE) /* the partial dot products */
 
 inline ulong at(uint b, uint rows, uint row, uint heads, uint head, uint d)
 {
@@ -78,38 +62,56 @@ inline ulong row_of(uint b, uint q_seq, uint pos, uint num_heads, uint head)
     return ((ulong)b * q_seq + pos) * num_heads + head;
 }
 
-/* A work-item's place in the group's grid. */
+/* A work-item's place: its row of the group, its columns' part (DC columns
+ * from c0) and its part of each tile's rows. */
 typedef struct lane {
-    uint ty, tx;
+    uint r, c0, part;
 } lane;
 
 inline lane lane_of(void)
 {
     const uint id = get_local_id(0);
-    lane me = {id / SPLIT, id % SPLIT};
+    lane me = {id % ROWS, id / ROWS % DSPLIT * DC, id / (ROWS * DSPLIT)};
     return me;
 }
 
-/* Loads rows [r0, r0 + n) of a [batch][rows][heads][D] tensor, times gain,
- * into t[n][DS], zeros past `end` and past D. Every work-item of the group
- * calls it; neighbours read neighbouring columns. */
-inline void load_block(__local float *t, uint n, __global const elem *src, ulong off, uint b,
-                       uint rows, uint r0, uint end, uint heads, uint head, float gain)
+/* Loads DC columns from c0 of a row of a [batch][rows][heads][D] tensor,
+ * times gain, into x; zeros for a dead row or past D. */
+inline void load_row(float *x, __global const elem *src, ulong off, uint b, uint rows,
+                     uint row, bool live, uint heads, uint head, uint c0, float gain)
 {
-    for (uint i = get_local_id(0); i < n * DP; i += LANES) {
-        const uint r = i / DP, d = i % DP;
-        t[r * DS + d] = r0 + r < end && d < D
-                            ? LOAD(src, off + at(b, rows, r0 + r, heads, head, d)) * gain
-                            : 0.0f;
+    for (uint d = 0; d < DC; ++d)
+        x[d] = live && c0 + d < D ? LOAD(src, off + at(b, rows, row, heads, head, c0 + d)) * gain
+                                  : 0.0f;
+}
+
+/* Stores DC columns from c0 of x, times gain, into a row (added to it
+ * under accumulate). */
+inline void store_row(__global elem *dst, ulong off, uint b, uint rows, uint row, uint heads,
+                      uint head, uint c0, const float *x, float gain, int accumulate)
+{
+    for (uint d = 0; d < DC && c0 + d < D; ++d)
+        STORE_GRAD(dst, off + at(b, rows, row, heads, head, c0 + d), gain * x[d], accumulate);
+}
+
+/* Loads rows [r0, r0 + TILE) of a [batch][rows][heads][D] tensor into
+ * tile[TILE][DP], zeros past `end` and past D. Every work-item of the group
+ * calls it. */
+inline void load_tile(__local float *tile, __global const elem *src, ulong off, uint b,
+                      uint rows, uint r0, uint end, uint heads, uint head)
+{
+    for (uint i = get_local_id(0); i < TILE * DP; i += LANES) {
+        const uint r = r0 + i / DP, d = i % DP;
+        tile[i] = r < end && d < D ? LOAD(src, off + at(b, rows, r, heads, head, d)) : 0.0f;
     }
 }
 
-/* The per-query values the key side reads with each tile: m, l and (for
- * grad-K) Dsum of TILE query rows. */
-inline void load_stats(__local float *mt, __local float *lt, __local float *dt,
-                       __global const float *lse, ulong lse_off, __global const float *dsum,
-                       ulong dsum_off, uint b, uint q_seq, uint p0, uint end, uint num_heads,
-                       uint head)
+/* The per-query values the key-side kernels read with each tile: m, l and
+ * (for grad-K) Dsum of TILE query rows. */
+inline void load_rows(__local float *mt, __local float *lt, __local float *dt,
+                      __global const float *lse, ulong lse_off, __global const float *dsum,
+                      ulong dsum_off, uint b, uint q_seq, uint p0, uint end, uint num_heads,
+                      uint head)
 {
     for (uint i = get_local_id(0); i < TILE; i += LANES) {
         const bool in = p0 + i < end;
@@ -121,103 +123,74 @@ inline void load_stats(__local float *mt, __local float *lt, __local float *dt,
     }
 }
 
-/* s[i * CN + j] = the dot product of the group's row ty * RM + i of `as`
- * with the tile's row tx + SPLIT * j of `bs`, four columns a step. */
-inline void micro_dots(float *s, __local const float *as, __local const float *bs, lane me)
+/* Partial dot products of x's columns with those of the work-item's tile
+ * rows (every SPLIT-th from part). */
+inline void tile_dots(float *dots, const float *x, __local const float *tile, lane me)
 {
-    for (uint e = 0; e < RM * CN; ++e)
-        s[e] = 0.0f;
-    for (uint d = 0; d < DP; d += 4) {
-        float4 a[RM], x[CN];
-        for (uint i = 0; i < RM; ++i)
-            a[i] = *(__local const float4 *)(as + (me.ty * RM + i) * DS + d);
-        for (uint j = 0; j < CN; ++j)
-            x[j] = *(__local const float4 *)(bs + (me.tx + SPLIT * j) * DS + d);
-        for (uint i = 0; i < RM; ++i)
-            for (uint j = 0; j < CN; ++j) {
-                float t = s[i * CN + j];
-                t = fma(a[i].x, x[j].x, t);
-                t = fma(a[i].y, x[j].y, t);
-                t = fma(a[i].z, x[j].z, t);
-                t = fma(a[i].w, x[j].w, t);
-                s[i * CN + j] = t;
-            }
+    for (uint i = 0; i < TILE / SPLIT; ++i) {
+        __local const float *row = tile + (i * SPLIT + me.part) * DP + me.c0;
+        float dot = 0.0f;
+        for (uint d = 0; d < DC; ++d)
+            dot = fma(x[d], row[d], dot);
+        dots[i] = dot;
     }
 }
 
-/* Writes the work-item's weights w[i * CN + j] (row ty * RM + i, tile row
- * tx + SPLIT * j) into ws[tile row][WS]. */
-inline void put_weights(__local float *ws, const float *w, lane me)
+/* acc += w[i] * tile row i, over the work-item's tile rows and columns. */
+inline void tile_axpy(float *acc, const float *w, __local const float *tile, lane me)
 {
-    for (uint j = 0; j < CN; ++j) {
-        __local float *at = ws + (me.tx + SPLIT * j) * WS + me.ty * RM;
-#if RM == 4
-        *(__local float4 *)at = (float4)(w[j], w[CN + j], w[2 * CN + j], w[3 * CN + j]);
-#else
-        for (uint i = 0; i < RM; ++i)
-            at[i] = w[i * CN + j];
-#endif
+    for (uint i = 0; i < TILE / SPLIT; ++i) {
+        __local const float *row = tile + (i * SPLIT + me.part) * DP + me.c0;
+        for (uint d = 0; d < DC; ++d)
+            acc[d] = fma(w[i], row[d], acc[d]);
     }
 }
 
-/* acc[(i * NC4 + k) * 4 + c] += sum over the tile's rows t of the weight of
- * (row ty * RM + i, t) times column 4 (tx + SPLIT k) + c of cs's row t; and,
- * where sum is not NULL, sum[i] += the weights of row i, in t's order. */
-inline void micro_axpy(float *acc, float *sum, __local const float *ws, __local const float *cs,
-                       lane me)
+/* Turns the partial dot products of a row's DSPLIT work-items into whole
+ * ones (a and, when b is not NULL, b), added in the order of the columns
+ * by every work-item of the row, so that all hold the same sums bitwise.
+ * Every work-item of the group calls it, after the tile's barrier. */
+inline void whole_dots(__local float *xch, float *a, float *b, lane me)
 {
-    for (uint t = 0; t < TILE; ++t) {
-        float w[RM];
-#if RM == 4 /* one load: WS and the rows' offset are whole float4s */
-        const float4 w4 = *(__local const float4 *)(ws + t * WS + me.ty * 4);
-        w[0] = w4.x;
-        w[1] = w4.y;
-        w[2] = w4.z;
-        w[3] = w4.w;
-#else
-        for (uint i = 0; i < RM; ++i)
-            w[i] = ws[t * WS + me.ty * RM + i];
-#endif
-        if (sum)
-            for (uint i = 0; i < RM; ++i)
-                sum[i] += w[i];
-        for (uint k = 0; k < NC4; ++k) {
-            const uint c = 4 * (me.tx + SPLIT * k);
-            if (!WHOLE_C4 && c >= DP)
-                break;
-            const float4 v = *(__local const float4 *)(cs + t * DS + c);
-            for (uint i = 0; i < RM; ++i) {
-                float *a = acc + (i * NC4 + k) * 4;
-                a[0] = fma(w[i], v.x, a[0]);
-                a[1] = fma(w[i], v.y, a[1]);
-                a[2] = fma(w[i], v.z, a[2]);
-                a[3] = fma(w[i], v.w, a[3]);
-            }
+#if DSPLIT > 1
+    const uint c = me.c0 / DC;
+    for (uint i = 0; i < TILE / SPLIT; ++i) {
+        const uint j = i * SPLIT + me.part;
+        xch[(c * TILE + j) * ROWS + me.r] = a[i];
+        if (b)
+            xch[((DSPLIT + c) * TILE + j) * ROWS + me.r] = b[i];
+    }
+    barrier(CLK_LOCAL_MEM_FENCE);
+    for (uint i = 0; i < TILE / SPLIT; ++i) {
+        const uint j = i * SPLIT + me.part;
+        float sa = 0.0f, sb = 0.0f;
+        for (uint k = 0; k < DSPLIT; ++k) {
+            sa += xch[(k * TILE + j) * ROWS + me.r];
+            if (b)
+                sb += xch[((DSPLIT + k) * TILE + j) * ROWS + me.r];
         }
+        a[i] = sa;
+        if (b)
+            b[i] = sb;
     }
+#endif
 }
 
-/* Stores the work-item's columns of row i of acc, times gain, into a row
- * of a [batch][rows][heads][D] tensor (added to it under accumulate). */
-inline void store_acc(__global elem *dst, ulong off, uint b, uint rows, uint row, uint heads,
-                      uint head, const float *acc, uint i, float gain, int accumulate, lane me)
+/* Adds the partial sums of a row's other parts into part 0's acc, through
+ * local memory (the tiles' space). Every work-item of the group calls it. */
+inline void sum_parts(__local float *comb, float *acc, lane me)
 {
-    for (uint k = 0; k < NC4; ++k)
-        for (uint c = 0; c < 4; ++c) {
-            const uint d = 4 * (me.tx + SPLIT * k) + c;
-            if (d < D)
-                STORE_GRAD(dst, off + at(b, rows, row, heads, head, d),
-                           gain * acc[(i * NC4 + k) * 4 + c], accumulate);
-        }
-}
-
-/* Whether query pos sees key t for every pos of [p_first, p_last] and t of
- * [t_first, t_last]: the tile needs no mask test. */
-inline bool all_visible(uint p_first, uint p_last, uint t_first, uint t_last, int causal,
-                        uint window, long delta)
-{
-    return visible(p_first, t_last, causal, window, delta) &&
-           visible(p_last, t_first, causal, window, delta);
+#if SPLIT > 1
+    barrier(CLK_LOCAL_MEM_FENCE);
+    if (me.part > 0)
+        for (uint d = 0; d < DC; ++d)
+            comb[((me.part - 1u) * ROWS + me.r) * DP + me.c0 + d] = acc[d];
+    barrier(CLK_LOCAL_MEM_FENCE);
+    if (me.part == 0)
+        for (uint p = 1; p < SPLIT; ++p)
+            for (uint d = 0; d < DC; ++d)
+                acc[d] += comb[((p - 1u) * ROWS + me.r) * DP + me.c0 + d];
+#endif
 }
 
 inline void forward_block(__global const elem *q, ulong q_off, __global const elem *k,
@@ -225,104 +198,104 @@ inline void forward_block(__global const elem *q, ulong q_off, __global const el
                           ulong o_off, __global float *lse, ulong lse_off, SHAPE_ARGS,
                           __local float *tiles, uint r0)
 {
-    __local float *qs = tiles, *ks = qs + ROWS * DS, *vs = ks + TILE * DS;
-    __local float *ws = vs + TILE * DS, *red = ws + TILE * WS;
+    __local float *kt = tiles, *vt = tiles + TILE * DP;
     const uint head = get_group_id(1), b = get_group_id(2);
     const lane me = lane_of();
+    const uint pos = r0 + me.r;
+    const bool live = pos < q_seq;
     const uint kv_head = head / (num_heads / num_kv_heads);
-    const uint last = min(r0 + ROWS, q_seq) - 1u;
-    barrier(CLK_LOCAL_MEM_FENCE); /* the pair's first block is done with qs */
-    load_block(qs, ROWS, q, q_off, b, q_seq, r0, q_seq, num_heads, head, scale);
-    float acc[RM * NC4 * 4], m[RM], l[RM];
-    for (uint e = 0; e < RM * NC4 * 4; ++e)
-        acc[e] = 0.0f;
-    for (uint i = 0; i < RM; ++i) {
-        m[i] = EMPTY_ROW;
-        l[i] = 0.0f;
-    }
+    float qr[DC], acc[DC];
+    load_row(qr, q, q_off, b, q_seq, pos, live, num_heads, head, me.c0, scale);
+    for (uint d = 0; d < DC; ++d)
+        acc[d] = 0.0f;
+    float m = EMPTY_ROW, l = 0.0f;
     uint lo, hi;
-    keys_of_queries(r0, last, kv_seq, causal, window, delta, &lo, &hi);
+    keys_of_queries(r0, min(r0 + ROWS, q_seq) - 1u, kv_seq, causal, window, delta, &lo, &hi);
     for (uint t0 = lo; t0 < hi; t0 += TILE) {
         barrier(CLK_LOCAL_MEM_FENCE);
-        load_block(ks, TILE, k, k_off, b, kv_seq, t0, hi, num_kv_heads, kv_head, 1.0f);
-        load_block(vs, TILE, v, v_off, b, kv_seq, t0, hi, num_kv_heads, kv_head, 1.0f);
+        load_tile(kt, k, k_off, b, kv_seq, t0, hi, num_kv_heads, kv_head);
+        load_tile(vt, v, v_off, b, kv_seq, t0, hi, num_kv_heads, kv_head);
         barrier(CLK_LOCAL_MEM_FENCE);
-        float s[RM * CN];
-        micro_dots(s, qs, ks, me);
-        const bool whole = all_visible(r0, last, t0, min(t0 + TILE, hi) - 1u, causal, window, delta);
-        for (uint i = 0; i < RM; ++i) {
-            const uint pos = r0 + me.ty * RM + i;
-            float mx = EMPTY_ROW;
-            for (uint j = 0; j < CN; ++j) {
-                const uint t = t0 + me.tx + SPLIT * j;
-                const bool seen = t < hi && (whole || visible(pos, t, causal, window, delta));
+        float s[TILE / SPLIT], tile_max = EMPTY_ROW;
+        tile_dots(s, qr, kt, me);
+        whole_dots(tiles + XCH_AT, s, 0, me);
+        if (!live)
+            continue;
+        bool any = false; /* the row sees a key of the tile (its scores may be NaN) */
+        for (uint i = 0; i < TILE / SPLIT; ++i) {
+            const uint t = t0 + i * SPLIT + me.part;
+            const bool seen = t < hi && visible(pos, t, causal, window, delta);
 #if SHAPED
-                float dz;
-                s[i * CN + j] = MODIFY(s[i * CN + j], pos, t, head, &dz);
+            float dz;
+            s[i] = MODIFY(s[i], pos, t, head, &dz);
 #endif
-                s[i * CN + j] = seen ? s[i * CN + j] : EMPTY_ROW;
-                mx = fmax(mx, s[i * CN + j]);
-            }
-            red[me.tx * ROWS + me.ty * RM + i] = mx;
+            s[i] = seen ? s[i] : EMPTY_ROW;
+            any = any || seen;
+            tile_max = fmax(tile_max, s[i]);
         }
-        barrier(CLK_LOCAL_MEM_FENCE);
-        float rescale[RM];
-        for (uint i = 0; i < RM; ++i) {
-            float tile_max = EMPTY_ROW;
-            for (uint x = 0; x < SPLIT; ++x)
-                tile_max = fmax(tile_max, red[x * ROWS + me.ty * RM + i]);
-            const float m_new = fmax(m[i], tile_max);
-            rescale[i] = exp(m[i] - m_new);
-            m[i] = m_new;
+        if (!any)
+            continue;
+        const float m_new = fmax(m, tile_max), rescale = exp(m - m_new);
+        l *= rescale;
+        for (uint d = 0; d < DC; ++d)
+            acc[d] *= rescale;
+        for (uint i = 0; i < TILE / SPLIT; ++i) {
+            /* Masked scores are exactly EMPTY_ROW; their weight is 0 even
+             * while the row's max is EMPTY_ROW too. */
+            s[i] = s[i] == EMPTY_ROW ? 0.0f : exp(s[i] - m_new);
+            l += s[i];
 #if MODS & MOD_DROPOUT
-            float kept_sum = 0.0f; /* l is the undropped sum */
-#endif
-            for (uint j = 0; j < CN; ++j) {
-                /* Masked scores are exactly EMPTY_ROW; their weight is 0
-                 * even while the row's max is EMPTY_ROW too. */
-                float p = s[i * CN + j] == EMPTY_ROW ? 0.0f : exp(s[i * CN + j] - m_new);
-#if MODS & MOD_DROPOUT
-                kept_sum += p;
-                p *= DROP(r0 + me.ty * RM + i, t0 + me.tx + SPLIT * j, head, b);
-#endif
-                s[i * CN + j] = p;
-            }
-#if MODS & MOD_DROPOUT
-            red[(SPLIT + me.tx) * ROWS + me.ty * RM + i] = kept_sum;
+            s[i] *= DROP(pos, t0 + i * SPLIT + me.part, head, b); /* l is the undropped sum */
 #endif
         }
-        put_weights(ws, s, me);
-        barrier(CLK_LOCAL_MEM_FENCE);
-        for (uint i = 0; i < RM; ++i) {
-            l[i] *= rescale[i];
-            for (uint e = 0; e < NC4 * 4; ++e)
-                acc[i * NC4 * 4 + e] *= rescale[i];
-#if MODS & MOD_DROPOUT
-            for (uint x = 0; x < SPLIT; ++x)
-                l[i] += red[(SPLIT + x) * ROWS + me.ty * RM + i];
-#endif
-        }
-#if MODS & MOD_DROPOUT
-        micro_axpy(acc, 0, ws, vs, me);
-#else
-        micro_axpy(acc, l, ws, vs, me);
-#endif
+        tile_axpy(acc, s, vt, me);
+        m = m_new;
     }
-    for (uint i = 0; i < RM; ++i) {
-        const uint pos = r0 + me.ty * RM + i;
-        if (pos >= q_seq)
-            break;
-        store_acc(o, o_off, b, q_seq, pos, num_heads, head, acc, i,
-                  l[i] != 0.0f ? 1.0f / l[i] : 0.0f, 0, me);
-        if (me.tx == 0) {
-            const ulong row = lse_off + 2 * row_of(b, q_seq, pos, num_heads, head);
-            lse[row] = l[i] != 0.0f ? m[i] : EMPTY_ROW;
-            lse[row + 1] = l[i] != 0.0f ? log(l[i]) : EMPTY_ROW;
+#if SPLIT > 1
+    /* Merge the parts' softmax states: rescale each to the largest m. */
+    barrier(CLK_LOCAL_MEM_FENCE);
+    __local float *comb = tiles;
+    if (me.part > 0) {
+        __local float *mine = comb + ((me.part - 1u) * ROWS + me.r) * (DP + 2);
+        for (uint d = 0; d < DC; ++d)
+            mine[me.c0 + d] = acc[d];
+        if (me.c0 == 0) {
+            mine[DP] = m;
+            mine[DP + 1] = l;
         }
     }
+    barrier(CLK_LOCAL_MEM_FENCE);
+    if (me.part > 0)
+        return;
+    float m_all = m;
+    for (uint p = 1; p < SPLIT; ++p)
+        m_all = fmax(m_all, comb[((p - 1u) * ROWS + me.r) * (DP + 2) + DP]);
+    const float own = exp(m - m_all);
+    l *= own;
+    for (uint d = 0; d < DC; ++d)
+        acc[d] *= own;
+    for (uint p = 1; p < SPLIT; ++p) {
+        __local const float *other = comb + ((p - 1u) * ROWS + me.r) * (DP + 2);
+        const float f = exp(other[DP] - m_all);
+        l += other[DP + 1] * f;
+        for (uint d = 0; d < DC; ++d)
+            acc[d] = fma(other[me.c0 + d], f, acc[d]);
+    }
+    m = m_all;
+#endif
+    if (!live)
+        return;
+    for (uint d = 0; d < DC; ++d)
+        acc[d] = l != 0.0f ? acc[d] / l : 0.0f;
+    store_row(o, o_off, b, q_seq, pos, num_heads, head, me.c0, acc, 1.0f, 0);
+    if (me.c0 > 0)
+        return;
+    const ulong row = lse_off + 2 * row_of(b, q_seq, pos, num_heads, head);
+    lse[row] = l != 0.0f ? m : EMPTY_ROW;
+    lse[row + 1] = l != 0.0f ? log(l) : EMPTY_ROW;
 }
 
-/* dQ of the group's query rows: sum over their keys of scale * dS * K[t]. */
+/* dQ of a query row: sum over its keys of scale * dS * K[t]. */
 inline void grad_q_block(__global const elem *q, ulong q_off, __global const elem *k,
                          ulong k_off, __global const elem *v, ulong v_off,
                          __global const elem *d_out, ulong d_out_off,
@@ -330,156 +303,177 @@ inline void grad_q_block(__global const elem *q, ulong q_off, __global const ele
                          ulong dsum_off, __global elem *dq, ulong dq_off, SHAPE_ARGS,
                          __local float *tiles, uint r0)
 {
-    __local float *qs = tiles, *os = qs + ROWS * DS, *ks = os + ROWS * DS, *vs = ks + TILE * DS;
-    __local float *ws = vs + TILE * DS;
+    __local float *kt = tiles, *vt = tiles + TILE * DP;
     const uint head = get_group_id(1), b = get_group_id(2);
     const lane me = lane_of();
+    const uint pos = r0 + me.r;
+    const bool live = pos < q_seq;
     const uint kv_head = head / (num_heads / num_kv_heads);
-    const uint last = min(r0 + ROWS, q_seq) - 1u;
-    barrier(CLK_LOCAL_MEM_FENCE);
-    load_block(qs, ROWS, q, q_off, b, q_seq, r0, q_seq, num_heads, head, scale);
-    load_block(os, ROWS, d_out, d_out_off, b, q_seq, r0, q_seq, num_heads, head, 1.0f);
-    float acc[RM * NC4 * 4], m[RM], l[RM], ds[RM];
-    for (uint e = 0; e < RM * NC4 * 4; ++e)
-        acc[e] = 0.0f;
-    for (uint i = 0; i < RM; ++i) {
-        const uint pos = r0 + me.ty * RM + i;
-        const ulong row = row_of(b, q_seq, pos < q_seq ? pos : 0u, num_heads, head);
-        m[i] = lse[lse_off + 2 * row];
-        l[i] = lse[lse_off + 2 * row + 1];
-        ds[i] = dsum[dsum_off + row];
-    }
+    const ulong row = row_of(b, q_seq, live ? pos : 0u, num_heads, head);
+    float qr[DC], dor[DC], acc[DC];
+    load_row(qr, q, q_off, b, q_seq, pos, live, num_heads, head, me.c0, scale);
+    load_row(dor, d_out, d_out_off, b, q_seq, pos, live, num_heads, head, me.c0, 1.0f);
+    for (uint d = 0; d < DC; ++d)
+        acc[d] = 0.0f;
+    const float m = lse[lse_off + 2 * row], l = lse[lse_off + 2 * row + 1];
+    const float ds_row = dsum[dsum_off + row];
     uint lo, hi;
-    keys_of_queries(r0, last, kv_seq, causal, window, delta, &lo, &hi);
+    keys_of_queries(r0, min(r0 + ROWS, q_seq) - 1u, kv_seq, causal, window, delta, &lo, &hi);
     for (uint t0 = lo; t0 < hi; t0 += TILE) {
         barrier(CLK_LOCAL_MEM_FENCE);
-        load_block(ks, TILE, k, k_off, b, kv_seq, t0, hi, num_kv_heads, kv_head, 1.0f);
-        load_block(vs, TILE, v, v_off, b, kv_seq, t0, hi, num_kv_heads, kv_head, 1.0f);
+        load_tile(kt, k, k_off, b, kv_seq, t0, hi, num_kv_heads, kv_head);
+        load_tile(vt, v, v_off, b, kv_seq, t0, hi, num_kv_heads, kv_head);
         barrier(CLK_LOCAL_MEM_FENCE);
-        float s[RM * CN], dp[RM * CN];
-        micro_dots(s, qs, ks, me);
-        micro_dots(dp, os, vs, me);
-        const bool whole = all_visible(r0, last, t0, min(t0 + TILE, hi) - 1u, causal, window, delta);
-        for (uint i = 0; i < RM; ++i) {
-            const uint pos = r0 + me.ty * RM + i;
-            for (uint j = 0; j < CN; ++j) {
-                const uint t = t0 + me.tx + SPLIT * j;
-                const uint e = i * CN + j;
-                float dz = 1.0f;
+        float s[TILE / SPLIT], dp[TILE / SPLIT];
+        tile_dots(s, qr, kt, me);
+        tile_dots(dp, dor, vt, me);
+        whole_dots(tiles + XCH_AT, s, dp, me);
+        if (!live)
+            continue;
+        for (uint i = 0; i < TILE / SPLIT; ++i) {
+            const uint t = t0 + i * SPLIT + me.part;
+#if MODS
+            float dz = 1.0f;
 #if SHAPED
-                s[e] = MODIFY(s[e], pos, t, head, &dz);
+            s[i] = MODIFY(s[i], pos, t, head, &dz);
 #endif
 #if MODS & MOD_DROPOUT
-                dp[e] *= DROP(pos, t, head, b);
+            dp[i] *= DROP(pos, t, head, b);
 #endif
-                s[e] = t < hi && (whole || visible(pos, t, causal, window, delta))
-                           ? exp(min0(s[e] - m[i]) - l[i]) * (dp[e] - ds[i]) * dz
-                           : 0.0f;
-            }
+            s[i] = t < hi && visible(pos, t, causal, window, delta)
+                       ? exp(min0(s[i] - m) - l) * (dp[i] - ds_row) * dz
+                       : 0.0f;
+#else
+            s[i] = t < hi && visible(pos, t, causal, window, delta)
+                       ? exp(min0(s[i] - m) - l) * (dp[i] - ds_row)
+                       : 0.0f;
+#endif
         }
-        put_weights(ws, s, me);
-        barrier(CLK_LOCAL_MEM_FENCE);
-        micro_axpy(acc, 0, ws, ks, me);
+        tile_axpy(acc, s, kt, me);
     }
-    for (uint i = 0; i < RM; ++i) {
-        const uint pos = r0 + me.ty * RM + i;
-        if (pos >= q_seq)
-            break;
-        store_acc(dq, dq_off, b, q_seq, pos, num_heads, head, acc, i, scale, accumulate, me);
-    }
+    sum_parts(tiles, acc, me);
+    if (live && me.part == 0)
+        store_row(dq, dq_off, b, q_seq, pos, num_heads, head, me.c0, acc, scale, accumulate);
 }
 
-/* The key side of the group's key rows, over the queries of its KV head's
- * group that see them: dV = sum of P * dO (where dv is not NULL) and dK =
- * scale * sum of dS * Q (where dk is not NULL), one score and dP a pair for
- * both. */
-inline void key_block(__global const elem *q, ulong q_off, __global const elem *k, ulong k_off,
-                      __global const elem *v, ulong v_off, __global const elem *d_out,
-                      ulong d_out_off, __global const float *lse, ulong lse_off,
-                      __global const float *dsum, ulong dsum_off, __global elem *dk, ulong dk_off,
-                      __global elem *dv, ulong dv_off, SHAPE_ARGS, __local float *tiles, uint r0)
+/* dV of a key row, over the queries of its KV head's group that see it. */
+inline void grad_v_block(__global const elem *d_out, ulong d_out_off, __global const elem *q,
+                         ulong q_off, __global const elem *k, ulong k_off,
+                         __global const float *lse, ulong lse_off, __global elem *dv,
+                         ulong dv_off, SHAPE_ARGS, __local float *tiles, uint r0)
 {
-    __local float *ks = tiles, *vs = ks + ROWS * DS, *qs = vs + ROWS * DS, *os = qs + TILE * DS;
-    __local float *pw = os + TILE * DS, *dw = pw + TILE * WS, *mt = dw + TILE * WS;
-    __local float *lt = mt + TILE, *dt = lt + TILE;
+    __local float *qt = tiles, *ot = tiles + TILE * DP, *mt = ot + TILE * DP, *lt = mt + TILE;
     const uint kv_head = get_group_id(1), b = get_group_id(2);
     const lane me = lane_of();
+    const uint t = r0 + me.r;
+    const bool live = t < kv_seq;
     const uint group = num_heads / num_kv_heads;
-    const uint last = min(r0 + ROWS, kv_seq) - 1u;
-    barrier(CLK_LOCAL_MEM_FENCE);
-    load_block(ks, ROWS, k, k_off, b, kv_seq, r0, kv_seq, num_kv_heads, kv_head, scale);
-    if (dk)
-        load_block(vs, ROWS, v, v_off, b, kv_seq, r0, kv_seq, num_kv_heads, kv_head, 1.0f);
-    float acc_k[RM * NC4 * 4], acc_v[RM * NC4 * 4];
-    for (uint e = 0; e < RM * NC4 * 4; ++e)
-        acc_k[e] = acc_v[e] = 0.0f;
+    float kr[DC], acc[DC];
+    load_row(kr, k, k_off, b, kv_seq, t, live, num_kv_heads, kv_head, me.c0, scale);
+    for (uint d = 0; d < DC; ++d)
+        acc[d] = 0.0f;
     uint lo, hi;
-    queries_of_keys(r0, last, q_seq, causal, window, delta, &lo, &hi);
+    queries_of_keys(r0, min(r0 + ROWS, kv_seq) - 1u, q_seq, causal, window, delta, &lo, &hi);
     for (uint head = kv_head * group; head < (kv_head + 1u) * group; ++head) {
         for (uint p0 = lo; p0 < hi; p0 += TILE) {
             barrier(CLK_LOCAL_MEM_FENCE);
-            load_block(qs, TILE, q, q_off, b, q_seq, p0, hi, num_heads, head, 1.0f);
-            load_block(os, TILE, d_out, d_out_off, b, q_seq, p0, hi, num_heads, head, 1.0f);
-            load_stats(mt, lt, dt, lse, lse_off, dk ? dsum : 0, dsum_off, b, q_seq, p0, hi,
-                       num_heads, head);
+            load_tile(qt, q, q_off, b, q_seq, p0, hi, num_heads, head);
+            load_tile(ot, d_out, d_out_off, b, q_seq, p0, hi, num_heads, head);
+            load_rows(mt, lt, 0, lse, lse_off, 0, 0, b, q_seq, p0, hi, num_heads, head);
             barrier(CLK_LOCAL_MEM_FENCE);
-            float s[RM * CN], dp[RM * CN];
-            micro_dots(s, ks, qs, me);
-            if (dk)
-                micro_dots(dp, vs, os, me);
-            const bool whole =
-                all_visible(p0, min(p0 + TILE, hi) - 1u, r0, last, causal, window, delta);
-            for (uint i = 0; i < RM; ++i) {
-                const uint t = r0 + me.ty * RM + i;
-                for (uint j = 0; j < CN; ++j) {
-                    const uint jj = me.tx + SPLIT * j, pos = p0 + jj, e = i * CN + j;
-                    float dz = 1.0f;
+            float s[TILE / SPLIT];
+            tile_dots(s, kr, qt, me);
+            whole_dots(tiles + XCH_AT, s, 0, me);
+            if (!live)
+                continue;
+            for (uint i = 0; i < TILE / SPLIT; ++i) {
+                const uint j = i * SPLIT + me.part;
 #if SHAPED
-                    s[e] = MODIFY(s[e], pos, t, head, &dz);
+                float dz;
+                s[i] = MODIFY(s[i], p0 + j, t, head, &dz);
 #endif
-                    /* unseen pairs weigh exactly 0: a NaN in a row they
-                     * pair must not reach it */
-                    const bool seen = pos < hi && (whole || visible(pos, t, causal, window, delta));
-                    const float p = exp(min0(s[e] - mt[jj]) - lt[jj]);
+                s[i] = p0 + j < hi && visible(p0 + j, t, causal, window, delta)
+                           ? exp(min0(s[i] - mt[j]) - lt[j])
+                           : 0.0f;
 #if MODS & MOD_DROPOUT
-                    const float keep = DROP(pos, t, head, b);
-#else
-                    const float keep = 1.0f;
+                s[i] *= DROP(p0 + j, t, head, b);
 #endif
-                    if (dk)
-                        dp[e] = seen ? p * (dp[e] * keep - dt[jj]) * dz : 0.0f;
-                    s[e] = seen ? p * keep : 0.0f;
-                }
             }
-            if (dv)
-                put_weights(pw, s, me);
-            if (dk)
-                put_weights(dw, dp, me);
-            barrier(CLK_LOCAL_MEM_FENCE);
-            if (dv)
-                micro_axpy(acc_v, 0, pw, os, me);
-            if (dk)
-                micro_axpy(acc_k, 0, dw, qs, me);
+            tile_axpy(acc, s, ot, me);
         }
     }
-    for (uint i = 0; i < RM; ++i) {
-        const uint t = r0 + me.ty * RM + i;
-        if (t >= kv_seq)
-            break;
-        if (dv)
-            store_acc(dv, dv_off, b, kv_seq, t, num_kv_heads, kv_head, acc_v, i, 1.0f,
-                      accumulate, me);
-        if (dk)
-            store_acc(dk, dk_off, b, kv_seq, t, num_kv_heads, kv_head, acc_k, i, scale,
-                      accumulate, me);
+    sum_parts(tiles, acc, me);
+    if (live && me.part == 0)
+        store_row(dv, dv_off, b, kv_seq, t, num_kv_heads, kv_head, me.c0, acc, 1.0f, accumulate);
+}
+
+/* dK of a key row: scale * sum of dS * Q over the queries that see it. */
+inline void grad_k_block(__global const elem *q, ulong q_off, __global const elem *k,
+                         ulong k_off, __global const elem *v, ulong v_off,
+                         __global const elem *d_out, ulong d_out_off,
+                         __global const float *lse, ulong lse_off, __global const float *dsum,
+                         ulong dsum_off, __global elem *dk, ulong dk_off, SHAPE_ARGS,
+                         __local float *tiles, uint r0)
+{
+    __local float *qt = tiles, *ot = tiles + TILE * DP, *mt = ot + TILE * DP, *lt = mt + TILE;
+    __local float *dt = lt + TILE;
+    const uint kv_head = get_group_id(1), b = get_group_id(2);
+    const lane me = lane_of();
+    const uint t = r0 + me.r;
+    const bool live = t < kv_seq;
+    const uint group = num_heads / num_kv_heads;
+    float kr[DC], vr[DC], acc[DC];
+    load_row(kr, k, k_off, b, kv_seq, t, live, num_kv_heads, kv_head, me.c0, scale);
+    load_row(vr, v, v_off, b, kv_seq, t, live, num_kv_heads, kv_head, me.c0, 1.0f);
+    for (uint d = 0; d < DC; ++d)
+        acc[d] = 0.0f;
+    uint lo, hi;
+    queries_of_keys(r0, min(r0 + ROWS, kv_seq) - 1u, q_seq, causal, window, delta, &lo, &hi);
+    for (uint head = kv_head * group; head < (kv_head + 1u) * group; ++head) {
+        for (uint p0 = lo; p0 < hi; p0 += TILE) {
+            barrier(CLK_LOCAL_MEM_FENCE);
+            load_tile(qt, q, q_off, b, q_seq, p0, hi, num_heads, head);
+            load_tile(ot, d_out, d_out_off, b, q_seq, p0, hi, num_heads, head);
+            load_rows(mt, lt, dt, lse, lse_off, dsum, dsum_off, b, q_seq, p0, hi, num_heads,
+                      head);
+            barrier(CLK_LOCAL_MEM_FENCE);
+            float s[TILE / SPLIT], dp[TILE / SPLIT];
+            tile_dots(s, kr, qt, me);
+            tile_dots(dp, vr, ot, me);
+            whole_dots(tiles + XCH_AT, s, dp, me);
+            if (!live)
+                continue;
+            for (uint i = 0; i < TILE / SPLIT; ++i) {
+                const uint j = i * SPLIT + me.part;
+#if MODS
+                float dz = 1.0f;
+#if SHAPED
+                s[i] = MODIFY(s[i], p0 + j, t, head, &dz);
+#endif
+#if MODS & MOD_DROPOUT
+                dp[i] *= DROP(p0 + j, t, head, b);
+#endif
+                s[i] = p0 + j < hi && visible(p0 + j, t, causal, window, delta)
+                           ? exp(min0(s[i] - mt[j]) - lt[j]) * (dp[i] - dt[j]) * dz
+                           : 0.0f;
+#else
+                s[i] = p0 + j < hi && visible(p0 + j, t, causal, window, delta)
+                           ? exp(min0(s[i] - mt[j]) - lt[j]) * (dp[i] - dt[j])
+                           : 0.0f;
+#endif
+            }
+            tile_axpy(acc, s, qt, me);
+        }
     }
+    sum_parts(tiles, acc, me);
+    if (live && me.part == 0)
+        store_row(dk, dk_off, b, kv_seq, t, num_kv_heads, kv_head, me.c0, acc, scale, accumulate);
 }
 
 /* Each kernel runs its block function on row block g and, under a causal
  * mask, on block blocks - 1 - g as well. A loop, not two inlined copies,
  * so that the pairing costs no registers. */
 #define PAIRED(rows, call)                                                        \
-    __local float *tiles = (__local float *)tiles4;                               \
     const uint blocks = (rows + ROWS - 1u) / ROWS, g = get_group_id(0);           \
     const uint passes = causal && blocks - 1u - g != g ? 2u : 1u;                 \
     for (uint pass = 0; pass < passes; ++pass) {                                  \
@@ -490,10 +484,9 @@ inline void key_block(__global const elem *q, ulong q_off, __global const elem *
 __kernel __attribute__((reqd_work_group_size(LANES, 1, 1))) void
 forward__tiled(__global const elem *q, ulong q_off, __global const elem *k, ulong k_off,
                __global const elem *v, ulong v_off, __global elem *o, ulong o_off,
-               __global float *lse, ulong lse_off, SHAPE_ARGS, __local float4 *tiles4)
+               __global float *lse, ulong lse_off, SHAPE_ARGS, __local float *tiles)
 {
-    PAIRED(q_seq, forward_block(q, q_off, k, k_off, v, v_off, o, o_off, lse, lse_off, SHAPE_PASS,
-                                tiles, r0))
+    PAIRED(q_seq, forward_block(q, q_off, k, k_off, v, v_off, o, o_off, lse, lse_off, SHAPE_PASS, tiles, r0))
 }
 
 __kernel __attribute__((reqd_work_group_size(LANES, 1, 1))) void
@@ -501,7 +494,7 @@ grad_q__tiled(__global const elem *q, ulong q_off, __global const elem *k, ulong
               __global const elem *v, ulong v_off, __global const elem *d_out,
               ulong d_out_off, __global const float *lse, ulong lse_off,
               __global const float *dsum, ulong dsum_off, __global elem *dq, ulong dq_off,
-              SHAPE_ARGS, __local float4 *tiles4)
+              SHAPE_ARGS, __local float *tiles)
 {
     PAIRED(q_seq, grad_q_block(q, q_off, k, k_off, v, v_off, d_out, d_out_off, lse, lse_off,
                                dsum, dsum_off, dq, dq_off, SHAPE_PASS, tiles, r0))
@@ -511,10 +504,10 @@ __kernel __attribute__((reqd_work_group_size(LANES, 1, 1))) void
 grad_v__tiled(__global const elem *d_out, ulong d_out_off, __global const elem *q,
               ulong q_off, __global const elem *k, ulong k_off, __global const float *lse,
               ulong lse_off, __global elem *dv, ulong dv_off, SHAPE_ARGS,
-              __local float4 *tiles4)
+              __local float *tiles)
 {
-    PAIRED(kv_seq, key_block(q, q_off, k, k_off, 0, 0, d_out, d_out_off, lse, lse_off, 0, 0, 0,
-                             0, dv, dv_off, SHAPE_PASS, tiles, r0))
+    PAIRED(kv_seq, grad_v_block(d_out, d_out_off, q, q_off, k, k_off, lse, lse_off, dv, dv_off,
+                                SHAPE_PASS, tiles, r0))
 }
 
 __kernel __attribute__((reqd_work_group_size(LANES, 1, 1))) void
@@ -522,19 +515,8 @@ grad_k__tiled(__global const elem *q, ulong q_off, __global const elem *k, ulong
               __global const elem *v, ulong v_off, __global const elem *d_out,
               ulong d_out_off, __global const float *lse, ulong lse_off,
               __global const float *dsum, ulong dsum_off, __global elem *dk, ulong dk_off,
-              SHAPE_ARGS, __local float4 *tiles4)
+              SHAPE_ARGS, __local float *tiles)
 {
-    PAIRED(kv_seq, key_block(q, q_off, k, k_off, v, v_off, d_out, d_out_off, lse, lse_off, dsum,
-                             dsum_off, dk, dk_off, 0, 0, SHAPE_PASS, tiles, r0))
-}
-
-__kernel __attribute__((reqd_work_group_size(LANES, 1, 1))) void
-grad_kv__tiled(__global const elem *q, ulong q_off, __global const elem *k, ulong k_off,
-               __global const elem *v, ulong v_off, __global const elem *d_out,
-               ulong d_out_off, __global const float *lse, ulong lse_off,
-               __global const float *dsum, ulong dsum_off, __global elem *dk, ulong dk_off,
-               __global elem *dv, ulong dv_off, SHAPE_ARGS, __local float4 *tiles4)
-{
-    PAIRED(kv_seq, key_block(q, q_off, k, k_off, v, v_off, d_out, d_out_off, lse, lse_off, dsum,
-                             dsum_off, dk, dk_off, dv, dv_off, SHAPE_PASS, tiles, r0))
+    PAIRED(kv_seq, grad_k_block(q, q_off, k, k_off, v, v_off, d_out, d_out_off, lse, lse_off,
+                                dsum, dsum_off, dk, dk_off, SHAPE_PASS, tiles, r0))
 }

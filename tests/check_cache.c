@@ -174,12 +174,12 @@ START_TEST(tuning_file)
     snprintf(stem, sizeof stem, "%s", key);
     *strrchr(stem, '/') = '\0';
     snprintf(text, sizeof text,
-             "clattn-tuning 2 %s\n# a comment\n\ntiled\tf32\t16\t8,8,1,2\t%s\n"
-             "tiled\tf32\t16\t4,4,1,2\tOther / Device / 1.0\n"
-             "tiled\tf32\t21\t4,4,1,4\t%s/ 0.0-other\n",
+             "clattn-tuning 1 %s\n# a comment\n\ntiled\tf32\t16\t8,8,1,16\t%s\n"
+             "tiled\tf32\t16\t4,4,1,16\tOther / Device / 1.0\n"
+             "tiled\tf32\t21\t4,4,1,32\t%s/ 0.0-other\n",
              clattn_version(), key, stem);
     write_text(file, text);
-    tiled_with_file("tuning: tiled f32 head_dim 16: 8,8,1,2 from", "4,4,1", 11);
+    tiled_with_file("tuning: tiled f32 head_dim 16: 8,8,1,16 from", "4,4,1", 11);
     ctx = test_context("tiled");
     ck_assert_msg(strstr(clattn_context_log(ctx), "under another driver (stale)"), "%s",
                   clattn_context_log(ctx));
@@ -194,7 +194,7 @@ START_TEST(tuning_file)
                   "%s", clattn_context_log(ctx));
     clattn_context_destroy(ctx);
     /* CLATTN_TILED beats the file. */
-    setenv("CLATTN_TILED", "4,4,2,2", 1);
+    setenv("CLATTN_TILED", "4,4,2", 1);
     ctx = test_context("tiled");
     check_ops(ctx, &s, 1.0f, 13);
     ck_assert_msg(strstr(clattn_context_log(ctx), "-DHEAD_DIM=16 -DROWS=4 -DTILE=4 -DSPLIT=2"),
@@ -203,24 +203,24 @@ START_TEST(tuning_file)
     unsetenv("CLATTN_TILED");
 
     /* Stale: another clattn version's file. */
-    snprintf(text, sizeof text, "clattn-tuning 2 0.0.0-other\ntiled\tf32\t16\t8,8,1,2\t%s\n",
+    snprintf(text, sizeof text, "clattn-tuning 1 0.0.0-other\ntiled\tf32\t16\t8,8,1,16\t%s\n",
              key);
     write_text(file, text);
-    tiled_with_file("another clattn version (stale); the file is ignored", "8,8,1,2", 14);
+    tiled_with_file("another clattn version (stale); the file is ignored", "8,8,1,16", 14);
     /* Damaged: not a tuning file, a bad shape, a missing field, a line too long. */
     write_text(file, "\x7f""ELF\x01\x02garbage\n");
-    tiled_with_file("is not 'clattn-tuning 2 VERSION'; the file is ignored", "8,8,1,2", 15);
+    tiled_with_file("is not 'clattn-tuning 1 VERSION'; the file is ignored", "8,8,1,16", 15);
     snprintf(text, sizeof text,
-             "clattn-tuning 2 %s\ntiled\tf32\t16\t8,8,1,2\t%s\ntiled\tf32\t16\t8,7,2,2\t%s\n",
+             "clattn-tuning 1 %s\ntiled\tf32\t16\t8,8,1,16\t%s\ntiled\tf32\t16\t8,7,2,16\t%s\n",
              clattn_version(), key, key);
     write_text(file, text);
-    tiled_with_file("line 3: not a tiled shape", "8,8,1,2 from", 16);
-    snprintf(text, sizeof text, "clattn-tuning 2 %s\ntiled\tf32\t16\n", clattn_version());
+    tiled_with_file("line 3: not a tiled shape", "8,8,1,16 from", 16);
+    snprintf(text, sizeof text, "clattn-tuning 1 %s\ntiled\tf32\t16\n", clattn_version());
     write_text(file, text);
     tiled_with_file("line 2: want VARIANT", "from", 17);
     FILE *f = fopen(file, "w");
     ck_assert_ptr_nonnull(f);
-    fprintf(f, "clattn-tuning 2 %s\n", clattn_version());
+    fprintf(f, "clattn-tuning 1 %s\n", clattn_version());
     for (int i = 0; i < 3000; ++i)
         fputc('x', f);
     ck_assert_int_eq(fclose(f), 0);

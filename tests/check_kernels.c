@@ -1517,17 +1517,16 @@ START_TEST(emulated_16)
 }
 END_TEST
 
-/* The tiled kernels in shapes other than the table's, on the OpenCL CPU
- * device: CLATTN_TILED (from ctest) sets rows, tiles, work-items a row and
- * rows a work-item, so that the micro-tiles' edges (columns past head_dim
- * in a work-item's last four, rows and tile rows past the sequence) fall
- * elsewhere than they do by default, padded head_dims (100, 200)
- * included. */
+/* The tiled kernels in the shape a GPU runs them past head_dim 64, with
+ * work-items that share a row by columns (whose partial scores meet in
+ * local memory) and by tile rows, on the OpenCL CPU device: CLATTN_TILED
+ * (from ctest) gives them 16 columns each, so every head_dim above 16 of
+ * the reduced set splits, padded ones (100, 200) included. */
 START_TEST(split_sweep)
 {
     const char *tiles = getenv("CLATTN_TILED"), *only = getenv("CLATTN_TEST_VARIANT");
     ck_assert_msg(tiles && strchr(tiles, ',') && only && !strcmp(only, "tiled"),
-                  "set CLATTN_TILED=R,T,S,P and CLATTN_TEST_VARIANT=tiled");
+                  "set CLATTN_TILED=R,T,S,COLUMNS and CLATTN_TEST_VARIANT=tiled");
     run_cases(emulated, _i);
 }
 END_TEST

@@ -29,8 +29,8 @@ typedef struct candidate {
 
 /* The shapes to try, in two stages, as far as the device's work-groups hold
  * them: first how work is split (tiled's rows and split, mma's warps and
- * wsplit) at a middling tile, then the tile and tiled's rows a work-item
- * (mma: planes) around the first stage's winner `best`. Appends to c[*n]. */
+ * wsplit) at a middling tile, then the tile and columns (mma: planes)
+ * around the first stage's winner `best`. Appends to c[*n]. */
 static void generate(const char *variant, int stage, const char *best, uint32_t head_dim,
                      clattn_dtype dtype, size_t max_wg, candidate *c, size_t *n)
 {
@@ -38,22 +38,22 @@ static void generate(const char *variant, int stage, const char *best, uint32_t 
     if (stage == 2 && sscanf(best, "%u,%u,%u,%u", &b[0], &b[1], &b[2], &b[3]) != 4)
         return;
     if (!strcmp(variant, "tiled")) {
-        static const unsigned rows[] = {16, 32, 64}, splits[] = {4, 8, 16}, tiles[] = {16, 32, 64},
-                              per_items[] = {1, 2, 4, 8};
+        static const unsigned rows[] = {16, 32, 64, 128}, splits[] = {1, 2, 4},
+                              tiles[] = {16, 32, 64}, columns[] = {32, 64, 128, 256};
         for (size_t i = 0; i < 12u; ++i) {
             unsigned v[4];
-            if (stage == 1) { /* 4 x 4 micro-tiles up to d64, else 2 x 2 */
-                if (i >= 9u)
-                    break;
+            if (stage == 1) { /* whole rows up to 64 columns, else 32 a work-item */
                 v[0] = rows[i / 3], v[1] = 32, v[2] = splits[i % 3];
-                v[3] = head_dim > 64 ? 2 : 4;
+                v[3] = head_dim > 64 ? 32 : 64;
             } else {
-                v[0] = b[0], v[1] = tiles[i / 4], v[2] = b[2], v[3] = per_items[i % 4];
-                if (v[1] == b[1] && v[3] == b[3])
+                v[0] = b[0], v[1] = tiles[i / 4], v[2] = b[2], v[3] = columns[i % 4];
+                /* columns past head_dim are the same as head_dim's */
+                if ((i % 4 && columns[i % 4 - 1] >= head_dim) || v[1] % v[2] ||
+                    (v[1] == b[1] && v[3] == b[3]))
                     continue;
             }
-            if (v[0] % v[3] == 0 && v[1] % v[2] == 0 && (size_t)v[0] / v[3] * v[2] <= max_wg &&
-                *n < MAX_CANDIDATES)
+            const size_t dsplit = (head_dim + v[3] - 1) / v[3];
+            if ((size_t)v[0] * v[2] * dsplit <= max_wg && *n < MAX_CANDIDATES)
                 snprintf(c[(*n)++].text, sizeof c->text, "%u,%u,%u,%u", v[0], v[1], v[2], v[3]);
         }
         return;
@@ -195,7 +195,7 @@ static int write_entry(const char *path, int make_dir, const char *line, const c
         }
     }
     char header[64], tmp[1100], text[1024];
-    snprintf(header, sizeof header, "clattn-tuning 2 %s\n", clattn_version());
+    snprintf(header, sizeof header, "clattn-tuning 1 %s\n", clattn_version());
     snprintf(tmp, sizeof tmp, "%s.%ld.tmp", path, (long)getpid());
     FILE *out = fopen(tmp, "w");
     if (!out) {
@@ -247,10 +247,10 @@ int cmd_tune(int argc, char **argv)
                "                   [--device SEL] [--reps R] [--rounds N]\n"
                "                   [--candidates 'S S ...'] [--file PATH] [--dry-run]\n"
                "                   [--write-best]\n"
-               "Searches the variant's kernel shapes (tiled: ROWS,TILE,SPLIT,PER_ITEM; mma:\n"
+               "Searches the variant's kernel shapes (tiled: ROWS,TILE,SPLIT,COLUMNS; mma:\n"
                "WARPS,WSPLIT,TILE,PLANES) on an OpenCL device for one problem (default:\n"
                "q_seq 2048, 16 heads, both ops): first how the work is split, then the\n"
-               "tile and rows a work-item (mma: planes) around the best split, or the shapes given,\n"
+               "tile and columns (mma: planes) around the best split, or the shapes given,\n"
                "printing each candidate's median time over R calls (default 5) and max\n"
                "error against native as it goes. The three\n"
                "fastest within the error of the table's shape are timed again with it,\n"
@@ -329,7 +329,7 @@ int cmd_tune(int argc, char **argv)
             sscanf(text, "%u,%u,%u,%u%c", &v[0], &v[1], &v[2], &v[3], &end) != 4) {
             fprintf(stderr, "clattn tune: --candidates wants up to %d shapes of four numbers "
                             "(%s), not '%s'\n",
-                    MAX_CANDIDATES, tiled ? "ROWS,TILE,SPLIT,PER_ITEM" : "WARPS,WSPLIT,TILE,PLANES",
+                    MAX_CANDIDATES, tiled ? "ROWS,TILE,SPLIT,COLUMNS" : "WARPS,WSPLIT,TILE,PLANES",
                     text);
             return EXIT_INPUT;
         }

@@ -164,10 +164,10 @@ static const char *kernel_options(const struct clattn_cl_state *cl, int kind, ui
     const uint32_t largest = head_dim ? head_dim : CLATTN_MAX_HEAD_DIM;
     const size_t tree_wg = clattn_ocl_tree_work_group(largest, limit);
     const int len = snprintf(buf, size,
-                             "%s -DHEAD_DIM=%u -DROWS=%u -DTILE=%u -DSPLIT=%u -DPER_ITEM=%u "
+                             "%s -DHEAD_DIM=%u -DROWS=%u -DTILE=%u -DSPLIT=%u -DDSPLIT=%u "
                              "-DDTYPE=%d -DLANE_ELEMS=%u",
                              build_options, head_dim ? head_dim : 1u, t.rows, t.tile, t.split,
-                             t.per_item, (int)dtype,
+                             clattn_ocl_tile_dsplit(&t, head_dim), (int)dtype,
                              (unsigned)((largest + tree_wg - 1) / tree_wg));
     /* blocked.cl's products hold 16 vectors of 16 floats: as 32 registers
      * of 8 floats they spill, so such devices (AVX2) get four of them

@@ -41,19 +41,18 @@ enum { R_DSUM = CLATTN_R_COUNT, R_DQ32, R_ALL };
 enum { KIND_TREE, KIND_TILED, KIND_BLOCKED, KIND_MMA };
 enum { BLOCKED_ROWS = 32 }; /* blocked.cl's KK keys and QB query rows */
 
-/* tiled.cl's shape: rows per work-group, rows of the other side per
- * local-memory tile, work-items that share a row (each scoring every
- * split-th row of a tile and accumulating a split-th of the columns), and
- * rows per work-item (its register micro-tile's height). */
+/* tiled.cl's shape: rows per work-group, keys (or queries) per local-memory
+ * tile, work-items per row by the tile's rows, and the most columns of
+ * head_dim one work-item holds (more work-items share a row by columns
+ * past it). */
 typedef struct tile_config {
-    unsigned rows, tile, split, per_item;
+    unsigned rows, tile, split, columns;
 } tile_config;
 typedef struct tile_class {
     cl_device_type type;
-    tile_config narrow, wide; /* wide past head_dim TILED_NARROW_MAX */
+    tile_config narrow, wide; /* wide past narrow.columns */
     const char *why;
 } tile_class;
-enum { TILED_NARROW_MAX = 64 };
 
 /* cl/mma's shape: warps per work-group, warps that share 16 rows (each
  * with a part of head_dim), rows per local tile, and whether float32 tiles
@@ -162,8 +161,8 @@ tile_config clattn_ocl_tile_config(const struct clattn_cl_state *cl, uint32_t he
 /* tree.cl's work-group for a head_dim: the next power of two, at most the
  * largest power of two within `limit`. */
 size_t clattn_ocl_tree_work_group(uint32_t head_dim, size_t limit);
-/* Work-items of a tiled work-group under c. */
-size_t clattn_ocl_tile_items(const tile_config *c);
+/* Work-items that share a row by columns under c. */
+unsigned clattn_ocl_tile_dsplit(const tile_config *c, uint32_t head_dim);
 size_t clattn_ocl_tiled_local_floats(const tile_config *c, uint32_t head_dim);
 /* The shape of mma kernel k at a head_dim for a dtype. */
 const mma_config *clattn_ocl_mma_config(const struct clattn_cl_state *cl, uint32_t head_dim,

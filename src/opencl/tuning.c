@@ -8,17 +8,16 @@
 
 #include "opencl.h"
 
-/* tiled.cl, by device type. GPUs: 64 work-items of 4 rows by 8 columns
- * at d64 (the key side's four blocks of 32 rows fill 44 KB of NVIDIA's
- * 48); past d64, 2 rows a work-item and 16-row tiles, what fits. CPUs
- * (PoCL runs a work-group's items as a loop, llvmpipe as SIMD lanes): the
- * same micro-tiles. */
+/* tiled.cl, by how the device runs a work-group: its items side by side
+ * (GPUs, and CPU drivers that map them to SIMD lanes, such as Mesa's
+ * llvmpipe) or as a loop (PoCL's CPU device); `wide` past `narrow.columns`
+ * columns. */
 static const tile_class tile_table[] = {
-    {CL_DEVICE_TYPE_GPU | CL_DEVICE_TYPE_ACCELERATOR, {32, 32, 8, 4}, {16, 16, 8, 2},
-     "4 x 4 micro-tiles at d64 fill 44 KB of local memory; past d64, 2 x 2 in 16-row "
-     "tiles fit"},
-    {CL_DEVICE_TYPE_CPU, {32, 32, 8, 4}, {16, 16, 8, 2},
-     "the GPUs' shapes: the micro-tiles are what a CPU's vectors want too"},
+    {CL_DEVICE_TYPE_GPU | CL_DEVICE_TYPE_ACCELERATOR, {64, 32, 2, 64}, {32, 16, 1, 32},
+     "two work-items a row keep a GPU busy on short calls; past 64 columns a whole row "
+     "spills, so rows split by columns"},
+    {CL_DEVICE_TYPE_CPU, {64, 32, 1, CLATTN_MAX_HEAD_DIM}, {64, 32, 1, CLATTN_MAX_HEAD_DIM},
+     "PoCL runs a work-group's items as a loop: no split, whole rows in a work-item"},
 };
 
 /* cl/mma's float32 kernels (3xTF32) by head_dim class: forward, dK/dV,
@@ -48,24 +47,20 @@ static const mma_class mma16_table[] = {
      "rows split by columns past d128 (untuned: what fits)"},
 };
 
-size_t clattn_ocl_tile_items(const tile_config *c)
+unsigned clattn_ocl_tile_dsplit(const tile_config *c, uint32_t head_dim)
 {
-    return (size_t)c->rows / c->per_item * c->split;
+    return head_dim > c->columns ? (head_dim + c->columns - 1) / c->columns : 1u;
 }
 
-/* tiled.cl's local buffer for a head_dim under c, in floats: the largest
- * of its kernels' (tiled.cl's LOCAL_FORWARD, LOCAL_GRAD_Q, LOCAL_KEY), in
- * whole float4s. */
+/* tiled.cl's local buffer for a head_dim under c, in floats. */
 size_t clattn_ocl_tiled_local_floats(const tile_config *c, uint32_t head_dim)
 {
-    const size_t rows = c->rows, tile = c->tile, split = c->split;
-    const size_t ds = (head_dim + 3) / 4 * 4 + 4, ws = (rows + 3) / 4 * 4 + 4;
-    const size_t forward = rows * ds + 2 * tile * ds + tile * ws + 2 * split * rows;
-    const size_t grad_q = 2 * rows * ds + 2 * tile * ds + tile * ws;
-    const size_t key = 2 * rows * ds + 2 * tile * ds + 2 * tile * ws + 3 * tile;
-    size_t floats = forward > grad_q ? forward : grad_q;
-    floats = key > floats ? key : floats;
-    return (floats + 3) / 4 * 4;
+    const size_t dsplit = clattn_ocl_tile_dsplit(c, head_dim);
+    const size_t stride = (head_dim + dsplit - 1) / dsplit * dsplit;
+    const size_t exchange = dsplit > 1 ? 2 * dsplit * c->tile * c->rows : 0;
+    const size_t tiles = 2 * (size_t)c->tile * stride + 3 * (size_t)c->tile + exchange;
+    const size_t combine = ((size_t)c->split - 1) * c->rows * (stride + 2);
+    return tiles > combine ? tiles : combine;
 }
 
 /* The tuning file's entry for a kind, dtype and head_dim, or NULL. */
@@ -79,58 +74,31 @@ static const tuned_entry *tuned(const struct clattn_cl_state *cl, int kind, clat
     return NULL;
 }
 
-/* Halves *x where what is left still divides by `by`; 0 where it cannot. */
-static int halve(unsigned *x, unsigned by)
-{
-    if (*x < 2 || (*x / 2) % by)
-        return 0;
-    *x /= 2;
-    return 1;
-}
-
 /* The tiled kernels' shape for a head_dim on a device that runs
  * work-groups of at most `limit` work-items: CLATTN_TILED's, else the
- * tuning file's, else the table's, fitted. Fewer work-items share a row,
- * then a group holds fewer rows, until the group fits the limit; then the
- * tile, the rows, the sharing and the micro-tile shrink until the local
- * buffer fits the device. The smallest (a row, a tile of one, one
- * work-item) needs about 4 * head_dim floats: 4.2 KB at d256, within any
- * device of OpenCL's full profile (32 KB or more); a device with less is
- * refused when its kernels are built. */
+ * tuning file's, else the table's, fitted. Fewer work-items share a row by
+ * tiles (split), then a group holds fewer rows, then a work-item holds more
+ * columns, until the group fits the limit; then the tile halves until the
+ * local buffer fits the device. Every device fits in the end: one
+ * work-item, one row, a tile of one. */
 tile_config clattn_ocl_tile_config(const struct clattn_cl_state *cl, uint32_t head_dim,
                                    clattn_dtype dtype, size_t limit)
 {
     const tuned_entry *e = cl->tiled_env ? NULL : tuned(cl, KIND_TILED, dtype, head_dim);
-    tile_config c = e                                ? e->tile
-                    : head_dim > TILED_NARROW_MAX ? cl->tiles.wide
-                                                  : cl->tiles.narrow;
-    while (clattn_ocl_tile_items(&c) > limit) {
-        if (c.split > 1 && c.tile % (c.split / 2) == 0)
+    tile_config c = e                                 ? e->tile
+                    : head_dim > cl->tiles.narrow.columns ? cl->tiles.wide
+                                                          : cl->tiles.narrow;
+    while ((size_t)c.rows * c.split * clattn_ocl_tile_dsplit(&c, head_dim) > limit) {
+        if (c.split > 1)
             c.split /= 2;
-        else if (!halve(&c.rows, c.per_item)) {
-            c.rows = c.per_item = 1; /* one row a work-item: rows = items / split */
-            c.split = 1;
-        }
+        else if (c.rows > 1)
+            c.rows = (c.rows + 1) / 2;
+        else
+            c.columns *= 2;
     }
-    while (clattn_ocl_tiled_local_floats(&c, head_dim) * sizeof(float) > cl->local_mem) {
-        if (c.tile > c.split && halve(&c.tile, c.split))
-            continue;
-        if (halve(&c.rows, c.per_item))
-            continue;
-        if (c.split > 1 && c.tile % (c.split / 2) == 0) {
-            c.split /= 2;
-            continue;
-        }
-        if (c.per_item > 1 && c.rows % (c.per_item / 2) == 0) {
-            c.per_item /= 2;
-            continue;
-        }
-        if (c.rows > 1 || c.tile > 1) {
-            c.rows = c.per_item = c.tile = c.split = 1;
-            continue;
-        }
-        break; /* too small for the smallest: refused at launch */
-    }
+    while (c.tile > c.split && (c.tile / 2) % c.split == 0 &&
+           clattn_ocl_tiled_local_floats(&c, head_dim) * sizeof(float) > cl->local_mem)
+        c.tile /= 2;
     return c;
 }
 
@@ -215,21 +183,21 @@ static int parse_mma(const char *text, mma_config *c)
            (c->planes == 1 || c->planes == 2);
 }
 
-/* Parses "ROWS,TILE,SPLIT,PER_ITEM" into *c; 0 where it is not a shape
- * tiled takes: PER_ITEM 1 to 8 dividing ROWS, SPLIT dividing TILE, at most
- * 1024 work-items. */
+/* Parses "ROWS,TILE,SPLIT[,COLUMNS]" over *c (COLUMNS kept when left out);
+ * 0 where it is not a shape tiled takes. */
 static int parse_tiled(const char *text, tile_config *c)
 {
-    unsigned rows, tile, split, per_item;
+    unsigned rows, tile, split, columns = 0;
     char end;
-    if (sscanf(text, "%u,%u,%u,%u%c", &rows, &tile, &split, &per_item, &end) != 4 || !rows ||
-        !tile || !split || !per_item || per_item > 8 || rows % per_item || tile % split ||
-        rows > 256 || tile > 256 || rows / per_item * split > 1024)
+    const int n = sscanf(text, "%u,%u,%u,%u%c", &rows, &tile, &split, &columns, &end);
+    if ((n != 3 && n != 4) || !rows || !tile || !split || tile % split || rows > 1024 ||
+        tile > 256 || rows * split > 1024 || (n == 4 && (!columns || columns > 1024)))
         return 0;
     c->rows = rows;
     c->tile = tile;
     c->split = split;
-    c->per_item = per_item;
+    if (columns)
+        c->columns = columns;
     return 1;
 }
 
@@ -260,13 +228,13 @@ clattn_status clattn_ocl_tuning_init(struct clattn_cl_state *cl, cl_device_type 
     /* A tuning override for a device the table does not know well. */
     const char *tune = getenv("CLATTN_TILED");
     if (tune && *tune) {
-        if (!parse_tiled(tune, &cl->tiles.narrow))
-            return clattn_fail(CLATTN_ERROR_INVALID_OPTION,
-                               "CLATTN_TILED='%s': want ROWS,TILE,SPLIT,PER_ITEM with PER_ITEM 1 "
-                               "to 8 dividing ROWS (at most 256), SPLIT dividing TILE (at most "
-                               "256) and ROWS / PER_ITEM * SPLIT <= 1024",
-                               tune);
-        cl->tiles.wide = cl->tiles.narrow;
+        tile_config *both[2] = {&cl->tiles.narrow, &cl->tiles.wide};
+        for (int i = 0; i < 2; ++i) /* COLUMNS left out: each entry keeps its own */
+            if (!parse_tiled(tune, both[i]))
+                return clattn_fail(CLATTN_ERROR_INVALID_OPTION,
+                                   "CLATTN_TILED='%s': want ROWS,TILE,SPLIT[,COLUMNS] with SPLIT "
+                                   "dividing TILE and ROWS * SPLIT <= 1024",
+                                   tune);
         cl->tiled_env = 1;
     }
     clattn_status st;
@@ -342,8 +310,9 @@ static const char *parse_entry(char *line, tuned_entry *e, const char **key)
     if (sscanf(field[2], "%u%c", &e->head_dim, &end) != 1 || !e->head_dim ||
         e->head_dim > CLATTN_MAX_HEAD_DIM)
         return "the head_dim is not 1 to 256";
+    e->tile.columns = CLATTN_MAX_HEAD_DIM;
     if (e->kind == KIND_TILED ? !parse_tiled(field[3], &e->tile) : !parse_mma(field[3], &e->mma))
-        return e->kind == KIND_TILED ? "not a tiled shape (ROWS,TILE,SPLIT,PER_ITEM)"
+        return e->kind == KIND_TILED ? "not a tiled shape (ROWS,TILE,SPLIT,COLUMNS)"
                                      : "not an mma shape (WARPS,WSPLIT,TILE,PLANES)";
     if (e->kind == KIND_MMA && e->dtype != CLATTN_DTYPE_F32 && e->mma.tile % 16)
         return "mma's 16-bit kernels want tiles of 16 rows or more";
@@ -385,8 +354,8 @@ void clattn_ocl_tuning_file(struct clattn_cl_state *cl, clattn_context *ctx, con
     } else {
         char version[64];
         line[strcspn(line, "\r\n")] = '\0';
-        if (sscanf(line, "clattn-tuning 2 %63s", version) != 1)
-            why = "its first line is not 'clattn-tuning 2 VERSION'";
+        if (sscanf(line, "clattn-tuning 1 %63s", version) != 1)
+            why = "its first line is not 'clattn-tuning 1 VERSION'";
         else if (strcmp(version, clattn_version()))
             why = "it was written by another clattn version (stale)";
     }
@@ -444,7 +413,7 @@ void clattn_ocl_tuning_file(struct clattn_cl_state *cl, clattn_context *ctx, con
         if (e->kind == KIND_TILED)
             clattn_log_append(ctx, "tuning: tiled %s head_dim %u: %u,%u,%u,%u from %s",
                               dtypes[e->dtype], e->head_dim, e->tile.rows, e->tile.tile,
-                              e->tile.split, e->tile.per_item, path);
+                              e->tile.split, e->tile.columns, path);
         else
             clattn_log_append(ctx, "tuning: mma %s head_dim %u: %u,%u,%u,%u from %s",
                               dtypes[e->dtype], e->head_dim, e->mma.warps, e->mma.wsplit,
