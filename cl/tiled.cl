@@ -29,7 +29,8 @@
  * and B = causal ? ceil(blocks / 2) : blocks; local (LANES, 1, 1); `tiles`
  * is a __local buffer of max(2 * TILE * DP + 3 * TILE + XCH, (SPLIT - 1) *
  * ROWS * (DP + 2)) floats, XCH = 2 * DSPLIT * TILE * ROWS when DSPLIT > 1,
- * else 0.
+ * else 0, rounded up to whole float4s: the kernels take it as float4s, so
+ * that the tiles are 16-byte aligned for the vector loads.
  */
 #ifndef HEAD_DIM
 #define HEAD_DIM 64
@@ -124,14 +125,26 @@ inline void load_rows(__local float *mt, __local float *lt, __local float *dt,
 }
 
 /* Partial dot products of x's columns with those of the work-item's tile
- * rows (every SPLIT-th from part). */
+ * rows (every SPLIT-th from part). Where a work-item's columns come in
+ * fours, the tile is read four floats a load (one local load feeds four
+ * FMAs, not one); the sums are taken in the same order either way. */
 inline void tile_dots(float *dots, const float *x, __local const float *tile, lane me)
 {
     for (uint i = 0; i < TILE / SPLIT; ++i) {
         __local const float *row = tile + (i * SPLIT + me.part) * DP + me.c0;
         float dot = 0.0f;
+#if DC % 4 == 0
+        for (uint d = 0; d < DC; d += 4) {
+            const float4 r = *(__local const float4 *)(row + d);
+            dot = fma(x[d], r.x, dot);
+            dot = fma(x[d + 1], r.y, dot);
+            dot = fma(x[d + 2], r.z, dot);
+            dot = fma(x[d + 3], r.w, dot);
+        }
+#else
         for (uint d = 0; d < DC; ++d)
             dot = fma(x[d], row[d], dot);
+#endif
         dots[i] = dot;
     }
 }
@@ -141,8 +154,18 @@ inline void tile_axpy(float *acc, const float *w, __local const float *tile, lan
 {
     for (uint i = 0; i < TILE / SPLIT; ++i) {
         __local const float *row = tile + (i * SPLIT + me.part) * DP + me.c0;
+#if DC % 4 == 0
+        for (uint d = 0; d < DC; d += 4) {
+            const float4 r = *(__local const float4 *)(row + d);
+            acc[d] = fma(w[i], r.x, acc[d]);
+            acc[d + 1] = fma(w[i], r.y, acc[d + 1]);
+            acc[d + 2] = fma(w[i], r.z, acc[d + 2]);
+            acc[d + 3] = fma(w[i], r.w, acc[d + 3]);
+        }
+#else
         for (uint d = 0; d < DC; ++d)
             acc[d] = fma(w[i], row[d], acc[d]);
+#endif
     }
 }
 
@@ -484,8 +507,9 @@ inline void grad_k_block(__global const elem *q, ulong q_off, __global const ele
 __kernel __attribute__((reqd_work_group_size(LANES, 1, 1))) void
 forward__tiled(__global const elem *q, ulong q_off, __global const elem *k, ulong k_off,
                __global const elem *v, ulong v_off, __global elem *o, ulong o_off,
-               __global float *lse, ulong lse_off, SHAPE_ARGS, __local float *tiles)
+               __global float *lse, ulong lse_off, SHAPE_ARGS, __local float4 *tiles4)
 {
+    __local float *tiles = (__local float *)tiles4;
     PAIRED(q_seq, forward_block(q, q_off, k, k_off, v, v_off, o, o_off, lse, lse_off, SHAPE_PASS, tiles, r0))
 }
 
@@ -494,8 +518,9 @@ grad_q__tiled(__global const elem *q, ulong q_off, __global const elem *k, ulong
               __global const elem *v, ulong v_off, __global const elem *d_out,
               ulong d_out_off, __global const float *lse, ulong lse_off,
               __global const float *dsum, ulong dsum_off, __global elem *dq, ulong dq_off,
-              SHAPE_ARGS, __local float *tiles)
+              SHAPE_ARGS, __local float4 *tiles4)
 {
+    __local float *tiles = (__local float *)tiles4;
     PAIRED(q_seq, grad_q_block(q, q_off, k, k_off, v, v_off, d_out, d_out_off, lse, lse_off,
                                dsum, dsum_off, dq, dq_off, SHAPE_PASS, tiles, r0))
 }
@@ -504,8 +529,9 @@ __kernel __attribute__((reqd_work_group_size(LANES, 1, 1))) void
 grad_v__tiled(__global const elem *d_out, ulong d_out_off, __global const elem *q,
               ulong q_off, __global const elem *k, ulong k_off, __global const float *lse,
               ulong lse_off, __global elem *dv, ulong dv_off, SHAPE_ARGS,
-              __local float *tiles)
+              __local float4 *tiles4)
 {
+    __local float *tiles = (__local float *)tiles4;
     PAIRED(kv_seq, grad_v_block(d_out, d_out_off, q, q_off, k, k_off, lse, lse_off, dv, dv_off,
                                 SHAPE_PASS, tiles, r0))
 }
@@ -515,8 +541,9 @@ grad_k__tiled(__global const elem *q, ulong q_off, __global const elem *k, ulong
               __global const elem *v, ulong v_off, __global const elem *d_out,
               ulong d_out_off, __global const float *lse, ulong lse_off,
               __global const float *dsum, ulong dsum_off, __global elem *dk, ulong dk_off,
-              SHAPE_ARGS, __local float *tiles)
+              SHAPE_ARGS, __local float4 *tiles4)
 {
+    __local float *tiles = (__local float *)tiles4;
     PAIRED(kv_seq, grad_k_block(q, q_off, k, k_off, v, v_off, d_out, d_out_off, lse, lse_off,
                                 dsum, dsum_off, dk, dk_off, SHAPE_PASS, tiles, r0))
 }

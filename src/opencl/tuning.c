@@ -60,7 +60,8 @@ size_t clattn_ocl_tiled_local_floats(const tile_config *c, uint32_t head_dim)
     const size_t exchange = dsplit > 1 ? 2 * dsplit * c->tile * c->rows : 0;
     const size_t tiles = 2 * (size_t)c->tile * stride + 3 * (size_t)c->tile + exchange;
     const size_t combine = ((size_t)c->split - 1) * c->rows * (stride + 2);
-    return tiles > combine ? tiles : combine;
+    const size_t floats = tiles > combine ? tiles : combine;
+    return (floats + 3) / 4 * 4; /* the kernels take it as float4s */
 }
 
 /* The tuning file's entry for a kind, dtype and head_dim, or NULL. */
