@@ -527,43 +527,9 @@ static void name_kernels(clattn_context *ctx, clattn_op op, int fused)
              fused ? "dsum__native,grad_kvq__native" : ran[op]);
 }
 
-/* A 16-bit op reads and writes the caller's tensors row by row, widened
- * and rounded in the jobs (native_call); only the head-major copies the
- * float32 op makes too are float32. Whole float32 copies of the tensors,
- * widened and rounded in rounds of their own, had made a bf16 forward
- * 0.65-0.83x float32's on 16 threads of the H200 machine's CPU (batch 4,
- * q_seq 512, d64). */
-static clattn_status native_run(clattn_context *ctx, clattn_op op, const clattn_shape *s,
-                                const clattn_sizes *sz, const void *const t[CLATTN_R_COUNT])
-{
-    if (op >= CLATTN_OP_COUNT)
-        return clattn_fail(CLATTN_ERROR_INVALID_OPTION, "unknown op %d", (int)op);
-    /* The context's threads, once, for every round of jobs below. */
-    if (!ctx->pool && ctx->num_threads > 1)
-        ctx->pool = clattn_native_pool_create(ctx->num_threads - 1);
-    const native_plan plan = plan_call(ctx, op, s);
-    native_layout L = layout_call(op, s, sz, &plan, plan.fused);
-    if (!grow(&ctx->scratch, &ctx->scratch_floats, L.total)) {
-        /* Without the dQ copies, dQ has a pass of its own. */
-        if (L.fused)
-            L = layout_call(op, s, sz, &plan, 0);
-        if (!grow(&ctx->scratch, &ctx->scratch_floats, L.total))
-            return clattn_fail(CLATTN_ERROR_OUT_OF_MEMORY,
-                               "out of host memory for %zu floats of scratch", L.total);
-    }
-    name_kernels(ctx, op, L.fused);
-    native_call c;
-    setup_call(ctx, op, s, sz, t, ctx->seq_base, &plan, &L, ctx->scratch, &c);
-    for (int r = 0; r < NATIVE_ROUNDS; ++r)
-        if (c.round_jobs[r])
-            clattn_native_run_jobs(c.pool, &c, c.round_job[r], c.round_jobs[r],
-                                   ctx->num_threads);
-    return CLATTN_OK;
-}
-
-/* A round of several calls' jobs (native_many's): job j of the round is
- * job j - start[i] of calls[i]'s round r, for the last i whose start is
- * at most j. */
+/* A round of several calls' jobs (run_calls'): job j of the round is job
+ * j - start[i] of calls[i]'s round r, for the last i whose start is at
+ * most j. */
 typedef struct native_many {
     native_call *calls;
     size_t *start;
@@ -586,31 +552,31 @@ static void many_job(const native_call *group, size_t job)
     c->round_job[m->r](c, job - m->start[lo]);
 }
 
-/* Packed sequences as one call: every sequence's copies in one round, then
- * every sequence's main side in one, then the sums or query sides in one,
- * the longest sequences' jobs first in each, so that short sequences fill
- * the threads that long ones leave idle; one barrier a round, not one a
- * round a sequence. */
-static clattn_status native_run_many(clattn_context *ctx, clattn_op op,
-                                     const clattn_seq_call *seqs, size_t n)
+/* Runs op on the n problems seqs (one call, or a packed batch's
+ * sequences) as one: every problem's copies in one round, then every
+ * problem's main side in one, then the sums or query sides in one, in
+ * seqs' order (a packed batch's longest first, so that short sequences
+ * fill the threads that long ones leave idle); one barrier a round, not
+ * one a round a problem. calls, plans, lays: n each; start: n + 1.
+ * A 16-bit op reads and writes the caller's tensors row by row, widened
+ * and rounded in the jobs (native_call); only the head-major copies the
+ * float32 op makes too are float32. Whole float32 copies of the tensors,
+ * widened and rounded in rounds of their own, had made a bf16 forward
+ * 0.65-0.83x float32's on 16 threads of the H200 machine's CPU (batch 4,
+ * q_seq 512, d64). */
+static clattn_status run_calls(clattn_context *ctx, clattn_op op, const clattn_seq_call *seqs,
+                               size_t n, native_call *calls, native_plan *plans,
+                               native_layout *lays, size_t *start)
 {
     if (op >= CLATTN_OP_COUNT)
         return clattn_fail(CLATTN_ERROR_INVALID_OPTION, "unknown op %d", (int)op);
+    /* The context's threads, once, for every round of jobs below. */
     if (!ctx->pool && ctx->num_threads > 1)
         ctx->pool = clattn_native_pool_create(ctx->num_threads - 1);
-    native_call *calls = calloc(n, sizeof *calls);
-    native_plan *plans = malloc(n * sizeof *plans);
-    native_layout *lays = malloc(n * sizeof *lays);
-    size_t *start = malloc((n + 1) * sizeof *start);
-    clattn_status st = CLATTN_OK;
-    if (!calls || !plans || !lays || !start) {
-        st = clattn_fail(CLATTN_ERROR_OUT_OF_MEMORY, "out of host memory for %zu sequences", n);
-        goto done;
-    }
     /* The scratch of all: with dQ summed in the key sides as planned, else
      * (memory short) every dQ in a pass of its own. */
     size_t total = 0;
-    for (int fused_ok = 1; fused_ok >= 0; --fused_ok) {
+    for (int fused_ok = 1;; fused_ok = 0) {
         total = 0;
         for (size_t i = 0; i < n; ++i) {
             plans[i] = plan_call(ctx, op, &seqs[i].shape);
@@ -620,11 +586,9 @@ static clattn_status native_run_many(clattn_context *ctx, clattn_op op,
         }
         if (grow(&ctx->scratch, &ctx->scratch_floats, total))
             break;
-        if (!fused_ok) {
-            st = clattn_fail(CLATTN_ERROR_OUT_OF_MEMORY,
-                             "out of host memory for %zu floats of scratch", total);
-            goto done;
-        }
+        if (!fused_ok)
+            return clattn_fail(CLATTN_ERROR_OUT_OF_MEMORY,
+                               "out of host memory for %zu floats of scratch", total);
     }
     float *next = ctx->scratch;
     int any_fused = 0;
@@ -646,7 +610,32 @@ static clattn_status native_run_many(clattn_context *ctx, clattn_op op,
         if (start[n])
             clattn_native_run_jobs(ctx->pool, &group, many_job, start[n], ctx->num_threads);
     }
-done:
+    return CLATTN_OK;
+}
+
+static clattn_status native_run(clattn_context *ctx, clattn_op op, const clattn_shape *s,
+                                const clattn_sizes *sz, const void *const t[CLATTN_R_COUNT])
+{
+    clattn_seq_call one = {.shape = *s, .sizes = *sz, .index = ctx->seq_base};
+    memcpy(one.t, t, sizeof one.t);
+    native_call call;
+    native_plan plan;
+    native_layout lay;
+    size_t start[2];
+    return run_calls(ctx, op, &one, 1, &call, &plan, &lay, start);
+}
+
+static clattn_status native_run_many(clattn_context *ctx, clattn_op op,
+                                     const clattn_seq_call *seqs, size_t n)
+{
+    native_call *calls = calloc(n, sizeof *calls);
+    native_plan *plans = malloc(n * sizeof *plans);
+    native_layout *lays = malloc(n * sizeof *lays);
+    size_t *start = malloc((n + 1) * sizeof *start);
+    const clattn_status st =
+        calls && plans && lays && start
+            ? run_calls(ctx, op, seqs, n, calls, plans, lays, start)
+            : clattn_fail(CLATTN_ERROR_OUT_OF_MEMORY, "out of host memory for %zu sequences", n);
     free(calls);
     free(plans);
     free(lays);
