@@ -729,7 +729,10 @@ static const modifier_case modifiers[] = {
     {{2, 29, 29, 4, 1, 16, 1, 0, 0, 1}, 0.0f, 0, 0.3f, 0, 0},
     {{1, 20, 45, 8, 2, 32, CLATTN_CAUSAL_BOTTOM_RIGHT, 0, 0, 3}, 4.0f, 1, 0.2f, 7, 5},
 };
-enum { ALL_MODIFIERS = 3 }; /* the case with all three, also in bf16 */
+/* The case with all three, also in bf16; and dropout alone at kv_offset
+ * 0, where mma's lanes share Philox blocks (at ALL_MODIFIERS' 5 each
+ * score draws its own), in bf16 too on mma. */
+enum { ALL_MODIFIERS = 3, DROPOUT_ALIGNED = 2 };
 
 static clattn_shape modifier_shape(const modifier_case *m, uint64_t seed)
 {
@@ -750,7 +753,9 @@ START_TEST(modifier_sweep)
     clattn_context *ctx;
     for (size_t v = 0; (ctx = next_variant(&v)) != NULL;) {
         check_ops(ctx, &s, modifiers[_i].c.q_gain, 5000u + (uint64_t)_i);
-        if (_i == ALL_MODIFIERS && dtype_runs(CLATTN_DTYPE_BF16)) {
+        const int bf16 = _i == ALL_MODIFIERS ||
+                         (_i == DROPOUT_ALIGNED && !strcmp(current_variant, "mma"));
+        if (bf16 && dtype_runs(CLATTN_DTYPE_BF16)) {
             clattn_shape h = s;
             h.dtype = CLATTN_DTYPE_BF16;
             check_ops_16(ctx, &h, modifiers[_i].c.q_gain, 5000u + (uint64_t)_i);
@@ -1458,6 +1463,34 @@ START_TEST(wgmma_sweep)
 }
 END_TEST
 
+/* Every modifier in bf16 at head_dim 64, where mma's 16-bit kernels run on
+ * wgmma on compute capability 9: dropout with the warps' keys starting on
+ * a Philox block and off one (kv_offset 3), the two ways lanes share its
+ * draws. On a GPU every variant; in the emulated suite mma. */
+static const modifier_case modifiers_64[] = {
+    {{1, 70, 90, 4, 2, 64, 1, 0, 0, 1}, 3.0f, 1, 0.2f, 0, 0},
+    {{1, 70, 90, 4, 2, 64, CLATTN_CAUSAL_BOTTOM_RIGHT, 0, 0, 1}, 3.0f, 1, 0.2f, 9, 3},
+};
+START_TEST(modifiers_16)
+{
+    clattn_shape s = modifier_shape(&modifiers_64[_i], 7000u + (uint64_t)_i);
+    s.dtype = CLATTN_DTYPE_BF16;
+    const float q_gain = modifiers_64[_i].c.q_gain;
+    if (test_backend_kind() != CLATTN_BACKEND_OPENCL_GPU) {
+        clattn_context *ctx = emulated_mma_context();
+        current_variant = "mma";
+        check_ops_16(ctx, &s, q_gain, 7000u + (uint64_t)_i);
+        clattn_context_destroy(ctx);
+        return;
+    }
+    clattn_context *ctx;
+    for (size_t v = 0; (ctx = next_variant(&v)) != NULL;) {
+        check_ops_16(ctx, &s, q_gain, 7000u + (uint64_t)_i);
+        clattn_context_destroy(ctx);
+    }
+}
+END_TEST
+
 static int wgmma_asked(void)
 {
     const char *w = getenv("CLATTN_MMA_WGMMA");
@@ -1552,6 +1585,7 @@ Suite *emulated_suite(void)
     if (wgmma_asked())
         tcase_add_loop_test(tc, wgmma_sweep, 0, N(wgmma_cases));
     tcase_add_test(tc, emulated_16_exact);
+    tcase_add_loop_test(tc, modifiers_16, 0, N(modifiers_64));
     suite_add_tcase(s, tc);
     /* Global positions and accumulated gradients, at head_dim 64: one
      * offsets case and one split sequence. */
@@ -1561,8 +1595,10 @@ Suite *emulated_suite(void)
     tcase_add_loop_test(tc, split_sweep_offsets, 2, 3);
     tcase_add_test(tc, non_finite_inputs); /* float32 at head_dim 8 */
     tcase_add_loop_test(tc, causal_alignment_64, 0, N(alignments_64));
-    /* the score modifiers, all three, float32 and bf16 */
+    /* the score modifiers, all three, float32 and bf16; dropout where
+     * lanes share its blocks */
     tcase_add_loop_test(tc, modifier_sweep, ALL_MODIFIERS, ALL_MODIFIERS + 1);
+    tcase_add_loop_test(tc, modifier_sweep, DROPOUT_ALIGNED, DROPOUT_ALIGNED + 1);
     suite_add_tcase(s, tc);
     return s;
 }
@@ -1672,6 +1708,8 @@ Suite *kernels_suite(void)
     tcase_add_loop_test(tc, split_modifiers, 0, 1);
     tcase_add_test(tc, packed_modifiers);
     tcase_add_test(tc, dropout_mask);
+    if (test_backend_kind() == CLATTN_BACKEND_OPENCL_GPU)
+        tcase_add_loop_test(tc, modifiers_16, 0, N(modifiers_64));
     suite_add_tcase(s, tc);
     /* The 16-bit tensors apart (CK_RUN_CASE=grad_v-16): what
      * CLATTN_MMA_WGMMA changes, to be run alone under it. */

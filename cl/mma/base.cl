@@ -275,6 +275,24 @@ inline float shfl_xor(float x, uint mask, __local float *emu)
 #endif
 }
 
+/* x of lane src (0 .. 31) of the warp. */
+inline uint shfl_idx(uint x, uint src, __local float *emu)
+{
+#ifdef MMA_EMULATE
+    __local uint *ex = (__local uint *)(emu + EMU_SHFL);
+    const uint lane = get_local_id(0) & 31u;
+    ex[lane] = x;
+    barrier(CLK_LOCAL_MEM_FENCE);
+    const uint y = ex[src];
+    barrier(CLK_LOCAL_MEM_FENCE);
+    return y;
+#else
+    uint y;
+    __asm__ __volatile__("shfl.sync.idx.b32 %0, %1, %2, 31, -1;" : "=r"(y) : "r"(x), "r"(src));
+    return y;
+#endif
+}
+
 /* Sum and max over the four lanes (t = 0..3) that hold one row. */
 inline float row_sum(float x, __local float *emu)
 {

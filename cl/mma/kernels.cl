@@ -74,31 +74,109 @@ inline void modify_lane(float *s, float *dz, float pre, long base, float side, f
 #undef OFF
 }
 
-/* Word i (0 .. 3) of a Philox block. */
-inline uint block_word(uint4 w, uint i) { return i == 0u ? w.x : i == 1u ? w.y : i == 2u ? w.z : w.w; }
+/* Dropout's keep bits of a lane's scores: bit j of kb[j / 32] for score
+ * j of its fragment (n-tile j / 4, row half (j & 2) / 2, column j & 1).
+ * Eight consecutive keys of one query share a Philox block, and the lanes
+ * that hold them share its draw: each block is drawn by one of them, which
+ * passes its eight keep bits (keep_byte) to the others by shuffles, a draw
+ * per eight scores. `a`, where the warp's keys start within a block, is 0
+ * unless kv_offset (or on the query side a window's first key) is off a
+ * multiple of 8; the blocks then straddle the n-tiles (the rows on the key
+ * side) and one more block a row (a column) is drawn. Blocks are numbered
+ * so that those drawn at a = 0 come first. */
+#define DROP_WORDS ((NT * 4 + 31) / 32)
+#define QB ((2 * (NT + 1) + 3) / 4) /* blocks a lane draws at most, query side */
+#define KB ((6 * NT + 7) / 8)       /* and key side */
+#define BYTE_OF(w, i, lanes) (((w)[(i) % (lanes)][(i) / (lanes) / 4] >> ((i) / (lanes) % 4 * 8)) & 0xFFu)
 
-/* Dropout's factors (drop_gain or 0) into the weights of the same block:
- * a lane's two adjacent keys share one Philox block but where the first
- * is the last of its block. */
-inline void drop_block(float *s, uint t0, uint row0, uint head, uint b, long delta,
-                       uint kv_pos0, uint seq0, uint k0, uint k1, uint thr, float gain)
+/* Query side: rows row0 and row0 + 8 (queries), columns keys t0 + 8n + 2t
+ * + c. Block i = 2m + r holds keys t0 + 8m - a .. of row half r; lane
+ * i % 4 of the row's quad draws it. An n-tile's keep bits are a byte of
+ * its block and the next one's, shifted by a. */
+inline void keep_queries(uint *kb, uint t0, uint row0, uint head, uint b, long delta,
+                         __local float *emu, MOD_ARGS)
 {
-    const uint t = get_local_id(0) & 3u;
+    const uint lane = get_local_id(0) & 31u, t = lane & 3u;
+    const uint first = t0 + kv_pos0, a = first & 7u, blocks = a ? 2 * (NT + 1) : 2 * NT;
+    uint own[(QB + 3) / 4];
+    UNROLL
+    for (uint w = 0; w < (QB + 3) / 4; ++w)
+        own[w] = 0u;
+    UNROLL
+    for (uint q = 0; q < QB; ++q) {
+        const uint i = 4 * q + t;
+        if (i < blocks) {
+            const uint4 x = draws(((first >> 3) + i / 2) & 0x1FFFFFFFu, row0 + 8 * (i & 1u), head,
+                                  b, delta, kv_pos0, seq0, drop_k0, drop_k1);
+            own[q / 4] |= keep_byte(x, drop_thr) << (8 * (q % 4));
+        }
+    }
+    uint got[4][(QB + 3) / 4];
+    UNROLL
+    for (uint w = 0; w < (QB + 3) / 4; ++w)
+        UNROLL
+        for (uint src = 0; src < 4; ++src)
+            got[src][w] = shfl_idx(own[w], (lane & ~3u) | src, emu);
+    UNROLL
+    for (uint w = 0; w < DROP_WORDS; ++w)
+        kb[w] = 0u;
     UNROLL
     for (uint n = 0; n < NT; ++n)
         UNROLL
         for (uint r = 0; r < 2; ++r) {
-            const uint row = row0 + r * 8u, T = t0 + n * 8 + 2 * t + kv_pos0;
-            const uint4 w = draws(T >> 2, row, head, b, delta, kv_pos0, seq0, k0, k1);
-            const uint u0 = block_word(w, T & 3u);
-            const uint u1 = (T & 3u) != 3u ? block_word(w, (T & 3u) + 1u)
-                                           : draws((T + 1u) >> 2, row, head, b, delta, kv_pos0,
-                                                   seq0, k0, k1)
-                                                 .x;
-            s[n * 4 + r * 2] *= u0 >= thr ? gain : 0.0f;
-            s[n * 4 + r * 2 + 1] *= u1 >= thr ? gain : 0.0f;
+            const uint i = 2 * n + r, j = 4 * n + 2 * r; /* keys 2t and 2t + 1 */
+            const uint two = BYTE_OF(got, i, 4) | BYTE_OF(got, i + 2, 4) << 8;
+            kb[j / 32] |= ((two >> (a + 2 * t)) & 3u) << (j % 32);
         }
 }
+
+/* Key side: rows keys key0 and key0 + 8 (key0 = kbase + g), columns
+ * queries p0 + 8n + 2t + c. Block i = 2NT k + (2n + c) holds keys kbase +
+ * 8k - a .. of query p0 + 8n + 2t + c; lane g = i % 8 of the eight lanes of
+ * the same t draws it. A column's keep bits are bits a .. a + 15 of its
+ * blocks' three bytes. */
+inline void keep_keys(uint *kb, uint p0, uint key0, uint head, uint b, long delta,
+                      __local float *emu, MOD_ARGS)
+{
+    const uint lane = get_local_id(0) & 31u, t = lane & 3u, g = lane >> 2;
+    const uint first = key0 - g + kv_pos0, a = first & 7u, blocks = a ? 6 * NT : 4 * NT;
+    uint own[(KB + 3) / 4];
+    UNROLL
+    for (uint w = 0; w < (KB + 3) / 4; ++w)
+        own[w] = 0u;
+    UNROLL
+    for (uint q = 0; q < KB; ++q) {
+        const uint i = 8 * q + g, col = i % (2 * NT);
+        if (i < blocks) {
+            const uint4 x = draws(((first >> 3) + i / (2 * NT)) & 0x1FFFFFFFu,
+                                  p0 + 8 * (col / 2) + 2 * t + (col & 1u), head, b, delta, kv_pos0,
+                                  seq0, drop_k0, drop_k1);
+            own[q / 4] |= keep_byte(x, drop_thr) << (8 * (q % 4));
+        }
+    }
+    uint got[8][(KB + 3) / 4];
+    UNROLL
+    for (uint w = 0; w < (KB + 3) / 4; ++w)
+        UNROLL
+        for (uint src = 0; src < 8; ++src)
+            got[src][w] = shfl_idx(own[w], (src << 2) | t, emu);
+    UNROLL
+    for (uint w = 0; w < DROP_WORDS; ++w)
+        kb[w] = 0u;
+    UNROLL
+    for (uint col = 0; col < 2 * NT; ++col) {
+        const uint three = BYTE_OF(got, col, 8) | BYTE_OF(got, 2 * NT + col, 8) << 8 |
+                           BYTE_OF(got, 4 * NT + col, 8) << 16;
+        UNROLL
+        for (uint r = 0; r < 2; ++r) { /* key g of row half r */
+            const uint j = col / 2 * 4 + 2 * r + (col & 1u);
+            kb[j / 32] |= ((three >> (a + 8 * r + g)) & 1u) << (j % 32);
+        }
+    }
+}
+
+/* Dropout's factor of score j: drop_gain where kept, else 0. */
+#define KEEP_GAIN(kb, j) (((kb)[(j) / 32] >> ((j) % 32)) & 1u ? drop_gain : 0.0f)
 
 /* ---- forward --------------------------------------------------------- */
 
@@ -171,6 +249,10 @@ forward__mma(__global const elem *q, ulong q_off, __global const elem *k, ulong 
                         num_kv_heads, kv_head);
         __local const float *kt = st.xt, *vt = st.yt;
 
+        uint kb[DROP_WORDS]; /* dropout's keep bits, drawn before the scores are live */
+#if MODS & MOD_DROPOUT
+        keep_queries(kb, t0, row0, head, b, delta, emu, MOD_PASS);
+#endif
         float s[NT][4];
         scores(&s[0][0], 0, &qf[0][0], 0, kt, 0, d0, xch, emu);
 #if SHAPED
@@ -223,8 +305,9 @@ forward__mma(__global const elem *q, ulong q_off, __global const elem *k, ulong 
         else
             exp_rows(&s[0][0], n0, n1, unit, true, &l0, &l1);
 #if MODS & MOD_DROPOUT /* l0 and l1 are the undropped sums */
-        drop_block(&s[0][0], t0, row0, head, b, delta, kv_pos0, seq0, drop_k0, drop_k1,
-                   drop_thr, drop_gain);
+        UNROLL
+        for (uint j = 0; j < NT * 4; ++j)
+            (&s[0][0])[j] *= KEEP_GAIN(kb, j);
 #endif
         times_issue(&acc[0][0], pa, &s[0][0], vt, d0, emu);
         stream_advance(&st, tiles, false);
@@ -262,7 +345,7 @@ forward__mma(__global const elem *q, ulong q_off, __global const elem *k, ulong 
  * `masked`: keys past hi or not visible get 0. */
 inline void ds_of_rows(float *s, const float *dp, const float *m, const float *l,
                        const float *ds_row, float unit, bool masked, uint t0, uint hi, uint row0,
-                       int causal, uint window, long delta, uint head, uint b,
+                       int causal, uint window, long delta, const uint *kb,
                        const float *dz, MOD_ARGS)
 {
     const uint t = get_local_id(0) & 3u;
@@ -276,7 +359,7 @@ inline void ds_of_rows(float *s, const float *dp, const float *m, const float *l
         const float x = s[j];
         float g = 1.0f;
 #if MODS & MOD_DROPOUT
-        g = DROP(row, key, head, b);
+        g = KEEP_GAIN(kb, j);
 #endif
 #if DTYPE != 0 && FOLD_ML
         const float p = EXPU(min0(fma(x, unit, -ml[r]))); /* ml = m + l */
@@ -350,6 +433,10 @@ grad_q__mma(__global const elem *q, ulong q_off, __global const elem *k, ulong k
                         num_kv_heads, kv_head);
         __local const float *kt = st.xt, *vt = st.yt;
 
+        uint kb[DROP_WORDS]; /* dropout's keep bits, drawn before the scores are live */
+#if MODS & MOD_DROPOUT
+        keep_queries(kb, t0, row0, head, b, delta, emu, MOD_PASS);
+#endif
         float s[NT][4], dp[NT][4], dz[NT * 4];
         scores(&s[0][0], &dp[0][0], &qf[0][0], &of[0][0], kt, vt, d0, xch, emu);
 #if SHAPED
@@ -365,10 +452,10 @@ grad_q__mma(__global const elem *q, ulong q_off, __global const elem *k, ulong k
         /* whole tiles skip the mask's tests */
         if (whole)
             ds_of_rows(&s[0][0], &dp[0][0], m, l, ds_row, unit, false, t0, hi, row0, causal,
-                       window, delta, head, b, dz, MOD_PASS);
+                       window, delta, kb, dz, MOD_PASS);
         else
             ds_of_rows(&s[0][0], &dp[0][0], m, l, ds_row, unit, true, t0, hi, row0, causal,
-                       window, delta, head, b, dz, MOD_PASS);
+                       window, delta, kb, dz, MOD_PASS);
         times(&acc[0][0], &s[0][0], kt, 0, 0, 0, d0, emu);
         stream_advance(&st, tiles, false);
     }
@@ -392,7 +479,7 @@ grad_q__mma(__global const elem *q, ulong q_off, __global const elem *k, ulong k
  * queries past hi or not seeing the key get 0. */
 inline void p_of_keys(float *s, float *dp, __local const float *mt, __local const float *lt,
                       __local const float *dt, float unit, bool masked, bool want_dk, uint p0,
-                      uint hi, uint key0, int causal, uint window, long delta, uint head, uint b,
+                      uint hi, uint key0, int causal, uint window, long delta, const uint *kb,
                       const float *dz, MOD_ARGS)
 {
     const uint t = get_local_id(0) & 3u;
@@ -402,7 +489,7 @@ inline void p_of_keys(float *s, float *dp, __local const float *mt, __local cons
         const float x = s[i];
         float g = 1.0f;
 #if MODS & MOD_DROPOUT
-        g = DROP(p0 + j, key, head, b);
+        g = KEEP_GAIN(kb, i);
 #endif
 #if DTYPE != 0 && FOLD_ML
         const float p = EXPU(min0(fma(x, unit, -(mt[j] + lt[j]) * EXP_UNIT)));
@@ -483,6 +570,11 @@ inline void key_side(__global const elem *q, __global const elem *k, __global co
         __local const float *qt = st.xt, *ot = st.yt;
         __local const float *mt = st.rows, *lt = mt + TILE, *dt = lt + TILE;
 
+        const uint head = kv_head * group + step / per_head;
+        uint keep[DROP_WORDS]; /* dropout's keep bits, drawn before the scores are live */
+#if MODS & MOD_DROPOUT
+        keep_keys(keep, p0, key0, head, b, delta, emu, MOD_PASS);
+#endif
         /* S^T and dP^T: 16 keys x TILE queries per warp. */
         float s[NT][4], dp[NT][4];
         scores(&s[0][0], want_dk ? &dp[0][0] : 0, &kf[0][0], &vf[0][0], qt, ot, d0, xch, emu);
@@ -493,7 +585,6 @@ inline void key_side(__global const elem *q, __global const elem *k, __global co
         const bool whole = p0 + TILE <= hi &&
                            all_visible(p0, (long)p0 + TILE - 1, r0, last, causal, window, delta);
         /* whole tiles skip the mask's tests */
-        const uint head = kv_head * group + step / per_head;
         float dz[NT * 4];
 #if SHAPED
         modify_lane(&s[0][0], dz, PRE(scale), (long)p0 + 2 * (long)t + delta - (long)key0, -1.0f,
@@ -505,10 +596,10 @@ inline void key_side(__global const elem *q, __global const elem *k, __global co
 #endif
         if (whole)
             p_of_keys(&s[0][0], &dp[0][0], mt, lt, dt, unit, false, want_dk, p0, hi, key0, causal,
-                      window, delta, head, b, dz, MOD_PASS);
+                      window, delta, keep, dz, MOD_PASS);
         else
             p_of_keys(&s[0][0], &dp[0][0], mt, lt, dt, unit, true, want_dk, p0, hi, key0, causal,
-                      window, delta, head, b, dz, MOD_PASS);
+                      window, delta, keep, dz, MOD_PASS);
 #if DTYPE != 0 && WSPLIT == 1
         if (dq32)
             store_ds(ds, &dp[0][0]);

@@ -221,7 +221,7 @@ static inline void native_keep_bits(const native_call *c, size_t b, const uint32
                                     const uint32_t *head, size_t n, uint32_t t0, uint32_t *bits)
 {
     const uint32_t T0 = t0 + c->s->kv_offset, thr = c->drop.threshold;
-    const uint64_t first = T0 >> 2, last = ((uint64_t)T0 + 31u) >> 2;
+    const uint64_t first = T0 >> 3, last = ((uint64_t)T0 + 31u) >> 3;
     for (size_t r0 = 0; r0 < n; r0 += 8) {
         uint64_t lanes[3][8]; /* P, head and b of the eight rows */
         for (int i = 0; i < 8; ++i) {
@@ -230,11 +230,12 @@ static inline void native_keep_bits(const native_call *c, size_t b, const uint32
             lanes[1][i] = head[r];
             lanes[2][i] = (uint32_t)(b + c->seq_base);
         }
-        native_u64x8 row[3], ctr[9][4]; /* 32 keys span at most 9 blocks of 4 */
+        native_u64x8 row[3], ctr[5][4]; /* 32 keys span at most 5 blocks of 8 */
         memcpy(row, lanes, sizeof row);
         const int blocks = (int)(last - first + 1);
         for (int k = 0; k < blocks; ++k) {
-            ctr[k][0] = (native_u64x8){0} + (uint32_t)(first + (uint64_t)k);
+            /* the keys' positions wrap at 2^32, their blocks at 2^29 */
+            ctr[k][0] = (native_u64x8){0} + (uint32_t)((first + (uint64_t)k) & 0x1FFFFFFFu);
             ctr[k][1] = row[0];
             ctr[k][2] = row[1];
             ctr[k][3] = row[2];
@@ -242,10 +243,12 @@ static inline void native_keep_bits(const native_call *c, size_t b, const uint32
         native_philox8(ctr, blocks, c->drop.key[0], c->drop.key[1]);
         native_u64x8 keep = {0};
         for (int k = 0; k < blocks; ++k)
-            for (uint32_t w = 0; w < 4; ++w) {
-                const uint32_t at = (uint32_t)(first + (uint64_t)k) * 4u + w - T0; /* key t0 + at */
-                if (at < 32u)
-                    keep |= ((native_u64x8)(ctr[k][w] >= thr) & 1u) << at;
+            for (uint32_t i = 0; i < 8; ++i) { /* key i's 16 bits: half i % 2 of word i / 2 */
+                const uint32_t at = (uint32_t)(first + (uint64_t)k) * 8u + i - T0; /* key t0 + at */
+                if (at < 32u) {
+                    const native_u64x8 u = (ctr[k][i >> 1] >> (16u * (i & 1u))) & 0xFFFFu;
+                    keep |= ((native_u64x8)(u >= thr) & 1u) << at;
+                }
             }
         uint64_t out[8];
         memcpy(out, &keep, sizeof out);
