@@ -33,7 +33,7 @@
 #            mma; GAB_DTYPE:
 #            default bf16; GAB_DIMS: head_dims, default 64,128; GAB_OPS: default
 #            "forward backward"), interleaved, AB_ROUNDS rounds, the old build from
-#            AB_OLD as for ab
+#            AB_OLD as for ab; GAB_ARGS: more clattn bench arguments (a modifier)
 #   wgmma    the 16-bit kernels with CLATTN_MMA_WGMMA=0 and 1 interleaved (AB_ROUNDS rounds,
 #            bf16, d64 and d128 shapes; WGMMA_OPS: the ops, default forward), then the GPU
 #            mma kernels suite's 16-bit tests (CK_RUN_CASE=grad_v-16) and the train
@@ -61,7 +61,7 @@
 #            AB_ROUNDS rounds; tools/torch_mods.py (bf16 SDPA plain, dropout_p, ALiBi
 #            attn_mask) on the same shapes; then native at MODS_THREADS (default 16) on
 #            q 2048 8 heads d64 and d128 likewise, and a packed native batch (32 of 64-1024)
-#            against its uniform batch (VARLEN's layouts)
+#            against its uniform batch (VARLEN's layouts); MODS_NATIVE=0 leaves native out
 #   ring     examples/ring_attention on 1 and then RING_RANKS (default 2) ranks, a GPU
 #            each, RING_ARGS (default q_seq 131072, d128, 8 heads, causal); needs
 #            Open MPI's Debian packages in .devdebs/mpi (unpacked under /opt/mpi)
@@ -263,7 +263,7 @@ for stage in "$@"; do
       case ",${GAB_DIMS:-64,128}," in *",$d,"*) ;; *) continue ;; esac
       for op in ${GAB_OPS:-forward backward}; do
         ab_line "d$d $op ${entry#*:}" --op $op --head-dim "$d" ${entry#*:} --variant "${GAB_VARIANT:-mma}" \
-          --reps 5 --dtype "${GAB_DTYPE:-bf16}"
+          --reps 5 --dtype "${GAB_DTYPE:-bf16}" ${GAB_ARGS:-}
       done
     done 2>&1 | tee "$OUT/gab.log" ;;
   wgmma)
@@ -406,13 +406,13 @@ for stage in "$@"; do
       python3 tools/torch_mods.py --q-seq 4096 --heads "$heads" ${kvh:+--kv-heads $kvh} \
         --head-dim "$d" --dtype bf16
     done 2>&1 | tee -a "$OUT/mods.log"
-    for d in 64 128; do
+    [ "${MODS_NATIVE:-1}" = 1 ] && for d in 64 128; do
       for op in forward backward; do
         run_mods "native d$d $op" 8 --op $op --q-seq 2048 --heads 8 --kv-heads 2 \
           --head-dim $d --causal --device native --threads "${MODS_THREADS:-16}" --reps 5
       done
     done 2>&1 | tee -a "$OUT/mods.log"
-    for r in $(seq "${AB_ROUNDS:-2}"); do
+    [ "${MODS_NATIVE:-1}" = 1 ] && for r in $(seq "${AB_ROUNDS:-2}"); do
       for op in forward backward; do
         for layout in packed uniform padded; do
           printf 'native r%s %s %s: ' "$r" "$op" "$layout"
