@@ -25,6 +25,10 @@ asan)
   export ASAN_OPTIONS="detect_leaks=1:abort_on_error=0:fast_unwind_on_malloc=0"
   export LSAN_OPTIONS="suppressions=$src/tests/lsan.supp:print_suppressions=0"
   export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1"
+  # PoCL compiles inside the instrumented process, its allocations unwound
+  # in full: a cold build of a program takes minutes (clattn tune's test
+  # builds several), so the suites' time limits are tripled here.
+  export CK_TIMEOUT_MULTIPLIER=3
   run api; run cli; run gradcheck; run kernels native; run buffers native; run train native
   if [ -n "${CLATTN_ASAN_OPENCL:-1}" ]; then
     for suite in kernels buffers cache faults inject; do
