@@ -140,13 +140,14 @@ static const float lane_float[KEY_BLOCK] = {
     0,  1,  2,  3,  4,  5,  6,  7,  8,  9,  10, 11, 12, 13, 14, 15,
     16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31};
 
-/* tanh, lane by lane: sign(x) (1 - e) / (1 + e) with e = exp(-2 |x|) from
- * exp2v; an absolute error of a few float32 ulps of 1, as the scores'
- * own rounding at the cap's size. NaN stays NaN. */
-INLINE hvec tanh_v(hvec x)
+/* tanh(x / cap), lane by lane, k = 2 log2(e) / cap: sign(x) (1 - e) /
+ * (1 + e) with e = exp(-2 |x| / cap) from exp2v, one division; an
+ * absolute error of a few float32 ulps of 1, as the scores' own rounding
+ * at the cap's size. NaN stays NaN. */
+INLINE hvec tanh_v(hvec x, float k)
 {
     const hivec neg = x < 0.0f;
-    const hvec e = exp2v(HSELECT(neg, x, -x) * (2.0f * LOG2E));
+    const hvec e = exp2v(HSELECT(neg, x, -x) * k);
     const hvec t = (1.0f - e) / (1.0f + e);
     return HSELECT(neg, -t, t);
 }
@@ -157,7 +158,7 @@ INLINE hvec modify_v(const native_call *c, hvec x, hvec dist, float slope, hvec 
 {
     *dz = HSPLAT(1.0f);
     if (c->mods & CLATTN_MOD_SOFTCAP) {
-        const hvec th = tanh_v(x / c->softcap);
+        const hvec th = tanh_v(x, (2.0f * LOG2E) / c->softcap);
         x = c->softcap * th;
         *dz = 1.0f - th * th;
     }
