@@ -158,7 +158,7 @@ INLINE hvec modify_v(const native_call *c, hvec x, hvec dist, float slope, hvec 
 {
     *dz = HSPLAT(1.0f);
     if (c->mods & CLATTN_MOD_SOFTCAP) {
-        const hvec th = tanh_v(x, (2.0f * LOG2E) / c->softcap);
+        const hvec th = tanh_v(x, c->cap_k);
         x = c->softcap * th;
         *dz = 1.0f - th * th;
     }

@@ -131,6 +131,7 @@ typedef struct native_call {
      * seq_base for dropout's b (the packed sequence's index). */
     unsigned mods;
     float softcap;
+    float cap_k; /* 2 log2(e) / softcap: tanh_v's exponent a score */
     const float *slopes;
     clattn_dropout drop;
     int64_t delta;
