@@ -730,8 +730,8 @@ static const modifier_case modifiers[] = {
     {{1, 20, 45, 8, 2, 32, CLATTN_CAUSAL_BOTTOM_RIGHT, 0, 0, 3}, 4.0f, 1, 0.2f, 7, 5},
 };
 /* The case with all three, also in bf16; and dropout alone at kv_offset
- * 0, where mma's lanes share Philox blocks (at ALL_MODIFIERS' 5 each
- * score draws its own), in bf16 too on mma. */
+ * 0, where mma's keys start on a Philox block (at ALL_MODIFIERS' 5 each
+ * row draws one block more), in bf16 too on mma. */
 enum { ALL_MODIFIERS = 3, DROPOUT_ALIGNED = 2 };
 
 static clattn_shape modifier_shape(const modifier_case *m, uint64_t seed)
