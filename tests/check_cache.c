@@ -174,23 +174,24 @@ START_TEST(tuning_file)
     snprintf(stem, sizeof stem, "%s", key);
     *strrchr(stem, '/') = '\0';
     snprintf(text, sizeof text,
-             "clattn-tuning 1 %s\n# a comment\n\ntiled\tf32\t16\t8,8,1,16\t%s\n"
+             "clattn-tuning 1 %s\n# a comment\n\ntiled\tf32\t16\t8,8,1,16,2\t%s\n"
              "tiled\tf32\t16\t4,4,1,16\tOther / Device / 1.0\n"
              "tiled\tf32\t21\t4,4,1,32\t%s/ 0.0-other\n",
              clattn_version(), key, stem);
     write_text(file, text);
-    tiled_with_file("tuning: tiled f32 head_dim 16: 8,8,1,16 from", "4,4,1", 11);
+    tiled_with_file("tuning: tiled f32 head_dim 16: 8,8,1,16,2 from", "4,4,1", 11);
     ctx = test_context("tiled");
     ck_assert_msg(strstr(clattn_context_log(ctx), "under another driver (stale)"), "%s",
                   clattn_context_log(ctx));
     clattn_context_destroy(ctx);
     /* The kernels at head_dim 16 are built with the file's shape (as far as
-     * the device's limits let them be). */
+     * the device's limits let them be): micro-tiles of 2 rows. */
     ctx = test_context("tiled");
     const shape_case c = {1, 21, 21, 2, 1, 16, 1, 0, 0, 1};
     clattn_shape s = to_shape(&c);
     check_ops(ctx, &s, 1.0f, 12);
-    ck_assert_msg(strstr(clattn_context_log(ctx), "-DHEAD_DIM=16 -DROWS=8 -DTILE=8 -DSPLIT=1"),
+    ck_assert_msg(strstr(clattn_context_log(ctx), "-DHEAD_DIM=16 -DROWS=8 -DTILE=8 -DSPLIT=1 "
+                                                  "-DDSPLIT=1 -DPER_ITEM=2"),
                   "%s", clattn_context_log(ctx));
     clattn_context_destroy(ctx);
     /* CLATTN_TILED beats the file. */
@@ -214,7 +215,7 @@ START_TEST(tuning_file)
              "clattn-tuning 1 %s\ntiled\tf32\t16\t8,8,1,16\t%s\ntiled\tf32\t16\t8,7,2,16\t%s\n",
              clattn_version(), key, key);
     write_text(file, text);
-    tiled_with_file("line 3: not a tiled shape", "8,8,1,16 from", 16);
+    tiled_with_file("line 3: not a tiled shape", "8,8,1,16,0 from", 16);
     snprintf(text, sizeof text, "clattn-tuning 1 %s\ntiled\tf32\t16\n", clattn_version());
     write_text(file, text);
     tiled_with_file("line 2: want VARIANT", "from", 17);

@@ -1023,21 +1023,22 @@ START_TEST(tune_keeps_winner)
                          shape[13], "--candidates", "8,8,1,16", "--write-best", "--file", file,
                          NULL),
                      0);
-    ck_assert_msg(strstr(out_text, "(table)") && strstr(out_text, "8,8,1,16 ") &&
+    ck_assert_msg(strstr(out_text, "(table)") && strstr(out_text, "8,8,1,16,0 ") &&
                       strstr(out_text, "max_error") && strstr(out_text, "kept in"),
                   "%s", out_text);
     char text[4096];
     slurp(file, text, sizeof text);
-    ck_assert_msg(!strncmp(text, "clattn-tuning 1 ", 16) && strstr(text, "tiled\tf32\t16\t8,8,1,16\t"),
+    ck_assert_msg(!strncmp(text, "clattn-tuning 1 ", 16) && strstr(text, "tiled\tf32\t16\t8,8,1,16,0\t"),
                   "%s", text);
-    /* Again with another shape: its line replaces the first, once. */
+    /* Again with another shape (micro-tiles of 4 rows): its line replaces
+     * the first, once. */
     ck_assert_int_eq(run("tune", shape[0], shape[1], shape[2], shape[3], shape[4], shape[5],
                          shape[6], shape[7], shape[8], shape[9], shape[10], shape[11], shape[12],
-                         shape[13], "--candidates", "16,16,2,16", "--write-best", "--file", file,
+                         shape[13], "--candidates", "16,16,2,16,4", "--write-best", "--file", file,
                          NULL),
                      0);
     slurp(file, text, sizeof text);
-    ck_assert_msg(strstr(text, "\t16,16,2,16\t") && !strstr(text, "8,8,1,16"), "%s", text);
+    ck_assert_msg(strstr(text, "\t16,16,2,16,4\t") && !strstr(text, "8,8,1,16"), "%s", text);
     /* A dry run writes nothing. */
     ck_assert_int_eq(run("tune", shape[0], shape[1], shape[2], shape[3], shape[4], shape[5],
                          shape[6], shape[7], shape[8], shape[9], shape[10], shape[11], shape[12],

@@ -1550,16 +1550,17 @@ START_TEST(emulated_16)
 }
 END_TEST
 
-/* The tiled kernels in the shape a GPU runs them past head_dim 64, with
- * work-items that share a row by columns (whose partial scores meet in
- * local memory) and by tile rows, on the OpenCL CPU device: CLATTN_TILED
- * (from ctest) gives them 16 columns each, so every head_dim above 16 of
- * the reduced set splits, padded ones (100, 200) included. */
+/* The tiled kernels in a shape CLATTN_TILED gives them (from ctest), at
+ * every head_dim of the reduced set, on the OpenCL CPU device: the rows
+ * layout as a GPU runs it past head_dim 64, with work-items that share a
+ * row by columns (whose partial scores meet in local memory) and by tile
+ * rows, 16 columns each, so every head_dim above 16 splits, padded ones
+ * (100, 200) included; or micro-tiles of an odd height. */
 START_TEST(split_sweep)
 {
     const char *tiles = getenv("CLATTN_TILED"), *only = getenv("CLATTN_TEST_VARIANT");
     ck_assert_msg(tiles && strchr(tiles, ',') && only && !strcmp(only, "tiled"),
-                  "set CLATTN_TILED=R,T,S,COLUMNS and CLATTN_TEST_VARIANT=tiled");
+                  "set CLATTN_TILED=R,T,S,COLUMNS,PER_ITEM and CLATTN_TEST_VARIANT=tiled");
     run_cases(emulated, _i);
 }
 END_TEST

@@ -15,13 +15,14 @@ fi
 log=$(mktemp)
 err=$(mktemp)
 trap 'rm -f "$log" "$err"' EXIT
-# Every variant as its device table shapes it, then the tiled kernels as a
-# GPU runs them past head_dim 64 (work-items sharing rows by columns and by
-# tile rows, their partial scores meeting in local memory), forced by
-# CLATTN_TILED at these small head_dims.
+# Every variant as its device table shapes it (tiled's micro-tiles at these
+# head_dims), then tiled's rows layout as a GPU runs it past head_dim 64
+# (work-items sharing rows by columns and by tile rows, their partial
+# scores meeting in local memory), forced by CLATTN_TILED at these small
+# head_dims.
 for pass in table split; do
   if [ $pass = split ]; then
-    export CLATTN_TILED=16,8,2,4 CLATTN_TEST_VARIANT=tiled
+    export CLATTN_TILED=16,8,2,4,0 CLATTN_TEST_VARIANT=tiled
   fi
   # The simulator is the only platform; its device is an OpenCL CPU device.
   CLATTN_REQUIRE_BACKENDS=opencl-cpu oclgrind --data-races --uninitialized --check-api \

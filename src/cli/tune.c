@@ -29,32 +29,44 @@ typedef struct candidate {
 
 /* The shapes to try, in two stages, as far as the device's work-groups hold
  * them: first how work is split (tiled's rows and split, mma's warps and
- * wsplit) at a middling tile, then the tile and columns (mma: planes)
- * around the first stage's winner `best`. Appends to c[*n]. */
+ * wsplit) at a middling tile, then the tile and tiled's rows a work-item
+ * (micro-tiles, up to d64) or columns (rows; mma: planes) around the first
+ * stage's winner `best`. Appends to c[*n]. */
 static void generate(const char *variant, int stage, const char *best, uint32_t head_dim,
                      clattn_dtype dtype, size_t max_wg, candidate *c, size_t *n)
 {
-    unsigned b[4] = {0, 0, 0, 0};
-    if (stage == 2 && sscanf(best, "%u,%u,%u,%u", &b[0], &b[1], &b[2], &b[3]) != 4)
+    unsigned b[5] = {0, 0, 0, 0, 0};
+    const int fields = strcmp(variant, "tiled") ? 4 : 5;
+    if (stage == 2 &&
+        sscanf(best, "%u,%u,%u,%u,%u", &b[0], &b[1], &b[2], &b[3], &b[4]) != fields)
         return;
-    if (!strcmp(variant, "tiled")) {
+    if (fields == 5) {
         static const unsigned rows[] = {16, 32, 64, 128}, splits[] = {1, 2, 4},
-                              tiles[] = {16, 32, 64}, columns[] = {32, 64, 128, 256};
+                              micro_splits[] = {4, 8, 16}, tiles[] = {16, 32, 64},
+                              columns[] = {32, 64, 128, 256}, per_items[] = {1, 2, 4, 8};
+        const int micro = stage == 1 ? head_dim <= 64 : b[4] > 0;
         for (size_t i = 0; i < 12u; ++i) {
-            unsigned v[4];
-            if (stage == 1) { /* whole rows up to 64 columns, else 32 a work-item */
-                v[0] = rows[i / 3], v[1] = 32, v[2] = splits[i % 3];
-                v[3] = head_dim > 64 ? 32 : 64;
+            unsigned v[5];
+            if (stage == 1) { /* micro-tiles of 4 rows up to d64; rows of 32 columns past */
+                v[0] = rows[i / 3], v[1] = 32;
+                v[2] = micro ? micro_splits[i % 3] : splits[i % 3];
+                v[3] = head_dim > 64 ? 32 : 64, v[4] = micro ? 4 : 0;
+                if (micro && i >= 9u)
+                    break;
             } else {
-                v[0] = b[0], v[1] = tiles[i / 4], v[2] = b[2], v[3] = columns[i % 4];
+                v[0] = b[0], v[1] = tiles[i / 4], v[2] = b[2];
+                v[3] = micro ? b[3] : columns[i % 4], v[4] = micro ? per_items[i % 4] : 0;
                 /* columns past head_dim are the same as head_dim's */
-                if ((i % 4 && columns[i % 4 - 1] >= head_dim) || v[1] % v[2] ||
-                    (v[1] == b[1] && v[3] == b[3]))
+                if ((!micro && i % 4 && columns[i % 4 - 1] >= head_dim) || v[1] % v[2] ||
+                    (micro && v[0] % v[4]) ||
+                    (v[1] == b[1] && v[3] == b[3] && v[4] == b[4]))
                     continue;
             }
-            const size_t dsplit = (head_dim + v[3] - 1) / v[3];
-            if ((size_t)v[0] * v[2] * dsplit <= max_wg && *n < MAX_CANDIDATES)
-                snprintf(c[(*n)++].text, sizeof c->text, "%u,%u,%u,%u", v[0], v[1], v[2], v[3]);
+            const size_t items = micro ? (size_t)v[0] / v[4] * v[2]
+                                       : (size_t)v[0] * v[2] * ((head_dim + v[3] - 1) / v[3]);
+            if (items <= max_wg && *n < MAX_CANDIDATES)
+                snprintf(c[(*n)++].text, sizeof c->text, "%u,%u,%u,%u,%u", v[0], v[1], v[2],
+                         v[3], v[4]);
         }
         return;
     }
@@ -247,10 +259,11 @@ int cmd_tune(int argc, char **argv)
                "                   [--device SEL] [--reps R] [--rounds N]\n"
                "                   [--candidates 'S S ...'] [--file PATH] [--dry-run]\n"
                "                   [--write-best]\n"
-               "Searches the variant's kernel shapes (tiled: ROWS,TILE,SPLIT,COLUMNS; mma:\n"
-               "WARPS,WSPLIT,TILE,PLANES) on an OpenCL device for one problem (default:\n"
-               "q_seq 2048, 16 heads, both ops): first how the work is split, then the\n"
-               "tile and columns (mma: planes) around the best split, or the shapes given,\n"
+               "Searches the variant's kernel shapes (tiled:\n"
+               "ROWS,TILE,SPLIT,COLUMNS,PER_ITEM; mma: WARPS,WSPLIT,TILE,PLANES) on an\n"
+               "OpenCL device for one problem (default: q_seq 2048, 16 heads, both ops):\n"
+               "first how the work is split, then the tile and rows a work-item or\n"
+               "columns (mma: planes) around the best split, or the shapes given,\n"
                "printing each candidate's median time over R calls (default 5) and max\n"
                "error against native as it goes. The three\n"
                "fastest within the error of the table's shape are timed again with it,\n"
@@ -322,18 +335,23 @@ int cmd_tune(int argc, char **argv)
     size_t n = 1;
     for (const char *p = list; p && *(p += strspn(p, " ;\t"));) {
         const size_t len = strcspn(p, " ;\t");
-        unsigned v[4];
-        char end, text[32];
-        snprintf(text, sizeof text, "%.*s", (int)(len < 31 ? len : 31), p);
-        if (len > 31 || n > MAX_CANDIDATES ||
-            sscanf(text, "%u,%u,%u,%u%c", &v[0], &v[1], &v[2], &v[3], &end) != 4) {
-            fprintf(stderr, "clattn tune: --candidates wants up to %d shapes of four numbers "
+        unsigned v[5];
+        char end, text[26]; /* with ",0" within a candidate's 32 */
+        snprintf(text, sizeof text, "%.*s", (int)(len < 24 ? len : 24), p);
+        const int got = len > 24 || n > MAX_CANDIDATES
+                            ? 0
+                            : sscanf(text, "%u,%u,%u,%u,%u%c", &v[0], &v[1], &v[2], &v[3],
+                                     &v[4], &end);
+        if (!(got == 4 || (tiled && got == 5))) {
+            fprintf(stderr, "clattn tune: --candidates wants up to %d shapes of %s numbers "
                             "(%s), not '%s'\n",
-                    MAX_CANDIDATES, tiled ? "ROWS,TILE,SPLIT,COLUMNS" : "WARPS,WSPLIT,TILE,PLANES",
+                    MAX_CANDIDATES, tiled ? "four or five" : "four",
+                    tiled ? "ROWS,TILE,SPLIT,COLUMNS[,PER_ITEM]" : "WARPS,WSPLIT,TILE,PLANES",
                     text);
             return EXIT_INPUT;
         }
-        snprintf(c[n++].text, sizeof c->text, "%s", text);
+        /* tiled: PER_ITEM left out is 0, the rows layout, as in the file */
+        snprintf(c[n++].text, sizeof c->text, "%s%s", text, tiled && got == 4 ? ",0" : "");
         p += len;
     }
     char path[1024];

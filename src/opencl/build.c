@@ -165,9 +165,9 @@ static const char *kernel_options(const struct clattn_cl_state *cl, int kind, ui
     const size_t tree_wg = clattn_ocl_tree_work_group(largest, limit);
     const int len = snprintf(buf, size,
                              "%s -DHEAD_DIM=%u -DROWS=%u -DTILE=%u -DSPLIT=%u -DDSPLIT=%u "
-                             "-DDTYPE=%d -DLANE_ELEMS=%u",
+                             "-DPER_ITEM=%u -DDTYPE=%d -DLANE_ELEMS=%u",
                              build_options, head_dim ? head_dim : 1u, t.rows, t.tile, t.split,
-                             clattn_ocl_tile_dsplit(&t, head_dim), (int)dtype,
+                             clattn_ocl_tile_dsplit(&t, head_dim), t.per_item, (int)dtype,
                              (unsigned)((largest + tree_wg - 1) / tree_wg));
     /* blocked.cl's products hold 16 vectors of 16 floats: as 32 registers
      * of 8 floats they spill, so such devices (AVX2) get four of them
@@ -226,6 +226,9 @@ static clattn_status build_set_once(struct clattn_cl_state *cl, const char *vari
         }
         if ((k == K_GRAD_KVQ || k == K_FINISH_DQ) && !single_pass(cl, set, head_dim))
             continue;
+        if (k == K_GRAD_KV && v->source == clattn_cl_tiled &&
+            !clattn_ocl_tile_config(cl, head_dim, dtype, set->limit).per_item)
+            continue; /* tiled's rows layout has no fused key side */
         set->kind[k] = v->source == clattn_cl_tiled     ? KIND_TILED
                        : v->source == clattn_cl_blocked ? KIND_BLOCKED
                        : v->source == clattn_cl_mma     ? KIND_MMA

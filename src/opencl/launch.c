@@ -74,7 +74,7 @@ size_t clattn_ocl_work_group(const struct clattn_cl_state *cl, const kernel_set 
 {
     const tile_config c = clattn_ocl_tile_config(cl, head_dim, set->dtype, set->limit);
     return set->kind[k] == KIND_TILED
-               ? (size_t)c.rows * c.split * clattn_ocl_tile_dsplit(&c, head_dim)
+               ? clattn_ocl_tile_items(&c, head_dim)
            : set->kind[k] == KIND_BLOCKED ? 1
            : set->kind[k] == KIND_MMA
                ? 32u * clattn_ocl_mma_config(cl, head_dim, set->dtype, k)->warps

@@ -34,19 +34,20 @@ enum {
  * DQ32 the single-pass backward's float32 dQ, summed by atomic adds. */
 enum { R_DSUM = CLATTN_R_COUNT, R_DQ32, R_ALL };
 
-/* How a kernel is launched: tree.cl's a work-group per row; tiled.cl's a
+/* How a kernel is launched: tree.cl's a work-group per row; cl/tiled's a
  * work-group per block of rows (per pair of blocks under a causal mask);
  * blocked.cl's a single work-item per block of BLOCKED_ROWS rows; cl/mma's
  * a work-group per 16 rows of each group of wsplit warps. */
 enum { KIND_TREE, KIND_TILED, KIND_BLOCKED, KIND_MMA };
 enum { BLOCKED_ROWS = 32 }; /* blocked.cl's KK keys and QB query rows */
 
-/* tiled.cl's shape: rows per work-group, keys (or queries) per local-memory
- * tile, work-items per row by the tile's rows, and the most columns of
- * head_dim one work-item holds (more work-items share a row by columns
- * past it). */
+/* cl/tiled's shape: rows per work-group, keys (or queries) per local-memory
+ * tile, work-items per row by the tile's rows, the most columns of head_dim
+ * one work-item holds (the rows layout: more work-items share a row by
+ * columns past it), and rows per work-item (1 to 8: the micro-tile layout,
+ * whose work-items also split the columns by split; 0: the rows layout). */
 typedef struct tile_config {
-    unsigned rows, tile, split, columns;
+    unsigned rows, tile, split, columns, per_item;
 } tile_config;
 typedef struct tile_class {
     cl_device_type type;
@@ -161,8 +162,10 @@ tile_config clattn_ocl_tile_config(const struct clattn_cl_state *cl, uint32_t he
 /* tree.cl's work-group for a head_dim: the next power of two, at most the
  * largest power of two within `limit`. */
 size_t clattn_ocl_tree_work_group(uint32_t head_dim, size_t limit);
-/* Work-items that share a row by columns under c. */
+/* Work-items that share a row by columns under c (the rows layout). */
 unsigned clattn_ocl_tile_dsplit(const tile_config *c, uint32_t head_dim);
+/* Work-items of a tiled work-group under c. */
+size_t clattn_ocl_tile_items(const tile_config *c, uint32_t head_dim);
 size_t clattn_ocl_tiled_local_floats(const tile_config *c, uint32_t head_dim);
 /* The shape of mma kernel k at a head_dim for a dtype. */
 const mma_config *clattn_ocl_mma_config(const struct clattn_cl_state *cl, uint32_t head_dim,

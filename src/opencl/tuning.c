@@ -8,16 +8,17 @@
 
 #include "opencl.h"
 
-/* tiled.cl, by how the device runs a work-group: its items side by side
+/* cl/tiled, by how the device runs a work-group: its items side by side
  * (GPUs, and CPU drivers that map them to SIMD lanes, such as Mesa's
  * llvmpipe) or as a loop (PoCL's CPU device); `wide` past `narrow.columns`
  * columns. */
 static const tile_class tile_table[] = {
-    {CL_DEVICE_TYPE_GPU | CL_DEVICE_TYPE_ACCELERATOR, {64, 32, 2, 64}, {32, 16, 1, 32},
-     "two work-items a row keep a GPU busy on short calls; past 64 columns a whole row "
-     "spills, so rows split by columns"},
-    {CL_DEVICE_TYPE_CPU, {64, 32, 1, CLATTN_MAX_HEAD_DIM}, {64, 32, 1, CLATTN_MAX_HEAD_DIM},
-     "PoCL runs a work-group's items as a loop: no split, whole rows in a work-item"},
+    {CL_DEVICE_TYPE_GPU | CL_DEVICE_TYPE_ACCELERATOR, {32, 32, 16, 64, 4}, {32, 16, 1, 32, 0},
+     "micro-tiles of 4 rows up to d64 (local memory holds the group's rows and the tile); "
+     "past d64 rows split by columns, as a whole row spills"},
+    {CL_DEVICE_TYPE_CPU, {32, 32, 8, 64, 4}, {64, 32, 1, CLATTN_MAX_HEAD_DIM, 0},
+     "the GPUs' micro-tiles up to d64; past it whole rows, as PoCL runs a work-group's "
+     "items as a loop"},
 };
 
 /* cl/mma's float32 kernels (3xTF32) by head_dim class: forward, dK/dV,
@@ -49,18 +50,37 @@ static const mma_class mma16_table[] = {
 
 unsigned clattn_ocl_tile_dsplit(const tile_config *c, uint32_t head_dim)
 {
-    return head_dim > c->columns ? (head_dim + c->columns - 1) / c->columns : 1u;
+    return !c->per_item && head_dim > c->columns ? (head_dim + c->columns - 1) / c->columns : 1u;
 }
 
-/* tiled.cl's local buffer for a head_dim under c, in floats. */
+size_t clattn_ocl_tile_items(const tile_config *c, uint32_t head_dim)
+{
+    return c->per_item ? (size_t)c->rows / c->per_item * c->split
+                       : (size_t)c->rows * c->split * clattn_ocl_tile_dsplit(c, head_dim);
+}
+
+/* cl/tiled's local buffer for a head_dim under c, in whole float4s of
+ * floats: rows.cl's, or the largest of micro.cl's kernels' (LOCAL_FORWARD,
+ * LOCAL_GRAD_Q, LOCAL_KEY). */
 size_t clattn_ocl_tiled_local_floats(const tile_config *c, uint32_t head_dim)
 {
-    const size_t dsplit = clattn_ocl_tile_dsplit(c, head_dim);
-    const size_t stride = (head_dim + dsplit - 1) / dsplit * dsplit;
-    const size_t exchange = dsplit > 1 ? 2 * dsplit * c->tile * c->rows : 0;
-    const size_t tiles = 2 * (size_t)c->tile * stride + 3 * (size_t)c->tile + exchange;
-    const size_t combine = ((size_t)c->split - 1) * c->rows * (stride + 2);
-    const size_t floats = tiles > combine ? tiles : combine;
+    size_t floats;
+    if (c->per_item) {
+        const size_t rows = c->rows, tile = c->tile, split = c->split;
+        const size_t ds = (head_dim + 3) / 4 * 4 + 4, ws = (rows + 3) / 4 * 4 + 4;
+        const size_t forward = rows * ds + 2 * tile * ds + tile * ws + 2 * split * rows;
+        const size_t grad_q = 2 * rows * ds + 2 * tile * ds + tile * ws;
+        const size_t key = 2 * rows * ds + 2 * tile * ds + 2 * tile * ws + 3 * tile;
+        floats = forward > grad_q ? forward : grad_q;
+        floats = key > floats ? key : floats;
+    } else {
+        const size_t dsplit = clattn_ocl_tile_dsplit(c, head_dim);
+        const size_t stride = (head_dim + dsplit - 1) / dsplit * dsplit;
+        const size_t exchange = dsplit > 1 ? 2 * dsplit * c->tile * c->rows : 0;
+        const size_t tiles = 2 * (size_t)c->tile * stride + 3 * (size_t)c->tile + exchange;
+        const size_t combine = ((size_t)c->split - 1) * c->rows * (stride + 2);
+        floats = tiles > combine ? tiles : combine;
+    }
     return (floats + 3) / 4 * 4; /* the kernels take it as float4s */
 }
 
@@ -75,13 +95,51 @@ static const tuned_entry *tuned(const struct clattn_cl_state *cl, int kind, clat
     return NULL;
 }
 
+/* Halves *x where what is left still divides by `by`; 0 where it cannot. */
+static int halve(unsigned *x, unsigned by)
+{
+    if (*x < 2 || (*x / 2) % by)
+        return 0;
+    *x /= 2;
+    return 1;
+}
+
+/* Fits a micro-tile shape: fewer work-items share a row, then a group holds
+ * fewer rows, until the group fits `limit`; then the tile, the rows, the
+ * sharing and the rows a work-item shrink until the local buffer fits.
+ * The smallest (a row, a tile of one, one work-item) needs about 4 *
+ * head_dim floats: 4.2 KB at d256, within any device of OpenCL's full
+ * profile (32 KB or more); a device with less is refused at the build. */
+static void fit_micro(tile_config *c, uint32_t head_dim, size_t limit, size_t local_mem)
+{
+    while (clattn_ocl_tile_items(c, head_dim) > limit) {
+        if (c->split > 1 && c->tile % (c->split / 2) == 0)
+            c->split /= 2;
+        else if (!halve(&c->rows, c->per_item))
+            c->rows = c->per_item = c->split = 1;
+    }
+    while (clattn_ocl_tiled_local_floats(c, head_dim) * sizeof(float) > local_mem) {
+        if ((c->tile > c->split && halve(&c->tile, c->split)) || halve(&c->rows, c->per_item))
+            continue;
+        if (c->split > 1 && c->tile % (c->split / 2) == 0)
+            c->split /= 2;
+        else if (c->per_item > 1)
+            c->per_item = c->rows = 1;
+        else if (c->rows > 1 || c->tile > 1)
+            c->rows = c->per_item = c->tile = c->split = 1;
+        else
+            break; /* too small for the smallest: refused at the build */
+    }
+}
+
 /* The tiled kernels' shape for a head_dim on a device that runs
  * work-groups of at most `limit` work-items: CLATTN_TILED's, else the
- * tuning file's, else the table's, fitted. Fewer work-items share a row by
- * tiles (split), then a group holds fewer rows, then a work-item holds more
- * columns, until the group fits the limit; then the tile halves until the
- * local buffer fits the device. Every device fits in the end: one
- * work-item, one row, a tile of one. */
+ * tuning file's, else the table's, fitted. Micro-tiles fit as fit_micro
+ * says. Rows: fewer work-items share a row by tiles (split), then a group
+ * holds fewer rows, then a work-item holds more columns, until the group
+ * fits the limit; then the tile halves until the local buffer fits the
+ * device. Every device fits in the end: one work-item, one row, a tile of
+ * one. */
 tile_config clattn_ocl_tile_config(const struct clattn_cl_state *cl, uint32_t head_dim,
                                    clattn_dtype dtype, size_t limit)
 {
@@ -89,7 +147,11 @@ tile_config clattn_ocl_tile_config(const struct clattn_cl_state *cl, uint32_t he
     tile_config c = e                                 ? e->tile
                     : head_dim > cl->tiles.narrow.columns ? cl->tiles.wide
                                                           : cl->tiles.narrow;
-    while ((size_t)c.rows * c.split * clattn_ocl_tile_dsplit(&c, head_dim) > limit) {
+    if (c.per_item) {
+        fit_micro(&c, head_dim, limit, cl->local_mem);
+        return c;
+    }
+    while (clattn_ocl_tile_items(&c, head_dim) > limit) {
         if (c.split > 1)
             c.split /= 2;
         else if (c.rows > 1)
@@ -184,21 +246,25 @@ static int parse_mma(const char *text, mma_config *c)
            (c->planes == 1 || c->planes == 2);
 }
 
-/* Parses "ROWS,TILE,SPLIT[,COLUMNS]" over *c (COLUMNS kept when left out);
- * 0 where it is not a shape tiled takes. */
+/* Parses "ROWS,TILE,SPLIT[,COLUMNS[,PER_ITEM]]" over *c (what is left out
+ * kept); 0 where it is not a shape tiled takes: SPLIT dividing TILE, and
+ * for micro-tiles (PER_ITEM 1 to 8) PER_ITEM dividing ROWS; at most 1024
+ * work-items. */
 static int parse_tiled(const char *text, tile_config *c)
 {
-    unsigned rows, tile, split, columns = 0;
+    unsigned rows, tile, split, columns = 0, per_item = c->per_item;
     char end;
-    const int n = sscanf(text, "%u,%u,%u,%u%c", &rows, &tile, &split, &columns, &end);
-    if ((n != 3 && n != 4) || !rows || !tile || !split || tile % split || rows > 1024 ||
-        tile > 256 || rows * split > 1024 || (n == 4 && (!columns || columns > 1024)))
+    const int n = sscanf(text, "%u,%u,%u,%u,%u%c", &rows, &tile, &split, &columns, &per_item, &end);
+    if (n < 3 || n > 5 || !rows || !tile || !split || tile % split || rows > 1024 ||
+        tile > 256 || (n >= 4 && (!columns || columns > 1024)) || per_item > 8 ||
+        (per_item ? rows % per_item || rows / per_item * split > 1024 : rows * split > 1024))
         return 0;
     c->rows = rows;
     c->tile = tile;
     c->split = split;
     if (columns)
         c->columns = columns;
+    c->per_item = per_item;
     return 1;
 }
 
@@ -230,11 +296,12 @@ clattn_status clattn_ocl_tuning_init(struct clattn_cl_state *cl, cl_device_type 
     const char *tune = getenv("CLATTN_TILED");
     if (tune && *tune) {
         tile_config *both[2] = {&cl->tiles.narrow, &cl->tiles.wide};
-        for (int i = 0; i < 2; ++i) /* COLUMNS left out: each entry keeps its own */
+        for (int i = 0; i < 2; ++i) /* fields left out: each entry keeps its own */
             if (!parse_tiled(tune, both[i]))
                 return clattn_fail(CLATTN_ERROR_INVALID_OPTION,
-                                   "CLATTN_TILED='%s': want ROWS,TILE,SPLIT[,COLUMNS] with SPLIT "
-                                   "dividing TILE and ROWS * SPLIT <= 1024",
+                                   "CLATTN_TILED='%s': want ROWS,TILE,SPLIT[,COLUMNS[,PER_ITEM]] "
+                                   "with SPLIT dividing TILE, PER_ITEM 0 to 8 dividing ROWS, and "
+                                   "at most 1024 work-items",
                                    tune);
         cl->tiled_env = 1;
     }
@@ -312,8 +379,9 @@ static const char *parse_entry(char *line, tuned_entry *e, const char **key)
         e->head_dim > CLATTN_MAX_HEAD_DIM)
         return "the head_dim is not 1 to 256";
     e->tile.columns = CLATTN_MAX_HEAD_DIM;
+    e->tile.per_item = 0;
     if (e->kind == KIND_TILED ? !parse_tiled(field[3], &e->tile) : !parse_mma(field[3], &e->mma))
-        return e->kind == KIND_TILED ? "not a tiled shape (ROWS,TILE,SPLIT,COLUMNS)"
+        return e->kind == KIND_TILED ? "not a tiled shape (ROWS,TILE,SPLIT,COLUMNS,PER_ITEM)"
                                      : "not an mma shape (WARPS,WSPLIT,TILE,PLANES)";
     if (e->kind == KIND_MMA && e->dtype != CLATTN_DTYPE_F32 && e->mma.tile % 16)
         return "mma's 16-bit kernels want tiles of 16 rows or more";
@@ -412,9 +480,9 @@ void clattn_ocl_tuning_file(struct clattn_cl_state *cl, clattn_context *ctx, con
         const tuned_entry *e = &cl->tuned[i];
         static const char *const dtypes[3] = {"f32", "f16", "bf16"};
         if (e->kind == KIND_TILED)
-            clattn_log_append(ctx, "tuning: tiled %s head_dim %u: %u,%u,%u,%u from %s",
+            clattn_log_append(ctx, "tuning: tiled %s head_dim %u: %u,%u,%u,%u,%u from %s",
                               dtypes[e->dtype], e->head_dim, e->tile.rows, e->tile.tile,
-                              e->tile.split, e->tile.columns, path);
+                              e->tile.split, e->tile.columns, e->tile.per_item, path);
         else
             clattn_log_append(ctx, "tuning: mma %s head_dim %u: %u,%u,%u,%u from %s",
                               dtypes[e->dtype], e->head_dim, e->mma.warps, e->mma.wsplit,

@@ -1,67 +1,33 @@
 /*
- * The `tiled` variants: a whole dot product per work-item, no barrier per
- * product. A work-group holds ROWS rows of one head and batch element (query
- * rows for the forward and grad-Q, key rows for grad-V and grad-K), each
- * row's vectors in its work-items' registers; the other side streams through
- * local memory TILE rows at a time, loaded once for the whole work-group.
- * SPLIT work-items share a row, each taking every SPLIT-th row of each tile,
- * and combine their partial sums at the end: more work-items in flight when
- * rows are few. Lanes of one part are adjacent, so a warp reads one tile row
- * at a time (a broadcast). Tiles that no row of the group can see are
- * skipped through the loop bounds; only boundary tiles test the mask.
+ * tiled's rows layout (PER_ITEM 0): a whole dot product per work-item, no
+ * barrier per product. A work-group holds ROWS rows of one head and batch
+ * element (query rows for the forward and grad-Q, key rows for grad-V and
+ * grad-K), each row's vectors in its work-items' registers; the other side
+ * streams through local memory TILE rows at a time, loaded once for the
+ * whole work-group. SPLIT work-items share a row, each taking every
+ * SPLIT-th row of each tile, and combine their partial sums at the end:
+ * more work-items in flight when rows are few. Lanes of one part are
+ * adjacent, so a warp reads one tile row at a time (a broadcast). Tiles
+ * that no row of the group can see are skipped through the loop bounds;
+ * only boundary tiles test the mask.
  *
- * Past a head_dim of 64 a row's vectors no longer fit a work-item's
- * registers, so DSPLIT work-items share a row by columns as well: each holds
- * DC = ceil(D / DSPLIT) columns of its vectors and of its accumulator, and
- * computes partial dot products over them. The work-items of a row add their
- * partials through local memory once per tile, each in the same order, so
- * that all of them hold bitwise the same scores and the same softmax. Local
- * tiles are DP = DSPLIT * DC columns wide, zero past D.
+ * Past what fits a work-item's registers, DSPLIT work-items share a row by
+ * columns as well: each holds DC = ceil(D / DSPLIT) columns of its vectors
+ * and of its accumulator, and computes partial dot products over them. The
+ * work-items of a row add their partials through local memory once per
+ * tile, each in the same order, so that all of them hold bitwise the same
+ * scores and the same softmax. Local tiles are DP = DSPLIT * DC columns
+ * wide, zero past D.
  *
- * HEAD_DIM, ROWS, TILE, SPLIT and DSPLIT are compile-time defines, chosen
- * per device and head_dim by the host (src/opencl/tuning.c); with the defaults the
- * file compiles after cl/common.cl.
- * Causal work is uneven (the last query sees every key, the first one key),
- * so there each work-group takes a pair of row blocks, g and blocks - 1 - g,
- * and every group has about the same work. A loop, not two inlined copies,
- * so that the pairing costs no registers.
- * Launch: global (B * LANES, heads, batch) with blocks = ceil(rows / ROWS)
- * and B = causal ? ceil(blocks / 2) : blocks; local (LANES, 1, 1); `tiles`
- * is a __local buffer of max(2 * TILE * DP + 3 * TILE + XCH, (SPLIT - 1) *
- * ROWS * (DP + 2)) floats, XCH = 2 * DSPLIT * TILE * ROWS when DSPLIT > 1,
- * else 0, rounded up to whole float4s: the kernels take it as float4s, so
- * that the tiles are 16-byte aligned for the vector loads.
+ * The local buffer: max(2 * TILE * DP + 3 * TILE + XCH, (SPLIT - 1) * ROWS
+ * * (DP + 2)) floats, XCH = 2 * DSPLIT * TILE * ROWS when DSPLIT > 1, else
+ * 0, rounded up to whole float4s.
  */
-#ifndef HEAD_DIM
-#define HEAD_DIM 64
-#endif
-#ifndef ROWS
-#define ROWS 64
-#endif
-#ifndef TILE
-#define TILE 32
-#endif
-#ifndef SPLIT
-#define SPLIT 1
-#endif
-#ifndef DSPLIT
-#define DSPLIT 1
-#endif
-#define D HEAD_DIM
+#if !PER_ITEM
 #define DC ((D + DSPLIT - 1) / DSPLIT) /* columns a work-item holds */
 #define DP (DC * DSPLIT)               /* a local tile row's stride */
 #define LANES (ROWS * DSPLIT * SPLIT)
 #define XCH_AT (2 * TILE * DP + 3 * TILE) /* the partial dot products */
-
-inline ulong at(uint b, uint rows, uint row, uint heads, uint head, uint d)
-{
-    return (((ulong)b * rows + row) * heads + head) * D + d;
-}
-
-inline ulong row_of(uint b, uint q_seq, uint pos, uint num_heads, uint head)
-{
-    return ((ulong)b * q_seq + pos) * num_heads + head;
-}
 
 /* A work-item's place: its row of the group, its columns' part (DC columns
  * from c0) and its part of each tile's rows. */
@@ -104,23 +70,6 @@ inline void load_tile(__local float *tile, __global const elem *src, ulong off, 
     for (uint i = get_local_id(0); i < TILE * DP; i += LANES) {
         const uint r = r0 + i / DP, d = i % DP;
         tile[i] = r < end && d < D ? LOAD(src, off + at(b, rows, r, heads, head, d)) : 0.0f;
-    }
-}
-
-/* The per-query values the key-side kernels read with each tile: m, l and
- * (for grad-K) Dsum of TILE query rows. */
-inline void load_rows(__local float *mt, __local float *lt, __local float *dt,
-                      __global const float *lse, ulong lse_off, __global const float *dsum,
-                      ulong dsum_off, uint b, uint q_seq, uint p0, uint end, uint num_heads,
-                      uint head)
-{
-    for (uint i = get_local_id(0); i < TILE; i += LANES) {
-        const bool in = p0 + i < end;
-        const ulong row = row_of(b, q_seq, in ? p0 + i : 0u, num_heads, head);
-        mt[i] = in ? lse[lse_off + 2 * row] : 0.0f;
-        lt[i] = in ? lse[lse_off + 2 * row + 1] : 0.0f;
-        if (dsum)
-            dt[i] = in ? dsum[dsum_off + row] : 0.0f;
     }
 }
 
@@ -402,7 +351,7 @@ inline void grad_v_block(__global const elem *d_out, ulong d_out_off, __global c
             barrier(CLK_LOCAL_MEM_FENCE);
             load_tile(qt, q, q_off, b, q_seq, p0, hi, num_heads, head);
             load_tile(ot, d_out, d_out_off, b, q_seq, p0, hi, num_heads, head);
-            load_rows(mt, lt, 0, lse, lse_off, 0, 0, b, q_seq, p0, hi, num_heads, head);
+            load_stats(mt, lt, 0, lse, lse_off, 0, 0, b, q_seq, p0, hi, num_heads, head);
             barrier(CLK_LOCAL_MEM_FENCE);
             float s[TILE / SPLIT];
             tile_dots(s, kr, qt, me);
@@ -457,7 +406,7 @@ inline void grad_k_block(__global const elem *q, ulong q_off, __global const ele
             barrier(CLK_LOCAL_MEM_FENCE);
             load_tile(qt, q, q_off, b, q_seq, p0, hi, num_heads, head);
             load_tile(ot, d_out, d_out_off, b, q_seq, p0, hi, num_heads, head);
-            load_rows(mt, lt, dt, lse, lse_off, dsum, dsum_off, b, q_seq, p0, hi, num_heads,
+            load_stats(mt, lt, dt, lse, lse_off, dsum, dsum_off, b, q_seq, p0, hi, num_heads,
                       head);
             barrier(CLK_LOCAL_MEM_FENCE);
             float s[TILE / SPLIT], dp[TILE / SPLIT];
@@ -493,57 +442,4 @@ inline void grad_k_block(__global const elem *q, ulong q_off, __global const ele
         store_row(dk, dk_off, b, kv_seq, t, num_kv_heads, kv_head, me.c0, acc, scale, accumulate);
 }
 
-/* Each kernel runs its block function on row block g and, under a causal
- * mask, on block blocks - 1 - g as well. A loop, not two inlined copies,
- * so that the pairing costs no registers. */
-#define PAIRED(rows, call)                                                        \
-    const uint blocks = (rows + ROWS - 1u) / ROWS, g = get_group_id(0);           \
-    const uint passes = causal && blocks - 1u - g != g ? 2u : 1u;                 \
-    for (uint pass = 0; pass < passes; ++pass) {                                  \
-        const uint r0 = (pass ? blocks - 1u - g : g) * ROWS;                      \
-        call;                                                                     \
-    }
-
-__kernel __attribute__((reqd_work_group_size(LANES, 1, 1))) void
-forward__tiled(__global const elem *q, ulong q_off, __global const elem *k, ulong k_off,
-               __global const elem *v, ulong v_off, __global elem *o, ulong o_off,
-               __global float *lse, ulong lse_off, SHAPE_ARGS, __local float4 *tiles4)
-{
-    __local float *tiles = (__local float *)tiles4;
-    PAIRED(q_seq, forward_block(q, q_off, k, k_off, v, v_off, o, o_off, lse, lse_off, SHAPE_PASS, tiles, r0))
-}
-
-__kernel __attribute__((reqd_work_group_size(LANES, 1, 1))) void
-grad_q__tiled(__global const elem *q, ulong q_off, __global const elem *k, ulong k_off,
-              __global const elem *v, ulong v_off, __global const elem *d_out,
-              ulong d_out_off, __global const float *lse, ulong lse_off,
-              __global const float *dsum, ulong dsum_off, __global elem *dq, ulong dq_off,
-              SHAPE_ARGS, __local float4 *tiles4)
-{
-    __local float *tiles = (__local float *)tiles4;
-    PAIRED(q_seq, grad_q_block(q, q_off, k, k_off, v, v_off, d_out, d_out_off, lse, lse_off,
-                               dsum, dsum_off, dq, dq_off, SHAPE_PASS, tiles, r0))
-}
-
-__kernel __attribute__((reqd_work_group_size(LANES, 1, 1))) void
-grad_v__tiled(__global const elem *d_out, ulong d_out_off, __global const elem *q,
-              ulong q_off, __global const elem *k, ulong k_off, __global const float *lse,
-              ulong lse_off, __global elem *dv, ulong dv_off, SHAPE_ARGS,
-              __local float4 *tiles4)
-{
-    __local float *tiles = (__local float *)tiles4;
-    PAIRED(kv_seq, grad_v_block(d_out, d_out_off, q, q_off, k, k_off, lse, lse_off, dv, dv_off,
-                                SHAPE_PASS, tiles, r0))
-}
-
-__kernel __attribute__((reqd_work_group_size(LANES, 1, 1))) void
-grad_k__tiled(__global const elem *q, ulong q_off, __global const elem *k, ulong k_off,
-              __global const elem *v, ulong v_off, __global const elem *d_out,
-              ulong d_out_off, __global const float *lse, ulong lse_off,
-              __global const float *dsum, ulong dsum_off, __global elem *dk, ulong dk_off,
-              SHAPE_ARGS, __local float4 *tiles4)
-{
-    __local float *tiles = (__local float *)tiles4;
-    PAIRED(kv_seq, grad_k_block(q, q_off, k, k_off, v, v_off, d_out, d_out_off, lse, lse_off,
-                                dsum, dsum_off, dk, dk_off, SHAPE_PASS, tiles, r0))
-}
+#endif

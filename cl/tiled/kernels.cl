@@ -1,0 +1,59 @@
+/*
+ * tiled's entry points: each runs its layout's block function on row block
+ * g and, under a causal mask, on block blocks - 1 - g as well (PAIRED).
+ * grad_kv__tiled (dK and dV in one pass) is the micro-tile layout's; the
+ * rows layout's backward runs grad_k__tiled and grad_v__tiled.
+ */
+__kernel __attribute__((reqd_work_group_size(LANES, 1, 1))) void
+forward__tiled(__global const elem *q, ulong q_off, __global const elem *k, ulong k_off,
+               __global const elem *v, ulong v_off, __global elem *o, ulong o_off,
+               __global float *lse, ulong lse_off, SHAPE_ARGS, __local float4 *tiles4)
+{
+    PAIRED(q_seq, forward_block(q, q_off, k, k_off, v, v_off, o, o_off, lse, lse_off, SHAPE_PASS,
+                                tiles, r0))
+}
+
+__kernel __attribute__((reqd_work_group_size(LANES, 1, 1))) void
+grad_q__tiled(__global const elem *q, ulong q_off, __global const elem *k, ulong k_off,
+              __global const elem *v, ulong v_off, __global const elem *d_out,
+              ulong d_out_off, __global const float *lse, ulong lse_off,
+              __global const float *dsum, ulong dsum_off, __global elem *dq, ulong dq_off,
+              SHAPE_ARGS, __local float4 *tiles4)
+{
+    PAIRED(q_seq, grad_q_block(q, q_off, k, k_off, v, v_off, d_out, d_out_off, lse, lse_off,
+                               dsum, dsum_off, dq, dq_off, SHAPE_PASS, tiles, r0))
+}
+
+__kernel __attribute__((reqd_work_group_size(LANES, 1, 1))) void
+grad_v__tiled(__global const elem *d_out, ulong d_out_off, __global const elem *q,
+              ulong q_off, __global const elem *k, ulong k_off, __global const float *lse,
+              ulong lse_off, __global elem *dv, ulong dv_off, SHAPE_ARGS,
+              __local float4 *tiles4)
+{
+    PAIRED(kv_seq, grad_v_block(d_out, d_out_off, q, q_off, k, k_off, lse, lse_off, dv, dv_off,
+                                SHAPE_PASS, tiles, r0))
+}
+
+__kernel __attribute__((reqd_work_group_size(LANES, 1, 1))) void
+grad_k__tiled(__global const elem *q, ulong q_off, __global const elem *k, ulong k_off,
+              __global const elem *v, ulong v_off, __global const elem *d_out,
+              ulong d_out_off, __global const float *lse, ulong lse_off,
+              __global const float *dsum, ulong dsum_off, __global elem *dk, ulong dk_off,
+              SHAPE_ARGS, __local float4 *tiles4)
+{
+    PAIRED(kv_seq, grad_k_block(q, q_off, k, k_off, v, v_off, d_out, d_out_off, lse, lse_off,
+                                dsum, dsum_off, dk, dk_off, SHAPE_PASS, tiles, r0))
+}
+
+#if PER_ITEM
+__kernel __attribute__((reqd_work_group_size(LANES, 1, 1))) void
+grad_kv__tiled(__global const elem *q, ulong q_off, __global const elem *k, ulong k_off,
+               __global const elem *v, ulong v_off, __global const elem *d_out,
+               ulong d_out_off, __global const float *lse, ulong lse_off,
+               __global const float *dsum, ulong dsum_off, __global elem *dk, ulong dk_off,
+               __global elem *dv, ulong dv_off, SHAPE_ARGS, __local float4 *tiles4)
+{
+    PAIRED(kv_seq, key_block(q, q_off, k, k_off, v, v_off, d_out, d_out_off, lse, lse_off, dsum,
+                             dsum_off, dk, dk_off, dv, dv_off, SHAPE_PASS, tiles, r0))
+}
+#endif

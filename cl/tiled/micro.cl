@@ -1,0 +1,447 @@
+/*
+ * tiled's micro-tile layout (PER_ITEM 1 to 8), in the manner of a blocked
+ * matrix product (CLBlast's xgemm).
+ *
+ * A work-group holds ROWS rows of one head and batch element (query rows
+ * for the forward and grad-Q, key rows for the key side) in local memory,
+ * the rows' vectors of the inputs it scores them with; the other side
+ * streams through local memory TILE rows at a time. Its work-items form a
+ * grid of ROWS / PER_ITEM by SPLIT: work-item (ty, tx) holds rows ty *
+ * PER_ITEM + i (i < PER_ITEM) and
+ *  - scores them against tile rows tx + SPLIT * j (j < CN = TILE / SPLIT),
+ *    four columns a step: each local load of four floats feeds PER_ITEM or
+ *    CN products of four, not one;
+ *  - accumulates their outputs over the head_dim columns 4 (tx + SPLIT k)
+ *    .. + 3 (k < NC4), from the tile's weights, which pass through local
+ *    memory (WS), times the tile's rows.
+ * Everything is float32 inside. A row's SPLIT work-items agree on the
+ * row's softmax state bitwise: each takes the same values in the same
+ * order (the tile's maximum through local memory, the sum from the
+ * weights). Local rows are DS = DP + 4 floats apart (DP: head_dim rounded
+ * up to four, zeros past it), so that the SPLIT rows a load step reads lie
+ * in different banks. Tiles that no pair of the group masks skip the mask
+ * test; tiles that no row of the group can see are skipped through the
+ * loop bounds. dK and dV come from one kernel (grad_kv__tiled): one score
+ * and dP a pair for both.
+ *
+ * The local buffer: the largest of the kernels' LOCAL_* below, in whole
+ * float4s.
+ */
+#if PER_ITEM
+#define RM PER_ITEM
+#define DP ((D + 3) / 4 * 4)              /* a row's columns in local memory */
+#define DS (DP + 4)                       /* a local row's stride */
+#define WS ((ROWS + 3) / 4 * 4 + 4)       /* a weight row's stride (one a tile row) */
+#define LANES (ROWS / RM * SPLIT)
+#define CN (TILE / SPLIT)                 /* tile rows a work-item scores */
+#define NC4 ((DP / 4 + SPLIT - 1) / SPLIT) /* float4 columns a work-item accumulates */
+#define WHOLE_C4 (NC4 * SPLIT * 4 == DP)  /* every work-item's columns all lie inside DP */
+
+/* Local floats of each kernel: the group's rows, the tile's rows, the
+ * weights, and the forward's maxima and dropout sums (RED) or the key
+ * side's per-query values. */
+#define LOCAL_FORWARD (ROWS * DS + 2 * TILE * DS + TILE * WS + 2 * SPLIT * ROWS)
+#define LOCAL_GRAD_Q (2 * ROWS * DS + 2 * TILE * DS + TILE * WS)
+#define LOCAL_KEY (2 * ROWS * DS + 2 * TILE * DS + 2 * TILE * WS + 3 * TILE)
+
+/* A work-item's place in the group's grid. */
+typedef struct lane {
+    uint ty, tx;
+} lane;
+
+inline lane lane_of(void)
+{
+    const uint id = get_local_id(0);
+    lane me = {id / SPLIT, id % SPLIT};
+    return me;
+}
+
+/* Loads rows [r0, r0 + n) of a [batch][rows][heads][D] tensor, times gain,
+ * into t[n][DS], zeros past `end` and past D. Every work-item of the group
+ * calls it; neighbours read neighbouring columns. */
+inline void load_block(__local float *t, uint n, __global const elem *src, ulong off, uint b,
+                       uint rows, uint r0, uint end, uint heads, uint head, float gain)
+{
+    for (uint i = get_local_id(0); i < n * DP; i += LANES) {
+        const uint r = i / DP, d = i % DP;
+        t[r * DS + d] = r0 + r < end && d < D
+                            ? LOAD(src, off + at(b, rows, r0 + r, heads, head, d)) * gain
+                            : 0.0f;
+    }
+}
+
+/* s[i * CN + j] = the dot product of the group's row ty * RM + i of `as`
+ * with the tile's row tx + SPLIT * j of `bs`, four columns a step. */
+inline void micro_dots(float *s, __local const float *as, __local const float *bs, lane me)
+{
+    for (uint e = 0; e < RM * CN; ++e)
+        s[e] = 0.0f;
+    for (uint d = 0; d < DP; d += 4) {
+        float4 a[RM], x[CN];
+        for (uint i = 0; i < RM; ++i)
+            a[i] = *(__local const float4 *)(as + (me.ty * RM + i) * DS + d);
+        for (uint j = 0; j < CN; ++j)
+            x[j] = *(__local const float4 *)(bs + (me.tx + SPLIT * j) * DS + d);
+        for (uint i = 0; i < RM; ++i)
+            for (uint j = 0; j < CN; ++j) {
+                float t = s[i * CN + j];
+                t = fma(a[i].x, x[j].x, t);
+                t = fma(a[i].y, x[j].y, t);
+                t = fma(a[i].z, x[j].z, t);
+                t = fma(a[i].w, x[j].w, t);
+                s[i * CN + j] = t;
+            }
+    }
+}
+
+/* Writes the work-item's weights w[i * CN + j] (row ty * RM + i, tile row
+ * tx + SPLIT * j) into ws[tile row][WS]. */
+inline void put_weights(__local float *ws, const float *w, lane me)
+{
+    for (uint j = 0; j < CN; ++j) {
+        __local float *at = ws + (me.tx + SPLIT * j) * WS + me.ty * RM;
+#if RM == 4
+        *(__local float4 *)at = (float4)(w[j], w[CN + j], w[2 * CN + j], w[3 * CN + j]);
+#else
+        for (uint i = 0; i < RM; ++i)
+            at[i] = w[i * CN + j];
+#endif
+    }
+}
+
+/* acc[(i * NC4 + k) * 4 + c] += sum over the tile's rows t of the weight of
+ * (row ty * RM + i, t) times column 4 (tx + SPLIT k) + c of cs's row t; and,
+ * where sum is not NULL, sum[i] += the weights of row i, in t's order. */
+inline void micro_axpy(float *acc, float *sum, __local const float *ws, __local const float *cs,
+                       lane me)
+{
+    for (uint t = 0; t < TILE; ++t) {
+        float w[RM];
+#if RM == 4 /* one load: WS and the rows' offset are whole float4s */
+        const float4 w4 = *(__local const float4 *)(ws + t * WS + me.ty * 4);
+        w[0] = w4.x;
+        w[1] = w4.y;
+        w[2] = w4.z;
+        w[3] = w4.w;
+#else
+        for (uint i = 0; i < RM; ++i)
+            w[i] = ws[t * WS + me.ty * RM + i];
+#endif
+        if (sum)
+            for (uint i = 0; i < RM; ++i)
+                sum[i] += w[i];
+        for (uint k = 0; k < NC4; ++k) {
+            const uint c = 4 * (me.tx + SPLIT * k);
+            if (!WHOLE_C4 && c >= DP)
+                break;
+            const float4 v = *(__local const float4 *)(cs + t * DS + c);
+            for (uint i = 0; i < RM; ++i) {
+                float *a = acc + (i * NC4 + k) * 4;
+                a[0] = fma(w[i], v.x, a[0]);
+                a[1] = fma(w[i], v.y, a[1]);
+                a[2] = fma(w[i], v.z, a[2]);
+                a[3] = fma(w[i], v.w, a[3]);
+            }
+        }
+    }
+}
+
+/* Stores the work-item's columns of row i of acc, times gain, into a row
+ * of a [batch][rows][heads][D] tensor (added to it under accumulate). */
+inline void store_acc(__global elem *dst, ulong off, uint b, uint rows, uint row, uint heads,
+                      uint head, const float *acc, uint i, float gain, int accumulate, lane me)
+{
+    for (uint k = 0; k < NC4; ++k)
+        for (uint c = 0; c < 4; ++c) {
+            const uint d = 4 * (me.tx + SPLIT * k) + c;
+            if (d < D)
+                STORE_GRAD(dst, off + at(b, rows, row, heads, head, d),
+                           gain * acc[(i * NC4 + k) * 4 + c], accumulate);
+        }
+}
+
+/* Whether query pos sees key t for every pos of [p_first, p_last] and t of
+ * [t_first, t_last]: the tile needs no mask test. */
+inline bool all_visible(uint p_first, uint p_last, uint t_first, uint t_last, int causal,
+                        uint window, long delta)
+{
+    return visible(p_first, t_last, causal, window, delta) &&
+           visible(p_last, t_first, causal, window, delta);
+}
+
+inline void forward_block(__global const elem *q, ulong q_off, __global const elem *k,
+                          ulong k_off, __global const elem *v, ulong v_off, __global elem *o,
+                          ulong o_off, __global float *lse, ulong lse_off, SHAPE_ARGS,
+                          __local float *tiles, uint r0)
+{
+    __local float *qs = tiles, *ks = qs + ROWS * DS, *vs = ks + TILE * DS;
+    __local float *ws = vs + TILE * DS, *red = ws + TILE * WS;
+    const uint head = get_group_id(1), b = get_group_id(2);
+    const lane me = lane_of();
+    const uint kv_head = head / (num_heads / num_kv_heads);
+    const uint last = min(r0 + ROWS, q_seq) - 1u;
+    barrier(CLK_LOCAL_MEM_FENCE); /* the pair's first block is done with qs */
+    load_block(qs, ROWS, q, q_off, b, q_seq, r0, q_seq, num_heads, head, scale);
+    float acc[RM * NC4 * 4], m[RM], l[RM];
+    for (uint e = 0; e < RM * NC4 * 4; ++e)
+        acc[e] = 0.0f;
+    for (uint i = 0; i < RM; ++i) {
+        m[i] = EMPTY_ROW;
+        l[i] = 0.0f;
+    }
+    uint lo, hi;
+    keys_of_queries(r0, last, kv_seq, causal, window, delta, &lo, &hi);
+    for (uint t0 = lo; t0 < hi; t0 += TILE) {
+        barrier(CLK_LOCAL_MEM_FENCE);
+        load_block(ks, TILE, k, k_off, b, kv_seq, t0, hi, num_kv_heads, kv_head, 1.0f);
+        load_block(vs, TILE, v, v_off, b, kv_seq, t0, hi, num_kv_heads, kv_head, 1.0f);
+        barrier(CLK_LOCAL_MEM_FENCE);
+        float s[RM * CN];
+        micro_dots(s, qs, ks, me);
+        const bool whole = all_visible(r0, last, t0, min(t0 + TILE, hi) - 1u, causal, window, delta);
+        for (uint i = 0; i < RM; ++i) {
+            const uint pos = r0 + me.ty * RM + i;
+            float mx = EMPTY_ROW;
+            for (uint j = 0; j < CN; ++j) {
+                const uint t = t0 + me.tx + SPLIT * j;
+                const bool seen = t < hi && (whole || visible(pos, t, causal, window, delta));
+#if SHAPED
+                float dz;
+                s[i * CN + j] = MODIFY(s[i * CN + j], pos, t, head, &dz);
+#endif
+                s[i * CN + j] = seen ? s[i * CN + j] : EMPTY_ROW;
+                mx = fmax(mx, s[i * CN + j]);
+            }
+            red[me.tx * ROWS + me.ty * RM + i] = mx;
+        }
+        barrier(CLK_LOCAL_MEM_FENCE);
+        float rescale[RM];
+        for (uint i = 0; i < RM; ++i) {
+            float tile_max = EMPTY_ROW;
+            for (uint x = 0; x < SPLIT; ++x)
+                tile_max = fmax(tile_max, red[x * ROWS + me.ty * RM + i]);
+            const float m_new = fmax(m[i], tile_max);
+            rescale[i] = exp(m[i] - m_new);
+            m[i] = m_new;
+#if MODS & MOD_DROPOUT
+            float kept_sum = 0.0f; /* l is the undropped sum */
+#endif
+            for (uint j = 0; j < CN; ++j) {
+                /* Masked scores are exactly EMPTY_ROW; their weight is 0
+                 * even while the row's max is EMPTY_ROW too. */
+                float p = s[i * CN + j] == EMPTY_ROW ? 0.0f : exp(s[i * CN + j] - m_new);
+#if MODS & MOD_DROPOUT
+                kept_sum += p;
+                p *= DROP(r0 + me.ty * RM + i, t0 + me.tx + SPLIT * j, head, b);
+#endif
+                s[i * CN + j] = p;
+            }
+#if MODS & MOD_DROPOUT
+            red[(SPLIT + me.tx) * ROWS + me.ty * RM + i] = kept_sum;
+#endif
+        }
+        put_weights(ws, s, me);
+        barrier(CLK_LOCAL_MEM_FENCE);
+        for (uint i = 0; i < RM; ++i) {
+            l[i] *= rescale[i];
+            for (uint e = 0; e < NC4 * 4; ++e)
+                acc[i * NC4 * 4 + e] *= rescale[i];
+#if MODS & MOD_DROPOUT
+            for (uint x = 0; x < SPLIT; ++x)
+                l[i] += red[(SPLIT + x) * ROWS + me.ty * RM + i];
+#endif
+        }
+#if MODS & MOD_DROPOUT
+        micro_axpy(acc, 0, ws, vs, me);
+#else
+        micro_axpy(acc, l, ws, vs, me);
+#endif
+    }
+    for (uint i = 0; i < RM; ++i) {
+        const uint pos = r0 + me.ty * RM + i;
+        if (pos >= q_seq)
+            break;
+        store_acc(o, o_off, b, q_seq, pos, num_heads, head, acc, i,
+                  l[i] != 0.0f ? 1.0f / l[i] : 0.0f, 0, me);
+        if (me.tx == 0) {
+            const ulong row = lse_off + 2 * row_of(b, q_seq, pos, num_heads, head);
+            lse[row] = l[i] != 0.0f ? m[i] : EMPTY_ROW;
+            lse[row + 1] = l[i] != 0.0f ? log(l[i]) : EMPTY_ROW;
+        }
+    }
+}
+
+/* dQ of the group's query rows: sum over their keys of scale * dS * K[t]. */
+inline void grad_q_block(__global const elem *q, ulong q_off, __global const elem *k,
+                         ulong k_off, __global const elem *v, ulong v_off,
+                         __global const elem *d_out, ulong d_out_off,
+                         __global const float *lse, ulong lse_off, __global const float *dsum,
+                         ulong dsum_off, __global elem *dq, ulong dq_off, SHAPE_ARGS,
+                         __local float *tiles, uint r0)
+{
+    __local float *qs = tiles, *os = qs + ROWS * DS, *ks = os + ROWS * DS, *vs = ks + TILE * DS;
+    __local float *ws = vs + TILE * DS;
+    const uint head = get_group_id(1), b = get_group_id(2);
+    const lane me = lane_of();
+    const uint kv_head = head / (num_heads / num_kv_heads);
+    const uint last = min(r0 + ROWS, q_seq) - 1u;
+    barrier(CLK_LOCAL_MEM_FENCE);
+    load_block(qs, ROWS, q, q_off, b, q_seq, r0, q_seq, num_heads, head, scale);
+    load_block(os, ROWS, d_out, d_out_off, b, q_seq, r0, q_seq, num_heads, head, 1.0f);
+    float acc[RM * NC4 * 4], m[RM], l[RM], ds[RM];
+    for (uint e = 0; e < RM * NC4 * 4; ++e)
+        acc[e] = 0.0f;
+    for (uint i = 0; i < RM; ++i) {
+        const uint pos = r0 + me.ty * RM + i;
+        const ulong row = row_of(b, q_seq, pos < q_seq ? pos : 0u, num_heads, head);
+        m[i] = lse[lse_off + 2 * row];
+        l[i] = lse[lse_off + 2 * row + 1];
+        ds[i] = dsum[dsum_off + row];
+    }
+    uint lo, hi;
+    keys_of_queries(r0, last, kv_seq, causal, window, delta, &lo, &hi);
+    for (uint t0 = lo; t0 < hi; t0 += TILE) {
+        barrier(CLK_LOCAL_MEM_FENCE);
+        load_block(ks, TILE, k, k_off, b, kv_seq, t0, hi, num_kv_heads, kv_head, 1.0f);
+        load_block(vs, TILE, v, v_off, b, kv_seq, t0, hi, num_kv_heads, kv_head, 1.0f);
+        barrier(CLK_LOCAL_MEM_FENCE);
+        float s[RM * CN], dp[RM * CN];
+        micro_dots(s, qs, ks, me);
+        micro_dots(dp, os, vs, me);
+        const bool whole = all_visible(r0, last, t0, min(t0 + TILE, hi) - 1u, causal, window, delta);
+        for (uint i = 0; i < RM; ++i) {
+            const uint pos = r0 + me.ty * RM + i;
+            for (uint j = 0; j < CN; ++j) {
+                const uint t = t0 + me.tx + SPLIT * j;
+                const uint e = i * CN + j;
+                float dz = 1.0f;
+#if SHAPED
+                s[e] = MODIFY(s[e], pos, t, head, &dz);
+#endif
+#if MODS & MOD_DROPOUT
+                dp[e] *= DROP(pos, t, head, b);
+#endif
+                s[e] = t < hi && (whole || visible(pos, t, causal, window, delta))
+                           ? exp(min0(s[e] - m[i]) - l[i]) * (dp[e] - ds[i]) * dz
+                           : 0.0f;
+            }
+        }
+        put_weights(ws, s, me);
+        barrier(CLK_LOCAL_MEM_FENCE);
+        micro_axpy(acc, 0, ws, ks, me);
+    }
+    for (uint i = 0; i < RM; ++i) {
+        const uint pos = r0 + me.ty * RM + i;
+        if (pos >= q_seq)
+            break;
+        store_acc(dq, dq_off, b, q_seq, pos, num_heads, head, acc, i, scale, accumulate, me);
+    }
+}
+
+/* The key side of the group's key rows, over the queries of its KV head's
+ * group that see them: dV = sum of P * dO (where dv is not NULL) and dK =
+ * scale * sum of dS * Q (where dk is not NULL), one score and dP a pair for
+ * both. */
+inline void key_block(__global const elem *q, ulong q_off, __global const elem *k, ulong k_off,
+                      __global const elem *v, ulong v_off, __global const elem *d_out,
+                      ulong d_out_off, __global const float *lse, ulong lse_off,
+                      __global const float *dsum, ulong dsum_off, __global elem *dk, ulong dk_off,
+                      __global elem *dv, ulong dv_off, SHAPE_ARGS, __local float *tiles, uint r0)
+{
+    __local float *ks = tiles, *vs = ks + ROWS * DS, *qs = vs + ROWS * DS, *os = qs + TILE * DS;
+    __local float *pw = os + TILE * DS, *dw = pw + TILE * WS, *mt = dw + TILE * WS;
+    __local float *lt = mt + TILE, *dt = lt + TILE;
+    const uint kv_head = get_group_id(1), b = get_group_id(2);
+    const lane me = lane_of();
+    const uint group = num_heads / num_kv_heads;
+    const uint last = min(r0 + ROWS, kv_seq) - 1u;
+    barrier(CLK_LOCAL_MEM_FENCE);
+    load_block(ks, ROWS, k, k_off, b, kv_seq, r0, kv_seq, num_kv_heads, kv_head, scale);
+    if (dk)
+        load_block(vs, ROWS, v, v_off, b, kv_seq, r0, kv_seq, num_kv_heads, kv_head, 1.0f);
+    float acc_k[RM * NC4 * 4], acc_v[RM * NC4 * 4];
+    for (uint e = 0; e < RM * NC4 * 4; ++e)
+        acc_k[e] = acc_v[e] = 0.0f;
+    uint lo, hi;
+    queries_of_keys(r0, last, q_seq, causal, window, delta, &lo, &hi);
+    for (uint head = kv_head * group; head < (kv_head + 1u) * group; ++head) {
+        for (uint p0 = lo; p0 < hi; p0 += TILE) {
+            barrier(CLK_LOCAL_MEM_FENCE);
+            load_block(qs, TILE, q, q_off, b, q_seq, p0, hi, num_heads, head, 1.0f);
+            load_block(os, TILE, d_out, d_out_off, b, q_seq, p0, hi, num_heads, head, 1.0f);
+            load_stats(mt, lt, dt, lse, lse_off, dk ? dsum : 0, dsum_off, b, q_seq, p0, hi,
+                       num_heads, head);
+            barrier(CLK_LOCAL_MEM_FENCE);
+            float s[RM * CN], dp[RM * CN];
+            micro_dots(s, ks, qs, me);
+            if (dk)
+                micro_dots(dp, vs, os, me);
+            const bool whole =
+                all_visible(p0, min(p0 + TILE, hi) - 1u, r0, last, causal, window, delta);
+            for (uint i = 0; i < RM; ++i) {
+                const uint t = r0 + me.ty * RM + i;
+                for (uint j = 0; j < CN; ++j) {
+                    const uint jj = me.tx + SPLIT * j, pos = p0 + jj, e = i * CN + j;
+                    float dz = 1.0f;
+#if SHAPED
+                    s[e] = MODIFY(s[e], pos, t, head, &dz);
+#endif
+                    /* unseen pairs weigh exactly 0: a NaN in a row they
+                     * pair must not reach it */
+                    const bool seen = pos < hi && (whole || visible(pos, t, causal, window, delta));
+                    const float p = exp(min0(s[e] - mt[jj]) - lt[jj]);
+#if MODS & MOD_DROPOUT
+                    const float keep = DROP(pos, t, head, b);
+#else
+                    const float keep = 1.0f;
+#endif
+                    if (dk)
+                        dp[e] = seen ? p * (dp[e] * keep - dt[jj]) * dz : 0.0f;
+                    s[e] = seen ? p * keep : 0.0f;
+                }
+            }
+            if (dv)
+                put_weights(pw, s, me);
+            if (dk)
+                put_weights(dw, dp, me);
+            barrier(CLK_LOCAL_MEM_FENCE);
+            if (dv)
+                micro_axpy(acc_v, 0, pw, os, me);
+            if (dk)
+                micro_axpy(acc_k, 0, dw, qs, me);
+        }
+    }
+    for (uint i = 0; i < RM; ++i) {
+        const uint t = r0 + me.ty * RM + i;
+        if (t >= kv_seq)
+            break;
+        if (dv)
+            store_acc(dv, dv_off, b, kv_seq, t, num_kv_heads, kv_head, acc_v, i, 1.0f,
+                      accumulate, me);
+        if (dk)
+            store_acc(dk, dk_off, b, kv_seq, t, num_kv_heads, kv_head, acc_k, i, scale,
+                      accumulate, me);
+    }
+}
+
+inline void grad_v_block(__global const elem *d_out, ulong d_out_off, __global const elem *q,
+                         ulong q_off, __global const elem *k, ulong k_off,
+                         __global const float *lse, ulong lse_off, __global elem *dv,
+                         ulong dv_off, SHAPE_ARGS, __local float *tiles, uint r0)
+{
+    key_block(q, q_off, k, k_off, 0, 0, d_out, d_out_off, lse, lse_off, 0, 0, 0, 0, dv, dv_off,
+              SHAPE_PASS, tiles, r0);
+}
+
+inline void grad_k_block(__global const elem *q, ulong q_off, __global const elem *k,
+                         ulong k_off, __global const elem *v, ulong v_off,
+                         __global const elem *d_out, ulong d_out_off,
+                         __global const float *lse, ulong lse_off, __global const float *dsum,
+                         ulong dsum_off, __global elem *dk, ulong dk_off, SHAPE_ARGS,
+                         __local float *tiles, uint r0)
+{
+    key_block(q, q_off, k, k_off, v, v_off, d_out, d_out_off, lse, lse_off, dsum, dsum_off, dk,
+              dk_off, 0, 0, SHAPE_PASS, tiles, r0);
+}
+
+#endif
