@@ -63,7 +63,7 @@ size_t clattn_ocl_local_bytes(const struct clattn_cl_state *cl, const kernel_set
     }
     if (set->kind[k] == KIND_TILED) {
         const tile_config c = clattn_ocl_tile_config(cl, head_dim, set->dtype, set->limit);
-        return clattn_ocl_tiled_local_floats(&c, head_dim, k) * sizeof(float);
+        return clattn_ocl_tiled_local_floats(&c, head_dim) * sizeof(float);
     }
     return clattn_ocl_tree_work_group(head_dim, set->limit) * sizeof(float) *
            (size_t)kernel_descs[k].local_per_lane;

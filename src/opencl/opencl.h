@@ -166,8 +166,7 @@ size_t clattn_ocl_tree_work_group(uint32_t head_dim, size_t limit);
 unsigned clattn_ocl_tile_dsplit(const tile_config *c, uint32_t head_dim);
 /* Work-items of a tiled work-group under c. */
 size_t clattn_ocl_tile_items(const tile_config *c, uint32_t head_dim);
-/* tiled kernel k's local buffer under c, in floats (K_COUNT: the largest). */
-size_t clattn_ocl_tiled_local_floats(const tile_config *c, uint32_t head_dim, int k);
+size_t clattn_ocl_tiled_local_floats(const tile_config *c, uint32_t head_dim);
 /* The shape of mma kernel k at a head_dim for a dtype. */
 const mma_config *clattn_ocl_mma_config(const struct clattn_cl_state *cl, uint32_t head_dim,
                                         clattn_dtype dtype, int k);

@@ -59,24 +59,20 @@ size_t clattn_ocl_tile_items(const tile_config *c, uint32_t head_dim)
                        : (size_t)c->rows * c->split * clattn_ocl_tile_dsplit(c, head_dim);
 }
 
-/* cl/tiled's local buffer for kernel k at a head_dim under c, in whole
- * float4s of floats: rows.cl's, or micro.cl's LOCAL_FORWARD, LOCAL_GRAD_Q
- * or LOCAL_KEY (the largest of them where k is K_COUNT). */
-size_t clattn_ocl_tiled_local_floats(const tile_config *c, uint32_t head_dim, int k)
+/* cl/tiled's local buffer for a head_dim under c, in whole float4s of
+ * floats: rows.cl's, or the largest of micro.cl's kernels' (LOCAL_FORWARD,
+ * LOCAL_GRAD_Q, LOCAL_KEY). */
+size_t clattn_ocl_tiled_local_floats(const tile_config *c, uint32_t head_dim)
 {
     size_t floats;
     if (c->per_item) {
         const size_t rows = c->rows, tile = c->tile, split = c->split;
         const size_t ds = (head_dim + 3) / 4 * 4 + 4, ws = (rows + 3) / 4 * 4 + 4;
-        const size_t forward =
-            rows * ds + 2 * tile * ds + (ws <= ds ? 0 : tile * ws) + 2 * split * rows;
+        const size_t forward = rows * ds + 2 * tile * ds + tile * ws + 2 * split * rows;
         const size_t grad_q = 2 * rows * ds + 2 * tile * ds + tile * ws;
         const size_t key = 2 * rows * ds + 2 * tile * ds + 2 * tile * ws + 3 * tile;
-        floats = k == K_FORWARD ? forward : k == K_GRAD_Q ? grad_q : key;
-        if (k == K_COUNT) {
-            floats = forward > grad_q ? forward : grad_q;
-            floats = key > floats ? key : floats;
-        }
+        floats = forward > grad_q ? forward : grad_q;
+        floats = key > floats ? key : floats;
     } else {
         const size_t dsplit = clattn_ocl_tile_dsplit(c, head_dim);
         const size_t stride = (head_dim + dsplit - 1) / dsplit * dsplit;
@@ -122,7 +118,7 @@ static void fit_micro(tile_config *c, uint32_t head_dim, size_t limit, size_t lo
         else if (!halve(&c->rows, c->per_item))
             c->rows = c->per_item = c->split = 1;
     }
-    while (clattn_ocl_tiled_local_floats(c, head_dim, K_COUNT) * sizeof(float) > local_mem) {
+    while (clattn_ocl_tiled_local_floats(c, head_dim) * sizeof(float) > local_mem) {
         if ((c->tile > c->split && halve(&c->tile, c->split)) || halve(&c->rows, c->per_item))
             continue;
         if (c->split > 1 && c->tile % (c->split / 2) == 0)
@@ -164,7 +160,7 @@ tile_config clattn_ocl_tile_config(const struct clattn_cl_state *cl, uint32_t he
             c.columns *= 2;
     }
     while (c.tile > c.split && (c.tile / 2) % c.split == 0 &&
-           clattn_ocl_tiled_local_floats(&c, head_dim, K_COUNT) * sizeof(float) > cl->local_mem)
+           clattn_ocl_tiled_local_floats(&c, head_dim) * sizeof(float) > cl->local_mem)
         c.tile /= 2;
     return c;
 }
