@@ -45,7 +45,9 @@
 #   regs     ptxas -v (sm_90) on every program in the cache: registers and spills a kernel,
 #            with the program's source hash and options (REGS_GREP: only options matching)
 #   tiled    clattn bench of tree and tiled at head_dims 64..256, and of tiled
-#            per CLATTN_TILED shape in TUNE_TILED (TILED_DIMS: the head_dims)
+#            per shape in TUNE_TILED (CLATTN_TILED, or FORWARD/BACKWARD: CLATTN_TILED and
+#            CLATTN_TILED_BACKWARD; TILED_DIMS: the head_dims; TILED_OPS: default
+#            "forward backward"; TILED_RUNS: default "tree tiled")
 #   tunecli  clattn tune on the GPU per head_dim in TUNECLI_DIMS (default 64 128) on the
 #            stage shapes above (TUNECLI_VARIANT, default tiled; TUNECLI_DTYPE, default f32;
 #            each under TUNECLI_S, default 280 s), winners in $OUT/tuning; then, where
@@ -322,13 +324,15 @@ for stage in "$@"; do
     for entry in "${shapes[@]}"; do
       d=${entry%%:*}
       case " ${TILED_DIMS:-64 96 128 256} " in *" $d "*) ;; *) continue ;; esac
-      for op in forward backward; do
-        for run in tree tiled ${TUNE_TILED:-}; do
+      for op in ${TILED_OPS:-forward backward}; do
+        for run in ${TILED_RUNS-tree tiled} ${TUNE_TILED:-}; do
           v=$run cfg=
           case $run in tree | tiled) ;; *) v=tiled cfg=$run ;; esac
           printf 'd%s %s %s %s: ' "$d" "$op" "$v" "$cfg"
-          CLATTN_TILED=$cfg $cli bench --op $op --head-dim "$d" ${entry#*:} --variant $v --reps 3 \
-            2>&1 | tail -1
+          fcfg=${cfg%%/*} bcfg=
+          case $cfg in */*) bcfg=${cfg#*/} ;; esac
+          CLATTN_TILED=$fcfg CLATTN_TILED_BACKWARD=$bcfg $cli bench --op $op --head-dim "$d" \
+            ${entry#*:} --variant $v --reps 3 2>&1 | tail -1
         done
       done
     done 2>&1 | tee "$OUT/tiled.log" ;;

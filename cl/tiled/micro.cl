@@ -24,7 +24,7 @@
  * loop bounds. dK and dV come from one kernel (grad_kv__tiled): one score
  * and dP a pair for both.
  *
- * The local buffer: the largest of the kernels' LOCAL_* below, in whole
+ * The local buffer: each kernel's LOCAL_* below, in whole
  * float4s.
  */
 #if PER_ITEM
@@ -39,8 +39,11 @@
 
 /* Local floats of each kernel: the group's rows, the tile's rows, the
  * weights, and the forward's maxima and dropout sums (RED) or the key
- * side's per-query values. */
-#define LOCAL_FORWARD (ROWS * DS + 2 * TILE * DS + TILE * WS + 2 * SPLIT * ROWS)
+ * side's per-query values. The forward's weights take the key tile's place
+ * where they fit it (WS <= DS): the keys are read by then. */
+#define WS_IN_KS (WS <= DS)
+#define LOCAL_FORWARD \
+    (ROWS * DS + 2 * TILE * DS + (WS_IN_KS ? 0 : TILE * WS) + 2 * SPLIT * ROWS)
 #define LOCAL_GRAD_Q (2 * ROWS * DS + 2 * TILE * DS + TILE * WS)
 #define LOCAL_KEY (2 * ROWS * DS + 2 * TILE * DS + 2 * TILE * WS + 3 * TILE)
 
@@ -175,7 +178,8 @@ inline void forward_block(__global const elem *q, ulong q_off, __global const el
                           __local float *tiles, uint r0)
 {
     __local float *qs = tiles, *ks = qs + ROWS * DS, *vs = ks + TILE * DS;
-    __local float *ws = vs + TILE * DS, *red = ws + TILE * WS;
+    __local float *ws = WS_IN_KS ? ks : vs + TILE * DS;
+    __local float *red = vs + TILE * DS + (WS_IN_KS ? 0 : TILE * WS);
     const uint head = get_group_id(1), b = get_group_id(2);
     const lane me = lane_of();
     const uint kv_head = head / (num_heads / num_kv_heads);

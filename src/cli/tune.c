@@ -33,7 +33,8 @@ typedef struct candidate {
  * (micro-tiles, up to d64) or columns (rows; mma: planes) around the first
  * stage's winner `best`. Appends to c[*n]. */
 static void generate(const char *variant, int stage, const char *best, uint32_t head_dim,
-                     clattn_dtype dtype, size_t max_wg, candidate *c, size_t *n)
+                     uint32_t micro_to, clattn_dtype dtype, size_t max_wg, candidate *c,
+                     size_t *n)
 {
     unsigned b[5] = {0, 0, 0, 0, 0};
     const int fields = strcmp(variant, "tiled") ? 4 : 5;
@@ -44,11 +45,11 @@ static void generate(const char *variant, int stage, const char *best, uint32_t 
         static const unsigned rows[] = {16, 32, 64, 128}, splits[] = {1, 2, 4},
                               micro_splits[] = {4, 8, 16}, tiles[] = {16, 32, 64},
                               columns[] = {32, 64, 128, 256}, per_items[] = {1, 2, 4, 8};
-        const int micro = stage == 1 ? head_dim <= 64 : b[4] > 0;
+        const int micro = stage == 1 ? head_dim <= micro_to : b[4] > 0;
         for (size_t i = 0; i < 12u; ++i) {
             unsigned v[5];
-            if (stage == 1) { /* micro-tiles of 4 rows up to d64; rows of 32 columns past */
-                v[0] = rows[i / 3], v[1] = 32;
+            if (stage == 1) { /* micro-tiles of 4 rows up to micro_to; rows of 32 columns past */
+                v[0] = rows[i / 3], v[1] = micro && head_dim > 64 ? 16 : 32;
                 v[2] = micro ? micro_splits[i % 3] : splits[i % 3];
                 v[3] = head_dim > 64 ? 32 : 64, v[4] = micro ? 4 : 0;
                 if (micro && i >= 9u)
@@ -362,9 +363,13 @@ int cmd_tune(int argc, char **argv)
                         "XDG_CONFIG_HOME, or --dry-run\n");
         return EXIT_INPUT;
     }
-    /* The tuner's contexts: the table's shape or a candidate's, never a file's. */
-    const char *var = tiled ? "CLATTN_TILED" : "CLATTN_MMA";
+    /* The tuner's contexts: the table's shape or a candidate's, never a
+     * file's. tiled's backward alone is tuned (and kept) apart from its
+     * forward. */
+    const char *var = !tiled ? "CLATTN_MMA" : fwd ? "CLATTN_TILED" : "CLATTN_TILED_BACKWARD";
+    const char *entry = !tiled ? variant : both ? "tiled" : fwd ? "tiled-forward" : "tiled-backward";
     if (setenv("CLATTN_TUNING_FILE", "off", 1) || unsetenv("CLATTN_TILED") ||
+        unsetenv("CLATTN_TILED_BACKWARD") ||
         unsetenv("CLATTN_MMA") || unsetenv("CLATTN_MMA_GRAD_Q") || unsetenv("CLATTN_MMA_SINGLE")) {
         fprintf(stderr, "clattn tune: cannot set the environment\n");
         return EXIT_INPUT;
@@ -390,7 +395,7 @@ int cmd_tune(int argc, char **argv)
     clattn_context_destroy(base);
     int search = n == 1; /* no --candidates: the two stages */
     if (search)
-        generate(variant, 1, NULL, head_dim, dt, max_wg, c, &n);
+        generate(variant, 1, NULL, head_dim, fwd ? 64 : 128, dt, max_wg, c, &n);
 
     rc = 0;
     for (int i = 0; i < nops && !rc; ++i)
@@ -406,7 +411,7 @@ int cmd_tune(int argc, char **argv)
                 if (c[j].ok && (!best || c[j].total < c[best].total))
                     best = j;
             if (best)
-                generate(variant, 2, c[best].text, head_dim, dt, max_wg, c, &n);
+                generate(variant, 2, c[best].text, head_dim, 0, dt, max_wg, c, &n);
             search = 2;
         }
     }
@@ -458,7 +463,7 @@ int cmd_tune(int argc, char **argv)
     if (dry_run)
         goto done;
     char line[600], match[64];
-    snprintf(match, sizeof match, "%s\t%s\t%u\t", variant, dtype_name, head_dim);
+    snprintf(match, sizeof match, "%s\t%s\t%u\t", entry, dtype_name, head_dim);
     snprintf(line, sizeof line, "%s%s\t%s\n", match, c[best].text, key);
     if ((rc = write_entry(path, make_dir, line, match)) == 0)
         printf("kept in %s\n", path);

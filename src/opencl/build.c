@@ -159,7 +159,10 @@ static const char *kernel_options(const struct clattn_cl_state *cl, int kind, ui
                                   clattn_dtype dtype, unsigned mods, int k, size_t limit,
                                   char *buf, size_t size)
 {
-    const tile_config t = clattn_ocl_tile_config(cl, head_dim, dtype, limit);
+    /* tiled's forward and backward may differ; other kinds take the
+     * forward's defines, so that their kernels share a program */
+    const tile_config t =
+        clattn_ocl_tile_config(cl, head_dim, dtype, limit, kind == KIND_TILED ? k : K_FORWARD);
     /* tree.cl: the elements of a row each work-item holds */
     const uint32_t largest = head_dim ? head_dim : CLATTN_MAX_HEAD_DIM;
     const size_t tree_wg = clattn_ocl_tree_work_group(largest, limit);
@@ -227,7 +230,7 @@ static clattn_status build_set_once(struct clattn_cl_state *cl, const char *vari
         if ((k == K_GRAD_KVQ || k == K_FINISH_DQ) && !single_pass(cl, set, head_dim))
             continue;
         if (k == K_GRAD_KV && v->source == clattn_cl_tiled &&
-            !clattn_ocl_tile_config(cl, head_dim, dtype, set->limit).per_item)
+            !clattn_ocl_tile_config(cl, head_dim, dtype, set->limit, k).per_item)
             continue; /* tiled's rows layout has no fused key side */
         set->kind[k] = v->source == clattn_cl_tiled     ? KIND_TILED
                        : v->source == clattn_cl_blocked ? KIND_BLOCKED

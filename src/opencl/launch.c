@@ -62,8 +62,8 @@ size_t clattn_ocl_local_bytes(const struct clattn_cl_state *cl, const kernel_set
                sizeof(float);
     }
     if (set->kind[k] == KIND_TILED) {
-        const tile_config c = clattn_ocl_tile_config(cl, head_dim, set->dtype, set->limit);
-        return clattn_ocl_tiled_local_floats(&c, head_dim) * sizeof(float);
+        const tile_config c = clattn_ocl_tile_config(cl, head_dim, set->dtype, set->limit, k);
+        return clattn_ocl_tiled_local_floats(&c, head_dim, k) * sizeof(float);
     }
     return clattn_ocl_tree_work_group(head_dim, set->limit) * sizeof(float) *
            (size_t)kernel_descs[k].local_per_lane;
@@ -72,7 +72,7 @@ size_t clattn_ocl_local_bytes(const struct clattn_cl_state *cl, const kernel_set
 size_t clattn_ocl_work_group(const struct clattn_cl_state *cl, const kernel_set *set, int k,
                              uint32_t head_dim)
 {
-    const tile_config c = clattn_ocl_tile_config(cl, head_dim, set->dtype, set->limit);
+    const tile_config c = clattn_ocl_tile_config(cl, head_dim, set->dtype, set->limit, k);
     return set->kind[k] == KIND_TILED
                ? clattn_ocl_tile_items(&c, head_dim)
            : set->kind[k] == KIND_BLOCKED ? 1
@@ -181,7 +181,7 @@ static clattn_status enqueue_kernel(struct clattn_cl_state *cl, cl_command_queue
     const size_t rows = kd->key_rows ? s->kv_seq : s->q_seq;
     const size_t heads = kd->key_rows ? s->num_kv_heads : s->num_heads;
     const size_t per_group = set->kind[k] == KIND_TILED
-                                 ? clattn_ocl_tile_config(cl, s->head_dim, set->dtype, set->limit).rows
+                                 ? clattn_ocl_tile_config(cl, s->head_dim, set->dtype, set->limit, k).rows
                              : set->kind[k] == KIND_BLOCKED ? BLOCKED_ROWS
                              : set->kind[k] == KIND_MMA     ? mma_rows(cl, s->head_dim, s->dtype, k)
                                                             : 1;

@@ -49,9 +49,14 @@ enum { BLOCKED_ROWS = 32 }; /* blocked.cl's KK keys and QB query rows */
 typedef struct tile_config {
     unsigned rows, tile, split, columns, per_item;
 } tile_config;
+/* Which of tiled's kernels a shape is for: the forward, or the backward's
+ * (grad-Q and the key side share one program); TILED_EVERY in the tuning
+ * file: both. */
+enum { TILED_FORWARD, TILED_BACKWARD, TILED_EVERY };
 typedef struct tile_class {
     cl_device_type type;
-    tile_config narrow, wide; /* wide past narrow.columns */
+    uint32_t max_head_dim;
+    tile_config forward, backward;
     const char *why;
 } tile_class;
 
@@ -65,6 +70,7 @@ typedef struct mma_config {
  * head_dim on this device. */
 typedef struct tuned_entry {
     int kind; /* KIND_TILED or KIND_MMA */
+    int pass; /* tiled: TILED_FORWARD, TILED_BACKWARD or TILED_EVERY */
     clattn_dtype dtype;
     uint32_t head_dim;
     tile_config tile;
@@ -118,8 +124,10 @@ struct clattn_cl_state {
     mma_config grad_q_tune;
     int single_tuned; /* CLATTN_MMA_SINGLE set to a shape: the single pass, wherever it fits */
     mma_config single_tune;
-    tile_class tiles;
-    int tiled_env; /* CLATTN_TILED set: it beats the tuning file */
+    const tile_class *tiles; /* the device type's first class in the table */
+    /* CLATTN_TILED (every kernel) and CLATTN_TILED_BACKWARD (the backward's),
+     * checked, or ""; they beat the tuning file. */
+    char tiled_env[2][64];
     tuned_entry tuned[TUNED_MAX]; /* the tuning file's entries for this device */
     size_t ntuned;
     cl_ulong max_alloc;
@@ -155,10 +163,11 @@ clattn_status clattn_ocl_tuning_init(struct clattn_cl_state *cl, cl_device_type 
  * in ctx's log. A missing file is no entry; a damaged or stale one is
  * ignored with a log line, never a failure. */
 void clattn_ocl_tuning_file(struct clattn_cl_state *cl, clattn_context *ctx, const char *key);
-/* The tiled kernels' shape for a head_dim, fitted to work-groups of at
- * most `limit` work-items and to the device's local memory. */
+/* The shape of tiled kernel k (any other k: the forward's) for a head_dim,
+ * fitted to work-groups of at most `limit` work-items and to the device's
+ * local memory. */
 tile_config clattn_ocl_tile_config(const struct clattn_cl_state *cl, uint32_t head_dim,
-                                   clattn_dtype dtype, size_t limit);
+                                   clattn_dtype dtype, size_t limit, int k);
 /* tree.cl's work-group for a head_dim: the next power of two, at most the
  * largest power of two within `limit`. */
 size_t clattn_ocl_tree_work_group(uint32_t head_dim, size_t limit);
@@ -166,7 +175,9 @@ size_t clattn_ocl_tree_work_group(uint32_t head_dim, size_t limit);
 unsigned clattn_ocl_tile_dsplit(const tile_config *c, uint32_t head_dim);
 /* Work-items of a tiled work-group under c. */
 size_t clattn_ocl_tile_items(const tile_config *c, uint32_t head_dim);
-size_t clattn_ocl_tiled_local_floats(const tile_config *c, uint32_t head_dim);
+/* tiled kernel k's local buffer under c, in floats (K_COUNT: the largest
+ * of the backward's kernels, which share a shape). */
+size_t clattn_ocl_tiled_local_floats(const tile_config *c, uint32_t head_dim, int k);
 /* The shape of mma kernel k at a head_dim for a dtype. */
 const mma_config *clattn_ocl_mma_config(const struct clattn_cl_state *cl, uint32_t head_dim,
                                         clattn_dtype dtype, int k);

@@ -10,16 +10,24 @@
 
 /* cl/tiled, by how the device runs a work-group: its items side by side
  * (GPUs, and CPU drivers that map them to SIMD lanes, such as Mesa's
- * llvmpipe) or as a loop (PoCL's CPU device); `wide` past `narrow.columns`
- * columns. */
+ * llvmpipe) or as a loop (PoCL's CPU device); by head_dim class, the
+ * forward's shape and the backward's. */
 static const tile_class tile_table[] = {
-    {CL_DEVICE_TYPE_GPU | CL_DEVICE_TYPE_ACCELERATOR, {32, 32, 16, 64, 4}, {32, 16, 1, 32, 0},
-     "micro-tiles of 4 rows up to d64 (local memory holds the group's rows and the tile); "
-     "past d64 rows split by columns, as a whole row spills"},
-    {CL_DEVICE_TYPE_CPU, {32, 32, 8, 64, 4}, {64, 32, 1, CLATTN_MAX_HEAD_DIM, 0},
-     "the GPUs' micro-tiles up to d64; past it whole rows, as PoCL runs a work-group's "
-     "items as a loop"},
+    {CL_DEVICE_TYPE_GPU | CL_DEVICE_TYPE_ACCELERATOR, 64, {32, 32, 16, 64, 4},
+     {32, 32, 16, 64, 4},
+     "micro-tiles of 4 rows: local memory holds the group's rows and the tile"},
+    {CL_DEVICE_TYPE_GPU | CL_DEVICE_TYPE_ACCELERATOR, 128, {32, 16, 1, 32, 0},
+     {32, 16, 1, 32, 0},
+     "rows split by columns, as a whole row spills"},
+    {CL_DEVICE_TYPE_GPU | CL_DEVICE_TYPE_ACCELERATOR, CLATTN_MAX_HEAD_DIM, {32, 16, 1, 32, 0},
+     {32, 16, 1, 32, 0},
+     "rows split by columns: micro-tiles' rows and tile leave a few pairs a barrier in 48 KB"},
+    {CL_DEVICE_TYPE_CPU, 64, {32, 32, 8, 64, 4}, {32, 32, 8, 64, 4}, "the GPUs' micro-tiles"},
+    {CL_DEVICE_TYPE_CPU, CLATTN_MAX_HEAD_DIM, {64, 32, 1, CLATTN_MAX_HEAD_DIM, 0},
+     {64, 32, 1, CLATTN_MAX_HEAD_DIM, 0},
+     "whole rows, as PoCL runs a work-group's items as a loop"},
 };
+enum { TILE_CLASSES = sizeof tile_table / sizeof tile_table[0] };
 
 /* cl/mma's float32 kernels (3xTF32) by head_dim class: forward, dK/dV,
  * grad-Q. A lane holds 16 * head_dim / (8 * wsplit) floats of fragments on
@@ -59,20 +67,25 @@ size_t clattn_ocl_tile_items(const tile_config *c, uint32_t head_dim)
                        : (size_t)c->rows * c->split * clattn_ocl_tile_dsplit(c, head_dim);
 }
 
-/* cl/tiled's local buffer for a head_dim under c, in whole float4s of
- * floats: rows.cl's, or the largest of micro.cl's kernels' (LOCAL_FORWARD,
- * LOCAL_GRAD_Q, LOCAL_KEY). */
-size_t clattn_ocl_tiled_local_floats(const tile_config *c, uint32_t head_dim)
+/* cl/tiled's local buffer for kernel k at a head_dim under c, in whole
+ * float4s of floats: rows.cl's (the same for every kernel), or micro.cl's
+ * LOCAL_FORWARD, LOCAL_GRAD_Q or LOCAL_KEY (K_COUNT: the larger of the
+ * last two). */
+size_t clattn_ocl_tiled_local_floats(const tile_config *c, uint32_t head_dim, int k)
 {
     size_t floats;
     if (c->per_item) {
         const size_t rows = c->rows, tile = c->tile, split = c->split;
         const size_t ds = (head_dim + 3) / 4 * 4 + 4, ws = (rows + 3) / 4 * 4 + 4;
-        const size_t forward = rows * ds + 2 * tile * ds + tile * ws + 2 * split * rows;
+        /* the forward's weights take the key tile's place where they fit it */
+        const size_t forward =
+            rows * ds + 2 * tile * ds + (ws <= ds ? 0 : tile * ws) + 2 * split * rows;
         const size_t grad_q = 2 * rows * ds + 2 * tile * ds + tile * ws;
         const size_t key = 2 * rows * ds + 2 * tile * ds + 2 * tile * ws + 3 * tile;
-        floats = forward > grad_q ? forward : grad_q;
-        floats = key > floats ? key : floats;
+        floats = k == K_FORWARD ? forward
+                 : k == K_GRAD_Q ? grad_q
+                 : k == K_COUNT  ? (key > grad_q ? key : grad_q)
+                                 : key;
     } else {
         const size_t dsplit = clattn_ocl_tile_dsplit(c, head_dim);
         const size_t stride = (head_dim + dsplit - 1) / dsplit * dsplit;
@@ -84,13 +97,14 @@ size_t clattn_ocl_tiled_local_floats(const tile_config *c, uint32_t head_dim)
     return (floats + 3) / 4 * 4; /* the kernels take it as float4s */
 }
 
-/* The tuning file's entry for a kind, dtype and head_dim, or NULL. */
+/* The tuning file's entry for a kind, dtype, head_dim and (tiled) pass, or
+ * NULL. */
 static const tuned_entry *tuned(const struct clattn_cl_state *cl, int kind, clattn_dtype dtype,
-                                uint32_t head_dim)
+                                uint32_t head_dim, int pass)
 {
     for (size_t i = 0; i < cl->ntuned; ++i)
         if (cl->tuned[i].kind == kind && cl->tuned[i].dtype == dtype &&
-            cl->tuned[i].head_dim == head_dim)
+            cl->tuned[i].head_dim == head_dim && cl->tuned[i].pass == pass)
             return &cl->tuned[i];
     return NULL;
 }
@@ -110,7 +124,7 @@ static int halve(unsigned *x, unsigned by)
  * The smallest (a row, a tile of one, one work-item) needs about 4 *
  * head_dim floats: 4.2 KB at d256, within any device of OpenCL's full
  * profile (32 KB or more); a device with less is refused at the build. */
-static void fit_micro(tile_config *c, uint32_t head_dim, size_t limit, size_t local_mem)
+static void fit_micro(tile_config *c, uint32_t head_dim, size_t limit, size_t local_mem, int k)
 {
     while (clattn_ocl_tile_items(c, head_dim) > limit) {
         if (c->split > 1 && c->tile % (c->split / 2) == 0)
@@ -118,7 +132,7 @@ static void fit_micro(tile_config *c, uint32_t head_dim, size_t limit, size_t lo
         else if (!halve(&c->rows, c->per_item))
             c->rows = c->per_item = c->split = 1;
     }
-    while (clattn_ocl_tiled_local_floats(c, head_dim) * sizeof(float) > local_mem) {
+    while (clattn_ocl_tiled_local_floats(c, head_dim, k) * sizeof(float) > local_mem) {
         if ((c->tile > c->split && halve(&c->tile, c->split)) || halve(&c->rows, c->per_item))
             continue;
         if (c->split > 1 && c->tile % (c->split / 2) == 0)
@@ -132,23 +146,39 @@ static void fit_micro(tile_config *c, uint32_t head_dim, size_t limit, size_t lo
     }
 }
 
-/* The tiled kernels' shape for a head_dim on a device that runs
- * work-groups of at most `limit` work-items: CLATTN_TILED's, else the
- * tuning file's, else the table's, fitted. Micro-tiles fit as fit_micro
- * says. Rows: fewer work-items share a row by tiles (split), then a group
- * holds fewer rows, then a work-item holds more columns, until the group
- * fits the limit; then the tile halves until the local buffer fits the
- * device. Every device fits in the end: one work-item, one row, a tile of
- * one. */
+static int parse_tiled(const char *text, tile_config *c);
+
+/* The shape of tiled kernel k for a head_dim on a device that runs
+ * work-groups of at most `limit` work-items: the variable's
+ * (CLATTN_TILED_BACKWARD for the backward's kernels, else CLATTN_TILED),
+ * else the tuning file's (the kernel's pass, else every kernel's), else the
+ * table's, fitted. Micro-tiles fit as fit_micro says, to the local memory
+ * of the forward or of the larger backward kernel (one program). Rows: fewer
+ * work-items share a row by tiles (split), then a group holds fewer rows,
+ * then a work-item holds more columns, until the group fits the limit;
+ * then the tile halves until the local buffer fits the device. Every
+ * device fits in the end: one work-item, one row, a tile of one. */
 tile_config clattn_ocl_tile_config(const struct clattn_cl_state *cl, uint32_t head_dim,
-                                   clattn_dtype dtype, size_t limit)
+                                   clattn_dtype dtype, size_t limit, int k)
 {
-    const tuned_entry *e = cl->tiled_env ? NULL : tuned(cl, KIND_TILED, dtype, head_dim);
-    tile_config c = e                                 ? e->tile
-                    : head_dim > cl->tiles.narrow.columns ? cl->tiles.wide
-                                                          : cl->tiles.narrow;
+    const int pass = k == K_GRAD_Q || k == K_GRAD_K || k == K_GRAD_V || k == K_GRAD_KV
+                         ? TILED_BACKWARD
+                         : TILED_FORWARD;
+    const tile_class *t = cl->tiles;
+    while (t + 1 < tile_table + TILE_CLASSES && t->max_head_dim < head_dim && t[1].type == t->type)
+        ++t;
+    tile_config c = pass == TILED_BACKWARD ? t->backward : t->forward;
+    const char *env = pass == TILED_BACKWARD && cl->tiled_env[1][0] ? cl->tiled_env[1]
+                                                                    : cl->tiled_env[0];
+    const tuned_entry *e = tuned(cl, KIND_TILED, dtype, head_dim, pass);
+    if (!e)
+        e = tuned(cl, KIND_TILED, dtype, head_dim, TILED_EVERY);
+    if (*env)
+        parse_tiled(env, &c); /* checked when the context was made; fields left out: the table's */
+    else if (e)
+        c = e->tile;
     if (c.per_item) {
-        fit_micro(&c, head_dim, limit, cl->local_mem);
+        fit_micro(&c, head_dim, limit, cl->local_mem, pass == TILED_BACKWARD ? K_COUNT : K_FORWARD);
         return c;
     }
     while (clattn_ocl_tile_items(&c, head_dim) > limit) {
@@ -160,7 +190,7 @@ tile_config clattn_ocl_tile_config(const struct clattn_cl_state *cl, uint32_t he
             c.columns *= 2;
     }
     while (c.tile > c.split && (c.tile / 2) % c.split == 0 &&
-           clattn_ocl_tiled_local_floats(&c, head_dim) * sizeof(float) > cl->local_mem)
+           clattn_ocl_tiled_local_floats(&c, head_dim, K_FORWARD) * sizeof(float) > cl->local_mem)
         c.tile /= 2;
     return c;
 }
@@ -223,7 +253,7 @@ const mma_config *clattn_ocl_mma_config(const struct clattn_cl_state *cl, uint32
         return &cl->grad_q_tune;
     if (cl->mma_tuned)
         return &cl->mma_tune;
-    const tuned_entry *e = tuned(cl, KIND_MMA, dtype, head_dim);
+    const tuned_entry *e = tuned(cl, KIND_MMA, dtype, head_dim, 0);
     if (e)
         return &e->mma;
     const mma_class *table = dtype == CLATTN_DTYPE_F32 ? mma_table : mma16_table;
@@ -286,24 +316,32 @@ static clattn_status mma_override(const char *name, mma_config *c, int *set)
 
 clattn_status clattn_ocl_tuning_init(struct clattn_cl_state *cl, cl_device_type type)
 {
-    cl->tiles = tile_table[0];
-    for (size_t i = 0; i < sizeof tile_table / sizeof tile_table[0]; ++i)
+    cl->tiles = tile_table;
+    for (size_t i = 0; i < TILE_CLASSES; ++i)
         if (type & tile_table[i].type) {
-            cl->tiles = tile_table[i];
+            cl->tiles = &tile_table[i];
             break;
         }
-    /* A tuning override for a device the table does not know well. */
-    const char *tune = getenv("CLATTN_TILED");
-    if (tune && *tune) {
-        tile_config *both[2] = {&cl->tiles.narrow, &cl->tiles.wide};
-        for (int i = 0; i < 2; ++i) /* fields left out: each entry keeps its own */
-            if (!parse_tiled(tune, both[i]))
-                return clattn_fail(CLATTN_ERROR_INVALID_OPTION,
-                                   "CLATTN_TILED='%s': want ROWS,TILE,SPLIT[,COLUMNS[,PER_ITEM]] "
-                                   "with SPLIT dividing TILE, PER_ITEM 0 to 8 dividing ROWS, and "
-                                   "at most 1024 work-items",
-                                   tune);
-        cl->tiled_env = 1;
+    /* Tuning overrides for a device the table does not know well: fields
+     * left out keep each class's own, so each must take them. */
+    static const char *const names[2] = {"CLATTN_TILED", "CLATTN_TILED_BACKWARD"};
+    for (int v = 0; v < 2; ++v) {
+        const char *tune = getenv(names[v]);
+        cl->tiled_env[v][0] = '\0';
+        if (!tune || !*tune)
+            continue;
+        for (const tile_class *t = cl->tiles;
+             t < tile_table + TILE_CLASSES && t->type == cl->tiles->type; ++t) {
+            tile_config both[2] = {t->forward, t->backward};
+            for (int i = v; i < 2; ++i)
+                if (strlen(tune) >= sizeof cl->tiled_env[v] || !parse_tiled(tune, &both[i]))
+                    return clattn_fail(CLATTN_ERROR_INVALID_OPTION,
+                                       "%s='%s': want ROWS,TILE,SPLIT[,COLUMNS[,PER_ITEM]] with "
+                                       "SPLIT dividing TILE, PER_ITEM 0 to 8 dividing ROWS, and "
+                                       "at most 1024 work-items",
+                                       names[v], tune);
+        }
+        snprintf(cl->tiled_env[v], sizeof cl->tiled_env[v], "%s", tune);
     }
     clattn_status st;
     const char *single = getenv("CLATTN_MMA_SINGLE"); /* "0", as unset: two passes */
@@ -368,11 +406,15 @@ static const char *parse_entry(char *line, tuned_entry *e, const char **key)
     memset(e, 0, sizeof *e);
     char end;
     if (!strcmp(field[0], "tiled"))
-        e->kind = KIND_TILED;
+        e->kind = KIND_TILED, e->pass = TILED_EVERY;
+    else if (!strcmp(field[0], "tiled-forward"))
+        e->kind = KIND_TILED, e->pass = TILED_FORWARD;
+    else if (!strcmp(field[0], "tiled-backward"))
+        e->kind = KIND_TILED, e->pass = TILED_BACKWARD;
     else if (!strcmp(field[0], "mma"))
         e->kind = KIND_MMA;
     else
-        return "the variant is neither tiled nor mma";
+        return "the variant is none of tiled, tiled-forward, tiled-backward and mma";
     if (!parse_dtype_name(field[1], &e->dtype))
         return "the dtype is none of f32, f16 and bf16";
     if (sscanf(field[2], "%u%c", &e->head_dim, &end) != 1 || !e->head_dim ||
@@ -451,7 +493,7 @@ void clattn_ocl_tuning_file(struct clattn_cl_state *cl, clattn_context *ctx, con
             other_driver += !strncmp(entry_key, key, stem) && entry_key[stem] == '/';
             continue; /* another device's */
         }
-        tuned_entry *slot = (tuned_entry *)tuned(cl, e.kind, e.dtype, e.head_dim);
+        tuned_entry *slot = (tuned_entry *)tuned(cl, e.kind, e.dtype, e.head_dim, e.pass);
         if (!slot && cl->ntuned == TUNED_MAX) {
             ++skipped;
             continue;
@@ -479,9 +521,10 @@ void clattn_ocl_tuning_file(struct clattn_cl_state *cl, clattn_context *ctx, con
     for (size_t i = 0; i < cl->ntuned; ++i) {
         const tuned_entry *e = &cl->tuned[i];
         static const char *const dtypes[3] = {"f32", "f16", "bf16"};
+        static const char *const passes[3] = {"tiled-forward", "tiled-backward", "tiled"};
         if (e->kind == KIND_TILED)
-            clattn_log_append(ctx, "tuning: tiled %s head_dim %u: %u,%u,%u,%u,%u from %s",
-                              dtypes[e->dtype], e->head_dim, e->tile.rows, e->tile.tile,
+            clattn_log_append(ctx, "tuning: %s %s head_dim %u: %u,%u,%u,%u,%u from %s",
+                              passes[e->pass], dtypes[e->dtype], e->head_dim, e->tile.rows, e->tile.tile,
                               e->tile.split, e->tile.columns, e->tile.per_item, path);
         else
             clattn_log_append(ctx, "tuning: mma %s head_dim %u: %u,%u,%u,%u from %s",
