@@ -73,6 +73,23 @@ inline void load_stats(__local float *mt, __local float *lt, __local float *dt,
     }
 }
 
+/* dS of the pair (pos, t) from its raw score s and dP: P (from the query's
+ * m and l) times the dropped dP less the query's Dsum, through the
+ * modifiers' derivative; exactly 0 for a pair the masks hide, so that a NaN
+ * in a row it pairs cannot reach it. */
+inline float grad_score(float s, float dp, float m, float l, float dsum, bool seen, uint pos,
+                        uint t, uint head, uint b, SHAPE_ARGS)
+{
+    float dz = 1.0f;
+#if SHAPED
+    s = MODIFY(s, pos, t, head, &dz);
+#endif
+#if MODS & MOD_DROPOUT
+    dp *= DROP(pos, t, head, b);
+#endif
+    return seen ? exp(min0(s - m) - l) * (dp - dsum) * dz : 0.0f;
+}
+
 /* Causal work is uneven (the last query sees every key, the first one key),
  * so there each work-group takes a pair of row blocks, g and blocks - 1 - g,
  * and every group has about the same work. A loop, not two inlined copies,

@@ -318,16 +318,9 @@ inline void grad_q_block(__global const elem *q, ulong q_off, __global const ele
             for (uint j = 0; j < CN; ++j) {
                 const uint t = t0 + me.tx + SPLIT * j;
                 const uint e = i * CN + j;
-                float dz = 1.0f;
-#if SHAPED
-                s[e] = MODIFY(s[e], pos, t, head, &dz);
-#endif
-#if MODS & MOD_DROPOUT
-                dp[e] *= DROP(pos, t, head, b);
-#endif
-                s[e] = t < hi && (whole || visible(pos, t, causal, window, delta))
-                           ? exp(min0(s[e] - m[i]) - l[i]) * (dp[e] - ds[i]) * dz
-                           : 0.0f;
+                s[e] = grad_score(s[e], dp[e], m[i], l[i], ds[i],
+                                  t < hi && (whole || visible(pos, t, causal, window, delta)),
+                                  pos, t, head, b, SHAPE_PASS);
             }
         }
         put_weights(ws, s, me);

@@ -304,22 +304,9 @@ inline void grad_q_block(__global const elem *q, ulong q_off, __global const ele
             continue;
         for (uint i = 0; i < TILE / SPLIT; ++i) {
             const uint t = t0 + i * SPLIT + me.part;
-#if MODS
-            float dz = 1.0f;
-#if SHAPED
-            s[i] = MODIFY(s[i], pos, t, head, &dz);
-#endif
-#if MODS & MOD_DROPOUT
-            dp[i] *= DROP(pos, t, head, b);
-#endif
-            s[i] = t < hi && visible(pos, t, causal, window, delta)
-                       ? exp(min0(s[i] - m) - l) * (dp[i] - ds_row) * dz
-                       : 0.0f;
-#else
-            s[i] = t < hi && visible(pos, t, causal, window, delta)
-                       ? exp(min0(s[i] - m) - l) * (dp[i] - ds_row)
-                       : 0.0f;
-#endif
+            s[i] = grad_score(s[i], dp[i], m, l, ds_row,
+                              t < hi && visible(pos, t, causal, window, delta), pos, t, head, b,
+                              SHAPE_PASS);
         }
         tile_axpy(acc, s, kt, me);
     }
@@ -417,22 +404,9 @@ inline void grad_k_block(__global const elem *q, ulong q_off, __global const ele
                 continue;
             for (uint i = 0; i < TILE / SPLIT; ++i) {
                 const uint j = i * SPLIT + me.part;
-#if MODS
-                float dz = 1.0f;
-#if SHAPED
-                s[i] = MODIFY(s[i], p0 + j, t, head, &dz);
-#endif
-#if MODS & MOD_DROPOUT
-                dp[i] *= DROP(p0 + j, t, head, b);
-#endif
-                s[i] = p0 + j < hi && visible(p0 + j, t, causal, window, delta)
-                           ? exp(min0(s[i] - mt[j]) - lt[j]) * (dp[i] - dt[j]) * dz
-                           : 0.0f;
-#else
-                s[i] = p0 + j < hi && visible(p0 + j, t, causal, window, delta)
-                           ? exp(min0(s[i] - mt[j]) - lt[j]) * (dp[i] - dt[j])
-                           : 0.0f;
-#endif
+                s[i] = grad_score(s[i], dp[i], mt[j], lt[j], dt[j],
+                                  p0 + j < hi && visible(p0 + j, t, causal, window, delta),
+                                  p0 + j, t, head, b, SHAPE_PASS);
             }
             tile_axpy(acc, s, qt, me);
         }
