@@ -1550,7 +1550,8 @@ START_TEST(emulated_16)
 }
 END_TEST
 
-/* The tiled kernels in a shape CLATTN_TILED gives them (from ctest), at
+/* The tiled kernels in shapes CLATTN_TILED and CLATTN_TILED_BACKWARD give
+ * them (from ctest), at
  * every head_dim of the reduced set, on the OpenCL CPU device: the rows
  * layout as a GPU runs it past head_dim 64, with work-items that share a
  * row by columns (whose partial scores meet in local memory) and by tile
