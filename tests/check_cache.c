@@ -163,6 +163,7 @@ START_TEST(tuning_file)
     setenv("CLATTN_CACHE_DIR", "off", 1); /* the build lines name the shapes */
     setenv("CLATTN_TUNING_FILE", "off", 1);
     unsetenv("CLATTN_TILED");
+    unsetenv("CLATTN_TILED_BACKWARD");
     clattn_context *ctx = test_context("tiled");
     device_key(ctx, key, sizeof key);
     clattn_context_destroy(ctx);
@@ -202,6 +203,32 @@ START_TEST(tuning_file)
                   "%s", clattn_context_log(ctx));
     clattn_context_destroy(ctx);
     unsetenv("CLATTN_TILED");
+    /* A tiled-backward entry shapes the backward's kernels alone (the rows
+     * layout here), the tiled entry the forward; CLATTN_TILED_BACKWARD
+     * beats the first and leaves the second. */
+    snprintf(text, sizeof text,
+             "clattn-tuning 1 %s\ntiled\tf32\t16\t8,8,1,16,2\t%s\n"
+             "tiled-backward\tf32\t16\t4,4,2,16,0\t%s\n",
+             clattn_version(), key, key);
+    write_text(file, text);
+    ctx = test_context("tiled");
+    check_ops(ctx, &s, 1.0f, 21);
+    const char *log = clattn_context_log(ctx);
+    ck_assert_msg(strstr(log, "tuning: tiled-backward f32 head_dim 16: 4,4,2,16,0 from") &&
+                      strstr(log, "-DROWS=8 -DTILE=8 -DSPLIT=1 -DDSPLIT=1 -DPER_ITEM=2") &&
+                      strstr(log, "-DROWS=4 -DTILE=4 -DSPLIT=2 -DDSPLIT=1 -DPER_ITEM=0"),
+                  "%s", log);
+    clattn_context_destroy(ctx);
+    setenv("CLATTN_TILED_BACKWARD", "8,8,2,16,4", 1);
+    ctx = test_context("tiled");
+    check_ops(ctx, &s, 1.0f, 22);
+    log = clattn_context_log(ctx);
+    ck_assert_msg(strstr(log, "-DROWS=8 -DTILE=8 -DSPLIT=1 -DDSPLIT=1 -DPER_ITEM=2") &&
+                      strstr(log, "-DROWS=8 -DTILE=8 -DSPLIT=2 -DDSPLIT=1 -DPER_ITEM=4") &&
+                      !strstr(log, "-DPER_ITEM=0"),
+                  "%s", log);
+    clattn_context_destroy(ctx);
+    unsetenv("CLATTN_TILED_BACKWARD");
 
     /* Stale: another clattn version's file. */
     snprintf(text, sizeof text, "clattn-tuning 1 0.0.0-other\ntiled\tf32\t16\t8,8,1,16\t%s\n",

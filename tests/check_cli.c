@@ -1039,6 +1039,16 @@ START_TEST(tune_keeps_winner)
                      0);
     slurp(file, text, sizeof text);
     ck_assert_msg(strstr(text, "\t16,16,2,16,4\t") && !strstr(text, "8,8,1,16"), "%s", text);
+    /* The backward alone: a tiled-backward line beside the tiled one. */
+    ck_assert_int_eq(run("tune", shape[0], shape[1], shape[2], shape[3], shape[4], shape[5],
+                         shape[6], shape[7], shape[8], shape[9], shape[10], shape[11], shape[12],
+                         shape[13], "--op", "backward", "--candidates", "8,8,1,16",
+                         "--write-best", "--file", file, NULL),
+                     0);
+    slurp(file, text, sizeof text);
+    ck_assert_msg(strstr(text, "\ntiled\tf32\t16\t16,16,2,16,4\t") &&
+                      strstr(text, "\ntiled-backward\tf32\t16\t8,8,1,16,0\t"),
+                  "%s", text);
     /* A dry run writes nothing. */
     ck_assert_int_eq(run("tune", shape[0], shape[1], shape[2], shape[3], shape[4], shape[5],
                          shape[6], shape[7], shape[8], shape[9], shape[10], shape[11], shape[12],
