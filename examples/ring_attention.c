@@ -32,6 +32,12 @@
  * with the uploads on a queue of their own beside the calls. On the native
  * backend the same loop runs on host memory.
  *
+ * After the check, rank 0 prints where the last rep's time went: for the
+ * forward and the backward, the most any rank waited on clattn's calls
+ * (native: computed them), on copies between device and host and on MPI
+ * that the calls did not hide; then a hop's bytes and what MPI and a
+ * device-to-host copy of them take alone.
+ *
  * Exit status: 0 when the check passes, 1 when it fails or a call does, 2
  * on bad arguments, 77 when a rank cannot open its device.
  *
@@ -217,6 +223,12 @@ typedef struct tensor {
     cl_mem pinned; /* the buffer that host maps, for the blocks that travel */
 } tensor;
 
+/* Where a rank's time goes in a phase, in seconds of waiting: on clattn's
+ * calls (native: computing them; OpenCL: enqueueing them and waiting for
+ * the device), on copies between device and host that the calls did not
+ * hide, and on MPI transfers that the calls did not hide. */
+enum { T_CALLS, T_COPIES, T_MPI, T_KINDS };
+
 typedef struct place {
     clattn_context *ctx;
     cl_context cl;           /* NULL on a native context */
@@ -224,7 +236,17 @@ typedef struct place {
     cl_command_queue copies; /* ours: uploads beside the calls */
     cl_event uploaded;       /* the last upload, which the next calls wait for */
     int rank;
+    double *spent;           /* the phase's T_KINDS sums, or NULL */
 } place;
+
+/* Adds the time since *t0 to kind k of p's phase and restarts *t0. */
+static void spend(place *p, int k, double *t0)
+{
+    const double now = MPI_Wtime();
+    if (p->spent)
+        p->spent[k] += now - *t0;
+    *t0 = now;
+}
 
 /* A rank's tensors: its two chunks of Q, dO, O, the LSE pairs and dQ; the
  * K/V blocks (K of two chunks, V of them, then dK and dV of the first chunk,
@@ -328,8 +350,11 @@ static void finish(place *p)
 {
     if (!p->cl)
         return;
+    double t0 = MPI_Wtime();
     cl_check(clFinish(p->copies), "finish", p->rank);
+    spend(p, T_COPIES, &t0);
     cl_check(clFinish(p->queue), "finish", p->rank);
+    spend(p, T_CALLS, &t0);
     if (p->uploaded)
         clReleaseEvent(p->uploaded);
     p->uploaded = NULL;
@@ -340,6 +365,7 @@ static void finish(place *p)
 static void forward_pair(place *p, slices *r, tensor cur, const clattn_shape *s, int i, int j)
 {
     const size_t qa = i * r->qn, la = i * r->ln, ka = j * r->kvn, va = (2 + j) * r->kvn;
+    double t0 = MPI_Wtime();
     if (!p->cl) {
         check(clattn_forward(p->ctx, s, r->q.host + qa, cur.host + ka, cur.host + va,
                              r->o_part.host, r->lse_part.host),
@@ -347,6 +373,7 @@ static void forward_pair(place *p, slices *r, tensor cur, const clattn_shape *s,
         check(clattn_merge(p->ctx, s, r->o.host + qa, r->lse.host + la, r->o_part.host,
                            r->lse_part.host, r->o.host + qa, r->lse.host + la),
               "merge", p->rank);
+        spend(p, T_CALLS, &t0);
         return;
     }
     const cl_uint waits = p->uploaded ? 1u : 0u;
@@ -358,6 +385,7 @@ static void forward_pair(place *p, slices *r, tensor cur, const clattn_shape *s,
                           on_dev(r->lse_part, 0), on_dev(r->o, qa), on_dev(r->lse, la), 0, NULL,
                           NULL),
           "merge", p->rank);
+    spend(p, T_CALLS, &t0);
 }
 
 /* Where the dK sum of chunk j of a block starts (its dV sum follows). */
@@ -371,12 +399,14 @@ static void backward_pair(place *p, slices *r, tensor cur, const clattn_shape *s
 {
     const size_t qa = i * r->qn, la = i * r->ln, ka = j * r->kvn, va = (2 + j) * r->kvn;
     const size_t dk = sums_at(r, j), dv = dk + r->kvn;
+    double t0 = MPI_Wtime();
     if (!p->cl) {
         float *b = cur.host;
         check(clattn_backward(p->ctx, s, r->q.host + qa, b + ka, b + va, r->o.host + qa,
                               r->lse.host + la, r->d_out.host + qa, r->dq.host + qa, b + dk,
                               b + dv),
               "backward", p->rank);
+        spend(p, T_CALLS, &t0);
         return;
     }
     const cl_uint waits = p->uploaded ? 1u : 0u;
@@ -387,6 +417,7 @@ static void backward_pair(place *p, slices *r, tensor cur, const clattn_shape *s
                              on_dev(r->dq, qa), on_dev(cur, dk), on_dev(cur, dv), waits,
                              waits ? &p->uploaded : NULL, done),
           "backward", p->rank);
+    spend(p, T_CALLS, &t0);
 }
 
 /* Waits for ev (none when NULL) while driving MPI's requests reqs[0..n),
@@ -419,13 +450,17 @@ static void fetch_sums(place *p, slices *r, tensor cur, int j, cl_event done, MP
 {
     if (!p->cl)
         return;
+    double t0 = MPI_Wtime();
+    wait_driving(p, done, reqs, n);
+    spend(p, T_CALLS, &t0);
     cl_event read;
     cl_check(clEnqueueReadBuffer(p->copies, cur.dev, CL_FALSE, sums_at(r, j) * sizeof(float),
-                                 2 * r->kvn * sizeof(float), cur.host + sums_at(r, j),
-                                 done ? 1u : 0u, done ? &done : NULL, &read),
+                                 2 * r->kvn * sizeof(float), cur.host + sums_at(r, j), 0, NULL,
+                                 &read),
              "download", p->rank);
     wait_driving(p, read, reqs, n);
     clReleaseEvent(read);
+    spend(p, T_COPIES, &t0);
 }
 
 /* Sends n floats from `out` to rank dest and receives n into `in` from
@@ -443,9 +478,11 @@ static void receive_block(place *p, int more, MPI_Request *req, tensor next, siz
 {
     if (!more)
         return;
+    double t0 = MPI_Wtime();
     int done = 0;
     while (!done)
         MPI_Testall(2, req, &done, MPI_STATUSES_IGNORE);
+    spend(p, T_MPI, &t0);
     upload(p, next, 0, n);
 }
 
@@ -536,6 +573,50 @@ static int check_single(place *p, const args *a, const clattn_shape *s, const fl
     return passed;
 }
 
+/* Times one hop of `bytes` alone, the best of three: an MPI exchange with
+ * the ring's neighbours (from a's host side into b's), and on an OpenCL
+ * context a copy of a's device side to its host side. link[0] the MPI
+ * seconds, link[1] the copy's (0 on native). */
+static void measure_links(place *p, tensor a, tensor b, size_t bytes, int to, int from,
+                          double link[2])
+{
+    link[0] = link[1] = INFINITY;
+    for (int i = 0; i < 3; ++i) {
+        MPI_Barrier(MPI_COMM_WORLD);
+        double t0 = MPI_Wtime();
+        MPI_Sendrecv(a.host, (int)(bytes / sizeof(float)), MPI_FLOAT, to, 9, b.host,
+                     (int)(bytes / sizeof(float)), MPI_FLOAT, from, 9, MPI_COMM_WORLD,
+                     MPI_STATUS_IGNORE);
+        link[0] = fmin(link[0], MPI_Wtime() - t0);
+        if (p->cl) {
+            t0 = MPI_Wtime();
+            download(p, a, 0, bytes / sizeof(float));
+            link[1] = fmin(link[1], MPI_Wtime() - t0);
+        }
+    }
+    if (!p->cl)
+        link[1] = 0.0;
+}
+
+/* Rank 0: where the last rep's time went, the slowest rank's each kind,
+ * and the cost of a hop alone. */
+static void report_time(const place *p, double spent[2][T_KINDS], double ring_time,
+                        double forward_time, size_t block_bytes, const double link[2])
+{
+    static const char *const phases[2] = {"forward", "backward"};
+    const double phase[2] = {forward_time, ring_time - forward_time};
+    for (int i = 0; i < 2; ++i)
+        printf("  %-8s %.3f s, waits (each kind's most on any rank): calls %.3f s, copies "
+               "%.3f s, MPI %.3f s\n",
+               phases[i], phase[i], spent[i][T_CALLS], spent[i][T_COPIES], spent[i][T_MPI]);
+    printf("  a hop: %.1f MB of K/V (and as much of dK/dV sums in the backward); alone, MPI "
+           "%.2f GB/s",
+           block_bytes / 1e6, block_bytes / link[0] / 1e9);
+    if (p->cl)
+        printf(", device to host %.2f GB/s", block_bytes / link[1] / 1e9);
+    printf("\n");
+}
+
 int main(int argc, char **argv)
 {
     MPI_Init(&argc, &argv);
@@ -568,7 +649,7 @@ int main(int argc, char **argv)
         snprintf(device, sizeof device, "%s", a.device);
     clattn_options opts = clattn_options_default();
     opts.device = device;
-    place p = {NULL, NULL, NULL, NULL, NULL, rank};
+    place p = {NULL, NULL, NULL, NULL, NULL, rank, NULL};
     clattn_status st = clattn_context_create(&opts, &p.ctx);
     /* A device this machine lacks: every rank exits 77 (what ctest counts
      * as skipped), after saying so. */
@@ -635,10 +716,13 @@ int main(int argc, char **argv)
 
     const int to = (rank + 1) % ranks, from = (rank + ranks - 1) % ranks;
     double forward_time = 0.0, ring_time = 0.0;
+    double spent[2][T_KINDS]; /* forward, backward: the last rep's */
     tensor cur = r.home;
     for (uint32_t rep = 0; rep < a.reps; ++rep) {
         MPI_Barrier(MPI_COMM_WORLD);
         const double t0 = MPI_Wtime();
+        memset(spent, 0, sizeof spent);
+        p.spent = spent[0];
 
         /* ---- forward: O and LSE start empty (merging into them copies) ---- */
         fill(&p, r.o, 0, 2 * qn, 0.0f);
@@ -663,6 +747,7 @@ int main(int argc, char **argv)
         }
         MPI_Barrier(MPI_COMM_WORLD);
         const double t1 = MPI_Wtime();
+        p.spent = spent[1];
 
         /* ---- backward: around the ring the other way, from the block at
          * hand (that of rank + 1), so that every block's dK/dV sums, which
@@ -697,7 +782,9 @@ int main(int argc, char **argv)
             for (int j = 0; j < 2; ++j)
                 if (done[j])
                     clReleaseEvent(done[j]);
+            double tw = MPI_Wtime();
             MPI_Waitall(6, req, MPI_STATUSES_IGNORE);
+            spend(&p, T_MPI, &tw);
             if (more)
                 upload(&p, next, 0, block + sums);
             finish(&p);
@@ -706,6 +793,7 @@ int main(int argc, char **argv)
         }
         download(&p, cur, block, sums); /* this rank's own dK and dV */
         s.accumulate = 0;
+        p.spent = NULL;
         MPI_Barrier(MPI_COMM_WORLD);
         forward_time = t1 - t0; /* the last rep's */
         ring_time = MPI_Wtime() - t0;
@@ -725,9 +813,17 @@ int main(int argc, char **argv)
     memcpy(mine_all + 4 * qn, cur.host + block, sums * sizeof(float));
     MPI_Gather(mine_all, (int)per_rank, MPI_FLOAT, gathered, (int)per_rank, MPI_FLOAT, 0,
                MPI_COMM_WORLD);
+    /* Where the time went (the slowest rank's, each kind), and what a hop
+     * costs alone. */
+    double slowest[2][T_KINDS], link[2], slowest_link[2];
+    MPI_Reduce(spent, slowest, 2 * T_KINDS, MPI_DOUBLE, MPI_MAX, 0, MPI_COMM_WORLD);
+    measure_links(&p, r.buf[0], r.buf[1], block * sizeof(float), to, from, link);
+    MPI_Reduce(link, slowest_link, 2, MPI_DOUBLE, MPI_MAX, 0, MPI_COMM_WORLD);
     int passed = 1;
-    if (rank == 0)
+    if (rank == 0) {
         passed = check_single(&p, &a, &s, gathered, per_rank, ring_time, forward_time);
+        report_time(&p, slowest, ring_time, forward_time, block * sizeof(float), slowest_link);
+    }
     MPI_Bcast(&passed, 1, MPI_INT, 0, MPI_COMM_WORLD);
     free(gathered);
     free(mine_all);
