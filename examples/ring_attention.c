@@ -5,7 +5,8 @@
  * backward sends the dK/dV sums around with them, back to their owners.
  *
  *   mpirun -np N ring_attention --q-seq S --heads H --kv-heads KH --head-dim D
- *                               [--causal] [--window W] [--device SEL] [--reps R]
+ *                               [--causal] [--window W] [--dtype f32|f16|bf16]
+ *                               [--device SEL] [--reps R]
  *
  * The sequence is cut into 2N chunks of S / (2N) positions; rank r owns
  * chunks r and 2N - 1 - r (zigzag sharding), so that under a causal mask
@@ -44,7 +45,10 @@
  * It checks itself: rank 0 gathers O, dQ, dK and dV, runs one single-device
  * forward and backward on the whole sequence, and exits 1 if any differs by
  * more than 1e-4 of that tensor's largest magnitude (the merges and the
- * split sums reorder float32 sums; nothing else differs). It prints the
+ * split sums reorder float32 sums; nothing else differs), or in 16-bit
+ * tensors (--dtype) more than 2e-2 (bf16) or 4e-3 (f16): O's merges and the
+ * dK/dV sums round at every step. The LSE pairs are float32 always. It
+ * prints the
  * ring's time (the last of --reps) and the single call's (its tensors on
  * the device too), whose ratio is the ring's speed-up.
  */
@@ -57,13 +61,22 @@
 
 #include <clattn_cl.h>
 
-#define TOLERANCE 1e-4
-
 typedef struct args {
     uint32_t q_seq, heads, kv_heads, head_dim, window, reps;
     int causal;
+    clattn_dtype dtype;
     const char *device;
 } args;
+
+/* The check's bound on max |ring - single| / max |single| per dtype: float32
+ * sums in another order; 16-bit outputs also rounded at every merge and
+ * every step's addition into the travelling dK/dV sums. */
+static double tolerance(clattn_dtype dtype)
+{
+    return dtype == CLATTN_DTYPE_F32 ? 1e-4 : dtype == CLATTN_DTYPE_F16 ? 4e-3 : 2e-2;
+}
+
+static size_t elem_size(clattn_dtype dtype) { return dtype == CLATTN_DTYPE_F32 ? 4u : 2u; }
 
 static int parse_uint(const char *s, uint32_t *out)
 {
@@ -92,6 +105,13 @@ static int parse_args(int argc, char **argv, args *a, int rank)
                                                       : NULL;
         if (!strcmp(o, "--causal")) {
             a->causal = 1;
+        } else if (!strcmp(o, "--dtype") && i + 1 < argc &&
+                   (!strcmp(argv[i + 1], "f32") || !strcmp(argv[i + 1], "f16") ||
+                    !strcmp(argv[i + 1], "bf16"))) {
+            ++i;
+            a->dtype = !strcmp(argv[i], "f32")   ? CLATTN_DTYPE_F32
+                       : !strcmp(argv[i], "f16") ? CLATTN_DTYPE_F16
+                                                 : CLATTN_DTYPE_BF16;
         } else if (!strcmp(o, "--device") && i + 1 < argc) {
             a->device = argv[++i];
         } else if (target && i + 1 < argc && parse_uint(argv[i + 1], target)) {
@@ -101,7 +121,7 @@ static int parse_args(int argc, char **argv, args *a, int rank)
                 fprintf(stderr,
                         "ring_attention: bad argument '%s'\nusage: mpirun -np N ring_attention "
                         "--q-seq S --heads H --kv-heads KH --head-dim D [--causal] "
-                        "[--window W] [--device SEL] [--reps R]\n",
+                        "[--window W] [--dtype f32|f16|bf16] [--device SEL] [--reps R]\n",
                         o);
             return 2;
         }
@@ -129,12 +149,6 @@ static float input_at(int which, uint64_t i)
     return (float)((double)(z >> 40) / 16777216.0 * 2.0 - 1.0);
 }
 
-/* Rows [pos0, pos0 + rows) of tensor `which`, each row_elems wide. */
-static void make_rows(float *dst, int which, uint64_t pos0, size_t rows, size_t row_elems)
-{
-    for (size_t i = 0; i < rows * row_elems; ++i)
-        dst[i] = input_at(which, pos0 * row_elems + i);
-}
 
 /* A failed call ends every rank (the others would wait on it forever). */
 static void check(clattn_status st, const char *what, int rank)
@@ -178,15 +192,6 @@ static void chunks_at(int rank, int ranks, uint32_t step, uint32_t out[2])
     chunks_of((uint32_t)(rank + ranks - (int)(step % (uint32_t)ranks)), ranks, out);
 }
 
-/* K of chunks mine[0..1], then V of them, into a block (kvn elements a
- * chunk). */
-static void own_block(float *block, const uint32_t mine[2], uint32_t c, size_t kvn, size_t kvrow)
-{
-    for (int i = 0; i < 2; ++i) {
-        make_rows(block + i * kvn, 1, (uint64_t)mine[i] * c, c, kvrow);
-        make_rows(block + (2 + i) * kvn, 2, (uint64_t)mine[i] * c, c, kvrow);
-    }
-}
 
 static double max_abs(const float *x, size_t n)
 {
@@ -196,8 +201,8 @@ static double max_abs(const float *x, size_t n)
     return m;
 }
 
-/* max |got - want| / max |want|, and whether it is within TOLERANCE. */
-static int compare(const char *what, const float *got, const float *want, size_t n)
+/* max |got - want| / max |want|, and whether it is within tol. */
+static int compare(const char *what, const float *got, const float *want, size_t n, double tol)
 {
     double worst = 0.0, scale = max_abs(want, n);
     for (size_t i = 0; i < n; ++i) {
@@ -206,8 +211,8 @@ static int compare(const char *what, const float *got, const float *want, size_t
     }
     worst /= scale > 0.0 ? scale : 1.0;
     printf("  %-3s max |ring - single| / max |single| = %.3g%s\n", what, worst,
-           worst <= TOLERANCE ? "" : "  (beyond the tolerance)");
-    return worst <= TOLERANCE;
+           worst <= tol ? "" : "  (beyond the tolerance)");
+    return worst <= tol;
 }
 
 /* ---- where a rank computes ----------------------------------------------
@@ -216,12 +221,54 @@ static int compare(const char *what, const float *got, const float *want, size_t
  * only the K/V blocks and the dK/dV sums that travel cross to the host. On a
  * native context the host arrays are all there is. */
 
-/* Host memory, and on an OpenCL context a device buffer of the same size. */
+/* Host memory, and on an OpenCL context a device buffer of the same size,
+ * of elements of a dtype (es bytes). */
 typedef struct tensor {
-    float *host;
+    char *host;
+    clattn_dtype dtype;
+    size_t es;
     cl_mem dev;    /* NULL on a native context */
     cl_mem pinned; /* the buffer that host maps, for the blocks that travel */
 } tensor;
+
+/* Element i of t on the host. */
+static void *host_at(tensor t, size_t i) { return t.host + i * t.es; }
+
+/* Rows [pos0, pos0 + rows) of input `which`, each row_elems wide, into t
+ * from element `at`, in t's dtype. */
+static void make_rows(tensor t, size_t at, int which, uint64_t pos0, size_t rows,
+                      size_t row_elems)
+{
+    float part[1024];
+    const size_t n = rows * row_elems;
+    for (size_t i = 0; i < n; i += 1024) {
+        const size_t m = n - i < 1024 ? n - i : 1024;
+        for (size_t e = 0; e < m; ++e)
+            part[e] = input_at(which, pos0 * row_elems + i + e);
+        clattn_from_f32(t.dtype, part, host_at(t, at + i), m);
+    }
+}
+
+/* K of chunks mine[0..1], then V of them, into a block (kvn elements a
+ * chunk). */
+static void own_block(tensor block, const uint32_t mine[2], uint32_t c, size_t kvn, size_t kvrow)
+{
+    for (int i = 0; i < 2; ++i) {
+        make_rows(block, i * kvn, 1, (uint64_t)mine[i] * c, c, kvrow);
+        make_rows(block, (2 + i) * kvn, 2, (uint64_t)mine[i] * c, c, kvrow);
+    }
+}
+
+/* n elements of t from element `at` as float32, in memory of the caller's
+ * to free. */
+static float *to_floats(tensor t, size_t at, size_t n)
+{
+    float *f = malloc(n * sizeof(float));
+    if (!f)
+        MPI_Abort(MPI_COMM_WORLD, 1);
+    clattn_to_f32(t.dtype, host_at(t, at), f, n);
+    return f;
+}
 
 /* Where a rank's time goes in a phase, in seconds of waiting: on clattn's
  * calls (native: computing them; OpenCL: enqueueing them and waiting for
@@ -268,20 +315,21 @@ static void cl_check(cl_int err, const char *what, int rank)
 /* n floats; with `pinned` on an OpenCL context the host side is a mapped
  * buffer of the driver's (page-locked where it can), which the copies to and
  * from the device run faster from. */
-static tensor tensor_new(const place *p, size_t n, int pinned)
+static tensor tensor_new(const place *p, size_t n, clattn_dtype dtype, int pinned)
 {
-    tensor t = {NULL, NULL, NULL};
+    tensor t = {NULL, dtype, elem_size(dtype), NULL, NULL};
+    const size_t bytes = n * t.es;
     cl_int err = CL_SUCCESS;
     if (p->cl && pinned) {
-        t.pinned = clCreateBuffer(p->cl, CL_MEM_ALLOC_HOST_PTR, n * sizeof(float), NULL, &err);
+        t.pinned = clCreateBuffer(p->cl, CL_MEM_ALLOC_HOST_PTR, bytes, NULL, &err);
         if (err == CL_SUCCESS)
             t.host = clEnqueueMapBuffer(p->queue, t.pinned, CL_TRUE, CL_MAP_READ | CL_MAP_WRITE,
-                                        0, n * sizeof(float), 0, NULL, NULL, &err);
+                                        0, bytes, 0, NULL, NULL, &err);
     } else {
-        t.host = malloc(n * sizeof(float));
+        t.host = malloc(bytes);
     }
     if (p->cl && t.host && err == CL_SUCCESS)
-        t.dev = clCreateBuffer(p->cl, CL_MEM_READ_WRITE, n * sizeof(float), NULL, &err);
+        t.dev = clCreateBuffer(p->cl, CL_MEM_READ_WRITE, bytes, NULL, &err);
     if (!t.host || err != CL_SUCCESS) {
         fprintf(stderr, "ring_attention: out of memory on rank %d (%zu floats)\n", p->rank, n);
         MPI_Abort(MPI_COMM_WORLD, 1);
@@ -315,8 +363,8 @@ static void upload(place *p, tensor t, size_t at, size_t n)
     if (!p->cl)
         return;
     cl_event ev;
-    cl_check(clEnqueueWriteBuffer(p->copies, t.dev, CL_FALSE, at * sizeof(float),
-                                  n * sizeof(float), t.host + at, 0, NULL, &ev),
+    cl_check(clEnqueueWriteBuffer(p->copies, t.dev, CL_FALSE, at * t.es, n * t.es,
+                                  host_at(t, at), 0, NULL, &ev),
              "upload", p->rank);
     if (p->uploaded)
         clReleaseEvent(p->uploaded); /* the queue is in order: ev comes after it */
@@ -327,22 +375,24 @@ static void upload(place *p, tensor t, size_t at, size_t n)
 static void download(place *p, tensor t, size_t at, size_t n)
 {
     if (p->cl)
-        cl_check(clEnqueueReadBuffer(p->queue, t.dev, CL_TRUE, at * sizeof(float),
-                                     n * sizeof(float), t.host + at, 0, NULL, NULL),
+        cl_check(clEnqueueReadBuffer(p->queue, t.dev, CL_TRUE, at * t.es, n * t.es,
+                                     host_at(t, at), 0, NULL, NULL),
                  "download", p->rank);
 }
 
 /* Elements [at, at + n) of t set to x (where the calls read it). */
 static void fill(place *p, tensor t, size_t at, size_t n, float x)
 {
+    char pattern[4];
+    clattn_from_f32(t.dtype, &x, pattern, 1);
     if (p->cl) {
-        cl_check(clEnqueueFillBuffer(p->queue, t.dev, &x, sizeof x, at * sizeof(float),
-                                     n * sizeof(float), 0, NULL, NULL),
+        cl_check(clEnqueueFillBuffer(p->queue, t.dev, pattern, t.es, at * t.es, n * t.es, 0,
+                                     NULL, NULL),
                  "fill", p->rank);
         return;
     }
     for (size_t i = 0; i < n; ++i)
-        t.host[at + i] = x;
+        memcpy(host_at(t, at + i), pattern, t.es);
 }
 
 /* Waits for the uploads and the calls enqueued so far. */
@@ -367,11 +417,12 @@ static void forward_pair(place *p, slices *r, tensor cur, const clattn_shape *s,
     const size_t qa = i * r->qn, la = i * r->ln, ka = j * r->kvn, va = (2 + j) * r->kvn;
     double t0 = MPI_Wtime();
     if (!p->cl) {
-        check(clattn_forward(p->ctx, s, r->q.host + qa, cur.host + ka, cur.host + va,
-                             r->o_part.host, r->lse_part.host),
+        float *lse = host_at(r->lse, la), *lse_part = host_at(r->lse_part, 0);
+        check(clattn_forward(p->ctx, s, host_at(r->q, qa), host_at(cur, ka), host_at(cur, va),
+                             host_at(r->o_part, 0), lse_part),
               "forward", p->rank);
-        check(clattn_merge(p->ctx, s, r->o.host + qa, r->lse.host + la, r->o_part.host,
-                           r->lse_part.host, r->o.host + qa, r->lse.host + la),
+        check(clattn_merge(p->ctx, s, host_at(r->o, qa), lse, host_at(r->o_part, 0), lse_part,
+                           host_at(r->o, qa), lse),
               "merge", p->rank);
         spend(p, T_CALLS, &t0);
         return;
@@ -401,10 +452,9 @@ static void backward_pair(place *p, slices *r, tensor cur, const clattn_shape *s
     const size_t dk = sums_at(r, j), dv = dk + r->kvn;
     double t0 = MPI_Wtime();
     if (!p->cl) {
-        float *b = cur.host;
-        check(clattn_backward(p->ctx, s, r->q.host + qa, b + ka, b + va, r->o.host + qa,
-                              r->lse.host + la, r->d_out.host + qa, r->dq.host + qa, b + dk,
-                              b + dv),
+        check(clattn_backward(p->ctx, s, host_at(r->q, qa), host_at(cur, ka), host_at(cur, va),
+                              host_at(r->o, qa), host_at(r->lse, la), host_at(r->d_out, qa),
+                              host_at(r->dq, qa), host_at(cur, dk), host_at(cur, dv)),
               "backward", p->rank);
         spend(p, T_CALLS, &t0);
         return;
@@ -454,8 +504,8 @@ static void fetch_sums(place *p, slices *r, tensor cur, int j, cl_event done, MP
     wait_driving(p, done, reqs, n);
     spend(p, T_CALLS, &t0);
     cl_event read;
-    cl_check(clEnqueueReadBuffer(p->copies, cur.dev, CL_FALSE, sums_at(r, j) * sizeof(float),
-                                 2 * r->kvn * sizeof(float), cur.host + sums_at(r, j), 0, NULL,
+    cl_check(clEnqueueReadBuffer(p->copies, cur.dev, CL_FALSE, sums_at(r, j) * cur.es,
+                                 2 * r->kvn * cur.es, host_at(cur, sums_at(r, j)), 0, NULL,
                                  &read),
              "download", p->rank);
     wait_driving(p, read, reqs, n);
@@ -463,13 +513,17 @@ static void fetch_sums(place *p, slices *r, tensor cur, int j, cl_event done, MP
     spend(p, T_COPIES, &t0);
 }
 
-/* Sends n floats from `out` to rank dest and receives n into `in` from
- * rank source, without waiting: req[0] the receive, req[1] the send. */
-static void pass_on(const float *out, float *in, size_t n, int dest, int source, int tag,
-                    MPI_Request req[2])
+/* MPI's type for elements of es bytes. */
+static MPI_Datatype mpi_type(size_t es) { return es == 4 ? MPI_FLOAT : MPI_UINT16_T; }
+
+/* Sends n elements of es bytes from `out` to rank dest and receives n into
+ * `in` from rank source, without waiting: req[0] the receive, req[1] the
+ * send. */
+static void pass_on(const void *out, void *in, size_t n, size_t es, int dest, int source,
+                    int tag, MPI_Request req[2])
 {
-    MPI_Irecv(in, (int)n, MPI_FLOAT, source, tag, MPI_COMM_WORLD, &req[0]);
-    MPI_Isend(out, (int)n, MPI_FLOAT, dest, tag, MPI_COMM_WORLD, &req[1]);
+    MPI_Irecv(in, (int)n, mpi_type(es), source, tag, MPI_COMM_WORLD, &req[0]);
+    MPI_Isend(out, (int)n, mpi_type(es), dest, tag, MPI_COMM_WORLD, &req[1]);
 }
 
 /* Drives MPI until req[0..1] (if `more`) complete, while the device
@@ -490,8 +544,8 @@ static void receive_block(place *p, int more, MPI_Request *req, tensor next, siz
  * dV of its chunks) against one forward and backward of the whole sequence
  * on this rank's device (kept there, as the ring keeps its tensors, when it
  * is an OpenCL device); prints both times and the differences, and returns
- * whether every difference is within TOLERANCE. */
-static int check_single(place *p, const args *a, const clattn_shape *s, const float *gathered,
+ * whether every difference is within the dtype's tolerance. */
+static int check_single(place *p, const args *a, const clattn_shape *s, tensor gathered,
                         size_t per_rank, double ring_time, double forward_time)
 {
     const int ranks = (int)(a->q_seq / (2 * s->q_seq));
@@ -504,25 +558,27 @@ static int check_single(place *p, const args *a, const clattn_shape *s, const fl
                                  full_l, full_q,  full_kv, full_kv};
     tensor t[COUNT];
     for (int i = 0; i < COUNT; ++i)
-        t[i] = tensor_new(p, sizes[i], 0);
+        t[i] = tensor_new(p, sizes[i], i == L ? CLATTN_DTYPE_F32 : a->dtype, 0);
     float *ro = malloc(full_q * 4), *rq = malloc(full_q * 4), *rk = malloc(full_kv * 4);
     float *rv = malloc(full_kv * 4);
     if (!ro || !rq || !rk || !rv)
         MPI_Abort(MPI_COMM_WORLD, 1);
-    make_rows(t[Q].host, 0, 0, a->q_seq, qrow);
-    make_rows(t[K].host, 1, 0, a->q_seq, kvrow);
-    make_rows(t[V].host, 2, 0, a->q_seq, kvrow);
-    make_rows(t[DO].host, 3, 0, a->q_seq, qrow);
-    /* The ring's results in sequence order. */
+    make_rows(t[Q], 0, 0, 0, a->q_seq, qrow);
+    make_rows(t[K], 0, 1, 0, a->q_seq, kvrow);
+    make_rows(t[V], 0, 2, 0, a->q_seq, kvrow);
+    make_rows(t[DO], 0, 3, 0, a->q_seq, qrow);
+    /* The ring's results in sequence order, as float32. */
     for (int r = 0; r < ranks; ++r) {
-        const float *g = gathered + (size_t)r * per_rank;
+        const size_t g = (size_t)r * per_rank;
         uint32_t own[2];
         chunks_at(r, ranks, 0, own);
         for (int i = 0; i < 2; ++i) {
-            memcpy(ro + own[i] * qn, g + i * qn, qn * 4);
-            memcpy(rq + own[i] * qn, g + 2 * qn + i * qn, qn * 4);
-            memcpy(rk + own[i] * kvn, g + 4 * qn + 2 * i * kvn, kvn * 4);
-            memcpy(rv + own[i] * kvn, g + 4 * qn + (2 * i + 1) * kvn, kvn * 4);
+            clattn_to_f32(a->dtype, host_at(gathered, g + i * qn), ro + own[i] * qn, qn);
+            clattn_to_f32(a->dtype, host_at(gathered, g + 2 * qn + i * qn), rq + own[i] * qn, qn);
+            clattn_to_f32(a->dtype, host_at(gathered, g + 4 * qn + 2 * i * kvn),
+                          rk + own[i] * kvn, kvn);
+            clattn_to_f32(a->dtype, host_at(gathered, g + 4 * qn + (2 * i + 1) * kvn),
+                          rv + own[i] * kvn, kvn);
         }
     }
     clattn_shape w = *s;
@@ -544,25 +600,35 @@ static int check_single(place *p, const args *a, const clattn_shape *s, const fl
               "single backward", 0);
         finish(p);
     } else {
-        check(clattn_forward(p->ctx, &w, t[Q].host, t[K].host, t[V].host, t[O].host, t[L].host),
+        float *lse = host_at(t[L], 0);
+        check(clattn_forward(p->ctx, &w, t[Q].host, t[K].host, t[V].host, t[O].host, lse),
               "single forward", 0);
-        check(clattn_backward(p->ctx, &w, t[Q].host, t[K].host, t[V].host, t[O].host, t[L].host,
+        check(clattn_backward(p->ctx, &w, t[Q].host, t[K].host, t[V].host, t[O].host, lse,
                               t[DO].host, t[DQ].host, t[DK].host, t[DV].host),
               "single backward", 0);
     }
     const double single_time = MPI_Wtime() - t0;
     for (int i = O; i < COUNT; ++i)
         download(p, t[i], 0, sizes[i]);
+    static const char *const dtypes[3] = {"f32", "f16", "bf16"};
     printf("ring_attention: %d ranks on '%s', q_seq %u (chunks of %u), heads %u/%u, "
-           "head_dim %u, causal %d, window %u\n",
+           "head_dim %u, causal %d, window %u, %s\n",
            ranks, a->device, a->q_seq, s->q_seq, a->heads, a->kv_heads, a->head_dim, a->causal,
-           a->window);
+           a->window, dtypes[a->dtype]);
     printf("  forward + backward: ring %.3f s (forward %.3f s), one call on rank 0's device "
            "%.3f s: %.2fx\n",
            ring_time, forward_time, single_time, single_time / ring_time);
-    const int passed = compare("O", ro, t[O].host, full_q) & compare("dQ", rq, t[DQ].host, full_q) &
-                       compare("dK", rk, t[DK].host, full_kv) &
-                       compare("dV", rv, t[DV].host, full_kv);
+    const double tol = tolerance(a->dtype);
+    float *want[4];
+    static const int outs[4] = {O, DQ, DK, DV};
+    for (int i = 0; i < 4; ++i)
+        want[i] = to_floats(t[outs[i]], 0, sizes[outs[i]]);
+    const int passed = compare("O", ro, want[0], full_q, tol) &
+                       compare("dQ", rq, want[1], full_q, tol) &
+                       compare("dK", rk, want[2], full_kv, tol) &
+                       compare("dV", rv, want[3], full_kv, tol);
+    for (int i = 0; i < 4; ++i)
+        free(want[i]);
     printf("%s\n", passed ? "ok" : "FAILED");
     for (int i = 0; i < COUNT; ++i)
         tensor_free(p, &t[i]);
@@ -584,13 +650,13 @@ static void measure_links(place *p, tensor a, tensor b, size_t bytes, int to, in
     for (int i = 0; i < 3; ++i) {
         MPI_Barrier(MPI_COMM_WORLD);
         double t0 = MPI_Wtime();
-        MPI_Sendrecv(a.host, (int)(bytes / sizeof(float)), MPI_FLOAT, to, 9, b.host,
-                     (int)(bytes / sizeof(float)), MPI_FLOAT, from, 9, MPI_COMM_WORLD,
+        MPI_Sendrecv(a.host, (int)(bytes / a.es), mpi_type(a.es), to, 9, b.host,
+                     (int)(bytes / a.es), mpi_type(a.es), from, 9, MPI_COMM_WORLD,
                      MPI_STATUS_IGNORE);
         link[0] = fmin(link[0], MPI_Wtime() - t0);
         if (p->cl) {
             t0 = MPI_Wtime();
-            download(p, a, 0, bytes / sizeof(float));
+            download(p, a, 0, bytes / a.es);
             link[1] = fmin(link[1], MPI_Wtime() - t0);
         }
     }
@@ -680,6 +746,7 @@ int main(int argc, char **argv)
     s.head_dim = a.head_dim;
     s.causal = a.causal;
     s.window = a.window;
+    s.dtype = a.dtype;
     if ((st = clattn_shape_validate(&s)) != CLATTN_OK) {
         if (rank == 0)
             fprintf(stderr, "ring_attention: %s: %s\n", clattn_status_string(st),
@@ -700,15 +767,16 @@ int main(int argc, char **argv)
                      &r.home, &r.buf[0], &r.buf[1]};
     const size_t sizes[] = {2 * qn, 2 * qn, 2 * qn, 2 * ln, 2 * qn, qn, ln, block + sums,
                             block + sums, block + sums};
-    for (size_t i = 0; i < sizeof all / sizeof *all; ++i)
-        *all[i] = tensor_new(&p, sizes[i], i >= 7); /* the blocks travel */
+    for (size_t i = 0; i < sizeof all / sizeof *all; ++i) /* the LSE pairs are float32 */
+        *all[i] = tensor_new(&p, sizes[i], i == 3 || i == 6 ? CLATTN_DTYPE_F32 : a.dtype,
+                             i >= 7); /* the blocks travel */
     uint32_t mine[2];
     chunks_at(rank, ranks, 0, mine);
     for (int i = 0; i < 2; ++i) {
-        make_rows(r.q.host + i * qn, 0, (uint64_t)mine[i] * c, c, qrow);
-        make_rows(r.d_out.host + i * qn, 3, (uint64_t)mine[i] * c, c, qrow);
+        make_rows(r.q, i * qn, 0, (uint64_t)mine[i] * c, c, qrow);
+        make_rows(r.d_out, i * qn, 3, (uint64_t)mine[i] * c, c, qrow);
     }
-    own_block(r.home.host, mine, c, kvn, kvrow);
+    own_block(r.home, mine, c, kvn, kvrow);
     upload(&p, r.q, 0, 2 * qn);
     upload(&p, r.d_out, 0, 2 * qn);
     upload(&p, r.home, 0, block);
@@ -733,7 +801,7 @@ int main(int argc, char **argv)
             const int more = step + 1 < n;
             tensor next = r.buf[step & 1u];
             if (more) /* the next block travels while this one computes */
-                pass_on(cur.host, next.host, block, to, from, 0, req);
+                pass_on(cur.host, next.host, block, cur.es, to, from, 0, req);
             uint32_t theirs[2];
             chunks_at(rank, ranks, step, theirs);
             for (int i = 0; i < 2; ++i)
@@ -763,7 +831,7 @@ int main(int argc, char **argv)
             const int more = step + 1 < n;
             tensor next = r.buf[(n - 1u + step) & 1u]; /* not the forward's last */
             if (more) /* K and V of the next step, while this one computes */
-                pass_on(cur.host, next.host, block, from, to, 0, req);
+                pass_on(cur.host, next.host, block, cur.es, from, to, 0, req);
             uint32_t theirs[2];
             chunks_of((uint32_t)rank + 1u + step, ranks, theirs);
             cl_event done[2] = {NULL, NULL};
@@ -776,7 +844,7 @@ int main(int argc, char **argv)
             for (int j = 0; j < 2 && more; ++j) {
                 const size_t at = sums_at(&r, j);
                 fetch_sums(&p, &r, cur, j, done[j], req, 2 + 2 * j);
-                pass_on(cur.host + at, next.host + at, 2 * kvn, from, to, 1 + j,
+                pass_on(host_at(cur, at), host_at(next, at), 2 * kvn, cur.es, from, to, 1 + j,
                         req + 2 + 2 * j);
             }
             for (int j = 0; j < 2; ++j)
@@ -804,28 +872,30 @@ int main(int argc, char **argv)
 
     /* ---- rank 0 gathers and checks against one single-device call ---- */
     const size_t per_rank = 4 * qn + sums;
-    float *mine_all = malloc(per_rank * sizeof(float));
-    float *gathered = rank == 0 ? malloc(per_rank * (size_t)ranks * sizeof(float)) : NULL;
-    if (!mine_all || (rank == 0 && !gathered))
+    const size_t es = elem_size(a.dtype);
+    tensor gathered = {NULL, a.dtype, es, NULL, NULL};
+    char *mine_all = malloc(per_rank * es);
+    gathered.host = rank == 0 ? malloc(per_rank * (size_t)ranks * es) : NULL;
+    if (!mine_all || (rank == 0 && !gathered.host))
         MPI_Abort(MPI_COMM_WORLD, 1);
-    memcpy(mine_all, r.o.host, 2 * qn * sizeof(float));
-    memcpy(mine_all + 2 * qn, r.dq.host, 2 * qn * sizeof(float));
-    memcpy(mine_all + 4 * qn, cur.host + block, sums * sizeof(float));
-    MPI_Gather(mine_all, (int)per_rank, MPI_FLOAT, gathered, (int)per_rank, MPI_FLOAT, 0,
-               MPI_COMM_WORLD);
+    memcpy(mine_all, r.o.host, 2 * qn * es);
+    memcpy(mine_all + 2 * qn * es, r.dq.host, 2 * qn * es);
+    memcpy(mine_all + 4 * qn * es, host_at(cur, block), sums * es);
+    MPI_Gather(mine_all, (int)per_rank, mpi_type(es), gathered.host, (int)per_rank, mpi_type(es),
+               0, MPI_COMM_WORLD);
     /* Where the time went (the slowest rank's, each kind), and what a hop
      * costs alone. */
     double slowest[2][T_KINDS], link[2], slowest_link[2];
     MPI_Reduce(spent, slowest, 2 * T_KINDS, MPI_DOUBLE, MPI_MAX, 0, MPI_COMM_WORLD);
-    measure_links(&p, r.buf[0], r.buf[1], block * sizeof(float), to, from, link);
+    measure_links(&p, r.buf[0], r.buf[1], block * es, to, from, link);
     MPI_Reduce(link, slowest_link, 2, MPI_DOUBLE, MPI_MAX, 0, MPI_COMM_WORLD);
     int passed = 1;
     if (rank == 0) {
         passed = check_single(&p, &a, &s, gathered, per_rank, ring_time, forward_time);
-        report_time(&p, slowest, ring_time, forward_time, block * sizeof(float), slowest_link);
+        report_time(&p, slowest, ring_time, forward_time, block * es, slowest_link);
     }
     MPI_Bcast(&passed, 1, MPI_INT, 0, MPI_COMM_WORLD);
-    free(gathered);
+    free(gathered.host);
     free(mine_all);
     for (size_t i = 0; i < sizeof all / sizeof *all; ++i)
         tensor_free(&p, all[i]);
