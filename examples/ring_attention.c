@@ -48,9 +48,8 @@
  * split sums reorder float32 sums; nothing else differs), or in 16-bit
  * tensors (--dtype) more than 2e-2 (bf16) or 4e-3 (f16): O's merges and the
  * dK/dV sums round at every step. The LSE pairs are float32 always. It
- * prints the
- * ring's time (the last of --reps) and the single call's (its tensors on
- * the device too), whose ratio is the ring's speed-up.
+ * prints the ring's time (the last of --reps) and the single call's (its
+ * tensors on the device too), whose ratio is the ring's speed-up.
  */
 #include <math.h>
 #include <mpi.h>
@@ -149,7 +148,6 @@ static float input_at(int which, uint64_t i)
     return (float)((double)(z >> 40) / 16777216.0 * 2.0 - 1.0);
 }
 
-
 /* A failed call ends every rank (the others would wait on it forever). */
 static void check(clattn_status st, const char *what, int rank)
 {
@@ -191,7 +189,6 @@ static void chunks_at(int rank, int ranks, uint32_t step, uint32_t out[2])
 {
     chunks_of((uint32_t)(rank + ranks - (int)(step % (uint32_t)ranks)), ranks, out);
 }
-
 
 static double max_abs(const float *x, size_t n)
 {

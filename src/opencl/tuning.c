@@ -172,12 +172,11 @@ tile_config clattn_ocl_tile_config(const struct clattn_cl_state *cl, uint32_t he
     tile_config c = pass == TILED_BACKWARD ? t->backward : t->forward;
     const char *env = pass == TILED_BACKWARD && cl->tiled_env[1][0] ? cl->tiled_env[1]
                                                                     : cl->tiled_env[0];
-    const tuned_entry *e = tuned(cl, KIND_TILED, dtype, head_dim, pass);
-    if (!e)
-        e = tuned(cl, KIND_TILED, dtype, head_dim, TILED_EVERY);
+    const tuned_entry *e;
     if (*env)
         parse_tiled(env, &c); /* checked when the context was made; fields left out: the table's */
-    else if (e)
+    else if ((e = tuned(cl, KIND_TILED, dtype, head_dim, pass)) != NULL ||
+             (e = tuned(cl, KIND_TILED, dtype, head_dim, TILED_EVERY)) != NULL)
         c = e->tile;
     if (c.per_item) {
         fit_micro(&c, head_dim, limit, cl->local_mem, pass == TILED_BACKWARD ? K_COUNT : K_FORWARD);
