@@ -1677,30 +1677,41 @@ Suite *oclgrind_suite(void)
     return reduced_suite("oclgrind", "simulated", simulated_sweep, N(simulated));
 }
 
+/* Registers runs [start, end) of a test one by one, or under
+ * CLATTN_TEST_SHARD those of this shard's turns. */
+static void add_shard(TCase *tc, const TTest *t, int start, int end)
+{
+    static unsigned turn;
+    for (int i = start; i < end; ++i)
+        if (turn++ % test_shards == test_shard)
+            _tcase_add_test(tc, t, 0, 0, i, i + 1);
+}
+
 Suite *kernels_suite(void)
 {
     Suite *s = suite_create(test_backend);
     TCase *tc = tcase_create("grad_v");
     /* Generous: a cold PoCL compile alone can take seconds. */
     tcase_set_timeout(tc, 600);
-    tcase_add_loop_test(tc, head_dim_sweep, 0, N(head_dims));
-    tcase_add_loop_test(tc, q_seq_sweep, 0, N(q_seqs));
-    tcase_add_loop_test(tc, kv_seq_sweep, 0, N(kv_seqs));
-    tcase_add_loop_test(tc, causal_alignment, 0, N(alignments));
-    tcase_add_loop_test(tc, group_sweep, 0, N(groups));
-    tcase_add_loop_test(tc, window_sweep, 0, N(windows));
-    tcase_add_loop_test(tc, batch_sweep, 0, N(batches));
-    tcase_add_loop_test(tc, tile_edges, 0, N(tiles));
-    tcase_add_loop_test(tc, large_logits, 0, N(large));
-    tcase_add_loop_test(tc, caller_scale, 0, N(scales));
-    tcase_add_test(tc, non_finite_inputs);
-    tcase_add_loop_test(tc, seed_uniform_block, 0, N(seed_blocks));
-    tcase_add_loop_test(tc, offset_sweep, 0, N(offsets));
-    tcase_add_loop_test(tc, split_sweep_offsets, 0, N(splits));
-    tcase_add_loop_test(tc, packed_sweep, 0, N(packed));
-    tcase_add_test(tc, one_context_many_calls);
-    tcase_add_test(tc, named_variant);
-    add_training_tests(tc);
+    add_shard(tc, head_dim_sweep, 0, N(head_dims));
+    add_shard(tc, q_seq_sweep, 0, N(q_seqs));
+    add_shard(tc, kv_seq_sweep, 0, N(kv_seqs));
+    add_shard(tc, causal_alignment, 0, N(alignments));
+    add_shard(tc, group_sweep, 0, N(groups));
+    add_shard(tc, window_sweep, 0, N(windows));
+    add_shard(tc, batch_sweep, 0, N(batches));
+    add_shard(tc, tile_edges, 0, N(tiles));
+    add_shard(tc, large_logits, 0, N(large));
+    add_shard(tc, caller_scale, 0, N(scales));
+    add_shard(tc, non_finite_inputs, 0, 1);
+    add_shard(tc, seed_uniform_block, 0, N(seed_blocks));
+    add_shard(tc, offset_sweep, 0, N(offsets));
+    add_shard(tc, split_sweep_offsets, 0, N(splits));
+    add_shard(tc, packed_sweep, 0, N(packed));
+    add_shard(tc, one_context_many_calls, 0, 1);
+    add_shard(tc, named_variant, 0, 1);
+    if (test_shard == 0)
+        add_training_tests(tc);
     suite_add_tcase(s, tc);
     /* The score modifiers apart (CK_RUN_CASE=modifiers). */
     tc = tcase_create("modifiers");

@@ -14,6 +14,7 @@
 enum { EXIT_SKIP = 77 };
 
 const char *test_backend = "native";
+unsigned test_shard = 0, test_shards = 1;
 
 /* "rusticl" is Mesa's OpenCL on llvmpipe (RUSTICL_ENABLE=llvmpipe), an
  * OpenCL CPU device picked by its name. */
@@ -123,6 +124,15 @@ int main(int argc, char **argv)
             suite_name = argv[i + 1];
         else if (!strcmp(argv[i], "--backend"))
             test_backend = argv[i + 1];
+    }
+    const char *shard = getenv("CLATTN_TEST_SHARD");
+    if (shard && *shard) {
+        char end;
+        if (sscanf(shard, "%u/%u%c", &test_shard, &test_shards, &end) != 2 || !test_shards ||
+            test_shard >= test_shards) {
+            fprintf(stderr, "CLATTN_TEST_SHARD='%s': want K/N with 0 <= K < N\n", shard);
+            return 2;
+        }
     }
     Suite *suite = NULL;
     if (suite_name && !strcmp(suite_name, "kernels"))

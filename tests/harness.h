@@ -10,6 +10,11 @@
  * "opencl-gpu"; set by main before any test forks. */
 extern const char *test_backend;
 
+/* CLATTN_TEST_SHARD=K/N (0 <= K < N): the kernels suite's float32 case
+ * registers only every N-th of its tests, from the K-th, so that N
+ * processes share it (tools/device_run.sh on a GPU). Unset: N is 1. */
+extern unsigned test_shard, test_shards;
+
 /* test_backend as a device selector ("gpu", "cpu", "native") and as the
  * backend a context on it reports. */
 const char *test_selector(void);

@@ -6,7 +6,8 @@
 #   suite    ctest's OpenCL GPU suites
 #   kernels  the GPU kernels suite, one process per variant at once (mma's and
 #            blocked's float32 and 16-bit tests apart, and mma's single-pass backward
-#            forced), ctest's
+#            forced; with KERNELS_VARIANT, its float32 case in KERNELS_SHARDS processes,
+#            default 4, through CLATTN_TEST_SHARD), ctest's
 #            train, ring and sm90a_probe GPU tests beside them; one summary,
 #            kernels.log (KERNELS_S: the time limit, default 540 s; KERNELS_VARIANT:
 #            that variant's tests alone)
@@ -141,8 +142,13 @@ for stage in "$@"; do
         build-dev/tests/clattn_tests --suite kernels --backend opencl-gpu 2>&1 \
         | grep -v 'warning generated' > "$logs/$name.out"
     }
-    if [ -n "${KERNELS_VARIANT:-}" ]; then # one variant alone, its modifiers' tests apart
-      suite "$KERNELS_VARIANT" CLATTN_TEST_VARIANT="$KERNELS_VARIANT" CK_EXCLUDE_TAGS=modifiers &
+    if [ -n "${KERNELS_VARIANT:-}" ]; then # one variant alone: its float32 case in shards,
+      n=${KERNELS_SHARDS:-4}               # the 16-bit and modifiers' cases apart
+      for k in $(seq 0 $((n - 1))); do
+        suite "$KERNELS_VARIANT-$k" CLATTN_TEST_VARIANT="$KERNELS_VARIANT" CK_RUN_CASE=grad_v \
+          CLATTN_TEST_SHARD=$k/$n &
+      done
+      suite "$KERNELS_VARIANT-16" CLATTN_TEST_VARIANT="$KERNELS_VARIANT" CK_RUN_CASE=grad_v-16 &
       suite modifiers CLATTN_TEST_VARIANT="$KERNELS_VARIANT" CK_RUN_CASE=modifiers &
     else
     suite mma CLATTN_TEST_VARIANT=mma CK_RUN_CASE=grad_v &

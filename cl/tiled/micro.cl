@@ -103,8 +103,10 @@ inline void put_weights(__local float *ws, const float *w, lane me)
 {
     for (uint j = 0; j < CN; ++j) {
         __local float *at = ws + (me.tx + SPLIT * j) * WS + me.ty * RM;
-#if RM == 4
-        *(__local float4 *)at = (float4)(w[j], w[CN + j], w[2 * CN + j], w[3 * CN + j]);
+#if RM % 4 == 0 /* whole float4s: WS and the rows' offset are */
+        for (uint i = 0; i < RM; i += 4)
+            *(__local float4 *)(at + i) =
+                (float4)(w[i * CN + j], w[(i + 1) * CN + j], w[(i + 2) * CN + j], w[(i + 3) * CN + j]);
 #else
         for (uint i = 0; i < RM; ++i)
             at[i] = w[i * CN + j];
@@ -120,12 +122,14 @@ inline void micro_axpy(float *acc, float *sum, __local const float *ws, __local 
 {
     for (uint t = 0; t < TILE; ++t) {
         float w[RM];
-#if RM == 4 /* one load: WS and the rows' offset are whole float4s */
-        const float4 w4 = *(__local const float4 *)(ws + t * WS + me.ty * 4);
-        w[0] = w4.x;
-        w[1] = w4.y;
-        w[2] = w4.z;
-        w[3] = w4.w;
+#if RM % 4 == 0 /* float4 loads: WS and the rows' offset are whole float4s */
+        for (uint i = 0; i < RM; i += 4) {
+            const float4 w4 = *(__local const float4 *)(ws + t * WS + me.ty * RM + i);
+            w[i] = w4.x;
+            w[i + 1] = w4.y;
+            w[i + 2] = w4.z;
+            w[i + 3] = w4.w;
+        }
 #else
         for (uint i = 0; i < RM; ++i)
             w[i] = ws[t * WS + me.ty * RM + i];
