@@ -14,9 +14,10 @@
  *    products per local load; the group's rows and the tile share local
  *    memory, so it serves small head_dims.
  *
- * This file holds what both share: the shape's defaults, the tensors'
- * indexing, the per-query values the key side reads with each tile, the
- * pairing of row blocks under a causal mask. cl/tiled/kernels.cl holds the
+ * This file holds what both share: the shape's defaults and sizes, the
+ * tensors' indexing, the streamed tiles' way through registers, the
+ * per-query values the key side reads with each tile, the pairing of row
+ * blocks under a causal mask. cl/tiled/kernels.cl holds the
  * entry points. ROWS, TILE, SPLIT, DSPLIT and PER_ITEM are compile-time
  * defines; with the defaults the files compile after cl/common.cl.
  *
@@ -45,6 +46,22 @@
 #endif
 #define D HEAD_DIM
 
+/* What both layouts size by: LANES work-items a group, local tile rows of
+ * DP columns (zeros past D) DS floats apart. rows.cl's work-items hold DC
+ * columns of a row each; micro.cl's PER_ITEM (RM) rows each, and its rows
+ * are padded so that a load step's rows lie in different banks. */
+#if PER_ITEM
+#define RM PER_ITEM
+#define DP ((D + 3) / 4 * 4)
+#define DS (DP + 4)
+#define LANES (ROWS / RM * SPLIT)
+#else
+#define DC ((D + DSPLIT - 1) / DSPLIT)
+#define DP (DC * DSPLIT)
+#define DS DP
+#define LANES (ROWS * DSPLIT * SPLIT)
+#endif
+
 inline ulong at(uint b, uint rows, uint row, uint heads, uint head, uint d)
 {
     return (((ulong)b * rows + row) * heads + head) * D + d;
@@ -53,6 +70,59 @@ inline ulong at(uint b, uint rows, uint row, uint heads, uint head, uint d)
 inline ulong row_of(uint b, uint q_seq, uint pos, uint num_heads, uint head)
 {
     return ((ulong)b * q_seq + pos) * num_heads + head;
+}
+
+/* A streamed tile (TILE rows of the other side) passes through
+ * registers: each work-item fetches its share of the next tile (PF
+ * floats) before the current tile's products, so that the global loads'
+ * latency hides behind them, and puts it in local memory after the next
+ * barrier. Rows from r0 of a [batch][rows][heads][D] tensor, zeros past
+ * `end` and past D. */
+#define PF ((TILE * DP + LANES - 1) / LANES)
+
+inline void fetch_tile(float *r, __global const elem *src, ulong off, uint b, uint rows, uint r0,
+                       uint end, uint heads, uint head)
+{
+    for (uint u = 0; u < PF; ++u) {
+        const uint i = get_local_id(0) + u * LANES, row = i / DP, d = i % DP;
+        r[u] = i < TILE * DP && r0 + row < end && d < D
+                   ? LOAD(src, off + at(b, rows, r0 + row, heads, head, d))
+                   : 0.0f;
+    }
+}
+
+inline void put_tile(__local float *t, const float *r)
+{
+    for (uint u = 0; u < PF; ++u) {
+        const uint i = get_local_id(0) + u * LANES;
+        if (i < TILE * DP)
+            t[i / DP * DS + i % DP] = r[u];
+    }
+}
+
+/* fetch_tile of two tensors of one shape (K and V, or Q and dO) into a
+ * and c, where r0 < end (a next tile exists). */
+inline void fetch_pair(float *a, float *c, __global const elem *x, ulong x_off,
+                       __global const elem *y, ulong y_off, uint b, uint rows, uint r0, uint end,
+                       uint heads, uint head)
+{
+    if (r0 < end) {
+        fetch_tile(a, x, x_off, b, rows, r0, end, heads, head);
+        fetch_tile(c, y, y_off, b, rows, r0, end, heads, head);
+    }
+}
+
+/* The key side's next tile of Q and dO after the one at (head, p0): the
+ * next TILE queries of [lo, hi), or the first of the next head of the
+ * group (heads below heads_end). */
+inline void fetch_next_queries(float *nq, float *no, __global const elem *q, ulong q_off,
+                               __global const elem *d_out, ulong d_out_off, uint b, uint q_seq,
+                               uint num_heads, uint head, uint heads_end, uint p0, uint lo,
+                               uint hi)
+{
+    const bool same = p0 + TILE < hi;
+    fetch_pair(nq, no, q, q_off, d_out, d_out_off, b, q_seq, same ? p0 + TILE : lo,
+               same || head + 1u < heads_end ? hi : 0u, num_heads, same ? head : head + 1u);
 }
 
 /* The per-query values the key side reads with each tile: m, l and (for

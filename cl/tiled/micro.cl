@@ -28,11 +28,7 @@
  * float4s.
  */
 #if PER_ITEM
-#define RM PER_ITEM
-#define DP ((D + 3) / 4 * 4)              /* a row's columns in local memory */
-#define DS (DP + 4)                       /* a local row's stride */
 #define WS ((ROWS + 3) / 4 * 4 + 4)       /* a weight row's stride (one a tile row) */
-#define LANES (ROWS / RM * SPLIT)
 #define CN (TILE / SPLIT)                 /* tile rows a work-item scores */
 #define NC4 ((DP / 4 + SPLIT - 1) / SPLIT) /* float4 columns a work-item accumulates */
 #define WHOLE_C4 (NC4 * SPLIT * 4 == DP)  /* every work-item's columns all lie inside DP */
@@ -105,8 +101,8 @@ inline void put_weights(__local float *ws, const float *w, lane me)
         __local float *at = ws + (me.tx + SPLIT * j) * WS + me.ty * RM;
 #if RM % 4 == 0 /* whole float4s: WS and the rows' offset are */
         for (uint i = 0; i < RM; i += 4)
-            *(__local float4 *)(at + i) =
-                (float4)(w[i * CN + j], w[(i + 1) * CN + j], w[(i + 2) * CN + j], w[(i + 3) * CN + j]);
+            *(__local float4 *)(at + i) = (float4)(w[i * CN + j], w[(i + 1) * CN + j],
+                                                   w[(i + 2) * CN + j], w[(i + 3) * CN + j]);
 #else
         for (uint i = 0; i < RM; ++i)
             at[i] = w[i * CN + j];
@@ -199,11 +195,14 @@ inline void forward_block(__global const elem *q, ulong q_off, __global const el
     }
     uint lo, hi;
     keys_of_queries(r0, last, kv_seq, causal, window, delta, &lo, &hi);
+    float nk[PF], nv[PF]; /* the next tile */
+    fetch_pair(nk, nv, k, k_off, v, v_off, b, kv_seq, lo, hi, num_kv_heads, kv_head);
     for (uint t0 = lo; t0 < hi; t0 += TILE) {
         barrier(CLK_LOCAL_MEM_FENCE);
-        load_block(ks, TILE, k, k_off, b, kv_seq, t0, hi, num_kv_heads, kv_head, 1.0f);
-        load_block(vs, TILE, v, v_off, b, kv_seq, t0, hi, num_kv_heads, kv_head, 1.0f);
+        put_tile(ks, nk);
+        put_tile(vs, nv);
         barrier(CLK_LOCAL_MEM_FENCE);
+        fetch_pair(nk, nv, k, k_off, v, v_off, b, kv_seq, t0 + TILE, hi, num_kv_heads, kv_head);
         float s[RM * CN];
         micro_dots(s, qs, ks, me);
         const bool whole = all_visible(r0, last, t0, min(t0 + TILE, hi) - 1u, causal, window, delta);
@@ -308,11 +307,14 @@ inline void grad_q_block(__global const elem *q, ulong q_off, __global const ele
     }
     uint lo, hi;
     keys_of_queries(r0, last, kv_seq, causal, window, delta, &lo, &hi);
+    float nk[PF], nv[PF]; /* the next tile */
+    fetch_pair(nk, nv, k, k_off, v, v_off, b, kv_seq, lo, hi, num_kv_heads, kv_head);
     for (uint t0 = lo; t0 < hi; t0 += TILE) {
         barrier(CLK_LOCAL_MEM_FENCE);
-        load_block(ks, TILE, k, k_off, b, kv_seq, t0, hi, num_kv_heads, kv_head, 1.0f);
-        load_block(vs, TILE, v, v_off, b, kv_seq, t0, hi, num_kv_heads, kv_head, 1.0f);
+        put_tile(ks, nk);
+        put_tile(vs, nv);
         barrier(CLK_LOCAL_MEM_FENCE);
+        fetch_pair(nk, nv, k, k_off, v, v_off, b, kv_seq, t0 + TILE, hi, num_kv_heads, kv_head);
         float s[RM * CN], dp[RM * CN];
         micro_dots(s, qs, ks, me);
         micro_dots(dp, os, vs, me);
@@ -365,14 +367,19 @@ inline void key_block(__global const elem *q, ulong q_off, __global const elem *
         acc_k[e] = acc_v[e] = 0.0f;
     uint lo, hi;
     queries_of_keys(r0, last, q_seq, causal, window, delta, &lo, &hi);
-    for (uint head = kv_head * group; head < (kv_head + 1u) * group; ++head) {
+    const uint heads_end = (kv_head + 1u) * group;
+    float nq[PF], no[PF]; /* the next tile */
+    fetch_pair(nq, no, q, q_off, d_out, d_out_off, b, q_seq, lo, hi, num_heads, kv_head * group);
+    for (uint head = kv_head * group; head < heads_end; ++head) {
         for (uint p0 = lo; p0 < hi; p0 += TILE) {
             barrier(CLK_LOCAL_MEM_FENCE);
-            load_block(qs, TILE, q, q_off, b, q_seq, p0, hi, num_heads, head, 1.0f);
-            load_block(os, TILE, d_out, d_out_off, b, q_seq, p0, hi, num_heads, head, 1.0f);
+            put_tile(qs, nq);
+            put_tile(os, no);
             load_stats(mt, lt, dt, lse, lse_off, dk ? dsum : 0, dsum_off, b, q_seq, p0, hi,
                        num_heads, head);
             barrier(CLK_LOCAL_MEM_FENCE);
+            fetch_next_queries(nq, no, q, q_off, d_out, d_out_off, b, q_seq, num_heads, head,
+                               heads_end, p0, lo, hi);
             float s[RM * CN], dp[RM * CN];
             micro_dots(s, ks, qs, me);
             if (dk)

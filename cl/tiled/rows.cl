@@ -24,9 +24,6 @@
  * 0, rounded up to whole float4s.
  */
 #if !PER_ITEM
-#define DC ((D + DSPLIT - 1) / DSPLIT) /* columns a work-item holds */
-#define DP (DC * DSPLIT)               /* a local tile row's stride */
-#define LANES (ROWS * DSPLIT * SPLIT)
 #define XCH_AT (2 * TILE * DP + 3 * TILE) /* the partial dot products */
 
 /* A work-item's place: its row of the group, its columns' part (DC columns
@@ -59,18 +56,6 @@ inline void store_row(__global elem *dst, ulong off, uint b, uint rows, uint row
 {
     for (uint d = 0; d < DC && c0 + d < D; ++d)
         STORE_GRAD(dst, off + at(b, rows, row, heads, head, c0 + d), gain * x[d], accumulate);
-}
-
-/* Loads rows [r0, r0 + TILE) of a [batch][rows][heads][D] tensor into
- * tile[TILE][DP], zeros past `end` and past D. Every work-item of the group
- * calls it. */
-inline void load_tile(__local float *tile, __global const elem *src, ulong off, uint b,
-                      uint rows, uint r0, uint end, uint heads, uint head)
-{
-    for (uint i = get_local_id(0); i < TILE * DP; i += LANES) {
-        const uint r = r0 + i / DP, d = i % DP;
-        tile[i] = r < end && d < D ? LOAD(src, off + at(b, rows, r, heads, head, d)) : 0.0f;
-    }
 }
 
 /* Partial dot products of x's columns with those of the work-item's tile
@@ -183,11 +168,14 @@ inline void forward_block(__global const elem *q, ulong q_off, __global const el
     float m = EMPTY_ROW, l = 0.0f;
     uint lo, hi;
     keys_of_queries(r0, min(r0 + ROWS, q_seq) - 1u, kv_seq, causal, window, delta, &lo, &hi);
+    float nk[PF], nv[PF]; /* the next tile */
+    fetch_pair(nk, nv, k, k_off, v, v_off, b, kv_seq, lo, hi, num_kv_heads, kv_head);
     for (uint t0 = lo; t0 < hi; t0 += TILE) {
         barrier(CLK_LOCAL_MEM_FENCE);
-        load_tile(kt, k, k_off, b, kv_seq, t0, hi, num_kv_heads, kv_head);
-        load_tile(vt, v, v_off, b, kv_seq, t0, hi, num_kv_heads, kv_head);
+        put_tile(kt, nk);
+        put_tile(vt, nv);
         barrier(CLK_LOCAL_MEM_FENCE);
+        fetch_pair(nk, nv, k, k_off, v, v_off, b, kv_seq, t0 + TILE, hi, num_kv_heads, kv_head);
         float s[TILE / SPLIT], tile_max = EMPTY_ROW;
         tile_dots(s, qr, kt, me);
         whole_dots(tiles + XCH_AT, s, 0, me);
@@ -291,11 +279,14 @@ inline void grad_q_block(__global const elem *q, ulong q_off, __global const ele
     const float ds_row = dsum[dsum_off + row];
     uint lo, hi;
     keys_of_queries(r0, min(r0 + ROWS, q_seq) - 1u, kv_seq, causal, window, delta, &lo, &hi);
+    float nk[PF], nv[PF]; /* the next tile */
+    fetch_pair(nk, nv, k, k_off, v, v_off, b, kv_seq, lo, hi, num_kv_heads, kv_head);
     for (uint t0 = lo; t0 < hi; t0 += TILE) {
         barrier(CLK_LOCAL_MEM_FENCE);
-        load_tile(kt, k, k_off, b, kv_seq, t0, hi, num_kv_heads, kv_head);
-        load_tile(vt, v, v_off, b, kv_seq, t0, hi, num_kv_heads, kv_head);
+        put_tile(kt, nk);
+        put_tile(vt, nv);
         barrier(CLK_LOCAL_MEM_FENCE);
+        fetch_pair(nk, nv, k, k_off, v, v_off, b, kv_seq, t0 + TILE, hi, num_kv_heads, kv_head);
         float s[TILE / SPLIT], dp[TILE / SPLIT];
         tile_dots(s, qr, kt, me);
         tile_dots(dp, dor, vt, me);
@@ -333,13 +324,18 @@ inline void grad_v_block(__global const elem *d_out, ulong d_out_off, __global c
         acc[d] = 0.0f;
     uint lo, hi;
     queries_of_keys(r0, min(r0 + ROWS, kv_seq) - 1u, q_seq, causal, window, delta, &lo, &hi);
-    for (uint head = kv_head * group; head < (kv_head + 1u) * group; ++head) {
+    const uint heads_end = (kv_head + 1u) * group;
+    float nq[PF], no[PF]; /* the next tile */
+    fetch_pair(nq, no, q, q_off, d_out, d_out_off, b, q_seq, lo, hi, num_heads, kv_head * group);
+    for (uint head = kv_head * group; head < heads_end; ++head) {
         for (uint p0 = lo; p0 < hi; p0 += TILE) {
             barrier(CLK_LOCAL_MEM_FENCE);
-            load_tile(qt, q, q_off, b, q_seq, p0, hi, num_heads, head);
-            load_tile(ot, d_out, d_out_off, b, q_seq, p0, hi, num_heads, head);
+            put_tile(qt, nq);
+            put_tile(ot, no);
             load_stats(mt, lt, 0, lse, lse_off, 0, 0, b, q_seq, p0, hi, num_heads, head);
             barrier(CLK_LOCAL_MEM_FENCE);
+            fetch_next_queries(nq, no, q, q_off, d_out, d_out_off, b, q_seq, num_heads, head,
+                               heads_end, p0, lo, hi);
             float s[TILE / SPLIT];
             tile_dots(s, kr, qt, me);
             whole_dots(tiles + XCH_AT, s, 0, me);
@@ -388,14 +384,19 @@ inline void grad_k_block(__global const elem *q, ulong q_off, __global const ele
         acc[d] = 0.0f;
     uint lo, hi;
     queries_of_keys(r0, min(r0 + ROWS, kv_seq) - 1u, q_seq, causal, window, delta, &lo, &hi);
-    for (uint head = kv_head * group; head < (kv_head + 1u) * group; ++head) {
+    const uint heads_end = (kv_head + 1u) * group;
+    float nq[PF], no[PF]; /* the next tile */
+    fetch_pair(nq, no, q, q_off, d_out, d_out_off, b, q_seq, lo, hi, num_heads, kv_head * group);
+    for (uint head = kv_head * group; head < heads_end; ++head) {
         for (uint p0 = lo; p0 < hi; p0 += TILE) {
             barrier(CLK_LOCAL_MEM_FENCE);
-            load_tile(qt, q, q_off, b, q_seq, p0, hi, num_heads, head);
-            load_tile(ot, d_out, d_out_off, b, q_seq, p0, hi, num_heads, head);
+            put_tile(qt, nq);
+            put_tile(ot, no);
             load_stats(mt, lt, dt, lse, lse_off, dsum, dsum_off, b, q_seq, p0, hi, num_heads,
                       head);
             barrier(CLK_LOCAL_MEM_FENCE);
+            fetch_next_queries(nq, no, q, q_off, d_out, d_out_off, b, q_seq, num_heads, head,
+                               heads_end, p0, lo, hi);
             float s[TILE / SPLIT], dp[TILE / SPLIT];
             tile_dots(s, kr, qt, me);
             tile_dots(dp, vr, ot, me);
