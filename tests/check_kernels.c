@@ -1677,13 +1677,14 @@ Suite *oclgrind_suite(void)
     return reduced_suite("oclgrind", "simulated", simulated_sweep, N(simulated));
 }
 
-/* Registers runs [start, end) of a test one by one, or under
- * CLATTN_TEST_SHARD those of this shard's turns. */
+/* Registers runs [start, end) of a loop test one by one, or under
+ * CLATTN_TEST_SHARD those of this shard's turns; a test of one run goes
+ * into every shard. */
 static void add_shard(TCase *tc, const TTest *t, int start, int end)
 {
     static unsigned turn;
     for (int i = start; i < end; ++i)
-        if (turn++ % test_shards == test_shard)
+        if (end - start == 1 || turn++ % test_shards == test_shard)
             _tcase_add_test(tc, t, 0, 0, i, i + 1);
 }
 

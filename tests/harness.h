@@ -11,8 +11,10 @@
 extern const char *test_backend;
 
 /* CLATTN_TEST_SHARD=K/N (0 <= K < N): the kernels suite's float32 case
- * registers only every N-th of its tests, from the K-th, so that N
- * processes share it (tools/device_run.sh on a GPU). Unset: N is 1. */
+ * registers only every N-th run of its loop tests, from the K-th, and its
+ * tests of one run in every shard, so that N processes share it
+ * (tools/device_run.sh on a GPU; the ASan run on PoCL takes one half).
+ * Unset: N is 1. */
 extern unsigned test_shard, test_shards;
 
 /* test_backend as a device selector ("gpu", "cpu", "native") and as the
