@@ -62,7 +62,8 @@
 #            MODS_DTYPES, default bf16 f32; MODS_DIMS, default 64 128) plain, with
 #            --softcap 30, --alibi (2^(-8 (i + 1) / heads)) and --dropout 0.1, interleaved,
 #            AB_ROUNDS rounds; tools/torch_mods.py (bf16 SDPA plain, dropout_p, ALiBi
-#            attn_mask) on the same shapes; then native at MODS_THREADS (default 16) on
+#            attn_mask) on the same shapes (with AB_OLD, the old build's GPU lines
+#            beside each; MODS_TORCH=0 leaves PyTorch out); then native at MODS_THREADS (default 16) on
 #            q 2048 8 heads d64 and d128 likewise, and a packed native batch (32 of 64-1024)
 #            against its uniform batch (VARLEN's layouts); MODS_NATIVE=0 leaves native out
 #   ring     examples/ring_attention on 1 and then RING_RANKS (default 2) ranks, a GPU
@@ -383,18 +384,24 @@ for stage in "$@"; do
   mods)
     slopes() { python3 -c "import numpy as n,sys; h=int(sys.argv[1]); n.save(sys.argv[2], n.array([2**(-8*(i+1)/h) for i in range(h)],dtype='<f4'))" "$1" "$2"; }
     mods_of=("none:" "softcap:--softcap 30" "alibi:--alibi ALIBI" "dropout:--dropout 0.1 --seed 1")
-    run_mods() { # LABEL HEADS then clattn bench args
-      local label=$1 heads=$2 r m
-      shift 2
+    # With AB_OLD, the GPU lines of the old build (its CLI as for ab) beside
+    # this one's, interleaved.
+    mods_builds=(build-dev)
+    [ -n "${AB_OLD:-}" ] && { build_old; mods_builds=(build-old build-dev); }
+    run_mods() { # LABEL HEADS BUILDS then clattn bench args
+      local label=$1 heads=$2 builds=$3 r m b
+      shift 3
       slopes "$heads" "$OUT/slopes$heads.npy"
       for r in $(seq "${AB_ROUNDS:-2}"); do
-        local line="$label r$r:"
-        for m in "${mods_of[@]}"; do
-          local args=${m#*:}
-          args=${args//ALIBI/$OUT/slopes$heads.npy}
-          line="$line ${m%%:*}=$($cli bench "$@" $args | awk 'NR==3{print $3}')"
+        for b in $builds; do
+          local line="$label r$r ${b#build-}:"
+          for m in "${mods_of[@]}"; do
+            local args=${m#*:}
+            args=${args//ALIBI/$OUT/slopes$heads.npy}
+            line="$line ${m%%:*}=$($b/clattn bench "$@" $args | awk 'NR==3{print $3}')"
+          done
+          echo "$line"
         done
-        echo "$line"
       done
     }
     for dt in ${MODS_DTYPES:-bf16 f32}; do
@@ -403,12 +410,12 @@ for stage in "$@"; do
         case " ${MODS_DIMS:-64 128} " in *" $d "*) ;; *) continue ;; esac
         heads=$(echo "${s#*:}" | sed 's/.*--heads \([0-9]*\).*/\1/')
         for op in forward backward; do
-          run_mods "mma $dt d$d $op" "$heads" --op $op --head-dim "$d" ${s#*:} --dtype "$dt" \
+          run_mods "mma $dt d$d $op" "$heads" "${mods_builds[*]}" --op $op --head-dim "$d" ${s#*:} --dtype "$dt" \
             --device gpu --reps 5
         done
       done
     done 2>&1 | tee "$OUT/mods.log"
-    for s in "${shapes[@]}"; do
+    [ "${MODS_TORCH:-1}" = 1 ] && for s in "${shapes[@]}"; do
       d=${s%%:*}
       case " ${MODS_DIMS:-64 128} " in *" $d "*) ;; *) continue ;; esac
       kvh=$(echo "${s#*:}" | sed -n 's/.*--kv-heads \([0-9]*\).*/\1/p')
@@ -418,7 +425,7 @@ for stage in "$@"; do
     done 2>&1 | tee -a "$OUT/mods.log"
     [ "${MODS_NATIVE:-1}" = 1 ] && for d in 64 128; do
       for op in forward backward; do
-        run_mods "native d$d $op" 8 --op $op --q-seq 2048 --heads 8 --kv-heads 2 \
+        run_mods "native d$d $op" 8 build-dev --op $op --q-seq 2048 --heads 8 --kv-heads 2 \
           --head-dim $d --causal --device native --threads "${MODS_THREADS:-16}" --reps 5
       done
     done 2>&1 | tee -a "$OUT/mods.log"
