@@ -2,14 +2,23 @@
 
 
 /* Scores to the units of exp. Unmodified, fp32's Q carries the scale
- * already and 16-bit scores take it with log2(e) in one product; modified
- * ones (SHAPED) are scaled first (PRE), and then in natural units. */
+ * already and 16-bit scores take it with log2(e) in one product. Modified
+ * ones (SHAPED) are held as y, the modified score z over MOD_UNIT: the cap
+ * where there is one (y = tanh(s / cap) less ALiBi's slope / cap * dist),
+ * else PRE, the scale the raw product still lacks (y = raw product less
+ * slope / PRE * dist). The cap's and the scale's products then fold into
+ * exp's, and each score pays only for its tanh and its bias. */
+#define PRE(scale) (DTYPE != 0 ? (scale) : 1.0f)
+#if MODS & MOD_SOFTCAP
+#define MOD_UNIT(scale) softcap
+#else
+#define MOD_UNIT(scale) PRE(scale)
+#endif
 #if SHAPED
-#define SCORE_UNIT(scale) EXP_UNIT
+#define SCORE_UNIT(scale) (MOD_UNIT(scale) * EXP_UNIT)
 #else
 #define SCORE_UNIT(scale) (DTYPE != 0 ? (scale) * EXP_UNIT : 1.0f)
 #endif
-#define PRE(scale) (DTYPE != 0 ? (scale) : 1.0f)
 
 /* The ALiBi slope of a query head (0 without ALiBi). */
 #if MODS & MOD_ALIBI
@@ -18,64 +27,63 @@
 #define SLOPE(head) 0.0f
 #endif
 
-/* One score modified: x is the raw product, times pre the scaled score.
- * The cap: on the GPU, 16-bit kernels take tanh by one tanh.approx.f32
- * (inv = 1 / softcap; relative error below 2^-10.9, under half a bf16
+/* One score modified, in MOD_UNIT: x is the raw product; mul takes it to
+ * tanh's argument, x * PRE / cap. On the GPU, 16-bit kernels take tanh by
+ * one tanh.approx.f32 (relative error below 2^-10.9, under half a bf16
  * ulp), where the builtin tanh took about 20 instructions a score;
- * emulated, as tanh(y) = 1 - 2 / (1 + 2^(2 y log2(e))) by native_exp2 and
- * native_recip (inv = 2 log2(e) / softcap). float32 keeps tanh. Then
- * ALiBi's slope * dist. */
-inline float modify_one(float x, float pre, float inv, float softcap, float slope, float dist,
-                        float *dz)
+ * emulated, as tanh(u) = 1 - 2 / (1 + 2^(2 u log2(e))) by native_exp2 and
+ * native_recip (mul then carries 2 log2(e)). float32 keeps tanh(x / cap).
+ * Then ALiBi's bias, slope_u = slope / MOD_UNIT times dist. *dz is the
+ * derivative of z in the scaled score. */
+inline float modify_one(float x, float mul, float softcap, float slope_u, float dist, float *dz)
 {
     float g = 1.0f;
-    x *= pre;
 #if MODS & MOD_SOFTCAP
 #if DTYPE != 0 && !defined(MMA_EMULATE)
     float th;
-    __asm__("tanh.approx.f32 %0, %1;" : "=f"(th) : "f"(x * inv));
+    __asm__("tanh.approx.f32 %0, %1;" : "=f"(th) : "f"(x * mul));
 #elif DTYPE != 0
-    const float th = 1.0f - 2.0f * native_recip(1.0f + native_exp2(x * inv));
+    const float th = 1.0f - 2.0f * native_recip(1.0f + native_exp2(x * mul));
 #else
     const float th = tanh(x / softcap);
 #endif
-    x = softcap * th;
+    x = th;
     g = 1.0f - th * th;
 #endif
 #if MODS & MOD_ALIBI
-    x -= slope * dist;
+    x -= slope_u * dist;
 #endif
     *dz = g;
     return x;
 }
 
-/* The modified scores of a lane's part of a 16 x TILE block, and their
- * derivatives into dz: element j's |P - T| is |base + side * off(j)| with
- * off(j) = (j & 2 ? 8 : 0) - j / 4 * 8 - (j & 1), side 1 for the query
- * side's blocks (rows queries, columns keys: base = row0 + delta - t0 -
- * 2t) and -1 for the key side's (base = p0 + 2t + delta - key0). In
+/* The modified scores (in MOD_UNIT) of a lane's part of a 16 x TILE block,
+ * and their derivatives into dz: element j's |P - T| is |base + side *
+ * off(j)| with off(j) = (j & 2 ? 8 : 0) - j / 4 * 8 - (j & 1), side 1 for
+ * the query side's blocks (rows queries, columns keys: base = row0 + delta
+ * - t0 - 2t) and -1 for the key side's (base = p0 + 2t + delta - key0). In
  * float32 from base while that is exact, below 2^23. */
 inline void modify_lane(float *s, float *dz, float pre, long base, float side, float softcap,
                         float slope)
 {
 #if (MODS & MOD_SOFTCAP) && DTYPE != 0 && !defined(MMA_EMULATE)
-    const float inv = 1.0f / softcap;
+    const float mul = pre / softcap, slope_u = slope / softcap;
 #elif MODS & MOD_SOFTCAP
-    const float inv = (2.0f * 1.44269504088896341f) / softcap;
+    const float mul = (2.0f * 1.44269504088896341f) * pre / softcap, slope_u = slope / softcap;
 #else
-    const float inv = 0.0f;
+    const float mul = 1.0f, slope_u = slope / pre;
 #endif
 #define OFF(j) ((float)(((j) & 2 ? 8 : 0) - (int)((j) / 4 * 8) - (int)((j) & 1)))
     if (base > -(1L << 23) && base < (1L << 23)) {
         const float fb = (float)base;
         UNROLL
         for (uint j = 0; j < NT * 4; ++j)
-            s[j] = modify_one(s[j], pre, inv, softcap, slope, fabs(fb + side * OFF(j)), &dz[j]);
+            s[j] = modify_one(s[j], mul, softcap, slope_u, fabs(fb + side * OFF(j)), &dz[j]);
     } else {
         UNROLL
         for (uint j = 0; j < NT * 4; ++j) {
             const long d = base + (long)(side * OFF(j));
-            s[j] = modify_one(s[j], pre, inv, softcap, slope, (float)(d < 0 ? -d : d), &dz[j]);
+            s[j] = modify_one(s[j], mul, softcap, slope_u, (float)(d < 0 ? -d : d), &dz[j]);
         }
     }
 #undef OFF
