@@ -32,10 +32,14 @@
  * one tanh.approx.f32 (relative error below 2^-10.9, under half a bf16
  * ulp), where the builtin tanh took about 20 instructions a score;
  * emulated, as tanh(u) = 1 - 2 / (1 + 2^(2 u log2(e))) by native_exp2 and
- * native_recip (mul then carries 2 log2(e)). float32 keeps tanh(x / cap).
+ * native_recip (mul then carries 2 log2(e)). float32 takes native's form,
+ * sign(x) (1 - e) / (1 + e) with e = exp(-2 |x| / cap) by one ex2 and one
+ * division (an absolute error of a few float32 ulps of 1, as the scores'
+ * own rounding at the cap's size), where the builtin tanh is about 20
+ * instructions.
  * Then ALiBi's bias, slope_u = slope / MOD_UNIT times dist. *dz is the
  * derivative of z in the scaled score. */
-inline float modify_one(float x, float mul, float softcap, float slope_u, float dist, float *dz)
+inline float modify_one(float x, float mul, float slope_u, float dist, float *dz)
 {
     float g = 1.0f;
 #if MODS & MOD_SOFTCAP
@@ -44,8 +48,9 @@ inline float modify_one(float x, float mul, float softcap, float slope_u, float 
     __asm__("tanh.approx.f32 %0, %1;" : "=f"(th) : "f"(x * mul));
 #elif DTYPE != 0
     const float th = 1.0f - 2.0f * native_recip(1.0f + native_exp2(x * mul));
-#else
-    const float th = tanh(x / softcap);
+#else /* as native: sign(x) (1 - e) / (1 + e), e = 2^(-|x| mul) */
+    const float e = exp2_ftz(-fabs(x) * mul), a = (1.0f - e) / (1.0f + e);
+    const float th = x < 0.0f ? -a : a;
 #endif
     x = th;
     g = 1.0f - th * th;
@@ -78,12 +83,12 @@ inline void modify_lane(float *s, float *dz, float pre, long base, float side, f
         const float fb = (float)base;
         UNROLL
         for (uint j = 0; j < NT * 4; ++j)
-            s[j] = modify_one(s[j], mul, softcap, slope_u, fabs(fb + side * OFF(j)), &dz[j]);
+            s[j] = modify_one(s[j], mul, slope_u, fabs(fb + side * OFF(j)), &dz[j]);
     } else {
         UNROLL
         for (uint j = 0; j < NT * 4; ++j) {
             const long d = base + (long)(side * OFF(j));
-            s[j] = modify_one(s[j], mul, softcap, slope_u, (float)(d < 0 ? -d : d), &dz[j]);
+            s[j] = modify_one(s[j], mul, slope_u, (float)(d < 0 ? -d : d), &dz[j]);
         }
     }
 #undef OFF
