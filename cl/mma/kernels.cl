@@ -28,17 +28,15 @@
 #endif
 
 /* One score modified, in MOD_UNIT: x is the raw product; mul takes it to
- * tanh's argument, x * PRE / cap. On the GPU, 16-bit kernels take tanh by
- * one tanh.approx.f32 (relative error below 2^-10.9, under half a bf16
- * ulp), where the builtin tanh took about 20 instructions a score;
- * emulated, as tanh(u) = 1 - 2 / (1 + 2^(2 u log2(e))) by native_exp2 and
- * native_recip (mul then carries 2 log2(e)). float32 takes native's form,
- * sign(x) (1 - e) / (1 + e) with e = exp(-2 |x| / cap) by one ex2 and one
- * division (an absolute error of a few float32 ulps of 1, as the scores'
- * own rounding at the cap's size), where the builtin tanh is about 20
- * instructions.
- * Then ALiBi's bias, slope_u = slope / MOD_UNIT times dist. *dz is the
- * derivative of z in the scaled score. */
+ * tanh's argument, x * PRE / cap, where OpenCL's tanh is about 20
+ * instructions a score. On the GPU, 16-bit kernels take one
+ * tanh.approx.f32 (relative error below 2^-10.9, under half a bf16 ulp);
+ * emulated, 1 - 2 / (1 + 2^(2 u log2(e))) by native_exp2 and native_recip;
+ * float32 native's form, sign(x) (1 - e) / (1 + e) with e = 2^(-2 |u|
+ * log2(e)), one ex2 and one division (an absolute error of a few float32
+ * ulps of 1, as the scores' own rounding at the cap's size). In both,
+ * mul carries 2 log2(e). Then ALiBi's bias, slope_u = slope / MOD_UNIT
+ * times dist. *dz is the derivative of z in the scaled score. */
 inline float modify_one(float x, float mul, float slope_u, float dist, float *dz)
 {
     float g = 1.0f;
