@@ -63,8 +63,8 @@
 #            --softcap 30, --alibi (2^(-8 (i + 1) / heads)) and --dropout 0.1, interleaved,
 #            AB_ROUNDS rounds; tools/torch_mods.py (bf16 SDPA plain, dropout_p, ALiBi
 #            attn_mask) on the same shapes (with AB_OLD, the old build's GPU lines
-#            beside each; MODS_TORCH=0 leaves PyTorch out); then native at MODS_THREADS (default 16) on
-#            q 2048 8 heads d64 and d128 likewise, and a packed native batch (32 of 64-1024)
+#            beside each; MODS_TORCH=0 leaves PyTorch out); then native at MODS_THREADS
+#            (default 16) on q 2048 8 heads d64 and d128 likewise, and a packed native batch (32 of 64-1024)
 #            against its uniform batch (VARLEN's layouts); MODS_NATIVE=0 leaves native out
 #   ring     examples/ring_attention on 1 and then RING_RANKS (default 2) ranks, a GPU
 #            each, RING_ARGS (default q_seq 131072, d128, 8 heads, causal); needs
@@ -410,8 +410,8 @@ for stage in "$@"; do
         case " ${MODS_DIMS:-64 128} " in *" $d "*) ;; *) continue ;; esac
         heads=$(echo "${s#*:}" | sed 's/.*--heads \([0-9]*\).*/\1/')
         for op in forward backward; do
-          run_mods "mma $dt d$d $op" "$heads" "${mods_builds[*]}" --op $op --head-dim "$d" ${s#*:} --dtype "$dt" \
-            --device gpu --reps 5
+          run_mods "mma $dt d$d $op" "$heads" "${mods_builds[*]}" --op $op --head-dim "$d" \
+            ${s#*:} --dtype "$dt" --device gpu --reps 5
         done
       done
     done 2>&1 | tee "$OUT/mods.log"
