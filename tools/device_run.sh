@@ -63,7 +63,8 @@
 #            --softcap 30, --alibi (2^(-8 (i + 1) / heads)) and --dropout 0.1, interleaved,
 #            AB_ROUNDS rounds; tools/torch_mods.py (bf16 SDPA plain, dropout_p, ALiBi
 #            attn_mask) on the same shapes (with AB_OLD, the old build's GPU lines
-#            beside each; MODS_TORCH=0 leaves PyTorch out); then native at MODS_THREADS
+#            beside each; MODS_TORCH=0 leaves PyTorch out; MODS_KINDS: the modifiers
+#            timed, default "none softcap alibi dropout"); then native at MODS_THREADS
 #            (default 16) on q 2048 8 heads d64 and d128 likewise, and a packed native batch (32 of 64-1024)
 #            against its uniform batch (VARLEN's layouts); MODS_NATIVE=0 leaves native out
 #   ring     examples/ring_attention on 1 and then RING_RANKS (default 2) ranks, a GPU
@@ -383,7 +384,10 @@ for stage in "$@"; do
       --kv-heads 8 --head-dim 128 --dtype bf16 2>&1 | tee -a "$OUT/varlen.log" ;;
   mods)
     slopes() { python3 -c "import numpy as n,sys; h=int(sys.argv[1]); n.save(sys.argv[2], n.array([2**(-8*(i+1)/h) for i in range(h)],dtype='<f4'))" "$1" "$2"; }
-    mods_of=("none:" "softcap:--softcap 30" "alibi:--alibi ALIBI" "dropout:--dropout 0.1 --seed 1")
+    mods_of=()
+    for m in "none:" "softcap:--softcap 30" "alibi:--alibi ALIBI" "dropout:--dropout 0.1 --seed 1"; do
+      case " ${MODS_KINDS:-none softcap alibi dropout} " in *" ${m%%:*} "*) mods_of+=("$m") ;; esac
+    done
     # With AB_OLD, the GPU lines of the old build (its CLI as for ab) beside
     # this one's, interleaved.
     mods_builds=(build-dev)
