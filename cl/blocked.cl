@@ -336,7 +336,7 @@ inline float16 modify16(float16 x, uint16 pos, uint16 t, uint head, long delta, 
 {
     *dz = (float16)1.0f;
 #if MODS & MOD_SOFTCAP
-    const float16 e = exp2(-fabs(x) * ((2.0f * 1.44269504088896341f) / softcap));
+    const float16 e = exp2(-fabs(x) * (TWO_LOG2E / softcap));
     const float16 a = (1.0f - e) / (1.0f + e);
     const float16 th = select(a, -a, x < 0.0f); /* softcap_tanh(), 16 lanes */
     x = softcap * th;

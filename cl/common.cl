@@ -68,15 +68,19 @@ inline ushort bf16_rte(float x)
         uint drop_k1, uint drop_thr, float drop_gain
 #define MOD_PASS softcap, slopes, kv_pos0, seq0, drop_k0, drop_k1, drop_thr, drop_gain
 
-/* tanh(x / cap) with k = 2 log2(e) / cap, as native takes it: sign(x) (1 -
- * e) / (1 + e), e = 2^(-|x| k), one exp2 and one division in place of
- * tanh's longer sequence; an absolute error of a few float32 ulps of 1.
- * NaN stays NaN, and +-inf gives +-1. */
-inline float softcap_tanh(float x, float k)
+/* tanh(x / cap) as native takes it: sign(x) (1 - e) / (1 + e) from e =
+ * 2^(-|x| k), k = TWO_LOG2E / cap; one exp2 and one division in place of
+ * tanh's longer sequence, an absolute error of a few float32 ulps of 1.
+ * NaN stays NaN, and +-inf gives +-1. tanh_of_e takes e made by the
+ * caller's exp2 (mma's ex2.approx). */
+#define TWO_LOG2E (2.0f * 1.44269504088896341f)
+inline float tanh_of_e(float x, float e)
 {
-    const float e = exp2(-fabs(x) * k), a = (1.0f - e) / (1.0f + e);
+    const float a = (1.0f - e) / (1.0f + e);
     return x < 0.0f ? -a : a;
 }
+
+inline float softcap_tanh(float x, float k) { return tanh_of_e(x, exp2(-fabs(x) * k)); }
 
 /* The modified score of the scaled score x of query row pos and key t of
  * query head `head`: softcap, then ALiBi over |P - T| = |pos + delta - t|;
@@ -86,7 +90,7 @@ inline float modify(float x, uint pos, uint t, uint head, long delta, float soft
 {
     float g = 1.0f;
 #if MODS & MOD_SOFTCAP
-    const float th = softcap_tanh(x, (2.0f * 1.44269504088896341f) / softcap);
+    const float th = softcap_tanh(x, TWO_LOG2E / softcap);
     x = softcap * th;
     g = 1.0f - th * th;
 #endif

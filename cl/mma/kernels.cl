@@ -47,8 +47,7 @@ inline float modify_one(float x, float mul, float slope_u, float dist, float *dz
 #elif DTYPE != 0
     const float th = 1.0f - 2.0f * native_recip(1.0f + native_exp2(x * mul));
 #else /* as native: sign(x) (1 - e) / (1 + e), e = 2^(-|x| mul) */
-    const float e = exp2_ftz(-fabs(x) * mul), a = (1.0f - e) / (1.0f + e);
-    const float th = x < 0.0f ? -a : a;
+    const float th = tanh_of_e(x, exp2_ftz(-fabs(x) * mul));
 #endif
     x = th;
     g = 1.0f - th * th;
@@ -72,7 +71,7 @@ inline void modify_lane(float *s, float *dz, float pre, long base, float side, f
 #if (MODS & MOD_SOFTCAP) && DTYPE != 0 && !defined(MMA_EMULATE)
     const float mul = pre / softcap, slope_u = slope / softcap;
 #elif MODS & MOD_SOFTCAP
-    const float mul = (2.0f * 1.44269504088896341f) * pre / softcap, slope_u = slope / softcap;
+    const float mul = TWO_LOG2E * pre / softcap, slope_u = slope / softcap;
 #else
     const float mul = 1.0f, slope_u = slope / pre;
 #endif
