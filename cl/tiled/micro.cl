@@ -6,8 +6,8 @@
  * for the forward and grad-Q, key rows for the key side) in local memory,
  * the rows' vectors of the inputs it scores them with; the other side
  * streams through local memory TILE rows at a time. Its work-items form a
- * grid of ROWS / PER_ITEM by SPLIT: work-item (ty, tx) holds rows ty *
- * PER_ITEM + i (i < PER_ITEM) and
+ * grid of ROWS / PER_ITEM by SPLIT: work-item (ty, tx) holds rows ty +
+ * ROWS / PER_ITEM * i (i < PER_ITEM, row_in) and
  *  - scores them against tile rows tx + SPLIT * j (j < CN = TILE / SPLIT),
  *    four columns a step: each local load of four floats feeds PER_ITEM or
  *    CN products of four, not one;
@@ -55,6 +55,16 @@ inline lane lane_of(void)
     return me;
 }
 
+/* The group row of the work-item's row i: its rows interleave with the
+ * other work-items' (ty, ty + ROWS / RM, ...), so that the rows that the
+ * neighbouring ty of one warp read at a step are neighbouring rows, DS
+ * floats apart, in different banks (rows RM apart share banks from RM = 4
+ * on). Its weights, maxima and sums keep the slot ty * RM + i. */
+inline uint row_in(lane me, uint i)
+{
+    return i * (ROWS / RM) + me.ty;
+}
+
 /* Loads rows [r0, r0 + n) of a [batch][rows][heads][D] tensor, times gain,
  * into t[n][DS], zeros past `end` and past D. Every work-item of the group
  * calls it; neighbours read neighbouring columns. */
@@ -78,7 +88,7 @@ inline void micro_dots(float *s, __local const float *as, __local const float *b
     for (uint d = 0; d < DP; d += 4) {
         float4 a[RM], x[CN];
         for (uint i = 0; i < RM; ++i)
-            a[i] = *(__local const float4 *)(as + (me.ty * RM + i) * DS + d);
+            a[i] = *(__local const float4 *)(as + row_in(me, i) * DS + d);
         for (uint j = 0; j < CN; ++j)
             x[j] = *(__local const float4 *)(bs + (me.tx + SPLIT * j) * DS + d);
         for (uint i = 0; i < RM; ++i)
@@ -207,7 +217,7 @@ inline void forward_block(__global const elem *q, ulong q_off, __global const el
         micro_dots(s, qs, ks, me);
         const bool whole = all_visible(r0, last, t0, min(t0 + TILE, hi) - 1u, causal, window, delta);
         for (uint i = 0; i < RM; ++i) {
-            const uint pos = r0 + me.ty * RM + i;
+            const uint pos = r0 + row_in(me, i);
             float mx = EMPTY_ROW;
             for (uint j = 0; j < CN; ++j) {
                 const uint t = t0 + me.tx + SPLIT * j;
@@ -239,7 +249,7 @@ inline void forward_block(__global const elem *q, ulong q_off, __global const el
                 float p = s[i * CN + j] == EMPTY_ROW ? 0.0f : exp(s[i * CN + j] - m_new);
 #if MODS & MOD_DROPOUT
                 kept_sum += p;
-                p *= DROP(r0 + me.ty * RM + i, t0 + me.tx + SPLIT * j, head, b);
+                p *= DROP(r0 + row_in(me, i), t0 + me.tx + SPLIT * j, head, b);
 #endif
                 s[i * CN + j] = p;
             }
@@ -265,7 +275,7 @@ inline void forward_block(__global const elem *q, ulong q_off, __global const el
 #endif
     }
     for (uint i = 0; i < RM; ++i) {
-        const uint pos = r0 + me.ty * RM + i;
+        const uint pos = r0 + row_in(me, i);
         if (pos >= q_seq)
             break;
         store_acc(o, o_off, b, q_seq, pos, num_heads, head, acc, i,
@@ -299,7 +309,7 @@ inline void grad_q_block(__global const elem *q, ulong q_off, __global const ele
     for (uint e = 0; e < RM * NC4 * 4; ++e)
         acc[e] = 0.0f;
     for (uint i = 0; i < RM; ++i) {
-        const uint pos = r0 + me.ty * RM + i;
+        const uint pos = r0 + row_in(me, i);
         const ulong row = row_of(b, q_seq, pos < q_seq ? pos : 0u, num_heads, head);
         m[i] = lse[lse_off + 2 * row];
         l[i] = lse[lse_off + 2 * row + 1];
@@ -320,7 +330,7 @@ inline void grad_q_block(__global const elem *q, ulong q_off, __global const ele
         micro_dots(dp, os, vs, me);
         const bool whole = all_visible(r0, last, t0, min(t0 + TILE, hi) - 1u, causal, window, delta);
         for (uint i = 0; i < RM; ++i) {
-            const uint pos = r0 + me.ty * RM + i;
+            const uint pos = r0 + row_in(me, i);
             for (uint j = 0; j < CN; ++j) {
                 const uint t = t0 + me.tx + SPLIT * j;
                 const uint e = i * CN + j;
@@ -334,7 +344,7 @@ inline void grad_q_block(__global const elem *q, ulong q_off, __global const ele
         micro_axpy(acc, 0, ws, ks, me);
     }
     for (uint i = 0; i < RM; ++i) {
-        const uint pos = r0 + me.ty * RM + i;
+        const uint pos = r0 + row_in(me, i);
         if (pos >= q_seq)
             break;
         store_acc(dq, dq_off, b, q_seq, pos, num_heads, head, acc, i, scale, accumulate, me);
@@ -387,7 +397,7 @@ inline void key_block(__global const elem *q, ulong q_off, __global const elem *
             const bool whole =
                 all_visible(p0, min(p0 + TILE, hi) - 1u, r0, last, causal, window, delta);
             for (uint i = 0; i < RM; ++i) {
-                const uint t = r0 + me.ty * RM + i;
+                const uint t = r0 + row_in(me, i);
                 for (uint j = 0; j < CN; ++j) {
                     const uint jj = me.tx + SPLIT * j, pos = p0 + jj, e = i * CN + j;
                     float dz = 1.0f;
@@ -420,7 +430,7 @@ inline void key_block(__global const elem *q, ulong q_off, __global const elem *
         }
     }
     for (uint i = 0; i < RM; ++i) {
-        const uint t = r0 + me.ty * RM + i;
+        const uint t = r0 + row_in(me, i);
         if (t >= kv_seq)
             break;
         if (dv)
