@@ -13,11 +13,11 @@
  * llvmpipe) or as a loop (PoCL's CPU device); by head_dim class, the
  * forward's shape and the backward's. */
 static const tile_class tile_table[] = {
-    {CL_DEVICE_TYPE_GPU | CL_DEVICE_TYPE_ACCELERATOR, 64, {64, 32, 16, 64, 4},
+    {CL_DEVICE_TYPE_GPU | CL_DEVICE_TYPE_ACCELERATOR, 64, {64, 32, 8, 64, 4},
      {32, 32, 16, 64, 4},
-     "micro-tiles of 4 rows: local memory holds the group's rows and the tile; the key "
-     "side's two of each leave room for 32 rows"},
-    {CL_DEVICE_TYPE_GPU | CL_DEVICE_TYPE_ACCELERATOR, 128, {48, 16, 16, 128, 4},
+     "micro-tiles of 4 rows by 4 keys in the forward; the key side's two tiles of rows and "
+     "keys leave room for 32 rows, fastest split 16 ways"},
+    {CL_DEVICE_TYPE_GPU | CL_DEVICE_TYPE_ACCELERATOR, 128, {32, 16, 8, 128, 4},
      {32, 8, 8, 128, 4},
      "micro-tiles of 4 rows; the key side's two tiles of rows and keys leave room for 32 "
      "rows and tiles of 8 (rows split by columns: 0.88x the forward, 0.47x the backward)"},
