@@ -25,6 +25,7 @@ typedef struct candidate {
     double sum;        /* totals summed over the confirming rounds */
     double error;
     int ok;
+    char ran[512]; /* the build options of the variant's programs that ran */
 } candidate;
 
 /* The shapes to try, in two stages, as far as the device's work-groups hold
@@ -112,6 +113,25 @@ static int device_key(clattn_context *ctx, char *key, size_t size, size_t *max_w
     return !strpbrk(key, "\t\r\n");
 }
 
+/* The build options of the variant's programs in a context's log, one
+ * after another: what a shape ran as once the library fitted it to the
+ * device (a shape beyond the device's local memory runs as a smaller one). */
+static void ran_as(const char *log, const char *variant, char *ran, size_t size)
+{
+    char head[32];
+    size_t used = 0;
+    snprintf(head, sizeof head, "%s kernels (", variant);
+    ran[0] = '\0';
+    for (const char *p = log ? strstr(log, head) : NULL; p; p = strstr(p, head)) {
+        p += strlen(head);
+        const int len = (int)strcspn(p, ")\n");
+        const int n = snprintf(ran + used, size - used, "%s%.*s", used ? "; " : "", len, p);
+        if (n < 0 || (size_t)n >= size - used)
+            break;
+        used += (size_t)n;
+    }
+}
+
 /* Times candidate c: a context on the device with c's shape, each op. A
  * shape the device cannot take (a failed build, too little local memory) is
  * not ok, with the reason printed; a failure of the device is the run's. */
@@ -136,6 +156,7 @@ static int time_candidate(const char *selector, const char *variant, const char 
         c->total += c->seconds[i];
         c->error = err > c->error || isnan(err) ? err : c->error;
     }
+    ran_as(ctx ? clattn_context_log(ctx) : NULL, variant, c->ran, sizeof c->ran);
     clattn_context_destroy(ctx);
     if (st == CLATTN_ERROR_BUILD_FAILED || st == CLATTN_ERROR_WORK_GROUP_TOO_LARGE ||
         st == CLATTN_ERROR_INVALID_OPTION || st == CLATTN_ERROR_UNSUPPORTED_SHAPE) {
@@ -403,8 +424,19 @@ int cmd_tune(int argc, char **argv)
     /* The sweep: the table's shape first, then every candidate once; the
      * second stage's candidates once the first stage's winner is known. */
     for (size_t i = 0; i < n && !rc; ++i) {
-        if (!(rc = time_candidate(selector, variant, var, b, nops, (int)reps, &c[i])) && c[i].ok)
-            print_candidate(&c[i], b, nops);
+        if (!(rc = time_candidate(selector, variant, var, b, nops, (int)reps, &c[i])) &&
+            c[i].ok) {
+            size_t same = 0;
+            while (same < i && !(c[same].ok && c[i].ran[0] && !strcmp(c[same].ran, c[i].ran)))
+                ++same;
+            if (same < i) { /* fitted to an earlier shape, or one twice: timed once */
+                printf("  %-14s builds the kernels of %s here\n", c[i].text,
+                       c[same].text[0] ? c[same].text : "the table's shape");
+                c[i].ok = 0;
+            } else {
+                print_candidate(&c[i], b, nops);
+            }
+        }
         if (search == 1 && i + 1 == n && !rc) {
             size_t best = 0;
             for (size_t j = 1; j < n; ++j)
