@@ -1,8 +1,13 @@
-/* The on-disk program cache: stored, loaded, damaged, unwritable, off. */
+/* The on-disk program cache: stored, loaded, damaged, unwritable, off,
+ * bounded. */
+#define _POSIX_C_SOURCE 200809L
 #include <dirent.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #define CL_TARGET_OPENCL_VERSION 120
@@ -106,6 +111,125 @@ START_TEST(program_cache)
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
     ck_assert_int_eq(system(cmd), 0);
     unsetenv("CLATTN_CACHE_DIR");
+}
+END_TEST
+
+/* A file of `size` bytes at dir/name, last modified `age` seconds ago. */
+static void make_file(const char *dir, const char *name, long size, long age)
+{
+    char path[4096];
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    FILE *f = fopen(path, "wb");
+    ck_assert_ptr_nonnull(f);
+    for (long i = 0; i < size; ++i)
+        ck_assert_int_ne(fputc((int)(i & 0xff), f), EOF);
+    ck_assert_int_eq(fclose(f), 0);
+    const struct timespec when[2] = {{time(NULL) - age, 0}, {time(NULL) - age, 0}};
+    ck_assert_int_eq(utimensat(AT_FDCWD, path, when, 0), 0);
+}
+
+/* Seconds since dir/name was last modified; -1 where it is gone. */
+static long age_of(const char *dir, const char *name)
+{
+    char path[4096];
+    struct stat st;
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    return stat(path, &st) ? -1 : (long)(time(NULL) - st.st_mtime);
+}
+
+/* The cache's programs (16 hex digits and .bin): how many, their bytes,
+ * and each made `age` seconds old where age >= 0. */
+static int programs(const char *dir, long *bytes, long age)
+{
+    DIR *d = opendir(dir);
+    ck_assert_ptr_nonnull(d);
+    int n = 0;
+    *bytes = 0;
+    for (struct dirent *e; (e = readdir(d)) != NULL;) {
+        const size_t len = strlen(e->d_name);
+        if (len != 20 || strcmp(e->d_name + 16, ".bin"))
+            continue;
+        char path[4096];
+        struct stat st;
+        snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+        ck_assert_int_eq(stat(path, &st), 0);
+        ++n;
+        *bytes += (long)st.st_size;
+        if (age >= 0) {
+            const struct timespec when[2] = {{time(NULL) - age, 0}, {time(NULL) - age, 0}};
+            ck_assert_int_eq(utimensat(AT_FDCWD, path, when, 0), 0);
+        }
+    }
+    closedir(d);
+    return n;
+}
+
+/* CLATTN_CACHE_MAX_MB: a store removes the least recently used programs
+ * past the bound, never the one it stored nor a file not the cache's; a
+ * load marks a program recently used; a bound that is not a whole number
+ * of MiB is refused with its name. */
+START_TEST(cache_bound)
+{
+    if (!strcmp(test_backend, "native"))
+        return;
+    char dir[] = "/tmp/clattn-bound-XXXXXX";
+    ck_assert_ptr_nonnull(mkdtemp(dir));
+    setenv("CLATTN_CACHE_DIR", dir, 1);
+    /* Programs of older sources (600 KiB each, oldest first) and a file of
+     * someone else's, older than all of them. */
+    make_file(dir, "00000000000000a1.bin", 600l << 10, 3000);
+    make_file(dir, "00000000000000a2.bin", 600l << 10, 2000);
+    make_file(dir, "00000000000000a3.bin", 600l << 10, 1000);
+    make_file(dir, "notes.txt", 2l << 20, 4000);
+    setenv("CLATTN_CACHE_MAX_MB", "1", 1);
+    clattn_context *ctx = test_context(NULL);
+    ck_assert_msg(strstr(clattn_context_log(ctx), "stored in the program cache"), "%s",
+                  clattn_context_log(ctx));
+    clattn_context_destroy(ctx);
+    /* 1.8 MiB of old programs and the new ones: a1 and a2 went first */
+    ck_assert_int_eq(age_of(dir, "00000000000000a1.bin"), -1);
+    ck_assert_int_eq(age_of(dir, "00000000000000a2.bin"), -1);
+    ck_assert_int_ge(age_of(dir, "notes.txt"), 3990);
+    long bytes;
+    const int left = programs(dir, &bytes, -1);
+    ck_assert_msg(left >= 1 && (bytes <= 1l << 20 || left == 1), "%d programs, %ld bytes", left,
+                  bytes);
+
+    /* No bound (0): every program made old, then loaded, is recent again. */
+    setenv("CLATTN_CACHE_MAX_MB", "0", 1);
+    char fresh[] = "/tmp/clattn-bound-XXXXXX";
+    ck_assert_ptr_nonnull(mkdtemp(fresh));
+    setenv("CLATTN_CACHE_DIR", fresh, 1);
+    clattn_context_destroy(test_context(NULL));
+    const int stored = programs(fresh, &bytes, 5000);
+    ck_assert_int_ge(stored, 1);
+    ctx = test_context(NULL);
+    ck_assert_msg(strstr(clattn_context_log(ctx), "loaded from the program cache") &&
+                      !strstr(clattn_context_log(ctx), "compiled"),
+                  "%s", clattn_context_log(ctx));
+    clattn_context_destroy(ctx);
+    DIR *d = opendir(fresh);
+    ck_assert_ptr_nonnull(d);
+    for (struct dirent *e; (e = readdir(d)) != NULL;)
+        if (strlen(e->d_name) == 20)
+            ck_assert_int_lt(age_of(fresh, e->d_name), 600);
+    closedir(d);
+
+    static const char *const bad[] = {"", "lots", "-1", "1.5", "99999999999999"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; ++i) {
+        setenv("CLATTN_CACHE_MAX_MB", bad[i], 1);
+        clattn_options o = clattn_options_default();
+        o.device = test_selector();
+        ctx = NULL;
+        ck_assert_int_eq(clattn_context_create(&o, &ctx), CLATTN_ERROR_INVALID_OPTION);
+        ck_assert_ptr_null(ctx);
+        ck_assert_ptr_nonnull(strstr(clattn_last_error(), "CLATTN_CACHE_MAX_MB="));
+    }
+    unsetenv("CLATTN_CACHE_MAX_MB");
+    unsetenv("CLATTN_CACHE_DIR");
+    char cmd[4200];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s' '%s'", dir, fresh);
+    ck_assert_int_eq(system(cmd), 0);
 }
 END_TEST
 
@@ -267,6 +391,6 @@ END_TEST
 
 Suite *cache_suite(void)
 {
-    const TTest *const tests[] = {program_cache, tuning_file};
-    return case_suite("cache", "program_cache", 600, tests, 2);
+    const TTest *const tests[] = {program_cache, cache_bound, tuning_file};
+    return case_suite("cache", "program_cache", 600, tests, 3);
 }

@@ -10,9 +10,16 @@
  * a checksum of the binary, so a collision, a torn file or bit rot reads as
  * a miss. Files are written under a temporary name and renamed into place,
  * so readers never see half of one. The cache is advice: any failure to
- * read or write it leaves the build to the compiler, never fails a call. */
+ * read or write it leaves the build to the compiler, never fails a call.
+ *
+ * Its programs stay within CLATTN_CACHE_MAX_MB MiB (default 1 GiB; 0: no
+ * bound): a load refreshes a file's modification time, and a store then
+ * removes the least recently used files past the bound, so that the
+ * programs of older sources and drivers age out. */
 #define CL_TARGET_OPENCL_VERSION 120
+#include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -26,6 +33,21 @@
 #include "program_cache.h"
 
 static const char magic[] = "clattn program cache 1\n";
+
+int clattn_cache_bound(uint64_t *bytes)
+{
+    const char *env = getenv("CLATTN_CACHE_MAX_MB");
+    *bytes = 1ull << 30;
+    if (!env)
+        return 1;
+    char *end;
+    errno = 0;
+    const unsigned long long mb = strtoull(env, &end, 10);
+    if (!*env || *end || errno || env[0] == '-' || mb >= 1ull << 40)
+        return 0;
+    *bytes = (uint64_t)mb << 20;
+    return 1;
+}
 
 static uint64_t fnv1a(uint64_t h, const void *data, size_t n)
 {
@@ -183,7 +205,75 @@ cl_program clattn_cache_load(cl_context context, cl_device_id device, const char
         }
     }
     free(buf);
+    if (program)
+        utimensat(AT_FDCWD, path, NULL, 0); /* recently used; a read-only folder keeps its time */
     return program;
+}
+
+/* A cache file's name: 16 hex digits and ".bin". */
+static int cache_name(const char *name)
+{
+    return strlen(name) == 20 && strspn(name, "0123456789abcdef") == 16 &&
+           !strcmp(name + 16, ".bin");
+}
+
+typedef struct cached {
+    char name[21];
+    uint64_t size;
+    time_t used;
+} cached;
+
+static int least_recent_first(const void *a, const void *b)
+{
+    const cached *x = a, *y = b;
+    return (x->used > y->used) - (x->used < y->used);
+}
+
+/* Removes the least recently used programs of dir until they fit the
+ * bound, never `keep` (the file just stored). Best effort, as all of the
+ * cache. */
+static void trim(const char *dir, const char *keep)
+{
+    uint64_t bound, total = 0;
+    if (!clattn_cache_bound(&bound) || bound == 0)
+        return;
+    DIR *d = opendir(dir);
+    if (!d)
+        return;
+    cached *list = NULL;
+    size_t n = 0, cap = 0;
+    char path[1300];
+    for (struct dirent *e; (e = readdir(d)) != NULL;) {
+        struct stat st;
+        if (!cache_name(e->d_name) ||
+            snprintf(path, sizeof path, "%s/%s", dir, e->d_name) >= (int)sizeof path ||
+            stat(path, &st) != 0 || !S_ISREG(st.st_mode))
+            continue;
+        if (!strcmp(e->d_name, keep)) { /* counted, never removed */
+            total += (uint64_t)st.st_size;
+            continue;
+        }
+        if (n == cap) {
+            cached *more = realloc(list, (cap = cap ? 2 * cap : 64) * sizeof *list);
+            if (!more)
+                break;
+            list = more;
+        }
+        snprintf(list[n].name, sizeof list[n].name, "%s", e->d_name);
+        list[n].size = (uint64_t)st.st_size;
+        list[n].used = st.st_mtime;
+        total += list[n++].size;
+    }
+    closedir(d);
+    if (list && total > bound) {
+        qsort(list, n, sizeof *list, least_recent_first);
+        for (size_t i = 0; i < n && total > bound; ++i) {
+            snprintf(path, sizeof path, "%s/%s", dir, list[i].name);
+            if (remove(path) == 0)
+                total -= list[i].size;
+        }
+    }
+    free(list);
 }
 
 int clattn_cache_store(cl_program program, cl_device_id device, const char *source,
@@ -239,5 +329,10 @@ int clattn_cache_store(cl_program program, cl_device_id device, const char *sour
         }
     }
     free(buf);
+    if (ok) {
+        char *slash = strrchr(path, '/');
+        *slash = '\0';
+        trim(path, slash + 1);
+    }
     return ok;
 }

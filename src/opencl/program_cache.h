@@ -2,6 +2,8 @@
 #ifndef CLATTN_PROGRAM_CACHE_H
 #define CLATTN_PROGRAM_CACHE_H
 
+#include <stdint.h>
+
 #include "clattn_cl.h"
 
 /* A program built for device from the cached binary of source with
@@ -13,5 +15,9 @@ cl_program clattn_cache_load(cl_context context, cl_device_id device, const char
  * was written. */
 int clattn_cache_store(cl_program program, cl_device_id device, const char *source,
                        const char *options);
+
+/* The cache's bound in bytes from CLATTN_CACHE_MAX_MB (MiB; 0: none;
+ * default 1 GiB): 1, or 0 where the variable is not a whole number. */
+int clattn_cache_bound(uint64_t *bytes);
 
 #endif

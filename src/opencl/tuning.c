@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "opencl.h"
+#include "program_cache.h"
 
 /* cl/tiled, by how the device runs a work-group: its items side by side
  * (GPUs, and CPU drivers that map them to SIMD lanes, such as Mesa's
@@ -344,6 +345,12 @@ clattn_status clattn_ocl_tuning_init(struct clattn_cl_state *cl, cl_device_type 
         }
         snprintf(cl->tiled_env[v], sizeof cl->tiled_env[v], "%s", tune);
     }
+    uint64_t bound;
+    if (!clattn_cache_bound(&bound))
+        return clattn_fail(CLATTN_ERROR_INVALID_OPTION,
+                           "CLATTN_CACHE_MAX_MB='%s': want the program cache's bound as a whole "
+                           "number of MiB (0: no bound)",
+                           getenv("CLATTN_CACHE_MAX_MB"));
     clattn_status st;
     const char *single = getenv("CLATTN_MMA_SINGLE"); /* "0", as unset: two passes */
     if ((!single || strcmp(single, "0")) &&
