@@ -70,9 +70,9 @@
 #   ring     examples/ring_attention on 1 and then RING_RANKS (default 2) ranks, a GPU
 #            each, RING_ARGS (default q_seq 131072, d128, 8 heads, causal); needs
 #            Open MPI's Debian packages in .devdebs/mpi (unpacked under /opt/mpi)
-# Compiled programs are kept in .devcache (CLATTN_CACHE_DIR) and come back as
-# $OUT/devcache.tgz: copied to .devcache.tgz here and carried, the next machine
-# starts warm.
+# Compiled programs are kept in .devcache (CLATTN_CACHE_DIR); those the call
+# used come back as $OUT/devcache.tgz: copied to .devcache.tgz here and
+# carried, the next machine starts warm for them.
 set -u
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
@@ -81,7 +81,13 @@ ldconfig
 export CLATTN_CACHE_DIR=$PWD/.devcache
 mkdir -p "$CLATTN_CACHE_DIR"
 [ -f .devcache.tgz ] && tar xzf .devcache.tgz -C "$CLATTN_CACHE_DIR"
-save_cache() { tar czf "$OUT/devcache.tgz" -C "$CLATTN_CACHE_DIR" . 2>/dev/null; }
+# Only the programs this call loaded or stored come back (a load refreshes a
+# program's time): the whole cache outgrows what a call may return.
+touch "$CLATTN_CACHE_DIR/.since"
+save_cache() {
+  (cd "$CLATTN_CACHE_DIR" && find . -name '*.bin' -newer .since -print0 |
+     tar czf "$OUT/devcache.tgz" --null -T -) 2>/dev/null
+}
 [ "${SAVE_CACHE:-1}" = 1 ] && trap save_cache EXIT
 mpi_flags=()
 if [ -d .devdebs/mpi ]; then
