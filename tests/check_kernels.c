@@ -1162,6 +1162,58 @@ START_TEST(one_context_many_calls)
 }
 END_TEST
 
+/* tiled's backward takes dQ from a dS scratch of at most CLATTN_DS_MAX_MB
+ * MiB, by chunks of batch elements or KV heads where the whole is past it;
+ * where one KV head's dS is past it, or the bound is 0, grad-Q computes the
+ * scores again. Each way is exact against the reference, and the kernels
+ * that ran say which way it took. A malformed bound is refused. */
+START_TEST(ds_scratch_parts)
+{
+    static const struct {
+        const char *bound;
+        shape_case c;
+        const char *grad_q;
+    } cases[] = {
+        /* 2 * 160 * 160 floats a KV head: 5 in 1 MiB, batch elements by 2 */
+        {"1", {3, 160, 160, 4, 2, 64, 1, 0, 0, 1}, "grad_qs__tiled"},
+        /* 200 * 200 floats a head: 6 heads of 8 in 1 MiB, then 2; a window */
+        {"1", {1, 200, 200, 8, 8, 32, 0, 50, 0, 1}, "grad_qs__tiled"},
+        /* 2 * 520 * 520 floats: one KV head is past 1 MiB */
+        {"1", {1, 520, 520, 2, 1, 16, 1, 0, 0, 1}, "grad_q__tiled"},
+        {"0", {1, 70, 90, 2, 1, 64, 1, 0, 0, 1}, "grad_q__tiled"},
+        {NULL, {2, 70, 90, 4, 2, 48, 1, 0, 0, 1}, "grad_qs__tiled"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; ++i) {
+        if (cases[i].bound)
+            setenv("CLATTN_DS_MAX_MB", cases[i].bound, 1);
+        else
+            unsetenv("CLATTN_DS_MAX_MB");
+        clattn_context *ctx = test_variant_context("tiled");
+        const clattn_shape s = to_shape(&cases[i].c);
+        check_ops(ctx, &s, 1.0f, 900u + (uint64_t)i);
+        /* check_ops's last call is a backward */
+        ck_assert_msg(strstr(clattn_context_kernels(ctx), cases[i].grad_q) != NULL,
+                      "case %zu (bound %s) ran %s, want %s", i,
+                      cases[i].bound ? cases[i].bound : "unset", clattn_context_kernels(ctx),
+                      cases[i].grad_q);
+        clattn_context_destroy(ctx);
+    }
+    static const char *const bad[] = {"", "-1", "1.5", "12x", "99999999999999"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; ++i) {
+        setenv("CLATTN_DS_MAX_MB", bad[i], 1);
+        clattn_options o = clattn_options_default();
+        o.device = test_selector();
+        o.variant = "tiled";
+        clattn_context *ctx = NULL;
+        ck_assert_status(clattn_context_create(&o, &ctx), CLATTN_ERROR_INVALID_OPTION);
+        ck_assert_ptr_null(ctx);
+        ck_assert_msg(strstr(clattn_last_error(), "CLATTN_DS_MAX_MB=") != NULL, "message: %s",
+                      clattn_last_error());
+    }
+    unsetenv("CLATTN_DS_MAX_MB");
+}
+END_TEST
+
 /* The default variant is the first listed that the device runs, and each
  * says its name. */
 START_TEST(named_variant)
@@ -1183,12 +1235,14 @@ START_TEST(named_variant)
         float *gq = nan_array(p.nq), *gk = nan_array(p.nkv), *gv = nan_array(p.nkv);
         ck_assert_status(
             clattn_backward(ctx, &s, p.q, p.k, p.v, p.o, p.lse, p.d_out, gq, gk, gv), CLATTN_OK);
-        char want[64];
+        char want[64], from_ds[64];
         snprintf(want, sizeof want, "grad_q__%s",
                  test_backend_kind() == CLATTN_BACKEND_NATIVE ? "native" : name);
+        snprintf(from_ds, sizeof from_ds, "grad_qs__%s", name); /* tiled's, from dS */
         const int fused = test_backend_kind() == CLATTN_BACKEND_NATIVE &&
                           strstr(clattn_context_kernels(ctx), "grad_kvq__native") != NULL;
-        ck_assert_msg(fused || strstr(clattn_context_kernels(ctx), want) != NULL,
+        ck_assert_msg(fused || strstr(clattn_context_kernels(ctx), want) != NULL ||
+                          strstr(clattn_context_kernels(ctx), from_ds) != NULL,
                       "variant %s ran %s, want %s among them", name,
                       clattn_context_kernels(ctx), want);
         free(gq);
@@ -1711,6 +1765,8 @@ Suite *kernels_suite(void)
     add_shard(tc, packed_sweep, 0, N(packed));
     add_shard(tc, one_context_many_calls, 0, 1);
     add_shard(tc, named_variant, 0, 1);
+    if (test_backend_kind() != CLATTN_BACKEND_NATIVE)
+        add_shard(tc, ds_scratch_parts, 0, 1);
     if (test_shard == 0)
         add_training_tests(tc);
     suite_add_tcase(s, tc);

@@ -42,6 +42,7 @@
     (ROWS * DS + 2 * TILE * DS + (WS_IN_KS ? 0 : TILE * WS) + 2 * SPLIT * ROWS)
 #define LOCAL_GRAD_Q (2 * ROWS * DS + 2 * TILE * DS + TILE * WS)
 #define LOCAL_KEY (2 * ROWS * DS + 2 * TILE * DS + 2 * TILE * WS + 3 * TILE)
+#define LOCAL_GRAD_QS (TILE * DS + TILE * WS) /* grad-Q from the dS scratch */
 
 /* A work-item's place in the group's grid. */
 typedef struct lane {
@@ -351,22 +352,36 @@ inline void grad_q_block(__global const elem *q, ulong q_off, __global const ele
     }
 }
 
+/* The backward's dS scratch (grad_kvs__tiled writes it, grad_qs__tiled
+ * reads it): the dS of a part of the batch elements and query heads, the
+ * launch's (its global offset and size in dimensions 1 and 2), as
+ * [batch element][query head][key t][query pos] floats. The first float of
+ * query head `head` (of the part's first `heads`) of batch element b. */
+inline ulong ds_head(uint b, uint head, uint heads, uint first_head, uint q_seq, uint kv_seq)
+{
+    return ((ulong)(b - (uint)get_global_offset(2)) * heads + head - first_head) * kv_seq * q_seq;
+}
+
 /* The key side of the group's key rows, over the queries of its KV head's
  * group that see them: dV = sum of P * dO (where dv is not NULL) and dK =
  * scale * sum of dS * Q (where dk is not NULL), one score and dP a pair for
- * both. */
+ * both; and where ds is not NULL, each pair's dS (0 where the masks hide
+ * it) into the dS scratch, for grad-Q. Heads and batch elements come from
+ * the global ids, so that a launch may cover a part of them. */
 inline void key_block(__global const elem *q, ulong q_off, __global const elem *k, ulong k_off,
                       __global const elem *v, ulong v_off, __global const elem *d_out,
                       ulong d_out_off, __global const float *lse, ulong lse_off,
                       __global const float *dsum, ulong dsum_off, __global elem *dk, ulong dk_off,
-                      __global elem *dv, ulong dv_off, SHAPE_ARGS, __local float *tiles, uint r0)
+                      __global elem *dv, ulong dv_off, __global float *ds, SHAPE_ARGS,
+                      __local float *tiles, uint r0)
 {
     __local float *ks = tiles, *vs = ks + ROWS * DS, *qs = vs + ROWS * DS, *os = qs + TILE * DS;
     __local float *pw = os + TILE * DS, *dw = pw + TILE * WS, *mt = dw + TILE * WS;
     __local float *lt = mt + TILE, *dt = lt + TILE;
-    const uint kv_head = get_group_id(1), b = get_group_id(2);
+    const uint kv_head = get_global_id(1), b = get_global_id(2);
     const lane me = lane_of();
     const uint group = num_heads / num_kv_heads;
+    const uint ds_heads = get_global_size(1) * group, ds_first = get_global_offset(1) * group;
     const uint last = min(r0 + ROWS, kv_seq) - 1u;
     barrier(CLK_LOCAL_MEM_FENCE);
     load_block(ks, ROWS, k, k_off, b, kv_seq, r0, kv_seq, num_kv_heads, kv_head, scale);
@@ -394,6 +409,8 @@ inline void key_block(__global const elem *q, ulong q_off, __global const elem *
             micro_dots(s, ks, qs, me);
             if (dk)
                 micro_dots(dp, vs, os, me);
+            __global float *dsh =
+                ds ? ds + ds_head(b, head, ds_heads, ds_first, q_seq, kv_seq) : 0;
             const bool whole =
                 all_visible(p0, min(p0 + TILE, hi) - 1u, r0, last, causal, window, delta);
             for (uint i = 0; i < RM; ++i) {
@@ -416,6 +433,8 @@ inline void key_block(__global const elem *q, ulong q_off, __global const elem *
                     if (dk)
                         dp[e] = seen ? p * (dp[e] * keep - dt[jj]) * dz : 0.0f;
                     s[e] = seen ? p * keep : 0.0f;
+                    if (dsh && pos < hi && t < kv_seq)
+                        dsh[(ulong)t * q_seq + pos] = dp[e];
                 }
             }
             if (dv)
@@ -442,12 +461,82 @@ inline void key_block(__global const elem *q, ulong q_off, __global const elem *
     }
 }
 
+/* The dS scratch's weights of a key tile for the group's query rows: PW
+ * floats a work-item, of (row, key t0 + t) at i = t * ROWS + row; 0 where
+ * the masks hide the pair (grad_kvs__tiled wrote no dS there), past `hi`
+ * and past q_seq. */
+#define PW ((TILE * ROWS + LANES - 1) / LANES)
+
+inline void fetch_ds(float *r, __global const float *dsh, uint q_seq, uint r0, uint t0, uint hi,
+                     int causal, uint window, long delta)
+{
+    for (uint u = 0; u < PW; ++u) {
+        const uint i = get_local_id(0) + u * LANES, pos = r0 + i % ROWS, t = t0 + i / ROWS;
+        r[u] = i < TILE * ROWS && t < hi && pos < q_seq && visible(pos, t, causal, window, delta)
+                   ? dsh[(ulong)t * q_seq + pos]
+                   : 0.0f;
+    }
+}
+
+/* fetch_ds's floats into the weights' slots (put_weights's). */
+inline void put_ds(__local float *ws, const float *r)
+{
+    for (uint u = 0; u < PW; ++u) {
+        const uint i = get_local_id(0) + u * LANES, row = i % ROWS;
+        if (i < TILE * ROWS)
+            ws[i / ROWS * WS + row % (ROWS / RM) * RM + row / (ROWS / RM)] = r[u];
+    }
+}
+
+/* dQ of the group's query rows from the dS scratch: sum over their keys of
+ * scale * dS * K[t], a matrix product; the scores are not computed again.
+ * Heads and batch elements come from the global ids (key_block's part). */
+inline void grad_q_ds_block(__global const elem *k, ulong k_off, __global const float *ds,
+                            __global elem *dq, ulong dq_off, SHAPE_ARGS, __local float *tiles,
+                            uint r0)
+{
+    __local float *ks = tiles, *ws = ks + TILE * DS;
+    const uint head = get_global_id(1), b = get_global_id(2);
+    const lane me = lane_of();
+    const uint kv_head = head / (num_heads / num_kv_heads);
+    const uint last = min(r0 + ROWS, q_seq) - 1u;
+    __global const float *dsh =
+        ds + ds_head(b, head, get_global_size(1), get_global_offset(1), q_seq, kv_seq);
+    float acc[RM * NC4 * 4];
+    for (uint e = 0; e < RM * NC4 * 4; ++e)
+        acc[e] = 0.0f;
+    uint lo, hi;
+    keys_of_queries(r0, last, kv_seq, causal, window, delta, &lo, &hi);
+    float nk[PF], nw[PW]; /* the next tile */
+    if (lo < hi) {
+        fetch_tile(nk, k, k_off, b, kv_seq, lo, hi, num_kv_heads, kv_head);
+        fetch_ds(nw, dsh, q_seq, r0, lo, hi, causal, window, delta);
+    }
+    for (uint t0 = lo; t0 < hi; t0 += TILE) {
+        barrier(CLK_LOCAL_MEM_FENCE);
+        put_tile(ks, nk);
+        put_ds(ws, nw);
+        barrier(CLK_LOCAL_MEM_FENCE);
+        if (t0 + TILE < hi) {
+            fetch_tile(nk, k, k_off, b, kv_seq, t0 + TILE, hi, num_kv_heads, kv_head);
+            fetch_ds(nw, dsh, q_seq, r0, t0 + TILE, hi, causal, window, delta);
+        }
+        micro_axpy(acc, 0, ws, ks, me);
+    }
+    for (uint i = 0; i < RM; ++i) {
+        const uint pos = r0 + row_in(me, i);
+        if (pos >= q_seq)
+            break;
+        store_acc(dq, dq_off, b, q_seq, pos, num_heads, head, acc, i, scale, accumulate, me);
+    }
+}
+
 inline void grad_v_block(__global const elem *d_out, ulong d_out_off, __global const elem *q,
                          ulong q_off, __global const elem *k, ulong k_off,
                          __global const float *lse, ulong lse_off, __global elem *dv,
                          ulong dv_off, SHAPE_ARGS, __local float *tiles, uint r0)
 {
-    key_block(q, q_off, k, k_off, 0, 0, d_out, d_out_off, lse, lse_off, 0, 0, 0, 0, dv, dv_off,
+    key_block(q, q_off, k, k_off, 0, 0, d_out, d_out_off, lse, lse_off, 0, 0, 0, 0, dv, dv_off, 0,
               SHAPE_PASS, tiles, r0);
 }
 
@@ -459,7 +548,7 @@ inline void grad_k_block(__global const elem *q, ulong q_off, __global const ele
                          __local float *tiles, uint r0)
 {
     key_block(q, q_off, k, k_off, v, v_off, d_out, d_out_off, lse, lse_off, dsum, dsum_off, dk,
-              dk_off, 0, 0, SHAPE_PASS, tiles, r0);
+              dk_off, 0, 0, 0, SHAPE_PASS, tiles, r0);
 }
 
 #endif

@@ -223,13 +223,14 @@ static clattn_status build_set_once(struct clattn_cl_state *cl, const char *vari
     for (int k = 0; k < K_COUNT; ++k) {
         const cl_variant *v = find_variant(k, variant);
         if (!v) {
-            if (k == K_GRAD_KV || k == K_GRAD_KVQ || k == K_FINISH_DQ)
+            if (k == K_GRAD_KV || k == K_GRAD_KVQ || k == K_FINISH_DQ || k == K_GRAD_KVS ||
+                k == K_GRAD_QS)
                 continue; /* the backward runs GRAD_K and GRAD_V, or two passes, instead */
             return clattn_fail(CLATTN_ERROR_UNKNOWN_VARIANT, "no OpenCL variant '%s'", variant);
         }
         if ((k == K_GRAD_KVQ || k == K_FINISH_DQ) && !single_pass(cl, set, head_dim))
             continue;
-        if (k == K_GRAD_KV && v->source == clattn_cl_tiled &&
+        if ((k == K_GRAD_KV || k == K_GRAD_KVS || k == K_GRAD_QS) && v->source == clattn_cl_tiled &&
             !clattn_ocl_tile_config(cl, head_dim, dtype, set->limit, k).per_item)
             continue; /* tiled's rows layout has no fused key side */
         set->kind[k] = v->source == clattn_cl_tiled     ? KIND_TILED

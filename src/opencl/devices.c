@@ -218,6 +218,10 @@ static void release_state(struct clattn_cl_state *cl)
     for (int i = 0; i < CLATTN_R_COUNT; ++i)
         if (cl->scratch[i])
             clReleaseMemObject(cl->scratch[i]);
+    if (cl->ds)
+        clReleaseMemObject(cl->ds);
+    if (cl->ds_read)
+        clReleaseEvent(cl->ds_read);
     for (int i = 0; i < PACKED_LANES; ++i)
         if (cl->lanes[i])
             clReleaseCommandQueue(cl->lanes[i]);

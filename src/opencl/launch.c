@@ -29,7 +29,16 @@ static const kernel_desc kernel_descs[K_COUNT] = {
     [K_GRAD_KVQ] = {{CLATTN_R_Q, CLATTN_R_K, CLATTN_R_V, CLATTN_R_DO, CLATTN_R_LSE, R_DSUM,
                      CLATTN_R_DK, CLATTN_R_DV, R_DQ32}, 9, 1, 2},
     [K_FINISH_DQ] = {{R_DQ32, CLATTN_R_DQ}, 2, 0, 1},
+    [K_GRAD_KVS] = {{CLATTN_R_Q, CLATTN_R_K, CLATTN_R_V, CLATTN_R_DO, CLATTN_R_LSE, R_DSUM,
+                     CLATTN_R_DK, CLATTN_R_DV, R_DS}, 9, 1, 2},
+    [K_GRAD_QS] = {{CLATTN_R_K, R_DS, CLATTN_R_DQ}, 3, 0, 2},
 };
+
+/* A launch over a part of the heads and batch elements (the dS scratch's
+ * chunks): KV heads [kv_head0, + kv_heads) of batch elements [b0, + nb). */
+typedef struct grid_part {
+    size_t kv_head0, kv_heads, b0, nb;
+} grid_part;
 
 /* The kernels of each op, in order; -1 ends a list. The backward runs
  * GRAD_KV where a variant has it, else GRAD_K and GRAD_V. */
@@ -44,6 +53,9 @@ static const int backward_unfused[5] = {K_DSUM, K_GRAD_K, K_GRAD_V, K_GRAD_Q, -1
 /* The single-pass backward, where a variant has it for the call (mma's
  * 16-bit kernels): DQ32 is zeroed before GRAD_KVQ. */
 static const int backward_single[5] = {K_DSUM, K_GRAD_KVQ, K_FINISH_DQ, -1};
+/* tiled's micro-tiles where the dS scratch serves (ds_chunk): dQ from the
+ * key side's dS, GRAD_KVS and GRAD_QS by chunks. */
+static const int backward_ds[5] = {K_DSUM, K_GRAD_KVS, K_GRAD_QS, -1};
 
 size_t clattn_ocl_local_bytes(const struct clattn_cl_state *cl, const kernel_set *set, int k,
                               uint32_t head_dim)
@@ -128,7 +140,8 @@ clattn_status clattn_ocl_check_alloc(const struct clattn_cl_state *cl, const cla
 static clattn_status enqueue_kernel(struct clattn_cl_state *cl, cl_command_queue queue,
                                     const kernel_set *set, int k, const clattn_shape *s,
                                     cl_mem slopes, const clattn_cl_tensor t[R_ALL],
-                                    cl_uint nwait, const cl_event *wait, cl_event *done)
+                                    const grid_part *part, cl_uint nwait, const cl_event *wait,
+                                    cl_event *done)
 {
     const kernel_desc *kd = &kernel_descs[k];
     cl_kernel kn = set->kernel[k];
@@ -187,10 +200,17 @@ static clattn_status enqueue_kernel(struct clattn_cl_state *cl, cl_command_queue
                                                             : 1;
     const size_t blocks = (rows + per_group - 1) / per_group;
     const size_t groups = set->kind[k] == KIND_TILED && s->causal ? (blocks + 1) / 2 : blocks;
-    size_t global[3] = {groups * wg, heads, s->batch};
+    size_t global[3] = {groups * wg, heads, s->batch}, offset[3] = {0, 0, 0};
     size_t lsize[3] = {wg, 1, 1};
-    err = clEnqueueNDRangeKernel(queue, kn, 3, NULL, global, lsize, nwait, nwait ? wait : NULL,
-                                 done);
+    if (part) {
+        const size_t per = kd->key_rows ? 1 : s->num_heads / s->num_kv_heads;
+        offset[1] = part->kv_head0 * per;
+        global[1] = part->kv_heads * per;
+        offset[2] = part->b0;
+        global[2] = part->nb;
+    }
+    err = clEnqueueNDRangeKernel(queue, kn, 3, part ? offset : NULL, global, lsize, nwait,
+                                 nwait ? wait : NULL, done);
     if (err != CL_SUCCESS)
         return clattn_ocl_fail(err, "clEnqueueNDRangeKernel");
     return CLATTN_OK;
@@ -225,6 +245,107 @@ clattn_status clattn_ocl_check_loop_cap(const struct clattn_cl_state *cl, clattn
                        s->head_dim);
 }
 
+/* The dS scratch's chunk for a backward: the most batch elements and KV
+ * heads whose dS (group query heads a KV head, q_seq by kv_seq floats
+ * each) fit cl->ds_max and the device's largest allocation; whole KV heads
+ * of one batch element where not all of them fit. nb 0: no dS scratch, for
+ * a variant without GRAD_KVS, a bound of 0, a KV head whose dS alone is
+ * past it, or a queue other than the context's (packed sequences' lanes
+ * run at once and cannot share the scratch). */
+static grid_part ds_chunk(const struct clattn_cl_state *cl, clattn_op op, const clattn_shape *s,
+                          const kernel_set *set, cl_command_queue queue)
+{
+    grid_part c = {0, 0, 0, 0};
+    if (op != CLATTN_OP_BACKWARD || !set->kernel[K_GRAD_KVS] || !set->kernel[K_GRAD_QS] ||
+        queue != cl->queue)
+        return c;
+    const uint64_t most = cl->ds_max == DS_DEFAULT ? cl->max_alloc / 2 : cl->max_alloc;
+    const uint64_t asked = cl->ds_max == DS_DEFAULT ? 1ull << 30 : cl->ds_max;
+    const uint64_t bound = asked < most ? asked : most;
+    const uint64_t slab = (uint64_t)(s->num_heads / s->num_kv_heads) * s->q_seq * s->kv_seq *
+                          sizeof(float);
+    if (!slab || slab > bound)
+        return c;
+    const uint64_t slabs = bound / slab;
+    c.kv_heads = slabs < s->num_kv_heads ? (size_t)slabs : s->num_kv_heads;
+    const uint64_t whole = slabs / s->num_kv_heads;
+    c.nb = whole > 1 ? (whole < s->batch ? (size_t)whole : s->batch) : 1;
+    return c;
+}
+
+static size_t ds_bytes(const clattn_shape *s, const grid_part *c)
+{
+    return c->nb * c->kv_heads * (size_t)(s->num_heads / s->num_kv_heads) * s->q_seq * s->kv_seq *
+           sizeof(float);
+}
+
+/* Makes sure the dS scratch holds bytes. A larger one replaces it: OpenCL
+ * keeps the old until the kernels using it end. */
+static clattn_status ds_scratch(struct clattn_cl_state *cl, size_t bytes)
+{
+    if (cl->ds_bytes >= bytes)
+        return CLATTN_OK;
+    if (cl->ds)
+        clReleaseMemObject(cl->ds);
+    cl->ds_bytes = 0;
+    cl_int err;
+    cl->ds = clCreateBuffer(cl->context, CL_MEM_READ_WRITE, bytes, NULL, &err);
+    if (err != CL_SUCCESS) {
+        cl->ds = NULL;
+        return clattn_ocl_fail(err, "clCreateBuffer(dS scratch)");
+    }
+    cl->ds_bytes = bytes;
+    return CLATTN_OK;
+}
+
+/* GRAD_KVS then GRAD_QS for each chunk of the batch elements and KV heads
+ * (first), each after the one before, the first after prev and the last
+ * reader of the scratch before this call; *done gets the last one's event,
+ * which the scratch's next writer waits for. */
+static clattn_status enqueue_ds_chunks(struct clattn_cl_state *cl, cl_command_queue queue,
+                                       const kernel_set *set, const clattn_shape *s,
+                                       cl_mem slopes, const clattn_cl_tensor t[R_ALL],
+                                       const grid_part *first, cl_event prev, cl_event *done)
+{
+    clattn_status st = CLATTN_OK;
+    cl_event last = NULL;
+    for (size_t b0 = 0; b0 < s->batch && st == CLATTN_OK; b0 += first->nb)
+        for (size_t h0 = 0; h0 < s->num_kv_heads && st == CLATTN_OK; h0 += first->kv_heads) {
+            grid_part c = *first;
+            c.b0 = b0;
+            c.nb = b0 + c.nb > s->batch ? s->batch - b0 : c.nb;
+            c.kv_head0 = h0;
+            c.kv_heads = h0 + c.kv_heads > s->num_kv_heads ? s->num_kv_heads - h0 : c.kv_heads;
+            for (int k = K_GRAD_KVS; k <= K_GRAD_QS && st == CLATTN_OK; ++k) {
+                cl_event wait[2], ev = NULL;
+                cl_uint n = 0;
+                if (last)
+                    wait[n++] = last;
+                else {
+                    if (prev)
+                        wait[n++] = prev;
+                    if (cl->ds_read)
+                        wait[n++] = cl->ds_read;
+                }
+                st = enqueue_kernel(cl, queue, set, k, s, slopes, t, &c, n, wait, &ev);
+                if (last)
+                    clReleaseEvent(last);
+                last = st == CLATTN_OK ? ev : NULL;
+            }
+        }
+    if (st != CLATTN_OK) {
+        if (last)
+            clReleaseEvent(last);
+        return st;
+    }
+    if (cl->ds_read)
+        clReleaseEvent(cl->ds_read);
+    clRetainEvent(last);
+    cl->ds_read = last;
+    *done = last;
+    return CLATTN_OK;
+}
+
 clattn_status clattn_ocl_enqueue_op(struct clattn_cl_state *cl, cl_command_queue queue,
                                     clattn_op op, const clattn_shape *s,
                                     const clattn_sizes *sz, clattn_cl_tensor t[R_ALL],
@@ -241,7 +362,9 @@ clattn_status clattn_ocl_enqueue_op(struct clattn_cl_state *cl, cl_command_queue
      * the device's largest allocation, two passes. */
     const int single = op == CLATTN_OP_BACKWARD && set->kernel[K_GRAD_KVQ] &&
                        (cl_ulong)sz->q * sizeof(float) <= cl->max_alloc;
+    const grid_part chunk = ds_chunk(cl, op, s, set, queue);
     const int *plan = single                                                ? backward_single
+                      : chunk.nb                                            ? backward_ds
                       : op == CLATTN_OP_BACKWARD && !set->kernel[K_GRAD_KV] ? backward_unfused
                                                                             : op_plans[op];
     cl_mem dsum = NULL, dq32 = NULL, slopes = NULL;
@@ -288,15 +411,24 @@ clattn_status clattn_ocl_enqueue_op(struct clattn_cl_state *cl, cl_command_queue
         t[R_DQ32].buffer = dq32;
         t[R_DQ32].offset = 0;
     }
+    if (chunk.nb && st == CLATTN_OK) {
+        st = ds_scratch(cl, ds_bytes(s, &chunk));
+        t[R_DS].buffer = cl->ds;
+        t[R_DS].offset = 0;
+    }
     cl_event prev = NULL;
     for (int i = 0; plan[i] >= 0 && st == CLATTN_OK; ++i) {
         cl_event ev = NULL;
         if (plan[i] == K_GRAD_KVQ) { /* after the zeroing too */
             const cl_event both[2] = {prev, zeroed};
-            st = enqueue_kernel(cl, queue, set, plan[i], s, slopes, t, 2, both, &ev);
+            st = enqueue_kernel(cl, queue, set, plan[i], s, slopes, t, NULL, 2, both, &ev);
+        } else if (plan[i] == K_GRAD_KVS) { /* by chunks, each GRAD_KVS then GRAD_QS */
+            st = enqueue_ds_chunks(cl, queue, set, s, slopes, t, &chunk, prev, &ev);
+            ++i; /* GRAD_QS ran too */
         } else {
-            st = prev ? enqueue_kernel(cl, queue, set, plan[i], s, slopes, t, 1, &prev, &ev)
-                      : enqueue_kernel(cl, queue, set, plan[i], s, slopes, t, nwait, wait, &ev);
+            st = prev ? enqueue_kernel(cl, queue, set, plan[i], s, slopes, t, NULL, 1, &prev, &ev)
+                      : enqueue_kernel(cl, queue, set, plan[i], s, slopes, t, NULL, nwait, wait,
+                                       &ev);
         }
         if (prev)
             clReleaseEvent(prev);

@@ -27,12 +27,15 @@ enum {
     K_GRAD_KV,
     K_GRAD_KVQ,  /* dK, dV and a float32 dQ in one pass (mma, 16-bit) */
     K_FINISH_DQ, /* dQ from that float32 dQ */
+    K_GRAD_KVS,  /* GRAD_KV that also writes dS to a scratch (tiled) */
+    K_GRAD_QS,   /* dQ from that dS: no scores recomputed */
     K_COUNT
 };
 
 /* Dsum, the pre-pass's output, is a tensor of one float per query row;
- * DQ32 the single-pass backward's float32 dQ, summed by atomic adds. */
-enum { R_DSUM = CLATTN_R_COUNT, R_DQ32, R_ALL };
+ * DQ32 the single-pass backward's float32 dQ, summed by atomic adds; DS the
+ * dS scratch between GRAD_KVS and GRAD_QS. */
+enum { R_DSUM = CLATTN_R_COUNT, R_DQ32, R_DS, R_ALL };
 
 /* How a kernel is launched: tree.cl's a work-group per row; cl/tiled's a
  * work-group per block of rows (per pair of blocks under a causal mask);
@@ -77,6 +80,7 @@ typedef struct tuned_entry {
     mma_config mma;
 } tuned_entry;
 enum { TUNED_MAX = 96, PACKED_LANES = 4 };
+#define DS_DEFAULT ((size_t)-1)
 
 typedef struct mma_class {
     uint32_t max_head_dim;
@@ -142,6 +146,14 @@ struct clattn_cl_state {
     /* Host-pointer calls copy through these buffers, grown as needed. */
     cl_mem scratch[CLATTN_R_COUNT];
     size_t scratch_bytes[CLATTN_R_COUNT];
+    /* The backward's dS scratch (GRAD_KVS to GRAD_QS): at most ds_max
+     * bytes (CLATTN_DS_MAX_MB; 0: none, grad-Q computes the scores again);
+     * the buffer, grown as needed, and the event of its last reader, which
+     * the next call's first writer waits for. */
+    size_t ds_max; /* DS_DEFAULT: the lesser of 1 GiB and half the largest allocation */
+    cl_mem ds;
+    size_t ds_bytes;
+    cl_event ds_read;
 };
 
 /* devices.c */

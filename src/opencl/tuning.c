@@ -2,6 +2,7 @@
  * is what it is, and results/ holds the measurements behind it. The
  * environment overrides (CLATTN_TILED, CLATTN_MMA, CLATTN_MMA_GRAD_Q,
  * CLATTN_MMA_SINGLE) replace them for tuning; docs/tuning.md says how. */
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -72,8 +73,8 @@ size_t clattn_ocl_tile_items(const tile_config *c, uint32_t head_dim)
 
 /* cl/tiled's local buffer for kernel k at a head_dim under c, in whole
  * float4s of floats: rows.cl's (the same for every kernel), or micro.cl's
- * LOCAL_FORWARD, LOCAL_GRAD_Q or LOCAL_KEY (K_COUNT: the larger of the
- * last two). */
+ * LOCAL_FORWARD, LOCAL_GRAD_Q, LOCAL_GRAD_QS or LOCAL_KEY (K_COUNT: the
+ * larger of LOCAL_GRAD_Q and LOCAL_KEY). */
 size_t clattn_ocl_tiled_local_floats(const tile_config *c, uint32_t head_dim, int k)
 {
     size_t floats;
@@ -85,10 +86,12 @@ size_t clattn_ocl_tiled_local_floats(const tile_config *c, uint32_t head_dim, in
             rows * ds + 2 * tile * ds + (ws <= ds ? 0 : tile * ws) + 2 * split * rows;
         const size_t grad_q = 2 * rows * ds + 2 * tile * ds + tile * ws;
         const size_t key = 2 * rows * ds + 2 * tile * ds + 2 * tile * ws + 3 * tile;
-        floats = k == K_FORWARD ? forward
-                 : k == K_GRAD_Q ? grad_q
-                 : k == K_COUNT  ? (key > grad_q ? key : grad_q)
-                                 : key;
+        const size_t grad_qs = tile * ds + tile * ws; /* below grad_q's */
+        floats = k == K_FORWARD   ? forward
+                 : k == K_GRAD_Q  ? grad_q
+                 : k == K_GRAD_QS ? grad_qs
+                 : k == K_COUNT   ? (key > grad_q ? key : grad_q)
+                                  : key;
     } else {
         const size_t dsplit = clattn_ocl_tile_dsplit(c, head_dim);
         const size_t stride = (head_dim + dsplit - 1) / dsplit * dsplit;
@@ -164,7 +167,8 @@ static int parse_tiled(const char *text, tile_config *c);
 tile_config clattn_ocl_tile_config(const struct clattn_cl_state *cl, uint32_t head_dim,
                                    clattn_dtype dtype, size_t limit, int k)
 {
-    const int pass = k == K_GRAD_Q || k == K_GRAD_K || k == K_GRAD_V || k == K_GRAD_KV
+    const int pass = k == K_GRAD_Q || k == K_GRAD_K || k == K_GRAD_V || k == K_GRAD_KV ||
+                             k == K_GRAD_KVS || k == K_GRAD_QS
                          ? TILED_BACKWARD
                          : TILED_FORWARD;
     const tile_class *t = cl->tiles;
@@ -351,6 +355,20 @@ clattn_status clattn_ocl_tuning_init(struct clattn_cl_state *cl, cl_device_type 
                            "CLATTN_CACHE_MAX_MB='%s': want the program cache's bound as a whole "
                            "number of MiB (0: no bound)",
                            getenv("CLATTN_CACHE_MAX_MB"));
+    /* CLATTN_DS_MAX_MB: the dS scratch's bound (launch.c's ds_chunk) */
+    const char *ds = getenv("CLATTN_DS_MAX_MB");
+    cl->ds_max = DS_DEFAULT;
+    if (ds) {
+        char *end;
+        errno = 0;
+        const unsigned long long mb = strtoull(ds, &end, 10);
+        if (!*ds || *end || errno || ds[0] == '-' || mb >= 1ull << 40)
+            return clattn_fail(CLATTN_ERROR_INVALID_OPTION,
+                               "CLATTN_DS_MAX_MB='%s': want the backward's dS scratch bound as a "
+                               "whole number of MiB (0: none)",
+                               ds);
+        cl->ds_max = (size_t)(mb << 20);
+    }
     clattn_status st;
     const char *single = getenv("CLATTN_MMA_SINGLE"); /* "0", as unset: two passes */
     if ((!single || strcmp(single, "0")) &&
