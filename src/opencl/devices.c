@@ -331,6 +331,8 @@ static clattn_status init_variant(clattn_context *ctx, const char *variant, cl_c
     if ((err = clGetDeviceInfo(device, CL_DEVICE_TYPE, sizeof type, &type, NULL)) ||
         (err = clGetDeviceInfo(device, CL_DEVICE_MAX_MEM_ALLOC_SIZE, sizeof cl->max_alloc,
                                &cl->max_alloc, NULL)) ||
+        (err = clGetDeviceInfo(device, CL_DEVICE_GLOBAL_MEM_SIZE, sizeof cl->global_mem,
+                               &cl->global_mem, NULL)) ||
         (err = clGetDeviceInfo(device, CL_DEVICE_LOCAL_MEM_SIZE, sizeof cl->local_mem,
                                &cl->local_mem, NULL)) ||
         (err = clGetDeviceInfo(device, CL_DEVICE_NATIVE_VECTOR_WIDTH_FLOAT, sizeof cl->float_width,

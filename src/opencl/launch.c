@@ -259,9 +259,8 @@ static grid_part ds_chunk(const struct clattn_cl_state *cl, clattn_op op, const 
     if (op != CLATTN_OP_BACKWARD || !set->kernel[K_GRAD_KVS] || !set->kernel[K_GRAD_QS] ||
         queue != cl->queue)
         return c;
-    const uint64_t most = cl->ds_max == DS_DEFAULT ? cl->max_alloc / 2 : cl->max_alloc;
-    const uint64_t asked = cl->ds_max == DS_DEFAULT ? 1ull << 30 : cl->ds_max;
-    const uint64_t bound = asked < most ? asked : most;
+    const uint64_t asked = cl->ds_max == DS_DEFAULT ? cl->global_mem / 16 : cl->ds_max;
+    const uint64_t bound = asked < cl->max_alloc ? asked : cl->max_alloc;
     const uint64_t slab = (uint64_t)(s->num_heads / s->num_kv_heads) * s->q_seq * s->kv_seq *
                           sizeof(float);
     if (!slab || slab > bound)

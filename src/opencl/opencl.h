@@ -135,6 +135,7 @@ struct clattn_cl_state {
     tuned_entry tuned[TUNED_MAX]; /* the tuning file's entries for this device */
     size_t ntuned;
     cl_ulong max_alloc;
+    cl_ulong global_mem;
     cl_ulong local_mem;
     size_t max_wg; /* the device's work-group limit (in dimension 0 too) */
     /* Loop iterations a work-item may run in all, where the driver ends
@@ -147,10 +148,11 @@ struct clattn_cl_state {
     cl_mem scratch[CLATTN_R_COUNT];
     size_t scratch_bytes[CLATTN_R_COUNT];
     /* The backward's dS scratch (GRAD_KVS to GRAD_QS): at most ds_max
-     * bytes (CLATTN_DS_MAX_MB; 0: none, grad-Q computes the scores again);
+     * bytes (CLATTN_DS_MAX_MB; 0: none, grad-Q computes the scores again)
+     * and the device's largest allocation;
      * the buffer, grown as needed, and the event of its last reader, which
      * the next call's first writer waits for. */
-    size_t ds_max; /* DS_DEFAULT: the lesser of 1 GiB and half the largest allocation */
+    size_t ds_max; /* DS_DEFAULT: a 16th of the device's memory */
     cl_mem ds;
     size_t ds_bytes;
     cl_event ds_read;
