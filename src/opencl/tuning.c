@@ -16,13 +16,14 @@
  * forward's shape and the backward's. */
 static const tile_class tile_table[] = {
     {CL_DEVICE_TYPE_GPU | CL_DEVICE_TYPE_ACCELERATOR, 64, {64, 32, 8, 64, 4},
-     {32, 32, 16, 64, 4},
-     "micro-tiles of 4 rows by 4 keys in the forward; the key side's two tiles of rows and "
-     "keys leave room for 32 rows, fastest split 16 ways"},
+     {64, 16, 16, 64, 8},
+     "micro-tiles of 4 rows by 4 keys in the forward; on the key side 8 rows by one query, "
+     "split 16 ways (dQ from its dS: the key side is most of the backward)"},
     {CL_DEVICE_TYPE_GPU | CL_DEVICE_TYPE_ACCELERATOR, 128, {32, 16, 8, 128, 4},
      {32, 8, 8, 128, 4},
      "micro-tiles of 4 rows; the key side's two tiles of rows and keys leave room for 32 "
-     "rows and tiles of 8 (rows split by columns: 0.88x the forward, 0.47x the backward)"},
+     "rows and tiles of 8 (beside rows split by columns: 0.88x the forward, 0.47x the "
+     "backward)"},
     {CL_DEVICE_TYPE_GPU | CL_DEVICE_TYPE_ACCELERATOR, CLATTN_MAX_HEAD_DIM, {32, 16, 1, 32, 0},
      {32, 16, 1, 32, 0},
      "rows split by columns: micro-tiles' rows and tile leave a few pairs a barrier in 48 KB"},
