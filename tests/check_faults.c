@@ -58,8 +58,11 @@ START_TEST(device_faults)
 END_TEST
 
 /* The op of an injection run: one of the host-pointer calls on ctx. */
-enum { OP_FORWARD, OP_GRAD_V, OP_BACKWARD, OP_GRAD_Q, OP_GRAD_K, OPS };
-static const char *const op_names[OPS] = {"forward", "grad_v", "backward", "grad_q", "grad_k"};
+enum { OP_FORWARD, OP_GRAD_V, OP_BACKWARD, OP_GRAD_Q, OP_GRAD_K, OP_BACKWARD_TILED, OPS };
+static const char *const op_names[OPS] = {"forward", "grad_v", "backward",
+                                          "grad_q",  "grad_k", "backward on tiled"};
+/* The variant an op runs on: the default, or tiled (its dS scratch). */
+static const char *const op_variants[OPS] = {NULL, NULL, NULL, NULL, NULL, "tiled"};
 
 static clattn_status run_op(clattn_context *ctx, int op, const clattn_shape *s, const problem *p,
                             float *out[3])
@@ -70,6 +73,7 @@ static clattn_status run_op(clattn_context *ctx, int op, const clattn_shape *s, 
     case OP_GRAD_V:
         return clattn_grad_v(ctx, s, p->d_out, p->q, p->k, p->lse, out[0]);
     case OP_BACKWARD:
+    case OP_BACKWARD_TILED:
         return clattn_backward(ctx, s, p->q, p->k, p->v, p->o, p->lse, p->d_out, out[0], out[1],
                                out[2]);
     case OP_GRAD_Q:
@@ -102,7 +106,7 @@ START_TEST(injected_faults)
     problem p;
     problem_make(&p, &s, 41, 1.0f);
     const size_t sizes[OPS][3] = {{p.nq, p.nlse, 0}, {p.nkv, 0, 0}, {p.nq, p.nkv, p.nkv},
-                                  {p.nq, 0, 0},      {p.nkv, 0, 0}};
+                                  {p.nq, 0, 0},      {p.nkv, 0, 0}, {p.nq, p.nkv, p.nkv}};
     for (int op = 0; op < OPS; ++op) {
         float *want[3] = {NULL, NULL, NULL}, *out[3] = {NULL, NULL, NULL};
         for (int i = 0; i < 3; ++i)
@@ -110,10 +114,10 @@ START_TEST(injected_faults)
                 want[i] = nan_array(sizes[op][i]);
                 out[i] = nan_array(sizes[op][i]);
             }
-        clattn_context *ctx = test_context(NULL);
+        clattn_context *ctx = test_context(op_variants[op]);
         ck_assert_status(run_op(ctx, op, &s, &p, want), CLATTN_OK); /* the cache warm */
         clattn_context_destroy(ctx);
-        ctx = test_context(NULL);
+        ctx = test_context(op_variants[op]);
         arm(0);
         ck_assert_status(run_op(ctx, op, &s, &p, out), CLATTN_OK);
         const long n = counted();
@@ -121,7 +125,7 @@ START_TEST(injected_faults)
         ck_assert_int_gt(n, 0);
         int failed = 0, absorbed = 0, untouched = 0, statuses[32] = {0};
         for (long at = 1; at <= n; ++at) {
-            ctx = test_context(NULL);
+            ctx = test_context(op_variants[op]);
             for (int i = 0; i < 3; ++i)
                 if (out[i])
                     memset(out[i], 0xA5, sizes[op][i] * sizeof(float));
