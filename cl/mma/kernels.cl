@@ -524,16 +524,34 @@ inline void p_of_keys(float *s, float *dp, __local const float *mt, __local cons
     }
 }
 
+/* The warp's 16 keys by the tile's queries of dS^T (p_of_keys's dp) into
+ * the dS scratch of grad_qs__tiled (cl/tiled/micro.cl's ds_head: [key][query]
+ * floats from dsh), queries past hi and keys past kv_seq left out. */
+inline void put_ds(__global float *dsh, const float *dp, uint p0, uint hi, uint key0, uint kv_seq,
+                   uint q_seq)
+{
+    const uint t = get_local_id(0) & 3u;
+    UNROLL
+    for (uint i = 0; i < NT * 4; ++i) {
+        const uint j = i / 4 * 8 + 2 * t + (i & 1), key = key0 + ((i & 2) ? 8u : 0u);
+        if (p0 + j < hi && key < kv_seq)
+            dsh[(ulong)key * q_seq + p0 + j] = dp[i];
+    }
+}
+
 /* dK and/or dV of the work-group's WG_ROWS keys: every query row of every
  * head of the group that sees any of them streams through local memory
- * TILE rows at a time, with its LSE pair and Dsum. */
+ * TILE rows at a time, with its LSE pair and Dsum; where dsw is not NULL
+ * (float32), each pair's dS into the dS scratch too, for grad_qs__tiled.
+ * Heads and batch elements come from the global ids, so that a launch may
+ * cover a part of them (the scratch's chunks). */
 inline void key_side(__global const elem *q, __global const elem *k, __global const elem *v,
                      __global const elem *d_out, __global const float *lse,
                      __global const float *dsum, __global elem *dk, __global elem *dv,
                      uint q_seq, uint kv_seq, uint num_heads, uint num_kv_heads, int causal,
                      uint window, long delta, float scale, int accumulate,
                      __local float *tiles, bool want_dk, bool want_dv,
-                     __global float *dq32, MOD_ARGS)
+                     __global float *dq32, __global float *dsw, MOD_ARGS)
 {
     const uint lid = get_local_id(0), lane = lid & 31u, warp = lid >> 5;
     const uint g = lane >> 2, t = lane & 3u, d0 = warp % WSPLIT * DW;
@@ -541,8 +559,11 @@ inline void key_side(__global const elem *q, __global const elem *k, __global co
     const float unit = SCORE_UNIT(scale);
     __local float *xch = tiles + XCH_AT, *emu = tiles + EMU_AT + warp * EMU_FLOATS;
     /* S^T = K Q^T, dP^T = V dO^T, dS^T Q and P^T dO */
-    const uint kv_head = get_group_id(1), b = get_group_id(2);
+    const uint kv_head = get_global_id(1), b = get_global_id(2);
     const uint group = num_heads / num_kv_heads;
+    /* the dS scratch's part: its batch elements and query heads */
+    const uint ds_b = b - (uint)get_global_offset(2), ds_heads = get_global_size(1) * group;
+    const uint ds_first = get_global_offset(1) * group;
     const uint r0 = get_group_id(0) * WG_ROWS; /* causal: the first blocks are the heaviest */
     const uint key0 = r0 + warp / WSPLIT * 16u + g, key1 = key0 + 8u;
 
@@ -621,6 +642,9 @@ inline void key_side(__global const elem *q, __global const elem *k, __global co
         if (dq32)
             store_ds(ds, &dp[0][0]);
 #endif
+        if (dsw && warp % WSPLIT == 0) /* the WSPLIT warps of 16 keys hold the same dS^T */
+            put_ds(dsw + ((ulong)ds_b * ds_heads + head - ds_first) * kv_seq * q_seq, &dp[0][0],
+                   p0, hi, key0, kv_seq, q_seq);
         if (want_dv && want_dk)
             times(&dvf[0][0], &s[0][0], ot, &dkf[0][0], &dp[0][0], qt, d0, emu);
         else if (want_dv)
@@ -666,7 +690,7 @@ grad_v__mma(__global const elem *d_out, ulong d_out_off, __global const elem *q,
 {
     key_side(q + q_off, k + k_off, k + k_off, d_out + d_out_off, lse + lse_off, lse + lse_off,
              dv + dv_off, dv + dv_off, q_seq, kv_seq, num_heads, num_kv_heads, causal, window, delta,
-             scale, accumulate, tiles, false, true, 0, MOD_PASS);
+             scale, accumulate, tiles, false, true, 0, 0, MOD_PASS);
 }
 
 __kernel __attribute__((reqd_work_group_size(LANES, 1, 1))) void
@@ -678,7 +702,7 @@ grad_k__mma(__global const elem *q, ulong q_off, __global const elem *k, ulong k
 {
     key_side(q + q_off, k + k_off, v + v_off, d_out + d_out_off, lse + lse_off, dsum + dsum_off,
              dk + dk_off, dk + dk_off, q_seq, kv_seq, num_heads, num_kv_heads, causal, window, delta,
-             scale, accumulate, tiles, true, false, 0, MOD_PASS);
+             scale, accumulate, tiles, true, false, 0, 0, MOD_PASS);
 }
 
 __kernel __attribute__((reqd_work_group_size(LANES, 1, 1))) void
@@ -690,8 +714,26 @@ grad_kv__mma(__global const elem *q, ulong q_off, __global const elem *k, ulong 
 {
     key_side(q + q_off, k + k_off, v + v_off, d_out + d_out_off, lse + lse_off, dsum + dsum_off,
              dk + dk_off, dv + dv_off, q_seq, kv_seq, num_heads, num_kv_heads, causal, window, delta,
-             scale, accumulate, tiles, true, true, 0, MOD_PASS);
+             scale, accumulate, tiles, true, true, 0, 0, MOD_PASS);
 }
+
+#if DTYPE == 0
+/* grad_kv__mma that also writes each pair's dS into the dS scratch ds,
+ * from which grad_qs__tiled takes dQ (float32: a product on the FMA units
+ * in place of grad-Q's three 3xTF32 ones); both may run on a part of the
+ * heads and batch elements (a global offset in dimensions 1 and 2). */
+__kernel __attribute__((reqd_work_group_size(LANES, 1, 1))) void
+grad_kvs__mma(__global const elem *q, ulong q_off, __global const elem *k, ulong k_off,
+              __global const elem *v, ulong v_off, __global const elem *d_out, ulong d_out_off,
+              __global const float *lse, ulong lse_off, __global const float *dsum,
+              ulong dsum_off, __global elem *dk, ulong dk_off, __global elem *dv, ulong dv_off,
+              __global float *ds, ulong ds_off, SHAPE_ARGS, __local float *tiles)
+{
+    key_side(q + q_off, k + k_off, v + v_off, d_out + d_out_off, lse + lse_off, dsum + dsum_off,
+             dk + dk_off, dv + dv_off, q_seq, kv_seq, num_heads, num_kv_heads, causal, window, delta,
+             scale, accumulate, tiles, true, true, 0, ds + ds_off, MOD_PASS);
+}
+#endif
 
 #if DTYPE != 0 && WSPLIT == 1
 /* dK and dV, with dQ (unscaled) added into the float32 dq32, which starts
@@ -705,7 +747,7 @@ grad_kvq__mma(__global const elem *q, ulong q_off, __global const elem *k, ulong
 {
     key_side(q + q_off, k + k_off, v + v_off, d_out + d_out_off, lse + lse_off, dsum + dsum_off,
              dk + dk_off, dv + dv_off, q_seq, kv_seq, num_heads, num_kv_heads, causal, window, delta,
-             scale, accumulate, tiles, true, true, dq32 + dq32_off, MOD_PASS);
+             scale, accumulate, tiles, true, true, dq32 + dq32_off, 0, MOD_PASS);
 }
 
 /* dQ = scale * dq32, rounded once (or added to dQ under accumulate): a
