@@ -53,8 +53,8 @@ static const int backward_unfused[5] = {K_DSUM, K_GRAD_K, K_GRAD_V, K_GRAD_Q, -1
 /* The single-pass backward, where a variant has it for the call (mma's
  * 16-bit kernels): DQ32 is zeroed before GRAD_KVQ. */
 static const int backward_single[5] = {K_DSUM, K_GRAD_KVQ, K_FINISH_DQ, -1};
-/* tiled's micro-tiles where the dS scratch serves (ds_chunk): dQ from the
- * key side's dS, GRAD_KVS and GRAD_QS by chunks. */
+/* Where the dS scratch serves (ds_chunk: tiled's micro-tiles, mma's
+ * float32): dQ from the key side's dS, GRAD_KVS and GRAD_QS by chunks. */
 static const int backward_ds[5] = {K_DSUM, K_GRAD_KVS, K_GRAD_QS, -1};
 
 size_t clattn_ocl_local_bytes(const struct clattn_cl_state *cl, const kernel_set *set, int k,
