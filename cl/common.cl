@@ -164,6 +164,19 @@ inline bool kept(uint pos, uint t, uint head, uint b, long delta, uint kv_pos0, 
  * masked scores take it too, so that exp() of them is 0. */
 #define EMPTY_ROW (-1e30f)
 
+/* The backward's dS scratch, between the key side (grad_kvs__tiled,
+ * grad_kvs__mma) and grad_qs__tiled: the dS of the launch's part of the
+ * batch elements and query heads (its global offset and size in dimensions
+ * 1 and 2, which count KV heads of `group` query heads each on the key
+ * side, query heads on the query side: group 1), as [batch element][query
+ * head][key t][query pos] floats. The first float of query head `head` of
+ * batch element b. */
+inline ulong ds_head(uint b, uint head, uint group, uint q_seq, uint kv_seq)
+{
+    const ulong heads = get_global_size(1) * group, first = get_global_offset(1) * group;
+    return (((ulong)b - get_global_offset(2)) * heads + head - first) * kv_seq * q_seq;
+}
+
 /* Whether query pos sees key t (t < kv_seq is the caller's to test): the
  * global positions are pos + q_offset and t + kv_offset, so the masks
  * compare pos + delta with t, in 64 bits. */

@@ -525,10 +525,10 @@ inline void p_of_keys(float *s, float *dp, __local const float *mt, __local cons
 }
 
 /* The warp's 16 keys by the tile's queries of dS^T (p_of_keys's dp) into
- * the dS scratch of grad_qs__tiled (cl/tiled/micro.cl's ds_head: [key][query]
- * floats from dsh), queries past hi and keys past kv_seq left out. */
-inline void put_ds(__global float *dsh, const float *dp, uint p0, uint hi, uint key0, uint kv_seq,
-                   uint q_seq)
+ * a query head's dS scratch (cl/common.cl's ds_head: [key][query] floats
+ * from dsh), queries past hi and keys past kv_seq left out. */
+inline void scatter_ds(__global float *dsh, const float *dp, uint p0, uint hi, uint key0,
+                       uint kv_seq, uint q_seq)
 {
     const uint t = get_local_id(0) & 3u;
     UNROLL
@@ -561,9 +561,6 @@ inline void key_side(__global const elem *q, __global const elem *k, __global co
     /* S^T = K Q^T, dP^T = V dO^T, dS^T Q and P^T dO */
     const uint kv_head = get_global_id(1), b = get_global_id(2);
     const uint group = num_heads / num_kv_heads;
-    /* the dS scratch's part: its batch elements and query heads */
-    const uint ds_b = b - (uint)get_global_offset(2), ds_heads = get_global_size(1) * group;
-    const uint ds_first = get_global_offset(1) * group;
     const uint r0 = get_group_id(0) * WG_ROWS; /* causal: the first blocks are the heaviest */
     const uint key0 = r0 + warp / WSPLIT * 16u + g, key1 = key0 + 8u;
 
@@ -643,8 +640,8 @@ inline void key_side(__global const elem *q, __global const elem *k, __global co
             store_ds(ds, &dp[0][0]);
 #endif
         if (dsw && warp % WSPLIT == 0) /* the WSPLIT warps of 16 keys hold the same dS^T */
-            put_ds(dsw + ((ulong)ds_b * ds_heads + head - ds_first) * kv_seq * q_seq, &dp[0][0],
-                   p0, hi, key0, kv_seq, q_seq);
+            scatter_ds(dsw + ds_head(b, head, group, q_seq, kv_seq), &dp[0][0], p0, hi, key0,
+                       kv_seq, q_seq);
         if (want_dv && want_dk)
             times(&dvf[0][0], &s[0][0], ot, &dkf[0][0], &dp[0][0], qt, d0, emu);
         else if (want_dv)

@@ -60,7 +60,7 @@ grad_kv__tiled(__global const elem *q, ulong q_off, __global const elem *k, ulon
 }
 
 /* grad_kv__tiled that also writes each pair's dS into the dS scratch ds
- * (micro.cl's ds_head), for grad_qs__tiled; both may run on a part of the
+ * (cl/common.cl's ds_head), for grad_qs__tiled; both may run on a part of the
  * heads and batch elements (a global offset in dimensions 1 and 2). */
 __kernel __attribute__((reqd_work_group_size(LANES, 1, 1))) void
 grad_kvs__tiled(__global const elem *q, ulong q_off, __global const elem *k, ulong k_off,

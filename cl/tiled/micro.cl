@@ -352,16 +352,6 @@ inline void grad_q_block(__global const elem *q, ulong q_off, __global const ele
     }
 }
 
-/* The backward's dS scratch (grad_kvs__tiled writes it, grad_qs__tiled
- * reads it): the dS of a part of the batch elements and query heads, the
- * launch's (its global offset and size in dimensions 1 and 2), as
- * [batch element][query head][key t][query pos] floats. The first float of
- * query head `head` (of the part's first `heads`) of batch element b. */
-inline ulong ds_head(uint b, uint head, uint heads, uint first_head, uint q_seq, uint kv_seq)
-{
-    return ((ulong)(b - (uint)get_global_offset(2)) * heads + head - first_head) * kv_seq * q_seq;
-}
-
 /* The key side of the group's key rows, over the queries of its KV head's
  * group that see them: dV = sum of P * dO (where dv is not NULL) and dK =
  * scale * sum of dS * Q (where dk is not NULL), one score and dP a pair for
@@ -381,7 +371,6 @@ inline void key_block(__global const elem *q, ulong q_off, __global const elem *
     const uint kv_head = get_global_id(1), b = get_global_id(2);
     const lane me = lane_of();
     const uint group = num_heads / num_kv_heads;
-    const uint ds_heads = get_global_size(1) * group, ds_first = get_global_offset(1) * group;
     const uint last = min(r0 + ROWS, kv_seq) - 1u;
     barrier(CLK_LOCAL_MEM_FENCE);
     load_block(ks, ROWS, k, k_off, b, kv_seq, r0, kv_seq, num_kv_heads, kv_head, scale);
@@ -410,7 +399,7 @@ inline void key_block(__global const elem *q, ulong q_off, __global const elem *
             if (dk)
                 micro_dots(dp, vs, os, me);
             __global float *dsh =
-                ds ? ds + ds_head(b, head, ds_heads, ds_first, q_seq, kv_seq) : 0;
+                ds ? ds + ds_head(b, head, group, q_seq, kv_seq) : 0;
             const bool whole =
                 all_visible(p0, min(p0 + TILE, hi) - 1u, r0, last, causal, window, delta);
             for (uint i = 0; i < RM; ++i) {
@@ -501,7 +490,7 @@ inline void grad_q_ds_block(__global const elem *k, ulong k_off, __global const 
     const uint kv_head = head / (num_heads / num_kv_heads);
     const uint last = min(r0 + ROWS, q_seq) - 1u;
     __global const float *dsh =
-        ds + ds_head(b, head, get_global_size(1), get_global_offset(1), q_seq, kv_seq);
+        ds + ds_head(b, head, 1u, q_seq, kv_seq);
     float acc[RM * NC4 * 4];
     for (uint e = 0; e < RM * NC4 * 4; ++e)
         acc[e] = 0.0f;
