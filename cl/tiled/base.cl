@@ -77,27 +77,79 @@ inline ulong row_of(uint b, uint q_seq, uint pos, uint num_heads, uint head)
  * floats) before the current tile's products, so that the global loads'
  * latency hides behind them, and puts it in local memory after the next
  * barrier. Rows from r0 of a [batch][rows][heads][D] tensor, zeros past
- * `end` and past D. */
+ * `end` and past D.
+ *
+ * Where the tile's rows are whole float4s (DP a multiple of 4), a
+ * work-item's share is float4s: chunk i = id + u * LANES (u < PF4) holds
+ * columns 4 (i % (DP / 4)) .. + 3 of row i / (DP / 4), read as one vector
+ * load where D is a multiple of 4 and the tensor's offset too (buffers are
+ * aligned to far more than 16 bytes), as four loads otherwise, and stored
+ * into local memory as one float4. */
+#define VEC_TILES (DP % 4 == 0)
+#define PF4 ((TILE * DP / 4 + LANES - 1) / LANES)
+#if VEC_TILES
+#define PF (4 * PF4)
+#else
 #define PF ((TILE * DP + LANES - 1) / LANES)
+#endif
+
+#if DTYPE == 0
+#define LOAD4(p, i) (*(__global const float4 *)((p) + (i)))
+#elif DTYPE == 1
+#define LOAD4(p, i) vload_half4(0, (p) + (i))
+#else
+#define LOAD4(p, i) as_float4(convert_uint4(*(__global const ushort4 *)((p) + (i))) << 16)
+#endif
 
 inline void fetch_tile(float *r, __global const elem *src, ulong off, uint b, uint rows, uint r0,
                        uint end, uint heads, uint head)
 {
+#if VEC_TILES
+    const ulong first = off + at(b, rows, r0, heads, head, 0), stride = (ulong)heads * D;
+    const bool whole = D % 4 == 0 && (off & 3u) == 0;
+    for (uint u = 0; u < PF4; ++u) {
+        const uint i = get_local_id(0) + u * LANES, row = i / (DP / 4), d = 4 * (i % (DP / 4));
+        const ulong at_d = first + row * stride + d;
+        float4 x = 0.0f;
+        if (i < TILE * DP / 4 && r0 + row < end) {
+            if (whole)
+                x = LOAD4(src, at_d);
+            else
+                x = (float4)(d < D ? LOAD(src, at_d) : 0.0f, d + 1 < D ? LOAD(src, at_d + 1) : 0.0f,
+                             d + 2 < D ? LOAD(src, at_d + 2) : 0.0f,
+                             d + 3 < D ? LOAD(src, at_d + 3) : 0.0f);
+        }
+        r[4 * u] = x.x;
+        r[4 * u + 1] = x.y;
+        r[4 * u + 2] = x.z;
+        r[4 * u + 3] = x.w;
+    }
+#else
     for (uint u = 0; u < PF; ++u) {
         const uint i = get_local_id(0) + u * LANES, row = i / DP, d = i % DP;
         r[u] = i < TILE * DP && r0 + row < end && d < D
                    ? LOAD(src, off + at(b, rows, r0 + row, heads, head, d))
                    : 0.0f;
     }
+#endif
 }
 
 inline void put_tile(__local float *t, const float *r)
 {
+#if VEC_TILES
+    for (uint u = 0; u < PF4; ++u) {
+        const uint i = get_local_id(0) + u * LANES;
+        if (i < TILE * DP / 4)
+            *(__local float4 *)(t + i / (DP / 4) * DS + 4 * (i % (DP / 4))) =
+                (float4)(r[4 * u], r[4 * u + 1], r[4 * u + 2], r[4 * u + 3]);
+    }
+#else
     for (uint u = 0; u < PF; ++u) {
         const uint i = get_local_id(0) + u * LANES;
         if (i < TILE * DP)
             t[i / DP * DS + i % DP] = r[u];
     }
+#endif
 }
 
 /* fetch_tile of two tensors of one shape (K and V, or Q and dO) into a
