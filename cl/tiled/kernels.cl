@@ -79,6 +79,6 @@ __kernel __attribute__((reqd_work_group_size(LANES, 1, 1))) void
 grad_qs__tiled(__global const elem *k, ulong k_off, __global const float *ds, ulong ds_off,
                __global elem *dq, ulong dq_off, SHAPE_ARGS, __local float4 *tiles4)
 {
-    PAIRED(q_seq, grad_q_ds_block(k, k_off, ds + ds_off, dq, dq_off, SHAPE_PASS, tiles, r0))
+    PAIRED(q_seq, grad_q_ds_block(k, k_off, ds, ds_off, dq, dq_off, SHAPE_PASS, tiles, r0))
 }
 #endif

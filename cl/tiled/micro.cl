@@ -451,29 +451,71 @@ inline void key_block(__global const elem *q, ulong q_off, __global const elem *
 }
 
 /* The dS scratch's weights of a key tile for the group's query rows: PW
- * floats a work-item, of (row, key t0 + t) at i = t * ROWS + row; 0 where
- * the masks hide the pair (grad_kvs__tiled wrote no dS there), past `hi`
- * and past q_seq. */
+ * floats a work-item, 0 where the masks hide the pair (grad_kvs__tiled
+ * wrote no dS there; `whole`: none of the tile's pairs is hidden), past
+ * `hi` and past q_seq. Where ROWS is a multiple of 4, chunk i = id + u *
+ * LANES (u < PW4) is the four rows from 4 (i % (ROWS / 4)) against key t0 +
+ * i / (ROWS / 4), one vector load where `vec` (q_seq and the scratch's
+ * offset multiples of 4); else float i is row i % ROWS against key t0 + i /
+ * ROWS. */
+#if ROWS % 4 == 0
+#define PW4 ((TILE * ROWS / 4 + LANES - 1) / LANES)
+#define PW (4 * PW4)
+#else
 #define PW ((TILE * ROWS + LANES - 1) / LANES)
+#endif
 
-inline void fetch_ds(float *r, __global const float *dsh, uint q_seq, uint r0, uint t0, uint hi,
-                     int causal, uint window, long delta)
+inline void fetch_ds(float *r, __global const float *dsh, bool vec, uint q_seq, uint r0, uint t0,
+                     uint hi, bool whole, int causal, uint window, long delta)
 {
+#if ROWS % 4 == 0
+    for (uint u = 0; u < PW4; ++u) {
+        const uint i = get_local_id(0) + u * LANES, pos = r0 + 4 * (i % (ROWS / 4));
+        const uint t = t0 + i / (ROWS / 4);
+        __global const float *src = dsh + (ulong)t * q_seq + pos;
+        float4 x = 0.0f;
+        if (i < TILE * ROWS / 4 && t < hi && pos < q_seq) {
+            if (vec)
+                x = *(__global const float4 *)src;
+            else
+                x = (float4)(src[0], pos + 1 < q_seq ? src[1] : 0.0f, pos + 2 < q_seq ? src[2] : 0.0f,
+                             pos + 3 < q_seq ? src[3] : 0.0f);
+            if (!whole) {
+                x.x = visible(pos, t, causal, window, delta) ? x.x : 0.0f;
+                x.y = visible(pos + 1, t, causal, window, delta) ? x.y : 0.0f;
+                x.z = visible(pos + 2, t, causal, window, delta) ? x.z : 0.0f;
+                x.w = visible(pos + 3, t, causal, window, delta) ? x.w : 0.0f;
+            }
+        }
+        r[4 * u] = x.x;
+        r[4 * u + 1] = x.y;
+        r[4 * u + 2] = x.z;
+        r[4 * u + 3] = x.w;
+    }
+#else
     for (uint u = 0; u < PW; ++u) {
         const uint i = get_local_id(0) + u * LANES, pos = r0 + i % ROWS, t = t0 + i / ROWS;
-        r[u] = i < TILE * ROWS && t < hi && pos < q_seq && visible(pos, t, causal, window, delta)
+        r[u] = i < TILE * ROWS && t < hi && pos < q_seq &&
+                       (whole || visible(pos, t, causal, window, delta))
                    ? dsh[(ulong)t * q_seq + pos]
                    : 0.0f;
     }
+#endif
 }
 
 /* fetch_ds's floats into the weights' slots (put_weights's). */
 inline void put_ds(__local float *ws, const float *r)
 {
     for (uint u = 0; u < PW; ++u) {
-        const uint i = get_local_id(0) + u * LANES, row = i % ROWS;
+#if ROWS % 4 == 0
+        const uint i = get_local_id(0) + u / 4 * LANES;
+        const uint t = i / (ROWS / 4), row = 4 * (i % (ROWS / 4)) + u % 4;
+        if (i < TILE * ROWS / 4)
+#else
+        const uint i = get_local_id(0) + u * LANES, t = i / ROWS, row = i % ROWS;
         if (i < TILE * ROWS)
-            ws[i / ROWS * WS + row % (ROWS / RM) * RM + row / (ROWS / RM)] = r[u];
+#endif
+            ws[t * WS + row % (ROWS / RM) * RM + row / (ROWS / RM)] = r[u];
     }
 }
 
@@ -481,16 +523,16 @@ inline void put_ds(__local float *ws, const float *r)
  * scale * dS * K[t], a matrix product; the scores are not computed again.
  * Heads and batch elements come from the global ids (key_block's part). */
 inline void grad_q_ds_block(__global const elem *k, ulong k_off, __global const float *ds,
-                            __global elem *dq, ulong dq_off, SHAPE_ARGS, __local float *tiles,
-                            uint r0)
+                            ulong ds_off, __global elem *dq, ulong dq_off, SHAPE_ARGS,
+                            __local float *tiles, uint r0)
 {
     __local float *ks = tiles, *ws = ks + TILE * DS;
     const uint head = get_global_id(1), b = get_global_id(2);
     const lane me = lane_of();
     const uint kv_head = head / (num_heads / num_kv_heads);
     const uint last = min(r0 + ROWS, q_seq) - 1u;
-    __global const float *dsh =
-        ds + ds_head(b, head, 1u, q_seq, kv_seq);
+    __global const float *dsh = ds + ds_off + ds_head(b, head, 1u, q_seq, kv_seq);
+    const bool vec = ((ds_off | q_seq) & 3u) == 0;
     float acc[RM * NC4 * 4];
     for (uint e = 0; e < RM * NC4 * 4; ++e)
         acc[e] = 0.0f;
@@ -499,7 +541,9 @@ inline void grad_q_ds_block(__global const elem *k, ulong k_off, __global const 
     float nk[PF], nw[PW]; /* the next tile */
     if (lo < hi) {
         fetch_tile(nk, k, k_off, b, kv_seq, lo, hi, num_kv_heads, kv_head);
-        fetch_ds(nw, dsh, q_seq, r0, lo, hi, causal, window, delta);
+        fetch_ds(nw, dsh, vec, q_seq, r0, lo, hi,
+                 all_visible(r0, last, lo, min(lo + TILE, hi) - 1u, causal, window, delta), causal,
+                 window, delta);
     }
     for (uint t0 = lo; t0 < hi; t0 += TILE) {
         barrier(CLK_LOCAL_MEM_FENCE);
@@ -508,7 +552,10 @@ inline void grad_q_ds_block(__global const elem *k, ulong k_off, __global const 
         barrier(CLK_LOCAL_MEM_FENCE);
         if (t0 + TILE < hi) {
             fetch_tile(nk, k, k_off, b, kv_seq, t0 + TILE, hi, num_kv_heads, kv_head);
-            fetch_ds(nw, dsh, q_seq, r0, t0 + TILE, hi, causal, window, delta);
+            const uint t1 = t0 + TILE;
+            fetch_ds(nw, dsh, vec, q_seq, r0, t1, hi,
+                     all_visible(r0, last, t1, min(t1 + TILE, hi) - 1u, causal, window, delta),
+                     causal, window, delta);
         }
         micro_axpy(acc, 0, ws, ks, me);
     }
