@@ -416,7 +416,7 @@ int cmd_tune(int argc, char **argv)
     clattn_context_destroy(base);
     int search = n == 1; /* no --candidates: the two stages */
     if (search)
-        generate(variant, 1, NULL, head_dim, fwd ? 64 : 128, dt, max_wg, c, &n);
+        generate(variant, 1, NULL, head_dim, 128, dt, max_wg, c, &n); /* as the GPU table */
 
     rc = 0;
     for (int i = 0; i < nops && !rc; ++i)
