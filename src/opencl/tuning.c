@@ -19,11 +19,15 @@ static const tile_class tile_table[] = {
      {64, 16, 16, 64, 8},
      "micro-tiles of 4 rows by 4 keys in the forward; on the key side 8 rows by one query, "
      "split 16 ways (dQ from its dS: the key side is most of the backward)"},
-    {CL_DEVICE_TYPE_GPU | CL_DEVICE_TYPE_ACCELERATOR, 128, {32, 16, 8, 128, 4},
+    {CL_DEVICE_TYPE_GPU | CL_DEVICE_TYPE_ACCELERATOR, 96, {32, 16, 8, 128, 4},
      {32, 8, 8, 128, 4},
      "micro-tiles of 4 rows; the key side's two tiles of rows and keys leave room for 32 "
      "rows and tiles of 8 (beside rows split by columns: 0.88x the forward, 0.47x the "
      "backward)"},
+    {CL_DEVICE_TYPE_GPU | CL_DEVICE_TYPE_ACCELERATOR, 128, {64, 8, 4, 128, 4},
+     {32, 8, 8, 128, 4},
+     "the forward's 64 rows share each tile of 8 keys, split 4 ways, 4 rows by 2 keys a "
+     "work-item; the backward's as d96's"},
     {CL_DEVICE_TYPE_GPU | CL_DEVICE_TYPE_ACCELERATOR, CLATTN_MAX_HEAD_DIM, {32, 16, 1, 32, 0},
      {32, 16, 1, 32, 0},
      "rows split by columns: micro-tiles' rows and tile leave a few pairs a barrier in 48 KB"},
