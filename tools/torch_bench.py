@@ -69,6 +69,7 @@ GPU_SHAPES = [  # (batch, q_seq, heads, kv_heads, head_dim, causal)
     (1, 2048, 16, 16, 96, True),
     (1, 4096, 32, 8, 128, True),
     (1, 4096, 32, 8, 128, False),
+    (4, 2048, 16, 16, 128, True),
     (1, 2048, 8, 8, 256, True),
 ]
 CPU_SHAPES = [  # d64 and d128 GQA, batched d64, then head_dims 32, 96 and 256
