@@ -111,11 +111,11 @@ inline void fetch_tile(float *r, __global const elem *src, ulong off, uint b, ui
         const uint i = get_local_id(0) + u * LANES, row = i / (DP / 4), d = 4 * (i % (DP / 4));
         const ulong at_d = first + row * stride + d;
         float4 x = 0.0f;
-        if (i < TILE * DP / 4 && r0 + row < end) {
-            if (whole)
+        if (i < TILE * DP / 4 && r0 + row < end && d < D) {
+            if (whole) /* d + 3 < D too */
                 x = LOAD4(src, at_d);
             else
-                x = (float4)(d < D ? LOAD(src, at_d) : 0.0f, d + 1 < D ? LOAD(src, at_d + 1) : 0.0f,
+                x = (float4)(LOAD(src, at_d), d + 1 < D ? LOAD(src, at_d + 1) : 0.0f,
                              d + 2 < D ? LOAD(src, at_d + 2) : 0.0f,
                              d + 3 < D ? LOAD(src, at_d + 3) : 0.0f);
         }
