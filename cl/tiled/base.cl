@@ -93,6 +93,7 @@ inline ulong row_of(uint b, uint q_seq, uint pos, uint num_heads, uint head)
 #define PF ((TILE * DP + LANES - 1) / LANES)
 #endif
 
+/* LOAD of elements i .. i + 3 at once, i a multiple of 4 (16-bit: 8 bytes) */
 #if DTYPE == 0
 #define LOAD4(p, i) (*(__global const float4 *)((p) + (i)))
 #elif DTYPE == 1
@@ -106,13 +107,13 @@ inline void fetch_tile(float *r, __global const elem *src, ulong off, uint b, ui
 {
 #if VEC_TILES
     const ulong first = off + at(b, rows, r0, heads, head, 0), stride = (ulong)heads * D;
-    const bool whole = D % 4 == 0 && (off & 3u) == 0;
+    const bool vec = D % 4 == 0 && (off & 3u) == 0;
     for (uint u = 0; u < PF4; ++u) {
         const uint i = get_local_id(0) + u * LANES, row = i / (DP / 4), d = 4 * (i % (DP / 4));
         const ulong at_d = first + row * stride + d;
         float4 x = 0.0f;
         if (i < TILE * DP / 4 && r0 + row < end && d < D) {
-            if (whole) /* d + 3 < D too */
+            if (vec) /* d + 3 < D too */
                 x = LOAD4(src, at_d);
             else
                 x = (float4)(LOAD(src, at_d), d + 1 < D ? LOAD(src, at_d + 1) : 0.0f,

@@ -450,10 +450,10 @@ inline void key_block(__global const elem *q, ulong q_off, __global const elem *
     }
 }
 
-/* The dS scratch's weights of a key tile for the group's query rows: PW
- * floats a work-item, 0 where the masks hide the pair (grad_kvs__tiled
- * wrote no dS there; `whole`: none of the tile's pairs is hidden), past
- * `hi` and past q_seq. Where ROWS is a multiple of 4, chunk i = id + u *
+/* The dS scratch's weights of the key tile from t0 for the group's query
+ * rows r0 .. last: PW floats a work-item, 0 where the masks hide the pair
+ * (grad_kvs__tiled wrote no dS there; tiles they leave whole skip the
+ * test), past `hi` and past q_seq. Where ROWS is a multiple of 4, chunk i = id + u *
  * LANES (u < PW4) is the four rows from 4 (i % (ROWS / 4)) against key t0 +
  * i / (ROWS / 4), one vector load where `vec` (q_seq and the scratch's
  * offset multiples of 4); else float i is row i % ROWS against key t0 + i /
@@ -465,9 +465,10 @@ inline void key_block(__global const elem *q, ulong q_off, __global const elem *
 #define PW ((TILE * ROWS + LANES - 1) / LANES)
 #endif
 
-inline void fetch_ds(float *r, __global const float *dsh, bool vec, uint q_seq, uint r0, uint t0,
-                     uint hi, bool whole, int causal, uint window, long delta)
+inline void fetch_ds(float *r, __global const float *dsh, bool vec, uint q_seq, uint r0,
+                     uint last, uint t0, uint hi, int causal, uint window, long delta)
 {
+    const bool whole = all_visible(r0, last, t0, min(t0 + TILE, hi) - 1u, causal, window, delta);
 #if ROWS % 4 == 0
     for (uint u = 0; u < PW4; ++u) {
         const uint i = get_local_id(0) + u * LANES, pos = r0 + 4 * (i % (ROWS / 4));
@@ -541,9 +542,7 @@ inline void grad_q_ds_block(__global const elem *k, ulong k_off, __global const 
     float nk[PF], nw[PW]; /* the next tile */
     if (lo < hi) {
         fetch_tile(nk, k, k_off, b, kv_seq, lo, hi, num_kv_heads, kv_head);
-        fetch_ds(nw, dsh, vec, q_seq, r0, lo, hi,
-                 all_visible(r0, last, lo, min(lo + TILE, hi) - 1u, causal, window, delta), causal,
-                 window, delta);
+        fetch_ds(nw, dsh, vec, q_seq, r0, last, lo, hi, causal, window, delta);
     }
     for (uint t0 = lo; t0 < hi; t0 += TILE) {
         barrier(CLK_LOCAL_MEM_FENCE);
@@ -552,10 +551,7 @@ inline void grad_q_ds_block(__global const elem *k, ulong k_off, __global const 
         barrier(CLK_LOCAL_MEM_FENCE);
         if (t0 + TILE < hi) {
             fetch_tile(nk, k, k_off, b, kv_seq, t0 + TILE, hi, num_kv_heads, kv_head);
-            const uint t1 = t0 + TILE;
-            fetch_ds(nw, dsh, vec, q_seq, r0, t1, hi,
-                     all_visible(r0, last, t1, min(t1 + TILE, hi) - 1u, causal, window, delta),
-                     causal, window, delta);
+            fetch_ds(nw, dsh, vec, q_seq, r0, last, t0 + TILE, hi, causal, window, delta);
         }
         micro_axpy(acc, 0, ws, ks, me);
     }
