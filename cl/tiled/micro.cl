@@ -183,6 +183,13 @@ inline bool all_visible(uint p_first, uint p_last, uint t_first, uint t_last, in
            visible(p_last, t_first, causal, window, delta);
 }
 
+/* all_visible for the group's query rows r0 .. last and the key tile from
+ * t0 (keys below hi). */
+inline bool keys_whole(uint r0, uint last, uint t0, uint hi, int causal, uint window, long delta)
+{
+    return all_visible(r0, last, t0, min(t0 + TILE, hi) - 1u, causal, window, delta);
+}
+
 inline void forward_block(__global const elem *q, ulong q_off, __global const elem *k,
                           ulong k_off, __global const elem *v, ulong v_off, __global elem *o,
                           ulong o_off, __global float *lse, ulong lse_off, SHAPE_ARGS,
@@ -216,7 +223,7 @@ inline void forward_block(__global const elem *q, ulong q_off, __global const el
         fetch_pair(nk, nv, k, k_off, v, v_off, b, kv_seq, t0 + TILE, hi, num_kv_heads, kv_head);
         float s[RM * CN];
         micro_dots(s, qs, ks, me);
-        const bool whole = all_visible(r0, last, t0, min(t0 + TILE, hi) - 1u, causal, window, delta);
+        const bool whole = keys_whole(r0, last, t0, hi, causal, window, delta);
         for (uint i = 0; i < RM; ++i) {
             const uint pos = r0 + row_in(me, i);
             float mx = EMPTY_ROW;
@@ -329,7 +336,7 @@ inline void grad_q_block(__global const elem *q, ulong q_off, __global const ele
         float s[RM * CN], dp[RM * CN];
         micro_dots(s, qs, ks, me);
         micro_dots(dp, os, vs, me);
-        const bool whole = all_visible(r0, last, t0, min(t0 + TILE, hi) - 1u, causal, window, delta);
+        const bool whole = keys_whole(r0, last, t0, hi, causal, window, delta);
         for (uint i = 0; i < RM; ++i) {
             const uint pos = r0 + row_in(me, i);
             for (uint j = 0; j < CN; ++j) {
@@ -453,11 +460,11 @@ inline void key_block(__global const elem *q, ulong q_off, __global const elem *
 /* The dS scratch's weights of the key tile from t0 for the group's query
  * rows r0 .. last: PW floats a work-item, 0 where the masks hide the pair
  * (grad_kvs__tiled wrote no dS there; tiles they leave whole skip the
- * test), past `hi` and past q_seq. Where ROWS is a multiple of 4, chunk i = id + u *
- * LANES (u < PW4) is the four rows from 4 (i % (ROWS / 4)) against key t0 +
- * i / (ROWS / 4), one vector load where `vec` (q_seq and the scratch's
- * offset multiples of 4); else float i is row i % ROWS against key t0 + i /
- * ROWS. */
+ * test), past `hi` and past q_seq. Where ROWS is a multiple of 4, chunk
+ * i = id + u * LANES (u < PW4) is the four rows from 4 (i % (ROWS / 4))
+ * against key t0 + i / (ROWS / 4), one vector load where `vec` (q_seq and
+ * the scratch's offset multiples of 4); else float i is row i % ROWS
+ * against key t0 + i / ROWS. */
 #if ROWS % 4 == 0
 #define PW4 ((TILE * ROWS / 4 + LANES - 1) / LANES)
 #define PW (4 * PW4)
@@ -468,7 +475,7 @@ inline void key_block(__global const elem *q, ulong q_off, __global const elem *
 inline void fetch_ds(float *r, __global const float *dsh, bool vec, uint q_seq, uint r0,
                      uint last, uint t0, uint hi, int causal, uint window, long delta)
 {
-    const bool whole = all_visible(r0, last, t0, min(t0 + TILE, hi) - 1u, causal, window, delta);
+    const bool whole = keys_whole(r0, last, t0, hi, causal, window, delta);
 #if ROWS % 4 == 0
     for (uint u = 0; u < PW4; ++u) {
         const uint i = get_local_id(0) + u * LANES, pos = r0 + 4 * (i % (ROWS / 4));
@@ -479,8 +486,8 @@ inline void fetch_ds(float *r, __global const float *dsh, bool vec, uint q_seq, 
             if (vec)
                 x = *(__global const float4 *)src;
             else
-                x = (float4)(src[0], pos + 1 < q_seq ? src[1] : 0.0f, pos + 2 < q_seq ? src[2] : 0.0f,
-                             pos + 3 < q_seq ? src[3] : 0.0f);
+                x = (float4)(src[0], pos + 1 < q_seq ? src[1] : 0.0f,
+                             pos + 2 < q_seq ? src[2] : 0.0f, pos + 3 < q_seq ? src[3] : 0.0f);
             if (!whole) {
                 x.x = visible(pos, t, causal, window, delta) ? x.x : 0.0f;
                 x.y = visible(pos + 1, t, causal, window, delta) ? x.y : 0.0f;
