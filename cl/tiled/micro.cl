@@ -36,10 +36,18 @@
 /* Local floats of each kernel: the group's rows, the tile's rows, the
  * weights, and the forward's maxima and dropout sums (RED) or the key
  * side's per-query values. The forward's weights take the key tile's place
- * where they fit it (WS <= DS): the keys are read by then. */
-#define WS_IN_KS (WS <= DS)
-#define LOCAL_FORWARD \
-    (ROWS * DS + 2 * TILE * DS + (WS_IN_KS ? 0 : TILE * WS) + 2 * SPLIT * ROWS)
+ * where they fit it (WS <= DS): the keys are read by then. Where two tiles
+ * do not fit the device (ONE_KV, set by the host), its K and V tiles take
+ * turns in one buffer: V goes in once the scores are made (the barrier
+ * the maxima need lies between), at no extra barrier. Where both fit, two
+ * buffers measured faster (results/tuning-notes.md). */
+#ifndef ONE_KV
+#define ONE_KV 0
+#endif
+#define WS_IN_KS (!ONE_KV && WS <= DS)
+#define LOCAL_FORWARD                                                                          \
+    (ROWS * DS + (ONE_KV ? TILE * DS + TILE * WS : 2 * TILE * DS + (WS_IN_KS ? 0 : TILE * WS)) + \
+     2 * SPLIT * ROWS)
 #define LOCAL_GRAD_Q (2 * ROWS * DS + 2 * TILE * DS + TILE * WS)
 #define LOCAL_KEY (2 * ROWS * DS + 2 * TILE * DS + 2 * TILE * WS + 3 * TILE)
 #define LOCAL_GRAD_QS (TILE * DS + TILE * WS) /* grad-Q from the dS scratch */
@@ -195,9 +203,9 @@ inline void forward_block(__global const elem *q, ulong q_off, __global const el
                           ulong o_off, __global float *lse, ulong lse_off, SHAPE_ARGS,
                           __local float *tiles, uint r0)
 {
-    __local float *qs = tiles, *ks = qs + ROWS * DS, *vs = ks + TILE * DS;
+    __local float *qs = tiles, *ks = qs + ROWS * DS, *vs = ONE_KV ? ks : ks + TILE * DS;
     __local float *ws = WS_IN_KS ? ks : vs + TILE * DS;
-    __local float *red = vs + TILE * DS + (WS_IN_KS ? 0 : TILE * WS);
+    __local float *red = tiles + LOCAL_FORWARD - 2 * SPLIT * ROWS;
     const uint head = get_group_id(1), b = get_group_id(2);
     const lane me = lane_of();
     const uint kv_head = head / (num_heads / num_kv_heads);
@@ -213,14 +221,19 @@ inline void forward_block(__global const elem *q, ulong q_off, __global const el
     }
     uint lo, hi;
     keys_of_queries(r0, last, kv_seq, causal, window, delta, &lo, &hi);
-    float nk[PF], nv[PF]; /* the next tile */
+    float nk[PF], nv[PF]; /* the next tile (ONE_KV: V of this one until it goes in) */
     fetch_pair(nk, nv, k, k_off, v, v_off, b, kv_seq, lo, hi, num_kv_heads, kv_head);
     for (uint t0 = lo; t0 < hi; t0 += TILE) {
+        const bool more = t0 + TILE < hi;
         barrier(CLK_LOCAL_MEM_FENCE);
         put_tile(ks, nk);
-        put_tile(vs, nv);
+        if (!ONE_KV)
+            put_tile(vs, nv);
         barrier(CLK_LOCAL_MEM_FENCE);
-        fetch_pair(nk, nv, k, k_off, v, v_off, b, kv_seq, t0 + TILE, hi, num_kv_heads, kv_head);
+        if (more)
+            fetch_tile(nk, k, k_off, b, kv_seq, t0 + TILE, hi, num_kv_heads, kv_head);
+        if (more && !ONE_KV)
+            fetch_tile(nv, v, v_off, b, kv_seq, t0 + TILE, hi, num_kv_heads, kv_head);
         float s[RM * CN];
         micro_dots(s, qs, ks, me);
         const bool whole = keys_whole(r0, last, t0, hi, causal, window, delta);
@@ -239,7 +252,7 @@ inline void forward_block(__global const elem *q, ulong q_off, __global const el
             }
             red[me.tx * ROWS + me.ty * RM + i] = mx;
         }
-        barrier(CLK_LOCAL_MEM_FENCE);
+        barrier(CLK_LOCAL_MEM_FENCE); /* the maxima are in, and K is read */
         float rescale[RM];
         for (uint i = 0; i < RM; ++i) {
             float tile_max = EMPTY_ROW;
@@ -266,6 +279,11 @@ inline void forward_block(__global const elem *q, ulong q_off, __global const el
 #endif
         }
         put_weights(ws, s, me);
+        if (ONE_KV) {
+            put_tile(vs, nv);
+            if (more)
+                fetch_tile(nv, v, v_off, b, kv_seq, t0 + TILE, hi, num_kv_heads, kv_head);
+        }
         barrier(CLK_LOCAL_MEM_FENCE);
         for (uint i = 0; i < RM; ++i) {
             l[i] *= rescale[i];

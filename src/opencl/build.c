@@ -179,7 +179,9 @@ static const char *kernel_options(const struct clattn_cl_state *cl, int kind, ui
     if (kind == KIND_BLOCKED && !wide_vectors(cl) && at > 0 && (size_t)at < size)
         at += snprintf(buf + at, size - (size_t)at, " -DNARROW=1");
     if (mods && at > 0 && (size_t)at < size) /* none: the options, and cache keys, of old */
-        snprintf(buf + at, size - (size_t)at, " -DMODS=%u", mods);
+        at += snprintf(buf + at, size - (size_t)at, " -DMODS=%u", mods);
+    if (t.one_kv && at > 0 && (size_t)at < size)
+        snprintf(buf + at, size - (size_t)at, " -DONE_KV=1");
     const size_t used = strlen(buf);
     if (kind == KIND_MMA && used + 1 < size) {
         const mma_config *c = clattn_ocl_mma_config(cl, head_dim, dtype, k);

@@ -48,9 +48,11 @@ enum { BLOCKED_ROWS = 32 }; /* blocked.cl's KK keys and QB query rows */
  * tile, work-items per row by the tile's rows, the most columns of head_dim
  * one work-item holds (the rows layout: more work-items share a row by
  * columns past it), and rows per work-item (1 to 8: the micro-tile layout,
- * whose work-items also split the columns by split; 0: the rows layout). */
+ * whose work-items also split the columns by split; 0: the rows layout).
+ * one_kv is set by fitting, never given: the micro-tile forward's K and V
+ * tiles take turns in one buffer, as two do not fit the device. */
 typedef struct tile_config {
-    unsigned rows, tile, split, columns, per_item;
+    unsigned rows, tile, split, columns, per_item, one_kv;
 } tile_config;
 /* Which of tiled's kernels a shape is for: the forward, or the backward's
  * (grad-Q and the key side share one program); TILED_EVERY in the tuning

@@ -15,25 +15,27 @@
  * llvmpipe) or as a loop (PoCL's CPU device); by head_dim class, the
  * forward's shape and the backward's. */
 static const tile_class tile_table[] = {
-    {CL_DEVICE_TYPE_GPU | CL_DEVICE_TYPE_ACCELERATOR, 64, {64, 32, 8, 64, 4},
-     {64, 16, 16, 64, 8},
+    {CL_DEVICE_TYPE_GPU | CL_DEVICE_TYPE_ACCELERATOR, 64, {64, 32, 8, 64, 4, 0},
+     {64, 16, 16, 64, 8, 0},
      "micro-tiles of 4 rows by 4 keys in the forward; on the key side 8 rows by one query, "
      "split 16 ways (dQ from its dS: the key side is most of the backward)"},
-    {CL_DEVICE_TYPE_GPU | CL_DEVICE_TYPE_ACCELERATOR, 96, {32, 16, 8, 128, 4},
-     {32, 8, 8, 128, 4},
+    {CL_DEVICE_TYPE_GPU | CL_DEVICE_TYPE_ACCELERATOR, 96, {32, 16, 8, 128, 4, 0},
+     {32, 8, 8, 128, 4, 0},
      "micro-tiles of 4 rows; the key side's two tiles of rows and keys leave room for 32 "
      "rows and tiles of 8 (beside rows split by columns: 0.88x the forward, 0.47x the "
      "backward)"},
-    {CL_DEVICE_TYPE_GPU | CL_DEVICE_TYPE_ACCELERATOR, 128, {64, 8, 4, 128, 4},
-     {32, 8, 8, 128, 4},
+    {CL_DEVICE_TYPE_GPU | CL_DEVICE_TYPE_ACCELERATOR, 128, {64, 8, 4, 128, 4, 0},
+     {32, 8, 8, 128, 4, 0},
      "the forward's 64 rows share each tile of 8 keys, split 4 ways, 4 rows by 2 keys a "
      "work-item; the backward's as d96's"},
-    {CL_DEVICE_TYPE_GPU | CL_DEVICE_TYPE_ACCELERATOR, CLATTN_MAX_HEAD_DIM, {32, 16, 1, 32, 0},
-     {32, 16, 1, 32, 0},
-     "rows split by columns: micro-tiles' rows and tile leave a few pairs a barrier in 48 KB"},
-    {CL_DEVICE_TYPE_CPU, 64, {32, 32, 8, 64, 4}, {32, 32, 8, 64, 4}, "the GPUs' micro-tiles"},
-    {CL_DEVICE_TYPE_CPU, CLATTN_MAX_HEAD_DIM, {64, 32, 1, CLATTN_MAX_HEAD_DIM, 0},
-     {64, 32, 1, CLATTN_MAX_HEAD_DIM, 0},
+    {CL_DEVICE_TYPE_GPU | CL_DEVICE_TYPE_ACCELERATOR, CLATTN_MAX_HEAD_DIM, {16, 16, 8, 128, 2, 0},
+     {32, 16, 1, 32, 0, 0},
+     "the forward's micro-tiles of 2 rows by 2 keys, K and V taking turns in one tile (two "
+     "do not fit 48 KB); the backward's rows split by columns, as its micro-tiles' two tiles "
+     "and two sets of rows leave a few pairs a barrier"},
+    {CL_DEVICE_TYPE_CPU, 64, {32, 32, 8, 64, 4, 0}, {32, 32, 8, 64, 4, 0}, "the GPUs' micro-tiles"},
+    {CL_DEVICE_TYPE_CPU, CLATTN_MAX_HEAD_DIM, {64, 32, 1, CLATTN_MAX_HEAD_DIM, 0, 0},
+     {64, 32, 1, CLATTN_MAX_HEAD_DIM, 0, 0},
      "whole rows, as PoCL runs a work-group's items as a loop"},
 };
 enum { TILE_CLASSES = sizeof tile_table / sizeof tile_table[0] };
@@ -86,9 +88,11 @@ size_t clattn_ocl_tiled_local_floats(const tile_config *c, uint32_t head_dim, in
     if (c->per_item) {
         const size_t rows = c->rows, tile = c->tile, split = c->split;
         const size_t ds = (head_dim + 3) / 4 * 4 + 4, ws = (rows + 3) / 4 * 4 + 4;
-        /* the forward's weights take the key tile's place where they fit it */
-        const size_t forward =
-            rows * ds + 2 * tile * ds + (ws <= ds ? 0 : tile * ws) + 2 * split * rows;
+        /* the forward's weights take the key tile's place where they fit
+         * it; K and V take turns in one buffer under one_kv */
+        const size_t kv = c->one_kv ? tile * ds + tile * ws
+                                    : 2 * tile * ds + (ws <= ds ? 0 : tile * ws);
+        const size_t forward = rows * ds + kv + 2 * split * rows;
         const size_t grad_q = 2 * rows * ds + 2 * tile * ds + tile * ws;
         const size_t key = 2 * rows * ds + 2 * tile * ds + 2 * tile * ws + 3 * tile;
         const size_t grad_qs = tile * ds + tile * ws; /* below grad_q's */
@@ -130,20 +134,27 @@ static int halve(unsigned *x, unsigned by)
 }
 
 /* Fits a micro-tile shape: fewer work-items share a row, then a group holds
- * fewer rows, until the group fits `limit`; then the tile, the rows, the
- * sharing and the rows a work-item shrink until the local buffer fits.
+ * fewer rows, until the group fits `limit`; then the forward's K and V
+ * tiles share one buffer, and the tile, the rows, the sharing and the rows
+ * a work-item shrink, until the local buffer fits.
  * The smallest (a row, a tile of one, one work-item) needs about 4 *
  * head_dim floats: 4.2 KB at d256, within any device of OpenCL's full
  * profile (32 KB or more); a device with less is refused at the build. */
 static void fit_micro(tile_config *c, uint32_t head_dim, size_t limit, size_t local_mem, int k)
 {
+    const size_t room = local_mem / sizeof(float);
+    c->one_kv = 0;
     while (clattn_ocl_tile_items(c, head_dim) > limit) {
         if (c->split > 1 && c->tile % (c->split / 2) == 0)
             c->split /= 2;
         else if (!halve(&c->rows, c->per_item))
             c->rows = c->per_item = c->split = 1;
     }
-    while (clattn_ocl_tiled_local_floats(c, head_dim, k) * sizeof(float) > local_mem) {
+    while (clattn_ocl_tiled_local_floats(c, head_dim, k) > room) {
+        if (k == K_FORWARD && !c->one_kv) {
+            c->one_kv = 1; /* before anything shrinks */
+            continue;
+        }
         if ((c->tile > c->split && halve(&c->tile, c->split)) || halve(&c->rows, c->per_item))
             continue;
         if (c->split > 1 && c->tile % (c->split / 2) == 0)
