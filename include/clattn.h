@@ -108,11 +108,12 @@ typedef struct clattn_options {
      * `clattn devices` lists them) or a case-insensitive substring of an
      * OpenCL device name. The string is read during the call only. */
     const char *device;
-    /* A kernel variant by name, or NULL for the device's default: OpenCL
-     * "mma" (tensor cores; NVIDIA GPUs of compute capability 8.0+ only, and
-     * their default), "tiled" (other GPUs' default), "blocked" (CPU
-     * devices' default) or "tree"; native "blocked". clattn_variant_name()
-     * lists them. The string is read during the call only. */
+    /* A kernel variant by name, or NULL (or "auto") for the device's
+     * default: OpenCL "mma" (tensor cores; NVIDIA GPUs of compute
+     * capability 8.0+ only, and their default), "tiled" (other GPUs'
+     * default), "blocked" (CPU devices' default) or "tree"; native
+     * "blocked". clattn_variant_name() lists them. The string is read
+     * during the call only. */
     const char *variant;
     /* Threads of the native backend; 0 means CLATTN_NUM_THREADS when set,
      * else every online CPU. */

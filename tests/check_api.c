@@ -371,6 +371,11 @@ START_TEST(options_statuses)
     o.variant = "tree";
     ck_assert_status(clattn_context_create(&o, &ctx), CLATTN_ERROR_UNKNOWN_VARIANT);
     ck_assert(strstr(clattn_last_error(), "blocked") != NULL);
+    /* "auto" is the default, as NULL is */
+    o.variant = "auto";
+    ck_assert_status(clattn_context_create(&o, &ctx), CLATTN_OK);
+    ck_assert_str_eq(clattn_context_variant(ctx), "blocked");
+    clattn_context_destroy(ctx);
 }
 END_TEST
 

@@ -259,7 +259,7 @@ int cmd_bench(int argc, char **argv)
                "--heads H\n"
                "                    [--kv-heads KH] --head-dim D [--batch B]\n"
                "                    [--causal | --causal-bottom-right] [--window W]\n"
-               "                    [--device SEL] [--variant NAME|all] [--reps R] [--threads N]\n"
+               "                    [--device SEL] [--variant NAME|auto|all] [--reps R] [--threads N]\n"
                "                    [--dtype f32|f16|bf16] [--json]\n"
                "                    [--seqlens L,L,... | --random-seqlens MIN,MAX[,SEED]]\n"
                "                    [--layout packed|padded|uniform]\n"
@@ -267,11 +267,12 @@ int cmd_bench(int argc, char **argv)
                "Times the op on random inputs: compile and a warm-up call excluded, the\n"
                "median of R timed calls (default 10). OpenCL devices run on buffers that\n"
                "stay on the device. --variant all measures every variant of the device side\n"
-               "by side. --threads N runs the CPU backends on N threads (native's\n"
-               "CLATTN_NUM_THREADS and PoCL's POCL_MAX_PTHREAD_COUNT; 0 or none: every\n"
-               "core). --dtype times 16-bit tensors (default f32); the inputs are then\n"
-               "values of that dtype and max_error is against native's float32 outputs\n"
-               "on them (so it shows the outputs' rounding, on native too).\n"
+               "by side; auto (or no --variant) the device's default. --threads N runs\n"
+               "the CPU backends on N threads (native's CLATTN_NUM_THREADS and PoCL's\n"
+               "POCL_MAX_PTHREAD_COUNT; 0 or none: every core). --dtype times 16-bit\n"
+               "tensors (default f32); the inputs are then values of that dtype and\n"
+               "max_error is against native's float32 outputs on them (so it shows the\n"
+               "outputs' rounding, on native too).\n"
                "GFLOP/s count 4 (grad-v, forward) or 10 (backward) FLOP per visible\n"
                "(query, key) pair per head_dim element; max_error is max |out - native| /\n"
                "max |native| over the outputs (null on native itself).\n"
@@ -487,7 +488,7 @@ int cmd_bench(int argc, char **argv)
                 rc = EXIT_DEVICE;
                 goto done;
             }
-        } else if ((rc = open_context(cmd, dev, name, &ctx)) != 0) {
+        } else if ((rc = open_context(cmd, dev, variant ? name : NULL, &ctx)) != 0) {
             goto done;
         }
         double seconds = 0.0, err = NAN;

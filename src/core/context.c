@@ -162,6 +162,8 @@ clattn_status clattn_context_create(const clattn_options *opts, clattn_context *
         return clattn_fail(CLATTN_ERROR_NULL_POINTER, "ctx is NULL");
     *ctx = NULL;
     clattn_options o = opts ? *opts : clattn_options_default();
+    if (o.variant && !strcmp(o.variant, "auto"))
+        o.variant = NULL;
     if (o.num_threads < 0)
         return clattn_fail(CLATTN_ERROR_INVALID_OPTION, "num_threads %d is negative",
                            o.num_threads);
