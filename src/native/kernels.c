@@ -319,8 +319,11 @@ INLINE void key_chunk_run(const native_call *c, key_chunk *ch, const tile_row *k
     _Alignas(64) tile_row dz[CHUNK];
     uint32_t kept[CHUNK];
     const int shaped = (c->mods & (CLATTN_MOD_SOFTCAP | CLATTN_MOD_ALIBI)) != 0;
-    if (c->mods & CLATTN_MOD_DROPOUT)
-        native_keep_bits(c, ch->b, ch->pos, ch->head, n, ch->t0, kept);
+    if (c->mods & CLATTN_MOD_DROPOUT) {
+        native_drop_rows rows;
+        native_drop_rows_of(c, ch->b, ch->pos, ch->head, n, &rows);
+        native_keep_bits(c, &rows, ch->t0, kept);
+    }
     for (size_t r = 0; r < n && c->mods; ++r) {
         const int64_t base = (int64_t)ch->pos[r] + c->delta - (int64_t)ch->t0;
         const float slope = c->slopes ? c->slopes[ch->head[r]] : 0.0f;
@@ -681,10 +684,14 @@ static void forward_block(const native_call *c, size_t job)
     /* Modified scores come scaled: their scale is 1. */
     const int shaped = (c->mods & (CLATTN_MOD_SOFTCAP | CLATTN_MOD_ALIBI)) != 0;
     const float scale = shaped ? 1.0f : c->scale, unit = scale * LOG2E;
-    uint32_t pos[QUERY_BLOCK], heads[QUERY_BLOCK];
-    for (size_t r = 0; r < QUERY_BLOCK; ++r) {
-        pos[r] = (uint32_t)(qb.pos0 + r);
-        heads[r] = (uint32_t)qb.head;
+    native_drop_rows drop; /* the block's rows of dropout's counters */
+    if (c->mods & CLATTN_MOD_DROPOUT) {
+        uint32_t pos[QUERY_BLOCK], heads[QUERY_BLOCK];
+        for (size_t r = 0; r < QUERY_BLOCK; ++r) {
+            pos[r] = (uint32_t)(qb.pos0 + r);
+            heads[r] = (uint32_t)qb.head;
+        }
+        native_drop_rows_of(c, qb.b, pos, heads, qb.rows, &drop);
     }
     /* Keys that every row of the block sees: tiles of them skip the mask. */
     uint32_t all_lo = 0, all_hi = UINT32_MAX;
@@ -748,7 +755,7 @@ static void forward_block(const native_call *c, size_t job)
         }
         if (c->mods & CLATTN_MOD_DROPOUT) { /* l is the undropped sum */
             uint32_t kept[QUERY_BLOCK] = {0};
-            native_keep_bits(c, qb.b, pos, heads, qb.rows, t0, kept);
+            native_keep_bits(c, &drop, t0, kept);
             drop_rows(sc, kept, 1.0f);
         }
         accumulate_t(ot, D, qb.vt + (size_t)(t0 / KEY_BLOCK) * D, sc, n, rescale);
@@ -797,10 +804,14 @@ static void grad_q_block(const native_call *c, size_t job)
     const float scale = c->scale;
     const int shaped = (c->mods & (CLATTN_MOD_SOFTCAP | CLATTN_MOD_ALIBI)) != 0;
     const float unit = shaped ? LOG2E : scale * LOG2E; /* modified scores come scaled */
-    uint32_t pos[QUERY_BLOCK], heads[QUERY_BLOCK];
-    for (size_t r = 0; r < QUERY_BLOCK; ++r) {
-        pos[r] = (uint32_t)(qb.pos0 + r);
-        heads[r] = (uint32_t)qb.head;
+    native_drop_rows drop; /* the block's rows of dropout's counters */
+    if (c->mods & CLATTN_MOD_DROPOUT) {
+        uint32_t pos[QUERY_BLOCK], heads[QUERY_BLOCK];
+        for (size_t r = 0; r < QUERY_BLOCK; ++r) {
+            pos[r] = (uint32_t)(qb.pos0 + r);
+            heads[r] = (uint32_t)qb.head;
+        }
+        native_drop_rows_of(c, qb.b, pos, heads, qb.rows, &drop);
     }
     _Alignas(64) tile_row dz[KEY_BLOCK];
     for (size_t r = 0; r < QUERY_BLOCK; ++r) { /* p = exp(min(s * scale - m, 0) - l) in base 2 */
@@ -818,7 +829,7 @@ static void grad_q_block(const native_call *c, size_t job)
             modify_rows(c, sc, dz, qb.pos0, t0, qb.head);
         if (c->mods & CLATTN_MOD_DROPOUT) {
             uint32_t kept[QUERY_BLOCK] = {0}; /* rows past qb.rows: dropped */
-            native_keep_bits(c, qb.b, pos, heads, qb.rows, t0, kept);
+            native_keep_bits(c, &drop, t0, kept);
             drop_rows(dp, kept, c->drop.gain);
         }
         for (uint32_t j = 0; j < KEY_BLOCK; ++j) {

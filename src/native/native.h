@@ -173,9 +173,7 @@ static inline float native_modify(const native_call *c, float x, uint32_t pos, u
     return x;
 }
 
-/* Dropout's keep bits of 32 keys t0 .. t0 + 31 for n query rows pos[r] of
- * element b (of the call) and query head `head`: bit j of bits[r] is key
- * t0 + j's. Eight rows' Philox blocks at a time, in 64-bit lanes. */
+
 typedef uint64_t native_u64x8 __attribute__((vector_size(64)));
 /* *r = *a * m lane by lane, a's lanes below 2^32: one 32 x 32 -> 64-bit
  * product where the level has it (vpmuludq), not a 64-bit one. Through
@@ -197,7 +195,15 @@ static inline void native_mul32(native_u64x8 *r, const native_u64x8 *a, uint32_t
 }
 
 /* Philox4x32-10 of n blocks of eight counters each (c[i][word]), rounds
- * outside, blocks inside: the blocks' chains of products overlap. */
+ * outside, blocks inside: the blocks' chains of products overlap. Where
+ * native_mul32 reads the low halves alone (vpmuludq), the lanes' high
+ * halves carry what they will through the rounds, never into a low half,
+ * and are cleared once at the end. */
+#if defined(__AVX2__)
+#define NATIVE_HIGH_JUNK 1
+#else
+#define NATIVE_HIGH_JUNK 0
+#endif
 static inline void native_philox8(native_u64x8 (*c)[4], int n, uint32_t k0, uint32_t k1)
 {
     const native_u64x8 lo32 = (native_u64x8){0} + 0xFFFFFFFFu;
@@ -212,17 +218,27 @@ static inline void native_philox8(native_u64x8 (*c)[4], int n, uint32_t k0, uint
             native_mul32(&b, &c[i][2], 0xCD9E8D57u);
             c[i][0] = (b >> 32) ^ c[i][1] ^ k0;
             c[i][2] = (a >> 32) ^ c[i][3] ^ k1;
-            c[i][1] = b & lo32;
-            c[i][3] = a & lo32;
+            c[i][1] = NATIVE_HIGH_JUNK ? b : b & lo32;
+            c[i][3] = NATIVE_HIGH_JUNK ? a : a & lo32;
         }
     }
+    for (int i = 0; i < n && NATIVE_HIGH_JUNK; ++i)
+        for (int w = 0; w < 4; ++w)
+            c[i][w] &= lo32;
 }
 
-static inline void native_keep_bits(const native_call *c, size_t b, const uint32_t *pos,
-                                    const uint32_t *head, size_t n, uint32_t t0, uint32_t *bits)
+/* The counters' row words (P, h, b) of n rows (at most 32) of element b
+ * of the call, eight rows a vector: a query block's once, for all its
+ * tiles. Rows past n repeat row 0 of their eight. */
+typedef struct native_drop_rows {
+    native_u64x8 word[4][3];
+    size_t n;
+} native_drop_rows;
+
+static inline void native_drop_rows_of(const native_call *c, size_t b, const uint32_t *pos,
+                                       const uint32_t *head, size_t n, native_drop_rows *d)
 {
-    const uint32_t T0 = t0 + c->s->kv_offset, thr = c->drop.threshold;
-    const uint64_t first = T0 >> 3, last = ((uint64_t)T0 + 31u) >> 3;
+    d->n = n;
     for (size_t r0 = 0; r0 < n; r0 += 8) {
         uint64_t lanes[3][8]; /* P, head and b of the eight rows */
         for (int i = 0; i < 8; ++i) {
@@ -231,8 +247,22 @@ static inline void native_keep_bits(const native_call *c, size_t b, const uint32
             lanes[1][i] = head[r];
             lanes[2][i] = (uint32_t)(b + c->seq_base);
         }
-        native_u64x8 row[3], ctr[5][4]; /* 32 keys span at most 5 blocks of 8 */
-        memcpy(row, lanes, sizeof row);
+        memcpy(d->word[r0 / 8], lanes, sizeof lanes);
+    }
+}
+
+/* Dropout's keep bits of 32 keys t0 .. t0 + 31 for d's rows: bit j of
+ * bits[r] is key t0 + j's. Eight rows' Philox blocks at a time, in 64-bit
+ * lanes. */
+static inline void native_keep_bits(const native_call *c, const native_drop_rows *d, uint32_t t0,
+                                    uint32_t *bits)
+{
+    const uint32_t T0 = t0 + c->s->kv_offset, thr = c->drop.threshold;
+    const uint64_t first = T0 >> 3, last = ((uint64_t)T0 + 31u) >> 3;
+    const size_t n = d->n;
+    for (size_t r0 = 0; r0 < n; r0 += 8) {
+        const native_u64x8 *row = d->word[r0 / 8];
+        native_u64x8 ctr[5][4]; /* 32 keys span at most 5 blocks of 8 */
         const int blocks = (int)(last - first + 1);
         for (int k = 0; k < blocks; ++k) {
             /* the keys' positions wrap at 2^32, their blocks at 2^29 */
@@ -243,6 +273,30 @@ static inline void native_keep_bits(const native_call *c, size_t b, const uint32
         }
         native_philox8(ctr, blocks, c->drop.key[0], c->drop.key[1]);
         native_u64x8 keep = {0};
+#if defined(__AVX512BW__) && defined(__AVX512DQ__)
+        /* A block's eight 16-bit draws as two lanes of four fields (key i:
+         * half i % 2 of word i / 2, so field i % 4), compared at once; each
+         * lane's four 0/1 fields to four bits by one product whose terms
+         * for field j land on bit 48 + j, the others below bit 48 or past
+         * bit 63. A threshold past 16 bits keeps nothing. */
+        const __m512i bar = _mm512_set1_epi16((short)(uint16_t)thr);
+        const native_u64x8 gather =
+            (native_u64x8){0} + ((1ull << 48) | (1ull << 33) | (1ull << 18) | (1ull << 3));
+        for (int k = 0; k < blocks && thr <= 0xFFFFu; ++k) {
+            native_u64x8 byte = {0};
+            for (int half = 0; half < 2; ++half) {
+                const native_u64x8 v = ctr[k][2 * half] | (ctr[k][2 * half + 1] << 32);
+                const __mmask32 ge = _mm512_cmpge_epu16_mask((__m512i)v, bar);
+                const native_u64x8 ones = (native_u64x8)_mm512_maskz_set1_epi16(ge, 1);
+                const native_u64x8 bits4 =
+                    (native_u64x8)_mm512_mullo_epi64((__m512i)ones, (__m512i)gather) >> 48;
+                byte |= bits4 << (4 * half);
+            }
+            /* the block's first key is t0 + at; keys past t0 + 31 fall off */
+            const int64_t at = (int64_t)((first + (uint64_t)k) * 8u) - (int64_t)T0;
+            keep |= at >= 0 ? byte << at : byte >> -at;
+        }
+#else
         for (int k = 0; k < blocks; ++k)
             for (uint32_t i = 0; i < 8; ++i) { /* key i's 16 bits: half i % 2 of word i / 2 */
                 const uint32_t at = (uint32_t)(first + (uint64_t)k) * 8u + i - T0; /* key t0 + at */
@@ -251,6 +305,7 @@ static inline void native_keep_bits(const native_call *c, size_t b, const uint32
                     keep |= ((native_u64x8)(u >= thr) & 1u) << at;
                 }
             }
+#endif
         uint64_t out[8];
         memcpy(out, &keep, sizeof out);
         for (size_t i = 0; i < 8 && r0 + i < n; ++i)
