@@ -614,6 +614,18 @@ INLINE void query_block_of(const native_call *c, size_t job, query_block *qb)
         qb->lo = qb->hi;
 }
 
+/* The block's rows of dropout's counters (native_drop_rows_of). */
+INLINE void query_block_drop_rows(const native_call *c, const query_block *qb,
+                                  native_drop_rows *d)
+{
+    uint32_t pos[QUERY_BLOCK], heads[QUERY_BLOCK];
+    for (size_t r = 0; r < QUERY_BLOCK; ++r) {
+        pos[r] = (uint32_t)(qb->pos0 + r);
+        heads[r] = (uint32_t)qb->head;
+    }
+    native_drop_rows_of(c, qb->b, pos, heads, qb->rows, d);
+}
+
 /* t[d][r] = x[row r][d] for the block's rows (of tensor x, widened where
  * 16-bit), zeros past them. */
 INLINE void query_block_transpose(const native_call *c, query_block *qb, const void *x,
@@ -685,14 +697,8 @@ static void forward_block(const native_call *c, size_t job)
     const int shaped = (c->mods & (CLATTN_MOD_SOFTCAP | CLATTN_MOD_ALIBI)) != 0;
     const float scale = shaped ? 1.0f : c->scale, unit = scale * LOG2E;
     native_drop_rows drop; /* the block's rows of dropout's counters */
-    if (c->mods & CLATTN_MOD_DROPOUT) {
-        uint32_t pos[QUERY_BLOCK], heads[QUERY_BLOCK];
-        for (size_t r = 0; r < QUERY_BLOCK; ++r) {
-            pos[r] = (uint32_t)(qb.pos0 + r);
-            heads[r] = (uint32_t)qb.head;
-        }
-        native_drop_rows_of(c, qb.b, pos, heads, qb.rows, &drop);
-    }
+    if (c->mods & CLATTN_MOD_DROPOUT)
+        query_block_drop_rows(c, &qb, &drop);
     /* Keys that every row of the block sees: tiles of them skip the mask. */
     uint32_t all_lo = 0, all_hi = UINT32_MAX;
     for (size_t r = 0; r < qb.rows; ++r) {
@@ -805,14 +811,8 @@ static void grad_q_block(const native_call *c, size_t job)
     const int shaped = (c->mods & (CLATTN_MOD_SOFTCAP | CLATTN_MOD_ALIBI)) != 0;
     const float unit = shaped ? LOG2E : scale * LOG2E; /* modified scores come scaled */
     native_drop_rows drop; /* the block's rows of dropout's counters */
-    if (c->mods & CLATTN_MOD_DROPOUT) {
-        uint32_t pos[QUERY_BLOCK], heads[QUERY_BLOCK];
-        for (size_t r = 0; r < QUERY_BLOCK; ++r) {
-            pos[r] = (uint32_t)(qb.pos0 + r);
-            heads[r] = (uint32_t)qb.head;
-        }
-        native_drop_rows_of(c, qb.b, pos, heads, qb.rows, &drop);
-    }
+    if (c->mods & CLATTN_MOD_DROPOUT)
+        query_block_drop_rows(c, &qb, &drop);
     _Alignas(64) tile_row dz[KEY_BLOCK];
     for (size_t r = 0; r < QUERY_BLOCK; ++r) { /* p = exp(min(s * scale - m, 0) - l) in base 2 */
         m[r] *= LOG2E;
