@@ -173,7 +173,6 @@ static inline float native_modify(const native_call *c, float x, uint32_t pos, u
     return x;
 }
 
-
 typedef uint64_t native_u64x8 __attribute__((vector_size(64)));
 /* *r = *a * m lane by lane, a's lanes below 2^32: one 32 x 32 -> 64-bit
  * product where the level has it (vpmuludq), not a 64-bit one. Through
