@@ -230,10 +230,10 @@ inline void forward_block(__global const elem *q, ulong q_off, __global const el
         if (!ONE_KV)
             put_tile(vs, nv);
         barrier(CLK_LOCAL_MEM_FENCE);
-        if (more)
+        if (!ONE_KV)
+            fetch_pair(nk, nv, k, k_off, v, v_off, b, kv_seq, t0 + TILE, hi, num_kv_heads, kv_head);
+        else if (more) /* V's comes once this tile's V is in */
             fetch_tile(nk, k, k_off, b, kv_seq, t0 + TILE, hi, num_kv_heads, kv_head);
-        if (more && !ONE_KV)
-            fetch_tile(nv, v, v_off, b, kv_seq, t0 + TILE, hi, num_kv_heads, kv_head);
         float s[RM * CN];
         micro_dots(s, qs, ks, me);
         const bool whole = keys_whole(r0, last, t0, hi, causal, window, delta);
