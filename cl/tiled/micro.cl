@@ -88,12 +88,21 @@ inline void load_block(__local float *t, uint n, __global const elem *src, ulong
     }
 }
 
+/* The products' inner loops are unrolled up to head_dim 64, where it ran
+ * faster on a GPU; past it the unrolled key side spills its registers. */
+#if DP <= 64
+#define MICRO_UNROLL _Pragma("unroll")
+#else
+#define MICRO_UNROLL
+#endif
+
 /* s[i * CN + j] = the dot product of the group's row ty * RM + i of `as`
  * with the tile's row tx + SPLIT * j of `bs`, four columns a step. */
 inline void micro_dots(float *s, __local const float *as, __local const float *bs, lane me)
 {
     for (uint e = 0; e < RM * CN; ++e)
         s[e] = 0.0f;
+    MICRO_UNROLL
     for (uint d = 0; d < DP; d += 4) {
         float4 a[RM], x[CN];
         for (uint i = 0; i < RM; ++i)
@@ -135,6 +144,7 @@ inline void put_weights(__local float *ws, const float *w, lane me)
 inline void micro_axpy(float *acc, float *sum, __local const float *ws, __local const float *cs,
                        lane me)
 {
+    MICRO_UNROLL
     for (uint t = 0; t < TILE; ++t) {
         float w[RM];
 #if RM % 4 == 0 /* float4 loads: WS and the rows' offset are whole float4s */
