@@ -31,7 +31,7 @@ typedef struct candidate {
 /* The shapes to try, in two stages, as far as the device's work-groups hold
  * them: first how work is split (tiled's rows and split, mma's warps and
  * wsplit) at a middling tile, then the tile and tiled's rows a work-item
- * (micro-tiles, up to d64) or columns (rows; mma: planes) around the first
+ * (micro-tiles, up to micro_to) or columns (rows; mma: planes) around the first
  * stage's winner `best`. Appends to c[*n]. */
 static void generate(const char *variant, int stage, const char *best, uint32_t head_dim,
                      uint32_t micro_to, clattn_dtype dtype, size_t max_wg, candidate *c,
@@ -416,7 +416,10 @@ int cmd_tune(int argc, char **argv)
     clattn_context_destroy(base);
     int search = n == 1; /* no --candidates: the two stages */
     if (search)
-        generate(variant, 1, NULL, head_dim, 128, dt, max_wg, c, &n); /* as the GPU table */
+        /* micro-tiles where the GPU table has them: the forward's at every
+         * head_dim, the backward's up to 128 */
+        generate(variant, 1, NULL, head_dim, both || !fwd ? 128 : CLATTN_MAX_HEAD_DIM, dt,
+                 max_wg, c, &n);
 
     rc = 0;
     for (int i = 0; i < nops && !rc; ++i)
