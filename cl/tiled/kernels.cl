@@ -1,10 +1,10 @@
 /*
  * tiled's entry points: each runs its layout's block function on row block
  * g and, under a causal mask, on block blocks - 1 - g as well (PAIRED).
- * grad_kv__tiled (dK and dV in one pass) is the micro-tile layout's, and
- * so are grad_kvs__tiled and grad_qs__tiled (the same, writing dS, then dQ
- * from it); the rows layout's backward runs grad_k__tiled and
- * grad_v__tiled.
+ * grad_kv__tiled takes dK and dV in one pass in both layouts;
+ * grad_kvs__tiled and grad_qs__tiled (the same, writing dS, then dQ from
+ * it) are the micro-tile layout's alone. grad_k__tiled and grad_v__tiled
+ * serve the ops of one gradient.
  */
 __kernel __attribute__((reqd_work_group_size(LANES, 1, 1))) void
 forward__tiled(__global const elem *q, ulong q_off, __global const elem *k, ulong k_off,
@@ -47,7 +47,6 @@ grad_k__tiled(__global const elem *q, ulong q_off, __global const elem *k, ulong
                                 dsum, dsum_off, dk, dk_off, SHAPE_PASS, tiles, r0))
 }
 
-#if PER_ITEM
 __kernel __attribute__((reqd_work_group_size(LANES, 1, 1))) void
 grad_kv__tiled(__global const elem *q, ulong q_off, __global const elem *k, ulong k_off,
                __global const elem *v, ulong v_off, __global const elem *d_out,
@@ -55,9 +54,16 @@ grad_kv__tiled(__global const elem *q, ulong q_off, __global const elem *k, ulon
                __global const float *dsum, ulong dsum_off, __global elem *dk, ulong dk_off,
                __global elem *dv, ulong dv_off, SHAPE_ARGS, __local float4 *tiles4)
 {
+#if PER_ITEM
     PAIRED(kv_seq, key_block(q, q_off, k, k_off, v, v_off, d_out, d_out_off, lse, lse_off, dsum,
                              dsum_off, dk, dk_off, dv, dv_off, 0, SHAPE_PASS, tiles, r0))
+#else
+    PAIRED(kv_seq, key_rows_block(q, q_off, k, k_off, v, v_off, d_out, d_out_off, lse, lse_off,
+                                  dsum, dsum_off, dk, dk_off, dv, dv_off, SHAPE_PASS, tiles, r0))
+#endif
 }
+
+#if PER_ITEM
 
 /* grad_kv__tiled that also writes each pair's dS into the dS scratch ds
  * (cl/common.cl's ds_head), for grad_qs__tiled; both may run on a part of the

@@ -362,13 +362,16 @@ inline void grad_v_block(__global const elem *d_out, ulong d_out_off, __global c
         store_row(dv, dv_off, b, kv_seq, t, num_kv_heads, kv_head, me.c0, acc, 1.0f, accumulate);
 }
 
-/* dK of a key row: scale * sum of dS * Q over the queries that see it. */
-inline void grad_k_block(__global const elem *q, ulong q_off, __global const elem *k,
-                         ulong k_off, __global const elem *v, ulong v_off,
-                         __global const elem *d_out, ulong d_out_off,
-                         __global const float *lse, ulong lse_off, __global const float *dsum,
-                         ulong dsum_off, __global elem *dk, ulong dk_off, SHAPE_ARGS,
-                         __local float *tiles, uint r0)
+/* dK of a key row (scale * sum of dS * Q over the queries that see it) and,
+ * where dv is not NULL, its dV (sum of P * dO) from the same scores and dP:
+ * grad_kv__tiled's one pass where grad_k__tiled and grad_v__tiled take
+ * two. */
+inline void key_rows_block(__global const elem *q, ulong q_off, __global const elem *k,
+                           ulong k_off, __global const elem *v, ulong v_off,
+                           __global const elem *d_out, ulong d_out_off,
+                           __global const float *lse, ulong lse_off, __global const float *dsum,
+                           ulong dsum_off, __global elem *dk, ulong dk_off, __global elem *dv,
+                           ulong dv_off, SHAPE_ARGS, __local float *tiles, uint r0)
 {
     __local float *qt = tiles, *ot = tiles + TILE * DP, *mt = ot + TILE * DP, *lt = mt + TILE;
     __local float *dt = lt + TILE;
@@ -377,11 +380,11 @@ inline void grad_k_block(__global const elem *q, ulong q_off, __global const ele
     const uint t = r0 + me.r;
     const bool live = t < kv_seq;
     const uint group = num_heads / num_kv_heads;
-    float kr[DC], vr[DC], acc[DC];
+    float kr[DC], vr[DC], acc_k[DC], acc_v[DC];
     load_row(kr, k, k_off, b, kv_seq, t, live, num_kv_heads, kv_head, me.c0, scale);
     load_row(vr, v, v_off, b, kv_seq, t, live, num_kv_heads, kv_head, me.c0, 1.0f);
     for (uint d = 0; d < DC; ++d)
-        acc[d] = 0.0f;
+        acc_k[d] = acc_v[d] = 0.0f;
     uint lo, hi;
     queries_of_keys(r0, min(r0 + ROWS, kv_seq) - 1u, q_seq, causal, window, delta, &lo, &hi);
     const uint heads_end = (kv_head + 1u) * group;
@@ -404,17 +407,49 @@ inline void grad_k_block(__global const elem *q, ulong q_off, __global const ele
             if (!live)
                 continue;
             for (uint i = 0; i < TILE / SPLIT; ++i) {
-                const uint j = i * SPLIT + me.part;
-                s[i] = grad_score(s[i], dp[i], mt[j], lt[j], dt[j],
-                                  p0 + j < hi && visible(p0 + j, t, causal, window, delta),
-                                  p0 + j, t, head, b, SHAPE_PASS);
+                const uint j = i * SPLIT + me.part, pos = p0 + j;
+                float dz = 1.0f;
+#if SHAPED
+                s[i] = MODIFY(s[i], pos, t, head, &dz);
+#endif
+                /* unseen pairs weigh exactly 0: a NaN in a row they pair
+                 * must not reach it */
+                const bool seen = pos < hi && visible(pos, t, causal, window, delta);
+                const float p = exp(min0(s[i] - mt[j]) - lt[j]);
+#if MODS & MOD_DROPOUT
+                const float keep = DROP(pos, t, head, b);
+#else
+                const float keep = 1.0f;
+#endif
+                dp[i] = seen ? p * (dp[i] * keep - dt[j]) * dz : 0.0f;
+                s[i] = seen ? p * keep : 0.0f;
             }
-            tile_axpy(acc, s, qt, me);
+            tile_axpy(acc_k, dp, qt, me);
+            if (dv)
+                tile_axpy(acc_v, s, ot, me);
         }
     }
-    sum_parts(tiles, acc, me);
-    if (live && me.part == 0)
-        store_row(dk, dk_off, b, kv_seq, t, num_kv_heads, kv_head, me.c0, acc, scale, accumulate);
+    /* both, dv or not: PoCL 3.1 misbuilt a barrier under `if (dv)` */
+    sum_parts(tiles, acc_k, me);
+    sum_parts(tiles, acc_v, me);
+    if (live && me.part == 0) {
+        store_row(dk, dk_off, b, kv_seq, t, num_kv_heads, kv_head, me.c0, acc_k, scale,
+                  accumulate);
+        if (dv)
+            store_row(dv, dv_off, b, kv_seq, t, num_kv_heads, kv_head, me.c0, acc_v, 1.0f,
+                      accumulate);
+    }
+}
+
+inline void grad_k_block(__global const elem *q, ulong q_off, __global const elem *k,
+                         ulong k_off, __global const elem *v, ulong v_off,
+                         __global const elem *d_out, ulong d_out_off,
+                         __global const float *lse, ulong lse_off, __global const float *dsum,
+                         ulong dsum_off, __global elem *dk, ulong dk_off, SHAPE_ARGS,
+                         __local float *tiles, uint r0)
+{
+    key_rows_block(q, q_off, k, k_off, v, v_off, d_out, d_out_off, lse, lse_off, dsum, dsum_off,
+                   dk, dk_off, 0, 0, SHAPE_PASS, tiles, r0);
 }
 
 #endif

@@ -235,9 +235,9 @@ static clattn_status build_set_once(struct clattn_cl_state *cl, const char *vari
         if ((k == K_GRAD_KVS || k == K_GRAD_QS) && !strcmp(variant, "mma") &&
             dtype != CLATTN_DTYPE_F32)
             continue; /* mma's 16-bit backward keeps its own grad-Q */
-        if ((k == K_GRAD_KV || k == K_GRAD_KVS || k == K_GRAD_QS) && v->source == clattn_cl_tiled &&
+        if ((k == K_GRAD_KVS || k == K_GRAD_QS) && v->source == clattn_cl_tiled &&
             !clattn_ocl_tile_config(cl, head_dim, dtype, set->limit, k).per_item)
-            continue; /* tiled's rows layout has no fused key side */
+            continue; /* tiled's rows layout writes no dS */
         set->kind[k] = v->source == clattn_cl_tiled     ? KIND_TILED
                        : v->source == clattn_cl_blocked ? KIND_BLOCKED
                        : v->source == clattn_cl_mma     ? KIND_MMA
