@@ -1,4 +1,4 @@
-/* Links clattn statically, runs grad-V once and checks the answer: with
+/* Links clattn (statically or not), runs grad-V once and checks the answer: with
  * Q = K = 0 and dO = 1 every visible key has p = 1 / (pos + 1). */
 #include <math.h>
 #include <stdio.h>
