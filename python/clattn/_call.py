@@ -1,0 +1,270 @@
+"""One attention problem and its calls into libclattn, on raw addresses.
+
+Both front ends (the numpy API and the torch ops) describe a problem as a
+Problem and hand it host addresses; this module builds the clattn_shape,
+runs the C call, and maps the one alignment the C shape cannot spell: the
+queries' positions moved to the bottom right (FlashAttention's) without a
+causal mask, which window and ALiBi see. Where packed sequences differ in
+kv_len - q_len, or ALiBi slopes differ per batch element, it runs one call
+per element instead.
+"""
+import ctypes
+
+import numpy as np
+
+from . import _lib
+from ._lib import InvalidArgument
+
+ELEMENT_SIZE = {_lib.DTYPE_F32: 4, _lib.DTYPE_F16: 2, _lib.DTYPE_BF16: 2}
+U32 = 0xFFFFFFFF
+
+
+def _u32(name, value):
+    if isinstance(value, bool) or int(value) != value or not 0 <= int(value) <= U32:
+        raise InvalidArgument(f"{name} must be an integer in [0, 2^32), not {value!r}")
+    return int(value)
+
+
+def _u64(name, value):
+    if isinstance(value, bool) or int(value) != value or not 0 <= int(value) < 1 << 64:
+        raise InvalidArgument(f"{name} must be an integer in [0, 2^64), not {value!r}")
+    return int(value)
+
+
+def seqlens(name, cu, rows):
+    """A cu_seqlens array as uint32 prefix sums, checked as the C library
+    checks them, so that the message names the Python argument."""
+    a = np.asarray(cu)
+    if a.ndim != 1 or a.size < 2:
+        raise InvalidArgument(f"{name} must be 1-D with batch + 1 >= 2 entries, not of "
+                              f"shape {a.shape}")
+    if a.dtype.kind not in "iu":
+        raise InvalidArgument(f"{name} must hold integers, not {a.dtype}")
+    v = a.astype(np.int64)
+    if v[0] != 0 or np.any(np.diff(v) < 0) or v[-1] > rows:
+        raise InvalidArgument(f"{name} must rise from 0 without decreasing to at most {rows} "
+                              f"rows: {v.tolist() if v.size <= 16 else v}")
+    return np.ascontiguousarray(v, dtype=np.uint32)
+
+
+class Problem:
+    """What one attention call computes, in the C library's terms plus
+    `align_bottom_right`, which moves the queries by kv_len - q_len (per
+    sequence) for window and ALiBi without a causal mask."""
+
+    def __init__(self, *, batch, q_seq, kv_seq, num_heads, num_kv_heads, head_dim, dtype,
+                 causal=0, window=0, scale=None, q_offset=0, kv_offset=0, softcap=0.0,
+                 alibi_slopes=None, dropout_p=0.0, seed=0, offset=0, cu_seqlens_q=None,
+                 cu_seqlens_kv=None, align_bottom_right=False, accumulate=False,
+                 window_right=None):
+        self.batch, self.q_seq, self.kv_seq = batch, q_seq, kv_seq
+        self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
+        self.dtype = dtype
+        if causal not in (0, _lib.CAUSAL_TOP_LEFT, _lib.CAUSAL_BOTTOM_RIGHT):
+            raise InvalidArgument(f"causal must be 0, 1 or 2, not {causal!r}")
+        self.causal = causal
+        self.window = _u32("window", window)
+        if scale is None:
+            scale = 0.0
+        scale = float(scale)
+        if not (scale >= 0.0) or scale == float("inf"):
+            raise InvalidArgument(f"scale must be finite and positive, not {scale!r}")
+        self.scale = scale
+        self.q_offset = _u32("q_offset", q_offset)
+        self.kv_offset = _u32("kv_offset", kv_offset)
+        self.softcap = float(softcap)
+        self.dropout_p = float(dropout_p)
+        self.seed = _u64("seed", seed)
+        self.offset = _u64("offset", offset)
+        # alibi_slopes: float32 (num_heads,) or (batch, num_heads), C-contiguous.
+        self.alibi = alibi_slopes
+        self.cu_q, self.cu_kv = cu_seqlens_q, cu_seqlens_kv
+        self.align_bottom_right = bool(align_bottom_right) and causal == 0
+        # A right window wider than every sequence's queries changes nothing
+        # (FlashAttention's (left, -1) becomes (left, kv_len)); a narrower
+        # one is refused when the call runs.
+        self.window_right = None if window_right is None or causal else int(window_right)
+        self.accumulate = bool(accumulate)
+        self.es = ELEMENT_SIZE[dtype]
+
+    @property
+    def packed(self):
+        return self.cu_q is not None
+
+    def elements(self):
+        """(q_start, q_len, kv_start, kv_len) of each batch element or sequence."""
+        if self.packed:
+            q, kv = self.cu_q.astype(np.int64), self.cu_kv.astype(np.int64)
+            return [(int(q[i]), int(q[i + 1] - q[i]), int(kv[i]), int(kv[i + 1] - kv[i]))
+                    for i in range(len(q) - 1)]
+        return [(b * self.q_seq, self.q_seq, b * self.kv_seq, self.kv_seq)
+                for b in range(self.batch)]
+
+    def shape(self):
+        s = _lib.lib.clattn_shape_default()
+        s.batch, s.q_seq, s.kv_seq = self.batch, self.q_seq, self.kv_seq
+        s.num_heads, s.num_kv_heads, s.head_dim = self.num_heads, self.num_kv_heads, self.head_dim
+        s.causal, s.window, s.scale, s.dtype = self.causal, self.window, self.scale, self.dtype
+        s.q_offset, s.kv_offset = self.q_offset, self.kv_offset
+        s.softcap, s.dropout_p = self.softcap, self.dropout_p
+        s.dropout_seed, s.dropout_offset = self.seed, self.offset
+        keep = []
+        if self.packed:
+            s.cu_seqlens_q = self.cu_q.ctypes.data_as(ctypes.POINTER(ctypes.c_uint32))
+            s.cu_seqlens_kv = self.cu_kv.ctypes.data_as(ctypes.POINTER(ctypes.c_uint32))
+            keep += [self.cu_q, self.cu_kv]
+        if self.alibi is not None:
+            s.alibi_slopes = ctypes.cast(self.alibi_address(0), ctypes.POINTER(ctypes.c_float))
+        return s, keep
+
+    def alibi_address(self, element):
+        a = self.alibi
+        if a.ndim == 2:
+            return a.ctypes.data + element * a.shape[1] * 4
+        return a.ctypes.data
+
+    def _shift(self, q_len, kv_len):
+        """The offsets that move the queries by kv_len - q_len."""
+        d = kv_len - q_len
+        return (self.q_offset + d, self.kv_offset) if d >= 0 else (self.q_offset,
+                                                                   self.kv_offset - d)
+
+    def plan(self):
+        """("one", problem) for a single call, or ("each", elements) for one
+        call per batch element or sequence, (q_start, q_len, kv_start,
+        kv_len) each."""
+        els = self.elements()
+        if self.window_right is not None:
+            short = [ql for (_, ql, _, _) in els if self.window_right < ql - 1]
+            if short:
+                raise NotImplementedError(
+                    f"a right window ({self.window_right}) shorter than the queries "
+                    f"({max(short)}) without causal: clattn's masks are causal or "
+                    "open on the right")
+        per_batch_alibi = (self.alibi is not None and self.alibi.ndim == 2
+                           and not np.all(self.alibi == self.alibi[:1]))
+        if not self.align_bottom_right and not per_batch_alibi:
+            return "one", self
+        if not per_batch_alibi:
+            diffs = {kl - ql for (_, ql, _, kl) in els}
+            if len(diffs) <= 1:
+                one = self._copy()
+                if diffs:
+                    one.q_offset, one.kv_offset = self._shift(els[0][1], els[0][3])
+                one.align_bottom_right = False
+                return "one", one
+            if not (self.window or self.alibi is not None):
+                # Alignment moves nothing but the dropout draw's positions.
+                return "one", self
+        if self.dropout_p > 0.0:
+            raise NotImplementedError(
+                "dropout_p with ALiBi slopes that differ per batch element, or with "
+                "bottom-right aligned window or ALiBi over sequences whose kv_len - q_len "
+                "differ: clattn would run them one by one, and its dropout mask depends on "
+                "the batch index")
+        return "each", els
+
+    def _copy(self):
+        p = Problem.__new__(Problem)
+        p.__dict__.update(self.__dict__)
+        return p
+
+    def _element(self, i, q_len, kv_len):
+        p = self._copy()
+        p.batch, p.q_seq, p.kv_seq = 1, q_len, kv_len
+        p.cu_q = p.cu_kv = None
+        if self.alibi is not None and self.alibi.ndim == 2:
+            p.alibi = self.alibi[i]
+        if self.align_bottom_right:
+            p.q_offset, p.kv_offset = self._shift(q_len, kv_len)
+        p.align_bottom_right = False
+        return p
+
+    # Row strides in bytes.
+    def q_row(self):
+        return self.num_heads * self.head_dim * self.es
+
+    def kv_row(self):
+        return self.num_kv_heads * self.head_dim * self.es
+
+    def lse_row(self):
+        return self.num_heads * 2 * 4
+
+
+# Each op: which arguments are query-side rows (q, o, d_out, dq), key-side
+# rows (k, v, dk, dv) and LSE rows, and which are outputs.
+_OPS = {
+    "forward": ("qkvOL", "clattn_forward"),
+    "backward": ("qkvolgQKV", "clattn_backward"),
+    "grad_q": ("qkvolgQ", "clattn_grad_q"),
+    "grad_k": ("qkvolgK", "clattn_grad_k"),
+    "grad_v": ("gqklV", "clattn_grad_v"),
+}
+_QUERY_SIDE, _KEY_SIDE, _LSE = set("qogOQ"), set("kvKV"), set("lL")
+
+
+def run(ctx, op, problem, *addresses):
+    """Runs op on ctx with the tensors at these host addresses, in the C
+    call's argument order."""
+    roles, cname = _OPS[op]
+    how, plan = problem.plan()
+    if how == "one":
+        _one(ctx, cname, plan, addresses)
+        return
+    accumulate = problem.accumulate
+    for i, (qs, ql, ks, kl) in enumerate(plan):
+        e = problem._element(i, ql, kl)
+        moved = []
+        for role, a in zip(roles, addresses):
+            if role in _QUERY_SIDE:
+                moved.append(a + qs * problem.q_row())
+            elif role in _KEY_SIDE:
+                moved.append(a + ks * problem.kv_row())
+            else:
+                moved.append(a + qs * problem.lse_row())
+        if ql == 0 or kl == 0:
+            _empty_element(roles, moved, e, accumulate)
+            continue
+        _one(ctx, cname, e, moved)
+
+
+def _empty_element(roles, moved, e, accumulate):
+    """What an element with no queries or no keys gives: its query rows see
+    no key (O = 0, LSE (-1e30, -1e30), dQ = 0), and its keys get no
+    gradient."""
+    for role, a in zip(roles, moved):
+        if role == "O" or (role == "Q" and not accumulate):
+            ctypes.memset(a, 0, e.q_seq * e.q_row())
+        elif role == "L":
+            pairs = np.full(e.q_seq * e.num_heads * 2, -1e30, dtype=np.float32)
+            ctypes.memmove(a, pairs.ctypes.data, pairs.nbytes)
+        elif role in "KV" and not accumulate:
+            ctypes.memset(a, 0, e.kv_seq * e.kv_row())
+
+
+def _one(ctx, cname, problem, addresses):
+    shape, keep = problem.shape()
+    shape.accumulate = 1 if problem.accumulate else 0
+    fn = getattr(_lib.lib, cname)
+    status = fn(ctx, ctypes.byref(shape), *addresses)
+    del keep
+    _lib.check(status, cname)
+
+
+def dropout_keep(problem):
+    """The dropout masks a call with this problem draws: per batch element
+    or sequence, uint8 (num_heads, q_len, kv_len), 1 where kept. Visibility
+    is not applied."""
+    _, one = problem.plan()
+    shape, keep = one.shape()
+    masks = []
+    for b, (_, ql, _, kl) in enumerate(one.elements()):
+        m = np.ones((problem.num_heads, ql, kl), np.uint8)
+        if m.size and problem.dropout_p > 0.0:
+            for h in range(problem.num_heads):
+                _lib.check(_lib.lib.clattn_dropout_mask(ctypes.byref(shape), b, h,
+                                                        m[h].ctypes.data),
+                           "clattn_dropout_mask")
+        masks.append(m)
+    del keep
+    return masks

@@ -1,0 +1,264 @@
+"""clattn for PyTorch: autograd-enabled custom ops and PyTorch's
+scaled_dot_product_attention on top of them.
+
+The ops, `torch.ops.clattn.attention_forward` and
+`torch.ops.clattn.attention_backward`, are torch.library custom ops with
+fake (meta) kernels and an autograd formula, so they run under autograd,
+torch.compile(fullgraph=True) and torch.library.opcheck. They take clattn's
+layout, (batch, seq, heads, head_dim) or packed (total, heads, head_dim),
+and CPU tensors: clattn computes on the device the context runs on (an
+OpenCL GPU, PoCL, or native C) through its host-pointer API.
+
+The device: set_device(...), else CLATTN_DEVICE, else auto.
+"""
+import math
+import threading
+from typing import Optional, Tuple
+
+import torch
+from torch import Tensor
+
+from . import Context, InvalidArgument, _call, _lib
+
+__all__ = ["scaled_dot_product_attention", "set_device", "context", "attention"]
+
+_DTYPES = {torch.float32: _lib.DTYPE_F32, torch.float16: _lib.DTYPE_F16,
+           torch.bfloat16: _lib.DTYPE_BF16}
+
+_lock = threading.Lock()
+_settings = {"device": None, "variant": None, "threads": None}
+_context = None
+
+
+def set_device(device=None, variant=None, threads=None):
+    """Chooses the context the torch functions run on: a device selector
+    ("auto", "gpu", "cpu", "native", "P:D", or part of a device name; None:
+    CLATTN_DEVICE, else auto), a kernel variant, and the native backend's
+    threads. The context is made here, so a bad choice raises now."""
+    global _context
+    ctx = Context(device=device, variant=variant, threads=threads)
+    with _lock:
+        _settings.update(device=device, variant=variant, threads=threads)
+        _context = ctx
+    return ctx
+
+
+def context():
+    """The context the torch functions run on, made on first use."""
+    global _context
+    with _lock:
+        if _context is None:
+            _context = Context(**_settings)
+        return _context
+
+
+def check_tensors(where, **tensors):
+    """Refuses what clattn cannot take: tensors off the CPU, dtypes other
+    than float32, float16 and bfloat16, or several dtypes in one call."""
+    dtype = None
+    for name, t in tensors.items():
+        if not isinstance(t, Tensor):
+            raise TypeError(f"{where}: {name} must be a torch.Tensor, not {type(t).__name__}")
+        if t.device.type != "cpu":
+            raise ValueError(
+                f"{where}: {name} is on {t.device}; clattn takes CPU tensors (it runs on "
+                "an OpenCL device or the CPU through host memory). Move it with .cpu(), "
+                "or use PyTorch's own attention for CUDA tensors")
+        if t.dtype not in _DTYPES:
+            raise TypeError(f"{where}: {name} is {t.dtype}; clattn takes float32, float16 "
+                            "and bfloat16")
+        if dtype is not None and t.dtype != dtype:
+            listed = ", ".join(f"{n} {x.dtype}" for n, x in tensors.items())
+            raise TypeError(f"{where}: the tensors must share one dtype, not {listed}")
+        dtype = t.dtype
+
+
+def _problem(q, k, cu_q, cu_k, alibi, rng, causal, align, window, window_right, scale,
+             softcap, dropout_p):
+    packed = cu_q is not None
+    if packed:
+        (Sq, H, D), (Sk, Hk, _) = q.shape, k.shape
+        cq = _call.seqlens("cu_seqlens_q", cu_q.cpu().numpy(), Sq)
+        ck = _call.seqlens("cu_seqlens_k", cu_k.cpu().numpy(), Sk)
+        if cq.size != ck.size:
+            raise InvalidArgument("cu_seqlens_q and cu_seqlens_k must have one length")
+        batch = cq.size - 1
+    else:
+        (batch, Sq, H, D), (_, Sk, Hk, _) = q.shape, k.shape
+        cq = ck = None
+    seed, offset = (int(x) for x in rng.tolist()) if rng is not None else (0, 0)
+    slopes = alibi.detach().to(torch.float32).contiguous().numpy() \
+        if alibi is not None else None
+    return _call.Problem(
+        batch=batch, q_seq=Sq, kv_seq=Sk, num_heads=H, num_kv_heads=Hk, head_dim=D,
+        dtype=_DTYPES[q.dtype], causal=causal, window=window, scale=scale,
+        softcap=softcap, alibi_slopes=slopes, dropout_p=dropout_p, seed=seed,
+        offset=offset, cu_seqlens_q=cq, cu_seqlens_kv=ck, align_bottom_right=align,
+        window_right=window_right if window_right >= 0 else None)
+
+
+def _empty_rows(q):
+    """Whether the call has nothing for clattn to compute."""
+    return q.numel() == 0
+
+
+@torch.library.custom_op("clattn::attention_forward", mutates_args=(), device_types="cpu")
+def _forward(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Optional[Tensor],
+             cu_seqlens_k: Optional[Tensor], alibi_slopes: Optional[Tensor],
+             rng: Optional[Tensor], causal: int, align_bottom_right: bool, window: int,
+             window_right: int, scale: float, softcap: float,
+             dropout_p: float) -> Tuple[Tensor, Tensor]:
+    q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+    o = torch.empty_like(q)
+    lse = torch.empty(q.shape[:-1] + (2,), dtype=torch.float32)
+    if _empty_rows(q):
+        return o, lse
+    if k.shape[-3] == 0 and cu_seqlens_q is None:  # no keys: every row is empty
+        return o.zero_(), lse.fill_(-1e30)
+    p = _problem(q, k, cu_seqlens_q, cu_seqlens_k, alibi_slopes, rng, causal,
+                 align_bottom_right, window, window_right, scale, softcap, dropout_p)
+    _call.run(context().handle, "forward", p, q.data_ptr(), k.data_ptr(), v.data_ptr(),
+              o.data_ptr(), lse.data_ptr())
+    return o, lse
+
+
+@_forward.register_fake
+def _forward_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, alibi_slopes, rng, causal,
+                  align_bottom_right, window, window_right, scale, softcap, dropout_p):
+    return (torch.empty(q.shape, dtype=q.dtype, device=q.device),
+            q.new_empty(q.shape[:-1] + (2,), dtype=torch.float32))
+
+
+@torch.library.custom_op("clattn::attention_backward", mutates_args=(), device_types="cpu")
+def _backward(d_out: Tensor, q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Tensor,
+              cu_seqlens_q: Optional[Tensor], cu_seqlens_k: Optional[Tensor],
+              alibi_slopes: Optional[Tensor], rng: Optional[Tensor], causal: int,
+              align_bottom_right: bool, window: int, window_right: int, scale: float,
+              softcap: float, dropout_p: float) -> Tuple[Tensor, Tensor, Tensor]:
+    d_out, q, k, v, o = (t.contiguous() for t in (d_out, q, k, v, o))
+    lse = lse.contiguous()
+    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    if _empty_rows(q) or (k.shape[-3] == 0 and cu_seqlens_q is None):
+        return dq.zero_(), dk.zero_(), dv.zero_()
+    p = _problem(q, k, cu_seqlens_q, cu_seqlens_k, alibi_slopes, rng, causal,
+                 align_bottom_right, window, window_right, scale, softcap, dropout_p)
+    _call.run(context().handle, "backward", p, q.data_ptr(), k.data_ptr(), v.data_ptr(),
+              o.data_ptr(), lse.data_ptr(), d_out.data_ptr(), dq.data_ptr(), dk.data_ptr(),
+              dv.data_ptr())
+    return dq, dk, dv
+
+
+@_backward.register_fake
+def _backward_fake(d_out, q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, alibi_slopes, rng,
+                   causal, align_bottom_right, window, window_right, scale, softcap,
+                   dropout_p):
+    return (torch.empty(q.shape, dtype=q.dtype, device=q.device),
+            torch.empty(k.shape, dtype=k.dtype, device=k.device),
+            torch.empty(v.shape, dtype=v.dtype, device=v.device))
+
+
+_PARAMS = ("causal", "align_bottom_right", "window", "window_right", "scale", "softcap",
+           "dropout_p")
+
+
+def _setup_context(ctx, inputs, output):
+    q, k, v, cu_q, cu_k, alibi, rng = inputs[:7]
+    o, lse = output
+    ctx.save_for_backward(q, k, v, o, lse, cu_q, cu_k, alibi, rng)
+    ctx.params = inputs[7:]
+    # The LSE pairs are an auxiliary output, as FlashAttention's softmax_lse:
+    # no gradient flows through them.
+    ctx.mark_non_differentiable(lse)
+
+
+def _autograd_backward(ctx, d_out, d_lse):
+    q, k, v, o, lse, cu_q, cu_k, alibi, rng = ctx.saved_tensors
+    dq, dk, dv = _backward(d_out, q, k, v, o, lse, cu_q, cu_k, alibi, rng, *ctx.params)
+    return (dq, dk, dv) + (None,) * (4 + len(_PARAMS))
+
+
+_forward.register_autograd(_autograd_backward, setup_context=_setup_context)
+
+
+def new_rng(dropout_p):
+    """The (seed, offset) of one dropout draw, from torch's default CPU
+    generator (so torch.manual_seed repeats it), or None without dropout."""
+    if dropout_p == 0.0:
+        return None
+    return torch.randint(0, 1 << 62, (2,), dtype=torch.int64)
+
+
+def check_dropout(where, dropout_p):
+    p = float(dropout_p)
+    if not 0.0 <= p < 1.0:
+        raise InvalidArgument(f"{where}: dropout_p must be in [0, 1), not {dropout_p!r}")
+    return p
+
+
+def check_scale(where, scale, head_dim, name="scale"):
+    if scale is None:
+        return 1.0 / math.sqrt(head_dim) if head_dim > 0 else 0.0
+    s = float(scale)
+    if not (s > 0.0) or math.isinf(s):
+        raise NotImplementedError(f"{where}: {name}={scale!r}: clattn takes a finite, positive "
+                                  "scale")
+    return s
+
+
+def attention(q, k, v, *, causal=0, align_bottom_right=False, window=0, window_right=-1,
+              scale=None, softcap=0.0, alibi_slopes=None, dropout_p=0.0, rng=None,
+              cu_seqlens_q=None, cu_seqlens_k=None):
+    """The op in clattn's own terms and layout, with autograd: q (batch,
+    q_seq, heads, head_dim), k and v (batch, kv_seq, kv_heads, head_dim),
+    or packed (total, heads, head_dim) with cu_seqlens. causal: 0, 1
+    (top-left) or 2 (bottom-right). Returns (o, lse) with lse the float32
+    (m, l) pairs (..., heads, 2), which carry no gradient."""
+    if scale is None:
+        scale = 0.0
+    return _forward(q, k, v, cu_seqlens_q, cu_seqlens_k, alibi_slopes, rng, int(causal),
+                    bool(align_bottom_right), int(window), int(window_right), float(scale),
+                    float(softcap), float(dropout_p))
+
+
+def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0,
+                                 is_causal=False, scale=None, enable_gqa=False):
+    """torch.nn.functional.scaled_dot_product_attention, computed by clattn:
+    query (N, ..., Hq, L, E), key and value (N, ..., H, S, E); causal
+    aligned top-left; dropout drawn from torch's default generator. Raises
+    NotImplementedError for what clattn does not compute (attn_mask, a
+    value head_dim other than the query's, a scale that is not positive)."""
+    where = "clattn.torch.scaled_dot_product_attention"
+    if attn_mask is not None:
+        raise NotImplementedError(f"{where}: attn_mask is not supported; use is_causal, or "
+                                  "clattn.flash_attn_func's window_size")
+    check_tensors(where, query=query, key=key, value=value)
+    if query.dim() < 3 or key.dim() != query.dim() or value.dim() != query.dim():
+        raise InvalidArgument(f"{where}: query, key and value must be (N, ..., heads, seq, "
+                              f"head_dim) alike, not {tuple(query.shape)}, "
+                              f"{tuple(key.shape)}, {tuple(value.shape)}")
+    E = query.shape[-1]
+    if value.shape[-1] != E or key.shape[-1] != E:
+        raise NotImplementedError(f"{where}: key and value must have the query's head_dim "
+                                  f"{E}, not {key.shape[-1]} and {value.shape[-1]}")
+    lead = query.shape[:-3]
+    if key.shape[:-3] != lead or value.shape[:-3] != lead or key.shape != value.shape:
+        raise InvalidArgument(f"{where}: batch dimensions and key/value shapes must match: "
+                              f"{tuple(query.shape)}, {tuple(key.shape)}, "
+                              f"{tuple(value.shape)}")
+    Hq, L = query.shape[-3], query.shape[-2]
+    Hk, S = key.shape[-3], key.shape[-2]
+    if Hq != Hk and not enable_gqa:
+        raise InvalidArgument(f"{where}: query has {Hq} heads and key {Hk}: pass "
+                              "enable_gqa=True for grouped-query attention")
+    if Hk == 0 or Hq % Hk:
+        raise InvalidArgument(f"{where}: query heads ({Hq}) must be a multiple of key "
+                              f"heads ({Hk})")
+    p = check_dropout(where, dropout_p)
+    s = check_scale(where, scale, E)
+    B = math.prod(lead)
+    q = query.reshape(B, Hq, L, E).transpose(1, 2)
+    k = key.reshape(B, Hk, S, E).transpose(1, 2)
+    v = value.reshape(B, Hk, S, E).transpose(1, 2)
+    o, _ = attention(q, k, v, causal=_lib.CAUSAL_TOP_LEFT if is_causal else 0, scale=s,
+                     dropout_p=p, rng=new_rng(p))
+    return o.transpose(1, 2).reshape(query.shape)
