@@ -378,3 +378,20 @@ def test_threads_calling_one_context_match_one_thread():
     assert not errors and len(results) == 16
     for r in results:
         assert all(torch.equal(a, b) for a, b in zip(r, want))
+
+
+def test_readme_example_runs():
+    # The README's Python example, as a user would paste it.
+    import os
+    import re
+    readme = os.path.join(os.path.dirname(__file__), "..", "..", "README.md")
+    blocks = re.findall(r"```python\n(.*?)```", open(readme).read(), re.S)
+    assert blocks, "README.md has no ```python example"
+    ct._context = backend_context("native")
+    scope = {}
+    exec(compile(blocks[0], "README.md", "exec"), scope)
+    q, out = scope["q"], scope["out"]
+    ref_in = [scope[n].detach().double().requires_grad_() for n in ("q", "k", "v")]
+    ref = F.scaled_dot_product_attention(*ref_in, is_causal=True, enable_gqa=True)
+    ref.square().mean().backward()
+    assert close(out, ref, "f32") and close(q.grad, ref_in[0].grad, "f32")
