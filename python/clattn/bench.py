@@ -82,7 +82,8 @@ def attention_rows(args, ctx, B, S, H, Hk, D, causal):
 
     def fa_backward_op():
         torch.ops.clattn.attention_backward(d_out, q, k, v, o, lse, None, None, None, None,
-                                            1 if causal else 0, True, 0, -1, 0.0, 0.0, 0.0)
+                                            1 if causal else 0, True, 0, -1, 0.0, 0.0, 0.0,
+                                            0, 0)
 
     def ours_sdpa_train():
         out = ct.scaled_dot_product_attention(tq, tk, tv, is_causal=causal, enable_gqa=gqa)

@@ -74,7 +74,7 @@ def check_tensors(where, **tensors):
 
 
 def _problem(q, k, cu_q, cu_k, alibi, rng, causal, align, window, window_right, scale,
-             softcap, dropout_p):
+             softcap, dropout_p, q_offset=0, kv_offset=0):
     packed = cu_q is not None
     if packed:
         (Sq, H, D), (Sk, Hk, _) = q.shape, k.shape
@@ -94,7 +94,8 @@ def _problem(q, k, cu_q, cu_k, alibi, rng, causal, align, window, window_right, 
         dtype=_DTYPES[q.dtype], causal=causal, window=window, scale=scale,
         softcap=softcap, alibi_slopes=slopes, dropout_p=dropout_p, seed=seed,
         offset=offset, cu_seqlens_q=cq, cu_seqlens_kv=ck, align_bottom_right=align,
-        window_right=window_right if window_right >= 0 else None)
+        window_right=window_right if window_right >= 0 else None, q_offset=q_offset,
+        kv_offset=kv_offset)
 
 
 def _empty_rows(q):
@@ -106,8 +107,8 @@ def _empty_rows(q):
 def _forward(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Optional[Tensor],
              cu_seqlens_k: Optional[Tensor], alibi_slopes: Optional[Tensor],
              rng: Optional[Tensor], causal: int, align_bottom_right: bool, window: int,
-             window_right: int, scale: float, softcap: float,
-             dropout_p: float) -> Tuple[Tensor, Tensor]:
+             window_right: int, scale: float, softcap: float, dropout_p: float,
+             q_offset: int, kv_offset: int) -> Tuple[Tensor, Tensor]:
     q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
     o = torch.empty_like(q)
     lse = torch.empty(q.shape[:-1] + (2,), dtype=torch.float32)
@@ -116,7 +117,8 @@ def _forward(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Optional[Tensor],
     if k.shape[-3] == 0 and cu_seqlens_q is None:  # no keys: every row is empty
         return o.zero_(), lse.fill_(-1e30)
     p = _problem(q, k, cu_seqlens_q, cu_seqlens_k, alibi_slopes, rng, causal,
-                 align_bottom_right, window, window_right, scale, softcap, dropout_p)
+                 align_bottom_right, window, window_right, scale, softcap, dropout_p, q_offset,
+                 kv_offset)
     _call.run(context().handle, "forward", p, q.data_ptr(), k.data_ptr(), v.data_ptr(),
               o.data_ptr(), lse.data_ptr())
     return o, lse
@@ -124,7 +126,8 @@ def _forward(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Optional[Tensor],
 
 @_forward.register_fake
 def _forward_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, alibi_slopes, rng, causal,
-                  align_bottom_right, window, window_right, scale, softcap, dropout_p):
+                  align_bottom_right, window, window_right, scale, softcap, dropout_p, q_offset,
+                  kv_offset):
     return (torch.empty(q.shape, dtype=q.dtype, device=q.device),
             q.new_empty(q.shape[:-1] + (2,), dtype=torch.float32))
 
@@ -134,14 +137,16 @@ def _backward(d_out: Tensor, q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Te
               cu_seqlens_q: Optional[Tensor], cu_seqlens_k: Optional[Tensor],
               alibi_slopes: Optional[Tensor], rng: Optional[Tensor], causal: int,
               align_bottom_right: bool, window: int, window_right: int, scale: float,
-              softcap: float, dropout_p: float) -> Tuple[Tensor, Tensor, Tensor]:
+              softcap: float, dropout_p: float, q_offset: int,
+              kv_offset: int) -> Tuple[Tensor, Tensor, Tensor]:
     d_out, q, k, v, o = (t.contiguous() for t in (d_out, q, k, v, o))
     lse = lse.contiguous()
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     if _empty_rows(q) or (k.shape[-3] == 0 and cu_seqlens_q is None):
         return dq.zero_(), dk.zero_(), dv.zero_()
     p = _problem(q, k, cu_seqlens_q, cu_seqlens_k, alibi_slopes, rng, causal,
-                 align_bottom_right, window, window_right, scale, softcap, dropout_p)
+                 align_bottom_right, window, window_right, scale, softcap, dropout_p, q_offset,
+                 kv_offset)
     _call.run(context().handle, "backward", p, q.data_ptr(), k.data_ptr(), v.data_ptr(),
               o.data_ptr(), lse.data_ptr(), d_out.data_ptr(), dq.data_ptr(), dk.data_ptr(),
               dv.data_ptr())
@@ -151,14 +156,14 @@ def _backward(d_out: Tensor, q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Te
 @_backward.register_fake
 def _backward_fake(d_out, q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, alibi_slopes, rng,
                    causal, align_bottom_right, window, window_right, scale, softcap,
-                   dropout_p):
+                   dropout_p, q_offset, kv_offset):
     return (torch.empty(q.shape, dtype=q.dtype, device=q.device),
             torch.empty(k.shape, dtype=k.dtype, device=k.device),
             torch.empty(v.shape, dtype=v.dtype, device=v.device))
 
 
 _PARAMS = ("causal", "align_bottom_right", "window", "window_right", "scale", "softcap",
-           "dropout_p")
+           "dropout_p", "q_offset", "kv_offset")
 
 
 def _setup_context(ctx, inputs, output):
@@ -207,17 +212,21 @@ def check_scale(where, scale, head_dim, name="scale"):
 
 def attention(q, k, v, *, causal=0, align_bottom_right=False, window=0, window_right=-1,
               scale=None, softcap=0.0, alibi_slopes=None, dropout_p=0.0, rng=None,
-              cu_seqlens_q=None, cu_seqlens_k=None):
+              cu_seqlens_q=None, cu_seqlens_k=None, q_offset=0, kv_offset=0):
     """The op in clattn's own terms and layout, with autograd: q (batch,
     q_seq, heads, head_dim), k and v (batch, kv_seq, kv_heads, head_dim),
     or packed (total, heads, head_dim) with cu_seqlens. causal: 0, 1
-    (top-left) or 2 (bottom-right). Returns (o, lse) with lse the float32
+    (top-left) or 2 (bottom-right); window, q_offset and kv_offset as in
+    clattn_shape. rng: None, or an int64 tensor (seed, offset) for
+    dropout (new_rng draws one). Returns (o, lse) with lse the float32
     (m, l) pairs (..., heads, 2), which carry no gradient."""
     if scale is None:
         scale = 0.0
+    if dropout_p and rng is None:
+        rng = new_rng(dropout_p)
     return _forward(q, k, v, cu_seqlens_q, cu_seqlens_k, alibi_slopes, rng, int(causal),
                     bool(align_bottom_right), int(window), int(window_right), float(scale),
-                    float(softcap), float(dropout_p))
+                    float(softcap), float(dropout_p), int(q_offset), int(kv_offset))
 
 
 def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0,

@@ -96,6 +96,23 @@ def test_sdpa_dropout_is_dropout_mask_in_float64(backend):
     assert torch.equal(out, again) and not torch.equal(out, other)
 
 
+@pytest.mark.parametrize("dtype", ["f32", "f16"])
+def test_attention_op_with_offsets_and_window(backend, dtype):
+    # clattn's own op: a chunk of a longer sequence (offsets) under a causal
+    # sliding window, GQA, against the float64 reference with the same
+    # global positions.
+    B, sq, sk, H, Hk, D = 2, 24, 40, 4, 2, 32
+    q, k, v = leaves((B, sq, H, D), (B, sk, Hk, D), (B, sk, Hk, D), dtype=DTYPES[dtype])
+    d_out = torch.randn(B, sq, H, D).to(DTYPES[dtype])
+    out, lse = ct.attention(q, k, v, causal=1, window=11, q_offset=30, kv_offset=8)
+    assert not lse.requires_grad
+    n = [x.detach().double().numpy() for x in (q, k, v, d_out)]
+    ref = batched(*n, scale=1 / math.sqrt(D), causal=True, window=11, shift=30 - 8)
+    assert rel_err(out.detach().double().numpy(), ref[0]) < TOL[dtype]
+    for got, want in zip(grads(out, (q, k, v), d_out), ref[2:]):
+        assert rel_err(got.double().numpy(), want) < TOL[dtype]
+
+
 def fa_reference(q, k, v, d_out, *, causal=False, window=(-1, -1), softcap=0.0, alibi=None,
                  scale=None, cu=None):
     """FlashAttention-2's semantics in float64 (reference.py): queries at
@@ -302,11 +319,11 @@ def test_opcheck_on_every_custom_op():
     rng = torch.tensor([11, 3], dtype=torch.int64)
     samples = [
         (t(2, 7, 4, 8), t(2, 9, 2, 8), t(2, 9, 2, 8), None, None, None, None, 1, False, 0, -1,
-         0.0, 0.0, 0.0),
+         0.0, 0.0, 0.0, 0, 0),
         (t(12, 2, 8), t(12, 2, 8), t(12, 2, 8), cu, cu, torch.tensor([0.5, 0.25]), None, 2,
-         False, 4, -1, 0.3, 2.0, 0.0),
+         False, 4, -1, 0.3, 2.0, 0.0, 3, 1),
         (t(1, 6, 2, 16), t(1, 10, 1, 16), t(1, 10, 1, 16), None, None, None, rng, 0, True, 3,
-         20, 0.25, 0.0, 0.2),
+         20, 0.25, 0.0, 0.2, 0, 0),
     ]
     for args in samples:
         torch.library.opcheck(torch.ops.clattn.attention_forward.default, args)
