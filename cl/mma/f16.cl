@@ -152,9 +152,8 @@ inline __local float *other_rows(__local float *tiles, __local float *rows)
  * not. The head's start and a lane's row offsets do not change from tile
  * to tile, and are computed apart from r0 so that the compiler keeps them
  * out of the loop; a tile wholly before `end` whose units fill the lanes
- * (COPY_WHOLE) goes with no test a unit: a pointer step and the copy (on
- * the H200 a 16-bit d128 tile's copies were 60 instructions a warp, 40 of
- * them 64-bit address arithmetic redone every tile). */
+ * (COPY_WHOLE) goes with no test a unit: a pointer step and the copy, not
+ * 64-bit address arithmetic redone every tile. */
 /* One unit of a row (elements d.. of it at p) to local words `to`; zeros
  * where `in` is false (p is then not read: bits, the tensor's start, is
  * the valid address cp.async is given instead). copy_tile's and

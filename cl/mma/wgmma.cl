@@ -18,10 +18,8 @@
  * Tiles are in the 128-byte swizzle: per 64 columns (an atom column, TILE
  * rows of 128 bytes), row j's 16-byte chunk c lands at chunk c ^ (j % 8).
  * A copy's 8 lanes of a phase then read one row's 128 contiguous bytes
- * and write one 128-byte row of banks; the tiles of core matrices (no
- * swizzle) this replaces had a phase read 8 rows and ran 0.6x as fast as
- * mma.sync's kernels, copies alone (without any product) as slow as the
- * whole.
+ * and write one 128-byte row of banks, where tiles of core matrices (no
+ * swizzle) would have a phase read 8 rows.
  * S reads K's tile K-major (stride offset 1024: 8 rows; the leading offset
  * unused), P V reads V's MN-major (imm-trans-b 1; leading offset the step
  * between atom columns, stride offset 1024), both from one layout; atoms

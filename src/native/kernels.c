@@ -3,8 +3,8 @@
  * -m flags and NATIVE_LEVEL (v4: AVX-512 F/BW/CD/DQ/VL; v3: AVX2 with FMA;
  * baseline: the build's target), rather than cloned by target_clones: GCC
  * lowers some generic vector operations (integer comparisons) for the
- * baseline before it clones, and GCC 13 left a loop of the AVX-512 clone
- * scalar that GCC 12 vectorised (results/tuning-notes.md). */
+ * baseline before it clones, so a clone need not be vectorised for its own
+ * level (results/tuning-notes.md). */
 #include <math.h>
 #include <sched.h>
 #include <stdint.h>

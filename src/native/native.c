@@ -280,11 +280,10 @@ typedef struct native_plan {
 
 /* How a call is cut: the key side's blocks and parts (dQ copies for the
  * fused backward), the query side's parts, and whether the backward sums
- * dQ in the key side (parts_for). Before, jobs were four consecutive blocks
- * whatever the call, and the fused key side ran one stripe of jobs per
- * thread, fixed: 16 threads of the H200 machine's CPU ran the key side of
- * a causal q_seq 1024 on 2 KV heads as 16 jobs of 8:1 weights, and its
- * slowest stripe took twice the mean. */
+ * dQ in the key side (parts_for). The cut follows the call's work, not a
+ * fixed block count: under a causal mask a key block's work falls with its
+ * position, so fixed stripes of jobs per thread leave the slowest stripe
+ * far behind the mean. */
 static native_plan plan_call(const clattn_context *ctx, clattn_op op, const clattn_shape *s)
 {
     const int n = ctx->num_threads;
@@ -561,10 +560,8 @@ static void many_job(const native_call *group, size_t job)
  * one a round a problem. calls, plans, lays: n each; start: n + 1.
  * A 16-bit op reads and writes the caller's tensors row by row, widened
  * and rounded in the jobs (native_call); only the head-major copies the
- * float32 op makes too are float32. Whole float32 copies of the tensors,
- * widened and rounded in rounds of their own, had made a bf16 forward
- * 0.65-0.83x float32's on 16 threads of the H200 machine's CPU (batch 4,
- * q_seq 512, d64). */
+ * float32 op makes too are float32. Converting whole tensors in rounds of
+ * their own would add a pass over memory and a barrier to every call. */
 static clattn_status run_calls(clattn_context *ctx, clattn_op op, const clattn_seq_call *seqs,
                                size_t n, native_call *calls, native_plan *plans,
                                native_layout *lays, size_t *start)

@@ -32,9 +32,9 @@ INLINE size_t row_index(const clattn_shape *s, size_t b, size_t pos, size_t head
 
 /* Element-wise work on a tile row (masks, softmax, exp) is written on
  * vectors of the level's own width, HW floats, KEY_BLOCK / HW of them a
- * row (`EACH_PART`), not left to the loop vectoriser: GCC 13 turned the
- * loop of an earlier exp() into scalar code that GCC 12 vectorised, and GCC
- * lowers comparisons of vectors wider than the hardware's to scalar code.
+ * row (`EACH_PART`), not left to the loop vectoriser, whose choices differ
+ * between compiler versions; and GCC lowers comparisons of vectors wider
+ * than the hardware's to scalar code.
  * Masks are comparison results (lanes 0 or -1); HSELECT takes a's lanes
  * where the mask is set, else b's; HSPLAT broadcasts a scalar. */
 #if defined(__AVX512F__)
@@ -123,9 +123,8 @@ static const uint32_t lane_index[KEY_BLOCK] = {
  * (vscalefps) as instructions: 11 operations a lane. Bit for bit the same:
  * n nearest-even either way, p * 2^n rounded once either way, and below
  * -64 the zero comes from the scaling's zero mask in one and a select in
- * the other; NaN (unordered, so not masked) stays NaN. On the H200
- * machine's CPU, one thread, a pass of it over a 32 x 32 tile took 0.84-0.89
- * of the time of the bits form (7 of 8 readings; one 0.55). */
+ * the other; NaN (unordered, so not masked) stays NaN. The instructions
+ * take fewer operations a lane than the bits form. */
 #define LOG2E 1.44269504088896341f
 INLINE hvec exp2_poly(hvec f)
 {
@@ -161,9 +160,8 @@ static const float zero_row[CLATTN_MAX_HEAD_DIM];
 
 /* n elements of a 16-bit dtype to float32 and back, as clattn_to_f32 and
  * clattn_from_f32 do. float16 by F16C's conversions where the level has
- * them, F16_LANES at a time (the tail through a padded block): GCC left a
- * loop of _Float16 casts scalar, one vcvtph2ps per element, and a float16
- * forward ran at 0.89x float32 on 16 threads of the H200 machine's CPU.
+ * them, F16_LANES at a time (the tail through a padded block), since GCC
+ * leaves a loop of _Float16 casts scalar, one vcvtph2ps per element.
  * Rounding to nearest even, NaNs quiet, as clattn_from_f32 does. */
 #if defined(__F16C__)
 #if defined(__AVX512F__)
