@@ -1,60 +1,9 @@
-/* What the command line's files share. */
+/* The command line's commands, each in its file, and the dispatcher
+ * (cli.c) above them; their helpers are in common.h. */
 #ifndef CLATTN_CLI_H
 #define CLATTN_CLI_H
 
-#include <stddef.h>
-#include <stdint.h>
-
-#include "clattn.h"
-
-enum { EXIT_DEVICE = 1, EXIT_INPUT = 2 };
-
-/* One command-line option: a flag, a path, a count, a positive number, a
- * number from 0 to under 1, or a 64-bit whole number. */
-typedef enum opt_kind { OPT_FLAG, OPT_STRING, OPT_UINT, OPT_POSITIVE, OPT_FRACTION, OPT_U64 } opt_kind;
-
-typedef struct opt {
-    const char *name;
-    opt_kind kind;
-    void *value; /* int*, const char**, uint32_t*, float* (POSITIVE, FRACTION), uint64_t* */
-    int required;
-    int seen;
-} opt;
-
-/* Parses argv against opts; prints one line and returns 0 on bad input. */
-int parse_opts(const char *cmd, int argc, char **argv, opt *opts, size_t n);
-int wants_help(int argc, char **argv);
-double now(void);
-/* Creates a context; returns 0, or the exit status of the failure after
- * printing it. */
-int open_context(const char *cmd, const char *device, const char *variant, clattn_context **ctx);
-float next_uniform(uint64_t *state);
-void fill_uniform(float *a, size_t n, float gain, uint64_t *state);
-float *alloc_floats(size_t n);
-/* Reports a failed op; returns the exit status: a device failure, or input
- * the device cannot take. */
-int op_failed(const char *cmd, clattn_status st);
-/* --dtype's value, f32, f16 or bf16, into *dtype; prints one line and
- * returns 0 for anything else. */
-int parse_dtype(const char *cmd, const char *name, clattn_dtype *dtype);
-
-/* The score modifiers' options, shared by the file commands and bench:
- * --softcap C, --alibi SLOPES.npy, --dropout P --seed S [--dropout-offset N]. */
-typedef struct mod_opts {
-    float softcap, dropout;
-    const char *alibi;
-    uint64_t seed, offset;
-    float *slopes; /* read from alibi by mod_apply; free with free() */
-} mod_opts;
-enum { MOD_OPTS = 5 };
-/* Appends the MOD_OPTS options that fill m to opts[*n ...]. */
-void mod_opts_add(opt *opts, size_t *n, mod_opts *m);
-/* Sets the shape's modifiers from m (its num_heads known): reads the slopes
- * (float32, num_heads entries), checks --dropout has --seed. Prints one
- * line and returns 0 on bad input. */
-int mod_apply(const char *cmd, const opt *opts, size_t n, mod_opts *m, clattn_shape *s);
-/* The usage lines of those options. */
-#define MOD_USAGE "[--softcap C] [--alibi SLOPES.npy] [--dropout P --seed S [--dropout-offset N]]"
+#include "common.h"
 
 int cmd_devices(int argc, char **argv);
 /* The file commands (forward, backward, grad-v), by name; 0 when name is

@@ -1,0 +1,277 @@
+/* The helpers the command line's commands share: option parsing (the
+ * score modifiers' options among them), contexts, timing, random inputs,
+ * and how a failure becomes an exit status. They call no command. */
+#define _POSIX_C_SOURCE 200809L
+#include <errno.h>
+#include <float.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "clattn.h"
+#include "npy.h"
+
+#include "common.h"
+
+
+static int parse_uint(const char *s, uint32_t *out)
+{
+    if (!s || !*s)
+        return 0;
+    uint64_t v = 0;
+    for (const char *p = s; *p; ++p) {
+        if (*p < '0' || *p > '9')
+            return 0;
+        v = v * 10 + (uint64_t)(*p - '0');
+        if (v > UINT32_MAX)
+            return 0;
+    }
+    *out = (uint32_t)v;
+    return 1;
+}
+
+static int parse_positive(const char *s, float *out)
+{
+    if (!s || !*s)
+        return 0;
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    /* In float32, as the library takes it: a value that rounds to 0 would
+     * mean the default scale, and a subnormal one loses its precision. */
+    const float f = (float)v;
+    if (*end != '\0' || errno == ERANGE || !(f >= FLT_MIN) || !isfinite(f))
+        return 0;
+    *out = f;
+    return 1;
+}
+
+static int parse_fraction(const char *s, float *out)
+{
+    if (!s || !*s)
+        return 0;
+    char *end;
+    errno = 0;
+    const double v = strtod(s, &end);
+    const float f = (float)v;
+    if (*end != '\0' || errno == ERANGE || !(f >= 0.0f && f < 1.0f))
+        return 0;
+    *out = f;
+    return 1;
+}
+
+static int parse_u64(const char *s, uint64_t *out)
+{
+    if (!s || !*s)
+        return 0;
+    uint64_t v = 0;
+    for (const char *p = s; *p; ++p) {
+        if (*p < '0' || *p > '9' || v > (UINT64_MAX - (uint64_t)(*p - '0')) / 10)
+            return 0;
+        v = v * 10 + (uint64_t)(*p - '0');
+    }
+    *out = v;
+    return 1;
+}
+
+void mod_opts_add(opt *opts, size_t *n, mod_opts *m)
+{
+    opts[(*n)++] = (opt){"--softcap", OPT_POSITIVE, &m->softcap, 0, 0};
+    opts[(*n)++] = (opt){"--alibi", OPT_STRING, &m->alibi, 0, 0};
+    opts[(*n)++] = (opt){"--dropout", OPT_FRACTION, &m->dropout, 0, 0};
+    opts[(*n)++] = (opt){"--seed", OPT_U64, &m->seed, 0, 0};
+    opts[(*n)++] = (opt){"--dropout-offset", OPT_U64, &m->offset, 0, 0};
+}
+
+static const opt *find_opt(const opt *opts, size_t n, const char *name)
+{
+    for (size_t i = 0; i < n; ++i)
+        if (!strcmp(opts[i].name, name))
+            return &opts[i];
+    return NULL;
+}
+
+int mod_apply(const char *cmd, const opt *opts, size_t n, mod_opts *m, clattn_shape *s)
+{
+    const opt *seed = find_opt(opts, n, "--seed"), *off = find_opt(opts, n, "--dropout-offset");
+    if (m->dropout > 0.0f && !(seed && seed->seen)) {
+        fprintf(stderr, "clattn %s: --dropout wants --seed: the mask is drawn from it\n", cmd);
+        return 0;
+    }
+    if (!(m->dropout > 0.0f) && ((seed && seed->seen) || (off && off->seen))) {
+        fprintf(stderr, "clattn %s: --seed and --dropout-offset go with --dropout P > 0\n", cmd);
+        return 0;
+    }
+    if (m->alibi) {
+        npy_array a;
+        char err[512];
+        if (npy_read(m->alibi, &a, err, sizeof err) != 0) {
+            fprintf(stderr, "clattn %s: %s\n", cmd, err);
+            return 0;
+        }
+        const int ok = a.data && a.ndim == 1 && a.count == s->num_heads;
+        if (!ok)
+            fprintf(stderr, "clattn %s: --alibi %s: want a 1-D float32 ('<f4') array of %u "
+                            "slopes, one per query head\n", cmd, m->alibi, s->num_heads);
+        else
+            m->slopes = a.data, a.data = NULL;
+        npy_free(&a);
+        if (!ok)
+            return 0;
+    }
+    s->softcap = m->softcap;
+    s->alibi_slopes = m->slopes;
+    s->dropout_p = m->dropout;
+    s->dropout_seed = m->seed;
+    s->dropout_offset = m->offset;
+    const clattn_status st = clattn_shape_validate(s);
+    if (st != CLATTN_OK) {
+        fprintf(stderr, "clattn %s: %s: %s\n", cmd, clattn_status_string(st), clattn_last_error());
+        return 0;
+    }
+    return 1;
+}
+
+/* Parses argv against opts; prints one line and returns 0 on bad input. */
+int parse_opts(const char *cmd, int argc, char **argv, opt *opts, size_t n)
+{
+    for (int i = 0; i < argc; ++i) {
+        opt *o = NULL;
+        for (size_t j = 0; j < n; ++j)
+            if (!strcmp(argv[i], opts[j].name))
+                o = &opts[j];
+        if (!o) {
+            fprintf(stderr, "clattn %s: unknown argument '%s' (see clattn %s --help)\n", cmd,
+                    argv[i], cmd);
+            return 0;
+        }
+        o->seen = 1;
+        if (o->kind == OPT_FLAG) {
+            *(int *)o->value = 1;
+            continue;
+        }
+        if (i + 1 >= argc) {
+            fprintf(stderr, "clattn %s: %s needs a value\n", cmd, o->name);
+            return 0;
+        }
+        const char *v = argv[++i];
+        if (o->kind == OPT_STRING) {
+            *(const char **)o->value = v;
+        } else if (o->kind == OPT_UINT && !parse_uint(v, o->value)) {
+            fprintf(stderr, "clattn %s: %s wants a whole number from 0 to %u, not '%s'\n", cmd,
+                    o->name, UINT32_MAX, v);
+            return 0;
+        } else if (o->kind == OPT_FRACTION && !parse_fraction(v, o->value)) {
+            fprintf(stderr, "clattn %s: %s wants a number from 0 to below 1, not '%s'\n", cmd,
+                    o->name, v);
+            return 0;
+        } else if (o->kind == OPT_U64 && !parse_u64(v, o->value)) {
+            fprintf(stderr, "clattn %s: %s wants a whole number from 0 to %llu, not '%s'\n",
+                    cmd, o->name, (unsigned long long)UINT64_MAX, v);
+            return 0;
+        } else if (o->kind == OPT_POSITIVE && !parse_positive(v, o->value)) {
+            fprintf(stderr,
+                    "clattn %s: %s wants a finite number above 0 that float32 holds as a "
+                    "normal number (%g or more), not '%s'\n",
+                    cmd, o->name, (double)FLT_MIN, v);
+            return 0;
+        }
+    }
+    for (size_t j = 0; j < n; ++j)
+        if (opts[j].required && !opts[j].seen) {
+            fprintf(stderr, "clattn %s: %s is required (see clattn %s --help)\n", cmd,
+                    opts[j].name, cmd);
+            return 0;
+        }
+    return 1;
+}
+
+int wants_help(int argc, char **argv)
+{
+    for (int i = 0; i < argc; ++i)
+        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h"))
+            return 1;
+    return 0;
+}
+
+double now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* Creates a context for the CLI; a failure is a device failure (1) unless
+ * the selector or variant itself was malformed (2). */
+int open_context(const char *cmd, const char *device, const char *variant,
+                 clattn_context **ctx)
+{
+    clattn_options o = clattn_options_default();
+    o.device = device;
+    o.variant = variant;
+    clattn_status st = clattn_context_create(&o, ctx);
+    if (st == CLATTN_OK) {
+        /* What auto skipped, and why; not the routine lines about builds. */
+        for (const char *line = clattn_context_log(*ctx); *line;) {
+            const size_t n = strcspn(line, "\n");
+            if (!strncmp(line, "auto", 4))
+                fprintf(stderr, "%.*s\n", (int)n, line);
+            line += n + (line[n] == '\n');
+        }
+        return 0;
+    }
+    fprintf(stderr, "clattn %s: %s: %s\n", cmd, clattn_status_string(st), clattn_last_error());
+    /* A selector or variant that names nothing here is the caller's to fix. */
+    return st == CLATTN_ERROR_INVALID_OPTION || st == CLATTN_ERROR_UNKNOWN_VARIANT ||
+                   st == CLATTN_ERROR_DEVICE_NOT_FOUND
+               ? EXIT_INPUT
+               : EXIT_DEVICE;
+}
+
+int parse_dtype(const char *cmd, const char *name, clattn_dtype *dtype)
+{
+    static const char *const names[3] = {"f32", "f16", "bf16"};
+    for (int i = 0; i < 3; ++i)
+        if (!strcmp(name, names[i])) {
+            *dtype = (clattn_dtype)i;
+            return 1;
+        }
+    fprintf(stderr, "clattn %s: --dtype wants f32, f16 or bf16, not '%s'\n", cmd, name);
+    return 0;
+}
+
+
+/* A small fixed generator, so that every run of the demo sees the same data. */
+float next_uniform(uint64_t *state)
+{
+    *state ^= *state << 13;
+    *state ^= *state >> 7;
+    *state ^= *state << 17;
+    return (float)((*state >> 40) * (1.0 / 16777216.0)) * 2.0f - 1.0f;
+}
+
+
+/* Fills n floats uniformly in [-gain, gain). */
+void fill_uniform(float *a, size_t n, float gain, uint64_t *state)
+{
+    for (size_t i = 0; i < n; ++i)
+        a[i] = next_uniform(state) * gain;
+}
+
+
+float *alloc_floats(size_t n)
+{
+    return malloc((n ? n : 1) * sizeof(float));
+}
+
+
+/* Reports a failed op: a device failure, or input the device cannot take. */
+int op_failed(const char *cmd, clattn_status st)
+{
+    fprintf(stderr, "clattn %s: %s: %s\n", cmd, clattn_status_string(st), clattn_last_error());
+    return st == CLATTN_ERROR_TOO_LARGE_FOR_DEVICE ? EXIT_INPUT : EXIT_DEVICE;
+}
