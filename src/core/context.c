@@ -1,30 +1,11 @@
 /* Contexts and the dispatcher: which backend and device a context gets. */
 #include <ctype.h>
-#include <errno.h>
 #include <math.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "internal.h"
-
-void clattn_log_append(clattn_context *ctx, const char *fmt, ...)
-{
-    char line[1024];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(line, sizeof line, fmt, ap);
-    va_end(ap);
-    size_t old = strlen(ctx->log), add = strlen(line);
-    char *grown = realloc(ctx->log, old + add + 2);
-    if (!grown)
-        return; /* the log is advice; losing a line is not worth failing for */
-    memcpy(grown + old, line, add);
-    grown[old + add] = '\n';
-    grown[old + add + 1] = '\0';
-    ctx->log = grown;
-}
 
 clattn_status clattn_context_alloc(clattn_context **out)
 {
@@ -117,44 +98,6 @@ static clattn_status parse_selector(const char *sel, plan *p, clattn_cl_pick *pi
 }
 
 /* Every line of variants.inc names a variant; a name may repeat. */
-static const char *const cl_variant_lines[] = {
-#define CLATTN_CL_VARIANT(op, vname, kernel, source) vname,
-#include "variants.inc"
-#undef CLATTN_CL_VARIANT
-};
-enum { CL_VARIANT_LINES = sizeof cl_variant_lines / sizeof cl_variant_lines[0] };
-
-const char *clattn_variant_name(clattn_backend backend, size_t index)
-{
-    if (backend == CLATTN_BACKEND_NATIVE)
-        return index == 0 ? "blocked" : NULL;
-    if (backend != CLATTN_BACKEND_OPENCL_GPU && backend != CLATTN_BACKEND_OPENCL_CPU)
-        return NULL;
-    /* A CPU device's default is blocked (one work-item per block, no
-     * barriers: what PoCL runs fastest); a GPU's the first listed. */
-    const char *first = backend == CLATTN_BACKEND_OPENCL_CPU ? "blocked" : cl_variant_lines[0];
-    if (index == 0)
-        return first;
-    for (size_t i = 0; i < CL_VARIANT_LINES; ++i) {
-        int seen = !strcmp(cl_variant_lines[i], first);
-        for (size_t j = 0; j < i && !seen; ++j)
-            seen = !strcmp(cl_variant_lines[i], cl_variant_lines[j]);
-        if (!seen && --index == 0)
-            return cl_variant_lines[i];
-    }
-    return NULL;
-}
-
-static int known_variant(const char *name)
-{
-    const clattn_backend kinds[2] = {CLATTN_BACKEND_NATIVE, CLATTN_BACKEND_OPENCL_GPU};
-    for (int k = 0; k < 2; ++k)
-        for (size_t i = 0; clattn_variant_name(kinds[k], i); ++i)
-            if (!strcmp(name, clattn_variant_name(kinds[k], i)))
-                return 1;
-    return 0;
-}
-
 clattn_status clattn_context_create(const clattn_options *opts, clattn_context **ctx)
 {
     clattn_clear_error();
@@ -167,7 +110,7 @@ clattn_status clattn_context_create(const clattn_options *opts, clattn_context *
     if (o.num_threads < 0)
         return clattn_fail(CLATTN_ERROR_INVALID_OPTION, "num_threads %d is negative",
                            o.num_threads);
-    if (o.variant && !known_variant(o.variant))
+    if (o.variant && !clattn_known_variant(o.variant))
         return clattn_fail(CLATTN_ERROR_UNKNOWN_VARIANT, "no kernel variant named '%s'",
                            o.variant);
 

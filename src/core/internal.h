@@ -192,6 +192,8 @@ clattn_status clattn_opencl_init(clattn_context *ctx, const clattn_options *opts
 clattn_status clattn_context_alloc(clattn_context **out);
 
 void clattn_log_append(clattn_context *ctx, const char *fmt, ...) CLATTN_PRINTF(2, 3);
+/* Whether some backend offers a variant of this name (variants.c). */
+int clattn_known_variant(const char *name);
 
 /* bfloat16 <-> float32 as the library converts them everywhere (host
  * conversions, the native backend's packing): widening is exact; narrowing

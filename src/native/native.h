@@ -336,6 +336,9 @@ void clattn_native_pack_v_tile(const native_call *c, size_t b, size_t kv_head, s
  * c->pack (native.c); the key-side jobs make the copies this way where
  * c->row_state is set (kernels.c's ready_rows), Dsum beside them. */
 void clattn_native_pack_rows(const native_call *c, size_t b, size_t head, size_t u);
+/* A job of the copies' round: PACK_ROWS rows of one (batch, head) of one
+ * copy; past the copies' jobs, Dsum's (pack.c). */
+void clattn_native_pack_job(const native_call *c, size_t job);
 
 extern const native_kernels clattn_native_baseline;
 #if CLATTN_NATIVE_LEVELS

@@ -7,33 +7,6 @@
 #include "opencl.h"
 #include "philox.h"
 
-/* What each kernel takes: its tensors in argument order, whether its rows
- * are queries or keys, and how many floats of local memory per lane. */
-typedef struct kernel_desc {
-    int roles[9];
-    int nroles;
-    int key_rows;
-    int local_per_lane;
-} kernel_desc;
-
-static const kernel_desc kernel_descs[K_COUNT] = {
-    [K_GRAD_V] = {{CLATTN_R_DO, CLATTN_R_Q, CLATTN_R_K, CLATTN_R_LSE, CLATTN_R_DV}, 5, 1, 1},
-    [K_FORWARD] = {{CLATTN_R_Q, CLATTN_R_K, CLATTN_R_V, CLATTN_R_O, CLATTN_R_LSE}, 5, 0, 1},
-    [K_DSUM] = {{CLATTN_R_DO, CLATTN_R_O, R_DSUM}, 3, 0, 1},
-    [K_GRAD_Q] = {{CLATTN_R_Q, CLATTN_R_K, CLATTN_R_V, CLATTN_R_DO, CLATTN_R_LSE, R_DSUM,
-                   CLATTN_R_DQ}, 7, 0, 2},
-    [K_GRAD_K] = {{CLATTN_R_Q, CLATTN_R_K, CLATTN_R_V, CLATTN_R_DO, CLATTN_R_LSE, R_DSUM,
-                   CLATTN_R_DK}, 7, 1, 2},
-    [K_GRAD_KV] = {{CLATTN_R_Q, CLATTN_R_K, CLATTN_R_V, CLATTN_R_DO, CLATTN_R_LSE, R_DSUM,
-                    CLATTN_R_DK, CLATTN_R_DV}, 8, 1, 2},
-    [K_GRAD_KVQ] = {{CLATTN_R_Q, CLATTN_R_K, CLATTN_R_V, CLATTN_R_DO, CLATTN_R_LSE, R_DSUM,
-                     CLATTN_R_DK, CLATTN_R_DV, R_DQ32}, 9, 1, 2},
-    [K_FINISH_DQ] = {{R_DQ32, CLATTN_R_DQ}, 2, 0, 1},
-    [K_GRAD_KVS] = {{CLATTN_R_Q, CLATTN_R_K, CLATTN_R_V, CLATTN_R_DO, CLATTN_R_LSE, R_DSUM,
-                     CLATTN_R_DK, CLATTN_R_DV, R_DS}, 9, 1, 2},
-    [K_GRAD_QS] = {{CLATTN_R_K, R_DS, CLATTN_R_DQ}, 3, 0, 2},
-};
-
 /* A launch over a part of the heads and batch elements (the dS scratch's
  * chunks): KV heads [kv_head0, + kv_heads) of batch elements [b0, + nb). */
 typedef struct grid_part {
@@ -56,42 +29,6 @@ static const int backward_single[5] = {K_DSUM, K_GRAD_KVQ, K_FINISH_DQ, -1};
 /* Where the dS scratch serves (ds_chunk: tiled's micro-tiles, mma's
  * float32): dQ from the key side's dS, GRAD_KVS and GRAD_QS by chunks. */
 static const int backward_ds[5] = {K_DSUM, K_GRAD_KVS, K_GRAD_QS, -1};
-
-size_t clattn_ocl_local_bytes(const struct clattn_cl_state *cl, const kernel_set *set, int k,
-                              uint32_t head_dim)
-{
-    if (set->kind[k] == KIND_BLOCKED)
-        return sizeof(float); /* unused, but an argument wants a size */
-    if (set->kind[k] == KIND_MMA && k == K_FINISH_DQ)
-        return sizeof(float); /* unused */
-    if (set->kind[k] == KIND_MMA) {
-        const mma_config *c = clattn_ocl_mma_config(cl, head_dim, set->dtype, k);
-        /* wgmma's tiles start at a 1024-byte boundary: up to 255 floats more */
-        const int wgmma = clattn_ocl_mma_wgmma(cl->wgmma, cl->nv_major, cl->mma_emulate, c,
-                                               head_dim, set->dtype, k);
-        const size_t align = wgmma ? 256 : 0;
-        return (clattn_ocl_mma_local_floats(c, head_dim, cl->mma_emulate, set->dtype, k) + align) *
-               sizeof(float);
-    }
-    if (set->kind[k] == KIND_TILED) {
-        const tile_config c = clattn_ocl_tile_config(cl, head_dim, set->dtype, set->limit, k);
-        return clattn_ocl_tiled_local_floats(&c, head_dim, k) * sizeof(float);
-    }
-    return clattn_ocl_tree_work_group(head_dim, set->limit) * sizeof(float) *
-           (size_t)kernel_descs[k].local_per_lane;
-}
-
-size_t clattn_ocl_work_group(const struct clattn_cl_state *cl, const kernel_set *set, int k,
-                             uint32_t head_dim)
-{
-    const tile_config c = clattn_ocl_tile_config(cl, head_dim, set->dtype, set->limit, k);
-    return set->kind[k] == KIND_TILED
-               ? clattn_ocl_tile_items(&c, head_dim)
-           : set->kind[k] == KIND_BLOCKED ? 1
-           : set->kind[k] == KIND_MMA
-               ? 32u * clattn_ocl_mma_config(cl, head_dim, set->dtype, k)->warps
-               : clattn_ocl_tree_work_group(head_dim, set->limit);
-}
 
 /* Rows of a work-group of cl/mma: 16 for each group of wsplit warps. */
 static size_t mma_rows(const struct clattn_cl_state *cl, uint32_t head_dim, clattn_dtype dtype,
@@ -143,7 +80,7 @@ static clattn_status enqueue_kernel(struct clattn_cl_state *cl, cl_command_queue
                                     const grid_part *part, cl_uint nwait, const cl_event *wait,
                                     cl_event *done)
 {
-    const kernel_desc *kd = &kernel_descs[k];
+    const kernel_desc *kd = &clattn_ocl_kernel_descs[k];
     cl_kernel kn = set->kernel[k];
     const size_t wg = clattn_ocl_work_group(cl, set, k, s->head_dim);
     const size_t local = clattn_ocl_local_bytes(cl, set, k, s->head_dim);

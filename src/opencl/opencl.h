@@ -32,6 +32,17 @@ enum {
     K_COUNT
 };
 
+/* What each kernel takes: its tensors in argument order, whether its rows
+ * are queries or keys, and how many floats of local memory per lane
+ * (kernel_desc.c). */
+typedef struct kernel_desc {
+    int roles[9];
+    int nroles;
+    int key_rows;
+    int local_per_lane;
+} kernel_desc;
+extern const kernel_desc clattn_ocl_kernel_descs[K_COUNT];
+
 /* Dsum, the pre-pass's output, is a tensor of one float per query row;
  * DQ32 the single-pass backward's float32 dQ, summed by atomic adds; DS the
  * dS scratch between GRAD_KVS and GRAD_QS. */
@@ -160,9 +171,11 @@ struct clattn_cl_state {
     cl_event ds_read;
 };
 
-/* devices.c */
+/* errors.c */
 clattn_status clattn_ocl_fail(cl_int err, const char *what);
 const char *clattn_ocl_error_name(cl_int err);
+
+/* devices.c */
 /* Makes ctx an OpenCL context on device; context and queue are created
  * when NULL, the caller's used (never released) otherwise. */
 clattn_status clattn_ocl_init_on_device(clattn_context *ctx, const char *variant,
@@ -214,12 +227,13 @@ clattn_status clattn_ocl_generic_kernels(struct clattn_cl_state *cl, clattn_dtyp
 clattn_status clattn_ocl_kernels_for(struct clattn_cl_state *cl, uint32_t head_dim,
                                      clattn_dtype dtype, unsigned mods, kernel_set **out);
 
-/* launch.c */
 /* Local memory (bytes) and work-group size of a kernel of the set. */
 size_t clattn_ocl_local_bytes(const struct clattn_cl_state *cl, const kernel_set *set, int k,
                               uint32_t head_dim);
 size_t clattn_ocl_work_group(const struct clattn_cl_state *cl, const kernel_set *set, int k,
                              uint32_t head_dim);
+
+/* launch.c */
 /* CLATTN_ERROR_TOO_LARGE_FOR_DEVICE where the driver's loop cap could cut
  * the call's work-items short (cl->loop_cap). */
 clattn_status clattn_ocl_check_loop_cap(const struct clattn_cl_state *cl, clattn_op op,

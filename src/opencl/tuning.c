@@ -574,3 +574,39 @@ void clattn_ocl_tuning_file(struct clattn_cl_state *cl, clattn_context *ctx, con
                               e->mma.tile, e->mma.planes, path);
     }
 }
+
+size_t clattn_ocl_local_bytes(const struct clattn_cl_state *cl, const kernel_set *set, int k,
+                              uint32_t head_dim)
+{
+    if (set->kind[k] == KIND_BLOCKED)
+        return sizeof(float); /* unused, but an argument wants a size */
+    if (set->kind[k] == KIND_MMA && k == K_FINISH_DQ)
+        return sizeof(float); /* unused */
+    if (set->kind[k] == KIND_MMA) {
+        const mma_config *c = clattn_ocl_mma_config(cl, head_dim, set->dtype, k);
+        /* wgmma's tiles start at a 1024-byte boundary: up to 255 floats more */
+        const int wgmma = clattn_ocl_mma_wgmma(cl->wgmma, cl->nv_major, cl->mma_emulate, c,
+                                               head_dim, set->dtype, k);
+        const size_t align = wgmma ? 256 : 0;
+        return (clattn_ocl_mma_local_floats(c, head_dim, cl->mma_emulate, set->dtype, k) + align) *
+               sizeof(float);
+    }
+    if (set->kind[k] == KIND_TILED) {
+        const tile_config c = clattn_ocl_tile_config(cl, head_dim, set->dtype, set->limit, k);
+        return clattn_ocl_tiled_local_floats(&c, head_dim, k) * sizeof(float);
+    }
+    return clattn_ocl_tree_work_group(head_dim, set->limit) * sizeof(float) *
+           (size_t)clattn_ocl_kernel_descs[k].local_per_lane;
+}
+
+size_t clattn_ocl_work_group(const struct clattn_cl_state *cl, const kernel_set *set, int k,
+                             uint32_t head_dim)
+{
+    const tile_config c = clattn_ocl_tile_config(cl, head_dim, set->dtype, set->limit, k);
+    return set->kind[k] == KIND_TILED
+               ? clattn_ocl_tile_items(&c, head_dim)
+           : set->kind[k] == KIND_BLOCKED ? 1
+           : set->kind[k] == KIND_MMA
+               ? 32u * clattn_ocl_mma_config(cl, head_dim, set->dtype, k)->warps
+               : clattn_ocl_tree_work_group(head_dim, set->limit);
+}
