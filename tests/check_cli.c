@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -46,6 +47,9 @@ static void slurp(const char *file, char *text, size_t size)
 
 /* Runs clattn with the given arguments (NULL-terminated); returns the exit
  * status and keeps stdout and stderr in out_text and err_text. */
+/* RLIMIT_FSIZE for the next run's child, in bytes (0: unchanged). */
+static rlim_t run_file_limit;
+
 static int run(const char *arg0, ...)
 {
     const char *cli = getenv("CLATTN_CLI");
@@ -69,6 +73,10 @@ static int run(const char *arg0, ...)
         int e = open(err_file, O_WRONLY | O_CREAT | O_TRUNC, 0644);
         dup2(o, 1);
         dup2(e, 2);
+        if (run_file_limit) {
+            const struct rlimit r = {run_file_limit, run_file_limit};
+            setrlimit(RLIMIT_FSIZE, &r);
+        }
         execv(cli, (char *const *)argv);
         _exit(127);
     }
@@ -510,6 +518,29 @@ START_TEST(multiple_outputs_all_or_nothing)
                          "--head-dim", "4", "--reps", "0", NULL),
                      2);
     ck_assert_int_eq(run("train", "--steps", "x", NULL), 2);
+    ck_assert_int_eq(count_entries(), before);
+    problem_free(&p);
+    cleanup();
+}
+END_TEST
+
+/* Under a file size limit (ulimit -f) smaller than an output, the write
+ * fails: the command reports it and exits 2, leaving nothing behind, rather
+ * than dying by SIGXFSZ with a temporary file. */
+START_TEST(file_size_limit_fails_cleanly)
+{
+    make_dir();
+    clattn_shape s = cli_shape();
+    problem p;
+    write_problem(&p, &s, 0);
+    const int before = count_entries();
+    run_file_limit = 256;
+    const int rc = run("forward", "--q", path("q.npy"), "--k", path("k.npy"), "--v",
+                       path("v.npy"), "--out", path("o2.npy"), "--lse-out", path("l2.npy"),
+                       "--device", "native", NULL);
+    run_file_limit = 0;
+    ck_assert_msg(rc == 2, "exit %d; stderr: %s", rc, err_text);
+    ck_assert_msg(strstr(err_text, "o2.npy") || strstr(err_text, "l2.npy"), "%s", err_text);
     ck_assert_int_eq(count_entries(), before);
     problem_free(&p);
     cleanup();
@@ -1082,6 +1113,7 @@ Suite *cli_suite(void)
     tcase_add_test(tc, forward_backward_files);
     tcase_add_test(tc, sixteen_bit_files);
     tcase_add_test(tc, multiple_outputs_all_or_nothing);
+    tcase_add_test(tc, file_size_limit_fails_cleanly);
     tcase_add_test(tc, outputs_renamed_together);
     tcase_add_test(tc, causal_alignments);
     tcase_add_test(tc, packed_files);
