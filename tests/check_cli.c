@@ -47,8 +47,10 @@ static void slurp(const char *file, char *text, size_t size)
 
 /* Runs clattn with the given arguments (NULL-terminated); returns the exit
  * status and keeps stdout and stderr in out_text and err_text. */
-/* RLIMIT_FSIZE for the next run's child, in bytes (0: unchanged). */
+/* RLIMIT_FSIZE for the next run's child, in bytes (0: unchanged); and the
+ * name whose renames tests/failrename (CLATTN_FAILRENAME) fails in it. */
 static rlim_t run_file_limit;
+static const char *run_fail_rename;
 
 static int run(const char *arg0, ...)
 {
@@ -76,6 +78,10 @@ static int run(const char *arg0, ...)
         if (run_file_limit) {
             const struct rlimit r = {run_file_limit, run_file_limit};
             setrlimit(RLIMIT_FSIZE, &r);
+        }
+        if (run_fail_rename) {
+            setenv("LD_PRELOAD", getenv("CLATTN_FAILRENAME"), 1);
+            setenv("FAILRENAME_TO", run_fail_rename, 1);
         }
         execv(cli, (char *const *)argv);
         _exit(127);
@@ -547,6 +553,7 @@ START_TEST(file_size_limit_fails_cleanly)
 }
 END_TEST
 
+
 /* Whether two files hold the same bytes. */
 static int same_bytes(const char *a, const char *b)
 {
@@ -559,6 +566,58 @@ static int same_bytes(const char *a, const char *b)
     fclose(g);
     return n == m && !memcmp(x, y, n);
 }
+
+/* Reads a whole small file; its length in *n. */
+static void read_all(const char *file, char *buf, size_t size, size_t *n)
+{
+    FILE *f = fopen(file, "rb");
+    ck_assert_ptr_nonnull(f);
+    *n = fread(buf, 1, size, f);
+    fclose(f);
+}
+
+/* A rename that fails after others succeeded (an immutable file, another
+ * user's in a sticky folder; here tests/failrename fails dv.npy's): every
+ * output is put back as it was, an input named as an output too, nothing
+ * is left behind, and the message says what became of each. */
+START_TEST(failed_rename_puts_everything_back)
+{
+    ck_assert_msg(getenv("CLATTN_FAILRENAME") != NULL, "CLATTN_FAILRENAME is not set");
+    make_dir();
+    clattn_shape s = cli_shape();
+    problem p;
+    write_problem(&p, &s, 0);
+    ck_assert_int_eq(run("forward", "--q", path("q.npy"), "--k", path("k.npy"), "--v",
+                         path("v.npy"), "--out", path("o.npy"), "--lse-out", path("lse.npy"),
+                         "--device", "native", NULL),
+                     0);
+    save_bytes("dk.npy", "not an array", 12);
+    static char q_before[1 << 16], q_after[1 << 16];
+    size_t nq, nq2;
+    read_all(path("q.npy"), q_before, sizeof q_before, &nq);
+    const int before = count_entries();
+    run_fail_rename = "dv.npy";
+    const int rc = run("backward", "--q", path("q.npy"), "--k", path("k.npy"), "--v",
+                       path("v.npy"), "--o", path("o.npy"), "--lse", path("lse.npy"), "--d-out",
+                       path("do.npy"), "--dq", path("q.npy"), "--dk", path("dk.npy"), "--dv",
+                       path("dv.npy"), "--device", "native", NULL);
+    run_fail_rename = NULL;
+    ck_assert_msg(rc == 2, "exit %d; stderr: %s", rc, err_text);
+    ck_assert_msg(strstr(err_text, "--dv") && strstr(err_text, "no output was written") &&
+                      strstr(err_text, "--dq") && strstr(err_text, "restored as it was"),
+                  "%s", err_text);
+    read_all(path("q.npy"), q_after, sizeof q_after, &nq2);
+    ck_assert(nq == nq2 && !memcmp(q_before, q_after, nq));
+    char dk[64];
+    size_t ndk;
+    read_all(path("dk.npy"), dk, sizeof dk, &ndk);
+    ck_assert(ndk == 12 && !memcmp(dk, "not an array", 12));
+    ck_assert(!exists("dv.npy"));
+    ck_assert_int_eq(count_entries(), before);
+    problem_free(&p);
+    cleanup();
+}
+END_TEST
 
 /* Outputs take their places together or not at all: one that cannot (a
  * folder in its place) fails the call before any is written, so none is
@@ -1114,6 +1173,7 @@ Suite *cli_suite(void)
     tcase_add_test(tc, sixteen_bit_files);
     tcase_add_test(tc, multiple_outputs_all_or_nothing);
     tcase_add_test(tc, file_size_limit_fails_cleanly);
+    tcase_add_test(tc, failed_rename_puts_everything_back);
     tcase_add_test(tc, outputs_renamed_together);
     tcase_add_test(tc, causal_alignments);
     tcase_add_test(tc, packed_files);

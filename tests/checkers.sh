@@ -10,11 +10,12 @@ set -eu
 mode=$1 src=$2 work=$3
 build() {
   cmake -S "$src" -B "$work" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCLATTN_SANITIZE="$1" >/dev/null
-  cmake --build "$work" -j2 --target clattn_tests clattn_cli faultcl >/dev/null
+  cmake --build "$work" -j2 --target clattn_tests clattn_cli faultcl failrename >/dev/null
 }
 run() { # suite [backend]
   echo "== $mode: $*"
-  CLATTN_CLI="$work/clattn" "$work/tests/clattn_tests" --suite "$1" ${2:+--backend "$2"}
+  CLATTN_CLI="$work/clattn" CLATTN_FAILRENAME="$work/tests/libfailrename.so" \
+    "$work/tests/clattn_tests" --suite "$1" ${2:+--backend "$2"}
 }
 case $mode in
 asan)
@@ -22,7 +23,9 @@ asan)
   # Suppressions for third-party drivers only (tests/lsan.supp): Mesa's
   # OpenCL libraries leak while the ICD loader enumerates platforms. Whole
   # allocation stacks, so that a leak inside a driver is told by its frames.
-  export ASAN_OPTIONS="detect_leaks=1:abort_on_error=0:fast_unwind_on_malloc=0"
+  # verify_asan_link_order=0: the CLI's tests load tests/failrename (not
+  # instrumented) in front of it.
+  export ASAN_OPTIONS="detect_leaks=1:abort_on_error=0:fast_unwind_on_malloc=0:verify_asan_link_order=0"
   export LSAN_OPTIONS="suppressions=$src/tests/lsan.supp:print_suppressions=0"
   export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1"
   # PoCL compiles inside the instrumented process, its allocations unwound

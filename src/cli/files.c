@@ -313,11 +313,83 @@ static int check_outputs(const char *cmd, const char *const *flags, const char *
     return 1;
 }
 
+/* Renames the temporaries into place as one step: an existing output is
+ * first moved aside under a name of its own, and only removed once every
+ * output is in place. When any rename fails, what was renamed is undone
+ * (the old files put back, the new ones removed) and the message says what
+ * became of each output. Returns 0 after printing that message. */
+static int commit_all(const char *cmd, const char *const *flags, const output *outs,
+                      char tmp[][PATH_MAX + 16], int n)
+{
+    char old[3][PATH_MAX + 16];
+    int had[3] = {0, 0, 0}, existed[3] = {0, 0, 0}, done = 0, failed = -1, e = 0;
+    for (int i = 0; i < n; ++i) {
+        struct stat st;
+        existed[i] = lstat(outs[i].path, &st) == 0;
+    }
+    for (; done < n; ++done) {
+        const char *path = outs[done].path;
+        if (existed[done]) {
+            int fd = -1;
+            if ((size_t)snprintf(old[done], sizeof old[done], "%s.old.XXXXXX", path) <
+                sizeof old[done])
+                fd = mkstemp(old[done]);
+            if (fd < 0 || rename(path, old[done]) != 0) {
+                e = errno;
+                if (fd >= 0)
+                    unlink(old[done]);
+                failed = done;
+                if (fd >= 0)
+                    close(fd);
+                break;
+            }
+            close(fd);
+            had[done] = 1;
+        }
+        if (rename(tmp[done], path) != 0) {
+            e = errno;
+            if (had[done] && rename(old[done], path) == 0)
+                had[done] = 0;
+            failed = done;
+            break;
+        }
+    }
+    if (failed < 0) {
+        for (int i = 0; i < n; ++i)
+            if (had[i])
+                unlink(old[i]);
+        return 1;
+    }
+    char msg[2048];
+    int len = snprintf(msg, sizeof msg, "clattn %s: %s %s: %s; no output was written:", cmd,
+                       flags[failed], outs[failed].path, strerror(e));
+    for (int i = 0; i < n; ++i) {
+        const char *state;
+        if (i < failed) { /* renamed into place: undo it */
+            if (had[i])
+                state = rename(old[i], outs[i].path) == 0 ? "restored as it was"
+                                                          : "NOT restored: its old content is in";
+            else
+                state = unlink(outs[i].path) == 0 ? "not created" : "left behind";
+        } else {
+            unlink(tmp[i]);
+            state = had[i] ? "NOT restored: its old content is in"
+                           : existed[i] ? "left as it was" : "not created";
+        }
+        if (len < (int)sizeof msg)
+            len += snprintf(msg + len, sizeof msg - (size_t)len, "%s %s %s %s%s%s",
+                            i ? ";" : "", flags[i], outs[i].path, state,
+                            strstr(state, "NOT") ? " " : "", strstr(state, "NOT") ? old[i] : "");
+    }
+    fprintf(stderr, "%s\n", msg);
+    return 0;
+}
+
 /* Writes every output to a temporary beside it, checks again that each
- * can take its place, then renames them all; on any failure removes every
- * temporary, so no output is left and no existing file is touched. An
- * output that names an input replaces it only then, after every input was
- * read. */
+ * can take its place, then renames them all together (commit_all); on any
+ * failure removes every temporary, so no output is left and no existing
+ * file is changed. An output that names an input replaces it only then,
+ * after every input was read. */
 static int write_outputs(const char *cmd, const char *const *flags, const output *outs, int n)
 {
     char tmp[3][PATH_MAX + 16], err[512];
@@ -340,14 +412,7 @@ static int write_outputs(const char *cmd, const char *const *flags, const output
             npy_discard(tmp[i]);
         return 0;
     }
-    for (int i = 0; i < n; ++i)
-        if (npy_commit(tmp[i], outs[i].path, err, sizeof err) != 0) {
-            for (int j = i + 1; j < n; ++j)
-                npy_discard(tmp[j]);
-            fprintf(stderr, "clattn %s: %s\n", cmd, err);
-            return 0;
-        }
-    return 1;
+    return commit_all(cmd, flags, outs, tmp, n);
 }
 
 /* The commands that run one op on .npy files: which inputs they read
