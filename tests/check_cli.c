@@ -881,10 +881,12 @@ START_TEST(modifier_files)
     const struct {
         const char *flag, *value, *flag2, *value2, *says;
     } bad[] = {
-        {"--dropout", "1", NULL, NULL, "from 0 to below 1"},
-        {"--dropout", "-0.1", NULL, NULL, "from 0 to below 1"},
+        {"--dropout", "1", NULL, NULL, "below 1"},
+        {"--dropout", "-0.1", NULL, NULL, "below 1"},
         {"--dropout", "0.1", NULL, NULL, "wants --seed"},
-        {"--seed", "3", NULL, NULL, "go with --dropout"},
+        /* positive, but 0 in float32: not silently none */
+        {"--dropout", "1e-50", "--seed", "3", "float32 holds above 0"},
+        {"--causal", "--causal-bottom-right", NULL, NULL, "two alignments"},
         {"--softcap", "-2", NULL, NULL, "finite number above 0"},
         {"--softcap", "inf", NULL, NULL, "finite number above 0"},
         {"--alibi", "three.npy", NULL, NULL, "4 slopes"},
@@ -904,9 +906,19 @@ START_TEST(modifier_files)
         ck_assert_msg(strstr(err_text, bad[i].says), "%s %s: %s", bad[i].flag, value, err_text);
         ck_assert(access(path("bad.npy"), F_OK) != 0 && access(path("badl.npy"), F_OK) != 0);
     }
+    /* --dropout 0 with a seed (or a seed alone) is no dropout, as in the API,
+     * PyTorch and FlashAttention: the plain forward's bytes. */
+    ck_assert_int_eq(run("forward", "--q", qp, "--k", kp, "--v", vp, "--out", path("p0.npy"),
+                         "--lse-out", path("p0l.npy"), "--device", "native", NULL),
+                     0);
+    ck_assert_int_eq(run("forward", "--q", qp, "--k", kp, "--v", vp, "--out", path("s0.npy"),
+                         "--lse-out", path("s0l.npy"), "--dropout", "0", "--seed", "3",
+                         "--dropout-offset", "2", "--device", "native", NULL),
+                     0);
+    ck_assert(same_bytes(path("p0.npy"), path("s0.npy")));
     ck_assert_int_eq(run("train", "--device", "native", "--dropout", "0.1", NULL), 0);
     ck_assert_msg(strstr(out_text, "evaluation loss") && strstr(out_text, "ok"), "%s", out_text);
-    ck_assert_int_eq(run("train", "--seed", "3", NULL), 2);
+    ck_assert_int_eq(run("train", "--device", "native", "--seed", "3", NULL), 0);
     problem_free(&p);
     cleanup();
 }

@@ -58,7 +58,8 @@ static int parse_fraction(const char *s, float *out)
     errno = 0;
     const double v = strtod(s, &end);
     const float f = (float)v;
-    if (*end != '\0' || errno == ERANGE || !(f >= 0.0f && f < 1.0f))
+    /* A positive value float32 rounds to 0 would silently mean none. */
+    if (*end != '\0' || errno == ERANGE || !(f >= 0.0f && f < 1.0f) || (v > 0.0 && f == 0.0f))
         return 0;
     *out = f;
     return 1;
@@ -97,13 +98,11 @@ static const opt *find_opt(const opt *opts, size_t n, const char *name)
 
 int mod_apply(const char *cmd, const opt *opts, size_t n, mod_opts *m, clattn_shape *s)
 {
-    const opt *seed = find_opt(opts, n, "--seed"), *off = find_opt(opts, n, "--dropout-offset");
+    /* --dropout 0 with a seed is no dropout, as in the API, PyTorch and
+     * FlashAttention. */
+    const opt *seed = find_opt(opts, n, "--seed");
     if (m->dropout > 0.0f && !(seed && seed->seen)) {
         fprintf(stderr, "clattn %s: --dropout wants --seed: the mask is drawn from it\n", cmd);
-        return 0;
-    }
-    if (!(m->dropout > 0.0f) && ((seed && seed->seen) || (off && off->seen))) {
-        fprintf(stderr, "clattn %s: --seed and --dropout-offset go with --dropout P > 0\n", cmd);
         return 0;
     }
     if (m->alibi) {
@@ -166,8 +165,10 @@ int parse_opts(const char *cmd, int argc, char **argv, opt *opts, size_t n)
                     o->name, UINT32_MAX, v);
             return 0;
         } else if (o->kind == OPT_FRACTION && !parse_fraction(v, o->value)) {
-            fprintf(stderr, "clattn %s: %s wants a number from 0 to below 1, not '%s'\n", cmd,
-                    o->name, v);
+            fprintf(stderr,
+                    "clattn %s: %s wants 0, or a number below 1 that float32 holds above 0 "
+                    "(%g or more), not '%s'\n",
+                    cmd, o->name, (double)FLT_TRUE_MIN, v);
             return 0;
         } else if (o->kind == OPT_U64 && !parse_u64(v, o->value)) {
             fprintf(stderr, "clattn %s: %s wants a whole number from 0 to %llu, not '%s'\n",
@@ -187,6 +188,13 @@ int parse_opts(const char *cmd, int argc, char **argv, opt *opts, size_t n)
                     opts[j].name, cmd);
             return 0;
         }
+    const opt *top = find_opt(opts, n, "--causal");
+    const opt *bottom = find_opt(opts, n, "--causal-bottom-right");
+    if (top && top->seen && bottom && bottom->seen) {
+        fprintf(stderr, "clattn %s: --causal (top-left) and --causal-bottom-right are two "
+                        "alignments of the causal mask: give one\n", cmd);
+        return 0;
+    }
     return 1;
 }
 

@@ -96,10 +96,6 @@ int cmd_train(int argc, char **argv)
                   {"--seed", OPT_U64, &seed, 0, 0}};
     if (!parse_opts(cmd, argc, argv, opts, 6))
         return EXIT_INPUT;
-    if (opts[5].seen && !(dropout > 0.0f)) {
-        fprintf(stderr, "clattn train: --seed goes with --dropout P > 0\n");
-        return EXIT_INPUT;
-    }
     static const char *const dtype_words[3] = {"float32", "float16", "bfloat16"};
     clattn_dtype dt;
     if (!parse_dtype(cmd, dtype_name, &dt))
