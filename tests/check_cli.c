@@ -113,6 +113,22 @@ static void save_bytes(const char *name, const void *bytes, size_t n)
     fclose(f);
 }
 
+/* A .npy file with this header dict (padded as NumPy pads it) and n zero
+ * floats of data. */
+static void save_header(const char *name, const char *dict, size_t n)
+{
+    unsigned char buf[512 + 12 * 2 * 8 * sizeof(float)] = {0x93, 'N', 'U', 'M', 'P', 'Y', 1, 0};
+    size_t len = strlen(dict), total = (10 + len + 1 + 63) / 64 * 64;
+    ck_assert(total <= 512 && n <= 12 * 2 * 8);
+    buf[8] = (unsigned char)((total - 10) & 0xFF);
+    buf[9] = (unsigned char)((total - 10) >> 8);
+    memset(buf + 10, ' ', total - 10);
+    memcpy(buf + 10, dict, len);
+    buf[total - 1] = '\n';
+    memset(buf + total, 0, n * sizeof(float));
+    save_bytes(name, buf, total + n * sizeof(float));
+}
+
 static int exists(const char *name)
 {
     struct stat st;
@@ -958,6 +974,17 @@ START_TEST(bad_input_leaves_nothing)
     size_t batched[4] = {1, 12, 2, 8};
     save("k4.npy", batched, 4, zeros);
     save_bytes("keep.npy", "keep", 4);
+    /* Headers that a search for substrings took (NumPy refuses each). */
+    save_header("falsey.npy",
+                "{'descr': '<f4', 'fortran_order': Falsey, 'shape': (12, 2, 8), }", 192);
+    save_header("elsewhere.npy",
+                "{'x': \"'descr': '<f4'\", 'descr': '<f8', 'fortran_order': False, "
+                "'shape': (12, 2, 8), }", 192);
+    save_header("nodict.npy", "'descr': '<f4', 'fortran_order': False, 'shape': (12, 2, 8)",
+                192);
+    save_header("after.npy", "{'descr': '<f4', 'fortran_order': False, 'shape': (12, 2, 8)} x",
+                192);
+    ck_assert_int_eq(mkdir(path("folder.npy"), 0755), 0);
     const int before = count_entries();
 
     struct {
@@ -965,7 +992,10 @@ START_TEST(bad_input_leaves_nothing)
     } cases[] = {
         {"missing.npy", {NULL}},    {"text.npy", {NULL}},       {"short.npy", {NULL}},
         {"f8.npy", {NULL}},         {"fortran.npy", {NULL}},    {"k9.npy", {NULL}},
-        {"k3.npy", {NULL}},         {"k4.npy", {NULL}},
+        {"k3.npy", {NULL}},         {"k4.npy", {NULL}},         {"falsey.npy", {NULL}},
+        {"elsewhere.npy", {NULL}},  {"nodict.npy", {NULL}},     {"after.npy", {NULL}},
+        {"folder.npy", {NULL}},
+        {"k.npy", {"--out", "", NULL}},
         {"k.npy", {"--window", "-1", NULL}},
         {"k.npy", {"--window", "3x", NULL}},
         {"k.npy", {"--window", "99999999999", NULL}},
@@ -995,13 +1025,30 @@ START_TEST(bad_input_leaves_nothing)
                       cases[i].extra[0] ? cases[i].extra[0] : "", rc, err_text);
         ck_assert_msg(lines(err_text) == 1, "case %zu: stderr is not one line: %s", i,
                       err_text);
-        if (!strcmp(cases[i].k, "f8.npy")) /* the descr alone, not the header after it */
-            ck_assert_msg(strstr(err_text, "dtype is '<f8', want") != NULL, "%s", err_text);
+        if (!strcmp(cases[i].k, "f8.npy") || !strcmp(cases[i].k, "elsewhere.npy"))
+            /* the descr alone, not the header after it or another key's value */
+            ck_assert_msg(strstr(err_text, "dtype is '<f8', want") != NULL ||
+                              strstr(err_text, "key other than") != NULL,
+                          "%s", err_text);
+        if (!strcmp(cases[i].k, "folder.npy"))
+            ck_assert_msg(strstr(err_text, "is a folder") != NULL, "%s", err_text);
         ck_assert_int_eq(count_entries(), before);
         char kept[8];
         slurp(path("keep.npy"), kept, sizeof kept);
         ck_assert_str_eq(kept, "keep");
     }
+    /* A key given twice takes its last value, as in Python (and NumPy);
+     * either quote is a string. */
+    save_header("dup.npy",
+                "{\"descr\": \"<f4\", 'fortran_order': False, 'shape': (1, 2, 3), "
+                "'shape': (12, 2, 8)}",
+                192);
+    ck_assert_int_eq(run("grad-v", "--q", path("q.npy"), "--k", path("dup.npy"), "--d-out",
+                         path("do.npy"), "--lse", path("lse.npy"), "--out", path("dv.npy"),
+                         "--device", "native", NULL),
+                     0);
+    unlink(path("dup.npy"));
+    unlink(path("dv.npy"));
     /* A stream that is no .npy is refused from its first bytes, not read
      * until memory runs out. */
     ck_assert_int_eq(run("grad-v", "--q", "/dev/zero", "--k", path("k.npy"), "--d-out",
@@ -1041,6 +1088,7 @@ START_TEST(bad_input_leaves_nothing)
                      2);
     ck_assert_int_eq(count_entries(), before);
     problem_free(&p);
+    ck_assert_int_eq(rmdir(path("folder.npy")), 0);
     cleanup();
 }
 END_TEST

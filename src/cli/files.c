@@ -290,6 +290,10 @@ static int check_outputs(const char *cmd, const char *const *flags, const char *
     struct stat st[3];
     int exists[3];
     for (int i = 0; i < n; ++i) {
+        if (!*paths[i]) {
+            fprintf(stderr, "clattn %s: %s is an empty path\n", cmd, flags[i]);
+            return 0;
+        }
         exists[i] = stat(paths[i], &st[i]) == 0;
         if (exists[i] && !S_ISREG(st[i].st_mode)) {
             fprintf(stderr, "clattn %s: %s %s: %s\n", cmd, flags[i], paths[i],

@@ -32,23 +32,95 @@ void npy_free(npy_array *a)
     a->ints = NULL;
 }
 
-/* Finds the value text after 'key': in the header dict. */
-static const char *dict_value(const char *h, const char *key)
+/* The header dict, parsed as the Python literal it is: { 'key': value, ... }
+ * with string keys (either quote), each value a string, True or False, a
+ * tuple, or a list (a structured dtype's), and a last comma allowed. Each
+ * key's value is its text, as written; a later duplicate wins, as in
+ * Python. 0, or -1 with err set. */
+typedef struct npy_dict {
+    const char *descr, *order, *shape;
+} npy_dict;
+
+static const char *skip_space(const char *p)
 {
-    char quoted[32];
-    snprintf(quoted, sizeof quoted, "'%s'", key);
-    const char *at = strstr(h, quoted);
-    if (!at)
-        return NULL;
-    at += strlen(quoted);
-    while (*at == ' ')
-        ++at;
-    if (*at != ':')
-        return NULL;
-    ++at;
-    while (*at == ' ')
-        ++at;
-    return at;
+    while (*p == ' ' || *p == '\t' || *p == '\n' || *p == '\r')
+        ++p;
+    return p;
+}
+
+/* The end of the value at p (one past it), or NULL. */
+static const char *value_end(const char *p)
+{
+    if (*p == '\'' || *p == '"') {
+        const char *q = strchr(p + 1, *p);
+        return q ? q + 1 : NULL;
+    }
+    if (!strncmp(p, "True", 4))
+        return p + 4;
+    if (!strncmp(p, "False", 5))
+        return p + 5;
+    if (*p == '(' || *p == '[') { /* to the matching bracket, strings skipped */
+        int depth = 0;
+        for (const char *q = p; *q; ++q) {
+            if (*q == '\'' || *q == '"') {
+                q = strchr(q + 1, *q);
+                if (!q)
+                    return NULL;
+            } else if (*q == '(' || *q == '[') {
+                ++depth;
+            } else if ((*q == ')' || *q == ']') && --depth == 0) {
+                return q + 1;
+            }
+        }
+    }
+    return NULL;
+}
+
+static int parse_dict(const char *h, npy_dict *d, char *err, size_t errlen)
+{
+    memset(d, 0, sizeof *d);
+    const char *p = skip_space(h);
+    if (*p++ != '{')
+        return fail(err, errlen, "malformed .npy header (not a dict): %.80s", h);
+    for (;;) {
+        p = skip_space(p);
+        if (*p == '}')
+            break;
+        if (*p != '\'' && *p != '"')
+            return fail(err, errlen, "malformed .npy header (a key is not a string): %.80s", h);
+        const char *key = p + 1, *key_end = strchr(key, *p);
+        if (!key_end)
+            return fail(err, errlen, "malformed .npy header (an unclosed string): %.80s", h);
+        const size_t klen = (size_t)(key_end - key);
+        p = skip_space(key_end + 1);
+        if (*p++ != ':')
+            return fail(err, errlen, "malformed .npy header (no ':' after a key): %.80s", h);
+        p = skip_space(p);
+        const char **slot = klen == 5 && !strncmp(key, "descr", 5)           ? &d->descr
+                            : klen == 13 && !strncmp(key, "fortran_order", 13) ? &d->order
+                            : klen == 5 && !strncmp(key, "shape", 5)          ? &d->shape
+                                                                              : NULL;
+        if (!slot)
+            return fail(err, errlen, ".npy header has a key other than descr, fortran_order "
+                                     "and shape: %.*s", (int)(klen > 40 ? 40 : klen), key);
+        const char *end = value_end(p);
+        if (!end)
+            return fail(err, errlen, "malformed .npy header (a value it cannot read): %.80s",
+                        h);
+        *slot = p;
+        p = skip_space(end);
+        if (*p == ',')
+            ++p;
+        else if (*p != '}')
+            return fail(err, errlen, "malformed .npy header (no ',' between items): %.80s", h);
+    }
+    if (*skip_space(p + 1) != '\0')
+        return fail(err, errlen, "malformed .npy header (text after the dict): %.80s", h);
+    if (!d->descr || !d->order || !d->shape)
+        return fail(err, errlen, ".npy header lacks %s", !d->descr ? "descr"
+                                                           : !d->order ? "fortran_order"
+                                                                       : "shape");
+    return 0;
 }
 
 static int parse_shape(const char *v, npy_array *out, char *err, size_t errlen)
@@ -137,24 +209,24 @@ static int parse_header(const unsigned char *hb, size_t hlen, npy_array *out, si
         free(h);
         return fail(err, errlen, "NUL byte in .npy header");
     }
-    int rc = 0;
-    const char *descr = dict_value(h, "descr");
-    const char *order = dict_value(h, "fortran_order");
-    const char *shape = dict_value(h, "shape");
-    if (h[0] != '{' || !descr || !order || !shape)
-        rc = fail(err, errlen, "malformed .npy header: %.80s", h);
-    else if (strncmp(descr, "'<f4'", 5) && strncmp(descr, "'<f2'", 5) &&
-             strncmp(descr, "'<u2'", 5) && strncmp(descr, "'<i2'", 5) &&
-             strncmp(descr, "'<i4'", 5))
+    npy_dict d;
+    int rc = parse_dict(h, &d, err, errlen);
+    const char *descr = d.descr;
+    static const char *const known[5] = {"<f4", "<f2", "<u2", "<i2", "<i4"};
+    int ok = 0;
+    for (int i = 0; rc == 0 && i < 5; ++i)
+        ok |= (descr[0] == '\'' || descr[0] == '"') && !strncmp(descr + 1, known[i], 3) &&
+              descr[4] == descr[0];
+    if (rc == 0 && !ok)
         /* The value alone, not what follows it in the header. */
         rc = fail(err, errlen,
                   "dtype is %.*s, want little-endian float32 ('<f4'), float16 ('<f2'), "
                   "bfloat16 bits ('<u2', '<i2') or int32 ('<i4')",
                   value_len(descr), descr);
-    else if (strncmp(order, "False", 5) != 0)
+    else if (rc == 0 && strncmp(d.order, "False", 5) != 0)
         rc = fail(err, errlen, "array is in Fortran order, want C order");
-    else
-        rc = parse_shape(shape, out, err, errlen);
+    else if (rc == 0)
+        rc = parse_shape(d.shape, out, err, errlen);
     if (rc == 0)
         memcpy(out->descr, descr + 1, 3);
     free(h);
@@ -223,6 +295,11 @@ int npy_read(const char *path, npy_array *out, char *err, size_t errlen)
     FILE *f = fopen(path, "rb");
     if (!f)
         return fail(err, errlen, "%s: %s", path, strerror(errno));
+    struct stat st;
+    if (fstat(fileno(f), &st) == 0 && S_ISDIR(st.st_mode)) {
+        fclose(f);
+        return fail(err, errlen, "%s: is a folder, not a .npy file", path);
+    }
     /* The preamble and the header first, each checked before more is read,
      * then exactly the data the header describes: a stream that is no
      * .npy (/dev/zero) is refused after a few bytes. */
