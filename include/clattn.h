@@ -116,7 +116,9 @@ typedef struct clattn_options {
      * during the call only. */
     const char *variant;
     /* Threads of the native backend; 0 means CLATTN_NUM_THREADS when set,
-     * else every online CPU. */
+     * else every online CPU. A negative count, or a CLATTN_NUM_THREADS
+     * that is not a whole number from 1, is CLATTN_ERROR_INVALID_OPTION
+     * when native is created. */
     int num_threads;
 } clattn_options;
 

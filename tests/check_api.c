@@ -422,6 +422,21 @@ START_TEST(environment_selects)
     ctx = native_context(1);
     ck_assert_ptr_nonnull(strstr(clattn_context_device(ctx), "native: 1 thread, "));
     clattn_context_destroy(ctx);
+    /* A CLATTN_NUM_THREADS that is no count is refused, as every knob's bad
+     * value is, and so are negative num_threads. */
+    static const char *const bad_threads[] = {"abc", "-3", "0", "3x", "99999999999999999999"};
+    o = clattn_options_default();
+    o.device = "native";
+    for (size_t i = 0; i < sizeof bad_threads / sizeof bad_threads[0]; ++i) {
+        setenv("CLATTN_NUM_THREADS", bad_threads[i], 1);
+        ctx = NULL;
+        ck_assert_status(clattn_context_create(&o, &ctx), CLATTN_ERROR_INVALID_OPTION);
+        ck_assert_ptr_null(ctx);
+        ck_assert_ptr_nonnull(strstr(clattn_last_error(), "CLATTN_NUM_THREADS="));
+    }
+    setenv("CLATTN_NUM_THREADS", "3", 1);
+    o.num_threads = -2;
+    ck_assert_status(clattn_context_create(&o, &ctx), CLATTN_ERROR_INVALID_OPTION);
     /* CLATTN_NATIVE_LEVEL caps the hot loops' level, and the device string
      * names the one that runs. */
     setenv("CLATTN_NATIVE_LEVEL", "baseline", 1);

@@ -27,6 +27,7 @@
  * fused backward's dQ is summed in one copy per key-side part, in the
  * blocks' order, so it comes out the same on every run with as many
  * parts, rounded differently with another count. */
+#include <errno.h>
 #include <math.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -42,17 +43,25 @@
 #include <cpuid.h>
 #endif
 
-static int default_threads(void)
+/* CLATTN_NUM_THREADS when set (a whole number from 1, capped at
+ * NATIVE_MAX_THREADS; anything else is refused), else every online CPU. */
+static clattn_status default_threads(int *out)
 {
     const char *env = getenv("CLATTN_NUM_THREADS");
     if (env && *env) {
         char *end;
-        long n = strtol(env, &end, 10);
-        if (*end == '\0' && n > 0)
-            return n > NATIVE_MAX_THREADS ? NATIVE_MAX_THREADS : (int)n;
+        errno = 0;
+        const long n = strtol(env, &end, 10);
+        if (*end != '\0' || n < 1 || errno == ERANGE || *env == '+' || *env == ' ')
+            return clattn_fail(CLATTN_ERROR_INVALID_OPTION,
+                               "CLATTN_NUM_THREADS='%s': want a whole number of threads, 1 or "
+                               "more", env);
+        *out = n > NATIVE_MAX_THREADS ? NATIVE_MAX_THREADS : (int)n;
+        return CLATTN_OK;
     }
     long n = sysconf(_SC_NPROCESSORS_ONLN);
-    return n < 1 ? 1 : n > NATIVE_MAX_THREADS ? NATIVE_MAX_THREADS : (int)n;
+    *out = n < 1 ? 1 : n > NATIVE_MAX_THREADS ? NATIVE_MAX_THREADS : (int)n;
+    return CLATTN_OK;
 }
 
 /* The hot loops for this CPU: the highest level it has, at most
@@ -591,8 +600,13 @@ clattn_status clattn_native_init(clattn_context *ctx, const clattn_options *opts
     if (st != CLATTN_OK)
         return st;
     const int asked = opts->num_threads;
-    ctx->num_threads = asked > 0 ? (asked > NATIVE_MAX_THREADS ? NATIVE_MAX_THREADS : asked)
-                                 : default_threads();
+    if (asked < 0)
+        return clattn_fail(CLATTN_ERROR_INVALID_OPTION,
+                           "num_threads %d: want 0 (the default) or more", asked);
+    if (asked > 0)
+        ctx->num_threads = asked > NATIVE_MAX_THREADS ? NATIVE_MAX_THREADS : asked;
+    else if ((st = default_threads(&ctx->num_threads)) != CLATTN_OK)
+        return st;
     ctx->backend = CLATTN_BACKEND_NATIVE;
     ctx->ops = &native_ops;
     snprintf(ctx->device, sizeof ctx->device, "native: %d thread%s, %s code", ctx->num_threads,
