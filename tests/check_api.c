@@ -616,12 +616,15 @@ START_TEST(visible_pairs)
     ck_assert_uint_eq(clattn_shape_visible_pairs(&s), 10);
     s.causal = CLATTN_CAUSAL_TOP_LEFT;
     ck_assert_uint_eq(clattn_shape_visible_pairs(&s), 18);
-    /* Against counting the rule pair by pair, over many shapes. */
+    /* Against counting the rule pair by pair, over many shapes and offsets. */
     for (uint32_t q = 1; q < 12; ++q)
         for (uint32_t kv = 1; kv < 12; ++kv)
             for (uint32_t w = 0; w < 14; w += 3)
-                for (int causal = 0; causal < 3; ++causal) { /* none, top-left, bottom-right */
+                for (int at = 0; at < 9; ++at) { /* none, top-left, bottom-right; offsets */
+                    const int causal = at % 3;
                     s = clattn_shape_default();
+                    s.q_offset = at / 3 == 1 ? 5 : 0;
+                    s.kv_offset = at / 3 == 2 ? 7 : 0;
                     s.batch = 2;
                     s.q_seq = q;
                     s.kv_seq = kv;
@@ -638,6 +641,21 @@ START_TEST(visible_pairs)
                 }
     s.num_kv_heads = 2;
     ck_assert_uint_eq(clattn_shape_visible_pairs(&s), 0);
+    /* Sequences of 2^32 - 1 and positions near 2^32 count at once, in closed
+     * form: causal, n (n + 1) / 2; with a window W at equal offsets (the last
+     * position 2^32 - 1), W (W + 1) / 2 + (m - W) W. */
+    s = clattn_shape_default();
+    s.q_seq = s.kv_seq = UINT32_MAX;
+    s.num_heads = s.num_kv_heads = s.head_dim = 1;
+    s.causal = 1;
+    const uint64_t n = UINT32_MAX;
+    ck_assert_uint_eq(clattn_shape_visible_pairs(&s), n * (n + 1) / 2);
+    s.q_seq = s.kv_seq = 1u << 31;
+    s.q_offset = s.kv_offset = UINT32_MAX - (1u << 31);
+    s.window = 1000;
+    const uint64_t m = 1u << 31;
+    ck_assert_uint_eq(clattn_shape_validate(&s), CLATTN_OK);
+    ck_assert_uint_eq(clattn_shape_visible_pairs(&s), 1000u * 1001u / 2 + (m - 1000) * 1000);
     /* A count past 2^64 saturates rather than wrapping: 2^40 pairs a head
      * by 2^24 heads, against 2^63 by 2^23. */
     s = clattn_shape_default();

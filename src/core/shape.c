@@ -178,14 +178,69 @@ void clattn_key_range(const clattn_shape *s, uint32_t pos, uint32_t *lo, uint32_
     *lo = s->window > 0 ? clamp_to(at - s->window + 1, *hi) : 0;
 }
 
-/* Visible pairs of one uniform problem, over its heads and batch. */
+/* A query at mask position x (its row plus the mask's delta) sees the keys
+ * [lo, hi): hi = x + 1 clamped to [0, kv_seq] under a causal mask, else
+ * kv_seq; lo = x - window + 1 clamped at 0 under a window, else 0. Both
+ * are piecewise linear in x, with kinks at -1, kv_seq - 1 and window - 1
+ * only. */
+static int64_t key_hi(const clattn_shape *s, int64_t x)
+{
+    const int64_t kv = s->kv_seq;
+    return !s->causal ? kv : x + 1 < 0 ? 0 : x + 1 > kv ? kv : x + 1;
+}
+
+static int64_t key_lo(const clattn_shape *s, int64_t x)
+{
+    return s->window > 0 && x - (int64_t)s->window + 1 > 0 ? x - (int64_t)s->window + 1 : 0;
+}
+
+/* The sum over k < n of max(0, g0 + slope * k), slope -1, 0 or 1: the
+ * positive terms form one arithmetic run. Each product is the run's exact
+ * sum, which a uniform problem's count bounds below 2^64. */
+static uint64_t positive_run(int64_t g0, int64_t slope, uint64_t n)
+{
+    uint64_t count;
+    int64_t first;
+    if (slope == 0) {
+        return g0 > 0 ? (uint64_t)g0 * n : 0;
+    } else if (slope > 0) {
+        const uint64_t skip = g0 > 0 ? 0 : (uint64_t)(1 - g0);
+        if (skip >= n)
+            return 0;
+        count = n - skip;
+        first = g0 + (int64_t)skip;
+    } else {
+        count = g0 > 0 ? ((uint64_t)g0 < n ? (uint64_t)g0 : n) : 0;
+        first = g0 - (int64_t)count + 1; /* the run's smallest term */
+    }
+    const uint64_t ends = (uint64_t)first * 2 + (count - 1); /* first + last */
+    return count % 2 == 0 ? count / 2 * ends : count * (ends / 2);
+}
+
+/* Visible pairs of one uniform problem, over its heads and batch: the rows'
+ * counts summed in closed form over the pieces between the kinks. */
 static uint64_t uniform_pairs(const clattn_shape *s)
 {
-    uint64_t pairs = 0; /* at most q_seq * kv_seq < 2^64 */
-    for (uint32_t pos = 0; pos < s->q_seq; ++pos) {
-        uint32_t lo, hi;
-        clattn_key_range(s, pos, &lo, &hi);
-        pairs += hi - lo;
+    const int64_t x0 = clattn_mask_delta(s), x1 = x0 + (int64_t)s->q_seq - 1;
+    int64_t cuts[3] = {-1, (int64_t)s->kv_seq - 1, s->window > 0 ? (int64_t)s->window - 1 : -1};
+    for (int i = 0; i < 3; ++i) /* sorted, so the pieces come in order */
+        for (int j = i + 1; j < 3; ++j)
+            if (cuts[j] < cuts[i]) {
+                const int64_t t = cuts[i];
+                cuts[i] = cuts[j];
+                cuts[j] = t;
+            }
+    uint64_t pairs = 0;
+    int64_t a = x0;
+    for (int i = 0; i <= 3 && a <= x1; ++i) {
+        const int64_t b = i < 3 && cuts[i] >= a && cuts[i] < x1 ? cuts[i] : i < 3 ? a - 1 : x1;
+        if (b < a)
+            continue;
+        const uint64_t n = (uint64_t)(b - a + 1);
+        const int64_t g0 = key_hi(s, a) - key_lo(s, a);
+        const int64_t slope = n > 1 ? key_hi(s, a + 1) - key_lo(s, a + 1) - g0 : 0;
+        pairs += positive_run(g0, slope, n);
+        a = b + 1;
     }
     const uint64_t copies = (uint64_t)s->num_heads * s->batch;
     return pairs && copies > UINT64_MAX / pairs ? UINT64_MAX : pairs * copies;
