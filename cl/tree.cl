@@ -350,7 +350,8 @@ __kernel void merge__tree(__global const elem *o1, ulong o1_off, __global const 
         return;
     const float m1 = lse1[lse1_off + 2 * row], l1 = lse1[lse1_off + 2 * row + 1];
     const float m2 = lse2[lse2_off + 2 * row], l2 = lse2[lse2_off + 2 * row + 1];
-    const bool e1 = l1 == EMPTY_ROW, e2 = l2 == EMPTY_ROW;
+    /* Empty is the pair (EMPTY_ROW, EMPTY_ROW): a NaN beside it is not. */
+    const bool e1 = m1 == EMPTY_ROW && l1 == EMPTY_ROW, e2 = m2 == EMPTY_ROW && l2 == EMPTY_ROW;
     const float m = e1 ? m2 : e2 ? m1 : fmax(m1, m2);
     const float s1 = e1 ? 0.0f : exp(m1 - m + l1), s2 = e2 ? 0.0f : exp(m2 - m + l2);
     const float sum = s1 + s2, w1 = sum != 0.0f ? s1 / sum : 0.0f, w2 = sum != 0.0f ? s2 / sum : 0.0f;

@@ -749,6 +749,15 @@ START_TEST(merge_rows)
     ck_assert(isnan(l[1]) && isnan(l[5]));
     ck_assert(isfinite(l[2]) && isfinite(l[3]));
     ck_assert_float_eq(l[6], e);
+    /* The pair (NaN, -1e30) is a NaN partial, not an empty side: its row is
+     * NaN beside a valid or an empty other side. */
+    float p1[4] = {NAN, e, NAN, e}, p2[4] = {2.0f, 0.3f, e, e};
+    float q1[4] = {1, 2, 3, 4}, q2[4] = {5, 6, 7, 8};
+    s.q_seq = s.kv_seq = 2;
+    ck_assert_status(clattn_merge(ctx, &s, q1, p1, q2, p2, o, l), CLATTN_OK);
+    for (int i = 0; i < 4; ++i)
+        ck_assert_msg(isnan(o[i]), "O[%d] %g", i, (double)o[i]);
+    ck_assert(isnan(l[1]) && isnan(l[3]));
     clattn_context_destroy(ctx);
 }
 END_TEST

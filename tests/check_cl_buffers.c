@@ -253,7 +253,8 @@ START_TEST(merge_non_finite)
     s.num_heads = s.num_kv_heads = 1;
     s.head_dim = 2;
     const float e = -1e30f;
-    float o1[8] = {1, 2, NAN, 4, 1, 2, 0, 0}, l1[8] = {NAN, NAN, 1.0f, 0.2f, NAN, 0.0f, e, e};
+    /* Row 3's first pair (NaN, -1e30) is a NaN partial, not an empty one. */
+    float o1[8] = {1, 2, NAN, 4, 1, 2, 0, 0}, l1[8] = {NAN, NAN, 1.0f, 0.2f, NAN, 0.0f, NAN, e};
     float o2[8] = {5, 6, 7, 8, 0, 0, 0, 0}, l2[8] = {2.0f, 0.3f, 0.1f, 0.0f, e, e, e, e};
     float *host[4] = {o1, l1, o2, l2};
     cl_context cctx = clattn_context_cl_context(ctx);
@@ -281,6 +282,7 @@ START_TEST(merge_non_finite)
                       (double)l[i], (double)want_l[i]);
     }
     ck_assert(isnan(o[0]) && isnan(o[1]) && isnan(o[2]) && isnan(o[4]) && isnan(l[1]));
+    ck_assert(isnan(o[6]) && isnan(o[7]) && isnan(l[7]));
     for (int i = 0; i < 4; ++i)
         clReleaseMemObject(buf[i]);
     clattn_context_destroy(ctx);

@@ -194,7 +194,9 @@ static void merge_row(const float *o1, const float *lse1, const float *o2, const
                       float *o, float *lse, size_t n)
 {
     const float empty = -1e30f;
-    const int e1 = lse1[1] == empty, e2 = lse2[1] == empty;
+    /* Empty is the pair (-1e30, -1e30): a NaN with -1e30 is a NaN partial. */
+    const int e1 = lse1[0] == empty && lse1[1] == empty;
+    const int e2 = lse2[0] == empty && lse2[1] == empty;
     const float m = e1 ? lse2[0] : e2 ? lse1[0] : fmaxf(lse1[0], lse2[0]);
     const float s1 = e1 ? 0.0f : expf(lse1[0] - m + lse1[1]);
     const float s2 = e2 ? 0.0f : expf(lse2[0] - m + lse2[1]);
