@@ -37,9 +37,10 @@ extern "C" {
  * honoured.
  * The kernels are built here.
  * Status: CLATTN_OK, CLATTN_ERROR_NULL_POINTER (ctx, context or device
- * NULL), CLATTN_ERROR_UNKNOWN_VARIANT, CLATTN_ERROR_BUILD_FAILED,
- * CLATTN_ERROR_WORK_GROUP_TOO_LARGE, CLATTN_ERROR_OPENCL,
- * CLATTN_ERROR_OUT_OF_MEMORY. */
+ * NULL), CLATTN_ERROR_INVALID_OPTION (device not in context, or queue of
+ * another context or device), CLATTN_ERROR_UNKNOWN_VARIANT,
+ * CLATTN_ERROR_BUILD_FAILED, CLATTN_ERROR_WORK_GROUP_TOO_LARGE,
+ * CLATTN_ERROR_OPENCL, CLATTN_ERROR_OUT_OF_MEMORY. */
 clattn_status clattn_context_create_from_cl(const clattn_options *opts, cl_context context,
                                             cl_device_id device, cl_command_queue queue,
                                             clattn_context **ctx);

@@ -52,6 +52,18 @@ START_TEST(caller_buffers)
     cl_command_queue queue = clCreateCommandQueue(cctx, dev, 0, &err);
     ck_assert_int_eq(err, CL_SUCCESS);
     clattn_context *ctx = NULL;
+    /* A queue of another cl_context is refused at creation, not at every
+     * later call; nothing is made, and the caller's objects stay theirs. */
+    cl_context elsewhere = clCreateContext(NULL, 1, &dev, NULL, NULL, &err);
+    ck_assert_int_eq(err, CL_SUCCESS);
+    cl_command_queue its_queue = clCreateCommandQueue(elsewhere, dev, 0, &err);
+    ck_assert_int_eq(err, CL_SUCCESS);
+    ck_assert_status(clattn_context_create_from_cl(NULL, cctx, dev, its_queue, &ctx),
+                     CLATTN_ERROR_INVALID_OPTION);
+    ck_assert_ptr_null(ctx);
+    ck_assert_ptr_nonnull(strstr(clattn_last_error(), "another cl_context"));
+    clReleaseCommandQueue(its_queue);
+    clReleaseContext(elsewhere);
     ck_assert_status(clattn_context_create_from_cl(NULL, cctx, dev, queue, &ctx), CLATTN_OK);
     ck_assert_ptr_eq(clattn_context_cl_queue(ctx), queue);
     ck_assert_ptr_eq(clattn_context_cl_context(ctx), cctx);

@@ -247,6 +247,33 @@ clattn_status clattn_context_create_from_cl(const clattn_options *opts, cl_conte
     *ctx = NULL;
     if (!context || !device)
         return clattn_fail(CLATTN_ERROR_NULL_POINTER, "%s is NULL", context ? "device" : "context");
+    /* A queue of another context or device, or a device outside the
+     * context, would fail every later call: refuse it now. */
+    cl_uint ndev = 0;
+    cl_device_id devs[64];
+    cl_int err = clGetContextInfo(context, CL_CONTEXT_NUM_DEVICES, sizeof ndev, &ndev, NULL);
+    if (err == CL_SUCCESS && ndev <= 64)
+        err = clGetContextInfo(context, CL_CONTEXT_DEVICES, ndev * sizeof *devs, devs, NULL);
+    if (err != CL_SUCCESS)
+        return clattn_ocl_fail(err, "clGetContextInfo (the caller's context)");
+    int in_context = ndev > 64; /* not listed here: left to the driver */
+    for (cl_uint i = 0; i < ndev && i < 64; ++i)
+        in_context |= devs[i] == device;
+    if (!in_context)
+        return clattn_fail(CLATTN_ERROR_INVALID_OPTION, "device is not one of context's");
+    if (queue) {
+        cl_context qctx = NULL;
+        cl_device_id qdev = NULL;
+        err = clGetCommandQueueInfo(queue, CL_QUEUE_CONTEXT, sizeof qctx, &qctx, NULL);
+        if (err == CL_SUCCESS)
+            err = clGetCommandQueueInfo(queue, CL_QUEUE_DEVICE, sizeof qdev, &qdev, NULL);
+        if (err != CL_SUCCESS)
+            return clattn_ocl_fail(err, "clGetCommandQueueInfo (the caller's queue)");
+        if (qctx != context || qdev != device)
+            return clattn_fail(CLATTN_ERROR_INVALID_OPTION, "queue belongs to %s",
+                               qctx != context ? "another cl_context than context"
+                                               : "another device than device");
+    }
     clattn_options o = opts ? *opts : clattn_options_default();
     clattn_context *c;
     clattn_status st = clattn_context_alloc(&c);
