@@ -66,7 +66,8 @@ typedef enum clattn_status {
     CLATTN_ERROR_OPENCL = 15,            /* any other OpenCL failure; the code is in the message */
     CLATTN_ERROR_OUT_OF_MEMORY = 16,     /* a host allocation failed */
     CLATTN_ERROR_WRONG_BACKEND = 17,     /* an OpenCL-only call on a native context */
-    CLATTN_ERROR_INVALID_BUFFER = 18,    /* a cl_mem too small for its tensor, of another context, or overlapping */
+    CLATTN_ERROR_INVALID_BUFFER = 18,    /* a cl_mem too small for its tensor, of another context, or
+                                          * overlapping; a host output overlapping another tensor */
     CLATTN_ERROR_UNSUPPORTED_SHAPE = 19, /* the backend or variant has no kernels for the shape or dtype */
     CLATTN_ERROR_INVALID_DTYPE = 20,     /* shape.dtype is not a clattn_dtype */
     CLATTN_ERROR_INVALID_SEQLENS = 21,   /* packed sequences' prefix sums not from 0, decreasing,
@@ -293,7 +294,10 @@ clattn_status clattn_shape_from_seed(const uint32_t params[8], clattn_shape *sha
  * p = exp(min(scale * Q[pos].K[t] - m, 0) - l), with (m, l) the forward's
  * LSE pair of the row. Host pointers, laid out as at the top of this file;
  * dv is written whole, inputs are not modified. Blocks until done.
- * Status: the shape's, CLATTN_ERROR_NULL_POINTER,
+ * Outputs may not alias: an output that shares memory with another tensor
+ * of the call (dq == q, dk == dv, ...) is CLATTN_ERROR_INVALID_BUFFER,
+ * found before anything is written; only clattn_merge() works in place.
+ * Status: the shape's, CLATTN_ERROR_NULL_POINTER, CLATTN_ERROR_INVALID_BUFFER,
  * CLATTN_ERROR_TOO_LARGE_FOR_DEVICE, CLATTN_ERROR_OPENCL,
  * CLATTN_ERROR_OUT_OF_MEMORY, and on a first call with a new head_dim
  * CLATTN_ERROR_BUILD_FAILED or CLATTN_ERROR_WORK_GROUP_TOO_LARGE;

@@ -342,6 +342,33 @@ START_TEST(op_null_pointers)
     s.kv_seq = 3;
     ck_assert_status(clattn_backward(NULL, &s, buf, buf, buf, buf, buf, buf, buf, buf, buf),
                      CLATTN_ERROR_NULL_POINTER);
+    /* Outputs may not alias another tensor of the call (inputs may share):
+     * refused before anything is written, whichever backend. */
+    s = small_shape();
+    const struct {
+        size_t q, kv, lse;
+    } z = {(size_t)s.batch * s.q_seq * s.num_heads * s.head_dim,
+           (size_t)s.batch * s.kv_seq * s.num_kv_heads * s.head_dim,
+           (size_t)s.batch * s.q_seq * s.num_heads * 2};
+    float *in = calloc(z.q * 4 + z.kv * 2 + z.lse, sizeof(float));
+    float *q = in, *d_out = in + z.q, *o = in + 2 * z.q, *k = in + 3 * z.q, *v = k + z.kv;
+    float *lse = v + z.kv, *dq = malloc(z.q * 4), *dk = malloc(z.kv * 4), *dv = malloc(z.kv * 4);
+    ck_assert_status(clattn_backward(ctx, &s, q, k, v, o, lse, d_out, q, dk, dv),
+                     CLATTN_ERROR_INVALID_BUFFER);
+    ck_assert_ptr_nonnull(strstr(clattn_last_error(), "dq overlaps q"));
+    ck_assert_status(clattn_backward(ctx, &s, q, k, v, o, lse, d_out, dq, dk, dk),
+                     CLATTN_ERROR_INVALID_BUFFER);
+    ck_assert_status(clattn_backward(ctx, &s, q, k, v, o, lse, d_out, dq, dk, v + 1),
+                     CLATTN_ERROR_INVALID_BUFFER);
+    ck_assert_status(clattn_forward(ctx, &s, q, k, v, v, dq), CLATTN_ERROR_INVALID_BUFFER);
+    ck_assert_status(clattn_forward(ctx, &s, q, k, v, dq, dq + z.q - 1),
+                     CLATTN_ERROR_INVALID_BUFFER); /* O's last float is LSE's first */
+    ck_assert_status(clattn_grad_v(ctx, &s, d_out, q, k, lse, lse), CLATTN_ERROR_INVALID_BUFFER);
+    for (size_t i = 0; i < z.q; ++i)
+        ck_assert_float_eq(q[i], 0.0f); /* nothing was written */
+    /* Inputs that share memory are fine. */
+    ck_assert_status(clattn_backward(ctx, &s, q, k, k, o, lse, q, dq, dk, dv), CLATTN_OK);
+    free(in), free(dq), free(dk), free(dv);
     clattn_context_destroy(ctx);
 }
 END_TEST

@@ -303,6 +303,35 @@ static clattn_status run_packed(clattn_context *ctx, clattn_op op, const clattn_
 }
 
 /* Validates and runs one op on ctx's backend under its lock. */
+/* An output may share no byte with another tensor of the call: the
+ * backends read their inputs while they write, in orders of their own, so
+ * aliasing would give each its own wrong answer. */
+static clattn_status check_aliasing(clattn_op op, const clattn_shape *s, const clattn_sizes *sz,
+                                    const void *const t[CLATTN_R_COUNT])
+{
+    const unsigned used = clattn_op_reads[op] | clattn_op_writes[op];
+    uintptr_t lo[CLATTN_R_COUNT], hi[CLATTN_R_COUNT];
+    for (int r = 0; r < CLATTN_R_COUNT; ++r) {
+        if (!(used & CLATTN_BIT(r)))
+            continue;
+        const size_t elem = r == CLATTN_R_LSE || s->dtype == CLATTN_DTYPE_F32 ? 4 : 2;
+        lo[r] = (uintptr_t)t[r];
+        hi[r] = lo[r] + clattn_role_elems(sz, (clattn_role)r) * elem;
+    }
+    for (int w = 0; w < CLATTN_R_COUNT; ++w) {
+        if (!(clattn_op_writes[op] & CLATTN_BIT(w)))
+            continue;
+        for (int r = 0; r < CLATTN_R_COUNT; ++r)
+            if (r != w && (used & CLATTN_BIT(r)) && lo[w] < hi[r] && lo[r] < hi[w])
+                return clattn_fail(CLATTN_ERROR_INVALID_BUFFER,
+                                   "%s overlaps %s: an output may share no memory with "
+                                   "another tensor of the call",
+                                   clattn_role_name((clattn_role)w),
+                                   clattn_role_name((clattn_role)r));
+    }
+    return CLATTN_OK;
+}
+
 static clattn_status run_op(clattn_context *ctx, clattn_op op, const clattn_shape *shape,
                             const void *const t[CLATTN_R_COUNT])
 {
@@ -315,6 +344,8 @@ static clattn_status run_op(clattn_context *ctx, clattn_op op, const clattn_shap
         if ((used & CLATTN_BIT(r)) && !t[r])
             return clattn_fail(CLATTN_ERROR_NULL_POINTER, "%s is NULL",
                                clattn_role_name((clattn_role)r));
+    if ((st = check_aliasing(op, shape, &sz, t)) != CLATTN_OK)
+        return st;
     pthread_mutex_lock(&ctx->lock);
     st = clattn_packed(shape) && !ctx->ops->packed ? run_packed(ctx, op, shape, t)
                                                    : ctx->ops->run(ctx, op, shape, &sz, t);
