@@ -255,8 +255,11 @@ static clattn_status build_set_once(struct clattn_cl_state *cl, const char *vari
             if (w && w->source == v->source &&
                 !strcmp(options, kernel_options(cl, set->kind[j], head_dim, dtype, mods, j,
                                                 set->limit, other, sizeof other))) {
+                /* shared only once retained: releasing the set releases it twice */
+                const cl_int err = clRetainProgram(set->program[j]);
+                if (err != CL_SUCCESS)
+                    return clattn_ocl_fail(err, "clRetainProgram");
                 set->program[k] = set->program[j];
-                clRetainProgram(set->program[k]);
             }
         }
         clattn_status st = CLATTN_OK;

@@ -276,8 +276,14 @@ static clattn_status enqueue_ds_chunks(struct clattn_cl_state *cl, cl_command_qu
     }
     if (cl->ds_read)
         clReleaseEvent(cl->ds_read);
-    clRetainEvent(last);
-    cl->ds_read = last;
+    /* The next call's first writer of the scratch waits for its last reader;
+     * where the event cannot be kept, the reader is waited for now. */
+    if (clRetainEvent(last) == CL_SUCCESS) {
+        cl->ds_read = last;
+    } else {
+        cl->ds_read = NULL;
+        clWaitForEvents(1, &last);
+    }
     *done = last;
     return CLATTN_OK;
 }

@@ -135,6 +135,18 @@ cl_int clWaitForEvents(cl_uint n, const cl_event *evs)
     return hit() ? CL_OUT_OF_RESOURCES : real(n, evs);
 }
 
+cl_int clRetainProgram(cl_program p)
+{
+    REAL(clRetainProgram);
+    return hit() ? CL_OUT_OF_RESOURCES : real(p);
+}
+
+cl_int clRetainEvent(cl_event e)
+{
+    REAL(clRetainEvent);
+    return hit() ? CL_OUT_OF_RESOURCES : real(e);
+}
+
 cl_int clGetMemObjectInfo(cl_mem m, cl_mem_info what, size_t size, void *value, size_t *ret)
 {
     REAL(clGetMemObjectInfo);
