@@ -37,10 +37,15 @@ static cl_int get_device_info(void *d, cl_uint what, size_t n, void *out, size_t
 
 /* Lists every device of every platform into a new array (free() it).
  * A runtime without platforms yields CLATTN_ERROR_NO_PLATFORM. */
-static clattn_status enumerate(cl_entry **out, size_t *count)
+/* Every device of every platform. A platform whose devices cannot be
+ * listed (an error other than having none) is skipped, so that one broken
+ * driver hides no other's devices; *fault gets the first such error (0 if
+ * none), so that a selector matching nothing can say a driver failed. */
+static clattn_status enumerate(cl_entry **out, size_t *count, cl_int *fault)
 {
     *out = NULL;
     *count = 0;
+    *fault = CL_SUCCESS;
     cl_uint np = 0;
     cl_int err = clGetPlatformIDs(0, NULL, &np);
     if (err == CL_PLATFORM_NOT_FOUND_KHR || (err == CL_SUCCESS && np == 0))
@@ -61,8 +66,11 @@ static clattn_status enumerate(cl_entry **out, size_t *count)
     }
     for (cl_uint p = 0; p < np; ++p) {
         cl_uint nd = 0;
-        /* A platform with no devices answers CL_DEVICE_NOT_FOUND: skip it. */
-        if (clGetDeviceIDs(plats[p], CL_DEVICE_TYPE_ALL, 0, NULL, &nd) != CL_SUCCESS || !nd)
+        /* A platform with no devices answers CL_DEVICE_NOT_FOUND. */
+        err = clGetDeviceIDs(plats[p], CL_DEVICE_TYPE_ALL, 0, NULL, &nd);
+        if (err != CL_SUCCESS && err != CL_DEVICE_NOT_FOUND && *fault == CL_SUCCESS)
+            *fault = err;
+        if (err != CL_SUCCESS || !nd)
             continue;
         cl_device_id *devs = calloc(nd, sizeof *devs);
         cl_entry *grown = realloc(list, (n + nd) * sizeof *list);
@@ -74,8 +82,11 @@ static clattn_status enumerate(cl_entry **out, size_t *count)
             goto done;
         }
         list = grown;
-        if (clGetDeviceIDs(plats[p], CL_DEVICE_TYPE_ALL, nd, devs, NULL) != CL_SUCCESS)
+        if ((err = clGetDeviceIDs(plats[p], CL_DEVICE_TYPE_ALL, nd, devs, NULL)) != CL_SUCCESS) {
+            if (*fault == CL_SUCCESS)
+                *fault = err;
             nd = 0;
+        }
         for (cl_uint d = 0; d < nd; ++d) {
             cl_entry *e = &list[n++];
             cl_device_type type = 0;
@@ -108,7 +119,8 @@ clattn_status clattn_list_devices(clattn_device_info *devices, size_t capacity, 
         return clattn_fail(CLATTN_ERROR_NULL_POINTER, "%s is NULL", count ? "devices" : "count");
     cl_entry *list;
     size_t n;
-    clattn_status st = enumerate(&list, &n);
+    cl_int fault;
+    clattn_status st = enumerate(&list, &n, &fault);
     if (st == CLATTN_ERROR_NO_PLATFORM)
         n = 0;
     else if (st != CLATTN_OK)
@@ -447,7 +459,8 @@ clattn_status clattn_opencl_init(clattn_context *ctx, const clattn_options *opts
     cl_entry *list;
     size_t n;
     char buf[192];
-    clattn_status st = enumerate(&list, &n);
+    cl_int fault;
+    clattn_status st = enumerate(&list, &n, &fault);
     if (st != CLATTN_OK)
         return st;
     st = CLATTN_ERROR_DEVICE_NOT_FOUND;
@@ -469,6 +482,11 @@ clattn_status clattn_opencl_init(clattn_context *ctx, const clattn_options *opts
         snprintf(ctx->device + strlen(ctx->device), sizeof ctx->device - strlen(ctx->device),
                  " (%u:%u)", list[i].platform_index, list[i].device_index);
     free(list);
+    if (st == CLATTN_ERROR_DEVICE_NOT_FOUND && fault != CL_SUCCESS)
+        return clattn_fail(CLATTN_ERROR_OPENCL,
+                           "no %s among the OpenCL devices listed: a platform's devices could "
+                           "not be listed: clGetDeviceIDs: %s (%d)",
+                           pick_text(pick, buf, sizeof buf), clattn_ocl_error_name(fault), fault);
     if (st == CLATTN_ERROR_DEVICE_NOT_FOUND)
         return clattn_fail(st, "no %s among the OpenCL devices (see `clattn devices`)",
                            pick_text(pick, buf, sizeof buf));

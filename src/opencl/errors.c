@@ -40,7 +40,10 @@ const char *clattn_ocl_error_name(cl_int err)
 
 clattn_status clattn_ocl_fail(cl_int err, const char *what)
 {
-    if (err == CL_MEM_OBJECT_ALLOCATION_FAILURE || err == CL_INVALID_BUFFER_SIZE)
+    /* A buffer past the device's largest allocation is the input's fault;
+     * an allocation that fails within it (CL_MEM_OBJECT_ALLOCATION_FAILURE,
+     * the device out of memory) is the device's. */
+    if (err == CL_INVALID_BUFFER_SIZE)
         return clattn_fail(CLATTN_ERROR_TOO_LARGE_FOR_DEVICE, "%s: %s (%d)", what,
                            clattn_ocl_error_name(err), err);
     return clattn_fail(CLATTN_ERROR_OPENCL, "%s: %s (%d)", what, clattn_ocl_error_name(err), err);
