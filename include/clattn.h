@@ -151,7 +151,8 @@ typedef struct clattn_context clattn_context;
 clattn_status clattn_context_create(const clattn_options *opts, clattn_context **ctx);
 
 /* Releases everything the context created, and nothing it did not. NULL is
- * a no-op. No call on ctx may be in flight. */
+ * a no-op. No call on ctx may be in flight, and none may follow: any use
+ * of ctx after this call (a second destroy included) is undefined. */
 void clattn_context_destroy(clattn_context *ctx);
 
 /* The backend the context runs on (never CLATTN_BACKEND_AUTO). */
