@@ -103,8 +103,7 @@ def _empty_rows(q):
     return q.numel() == 0
 
 
-@torch.library.custom_op("clattn::attention_forward", mutates_args=(), device_types="cpu")
-def _forward(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Optional[Tensor],
+def _forward_impl(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Optional[Tensor],
              cu_seqlens_k: Optional[Tensor], alibi_slopes: Optional[Tensor],
              rng: Optional[Tensor], causal: int, align_bottom_right: bool, window: int,
              window_right: int, scale: float, softcap: float, dropout_p: float,
@@ -124,6 +123,10 @@ def _forward(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Optional[Tensor],
     return o, lse
 
 
+_forward = torch.library.custom_op("clattn::attention_forward", _forward_impl, mutates_args=(),
+                                  device_types="cpu")
+
+
 @_forward.register_fake
 def _forward_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, alibi_slopes, rng, causal,
                   align_bottom_right, window, window_right, scale, softcap, dropout_p, q_offset,
@@ -132,8 +135,7 @@ def _forward_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, alibi_slopes, rng, causal
             q.new_empty(q.shape[:-1] + (2,), dtype=torch.float32))
 
 
-@torch.library.custom_op("clattn::attention_backward", mutates_args=(), device_types="cpu")
-def _backward(d_out: Tensor, q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Tensor,
+def _backward_impl(d_out: Tensor, q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Tensor,
               cu_seqlens_q: Optional[Tensor], cu_seqlens_k: Optional[Tensor],
               alibi_slopes: Optional[Tensor], rng: Optional[Tensor], causal: int,
               align_bottom_right: bool, window: int, window_right: int, scale: float,
@@ -151,6 +153,10 @@ def _backward(d_out: Tensor, q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Te
               o.data_ptr(), lse.data_ptr(), d_out.data_ptr(), dq.data_ptr(), dk.data_ptr(),
               dv.data_ptr())
     return dq, dk, dv
+
+
+_backward = torch.library.custom_op("clattn::attention_backward", _backward_impl, mutates_args=(),
+                                   device_types="cpu")
 
 
 @_backward.register_fake
@@ -176,9 +182,20 @@ def _setup_context(ctx, inputs, output):
     ctx.mark_non_differentiable(lse)
 
 
+def _eager(*tensors):
+    """Whether these are plain tensors outside any tracing, so that the
+    ops' kernels may run directly, without the dispatcher's cost (about
+    35 us a call); under torch.compile or with tensor subclasses (fake,
+    functional) the ops go through the dispatcher."""
+    return not torch.compiler.is_compiling() and all(
+        t is None or type(t) is torch.Tensor or type(t) is torch.nn.Parameter for t in tensors)
+
+
 def _autograd_backward(ctx, d_out, d_lse):
     q, k, v, o, lse, cu_q, cu_k, alibi, rng = ctx.saved_tensors
-    dq, dk, dv = _backward(d_out, q, k, v, o, lse, cu_q, cu_k, alibi, rng, *ctx.params)
+    args = (d_out, q, k, v, o, lse, cu_q, cu_k, alibi, rng)
+    run = _backward_impl if _eager(*args) else _backward
+    dq, dk, dv = run(*args, *ctx.params)
     return (dq, dk, dv) + (None,) * (4 + len(_PARAMS))
 
 
@@ -224,9 +241,11 @@ def attention(q, k, v, *, causal=0, align_bottom_right=False, window=0, window_r
         scale = 0.0
     if dropout_p and rng is None:
         rng = new_rng(dropout_p)
-    return _forward(q, k, v, cu_seqlens_q, cu_seqlens_k, alibi_slopes, rng, int(causal),
-                    bool(align_bottom_right), int(window), int(window_right), float(scale),
-                    float(softcap), float(dropout_p), int(q_offset), int(kv_offset))
+    args = (q, k, v, cu_seqlens_q, cu_seqlens_k, alibi_slopes, rng)
+    grads = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
+    run = _forward_impl if not grads and _eager(*args) else _forward
+    return run(*args, int(causal), bool(align_bottom_right), int(window), int(window_right),
+               float(scale), float(softcap), float(dropout_p), int(q_offset), int(kv_offset))
 
 
 def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0,

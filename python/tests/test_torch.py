@@ -412,3 +412,16 @@ def test_readme_example_runs():
     ref = F.scaled_dot_product_attention(*ref_in, is_causal=True, enable_gqa=True)
     ref.square().mean().backward()
     assert close(out, ref, "f32") and close(q.grad, ref_in[0].grad, "f32")
+
+
+def test_inference_runs_the_kernel_directly_with_the_same_bytes():
+    # Without autograd the wrappers call the op's kernel directly, skipping
+    # the dispatcher; the bytes are the op's.
+    ct._context = backend_context("native")
+    q, k, v = leaves((2, 19, 4, 16), (2, 23, 2, 16), (2, 23, 2, 16))
+    with torch.no_grad():
+        fast = flash_attn_func(q, k, v, causal=True, window_size=(7, 0))
+    via_op, _ = torch.ops.clattn.attention_forward(q.detach(), k.detach(), v.detach(), None,
+                                                   None, None, None, 2, True, 8, -1,
+                                                   1 / math.sqrt(16), 0.0, 0.0, 0, 0)
+    assert not fast.requires_grad and torch.equal(fast, via_op)
