@@ -728,6 +728,9 @@ static const modifier_case modifiers[] = {
     {{1, 33, 50, 8, 4, 64, 0, 9, 0, 1}, 0.0f, 1, 0.0f, 40, 31},
     {{2, 29, 29, 4, 1, 16, 1, 0, 0, 1}, 0.0f, 0, 0.3f, 0, 0},
     {{1, 20, 45, 8, 2, 32, CLATTN_CAUSAL_BOTTOM_RIGHT, 0, 0, 3}, 4.0f, 1, 0.2f, 7, 5},
+    /* a cap far above the scores: as no cap, where tanh's 1 - e form loses
+     * all but a few ulps of 1 (an error in O of 1.35 at 1e8) */
+    {{1, 33, 33, 4, 2, 32, 1, 0, 0, 1}, 1e8f, 0, 0.0f, 0, 0},
 };
 /* The case with all three, also in bf16; and dropout alone at kv_offset
  * 0, where mma's keys start on a Philox block (at ALL_MODIFIERS' 5 each
@@ -1709,6 +1712,18 @@ START_TEST(loop_cap)
         free(o);
         free(lse);
         problem_free(&p);
+        /* head_dim 1, whose rows cost more loop steps than their columns
+         * say: 12,000 keys were let through and came back wrong. */
+        clattn_shape one = clattn_shape_default();
+        one.q_seq = 40;
+        one.kv_seq = 12000;
+        one.num_heads = 2;
+        one.num_kv_heads = one.head_dim = 1;
+        if (capped) {
+            static float in[12000], out[80], lsep[160];
+            ck_assert_status(clattn_forward(ctx, &one, in, in, in, out, lsep),
+                             CLATTN_ERROR_TOO_LARGE_FOR_DEVICE);
+        }
         clattn_context_destroy(ctx);
     }
 }

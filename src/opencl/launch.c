@@ -170,7 +170,10 @@ clattn_status clattn_ocl_check_loop_cap(const struct clattn_cl_state *cl, clattn
                           : op == CLATTN_OP_GRAD_V                         ? queries
                           : keys > queries                                 ? keys
                                                                            : queries;
-    const uint64_t loops = 4u * (rows + 64u) * s->head_dim;
+    /* Each row costs a few loop steps whatever head_dim: counted as at
+     * least 2 columns (at head_dim 1, llvmpipe cut calls from about 10,800
+     * rows that 1 would let through). */
+    const uint64_t loops = 4u * (rows + 64u) * (s->head_dim < 2 ? 2u : s->head_dim);
     if (loops <= cl->loop_cap)
         return CLATTN_OK;
     return clattn_fail(CLATTN_ERROR_TOO_LARGE_FOR_DEVICE,
