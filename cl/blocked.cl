@@ -336,9 +336,12 @@ inline float16 modify16(float16 x, uint16 pos, uint16 t, uint head, long delta, 
 {
     *dz = (float16)1.0f;
 #if MODS & MOD_SOFTCAP
-    const float16 e = exp2(-fabs(x) * (TWO_LOG2E / softcap));
-    const float16 a = (1.0f - e) / (1.0f + e);
-    const float16 th = select(a, -a, x < 0.0f); /* softcap_tanh(), 16 lanes */
+    const float16 y = x * (1.0f / softcap), e = exp2(-fabs(y) * TWO_LOG2E);
+    const float16 a = (1.0f - e) / (1.0f + e), y2 = y * y;
+    const float16 series = y * (1.0f + y2 * (-1.0f / 3.0f + y2 * (2.0f / 15.0f + y2 *
+                                              (-17.0f / 315.0f + y2 * (62.0f / 2835.0f)))));
+    /* softcap_tanh(), 16 lanes */
+    const float16 th = select(select(a, -a, x < 0.0f), series, fabs(y) < TANH_SERIES_BELOW);
     x = softcap * th;
     *dz = 1.0f - th * th;
 #endif

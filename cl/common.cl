@@ -68,19 +68,32 @@ inline ushort bf16_rte(float x)
         uint drop_k1, uint drop_thr, float drop_gain
 #define MOD_PASS softcap, slopes, kv_pos0, seq0, drop_k0, drop_k1, drop_thr, drop_gain
 
-/* tanh(x / cap) as native takes it: sign(x) (1 - e) / (1 + e) from e =
- * 2^(-|x| k), k = TWO_LOG2E / cap; one exp2 and one division in place of
- * tanh's longer sequence, an absolute error of a few float32 ulps of 1.
- * NaN stays NaN, and +-inf gives +-1. tanh_of_e takes e made by the
- * caller's exp2 (mma's ex2.approx). */
+/* tanh(y) as native takes it. Where |y| < 1/4, its odd series to y^9
+ * (relative error below float32's own rounding there), so that a large cap
+ * tends to no cap: 1 - e would leave only an absolute error of a few ulps
+ * of 1, a relative one that grows as y shrinks. Else sign(y) (1 - e) /
+ * (1 + e) from e = 2^(-2 |y| log2 e): one exp2 and one division in place
+ * of tanh's longer sequence. NaN stays NaN, and +-inf gives +-1.
+ * tanh_of_e takes e made by the caller's exp2 (mma's ex2.approx). */
 #define TWO_LOG2E (2.0f * 1.44269504088896341f)
+#define TANH_SERIES_BELOW 0.25f
+inline float tanh_series(float y)
+{
+    const float y2 = y * y;
+    return y * (1.0f + y2 * (-1.0f / 3.0f +
+                             y2 * (2.0f / 15.0f + y2 * (-17.0f / 315.0f + y2 * (62.0f / 2835.0f)))));
+}
+
 inline float tanh_of_e(float x, float e)
 {
     const float a = (1.0f - e) / (1.0f + e);
     return x < 0.0f ? -a : a;
 }
 
-inline float softcap_tanh(float x, float k) { return tanh_of_e(x, exp2(-fabs(x) * k)); }
+inline float softcap_tanh(float y)
+{
+    return fabs(y) < TANH_SERIES_BELOW ? tanh_series(y) : tanh_of_e(y, exp2(-fabs(y) * TWO_LOG2E));
+}
 
 /* The modified score of the scaled score x of query row pos and key t of
  * query head `head`: softcap, then ALiBi over |P - T| = |pos + delta - t|;
@@ -90,7 +103,7 @@ inline float modify(float x, uint pos, uint t, uint head, long delta, float soft
 {
     float g = 1.0f;
 #if MODS & MOD_SOFTCAP
-    const float th = softcap_tanh(x, TWO_LOG2E / softcap);
+    const float th = softcap_tanh(x * (1.0f / softcap));
     x = softcap * th;
     g = 1.0f - th * th;
 #endif

@@ -45,9 +45,14 @@ inline float modify_one(float x, float mul, float slope_u, float dist, float *dz
     float th;
     __asm__("tanh.approx.f32 %0, %1;" : "=f"(th) : "f"(x * mul));
 #elif DTYPE != 0
-    const float th = 1.0f - 2.0f * native_recip(1.0f + native_exp2(x * mul));
-#else /* as native: sign(x) (1 - e) / (1 + e), e = 2^(-|x| mul) */
-    const float th = tanh_of_e(x, exp2_ftz(-fabs(x) * mul));
+    const float y = x * mul * (1.0f / TWO_LOG2E);
+    const float th = fabs(y) < TANH_SERIES_BELOW
+                         ? tanh_series(y)
+                         : 1.0f - 2.0f * native_recip(1.0f + native_exp2(x * mul));
+#else /* as native: the series, else sign(x) (1 - e) / (1 + e), e = 2^(-|x| mul) */
+    const float y = x * mul * (1.0f / TWO_LOG2E);
+    const float th = fabs(y) < TANH_SERIES_BELOW ? tanh_series(y)
+                                                  : tanh_of_e(x, exp2_ftz(-fabs(x) * mul));
 #endif
     x = th;
     g = 1.0f - th * th;

@@ -140,16 +140,22 @@ static const float lane_float[KEY_BLOCK] = {
     0,  1,  2,  3,  4,  5,  6,  7,  8,  9,  10, 11, 12, 13, 14, 15,
     16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31};
 
-/* tanh(x / cap), lane by lane, k = 2 log2(e) / cap: sign(x) (1 - e) /
- * (1 + e) with e = exp(-2 |x| / cap) from exp2v, one division; an
- * absolute error of a few float32 ulps of 1, as the scores' own rounding
- * at the cap's size. NaN stays NaN. */
-INLINE hvec tanh_v(hvec x, float k)
+/* tanh(x / cap), lane by lane, k = 2 log2(e) / cap, inv = 1 / cap, as
+ * cl/common.cl's softcap_tanh(): where |x / cap| < 1/4 its odd series to
+ * the ninth power, accurate relative to x / cap, so that a large cap tends
+ * to no cap; else sign(x) (1 - e) / (1 + e) with e = exp(-2 |x| / cap)
+ * from exp2v, one division. NaN stays NaN. */
+INLINE hvec tanh_v(hvec x, float k, float inv)
 {
     const hivec neg = x < 0.0f;
     const hvec e = exp2v(HSELECT(neg, x, -x) * k);
     const hvec t = (1.0f - e) / (1.0f + e);
-    return HSELECT(neg, -t, t);
+    const hvec y = x * inv, y2 = y * y;
+    const hvec series =
+        y * (1.0f + y2 * (-1.0f / 3.0f +
+                          y2 * (2.0f / 15.0f + y2 * (-17.0f / 315.0f + y2 * (62.0f / 2835.0f)))));
+    const hivec small = HSELECT(neg, -y, y) < 0.25f;
+    return HSELECT(small, series, HSELECT(neg, -t, t));
 }
 
 /* native_modify() of HW scaled scores x whose |P - T| are dist, of one
@@ -158,7 +164,7 @@ INLINE hvec modify_v(const native_call *c, hvec x, hvec dist, float slope, hvec 
 {
     *dz = HSPLAT(1.0f);
     if (c->mods & CLATTN_MOD_SOFTCAP) {
-        const hvec th = tanh_v(x, c->cap_k);
+        const hvec th = tanh_v(x, c->cap_k, c->cap_inv);
         x = c->softcap * th;
         *dz = 1.0f - th * th;
     }

@@ -131,7 +131,8 @@ typedef struct native_call {
      * seq_base for dropout's b (the packed sequence's index). */
     unsigned mods;
     float softcap;
-    float cap_k; /* 2 log2(e) / softcap: tanh_v's exponent a score */
+    float cap_k;   /* 2 log2(e) / softcap: tanh_v's exponent a score */
+    float cap_inv; /* 1 / softcap: tanh_v's argument a score */
     const float *slopes;
     clattn_dropout drop;
     int64_t delta;
