@@ -122,6 +122,27 @@ START_TEST(caller_buffers)
     clattn_cl_tensor overlap = {buf, off[3]};
     ck_assert_status(clattn_grad_v_cl(ctx, &s, t[0], t[1], t[2], t[3], overlap, 0, NULL, NULL),
                      CLATTN_ERROR_INVALID_BUFFER);
+    /* Two sub-buffers of one parent that overlap: dV's over Q's bytes. */
+    cl_uint align_bits = 0;
+    ck_assert_int_eq(clGetDeviceInfo(dev, CL_DEVICE_MEM_BASE_ADDR_ALIGN, sizeof align_bits,
+                                     &align_bits, NULL),
+                     CL_SUCCESS);
+    const size_t align = align_bits / 8 ? align_bits / 8 : 4;
+    cl_mem parent = clCreateBuffer(cctx, CL_MEM_READ_WRITE, align + 2 * p.nq * 4, NULL, &err);
+    ck_assert_int_eq(err, CL_SUCCESS);
+    const cl_buffer_region first = {0, p.nq * 4}, second = {align, p.nkv * 4};
+    cl_mem q_part = clCreateSubBuffer(parent, 0, CL_BUFFER_CREATE_TYPE_REGION, &first, &err);
+    ck_assert_int_eq(err, CL_SUCCESS);
+    cl_mem dv_part = clCreateSubBuffer(parent, 0, CL_BUFFER_CREATE_TYPE_REGION, &second, &err);
+    ck_assert_int_eq(err, CL_SUCCESS);
+    const clattn_cl_tensor q_sub = {q_part, 0}, dv_sub = {dv_part, 0};
+    ck_assert(align < p.nq * 4); /* so that they overlap */
+    ck_assert_status(clattn_grad_v_cl(ctx, &s, t[0], q_sub, t[2], t[3], dv_sub, 0, NULL, NULL),
+                     CLATTN_ERROR_INVALID_BUFFER);
+    ck_assert_ptr_nonnull(strstr(clattn_last_error(), "dv overlaps q"));
+    clReleaseMemObject(dv_part);
+    clReleaseMemObject(q_part);
+    clReleaseMemObject(parent);
     cl_context other = clCreateContext(NULL, 1, &dev, NULL, NULL, &err);
     cl_mem foreign = clCreateBuffer(other, CL_MEM_READ_WRITE, total * 4, NULL, &err);
     clattn_cl_tensor far = {foreign, 0};
@@ -295,6 +316,16 @@ START_TEST(merge_non_finite)
     }
     ck_assert(isnan(o[0]) && isnan(o[1]) && isnan(o[2]) && isnan(o[4]) && isnan(l[1]));
     ck_assert(isnan(o[6]) && isnan(o[7]) && isnan(l[7]));
+    /* Merged in place is fine; O over an input's LSE is refused (before,
+     * clattn_merge_cl checked no overlap at all). */
+    const clattn_cl_tensor o_on_lse = {buf[1], 0};
+    ck_assert_status(clattn_merge_cl(ctx, &s, t[0], t[1], t[2], t[3], o_on_lse, t[3], 0, NULL,
+                                     NULL),
+                     CLATTN_ERROR_INVALID_BUFFER);
+    ck_assert_ptr_nonnull(strstr(clattn_last_error(), "o overlaps lse1"));
+    ck_assert_status(clattn_merge_cl(ctx, &s, t[0], t[1], t[2], t[3], t[2], t[3], 0, NULL, NULL),
+                     CLATTN_OK);
+    clFinish(queue);
     for (int i = 0; i < 4; ++i)
         clReleaseMemObject(buf[i]);
     clattn_context_destroy(ctx);

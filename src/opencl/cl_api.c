@@ -31,6 +31,34 @@ static clattn_status check_tensor(const struct clattn_cl_state *cl, clattn_cl_te
     return CLATTN_OK;
 }
 
+/* Where tensor t's bytes lie: its buffer's root (the parent of a
+ * sub-buffer; OpenCL 1.2 nests them one deep) and the byte range in it. */
+typedef struct byte_span {
+    cl_mem root;
+    size_t lo, hi;
+} byte_span;
+
+static clattn_status span_of(clattn_cl_tensor t, size_t elems, size_t bytes, byte_span *out)
+{
+    cl_mem parent = NULL;
+    size_t origin = 0;
+    cl_int err = clGetMemObjectInfo(t.buffer, CL_MEM_ASSOCIATED_MEMOBJECT, sizeof parent,
+                                    &parent, NULL);
+    if (err == CL_SUCCESS && parent)
+        err = clGetMemObjectInfo(t.buffer, CL_MEM_OFFSET, sizeof origin, &origin, NULL);
+    if (err != CL_SUCCESS)
+        return clattn_ocl_fail(err, "clGetMemObjectInfo");
+    out->root = parent ? parent : t.buffer;
+    out->lo = origin + t.offset * bytes;
+    out->hi = out->lo + elems * bytes;
+    return CLATTN_OK;
+}
+
+static int spans_overlap(const byte_span *a, const byte_span *b)
+{
+    return a->root == b->root && a->lo < b->hi && b->lo < a->hi;
+}
+
 cl_context clattn_context_cl_context(const clattn_context *ctx)
 {
     return ctx && ctx->cl ? ctx->cl->context : NULL;
@@ -72,10 +100,23 @@ clattn_status clattn_merge_cl(clattn_context *ctx, const clattn_shape *shape, cl
     const clattn_cl_tensor t[6] = {o1, lse1, o2, lse2, o, lse};
     static const char *const names[6] = {"o1", "lse1", "o2", "lse2", "o", "lse"};
     const size_t ob = clattn_ocl_role_bytes(CLATTN_R_O, shape->dtype);
+    byte_span span[6];
     for (int i = 0; i < 6; ++i)
         if ((st = check_tensor(cl, t[i], i % 2 ? sz.lse : sz.q, i % 2 ? sizeof(float) : ob,
-                               names[i])) != CLATTN_OK)
+                               names[i])) != CLATTN_OK ||
+            (st = span_of(t[i], i % 2 ? sz.lse : sz.q, i % 2 ? sizeof(float) : ob, &span[i])) !=
+                CLATTN_OK)
             return st;
+    /* o may be exactly o1 or o2, and lse exactly lse1 or lse2 (merge__tree
+     * reads a row before it writes it); any other overlap is refused. */
+    for (int w = 4; w < 6; ++w)
+        for (int r = 0; r < 6; ++r) {
+            const int in_place = r < 4 && r % 2 == w % 2 && span[w].root == span[r].root &&
+                                 span[w].lo == span[r].lo && span[w].hi == span[r].hi;
+            if (r != w && !in_place && spans_overlap(&span[w], &span[r]))
+                return clattn_fail(CLATTN_ERROR_INVALID_BUFFER, "%s overlaps %s", names[w],
+                                   names[r]);
+        }
     pthread_mutex_lock(&ctx->lock);
     kernel_set *set = NULL;
     const clattn_dtype dtype = shape->dtype;
@@ -127,23 +168,23 @@ static clattn_status run_cl(clattn_context *ctx, clattn_op op, const clattn_shap
                                clattn_ocl_role_bytes(r, shape->dtype),
                                clattn_role_name((clattn_role)r))) != CLATTN_OK)
             return st;
-    /* An output may overlap no other tensor of the call. */
+    /* An output may overlap no other tensor of the call, in bytes (the LSE
+     * pairs' elements are wider than 16-bit tensors') of the buffers'
+     * roots, so that two sub-buffers of one parent are seen too. */
+    byte_span span[CLATTN_R_COUNT];
+    for (int r = 0; r < CLATTN_R_COUNT; ++r)
+        if (((reads | writes) & CLATTN_BIT(r)) &&
+            (st = span_of(t[r], clattn_role_elems(&sz, (clattn_role)r),
+                          clattn_ocl_role_bytes(r, shape->dtype), &span[r])) != CLATTN_OK)
+            return st;
     for (int w = 0; w < CLATTN_R_COUNT; ++w) {
         if (!(writes & CLATTN_BIT(w)))
             continue;
-        /* In bytes: the LSE pairs' elements are wider than 16-bit tensors'. */
-        const size_t wb = clattn_ocl_role_bytes(w, shape->dtype), w0 = t[w].offset * wb;
-        const size_t w1 = w0 + clattn_role_elems(&sz, (clattn_role)w) * wb;
-        for (int r = 0; r < CLATTN_R_COUNT; ++r) {
-            if (r == w || !((reads | writes) & CLATTN_BIT(r)) || t[r].buffer != t[w].buffer)
-                continue;
-            const size_t rb = clattn_ocl_role_bytes(r, shape->dtype), r0 = t[r].offset * rb;
-            const size_t r1 = r0 + clattn_role_elems(&sz, (clattn_role)r) * rb;
-            if (r0 < w1 && w0 < r1)
+        for (int r = 0; r < CLATTN_R_COUNT; ++r)
+            if (r != w && ((reads | writes) & CLATTN_BIT(r)) && spans_overlap(&span[w], &span[r]))
                 return clattn_fail(CLATTN_ERROR_INVALID_BUFFER, "%s overlaps %s",
                                    clattn_role_name((clattn_role)w),
                                    clattn_role_name((clattn_role)r));
-        }
     }
     if ((st = clattn_ocl_check_alloc(ctx->cl, &sz, shape->dtype)) != CLATTN_OK)
         return st;
