@@ -78,10 +78,10 @@ def variants(backend):
         i += 1
 
 
-_CAUSAL = {False: 0, None: 0, 0: 0, True: _lib.CAUSAL_TOP_LEFT, 1: _lib.CAUSAL_TOP_LEFT,
-           "top-left": _lib.CAUSAL_TOP_LEFT, "top_left": _lib.CAUSAL_TOP_LEFT,
-           2: _lib.CAUSAL_BOTTOM_RIGHT, "bottom-right": _lib.CAUSAL_BOTTOM_RIGHT,
-           "bottom_right": _lib.CAUSAL_BOTTOM_RIGHT}
+# False and True are also the keys 0 and 1 (the C values), as Python hashes them.
+_CAUSAL = {False: 0, None: 0, True: _lib.CAUSAL_TOP_LEFT, "top-left": _lib.CAUSAL_TOP_LEFT,
+           "top_left": _lib.CAUSAL_TOP_LEFT, 2: _lib.CAUSAL_BOTTOM_RIGHT,
+           "bottom-right": _lib.CAUSAL_BOTTOM_RIGHT, "bottom_right": _lib.CAUSAL_BOTTOM_RIGHT}
 
 
 def _causal(value):

@@ -14,12 +14,10 @@ Each figure is the median of --reps timed runs after a warm-up.
 import argparse
 import ctypes
 import json
-import math
 import platform
 import statistics
 import time
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 

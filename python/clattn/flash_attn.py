@@ -61,6 +61,20 @@ def _alibi(where, alibi_slopes, batch, heads):
     return alibi_slopes.detach()
 
 
+def _options(where, dropout_p, softmax_scale, causal, window_size, max_q, max_k,
+             alibi_slopes, batch, heads, head_dim):
+    """The arguments both entry points share, checked and in clattn's terms:
+    (dropout_p, scale, causal, window, window_right, slopes, rng)."""
+    p = check_dropout(where, dropout_p)
+    scale = check_scale(where, softmax_scale, head_dim, "softmax_scale")
+    cmode, window, right = _mask(where, causal, window_size, max_q, max_k)
+    slopes = _alibi(where, alibi_slopes, batch, heads)
+    if slopes is not None and slopes.dim() == 2 and p > 0:
+        raise NotImplementedError(f"{where}: dropout_p > 0 with alibi_slopes of shape "
+                                  "(batch, heads): clattn's dropout mask needs the batch index")
+    return p, scale, cmode, window, right, slopes, new_rng(p)
+
+
 def _lse_out(lse):
     """clattn's (m, l) pairs as FlashAttention's softmax_lse, m + l: +inf on
     rows that see no key."""
@@ -151,14 +165,8 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
                               f"{tuple(q.shape)}, {tuple(k.shape)}")
     if Hk == 0 or H % Hk:
         raise InvalidArgument(f"{where}: heads ({H}) must be a multiple of heads_k ({Hk})")
-    p = check_dropout(where, dropout_p)
-    scale = check_scale(where, softmax_scale, D, "softmax_scale")
-    cmode, window, right = _mask(where, causal, window_size, sq, sk)
-    slopes = _alibi(where, alibi_slopes, B, H)
-    if slopes is not None and slopes.dim() == 2 and p > 0:
-        raise NotImplementedError(f"{where}: dropout_p > 0 with alibi_slopes of shape "
-                                  "(batch, heads): clattn's dropout mask needs the batch index")
-    rng = new_rng(p)
+    p, scale, cmode, window, right, slopes, rng = _options(
+        where, dropout_p, softmax_scale, causal, window_size, sq, sk, alibi_slopes, B, H, D)
     out, lse = attention(q, k, v, causal=cmode, align_bottom_right=True, window=window,
                          window_right=right, scale=scale, softcap=float(softcap),
                          alibi_slopes=slopes, dropout_p=p, rng=rng)
@@ -202,15 +210,9 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
         raise InvalidArgument(f"{where}: k must share q's head_dim, and heads ({H}) must be "
                               f"a multiple of heads_k ({Hk})")
     B = cu_seqlens_q.numel() - 1
-    p = check_dropout(where, dropout_p)
-    scale = check_scale(where, softmax_scale, D, "softmax_scale")
-    cmode, window, right = _mask(where, causal, window_size, int(max_seqlen_q),
-                                 int(max_seqlen_k))
-    slopes = _alibi(where, alibi_slopes, B, H)
-    if slopes is not None and slopes.dim() == 2 and p > 0:
-        raise NotImplementedError(f"{where}: dropout_p > 0 with alibi_slopes of shape "
-                                  "(batch, heads): clattn's dropout mask needs the batch index")
-    rng = new_rng(p)
+    p, scale, cmode, window, right, slopes, rng = _options(
+        where, dropout_p, softmax_scale, causal, window_size, int(max_seqlen_q),
+        int(max_seqlen_k), alibi_slopes, B, H, D)
     out, lse = attention(q, k, v, causal=cmode, align_bottom_right=True, window=window,
                          window_right=right, scale=scale, softcap=float(softcap),
                          alibi_slopes=slopes, dropout_p=p, rng=rng,

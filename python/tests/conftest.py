@@ -69,3 +69,26 @@ def rel_err(got, ref):
 # 16-bit output is rounded once (u = 2^-11, 2^-8) from float32 sums of
 # 16-bit inputs. Any indexing or masking error is off by a whole term.
 TOL = {"f32": 2e-5, "f16": 4e-3, "bf16": 3e-2}
+
+
+def in_threads(fn, threads=4, each=4):
+    """fn() called `each` times on each of `threads` threads at once: the
+    list of its results; an exception in any thread fails the test."""
+    import threading
+    results, errors = [], []
+
+    def work():
+        try:
+            for _ in range(each):
+                results.append(fn())
+        except Exception as e:  # reported below
+            errors.append(e)
+
+    pool = [threading.Thread(target=work) for _ in range(threads)]
+    for t in pool:
+        t.start()
+    for t in pool:
+        t.join()
+    assert not errors, errors
+    assert len(results) == threads * each
+    return results

@@ -67,8 +67,7 @@ def batched(q, k, v, d_out=None, *, cu_q=None, cu_k=None, keeps=None, alibi_rows
     if packed:
         bounds = [(cu_q[i], cu_q[i + 1], cu_k[i], cu_k[i + 1]) for i in range(len(cu_q) - 1)]
     else:
-        B, Sq = q.shape[:2]
-        Sk = k.shape[1]
+        B = q.shape[0]
         bounds = [(b, b + 1, b, b + 1) for b in range(B)]
     outs = [np.zeros(np.shape(q)), np.full(np.shape(q)[:-1] + (2,), -1e30),
             np.zeros(np.shape(q)), np.zeros(np.shape(k)), np.zeros(np.shape(k))]

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import clattn
-from conftest import TOL, backend_context, rel_err
+from conftest import TOL, backend_context, in_threads, rel_err
 from reference import batched, bf16_bits, bf16_value
 
 rng = np.random.default_rng(1234)
@@ -277,23 +277,11 @@ def test_threads_share_a_context_and_match_one_thread():
     q, k, v, d_out = tensors(2, 64, 64, 4, 2, 32)
     want_o, want_lse = ctx.forward(q, k, v, causal=True)
     want_g = ctx.backward(q, k, v, want_o, want_lse, d_out, causal=True)
-    results, errors = [], []
+    def once():
+        o, lse = ctx.forward(q, k, v, causal=True)
+        return (o, lse) + tuple(ctx.backward(q, k, v, o, lse, d_out, causal=True))
 
-    def work():
-        try:
-            for _ in range(5):
-                o, lse = ctx.forward(q, k, v, causal=True)
-                g = ctx.backward(q, k, v, o, lse, d_out, causal=True)
-                results.append((o, lse) + tuple(g))
-        except Exception as e:  # reported below
-            errors.append(e)
-
-    threads = [threading.Thread(target=work) for _ in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert not errors and len(results) == 20
+    results = in_threads(once, threads=4, each=5)
     for r in results:
         for got, want in zip(r, (want_o, want_lse) + tuple(want_g)):
             assert np.array_equal(got, want)

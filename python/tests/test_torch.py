@@ -2,12 +2,11 @@
 float64 references, on native and PoCL; the custom ops under opcheck and
 torch.compile; bad input."""
 import math
-import threading
 
 import numpy as np
 import pytest
 
-from conftest import TOL, backend_context, backends, rel_err, require_torch
+from conftest import TOL, backend_context, backends, in_threads, rel_err, require_torch
 
 require_torch()
 import torch  # noqa: E402
@@ -378,21 +377,7 @@ def test_threads_calling_one_context_match_one_thread():
         return (out.detach(),) + grads(out, (q, k, v), d_out)
 
     want = once()
-    results, errors = [], []
-
-    def work():
-        try:
-            for _ in range(4):
-                results.append(once())
-        except Exception as e:  # reported below
-            errors.append(e)
-
-    threads = [threading.Thread(target=work) for _ in range(4)]
-    for th in threads:
-        th.start()
-    for th in threads:
-        th.join()
-    assert not errors and len(results) == 16
+    results = in_threads(once, threads=4, each=4)
     for r in results:
         assert all(torch.equal(a, b) for a, b in zip(r, want))
 
