@@ -314,9 +314,8 @@ static clattn_status check_aliasing(clattn_op op, const clattn_shape *s, const c
     for (int r = 0; r < CLATTN_R_COUNT; ++r) {
         if (!(used & CLATTN_BIT(r)))
             continue;
-        const size_t elem = r == CLATTN_R_LSE || s->dtype == CLATTN_DTYPE_F32 ? 4 : 2;
         lo[r] = (uintptr_t)t[r];
-        hi[r] = lo[r] + clattn_role_elems(sz, (clattn_role)r) * elem;
+        hi[r] = lo[r] + clattn_role_elems(sz, (clattn_role)r) * clattn_role_bytes(r, s->dtype);
     }
     for (int w = 0; w < CLATTN_R_COUNT; ++w) {
         if (!(clattn_op_writes[op] & CLATTN_BIT(w)))

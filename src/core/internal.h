@@ -95,6 +95,8 @@ clattn_status clattn_call_begin(const clattn_context *ctx, const clattn_shape *s
 const char *clattn_role_name(clattn_role r);
 /* Elements of the tensor of a role. */
 size_t clattn_role_elems(const clattn_sizes *sz, clattn_role r);
+/* Bytes of one element of role r: the LSE pairs are float, the rest dtype's. */
+size_t clattn_role_bytes(int r, clattn_dtype dtype);
 
 /* Elements of role r's tensor before sequence i's rows, for packed s. */
 size_t clattn_sequence_offset(const clattn_shape *s, int r, uint32_t i);

@@ -34,6 +34,11 @@ const char *clattn_role_name(clattn_role r)
     return (unsigned)r < CLATTN_R_COUNT ? names[r] : "?";
 }
 
+size_t clattn_role_bytes(int r, clattn_dtype dtype)
+{
+    return r == CLATTN_R_LSE || dtype == CLATTN_DTYPE_F32 ? sizeof(float) : 2u;
+}
+
 size_t clattn_role_elems(const clattn_sizes *sz, clattn_role r)
 {
     switch (r) {

@@ -6,16 +6,36 @@
 #include "opencl.h"
 
 /* Checks that a caller's tensor lies inside its buffer, of ctx's context. */
+/* Where a tensor's bytes lie: its buffer's root (the parent of a
+ * sub-buffer; OpenCL 1.2 nests them one deep) and the byte range in it. */
+typedef struct byte_span {
+    cl_mem root;
+    size_t lo, hi;
+} byte_span;
+
+static int spans_overlap(const byte_span *a, const byte_span *b)
+{
+    return a->root == b->root && a->lo < b->hi && b->lo < a->hi;
+}
+
+/* Checks the caller's tensor t (elems elements of `bytes` each) against its
+ * buffer and the context, and places it in *span. */
 static clattn_status check_tensor(const struct clattn_cl_state *cl, clattn_cl_tensor t,
-                                  size_t elems, size_t bytes, const char *name)
+                                  size_t elems, size_t bytes, const char *name, byte_span *span)
 {
     if (!t.buffer)
         return clattn_fail(CLATTN_ERROR_NULL_POINTER, "%s buffer is NULL", name);
-    size_t size = 0;
+    size_t size = 0, origin = 0;
     cl_context owner = NULL;
+    cl_mem parent = NULL;
     cl_int err = clGetMemObjectInfo(t.buffer, CL_MEM_SIZE, sizeof size, &size, NULL);
     if (err == CL_SUCCESS)
         err = clGetMemObjectInfo(t.buffer, CL_MEM_CONTEXT, sizeof owner, &owner, NULL);
+    if (err == CL_SUCCESS)
+        err = clGetMemObjectInfo(t.buffer, CL_MEM_ASSOCIATED_MEMOBJECT, sizeof parent, &parent,
+                                 NULL);
+    if (err == CL_SUCCESS && parent)
+        err = clGetMemObjectInfo(t.buffer, CL_MEM_OFFSET, sizeof origin, &origin, NULL);
     if (err != CL_SUCCESS)
         return clattn_fail(CLATTN_ERROR_INVALID_BUFFER, "%s is not a valid cl_mem: %s (%d)", name,
                            clattn_ocl_error_name(err), err);
@@ -28,35 +48,10 @@ static clattn_status check_tensor(const struct clattn_cl_state *cl, clattn_cl_te
                            "%s needs %zu elements of %zu bytes from offset %zu, the buffer "
                            "holds %zu",
                            name, elems, bytes, t.offset, cap);
+    span->root = parent ? parent : t.buffer;
+    span->lo = origin + t.offset * bytes;
+    span->hi = span->lo + elems * bytes;
     return CLATTN_OK;
-}
-
-/* Where tensor t's bytes lie: its buffer's root (the parent of a
- * sub-buffer; OpenCL 1.2 nests them one deep) and the byte range in it. */
-typedef struct byte_span {
-    cl_mem root;
-    size_t lo, hi;
-} byte_span;
-
-static clattn_status span_of(clattn_cl_tensor t, size_t elems, size_t bytes, byte_span *out)
-{
-    cl_mem parent = NULL;
-    size_t origin = 0;
-    cl_int err = clGetMemObjectInfo(t.buffer, CL_MEM_ASSOCIATED_MEMOBJECT, sizeof parent,
-                                    &parent, NULL);
-    if (err == CL_SUCCESS && parent)
-        err = clGetMemObjectInfo(t.buffer, CL_MEM_OFFSET, sizeof origin, &origin, NULL);
-    if (err != CL_SUCCESS)
-        return clattn_ocl_fail(err, "clGetMemObjectInfo");
-    out->root = parent ? parent : t.buffer;
-    out->lo = origin + t.offset * bytes;
-    out->hi = out->lo + elems * bytes;
-    return CLATTN_OK;
-}
-
-static int spans_overlap(const byte_span *a, const byte_span *b)
-{
-    return a->root == b->root && a->lo < b->hi && b->lo < a->hi;
 }
 
 cl_context clattn_context_cl_context(const clattn_context *ctx)
@@ -103,9 +98,7 @@ clattn_status clattn_merge_cl(clattn_context *ctx, const clattn_shape *shape, cl
     byte_span span[6];
     for (int i = 0; i < 6; ++i)
         if ((st = check_tensor(cl, t[i], i % 2 ? sz.lse : sz.q, i % 2 ? sizeof(float) : ob,
-                               names[i])) != CLATTN_OK ||
-            (st = span_of(t[i], i % 2 ? sz.lse : sz.q, i % 2 ? sizeof(float) : ob, &span[i])) !=
-                CLATTN_OK)
+                               names[i], &span[i])) != CLATTN_OK)
             return st;
     /* o may be exactly o1 or o2, and lse exactly lse1 or lse2 (merge__tree
      * reads a row before it writes it); any other overlap is refused. */
@@ -162,21 +155,16 @@ static clattn_status run_cl(clattn_context *ctx, clattn_op op, const clattn_shap
     if (st != CLATTN_OK)
         return st;
     const unsigned reads = clattn_op_reads[op], writes = clattn_op_writes[op];
+    byte_span span[CLATTN_R_COUNT];
     for (int r = 0; r < CLATTN_R_COUNT; ++r)
         if (((reads | writes) & CLATTN_BIT(r)) &&
             (st = check_tensor(ctx->cl, t[r], clattn_role_elems(&sz, (clattn_role)r),
                                clattn_ocl_role_bytes(r, shape->dtype),
-                               clattn_role_name((clattn_role)r))) != CLATTN_OK)
+                               clattn_role_name((clattn_role)r), &span[r])) != CLATTN_OK)
             return st;
     /* An output may overlap no other tensor of the call, in bytes (the LSE
      * pairs' elements are wider than 16-bit tensors') of the buffers'
      * roots, so that two sub-buffers of one parent are seen too. */
-    byte_span span[CLATTN_R_COUNT];
-    for (int r = 0; r < CLATTN_R_COUNT; ++r)
-        if (((reads | writes) & CLATTN_BIT(r)) &&
-            (st = span_of(t[r], clattn_role_elems(&sz, (clattn_role)r),
-                          clattn_ocl_role_bytes(r, shape->dtype), &span[r])) != CLATTN_OK)
-            return st;
     for (int w = 0; w < CLATTN_R_COUNT; ++w) {
         if (!(writes & CLATTN_BIT(w)))
             continue;

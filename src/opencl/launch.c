@@ -40,7 +40,7 @@ static size_t mma_rows(const struct clattn_cl_state *cl, uint32_t head_dim, clat
 
 size_t clattn_ocl_role_bytes(int r, clattn_dtype dtype)
 {
-    return r == CLATTN_R_LSE || r == R_DSUM || dtype == CLATTN_DTYPE_F32 ? sizeof(float) : 2u;
+    return r == R_DSUM ? sizeof(float) : clattn_role_bytes(r, dtype);
 }
 
 /* Makes sure the scratch buffer of a role holds bytes (contents are lost). */
