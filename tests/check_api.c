@@ -423,6 +423,24 @@ START_TEST(selector_matches_nothing)
 }
 END_TEST
 
+/* Each of values in the environment variable `name` makes context creation
+ * with o fail with CLATTN_ERROR_INVALID_OPTION, no context, and a message
+ * naming the variable. */
+static void refuses_each(const clattn_options *o, const char *name, const char *const *values,
+                         size_t n)
+{
+    char said[64];
+    snprintf(said, sizeof said, "%s=", name);
+    for (size_t i = 0; i < n; ++i) {
+        setenv(name, values[i], 1);
+        clattn_context *ctx = NULL;
+        ck_assert_status(clattn_context_create(o, &ctx), CLATTN_ERROR_INVALID_OPTION);
+        ck_assert_ptr_null(ctx);
+        ck_assert_msg(strstr(clattn_last_error(), said) != NULL, "%s='%s': %s", name, values[i],
+                      clattn_last_error());
+    }
+}
+
 START_TEST(environment_selects)
 {
     setenv("CLATTN_DEVICE", "native", 1);
@@ -454,13 +472,8 @@ START_TEST(environment_selects)
     static const char *const bad_threads[] = {"abc", "-3", "0", "3x", "99999999999999999999"};
     o = clattn_options_default();
     o.device = "native";
-    for (size_t i = 0; i < sizeof bad_threads / sizeof bad_threads[0]; ++i) {
-        setenv("CLATTN_NUM_THREADS", bad_threads[i], 1);
-        ctx = NULL;
-        ck_assert_status(clattn_context_create(&o, &ctx), CLATTN_ERROR_INVALID_OPTION);
-        ck_assert_ptr_null(ctx);
-        ck_assert_ptr_nonnull(strstr(clattn_last_error(), "CLATTN_NUM_THREADS="));
-    }
+    refuses_each(&o, "CLATTN_NUM_THREADS", bad_threads,
+                 sizeof bad_threads / sizeof bad_threads[0]);
     setenv("CLATTN_NUM_THREADS", "3", 1);
     o.num_threads = -2;
     ck_assert_status(clattn_context_create(&o, &ctx), CLATTN_ERROR_INVALID_OPTION);
@@ -480,13 +493,7 @@ START_TEST(environment_selects)
     unsetenv("CLATTN_NATIVE_LEVEL");
     /* CLATTN_NATIVE_PARTS=QUERY,KEY: two counts, 0 to 4095 */
     static const char *const bad_parts[] = {"4", "4,", ",4", "4,5,", "-1,2", "4096,1", "a,b"};
-    for (size_t i = 0; i < sizeof bad_parts / sizeof bad_parts[0]; ++i) {
-        setenv("CLATTN_NATIVE_PARTS", bad_parts[i], 1);
-        ctx = NULL;
-        ck_assert_status(clattn_context_create(&o, &ctx), CLATTN_ERROR_INVALID_OPTION);
-        ck_assert_ptr_null(ctx);
-        ck_assert_ptr_nonnull(strstr(clattn_last_error(), "CLATTN_NATIVE_PARTS="));
-    }
+    refuses_each(&o, "CLATTN_NATIVE_PARTS", bad_parts, sizeof bad_parts / sizeof bad_parts[0]);
     setenv("CLATTN_NATIVE_PARTS", "0,4095", 1);
     ctx = native_context(1);
     clattn_context_destroy(ctx);
