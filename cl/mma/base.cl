@@ -61,7 +61,7 @@
  * Dsum and every sum are float32, as for float32 tensors.
  *
  * HEAD_DIM, WARPS, WSPLIT, MMA_TILE, PLANES and DTYPE are compile-time
- * defines, chosen per head_dim by src/opencl/tuning.c; with the defaults
+ * defines, chosen per head_dim by src/opencl/variants/mma.c; with the defaults
  * the program compiles after cl/common.cl, the prelude every program starts
  * with.
  *
@@ -75,7 +75,7 @@
  * Columns are padded with zeros to a multiple of KSTEP * WSPLIT.
  * Launch: global (blocks * LANES, heads, batch), local (LANES, 1, 1),
  * blocks = ceil(rows / WG_ROWS); `tiles` is a __local buffer of
- * TILES_AT floats plus the kernel's tiles (src/opencl/tuning.c's
+ * TILES_AT floats plus the kernel's tiles (src/opencl/variants/mma.c's
  * clattn_ocl_mma_local_floats mirrors this).
  */
 #ifndef HEAD_DIM

@@ -1,7 +1,7 @@
 /*
  * The `tiled` variant: local-memory tiles and registers only, on any
  * OpenCL device. Two layouts, chosen per head_dim by the host
- * (src/opencl/tuning.c) through PER_ITEM:
+ * (src/opencl/variants/tiled.c) through PER_ITEM:
  *
  *  - rows.cl (PER_ITEM 0): a row per work-item. A row's vectors sit in its
  *    work-items' registers (split by columns past what fits); the other

@@ -97,7 +97,6 @@ static clattn_status parse_selector(const char *sel, plan *p, clattn_cl_pick *pi
     return CLATTN_OK;
 }
 
-/* Every line of variants.inc names a variant; a name may repeat. */
 clattn_status clattn_context_create(const clattn_options *opts, clattn_context **ctx)
 {
     clattn_clear_error();

@@ -1,11 +1,11 @@
-/* The variants each backend offers, from variants.inc, in the order
- * clattn_variant_name() lists them. */
+/* The variants each backend offers, from the registry (variants.inc), in
+ * the order clattn_variant_name() lists them. */
 #include <string.h>
 
 #include "internal.h"
 
 static const char *const cl_variant_lines[] = {
-#define CLATTN_CL_VARIANT(op, vname, kernel, source) vname,
+#define CLATTN_CL_VARIANT(name) #name,
 #include "variants.inc"
 #undef CLATTN_CL_VARIANT
 };
@@ -22,13 +22,9 @@ const char *clattn_variant_name(clattn_backend backend, size_t index)
     const char *first = backend == CLATTN_BACKEND_OPENCL_CPU ? "blocked" : cl_variant_lines[0];
     if (index == 0)
         return first;
-    for (size_t i = 0; i < CL_VARIANT_LINES; ++i) {
-        int seen = !strcmp(cl_variant_lines[i], first);
-        for (size_t j = 0; j < i && !seen; ++j)
-            seen = !strcmp(cl_variant_lines[i], cl_variant_lines[j]);
-        if (!seen && --index == 0)
+    for (size_t i = 0; i < CL_VARIANT_LINES; ++i)
+        if (strcmp(cl_variant_lines[i], first) && --index == 0)
             return cl_variant_lines[i];
-    }
     return NULL;
 }
 

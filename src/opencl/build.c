@@ -7,39 +7,18 @@
 #include <string.h>
 
 #include "clattn_kernels.h"
-#include "opencl.h"
 #include "program_cache.h"
 #include "sm90a.h"
+#include "variant.h"
 
 /* Kernels need -cl-std=CL1.2: NVIDIA reports OpenCL 3.0 but compiles C 1.2
  * only. No fast-math: masks and empty rows rely on huge negatives. */
 static const char build_options[] = "-cl-std=CL1.2";
 
-typedef struct cl_variant {
-    int kernel;
-    const char *name;
-    const char *function;
-    const char *source;
-} cl_variant;
-
-static const cl_variant variants[] = {
-#define CLATTN_CL_VARIANT(kernel, name, function, source) {K_##kernel, name, function, source},
-#include "variants.inc"
-#undef CLATTN_CL_VARIANT
-};
-enum { VARIANT_COUNT = sizeof variants / sizeof variants[0] };
-
-static const cl_variant *find_variant(int kernel, const char *name)
-{
-    for (int i = 0; i < VARIANT_COUNT; ++i)
-        if (variants[i].kernel == kernel && !strcmp(name, variants[i].name))
-            return &variants[i];
-    return NULL;
-}
-
 /* Loads src from the program cache, or compiles and stores it. */
-static clattn_status compile(struct clattn_cl_state *cl, const cl_variant *v, const char *src,
-                             const char *options, cl_program *out)
+static clattn_status compile(struct clattn_cl_state *cl, const clattn_ocl_variant *v,
+                             const char *function, const char *src, const char *options,
+                             cl_program *out)
 {
     cl_int err;
     if ((*out = clattn_cache_load(cl->context, cl->device, src, options)) != NULL) {
@@ -61,7 +40,7 @@ static clattn_status compile(struct clattn_cl_state *cl, const cl_variant *v, co
     }
     clattn_status st =
         clattn_fail(CLATTN_ERROR_BUILD_FAILED,
-                    "building %s of variant '%s' (%s) failed: %s (%d); build log:", v->function,
+                    "building %s of variant '%s' (%s) failed: %s (%d); build log:", function,
                     v->name, options, clattn_ocl_error_name(err), err);
     size_t len = 0;
     clGetProgramBuildInfo(*out, cl->device, CL_PROGRAM_BUILD_LOG, 0, NULL, &len);
@@ -117,8 +96,8 @@ static clattn_status retarget_sm90a(struct clattn_cl_state *cl, cl_program *prog
     return st;
 }
 
-static clattn_status build_program(struct clattn_cl_state *cl, const cl_variant *v,
-                                   const char *defines, cl_program *out)
+static clattn_status build_program(struct clattn_cl_state *cl, const clattn_ocl_variant *v,
+                                   const char *function, const char *defines, cl_program *out)
 {
     /* CLATTN_CL_OPTIONS adds the caller's own compiler options. */
     const char *extra = getenv("CLATTN_CL_OPTIONS");
@@ -132,9 +111,9 @@ static clattn_status build_program(struct clattn_cl_state *cl, const cl_variant 
         return clattn_fail(CLATTN_ERROR_OUT_OF_MEMORY, "out of host memory");
     memcpy(src, clattn_cl_common, prelude);
     memcpy(src + prelude, v->source, body + 1);
-    clattn_status st = compile(cl, v, src, options, out);
+    clattn_status st = compile(cl, v, function, src, options, out);
     free(src);
-    if (st == CLATTN_OK && strstr(options, "-DWGMMA=1") && !cl->mma_emulate &&
+    if (st == CLATTN_OK && strstr(options, "-DWGMMA=1") && !cl->mma.emulate &&
         (st = retarget_sm90a(cl, out)) != CLATTN_OK) {
         clReleaseProgram(*out);
         *out = NULL;
@@ -142,118 +121,65 @@ static clattn_status build_program(struct clattn_cl_state *cl, const cl_variant 
     return st;
 }
 
-/* Whether blocked.cl's products may keep 16 vectors of 16 floats: the
- * device says its vectors are 16 floats, or (PoCL runs on this CPU) this
- * CPU has AVX-512, whatever width LLVM prefers to report for it. */
-static int wide_vectors(const struct clattn_cl_state *cl)
+/* The options kernel k of a family is built with for a head_dim (0: any):
+ * what every program takes, and the family's defines. */
+static const char *kernel_options(const struct clattn_cl_state *cl,
+                                  const clattn_ocl_variant *family, uint32_t head_dim,
+                                  clattn_dtype dtype, unsigned mods, int k, size_t limit, char *buf,
+                                  size_t size)
 {
-#if defined(__x86_64__) && defined(__GNUC__)
-    if (__builtin_cpu_supports("avx512f"))
-        return 1;
-#endif
-    return cl->float_width >= 16;
-}
-
-/* The defines kernel k of a kind is built with for a head_dim (0: any). */
-static const char *kernel_options(const struct clattn_cl_state *cl, int kind, uint32_t head_dim,
-                                  clattn_dtype dtype, unsigned mods, int k, size_t limit,
-                                  char *buf, size_t size)
-{
-    /* tiled's forward and backward may differ; other kinds take the
-     * forward's defines, so that their kernels share a program */
-    const tile_config t =
-        clattn_ocl_tile_config(cl, head_dim, dtype, limit, kind == KIND_TILED ? k : K_FORWARD);
-    /* tree.cl: the elements of a row each work-item holds */
-    const uint32_t largest = head_dim ? head_dim : CLATTN_MAX_HEAD_DIM;
-    const size_t tree_wg = clattn_ocl_tree_work_group(largest, limit);
-    const int len = snprintf(buf, size,
-                             "%s -DHEAD_DIM=%u -DROWS=%u -DTILE=%u -DSPLIT=%u -DDSPLIT=%u "
-                             "-DPER_ITEM=%u -DDTYPE=%d -DLANE_ELEMS=%u",
-                             build_options, head_dim ? head_dim : 1u, t.rows, t.tile, t.split,
-                             clattn_ocl_tile_dsplit(&t, head_dim), t.per_item, (int)dtype,
-                             (unsigned)((largest + tree_wg - 1) / tree_wg));
-    /* blocked.cl's products hold 16 vectors of 16 floats: as 32 registers
-     * of 8 floats they spill, so such devices (AVX2) get four of them
-     * (NARROW). */
-    int at = len;
-    if (kind == KIND_BLOCKED && !wide_vectors(cl) && at > 0 && (size_t)at < size)
-        at += snprintf(buf + at, size - (size_t)at, " -DNARROW=1");
-    if (mods && at > 0 && (size_t)at < size) /* none: the options, and cache keys, of old */
-        at += snprintf(buf + at, size - (size_t)at, " -DMODS=%u", mods);
-    if (t.one_kv && at > 0 && (size_t)at < size)
-        snprintf(buf + at, size - (size_t)at, " -DONE_KV=1");
-    const size_t used = strlen(buf);
-    if (kind == KIND_MMA && used + 1 < size) {
-        const mma_config *c = clattn_ocl_mma_config(cl, head_dim, dtype, k);
-        snprintf(
-            buf + used, size - used, " -DWARPS=%u -DWSPLIT=%u -DMMA_TILE=%u -DPLANES=%u%s%s",
-            c->warps, c->wsplit, c->tile, c->planes,
-            cl->mma_emulate     ? " -DMMA_EMULATE"
-            : cl->nv_major >= 9 ? " -DSM90"
-                                : "",
-            clattn_ocl_mma_wgmma(cl->wgmma, cl->nv_major, cl->mma_emulate, c, head_dim, dtype, k)
-                ? " -DWGMMA=1"
-                : "");
-    }
+    snprintf(buf, size, "%s -DHEAD_DIM=%u", build_options, head_dim ? head_dim : 1u);
+    family->defines(cl, head_dim, dtype, k, limit, buf, size);
+    clattn_ocl_append(buf, size, " -DDTYPE=%d", (int)dtype);
+    if (mods)
+        clattn_ocl_append(buf, size, " -DMODS=%u", mods);
     return buf;
 }
 
-/* Whether mma's single-pass backward serves a head_dim (its kinds are
- * known up to K_GRAD_KV): 16-bit tensors, a shape whose warps do not split
- * head_dim, and local memory for it on the device. */
-static int single_pass(const struct clattn_cl_state *cl, const kernel_set *set, uint32_t head_dim)
+/* Whether an optional kernel k is built into the set: the variant and the
+ * kernel's family agree. */
+static int builds(const struct clattn_cl_state *cl, const clattn_ocl_variant *variant,
+                  const kernel_set *set, uint32_t head_dim, int k)
 {
-    const mma_config *c = clattn_ocl_mma_config(cl, head_dim, set->dtype, K_GRAD_KVQ);
-    const uint32_t largest = head_dim ? head_dim : CLATTN_MAX_HEAD_DIM;
-    return set->kind[K_GRAD_KV] == KIND_MMA && set->dtype != CLATTN_DTYPE_F32 && c->warps &&
-           c->wsplit == 1 &&
-           clattn_ocl_mma_local_floats(c, largest, cl->mma_emulate, set->dtype, K_GRAD_KVQ) *
-                   sizeof(float) <=
-               cl->local_mem;
+    const clattn_ocl_variant *family = variant->kernels[k].family;
+    return (!variant->builds || variant->builds(cl, set, head_dim, k)) &&
+           (!family->builds || family->builds(cl, set, head_dim, k));
 }
 
-/* One try at building a variant's kernels under set->limit. A tree or
- * tiled kernel that allows fewer work-items than its shape needs (the
- * compiler's registers can lower the device's limit) sets *lower to what
- * it allows, for a try with that limit. */
-static clattn_status build_set_once(struct clattn_cl_state *cl, const char *variant,
+/* One try at building a variant's kernels under set->limit. A kernel of a
+ * family that fits its shapes to the limit, allowing fewer work-items than
+ * its shape needs (the compiler's registers can lower the device's limit),
+ * sets *lower to what it allows, for a try with that limit. */
+static clattn_status build_set_once(struct clattn_cl_state *cl, const clattn_ocl_variant *variant,
                                     uint32_t head_dim, clattn_dtype dtype, unsigned mods,
                                     kernel_set *set, int strict_limits, size_t *lower)
 {
     set->dtype = dtype;
     set->mods = mods;
     for (int k = 0; k < K_COUNT; ++k) {
-        const cl_variant *v = find_variant(k, variant);
-        if (!v) {
+        const clattn_ocl_kernel *v = &variant->kernels[k];
+        if (!v->function) {
             if (k == K_GRAD_KV || k == K_GRAD_KVQ || k == K_FINISH_DQ || k == K_GRAD_KVS ||
                 k == K_GRAD_QS)
-                continue; /* the backward runs GRAD_K and GRAD_V, or two passes, instead */
-            return clattn_fail(CLATTN_ERROR_UNKNOWN_VARIANT, "no OpenCL variant '%s'", variant);
+                continue; /* the backward runs GRAD_K and GRAD_V, or two passes, instead
+                           */
+            return clattn_fail(CLATTN_ERROR_UNKNOWN_VARIANT, "variant '%s' has no kernel %d",
+                               variant->name, k);
         }
-        if ((k == K_GRAD_KVQ || k == K_FINISH_DQ) && !single_pass(cl, set, head_dim))
+        if ((k == K_GRAD_KV || k == K_GRAD_KVQ || k == K_FINISH_DQ || k == K_GRAD_KVS ||
+             k == K_GRAD_QS) &&
+            !builds(cl, variant, set, head_dim, k))
             continue;
-        if ((k == K_GRAD_KVS || k == K_GRAD_QS) && !strcmp(variant, "mma") &&
-            dtype != CLATTN_DTYPE_F32)
-            continue; /* mma's 16-bit backward keeps its own grad-Q */
-        if ((k == K_GRAD_KVS || k == K_GRAD_QS) && v->source == clattn_cl_tiled &&
-            !clattn_ocl_tile_config(cl, head_dim, dtype, set->limit, k).per_item)
-            continue; /* tiled's rows layout writes no dS */
-        set->kind[k] = v->source == clattn_cl_tiled     ? KIND_TILED
-                       : v->source == clattn_cl_blocked ? KIND_BLOCKED
-                       : v->source == clattn_cl_mma     ? KIND_MMA
-                                                        : KIND_TREE;
-        if (set->kind[k] == KIND_MMA && dtype != CLATTN_DTYPE_F32 &&
-            clattn_ocl_mma_config(cl, head_dim, dtype, k)->tile % 16)
-            return clattn_fail(CLATTN_ERROR_INVALID_OPTION,
-                               "mma's 16-bit kernels want tiles of 16 rows or more (CLATTN_MMA, "
-                               "CLATTN_MMA_GRAD_Q, CLATTN_MMA_SINGLE)");
+        const clattn_ocl_variant *family = v->family;
+        set->family[k] = family;
+        clattn_status st = family->check ? family->check(cl, head_dim, dtype, k) : CLATTN_OK;
+        if (st != CLATTN_OK)
+            return st;
         char options[384], other[384];
-        kernel_options(cl, set->kind[k], head_dim, dtype, mods, k, set->limit, options,
-                       sizeof options);
+        kernel_options(cl, family, head_dim, dtype, mods, k, set->limit, options, sizeof options);
         for (int j = 0; j < k && !set->program[k]; ++j) {
-            const cl_variant *w = set->program[j] ? find_variant(j, variant) : NULL;
-            if (w && w->source == v->source &&
-                !strcmp(options, kernel_options(cl, set->kind[j], head_dim, dtype, mods, j,
+            if (set->program[j] && set->family[j]->source == family->source &&
+                !strcmp(options, kernel_options(cl, set->family[j], head_dim, dtype, mods, j,
                                                 set->limit, other, sizeof other))) {
                 /* shared only once retained: releasing the set releases it twice */
                 const cl_int err = clRetainProgram(set->program[j]);
@@ -262,8 +188,8 @@ static clattn_status build_set_once(struct clattn_cl_state *cl, const char *vari
                 set->program[k] = set->program[j];
             }
         }
-        clattn_status st = CLATTN_OK;
-        if (!set->program[k] && (st = build_program(cl, v, options, &set->program[k])) != CLATTN_OK)
+        if (!set->program[k] &&
+            (st = build_program(cl, family, v->function, options, &set->program[k])) != CLATTN_OK)
             return st;
         cl_int err;
         set->function[k] = v->function;
@@ -280,12 +206,11 @@ static clattn_status build_set_once(struct clattn_cl_state *cl, const char *vari
         const uint32_t largest = head_dim ? head_dim : CLATTN_MAX_HEAD_DIM;
         const size_t wg = clattn_ocl_work_group(cl, set, k, largest);
         const size_t local = clattn_ocl_local_bytes(cl, set, k, largest);
-        const int fits = set->kind[k] == KIND_TREE || set->kind[k] == KIND_TILED;
-        if (fits && set->max_wg[k] < wg && set->max_wg[k] >= 1) {
+        if (family->fits_limit && set->max_wg[k] < wg && set->max_wg[k] >= 1) {
             *lower = set->max_wg[k];
             return CLATTN_ERROR_WORK_GROUP_TOO_LARGE;
         }
-        if ((strict_limits || set->kind[k] != KIND_TREE) &&
+        if ((strict_limits || !family->lenient_limits) &&
             (set->max_wg[k] < wg || cl->local_mem < set->local_mem[k] + local))
             return clattn_fail(CLATTN_ERROR_WORK_GROUP_TOO_LARGE,
                                "%s needs work-groups of %zu and %zu bytes of local memory; "
@@ -296,7 +221,7 @@ static clattn_status build_set_once(struct clattn_cl_state *cl, const char *vari
     return CLATTN_OK;
 }
 
-clattn_status clattn_ocl_build_set(struct clattn_cl_state *cl, const char *variant,
+clattn_status clattn_ocl_build_set(struct clattn_cl_state *cl, const clattn_ocl_variant *variant,
                                    uint32_t head_dim, clattn_dtype dtype, unsigned mods,
                                    kernel_set *set, int strict_limits)
 {
@@ -311,7 +236,7 @@ clattn_status clattn_ocl_build_set(struct clattn_cl_state *cl, const char *varia
             return st;
         clattn_log_append(cl->owner, "%s kernels at head_dim %u: a kernel allows work-groups "
                           "of %zu, not %zu; building them again for that",
-                          variant, head_dim, lower, limit);
+                          variant->name, head_dim, lower, limit);
         clattn_ocl_release_set(set);
         limit = lower;
     }
@@ -332,7 +257,8 @@ clattn_status clattn_ocl_generic_kernels(struct clattn_cl_state *cl, clattn_dtyp
 {
     kernel_set *set = &cl->generic[mods][dtype];
     if (!cl->generic_built[mods][dtype]) {
-        clattn_status st = clattn_ocl_build_set(cl, "tree", 0, dtype, mods, set, 0);
+        clattn_status st =
+            clattn_ocl_build_set(cl, clattn_ocl_generic_variant(), 0, dtype, mods, set, 0);
         if (st != CLATTN_OK) {
             clattn_ocl_release_set(set);
             memset(set, 0, sizeof *set);
@@ -347,11 +273,11 @@ clattn_status clattn_ocl_generic_kernels(struct clattn_cl_state *cl, clattn_dtyp
 clattn_status clattn_ocl_kernels_for(struct clattn_cl_state *cl, uint32_t head_dim,
                                      clattn_dtype dtype, unsigned mods, kernel_set **out)
 {
-    const char *variant = cl->special_variant;
+    const clattn_ocl_variant *variant = cl->variant;
     if (!variant)
         return clattn_ocl_generic_kernels(cl, dtype, mods, out);
-    if (!strcmp(variant, "mma") && dtype != CLATTN_DTYPE_F32 && head_dim % 8)
-        variant = "tiled";
+    if (variant->serving)
+        variant = variant->serving(head_dim, dtype);
     if (!cl->special[mods][dtype][head_dim]) {
         kernel_set *set = calloc(1, sizeof *set);
         if (!set)

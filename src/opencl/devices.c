@@ -5,7 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "opencl.h"
+#include "variant.h"
 
 /* One OpenCL device as enumerated: platforms in order, then their devices. */
 typedef struct cl_entry {
@@ -146,39 +146,6 @@ clattn_status clattn_list_devices(clattn_device_info *devices, size_t capacity, 
     return CLATTN_OK;
 }
 
-/* NVIDIA's cl_nv_device_attribute_query. */
-#define CLATTN_DEVICE_COMPUTE_CAPABILITY_MAJOR_NV 0x4000
-
-/* The compute capability's major number of an NVIDIA GPU, 0 for any other
- * device: cl/mma's tensor-core PTX wants 8 (Ampere) or later, its vector
- * atomic adds 9 (Hopper). */
-static int nv_major(cl_device_id device)
-{
-    size_t len = 0;
-    if (clGetDeviceInfo(device, CL_DEVICE_EXTENSIONS, 0, NULL, &len) != CL_SUCCESS || !len)
-        return 0;
-    char *ext = malloc(len + 1);
-    cl_uint major = 0;
-    if (ext && clGetDeviceInfo(device, CL_DEVICE_EXTENSIONS, len, ext, NULL) == CL_SUCCESS) {
-        ext[len] = '\0';
-        if (!strstr(ext, "cl_nv_device_attribute_query") ||
-            clGetDeviceInfo(device, CLATTN_DEVICE_COMPUTE_CAPABILITY_MAJOR_NV, sizeof major, &major,
-                            NULL) != CL_SUCCESS ||
-            major > 1000)
-            major = 0;
-    }
-    free(ext);
-    return (int)major;
-}
-
-/* CLATTN_MMA_EMULATE=1: cl/mma's instructions emulated in local memory, so
- * that its kernels run (slowly) on any device; for tests. */
-static int mma_emulated(void)
-{
-    const char *env = getenv("CLATTN_MMA_EMULATE");
-    return env && !strcmp(env, "1");
-}
-
 static void release_state(struct clattn_cl_state *cl)
 {
     if (!cl)
@@ -263,8 +230,9 @@ static clattn_status test_limits(struct clattn_cl_state *cl)
 static const clattn_backend_ops opencl_ops = {clattn_ocl_run, opencl_destroy, 1, NULL};
 
 /* Makes ctx an OpenCL context on device with a named variant. */
-static clattn_status init_variant(clattn_context *ctx, const char *variant, cl_context context,
-                                  cl_device_id device, cl_command_queue queue, int strict_limits)
+static clattn_status init_variant(clattn_context *ctx, const clattn_ocl_variant *variant,
+                                  cl_context context, cl_device_id device, cl_command_queue queue,
+                                  int strict_limits)
 {
     struct clattn_cl_state *cl = calloc(1, sizeof *cl);
     if (!cl)
@@ -317,25 +285,13 @@ static clattn_status init_variant(clattn_context *ctx, const char *variant, cl_c
     if ((st = work_group_limit(device, &cl->max_wg)) != CLATTN_OK ||
         (st = test_limits(cl)) != CLATTN_OK)
         goto fail;
-    /* Each device type's default is the first variant listed for it that
-     * the device can run. */
-    cl->nv_major = nv_major(device);
-    /* wgmma by default on compute capability 9; CLATTN_MMA_WGMMA=0 keeps
-     * mma.sync there, =1 asks for it where mma runs emulated too. */
-    const char *wgmma = getenv("CLATTN_MMA_WGMMA");
-    cl->wgmma = wgmma ? !strcmp(wgmma, "1") : cl->nv_major >= 9;
-    const int can_mma = cl->nv_major >= 8 || mma_emulated();
-    cl->mma_emulate = mma_emulated();
-    if (!strcmp(variant, "mma") && !can_mma) {
-        st = clattn_fail(CLATTN_ERROR_UNKNOWN_VARIANT,
-                         "variant 'mma' needs an NVIDIA GPU of compute capability 8.0 or "
-                         "later (tensor-core PTX); this device is not one");
+    if (variant->runs_on && !variant->runs_on(device)) {
+        st = clattn_fail(CLATTN_ERROR_UNKNOWN_VARIANT, "%s", variant->why_not);
         goto fail;
     }
-    /* tiled's shapes follow how the device runs a work-group's items: PoCL
-     * runs them as a loop (the table's CPU entry); GPUs, and CPU drivers that
-     * map work-items to SIMD lanes (Mesa's llvmpipe), run them side by side
-     * with registers of their own (the GPU entry). */
+    /* Some shapes follow how the device runs a work-group's items: PoCL runs
+     * them as a loop; GPUs, and CPU drivers that map work-items to SIMD
+     * lanes (Mesa's llvmpipe), side by side with registers of their own. */
     char platform_name[128];
     cl_platform_id platform = NULL;
     clGetDeviceInfo(device, CL_DEVICE_PLATFORM, sizeof platform, &platform, NULL);
@@ -343,8 +299,7 @@ static clattn_status init_variant(clattn_context *ctx, const char *variant, cl_c
                  sizeof platform_name);
     const int items_loop =
         (type & CL_DEVICE_TYPE_CPU) && strstr(platform_name, "Portable Computing Language");
-    if ((st = clattn_ocl_tuning_init(cl, items_loop ? CL_DEVICE_TYPE_CPU : CL_DEVICE_TYPE_GPU)) !=
-        CLATTN_OK)
+    if ((st = clattn_ocl_tuning_init(cl, device, items_loop)) != CLATTN_OK)
         goto fail;
     /* `clattn tune`'s winners for this device, keyed as docs/tuning.md says. */
     char driver[128], key[400];
@@ -353,20 +308,17 @@ static clattn_status init_variant(clattn_context *ctx, const char *variant, cl_c
     clattn_ocl_tuning_file(cl, ctx, key);
     /* Each program is built once per context, when first needed, except
      * one now, so that a device that cannot compile the variant is never
-     * chosen: tree's (any head_dim) for tree, or the tiled or blocked ones
-     * for head_dim 64. */
-    cl->special_variant = !strcmp(variant, "tiled")     ? "tiled"
-                          : !strcmp(variant, "blocked") ? "blocked"
-                          : !strcmp(variant, "mma")     ? "mma"
-                                                        : NULL;
-    if (!cl->special_variant) {
+     * chosen: the generic set (any head_dim) for the generic variant, or the
+     * variant's for head_dim 64. */
+    cl->variant = variant->per_head_dim ? variant : NULL;
+    if (!cl->variant) {
         if ((st = clattn_ocl_build_set(cl, variant, 0, CLATTN_DTYPE_F32, 0, &cl->generic[0][0],
                                        strict_limits)) != CLATTN_OK)
             goto fail;
         cl->generic_built[0][0] = 1;
     }
     kernel_set *probe = NULL;
-    if (cl->special_variant &&
+    if (cl->variant &&
         (st = clattn_ocl_kernels_for(cl, 64, CLATTN_DTYPE_F32, 0, &probe)) != CLATTN_OK)
         goto fail;
 
@@ -374,7 +326,7 @@ static clattn_status init_variant(clattn_context *ctx, const char *variant, cl_c
         (type & CL_DEVICE_TYPE_CPU) ? CLATTN_BACKEND_OPENCL_CPU : CLATTN_BACKEND_OPENCL_GPU;
     snprintf(ctx->device, sizeof ctx->device, "%s: %s / %s", clattn_backend_name(ctx->backend),
              platform_name, name);
-    snprintf(ctx->variant, sizeof ctx->variant, "%s", variant);
+    snprintf(ctx->variant, sizeof ctx->variant, "%s", variant->name);
     ctx->ops = &opencl_ops;
     ctx->cl = cl;
     return CLATTN_OK;
@@ -387,8 +339,12 @@ clattn_status clattn_ocl_init_on_device(clattn_context *ctx, const char *variant
                                         cl_context context, cl_device_id device,
                                         cl_command_queue queue, int strict_limits)
 {
-    if (variant)
-        return init_variant(ctx, variant, context, device, queue, strict_limits);
+    if (variant) {
+        const clattn_ocl_variant *v = clattn_ocl_find_variant(variant);
+        if (!v)
+            return clattn_fail(CLATTN_ERROR_UNKNOWN_VARIANT, "no OpenCL variant '%s'", variant);
+        return init_variant(ctx, v, context, device, queue, strict_limits);
+    }
     /* The device's default: the first variant listed for its type that it
      * builds and runs; each one refused is noted in the log. */
     cl_device_type type = 0;
@@ -397,12 +353,12 @@ clattn_status clattn_ocl_init_on_device(clattn_context *ctx, const char *variant
         return clattn_ocl_fail(err, "clGetDeviceInfo");
     const clattn_backend kind =
         (type & CL_DEVICE_TYPE_CPU) ? CLATTN_BACKEND_OPENCL_CPU : CLATTN_BACKEND_OPENCL_GPU;
-    const int can_mma = nv_major(device) >= 8 || mma_emulated();
     clattn_status st = CLATTN_ERROR_UNKNOWN_VARIANT;
     for (size_t i = 0; (variant = clattn_variant_name(kind, i)) != NULL; ++i) {
-        if (!can_mma && !strcmp(variant, "mma"))
+        const clattn_ocl_variant *v = clattn_ocl_find_variant(variant);
+        if (!v || (v->runs_on && !v->runs_on(device)))
             continue;
-        st = init_variant(ctx, variant, context, device, queue, strict_limits);
+        st = init_variant(ctx, v, context, device, queue, strict_limits);
         if (st == CLATTN_OK || st == CLATTN_ERROR_OUT_OF_MEMORY)
             break;
         clattn_log_append(ctx, "auto: variant %s skipped: %s: %s", variant,

@@ -1,6 +1,6 @@
 /* What each kernel slot takes: its tensors in argument order, whether its
  * rows are queries or keys, and tree's local floats per lane. Read by the
- * launches (launch.c) and the sizing (tuning.c). */
+ * launches (launch.c) and tree's sizing (variants/tree.c). */
 #include "opencl.h"
 
 const kernel_desc clattn_ocl_kernel_descs[K_COUNT] = {

@@ -4,8 +4,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "opencl.h"
 #include "philox.h"
+#include "variant.h"
 
 /* A launch over a part of the heads and batch elements (the dS scratch's
  * chunks): KV heads [kv_head0, + kv_heads) of batch elements [b0, + nb). */
@@ -29,14 +29,6 @@ static const int backward_single[5] = {K_DSUM, K_GRAD_KVQ, K_FINISH_DQ, -1};
 /* Where the dS scratch serves (ds_chunk: tiled's micro-tiles, mma's
  * float32): dQ from the key side's dS, GRAD_KVS and GRAD_QS by chunks. */
 static const int backward_ds[5] = {K_DSUM, K_GRAD_KVS, K_GRAD_QS, -1};
-
-/* Rows of a work-group of cl/mma: 16 for each group of wsplit warps. */
-static size_t mma_rows(const struct clattn_cl_state *cl, uint32_t head_dim, clattn_dtype dtype,
-                       int k)
-{
-    const mma_config *c = clattn_ocl_mma_config(cl, head_dim, dtype, k);
-    return 16u * c->warps / c->wsplit;
-}
 
 size_t clattn_ocl_role_bytes(int r, clattn_dtype dtype)
 {
@@ -130,13 +122,7 @@ static clattn_status enqueue_kernel(struct clattn_cl_state *cl, cl_command_queue
         return clattn_fail(CLATTN_ERROR_OPENCL, "clSetKernelArg failed for kernel %d", k);
     const size_t rows = kd->key_rows ? s->kv_seq : s->q_seq;
     const size_t heads = kd->key_rows ? s->num_kv_heads : s->num_heads;
-    const size_t per_group = set->kind[k] == KIND_TILED
-                                 ? clattn_ocl_tile_config(cl, s->head_dim, set->dtype, set->limit, k).rows
-                             : set->kind[k] == KIND_BLOCKED ? BLOCKED_ROWS
-                             : set->kind[k] == KIND_MMA     ? mma_rows(cl, s->head_dim, s->dtype, k)
-                                                            : 1;
-    const size_t blocks = (rows + per_group - 1) / per_group;
-    const size_t groups = set->kind[k] == KIND_TILED && s->causal ? (blocks + 1) / 2 : blocks;
+    const size_t groups = set->family[k]->row_groups(cl, set, k, s, rows);
     size_t global[3] = {groups * wg, heads, s->batch}, offset[3] = {0, 0, 0};
     size_t lsize[3] = {wg, 1, 1};
     if (part) {
@@ -314,7 +300,8 @@ clattn_status clattn_ocl_enqueue_op(struct clattn_cl_state *cl, cl_command_queue
                                                                             : op_plans[op];
     cl_mem dsum = NULL, dq32 = NULL, slopes = NULL;
     cl_event zeroed = NULL;
-    if (s->alibi_slopes) { /* copied now: the caller's array is read during the call only */
+    if (s->alibi_slopes) { /* copied now: the caller's array is read during the
+                              call only */
         cl_int err;
         slopes = clCreateBuffer(cl->context, CL_MEM_READ_ONLY | CL_MEM_COPY_HOST_PTR,
                                 s->num_heads * sizeof(float), (void *)s->alibi_slopes, &err);
@@ -335,7 +322,8 @@ clattn_status clattn_ocl_enqueue_op(struct clattn_cl_state *cl, cl_command_queue
         t[R_DSUM].buffer = dsum;
         t[R_DSUM].offset = 0;
     }
-    if (single) { /* the float32 dQ, zeroed ahead of GRAD_KVQ; released as dsum is */
+    if (single) { /* the float32 dQ, zeroed ahead of GRAD_KVQ; released as dsum is
+                   */
         cl_int err;
         const cl_float zero = 0.0f;
         dq32 = clCreateBuffer(cl->context, CL_MEM_READ_WRITE, sz->q * sizeof(float), NULL, &err);

@@ -2,10 +2,11 @@
  * kernel shapes, a context's state, and the functions one file offers the
  * others.
  *   devices.c  enumerating and picking devices, making a context's state
- *   tuning.c   the shape tables per device class, their overrides, footprints
+ *   tuning.c   every variant's setup, the scratch bounds, the tuning file
  *   build.c    building a variant's programs (program cache, sm_90a route)
  *   launch.c   sizing and enqueueing kernels, the host-pointer calls
- *   cl_api.c   the public clattn_*_cl calls on the caller's cl_mem buffers */
+ *   cl_api.c   the public clattn_*_cl calls on the caller's cl_mem buffers
+ *   variants/  one file per variant (variant.h): its kernels, shapes, sizing */
 #ifndef CLATTN_OPENCL_H
 #define CLATTN_OPENCL_H
 
@@ -48,13 +49,6 @@ extern const kernel_desc clattn_ocl_kernel_descs[K_COUNT];
  * dS scratch between GRAD_KVS and GRAD_QS. */
 enum { R_DSUM = CLATTN_R_COUNT, R_DQ32, R_DS, R_ALL };
 
-/* How a kernel is launched: tree.cl's a work-group per row; cl/tiled's a
- * work-group per block of rows (per pair of blocks under a causal mask);
- * blocked.cl's a single work-item per block of BLOCKED_ROWS rows; cl/mma's
- * a work-group per 16 rows of each group of wsplit warps. */
-enum { KIND_TREE, KIND_TILED, KIND_BLOCKED, KIND_MMA };
-enum { BLOCKED_ROWS = 32 }; /* blocked.cl's KK keys and QB query rows */
-
 /* cl/tiled's shape: rows per work-group, keys (or queries) per local-memory
  * tile, work-items per row by the tile's rows, the most columns of head_dim
  * one work-item holds (the rows layout: more work-items share a row by
@@ -69,12 +63,7 @@ typedef struct tile_config {
  * (grad-Q and the key side share one program); TILED_EVERY in the tuning
  * file: both. */
 enum { TILED_FORWARD, TILED_BACKWARD, TILED_EVERY };
-typedef struct tile_class {
-    cl_device_type type;
-    uint32_t max_head_dim;
-    tile_config forward, backward;
-    const char *why;
-} tile_class;
+struct tile_class;
 
 /* cl/mma's shape: warps per work-group, warps that share 16 rows (each
  * with a part of head_dim), rows per local tile, and whether float32 tiles
@@ -85,7 +74,7 @@ typedef struct mma_config {
 /* A shape from the tuning file (`clattn tune`), for one variant, dtype and
  * head_dim on this device. */
 typedef struct tuned_entry {
-    int kind; /* KIND_TILED or KIND_MMA */
+    const struct clattn_ocl_variant *variant;
     int pass; /* tiled: TILED_FORWARD, TILED_BACKWARD or TILED_EVERY */
     clattn_dtype dtype;
     uint32_t head_dim;
@@ -95,12 +84,6 @@ typedef struct tuned_entry {
 enum { TUNED_MAX = 96, PACKED_LANES = 4 };
 #define DS_DEFAULT ((size_t)-1)
 
-typedef struct mma_class {
-    uint32_t max_head_dim;
-    mma_config forward, backward, grad_q; /* backward: dK and dV */
-    const char *why;
-} mma_class;
-
 /* The kernels of one variant, built for one head_dim (tiled, blocked) or
  * any (tree). */
 typedef struct kernel_set {
@@ -109,7 +92,7 @@ typedef struct kernel_set {
     const char *function[K_COUNT];
     size_t max_wg[K_COUNT];
     cl_ulong local_mem[K_COUNT];
-    int kind[K_COUNT];
+    const struct clattn_ocl_variant *family[K_COUNT]; /* whose source each kernel is */
     clattn_dtype dtype;
     unsigned mods; /* the score modifiers it was built with (MODS) */
     /* The most work-items a work-group of the set has: the device's limit,
@@ -125,26 +108,36 @@ struct clattn_cl_state {
     cl_command_queue queue;
     int own_context, own_queue;
     /* Per score modifiers (clattn_modifiers bits) and dtype: */
-    kernel_set generic[CLATTN_MODS][3]; /* tree's, any head_dim: with the context for tree,
-                                         * else lazily */
+    kernel_set generic[CLATTN_MODS][3]; /* tree's, any head_dim: with the context
+                                         * for tree, else lazily */
     int generic_built[CLATTN_MODS][3];
     /* Per head_dim, on first use; &generic where auto fell back on it. */
     kernel_set *special[CLATTN_MODS][3][CLATTN_MAX_HEAD_DIM + 1];
-    cl_kernel merge[3];          /* tree.cl's merge__tree, per dtype, on first use */
-    const char *special_variant; /* the variant built per head_dim, or NULL */
-    int mma_emulate;             /* build cl/mma with -DMMA_EMULATE */
-    int nv_major;                /* compute capability (NVIDIA), else 0: 9 builds with -DSM90 */
-    int wgmma;                   /* the 16-bit kernels on wgmma where it applies (mma_wgmma) */
-    int mma_tuned;               /* CLATTN_MMA set: mma_tune for every kernel */
-    mma_config mma_tune;
-    int grad_q_tuned; /* CLATTN_MMA_GRAD_Q set: grad_q_tune for grad-Q */
-    mma_config grad_q_tune;
-    int single_tuned; /* CLATTN_MMA_SINGLE set to a shape: the single pass, wherever it fits */
-    mma_config single_tune;
-    const tile_class *tiles; /* the device type's first class in the table */
-    /* CLATTN_TILED (every kernel) and CLATTN_TILED_BACKWARD (the backward's),
-     * checked, or ""; they beat the tuning file. */
-    char tiled_env[2][64];
+    cl_kernel merge[3]; /* tree.cl's merge__tree, per dtype, on first use */
+    /* The variant built per head_dim, or NULL where the generic set
+     * serves every call. */
+    const struct clattn_ocl_variant *variant;
+    /* What variants/mma.c reads from the device and the environment. */
+    struct {
+        int emulate;  /* build cl/mma with -DMMA_EMULATE */
+        int nv_major; /* compute capability (NVIDIA), else 0: 9 builds with -DSM90
+                       */
+        int wgmma;    /* the 16-bit kernels on wgmma where it applies */
+        int tuned;    /* CLATTN_MMA set: tune for every kernel */
+        mma_config tune;
+        int grad_q_tuned; /* CLATTN_MMA_GRAD_Q set: grad_q_tune for grad-Q */
+        mma_config grad_q_tune;
+        int single_tuned; /* CLATTN_MMA_SINGLE set to a shape: the single pass,
+                             wherever it fits */
+        mma_config single_tune;
+    } mma;
+    /* What variants/tiled.c reads from the device and the environment. */
+    struct {
+        const struct tile_class *classes; /* the device type's first class in the table */
+        /* CLATTN_TILED (every kernel) and CLATTN_TILED_BACKWARD (the
+         * backward's), checked, or ""; they beat the tuning file. */
+        char env[2][64];
+    } tiled;
     tuned_entry tuned[TUNED_MAX]; /* the tuning file's entries for this device */
     size_t ntuned;
     cl_ulong max_alloc;
@@ -183,55 +176,29 @@ clattn_status clattn_ocl_init_on_device(clattn_context *ctx, const char *variant
                                         cl_command_queue queue, int strict_limits);
 
 /* tuning.c */
-/* The device class's shapes into cl, then the CLATTN_TILED, CLATTN_MMA,
- * CLATTN_MMA_GRAD_Q and CLATTN_MMA_SINGLE overrides (a bad one is
+/* Every variant's setup (variant.h) with the device's facts, then the
+ * program cache's bound and CLATTN_DS_MAX_MB (a bad one is
  * CLATTN_ERROR_INVALID_OPTION). */
-clattn_status clattn_ocl_tuning_init(struct clattn_cl_state *cl, cl_device_type type);
+clattn_status clattn_ocl_tuning_init(struct clattn_cl_state *cl, cl_device_id device,
+                                     int items_loop);
 /* The tuning file's entries for the device whose key (docs/tuning.md) is
  * "PLATFORM / DEVICE / DRIVER", into cl->tuned, each line of what happened
  * in ctx's log. A missing file is no entry; a damaged or stale one is
  * ignored with a log line, never a failure. */
 void clattn_ocl_tuning_file(struct clattn_cl_state *cl, clattn_context *ctx, const char *key);
-/* The shape of tiled kernel k (any other k: the forward's) for a head_dim,
- * fitted to work-groups of at most `limit` work-items and to the device's
- * local memory. */
-tile_config clattn_ocl_tile_config(const struct clattn_cl_state *cl, uint32_t head_dim,
-                                   clattn_dtype dtype, size_t limit, int k);
-/* tree.cl's work-group for a head_dim: the next power of two, at most the
- * largest power of two within `limit`. */
-size_t clattn_ocl_tree_work_group(uint32_t head_dim, size_t limit);
-/* Work-items that share a row by columns under c (the rows layout). */
-unsigned clattn_ocl_tile_dsplit(const tile_config *c, uint32_t head_dim);
-/* Work-items of a tiled work-group under c. */
-size_t clattn_ocl_tile_items(const tile_config *c, uint32_t head_dim);
-/* tiled kernel k's local buffer under c, in floats (K_COUNT: the largest
- * of the backward's kernels, which share a shape). */
-size_t clattn_ocl_tiled_local_floats(const tile_config *c, uint32_t head_dim, int k);
-/* The shape of mma kernel k at a head_dim for a dtype. */
-const mma_config *clattn_ocl_mma_config(const struct clattn_cl_state *cl, uint32_t head_dim,
-                                        clattn_dtype dtype, int k);
-size_t clattn_ocl_mma_local_floats(const mma_config *c, uint32_t head_dim, int emulate,
-                                   clattn_dtype dtype, int k);
-int clattn_ocl_mma_wgmma(int asked, int nv_major, int emulate, const mma_config *c,
-                         uint32_t head_dim, clattn_dtype dtype, int k);
 
 /* build.c */
 void clattn_ocl_release_set(kernel_set *set);
-clattn_status clattn_ocl_build_set(struct clattn_cl_state *cl, const char *variant,
-                                   uint32_t head_dim, clattn_dtype dtype, unsigned mods,
-                                   kernel_set *set, int strict_limits);
+clattn_status clattn_ocl_build_set(struct clattn_cl_state *cl,
+                                   const struct clattn_ocl_variant *variant, uint32_t head_dim,
+                                   clattn_dtype dtype, unsigned mods, kernel_set *set,
+                                   int strict_limits);
 clattn_status clattn_ocl_generic_kernels(struct clattn_cl_state *cl, clattn_dtype dtype,
                                          unsigned mods, kernel_set **out);
 /* The kernels of the context's variant for a head_dim, dtype and set of
  * score modifiers, built on first use. */
 clattn_status clattn_ocl_kernels_for(struct clattn_cl_state *cl, uint32_t head_dim,
                                      clattn_dtype dtype, unsigned mods, kernel_set **out);
-
-/* Local memory (bytes) and work-group size of a kernel of the set. */
-size_t clattn_ocl_local_bytes(const struct clattn_cl_state *cl, const kernel_set *set, int k,
-                              uint32_t head_dim);
-size_t clattn_ocl_work_group(const struct clattn_cl_state *cl, const kernel_set *set, int k,
-                             uint32_t head_dim);
 
 /* launch.c */
 /* CLATTN_ERROR_TOO_LARGE_FOR_DEVICE where the driver's loop cap could cut
