@@ -51,6 +51,9 @@ static void slurp(const char *file, char *text, size_t size)
  * name whose renames tests/failrename (CLATTN_FAILRENAME) fails in it. */
 static rlim_t run_file_limit;
 static const char *run_fail_rename;
+/* The OpenCL call (NAME[:N]) that tests/faultcl (CLATTN_FAULTCL) fails in
+ * the next run's child. */
+static const char *run_fault;
 
 static int run(const char *arg0, ...)
 {
@@ -82,6 +85,10 @@ static int run(const char *arg0, ...)
         if (run_fail_rename) {
             setenv("LD_PRELOAD", getenv("CLATTN_FAILRENAME"), 1);
             setenv("FAILRENAME_TO", run_fail_rename, 1);
+        }
+        if (run_fault) {
+            setenv("LD_PRELOAD", getenv("CLATTN_FAULTCL"), 1);
+            setenv("FAULTCL_FAIL", run_fault, 1);
         }
         execv(cli, (char *const *)argv);
         _exit(127);
@@ -1123,6 +1130,18 @@ START_TEST(device_failure_exit_one)
         unsetenv("CLATTN_CL_OPTIONS");
         ck_assert(!exists("dv.npy"));
         ck_assert(strstr(err_text, "CLATTN_ERROR_BUILD_FAILED") != NULL);
+        /* A device allocation that fails (a small one: the device is out of
+         * memory, not the input too large) is exit 1 too. */
+        ck_assert_msg(getenv("CLATTN_FAULTCL") != NULL, "CLATTN_FAULTCL is not set");
+        run_fault = "clCreateBuffer";
+        const int rc = run("grad-v", "--q", path("q.npy"), "--k", path("k.npy"), "--d-out",
+                           path("do.npy"), "--lse", path("lse.npy"), "--out", path("dv.npy"),
+                           "--device", "cpu", NULL);
+        run_fault = NULL;
+        ck_assert_msg(rc == 1 && strstr(err_text, "CLATTN_ERROR_OPENCL") &&
+                          strstr(err_text, "clCreateBuffer"),
+                      "exit %d: %s", rc, err_text);
+        ck_assert(!exists("dv.npy"));
     }
     problem_free(&p);
     cleanup();

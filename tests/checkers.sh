@@ -15,6 +15,7 @@ build() {
 run() { # suite [backend]
   echo "== $mode: $*"
   CLATTN_CLI="$work/clattn" CLATTN_FAILRENAME="$work/tests/libfailrename.so" \
+    CLATTN_FAULTCL="$work/tests/libfaultcl.so" \
     "$work/tests/clattn_tests" --suite "$1" ${2:+--backend "$2"}
 }
 case $mode in

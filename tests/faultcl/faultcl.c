@@ -8,8 +8,29 @@
 #include <CL/cl.h>
 #include <dlfcn.h>
 #include <stddef.h>
+#include <stdlib.h>
+#include <string.h>
 
 static long calls, fault_at;
+/* FAULTCL_FAIL=NAME[:N] in the environment: fail the Nth call (default the
+ * first) of the function NAME, for a whole program run (the CLI's tests). */
+static const char *fail_name;
+static long fail_nth, named_calls;
+
+__attribute__((constructor)) static void faultcl_from_env(void)
+{
+    static char name[64];
+    const char *env = getenv("FAULTCL_FAIL");
+    if (!env || !*env)
+        return;
+    const size_t len = strcspn(env, ":");
+    if (len >= sizeof name)
+        return;
+    memcpy(name, env, len);
+    name[len] = '\0';
+    fail_name = name;
+    fail_nth = env[len] == ':' ? atol(env + len + 1) : 1;
+}
 
 /* Counts calls from 0 again and fails the nth (0: none). */
 void faultcl_arm(long n);
@@ -23,7 +44,12 @@ void faultcl_arm(long n)
 long faultcl_calls(void);
 long faultcl_calls(void) { return calls; }
 
-static int hit(void) { return ++calls == fault_at; }
+static int hit(const char *function)
+{
+    if (fail_name && !strcmp(function, fail_name) && ++named_calls == fail_nth)
+        return 1;
+    return ++calls == fault_at;
+}
 
 /* The real function, from the library after this one. */
 #define REAL(name)                                                              \
@@ -34,7 +60,7 @@ static int hit(void) { return ++calls == fault_at; }
 cl_mem clCreateBuffer(cl_context c, cl_mem_flags f, size_t size, void *host, cl_int *err)
 {
     REAL(clCreateBuffer);
-    if (hit()) {
+    if (hit(__func__)) {
         if (err)
             *err = CL_MEM_OBJECT_ALLOCATION_FAILURE;
         return NULL;
@@ -45,7 +71,7 @@ cl_mem clCreateBuffer(cl_context c, cl_mem_flags f, size_t size, void *host, cl_
 cl_kernel clCreateKernel(cl_program p, const char *name, cl_int *err)
 {
     REAL(clCreateKernel);
-    if (hit()) {
+    if (hit(__func__)) {
         if (err)
             *err = CL_OUT_OF_RESOURCES;
         return NULL;
@@ -58,7 +84,7 @@ cl_program clCreateProgramWithBinary(cl_context c, cl_uint n, const cl_device_id
                                      cl_int *status, cl_int *err)
 {
     REAL(clCreateProgramWithBinary);
-    if (hit()) {
+    if (hit(__func__)) {
         if (err)
             *err = CL_OUT_OF_HOST_MEMORY;
         return NULL;
@@ -70,7 +96,7 @@ cl_program clCreateProgramWithSource(cl_context c, cl_uint n, const char **src,
                                      const size_t *len, cl_int *err)
 {
     REAL(clCreateProgramWithSource);
-    if (hit()) {
+    if (hit(__func__)) {
         if (err)
             *err = CL_OUT_OF_HOST_MEMORY;
         return NULL;
@@ -82,20 +108,20 @@ cl_int clBuildProgram(cl_program p, cl_uint n, const cl_device_id *d, const char
                       void(CL_CALLBACK *notify)(cl_program, void *), void *data)
 {
     REAL(clBuildProgram);
-    return hit() ? CL_OUT_OF_RESOURCES : real(p, n, d, options, notify, data);
+    return hit(__func__) ? CL_OUT_OF_RESOURCES : real(p, n, d, options, notify, data);
 }
 
 cl_int clGetKernelWorkGroupInfo(cl_kernel k, cl_device_id d, cl_kernel_work_group_info what,
                                 size_t size, void *value, size_t *ret)
 {
     REAL(clGetKernelWorkGroupInfo);
-    return hit() ? CL_OUT_OF_RESOURCES : real(k, d, what, size, value, ret);
+    return hit(__func__) ? CL_OUT_OF_RESOURCES : real(k, d, what, size, value, ret);
 }
 
 cl_int clSetKernelArg(cl_kernel k, cl_uint i, size_t size, const void *value)
 {
     REAL(clSetKernelArg);
-    return hit() ? CL_OUT_OF_RESOURCES : real(k, i, size, value);
+    return hit(__func__) ? CL_OUT_OF_RESOURCES : real(k, i, size, value);
 }
 
 cl_int clEnqueueNDRangeKernel(cl_command_queue q, cl_kernel k, cl_uint dims, const size_t *off,
@@ -103,7 +129,7 @@ cl_int clEnqueueNDRangeKernel(cl_command_queue q, cl_kernel k, cl_uint dims, con
                               const cl_event *wait, cl_event *ev)
 {
     REAL(clEnqueueNDRangeKernel);
-    return hit() ? CL_OUT_OF_RESOURCES : real(q, k, dims, off, global, local, n, wait, ev);
+    return hit(__func__) ? CL_OUT_OF_RESOURCES : real(q, k, dims, off, global, local, n, wait, ev);
 }
 
 cl_int clEnqueueWriteBuffer(cl_command_queue q, cl_mem m, cl_bool block, size_t off,
@@ -111,14 +137,14 @@ cl_int clEnqueueWriteBuffer(cl_command_queue q, cl_mem m, cl_bool block, size_t 
                             cl_event *ev)
 {
     REAL(clEnqueueWriteBuffer);
-    return hit() ? CL_OUT_OF_RESOURCES : real(q, m, block, off, size, p, n, wait, ev);
+    return hit(__func__) ? CL_OUT_OF_RESOURCES : real(q, m, block, off, size, p, n, wait, ev);
 }
 
 cl_int clEnqueueReadBuffer(cl_command_queue q, cl_mem m, cl_bool block, size_t off, size_t size,
                            void *p, cl_uint n, const cl_event *wait, cl_event *ev)
 {
     REAL(clEnqueueReadBuffer);
-    return hit() ? CL_OUT_OF_RESOURCES : real(q, m, block, off, size, p, n, wait, ev);
+    return hit(__func__) ? CL_OUT_OF_RESOURCES : real(q, m, block, off, size, p, n, wait, ev);
 }
 
 cl_int clEnqueueFillBuffer(cl_command_queue q, cl_mem m, const void *pattern, size_t psize,
@@ -126,29 +152,29 @@ cl_int clEnqueueFillBuffer(cl_command_queue q, cl_mem m, const void *pattern, si
                            cl_event *ev)
 {
     REAL(clEnqueueFillBuffer);
-    return hit() ? CL_OUT_OF_RESOURCES : real(q, m, pattern, psize, off, size, n, wait, ev);
+    return hit(__func__) ? CL_OUT_OF_RESOURCES : real(q, m, pattern, psize, off, size, n, wait, ev);
 }
 
 cl_int clWaitForEvents(cl_uint n, const cl_event *evs)
 {
     REAL(clWaitForEvents);
-    return hit() ? CL_OUT_OF_RESOURCES : real(n, evs);
+    return hit(__func__) ? CL_OUT_OF_RESOURCES : real(n, evs);
 }
 
 cl_int clRetainProgram(cl_program p)
 {
     REAL(clRetainProgram);
-    return hit() ? CL_OUT_OF_RESOURCES : real(p);
+    return hit(__func__) ? CL_OUT_OF_RESOURCES : real(p);
 }
 
 cl_int clRetainEvent(cl_event e)
 {
     REAL(clRetainEvent);
-    return hit() ? CL_OUT_OF_RESOURCES : real(e);
+    return hit(__func__) ? CL_OUT_OF_RESOURCES : real(e);
 }
 
 cl_int clGetMemObjectInfo(cl_mem m, cl_mem_info what, size_t size, void *value, size_t *ret)
 {
     REAL(clGetMemObjectInfo);
-    return hit() ? CL_INVALID_MEM_OBJECT : real(m, what, size, value, ret);
+    return hit(__func__) ? CL_INVALID_MEM_OBJECT : real(m, what, size, value, ret);
 }
