@@ -72,8 +72,9 @@ typedef enum clattn_status {
     CLATTN_ERROR_INVALID_DTYPE = 20,     /* shape.dtype is not a clattn_dtype */
     CLATTN_ERROR_INVALID_SEQLENS = 21,   /* packed sequences' prefix sums not from 0, decreasing,
                                           * or past the rows given */
-    CLATTN_ERROR_INVALID_MODIFIER = 22   /* softcap negative or not finite, an ALiBi slope not
+    CLATTN_ERROR_INVALID_MODIFIER = 22,  /* softcap negative or not finite, an ALiBi slope not
                                           * finite, dropout_p outside [0, 1) */
+    CLATTN_ERROR_IO = 23                 /* a file could not be created, written or renamed */
 } clattn_status;
 
 #define CLATTN_MAX_HEAD_DIM 256
@@ -171,6 +172,10 @@ const char *clattn_context_variant(const clattn_context *ctx);
  * the first): where auto fell back for a head_dim, the kernels that really
  * ran. Owned by the context; valid until its next call. */
 const char *clattn_context_kernels(const clattn_context *ctx);
+/* The build options of the OpenCL programs those kernels came from, one per
+ * kernel in the same order, separated by "; ": the shapes they ran at once
+ * fitted to the device. "" on native and before the first op. */
+const char *clattn_context_build_options(const clattn_context *ctx);
 
 /* What creation tried before settling, one line per attempt ("" when the
  * first choice worked), with lines on the programs it built or loaded and

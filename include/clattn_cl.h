@@ -59,6 +59,37 @@ typedef struct clattn_cl_tensor {
 cl_context clattn_context_cl_context(const clattn_context *ctx);
 cl_command_queue clattn_context_cl_queue(const clattn_context *ctx);
 
+/* The tuning file (docs/tuning.md): kernel shapes kept per OpenCL device,
+ * one entry per variant ("tiled", "tiled-forward", "tiled-backward" or
+ * "mma"), dtype and head_dim, which every later context on the device
+ * reads; `clattn tune` writes it through these calls. */
+
+/* The file's path: CLATTN_TUNING_FILE, else $XDG_CONFIG_HOME/clattn/tuning,
+ * else $HOME/.config/clattn/tuning.
+ * Status: CLATTN_OK, CLATTN_ERROR_NULL_POINTER, CLATTN_ERROR_INVALID_OPTION
+ * (CLATTN_TUNING_FILE=off, no home set, or a path of size bytes or more). */
+clattn_status clattn_tuning_file_path(char *path, size_t size);
+
+/* The key the context's device has in the file, "PLATFORM / DEVICE /
+ * DRIVER".
+ * Status: CLATTN_OK, CLATTN_ERROR_NULL_POINTER, CLATTN_ERROR_WRONG_BACKEND
+ * (a native context), CLATTN_ERROR_INVALID_OPTION (a key of size bytes or
+ * more, or one holding a tab or newline). */
+clattn_status clattn_context_tuning_key(const clattn_context *ctx, char *key, size_t size);
+
+/* Keeps one entry in the file at path, in place of any entry of the same
+ * variant, dtype, head_dim and key: the file is written whole to a
+ * temporary file beside it and renamed over it, so that a failure leaves
+ * the old one as it was; a file of another format or clattn version is
+ * replaced. The file's folder is created where missing. shape is the
+ * variant's ("ROWS,TILE,SPLIT,COLUMNS,PER_ITEM" for tiled,
+ * "WARPS,WSPLIT,TILE,PLANES" for mma), checked as a context reads it.
+ * Status: CLATTN_OK, CLATTN_ERROR_NULL_POINTER, CLATTN_ERROR_INVALID_OPTION
+ * (a malformed entry), CLATTN_ERROR_IO (the folder or file cannot be
+ * created, written or renamed). */
+clattn_status clattn_tuning_file_store(const char *path, const char *variant, clattn_dtype dtype,
+                                       uint32_t head_dim, const char *shape, const char *key);
+
 /* grad-V as clattn_grad_v(), enqueued on the context's queue after the
  * events of the wait list; returns without waiting. When event is not
  * NULL it receives a new event for the kernel, which the caller releases.

@@ -289,6 +289,9 @@ START_TEST(tuning_file)
     unsetenv("CLATTN_TILED_BACKWARD");
     clattn_context *ctx = test_context("tiled");
     device_key(ctx, key, sizeof key);
+    char api_key[400];
+    ck_assert_status(clattn_context_tuning_key(ctx, api_key, sizeof api_key), CLATTN_OK);
+    ck_assert_str_eq(api_key, key);
     clattn_context_destroy(ctx);
     setenv("CLATTN_TUNING_FILE", file, 1);
 
@@ -388,8 +391,139 @@ START_TEST(tuning_file)
 }
 END_TEST
 
+/* The number of lines of file that start with `start`. */
+static int lines_starting(const char *file, const char *start)
+{
+    char text[4096];
+    int n = 0;
+    FILE *f = fopen(file, "r");
+    while (f && fgets(text, sizeof text, f))
+        n += !strncmp(text, start, strlen(start));
+    if (f)
+        fclose(f);
+    return n;
+}
+
+/* The tuning file's calls, which `clattn tune` makes: the path from the
+ * environment, the device's key, and keeping an entry (checked as contexts
+ * read it, replacing its own line, the file whole on failure), which a
+ * context then reads; and the build options an op ran with. */
+START_TEST(tuning_file_calls)
+{
+    if (!strcmp(test_backend, "native"))
+        return;
+    char dir[] = "/tmp/clattn-tuning-XXXXXX", file[4096], path[4096], want[4096], key[400];
+    ck_assert_ptr_nonnull(mkdtemp(dir));
+    setenv("CLATTN_CACHE_DIR", "off", 1);
+    unsetenv("CLATTN_TILED");
+    unsetenv("CLATTN_TILED_BACKWARD");
+    /* The path. */
+    snprintf(file, sizeof file, "%s/sub/tuning", dir);
+    setenv("CLATTN_TUNING_FILE", file, 1);
+    ck_assert_status(clattn_tuning_file_path(path, sizeof path), CLATTN_OK);
+    ck_assert_str_eq(path, file);
+    ck_assert_status(clattn_tuning_file_path(path, 8), CLATTN_ERROR_INVALID_OPTION);
+    ck_assert_status(clattn_tuning_file_path(NULL, 8), CLATTN_ERROR_NULL_POINTER);
+    setenv("CLATTN_TUNING_FILE", "off", 1);
+    ck_assert_status(clattn_tuning_file_path(path, sizeof path), CLATTN_ERROR_INVALID_OPTION);
+    unsetenv("CLATTN_TUNING_FILE");
+    const char *xdg = getenv("XDG_CONFIG_HOME");
+    char saved_xdg[4096] = "";
+    if (xdg)
+        snprintf(saved_xdg, sizeof saved_xdg, "%s", xdg);
+    setenv("XDG_CONFIG_HOME", dir, 1);
+    snprintf(want, sizeof want, "%s/clattn/tuning", dir);
+    ck_assert_status(clattn_tuning_file_path(path, sizeof path), CLATTN_OK);
+    ck_assert_str_eq(path, want);
+    if (xdg)
+        setenv("XDG_CONFIG_HOME", saved_xdg, 1);
+    else
+        unsetenv("XDG_CONFIG_HOME");
+    setenv("CLATTN_TUNING_FILE", "off", 1);
+    /* The key: an OpenCL device's, none on native. */
+    clattn_context *ctx = test_context("tiled");
+    ck_assert_status(clattn_context_tuning_key(ctx, key, sizeof key), CLATTN_OK);
+    ck_assert_status(clattn_context_tuning_key(ctx, want, 4), CLATTN_ERROR_INVALID_OPTION);
+    ck_assert_status(clattn_context_tuning_key(NULL, want, 4), CLATTN_ERROR_NULL_POINTER);
+    clattn_context_destroy(ctx);
+    clattn_options o = clattn_options_default();
+    o.backend = CLATTN_BACKEND_NATIVE;
+    ck_assert_status(clattn_context_create(&o, &ctx), CLATTN_OK);
+    ck_assert_status(clattn_context_tuning_key(ctx, want, sizeof want), CLATTN_ERROR_WRONG_BACKEND);
+    ck_assert_str_eq(clattn_context_build_options(ctx), "");
+    clattn_context_destroy(ctx);
+    /* Entries a context would not take are refused, and nothing is written. */
+    const struct {
+        const char *variant, *shape, *key;
+    } bad[] = {{"blocked", "8,8,1,16", key}, {"tiled", "8,7,2,16", key},
+               {"mma", "4,1,64", key},       {"tiled", "8,8,1\t16", key},
+               {"tiled", "8,8,1,16", ""},    {"tiled", "8,8,1,16", "a\nb"}};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; ++i) {
+        ck_assert_status(clattn_tuning_file_store(file, bad[i].variant, CLATTN_DTYPE_F32, 16,
+                                                  bad[i].shape, bad[i].key),
+                         CLATTN_ERROR_INVALID_OPTION);
+        ck_assert_msg(strlen(clattn_last_error()) > 0, "entry %zu: no message", i);
+    }
+    ck_assert_int_ne(access(file, F_OK), 0);
+    ck_assert_status(clattn_tuning_file_store(file, NULL, CLATTN_DTYPE_F32, 16, "8,8,1", key),
+                     CLATTN_ERROR_NULL_POINTER);
+    /* Kept: the folder made, another device's line and another head_dim's
+     * kept beside it, its own line replaced. */
+    ck_assert_status(clattn_tuning_file_store(file, "tiled", CLATTN_DTYPE_F32, 16, "4,4,1,16,0",
+                                              "Other / Device / 1.0"),
+                     CLATTN_OK);
+    ck_assert_status(clattn_tuning_file_store(file, "tiled", CLATTN_DTYPE_F32, 16, "4,4,1,16,0",
+                                              key),
+                     CLATTN_OK);
+    ck_assert_status(clattn_tuning_file_store(file, "tiled", CLATTN_DTYPE_F32, 32, "4,4,1,32,0",
+                                              key),
+                     CLATTN_OK);
+    ck_assert_status(clattn_tuning_file_store(file, "tiled", CLATTN_DTYPE_F32, 16, "8,8,1,16,2",
+                                              key),
+                     CLATTN_OK);
+    snprintf(want, sizeof want, "clattn-tuning 1 %s\n", clattn_version());
+    ck_assert_int_eq(lines_starting(file, want), 1);
+    ck_assert_int_eq(lines_starting(file, "tiled\tf32\t16\t"), 2);
+    snprintf(want, sizeof want, "tiled\tf32\t16\t8,8,1,16,2\t%s\n", key);
+    ck_assert_int_eq(lines_starting(file, want), 1);
+    ck_assert_int_eq(lines_starting(file, "tiled\tf32\t32\t4,4,1,32,0\t"), 1);
+    /* A file that cannot be written leaves the old one whole: its folder
+     * is a file here. */
+    snprintf(path, sizeof path, "%s/sub/tuning/inner", dir);
+    ck_assert_status(clattn_tuning_file_store(path, "tiled", CLATTN_DTYPE_F32, 16, "8,8,1,16,2",
+                                              key),
+                     CLATTN_ERROR_IO);
+    ck_assert_int_eq(lines_starting(file, "tiled\t"), 3);
+    /* A context reads the entry, and its build options show the shape. */
+    setenv("CLATTN_TUNING_FILE", file, 1);
+    ctx = test_context("tiled");
+    ck_assert_msg(strstr(clattn_context_log(ctx), "tuning: tiled f32 head_dim 16: 8,8,1,16,2"),
+                  "%s", clattn_context_log(ctx));
+    const shape_case c = {1, 21, 21, 2, 1, 16, 1, 0, 0, 1};
+    clattn_shape s = to_shape(&c);
+    check_ops(ctx, &s, 1.0f, 23);
+    const char *options = clattn_context_build_options(ctx);
+    size_t kernels = 1, seps = 0;
+    for (const char *k = clattn_context_kernels(ctx); *k; ++k)
+        kernels += *k == ',';
+    for (const char *p = strstr(options, "; "); p; p = strstr(p + 2, "; "))
+        ++seps;
+    ck_assert_msg(strstr(options, "-DHEAD_DIM=16") && seps + 1 == kernels, "%s for %s", options,
+                  clattn_context_kernels(ctx));
+    clattn_context_destroy(ctx);
+    unsetenv("CLATTN_TUNING_FILE");
+    unsetenv("CLATTN_CACHE_DIR");
+    ck_assert_int_eq(remove(file), 0);
+    snprintf(path, sizeof path, "%s/sub", dir);
+    ck_assert_int_eq(rmdir(path), 0);
+    snprintf(path, sizeof path, "%s/clattn", dir);
+    rmdir(path); /* never made: the path is only computed */
+    ck_assert_int_eq(rmdir(dir), 0);
+}
+END_TEST
+
 Suite *cache_suite(void)
 {
-    const TTest *const tests[] = {program_cache, cache_bound, tuning_file};
-    return case_suite("cache", "program_cache", 600, tests, 3);
+    const TTest *const tests[] = {program_cache, cache_bound, tuning_file, tuning_file_calls};
+    return case_suite("cache", "program_cache", 600, tests, 4);
 }

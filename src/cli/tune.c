@@ -25,7 +25,7 @@ typedef struct candidate {
     double sum;        /* totals summed over the confirming rounds */
     double error;
     int ok;
-    char ran[512]; /* the build options of the variant's programs that ran */
+    char ran[2048]; /* the build options of the programs that ran, op after op */
 } candidate;
 
 /* The shapes to try, in two stages, as far as the device's work-groups hold
@@ -89,47 +89,14 @@ static void generate(const char *variant, int stage, const char *best, uint32_t 
     }
 }
 
-/* "PLATFORM / DEVICE / DRIVER", as the library keys the tuning file, and
- * the device's work-group limit. */
-static int device_key(clattn_context *ctx, char *key, size_t size, size_t *max_wg)
+/* The device's work-group limit. */
+static int device_max_wg(clattn_context *ctx, size_t *max_wg)
 {
     cl_device_id dev = NULL;
-    cl_platform_id plat = NULL;
-    char platform[128] = "?", name[128] = "?", driver[128] = "?";
-    if (clGetContextInfo(clattn_context_cl_context(ctx), CL_CONTEXT_DEVICES, sizeof dev, &dev,
-                         NULL) != CL_SUCCESS ||
-        clGetDeviceInfo(dev, CL_DEVICE_PLATFORM, sizeof plat, &plat, NULL) != CL_SUCCESS ||
-        clGetDeviceInfo(dev, CL_DEVICE_MAX_WORK_GROUP_SIZE, sizeof *max_wg, max_wg, NULL) !=
-            CL_SUCCESS)
-        return 0;
-    if (clGetPlatformInfo(plat, CL_PLATFORM_NAME, sizeof platform, platform, NULL) != CL_SUCCESS)
-        snprintf(platform, sizeof platform, "?");
-    if (clGetDeviceInfo(dev, CL_DEVICE_NAME, sizeof name, name, NULL) != CL_SUCCESS)
-        snprintf(name, sizeof name, "?");
-    if (clGetDeviceInfo(dev, CL_DRIVER_VERSION, sizeof driver, driver, NULL) != CL_SUCCESS)
-        snprintf(driver, sizeof driver, "?");
-    platform[sizeof platform - 1] = name[sizeof name - 1] = driver[sizeof driver - 1] = '\0';
-    snprintf(key, size, "%s / %s / %s", platform, name, driver);
-    return !strpbrk(key, "\t\r\n");
-}
-
-/* The build options of the variant's programs in a context's log, one
- * after another: what a shape ran as once the library fitted it to the
- * device (a shape beyond the device's local memory runs as a smaller one). */
-static void ran_as(const char *log, const char *variant, char *ran, size_t size)
-{
-    char head[32];
-    size_t used = 0;
-    snprintf(head, sizeof head, "%s kernels (", variant);
-    ran[0] = '\0';
-    for (const char *p = log ? strstr(log, head) : NULL; p; p = strstr(p, head)) {
-        p += strlen(head);
-        const int len = (int)strcspn(p, ")\n");
-        const int n = snprintf(ran + used, size - used, "%s%.*s", used ? "; " : "", len, p);
-        if (n < 0 || (size_t)n >= size - used)
-            break;
-        used += (size_t)n;
-    }
+    return clGetContextInfo(clattn_context_cl_context(ctx), CL_CONTEXT_DEVICES, sizeof dev, &dev,
+                            NULL) == CL_SUCCESS &&
+           clGetDeviceInfo(dev, CL_DEVICE_MAX_WORK_GROUP_SIZE, sizeof *max_wg, max_wg, NULL) ==
+               CL_SUCCESS;
 }
 
 /* Times candidate c: a context on the device with c's shape, each op. A
@@ -150,13 +117,18 @@ static int time_candidate(const char *selector, const char *variant, const char 
     c->ok = 0;
     c->total = 0.0;
     c->error = 0.0;
+    c->ran[0] = '\0';
     for (int i = 0; i < nops && st == CLATTN_OK; ++i) {
         double err = NAN;
         st = bench_time(ctx, &b[i], reps, &c->seconds[i], &err);
         c->total += c->seconds[i];
         c->error = err > c->error || isnan(err) ? err : c->error;
+        /* what the shape ran as, once the library fitted it to the device */
+        const size_t used = strlen(c->ran);
+        if (st == CLATTN_OK)
+            snprintf(c->ran + used, sizeof c->ran - used, "%s%s", i ? "; " : "",
+                     clattn_context_build_options(ctx));
     }
-    ran_as(ctx ? clattn_context_log(ctx) : NULL, variant, c->ran, sizeof c->ran);
     clattn_context_destroy(ctx);
     if (st == CLATTN_ERROR_BUILD_FAILED || st == CLATTN_ERROR_WORK_GROUP_TOO_LARGE ||
         st == CLATTN_ERROR_INVALID_OPTION || st == CLATTN_ERROR_UNSUPPORTED_SHAPE) {
@@ -181,86 +153,6 @@ static void print_candidate(const candidate *c, const bench *b, int nops)
         printf(" %s %9.3f ms", bench_op_names[b[i].op], c->seconds[i] * 1e3);
     printf("  max_error %.3g\n", c->error);
     fflush(stdout);
-}
-
-/* The tuning file's path: --file, else CLATTN_TUNING_FILE, else under
- * $XDG_CONFIG_HOME or ~/.config; 0 where there is none. */
-static int file_path(const char *given, char *path, size_t size, int *make_dir)
-{
-    const char *set = getenv("CLATTN_TUNING_FILE"), *xdg = getenv("XDG_CONFIG_HOME");
-    const char *home = getenv("HOME");
-    int n = -1;
-    *make_dir = 0;
-    if (given)
-        n = snprintf(path, size, "%s", given);
-    else if (set && *set && strcmp(set, "off"))
-        n = snprintf(path, size, "%s", set);
-    else if (set && !strcmp(set, "off"))
-        n = -1;
-    else if ((*make_dir = 1, xdg && *xdg))
-        n = snprintf(path, size, "%s/clattn/tuning", xdg);
-    else if (home && *home)
-        n = snprintf(path, size, "%s/.config/clattn/tuning", home);
-    return n > 0 && (size_t)n < size;
-}
-
-/* Writes the file with the winner's line in place of any older one for the
- * same variant, dtype, head_dim and device: to a temporary file, renamed
- * over the old one, so that a failure leaves the old file whole. A file of
- * another format or version is replaced. */
-static int write_entry(const char *path, int make_dir, const char *line, const char *match)
-{
-    { /* the file's folder, and the config folder above clattn's */
-        char folder[1024];
-        snprintf(folder, sizeof folder, "%s", path);
-        char *slash = strrchr(folder, '/');
-        if (slash) {
-            *slash = '\0';
-            char *parent = strrchr(folder, '/');
-            if (parent && make_dir) { /* ~/.config may not exist yet either */
-                *parent = '\0';
-                mkdir(folder, 0755);
-                *parent = '/';
-            }
-            if (mkdir(folder, 0755) && errno != EEXIST) {
-                fprintf(stderr, "clattn tune: cannot create %s: %s\n", folder, strerror(errno));
-                return EXIT_INPUT;
-            }
-        }
-    }
-    char header[64], tmp[1100], text[1024];
-    snprintf(header, sizeof header, "clattn-tuning 1 %s\n", clattn_version());
-    snprintf(tmp, sizeof tmp, "%s.%ld.tmp", path, (long)getpid());
-    FILE *out = fopen(tmp, "w");
-    if (!out) {
-        fprintf(stderr, "clattn tune: cannot write %s: %s\n", tmp, strerror(errno));
-        return EXIT_INPUT;
-    }
-    fputs(header, out);
-    FILE *in = fopen(path, "r");
-    int ends = 1; /* whether what was copied ends its last line */
-    if (in && fgets(text, sizeof text, in) && !strcmp(text, header)) {
-        while (fgets(text, sizeof text, in)) {
-            const char *last = strrchr(text, '\t');
-            if (strncmp(text, match, strlen(match)) || !last || strcmp(last, strrchr(line, '\t'))) {
-                fputs(text, out);
-                ends = text[strlen(text) - 1] == '\n';
-            }
-        }
-    } else if (in) {
-        printf("replacing %s: another format or clattn version\n", path);
-    }
-    if (in)
-        fclose(in);
-    if (!ends)
-        fputc('\n', out);
-    fputs(line, out);
-    if (ferror(out) | fclose(out) || rename(tmp, path)) {
-        fprintf(stderr, "clattn tune: cannot write %s: %s\n", path, strerror(errno));
-        remove(tmp);
-        return EXIT_INPUT;
-    }
-    return 0;
 }
 
 static int by_total(const void *a, const void *b)
@@ -377,8 +269,10 @@ int cmd_tune(int argc, char **argv)
         p += len;
     }
     char path[1024];
-    int make_dir = 0;
-    const int have_path = file_path(file, path, sizeof path, &make_dir);
+    const char *set_path = getenv("CLATTN_TUNING_FILE");
+    const int default_path = !file && !(set_path && *set_path); /* under a config folder */
+    const int have_path = file ? snprintf(path, sizeof path, "%s", file) < (int)sizeof path
+                               : clattn_tuning_file_path(path, sizeof path) == CLATTN_OK;
     if (!have_path && !dry_run) {
         fprintf(stderr, "clattn tune: no tuning file: give --file, or set HOME or "
                         "XDG_CONFIG_HOME, or --dry-run\n");
@@ -404,7 +298,9 @@ int cmd_tune(int argc, char **argv)
     size_t max_wg = 0;
     const char *dev = clattn_context_device(base), *idx = strrchr(dev, '(');
     if (clattn_context_backend(base) == CLATTN_BACKEND_NATIVE || !idx ||
-        sscanf(idx, "(%31[0-9:])", selector) != 1 || !device_key(base, key, sizeof key, &max_wg)) {
+        sscanf(idx, "(%31[0-9:])", selector) != 1 ||
+        clattn_context_tuning_key(base, key, sizeof key) != CLATTN_OK ||
+        !device_max_wg(base, &max_wg)) {
         fprintf(stderr, "clattn tune: tunes an OpenCL device's kernels; %s is not one\n", dev);
         clattn_context_destroy(base);
         return EXIT_INPUT;
@@ -497,11 +393,23 @@ int cmd_tune(int argc, char **argv)
            100.0 * c[best].sum / c[0].sum);
     if (dry_run)
         goto done;
-    char line[600], match[64];
-    snprintf(match, sizeof match, "%s\t%s\t%u\t", entry, dtype_name, head_dim);
-    snprintf(line, sizeof line, "%s%s\t%s\n", match, c[best].text, key);
-    if ((rc = write_entry(path, make_dir, line, match)) == 0)
+    if (default_path) { /* the config folder above clattn's may not exist yet */
+        char config[1024];
+        snprintf(config, sizeof config, "%s", path);
+        for (int up = 0; up < 2; ++up) {
+            char *slash = strrchr(config, '/');
+            if (slash)
+                *slash = '\0';
+        }
+        if (config[0])
+            mkdir(config, 0755);
+    }
+    if (clattn_tuning_file_store(path, entry, dt, head_dim, c[best].text, key) != CLATTN_OK) {
+        fprintf(stderr, "clattn tune: %s\n", clattn_last_error());
+        rc = EXIT_INPUT;
+    } else {
         printf("kept in %s\n", path);
+    }
 done:
     for (int i = 0; i < 2; ++i)
         bench_free(&b[i]);

@@ -50,6 +50,11 @@ const char *clattn_context_log(const clattn_context *ctx) { return ctx ? ctx->lo
 
 const char *clattn_context_kernels(const clattn_context *ctx) { return ctx ? ctx->kernels : ""; }
 
+const char *clattn_context_build_options(const clattn_context *ctx)
+{
+    return ctx ? ctx->build_options : "";
+}
+
 typedef enum plan { PLAN_AUTO, PLAN_NATIVE, PLAN_OPENCL } plan;
 
 static int parse_index(const char *s, size_t len, unsigned *out)

@@ -153,6 +153,7 @@ struct clattn_context {
     char device[320];
     char variant[32];
     char kernels[160]; /* what the last call ran, comma-separated */
+    char build_options[2048]; /* their programs' options (OpenCL), "; "-separated */
     char *log;       /* what auto tried; never NULL after creation */
     int num_threads; /* native */
     unsigned native_parts[2]; /* native: CLATTN_NATIVE_PARTS, query and key side (0: planned) */

@@ -60,6 +60,7 @@ const char *clattn_status_string(clattn_status status)
         NAME(CLATTN_ERROR_INVALID_DTYPE)
         NAME(CLATTN_ERROR_INVALID_SEQLENS)
         NAME(CLATTN_ERROR_INVALID_MODIFIER)
+        NAME(CLATTN_ERROR_IO)
 #undef NAME
     }
     return "CLATTN_ERROR_UNKNOWN_STATUS";

@@ -193,6 +193,7 @@ static clattn_status build_set_once(struct clattn_cl_state *cl, const clattn_ocl
             return st;
         cl_int err;
         set->function[k] = v->function;
+        memcpy(set->options[k], options, sizeof options);
         set->kernel[k] = clCreateKernel(set->program[k], v->function, &err);
         if (err != CL_SUCCESS) {
             set->kernel[k] = NULL;

@@ -302,10 +302,9 @@ static clattn_status init_variant(clattn_context *ctx, const clattn_ocl_variant 
     if ((st = clattn_ocl_tuning_init(cl, device, items_loop)) != CLATTN_OK)
         goto fail;
     /* `clattn tune`'s winners for this device, keyed as docs/tuning.md says. */
-    char driver[128], key[400];
-    query_string(get_device_info, device, CL_DRIVER_VERSION, driver, sizeof driver);
-    snprintf(key, sizeof key, "%s / %s / %s", platform_name, name, driver);
-    clattn_ocl_tuning_file(cl, ctx, key);
+    char key[400];
+    if (clattn_ocl_device_key(device, key, sizeof key))
+        clattn_ocl_tuning_file(cl, ctx, key);
     /* Each program is built once per context, when first needed, except
      * one now, so that a device that cannot compile the variant is never
      * chosen: the generic set (any head_dim) for the generic variant, or the

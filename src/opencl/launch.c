@@ -379,11 +379,14 @@ clattn_status clattn_ocl_enqueue_op(struct clattn_cl_state *cl, cl_command_queue
     if (slopes)
         clReleaseMemObject(slopes);
     if (st == CLATTN_OK) {
-        char *ran = cl->owner->kernels;
-        ran[0] = '\0';
-        for (int i = 0; plan[i] >= 0; ++i)
+        char *ran = cl->owner->kernels, *options = cl->owner->build_options;
+        ran[0] = options[0] = '\0';
+        for (int i = 0; plan[i] >= 0; ++i) {
             snprintf(ran + strlen(ran), sizeof cl->owner->kernels - strlen(ran), "%s%s",
                      i ? "," : "", set->function[plan[i]]);
+            snprintf(options + strlen(options), sizeof cl->owner->build_options - strlen(options),
+                     "%s%s", i ? "; " : "", set->options[plan[i]]);
+        }
     }
     if (st == CLATTN_OK && done)
         *done = prev;

@@ -90,6 +90,7 @@ typedef struct kernel_set {
     cl_program program[K_COUNT]; /* kernels of one source share a program */
     cl_kernel kernel[K_COUNT];
     const char *function[K_COUNT];
+    char options[K_COUNT][384]; /* each kernel's program's build options */
     size_t max_wg[K_COUNT];
     cl_ulong local_mem[K_COUNT];
     const struct clattn_ocl_variant *family[K_COUNT]; /* whose source each kernel is */
@@ -181,10 +182,15 @@ clattn_status clattn_ocl_init_on_device(clattn_context *ctx, const char *variant
  * CLATTN_ERROR_INVALID_OPTION). */
 clattn_status clattn_ocl_tuning_init(struct clattn_cl_state *cl, cl_device_id device,
                                      int items_loop);
-/* The tuning file's entries for the device whose key (docs/tuning.md) is
- * "PLATFORM / DEVICE / DRIVER", into cl->tuned, each line of what happened
- * in ctx's log. A missing file is no entry; a damaged or stale one is
- * ignored with a log line, never a failure. */
+
+/* tuning_file.c */
+/* The device's key in the tuning file (docs/tuning.md), "PLATFORM / DEVICE
+ * / DRIVER"; 0 where it does not fit size or holds a tab or newline. */
+int clattn_ocl_device_key(cl_device_id device, char *key, size_t size);
+/* The tuning file's entries for the device whose key is `key`, into
+ * cl->tuned, each line of what happened in ctx's log. A missing file is no
+ * entry; a damaged or stale one is ignored with a log line, never a
+ * failure. */
 void clattn_ocl_tuning_file(struct clattn_cl_state *cl, clattn_context *ctx, const char *key);
 
 /* build.c */
