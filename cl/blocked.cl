@@ -649,14 +649,17 @@ __kernel void forward__blocked(__global const elem *q, ulong q_off, __global con
         vstore16(l[h], h, lv);
         vstore16(m[h], h, mv);
     }
+    float zero[QB]; /* what a row whose weights sum to 0 writes to O */
+    for (uint i = 0; i < QB; ++i)
+        zero[i] = ZERO_SUM(get_global_id(0) * QB + i, 0.0f);
     for (uint h = 0; 16 * h < r.n; ++h)
         for (uint d = 0; d < D; ++d)
             store16(o, qrow + 16 * h, min(r.n - 16 * h, 16u), d,
-                    select((float16)0.0f, vload16(h, ot + d * QB) / l[h], l[h] != 0.0f),
-                    0);
+                    select(vload16(h, zero), vload16(h, ot + d * QB) / l[h], l[h] != 0.0f), 0);
     for (uint i = 0; i < r.n; ++i) {
-        lse[2 * r.row[i]] = lv[i] != 0.0f ? mv[i] : EMPTY_ROW;
-        lse[2 * r.row[i] + 1] = lv[i] != 0.0f ? log(lv[i]) : EMPTY_ROW;
+        const float empty = zero[i] == 0.0f ? EMPTY_ROW : zero[i];
+        lse[2 * r.row[i]] = lv[i] != 0.0f ? mv[i] : empty;
+        lse[2 * r.row[i] + 1] = lv[i] != 0.0f ? log(lv[i]) : empty;
     }
 }
 

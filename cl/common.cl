@@ -213,6 +213,19 @@ inline void keys_of_queries(uint first, uint last, uint kv_seq, int causal, uint
     *lo = window > 0u ? clamp_to((long)first + delta - (long)window + 1, *hi) : 0u;
 }
 
+/* What a row whose weights sum to 0 writes in place of O's elements
+ * (empty: 0) or of its LSE pair (empty: EMPTY_ROW). A row that sees no key
+ * is empty; one that sees keys whose scores are all -inf (or below
+ * EMPTY_ROW, the masks' own value) has no softmax: NaN, as PyTorch's math
+ * gives. */
+inline float zero_sum(uint pos, uint kv_seq, int causal, uint window, long delta, float empty)
+{
+    uint lo, hi;
+    keys_of_queries(pos, pos, kv_seq, causal, window, delta, &lo, &hi);
+    return lo < hi ? NAN : empty;
+}
+#define ZERO_SUM(pos, empty) zero_sum((pos), kv_seq, causal, window, delta, (empty))
+
 /* The queries [*lo, *hi) that see any key of [first, last]. */
 inline void queries_of_keys(uint first, uint last, uint q_seq, int causal, uint window,
                             long delta, uint *lo, uint *hi)

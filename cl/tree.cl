@@ -186,7 +186,7 @@ __kernel void forward__tree(__global const elem *q, ulong q_off,
         m = m_new;
     }
     for (uint i = 0; i < LANE_ELEMS; ++i)
-        acc[i] = l != 0.0f ? acc[i] / l : 0.0f;
+        acc[i] = l != 0.0f ? acc[i] / l : ZERO_SUM(pos, 0.0f);
     for (uint i = 0; i < LANE_ELEMS; ++i) {
         const uint d = tid + i * wg;
         if (d < head_dim)
@@ -194,8 +194,8 @@ __kernel void forward__tree(__global const elem *q, ulong q_off,
     }
     if (tid == 0) {
         const ulong row = lse_off + 2 * at(b, q_seq, pos, num_heads, head, 1, 0);
-        lse[row] = l != 0.0f ? m : EMPTY_ROW;
-        lse[row + 1] = l != 0.0f ? log(l) : EMPTY_ROW;
+        lse[row] = l != 0.0f ? m : ZERO_SUM(pos, EMPTY_ROW);
+        lse[row + 1] = l != 0.0f ? log(l) : ZERO_SUM(pos, EMPTY_ROW);
     }
 }
 

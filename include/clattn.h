@@ -19,7 +19,9 @@
  * Non-finite inputs propagate: a NaN or infinity in Q, K, V or dO reaches
  * every output element it touches (the rows that see that query or key,
  * and their gradients), as in PyTorch; a row comes out empty (O = 0, LSE
- * (-1e30, -1e30)) only when it sees no key. Inside a tile's product a
+ * (-1e30, -1e30)) only when it sees no key. A row whose visible scores are
+ * all -inf (or below -1e30, the masks' own value) has no softmax and gets
+ * NaN, as PyTorch's math does. Inside a tile's product a
  * masked pair's zero weight times a NaN may carry it further (0 x NaN), as
  * PyTorch's and FlashAttention's kernels do.
  *

@@ -1016,8 +1016,9 @@ static void expect_non_finite(const char *what, const float *x, const char *want
 }
 
 /* A NaN or infinity in Q, K, V or dO reaches every output it touches and
- * no other, and never turns a row into an empty one (O = 0, LSE -1e30):
- * 12 positions, 2 query heads on 1 KV head, head_dim 8, causal. */
+ * no other, and never turns a row into an empty one (O = 0, LSE -1e30),
+ * nor does a row whose visible scores are all -inf: 12 positions, 2 query
+ * heads on 1 KV head, head_dim 8, causal. */
 START_TEST(non_finite_inputs)
 {
     const shape_case c = {1, 12, 12, 2, 1, 8, 1, 0, 0, 1};
@@ -1030,7 +1031,8 @@ START_TEST(non_finite_inputs)
         float *o = nan_array(p.nq), *lse = nan_array(p.nlse);
         float *dq = nan_array(p.nq), *dk = nan_array(p.nkv), *dv = nan_array(p.nkv);
         char want_q[12 * 2 * 8], want_kv[12 * 8], want_l[12 * 2 * 2];
-        for (int which = 0; which < 3; ++which) { /* the forward: NaN in Q, NaN in K, inf in Q */
+        /* the forward: NaN in Q, NaN in K, inf in Q, scores all -inf */
+        for (int which = 0; which < 4; ++which) {
             problem_free(&p);
             problem_make(&p, &s, 31, 1.0f);
             memset(want_q, 0, sizeof want_q);
@@ -1040,16 +1042,23 @@ START_TEST(non_finite_inputs)
             } else if (which == 1) {
                 p.k[5 * D + 3] = NAN; /* key 5: rows 5.. of both heads */
                 memset(want_q + 5 * H * D, 1, (T - 5) * H * D);
-            } else {
+            } else if (which == 2) {
                 p.k[0] = 1.0f; /* a +inf score, so the row's max is infinite */
                 p.q[3 * H * D] = INFINITY; /* row 3, head 0 */
                 memset(want_q + 3 * H * D, 1, D);
+            } else {
+                for (size_t t = 0; t < T; ++t) /* every score of row 3, head 1 is -inf */
+                    p.k[t * D] = 1.0f;
+                p.q[(3 * H + 1) * D] = -INFINITY;
+                memset(want_q + (3 * H + 1) * D, 1, D);
             }
             for (size_t r = 0; r < T * H; ++r)
                 want_l[2 * r] = want_l[2 * r + 1] = want_q[r * D] ? 2 : 0;
             ck_assert_status(clattn_forward(ctx, &s, p.q, p.k, p.v, o, lse), CLATTN_OK);
-            expect_non_finite(which == 2 ? "forward O (inf in Q)" : "forward O", o, want_q,
-                              T * H, D);
+            expect_non_finite(which == 2   ? "forward O (inf in Q)"
+                              : which == 3 ? "forward O (scores all -inf)"
+                                           : "forward O",
+                              o, want_q, T * H, D);
             for (size_t r = 0; r < T * H; ++r) /* NaN in m or l, never (-1e30, -1e30) */
                 if (want_l[2 * r])
                     ck_assert_msg(isnan(lse[2 * r]) || isnan(lse[2 * r + 1]),

@@ -345,7 +345,7 @@ forward__mma(__global const elem *q, ulong q_off, __global const elem *k, ulong 
             const float l = (i & 2) ? l1 : l0;
             if (row < q_seq && d < D)
                 STORE(o, at(b, q_seq, row, num_heads, head, d),
-                      l != 0.0f ? acc[n][i] / l : 0.0f);
+                      l != 0.0f ? acc[n][i] / l : ZERO_SUM(row, 0.0f));
         }
     }
     if (t == 0 && d0 == 0)
@@ -354,8 +354,8 @@ forward__mma(__global const elem *q, ulong q_off, __global const elem *k, ulong 
             const float l = i ? l1 : l0, m = i ? m1 : m0;
             if (row < q_seq) {
                 const ulong at_row = 2 * (((ulong)b * q_seq + row) * num_heads + head);
-                lse[at_row] = l != 0.0f ? m / EXP_UNIT : EMPTY_ROW;
-                lse[at_row + 1] = l != 0.0f ? log(l) : EMPTY_ROW;
+                lse[at_row] = l != 0.0f ? m / EXP_UNIT : ZERO_SUM(row, EMPTY_ROW);
+                lse[at_row + 1] = l != 0.0f ? log(l) : ZERO_SUM(row, EMPTY_ROW);
             }
         }
 }

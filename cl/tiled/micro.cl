@@ -315,11 +315,11 @@ inline void forward_block(__global const elem *q, ulong q_off, __global const el
         if (pos >= q_seq)
             break;
         store_acc(o, o_off, b, q_seq, pos, num_heads, head, acc, i,
-                  l[i] != 0.0f ? 1.0f / l[i] : 0.0f, 0, me);
+                  l[i] != 0.0f ? 1.0f / l[i] : ZERO_SUM(pos, 0.0f), 0, me);
         if (me.tx == 0) {
             const ulong row = lse_off + 2 * row_of(b, q_seq, pos, num_heads, head);
-            lse[row] = l[i] != 0.0f ? m[i] : EMPTY_ROW;
-            lse[row + 1] = l[i] != 0.0f ? log(l[i]) : EMPTY_ROW;
+            lse[row] = l[i] != 0.0f ? m[i] : ZERO_SUM(pos, EMPTY_ROW);
+            lse[row + 1] = l[i] != 0.0f ? log(l[i]) : ZERO_SUM(pos, EMPTY_ROW);
         }
     }
 }

@@ -246,13 +246,13 @@ inline void forward_block(__global const elem *q, ulong q_off, __global const el
     if (!live)
         return;
     for (uint d = 0; d < DC; ++d)
-        acc[d] = l != 0.0f ? acc[d] / l : 0.0f;
+        acc[d] = l != 0.0f ? acc[d] / l : ZERO_SUM(pos, 0.0f);
     store_row(o, o_off, b, q_seq, pos, num_heads, head, me.c0, acc, 1.0f, 0);
     if (me.c0 > 0)
         return;
     const ulong row = lse_off + 2 * row_of(b, q_seq, pos, num_heads, head);
-    lse[row] = l != 0.0f ? m : EMPTY_ROW;
-    lse[row + 1] = l != 0.0f ? log(l) : EMPTY_ROW;
+    lse[row] = l != 0.0f ? m : ZERO_SUM(pos, EMPTY_ROW);
+    lse[row + 1] = l != 0.0f ? log(l) : ZERO_SUM(pos, EMPTY_ROW);
 }
 
 /* dQ of a query row: sum over its keys of scale * dS * K[t]. */

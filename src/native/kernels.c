@@ -772,9 +772,8 @@ static void forward_block(const native_call *c, size_t job)
         }
         accumulate_t(ot, D, qb.vt + (size_t)(t0 / KEY_BLOCK) * D, sc, n, rescale);
     }
-    /* O = ot / l, a vector of rows at a time (0 where a row saw no key):
-     * row by row, one scalar division an element had taken 4% of the
-     * forward's time on one thread of the development machine */
+    /* O = ot / l, a vector of rows at a time (0 where the weights sum to
+     * 0; the rows below make that NaN where the row sees a key) */
     EACH_PART(h) {
         const hvec sum = hload(l + h);
         const hivec live = sum != 0.0f; /* NaN too: it must show */
@@ -786,10 +785,17 @@ static void forward_block(const native_call *c, size_t job)
     float *rows = qt[0]; /* free */
     tile_to_rows(ot, D, rows);
     for (size_t r = 0; r < qb.rows; ++r) {
+        /* A row whose weights sum to 0 is empty where it sees no key; where
+         * it sees keys whose scores are all -inf (or below EMPTY_ROW, the
+         * masks' own value) it has no softmax: NaN, as PyTorch's math gives. */
+        const float zero = qb.row_lo[r] < qb.row_hi[r] ? NAN : EMPTY_ROW;
+        if (l[r] == 0.0f && qb.row_lo[r] < qb.row_hi[r])
+            for (size_t d = 0; d < D; ++d)
+                rows[r * D + d] = NAN;
         out_row(c, c->o_out, qb.row[r] * D, rows + r * D, D, 0);
         float *pair = c->lse_out + 2 * qb.row[r];
-        pair[0] = l[r] != 0.0f ? m[r] : EMPTY_ROW;
-        pair[1] = l[r] != 0.0f ? logf(l[r]) : EMPTY_ROW;
+        pair[0] = l[r] != 0.0f ? m[r] : zero;
+        pair[1] = l[r] != 0.0f ? logf(l[r]) : zero;
     }
 }
 
