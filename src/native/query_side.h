@@ -1,0 +1,303 @@
+/* The native query-side jobs (the forward, grad-Q): part of kernels.c's
+ * unit, compiled with it once per instruction-set level, so it has no guard
+ * and includes nothing. */
+/* Query-side jobs take QUERY_BLOCK query rows of one (batch, head), kept
+ * transposed so that the rows lie along a vector, and walk the keys
+ * KEY_BLOCK at a time: a key's scores against every row of the block are
+ * one vector, and per-row softmax state (max, sum, Dsum) is a vector too. */
+
+typedef struct query_block {
+    size_t b, head, pos0, rows;      /* rows of [pos0, pos0 + rows) */
+    uint32_t lo, hi;                 /* keys any of them sees */
+    uint32_t row_lo[QUERY_BLOCK];    /* keys [row_lo, row_hi) row r sees; */
+    uint32_t row_hi[QUERY_BLOCK];    /* empty past the last row */
+    const float *kb, *vb;            /* K and V of the KV head at key 0 */
+    const tile_row *vt;              /* the forward's V of the KV head (vt's layout) */
+    size_t kv_row;
+    size_t row[QUERY_BLOCK];         /* row_index of each row */
+    const float *ptrs[QUERY_BLOCK];  /* scratch: row pointers to transpose */
+} query_block;
+
+INLINE void query_block_of(const native_call *c, size_t job, query_block *qb)
+{
+    const clattn_shape *s = c->s;
+    const size_t blocks = (s->q_seq + (size_t)QUERY_BLOCK - 1) / QUERY_BLOCK;
+    const size_t D = s->head_dim;
+    /* Blocks of one head are consecutive, as run_blocks groups them. */
+    qb->pos0 = job % blocks * QUERY_BLOCK;
+    qb->head = job / blocks % s->num_heads;
+    qb->b = job / blocks / s->num_heads;
+    qb->rows = s->q_seq - qb->pos0 < QUERY_BLOCK ? s->q_seq - qb->pos0 : QUERY_BLOCK;
+    const size_t kv_head = qb->head / c->group;
+    const size_t base = (qb->b * s->num_kv_heads + kv_head) * s->kv_seq * D;
+    /* K's rows in the head-major copy, or (the float32 forward, no copy:
+     * kh NULL) in K itself, num_kv_heads * D floats apart */
+    qb->kv_row = c->kh ? D : s->num_kv_heads * D;
+    qb->kb = c->kh ? c->kh + base
+                   : (const float *)c->k + (qb->b * s->kv_seq * s->num_kv_heads + kv_head) * D;
+    qb->vb = c->vh ? c->vh + base : NULL;
+    /* [tile][D][KEY_BLOCK]: a KV head's tiles are whole tiles of keys */
+    qb->vt = c->vt ? (const tile_row *)(c->vt + (qb->b * s->num_kv_heads + kv_head) *
+                                                    native_tiled_rows(s->kv_seq) * D)
+                   : NULL;
+    qb->lo = UINT32_MAX;
+    qb->hi = 0;
+    for (size_t r = 0; r < QUERY_BLOCK; ++r) {
+        qb->row_lo[r] = qb->row_hi[r] = 0;
+        qb->row[r] = 0;
+        if (r >= qb->rows)
+            continue;
+        clattn_key_range(s, (uint32_t)(qb->pos0 + r), &qb->row_lo[r], &qb->row_hi[r]);
+        qb->lo = qb->row_lo[r] < qb->lo ? qb->row_lo[r] : qb->lo;
+        qb->hi = qb->row_hi[r] > qb->hi ? qb->row_hi[r] : qb->hi;
+        qb->row[r] = row_index(s, qb->b, qb->pos0 + r, qb->head);
+    }
+    if (qb->lo > qb->hi)
+        qb->lo = qb->hi;
+}
+
+/* The block's rows of dropout's counters (native_drop_rows_of). */
+INLINE void query_block_drop_rows(const native_call *c, const query_block *qb,
+                                  native_drop_rows *d)
+{
+    uint32_t pos[QUERY_BLOCK], heads[QUERY_BLOCK];
+    for (size_t r = 0; r < QUERY_BLOCK; ++r) {
+        pos[r] = (uint32_t)(qb->pos0 + r);
+        heads[r] = (uint32_t)qb->head;
+    }
+    native_drop_rows_of(c, qb->b, pos, heads, qb->rows, d);
+}
+
+/* t[d][r] = x[row r][d] for the block's rows (of tensor x, widened where
+ * 16-bit), zeros past them. */
+INLINE void query_block_transpose(const native_call *c, query_block *qb, const void *x,
+                                  tile_row *t)
+{
+    const size_t D = c->s->head_dim;
+    _Alignas(64) float wide[QUERY_BLOCK * CLATTN_MAX_HEAD_DIM];
+    for (size_t r = 0; r < QUERY_BLOCK; ++r)
+        qb->ptrs[r] = r < qb->rows ? in_row(c, x, qb->row[r] * D, D, wide + r * D) : zero_row;
+    transpose_in(qb->ptrs, D, t);
+}
+
+/* The rows of keys [t0, t0 + n) of one KV head, zero rows past n. */
+INLINE void key_rows(const float *base, size_t kv_row, uint32_t t0, uint32_t n,
+                     const float *rows[KEY_BLOCK])
+{
+    for (uint32_t j = 0; j < KEY_BLOCK; ++j)
+        rows[j] = j < n ? base + (t0 + j) * kv_row : zero_row;
+}
+
+/* The forward's V tiles of the block's keys, ready: each not yet packed is
+ * claimed (0 -> 1) and packed by this job, then marked ready (2); then the
+ * job waits for those other jobs claimed. No job waits while it holds a
+ * claim, so none waits for ever. */
+INLINE void ready_tiles(const native_call *c, const query_block *qb)
+{
+    if (qb->lo >= qb->hi)
+        return;
+    const size_t tiles = native_tiled_rows(c->s->kv_seq) / KEY_BLOCK;
+    const size_t kv_head = qb->head / c->group;
+    atomic_int *state = c->vt_state + (qb->b * c->s->num_kv_heads + kv_head) * tiles;
+    const size_t first = qb->lo / KEY_BLOCK, end = (qb->hi + KEY_BLOCK - 1) / KEY_BLOCK;
+    for (size_t t = first; t < end; ++t)
+        if (claim(state + t)) {
+            clattn_native_pack_v_tile(c, qb->b, kv_head, t);
+            atomic_store_explicit(state + t, 2, memory_order_release);
+        }
+    for (size_t t = first; t < end; ++t)
+        wait_ready(state + t);
+}
+
+/* sc[j][r] for the keys t0 + j of a tile against the block's rows. */
+INLINE void tile_scores(const float *const *krows, const tile_row *qt,
+                        size_t D, tile_row *sc)
+{
+    for (uint32_t j = 0; j < KEY_BLOCK; j += DOT_ROWS)
+        dots(krows + j, qt, D, sc + j);
+}
+
+/* O and the LSE pairs of a block of query rows, by online softmax. */
+static void forward_block(const native_call *c, size_t job)
+{
+    const clattn_shape *s = c->s;
+    const size_t D = s->head_dim;
+    query_block qb;
+    query_block_of(c, job, &qb);
+    _Alignas(64) tile_row qt[CLATTN_MAX_HEAD_DIM], ot[CLATTN_MAX_HEAD_DIM];
+    _Alignas(64) tile_row sc[KEY_BLOCK];
+    float m[QUERY_BLOCK], l[QUERY_BLOCK], rescale[QUERY_BLOCK];
+    if (c->vt_state)
+        ready_tiles(c, &qb);
+    query_block_transpose(c, &qb, c->q, qt);
+    memset(ot, 0, D * sizeof ot[0]);
+    for (size_t r = 0; r < QUERY_BLOCK; ++r) {
+        m[r] = EMPTY_ROW;
+        l[r] = 0.0f;
+    }
+    /* Modified scores come scaled: their scale is 1. */
+    const int shaped = (c->mods & (CLATTN_MOD_SOFTCAP | CLATTN_MOD_ALIBI)) != 0;
+    const float scale = shaped ? 1.0f : c->scale, unit = scale * LOG2E;
+    native_drop_rows drop; /* the block's rows of dropout's counters */
+    if (c->mods & CLATTN_MOD_DROPOUT)
+        query_block_drop_rows(c, &qb, &drop);
+    /* Keys that every row of the block sees: tiles of them skip the mask. */
+    uint32_t all_lo = 0, all_hi = UINT32_MAX;
+    for (size_t r = 0; r < qb.rows; ++r) {
+        all_lo = qb.row_lo[r] > all_lo ? qb.row_lo[r] : all_lo;
+        all_hi = qb.row_hi[r] < all_hi ? qb.row_hi[r] : all_hi;
+    }
+    /* Tiles are V's (vt): from the one that holds key lo, its keys below
+     * lo masked. */
+    for (uint32_t t0 = qb.lo / KEY_BLOCK * KEY_BLOCK; t0 < qb.hi; t0 += KEY_BLOCK) {
+        const uint32_t n = qb.hi - t0 < KEY_BLOCK ? qb.hi - t0 : KEY_BLOCK;
+        const float *krows[KEY_BLOCK];
+        key_rows(qb.kb, qb.kv_row, t0, n, krows);
+        tile_scores(krows, qt, D, sc);
+        if (shaped)
+            modify_rows(c, sc, NULL, qb.pos0, t0, qb.head);
+        const int whole = n == KEY_BLOCK && all_lo <= t0 && t0 + KEY_BLOCK <= all_hi;
+        EACH_PART(h) {
+            /* The tile's row maxima (scaled: the scale is positive) */
+            hvec block_max = HSPLAT(EMPTY_ROW);
+            if (whole) {
+                for (uint32_t j = 0; j < KEY_BLOCK; ++j)
+                    block_max = HMAX(hload(sc[j] + h), block_max);
+                block_max *= scale;
+            } else {
+                /* masked scores to EMPTY_ROW, the others scaled */
+                const huvec row_lo = huload(qb.row_lo + h), row_hi = huload(qb.row_hi + h);
+                for (uint32_t j = 0; j < KEY_BLOCK; ++j) {
+                    const uint32_t t = t0 + j;
+                    const hvec x = HSELECT((t >= row_lo) & (t < row_hi),
+                                           hload(sc[j] + h) * scale, HSPLAT(EMPTY_ROW));
+                    hstore(sc[j] + h, x);
+                    block_max = HMAX(x, block_max);
+                }
+            }
+            const hvec m_old = hload(m + h), m_new = HMAX(block_max, m_old);
+            const hvec rs = exp2v((m_old - m_new) * LOG2E);
+            hstore(rescale + h, rs);
+            hstore(m + h, m_new);
+            /* weights exp(s * scale - m) in base 2: whole tiles' scores
+             * are raw, the others' scaled already */
+            const hvec m2 = m_new * LOG2E;
+            hvec sum = HSPLAT(0.0f);
+            if (whole) {
+                for (uint32_t j = 0; j < KEY_BLOCK; ++j) {
+                    const hvec w = exp2v(hload(sc[j] + h) * unit - m2);
+                    hstore(sc[j] + h, w);
+                    sum += w;
+                }
+            } else {
+                for (uint32_t j = 0; j < KEY_BLOCK; ++j) {
+                    /* Masked scores are exactly EMPTY_ROW; their weight is
+                     * 0 even while the row's max is EMPTY_ROW too. */
+                    const hvec x = hload(sc[j] + h);
+                    const hvec w = HSELECT(x == EMPTY_ROW, HSPLAT(0.0f), exp2v(x * LOG2E - m2));
+                    hstore(sc[j] + h, w);
+                    sum += w;
+                }
+            }
+            hstore(l + h, hload(l + h) * rs + sum);
+        }
+        if (c->mods & CLATTN_MOD_DROPOUT) { /* l is the undropped sum */
+            uint32_t kept[QUERY_BLOCK] = {0};
+            native_keep_bits(c, &drop, t0, kept);
+            drop_rows(sc, kept, 1.0f);
+        }
+        accumulate_t(ot, D, qb.vt + (size_t)(t0 / KEY_BLOCK) * D, sc, n, rescale);
+    }
+    /* O = ot / l, a vector of rows at a time (0 where the weights sum to
+     * 0; the rows below make that NaN where the row sees a key) */
+    EACH_PART(h) {
+        const hvec sum = hload(l + h);
+        const hivec live = sum != 0.0f; /* NaN too: it must show */
+        const hvec by = HSELECT(live, sum, HSPLAT(1.0f));
+        const float gain = c->drop.gain; /* 1 without dropout */
+        for (size_t d = 0; d < D; ++d)
+            hstore(ot[d] + h, HSELECT(live, hload(ot[d] + h) / by * gain, HSPLAT(0.0f)));
+    }
+    float *rows = qt[0]; /* free */
+    tile_to_rows(ot, D, rows);
+    for (size_t r = 0; r < qb.rows; ++r) {
+        /* A row whose weights sum to 0 is empty where it sees no key; where
+         * it sees keys whose scores are all -inf (or below EMPTY_ROW, the
+         * masks' own value) it has no softmax: NaN, as PyTorch's math gives. */
+        const float zero = qb.row_lo[r] < qb.row_hi[r] ? NAN : EMPTY_ROW;
+        if (l[r] == 0.0f && qb.row_lo[r] < qb.row_hi[r])
+            for (size_t d = 0; d < D; ++d)
+                rows[r * D + d] = NAN;
+        out_row(c, c->o_out, qb.row[r] * D, rows + r * D, D, 0);
+        float *pair = c->lse_out + 2 * qb.row[r];
+        pair[0] = l[r] != 0.0f ? m[r] : zero;
+        pair[1] = l[r] != 0.0f ? logf(l[r]) : zero;
+    }
+}
+
+/* dQ of a block of query rows. */
+static void grad_q_block(const native_call *c, size_t job)
+{
+    const clattn_shape *s = c->s;
+    const size_t D = s->head_dim;
+    query_block qb;
+    query_block_of(c, job, &qb);
+    _Alignas(64) tile_row qt[CLATTN_MAX_HEAD_DIM], dot_t[CLATTN_MAX_HEAD_DIM],
+        dqt[CLATTN_MAX_HEAD_DIM];
+    _Alignas(64) tile_row sc[KEY_BLOCK], dp[KEY_BLOCK];
+    float m[QUERY_BLOCK], l[QUERY_BLOCK], dsum[QUERY_BLOCK];
+    query_block_transpose(c, &qb, c->q, qt);
+    query_block_transpose(c, &qb, c->d_out, dot_t);
+    memset(dqt, 0, D * sizeof dqt[0]);
+    for (size_t r = 0; r < QUERY_BLOCK; ++r) {
+        const int live = r < qb.rows;
+        m[r] = live ? c->lse[2 * qb.row[r]] : 0.0f;
+        l[r] = live ? c->lse[2 * qb.row[r] + 1] : 0.0f;
+        dsum[r] = live ? row_dsum(c, qb.row[r]) : 0.0f;
+    }
+    const float scale = c->scale;
+    const int shaped = (c->mods & (CLATTN_MOD_SOFTCAP | CLATTN_MOD_ALIBI)) != 0;
+    const float unit = shaped ? LOG2E : scale * LOG2E; /* modified scores come scaled */
+    native_drop_rows drop; /* the block's rows of dropout's counters */
+    if (c->mods & CLATTN_MOD_DROPOUT)
+        query_block_drop_rows(c, &qb, &drop);
+    _Alignas(64) tile_row dz[KEY_BLOCK];
+    for (size_t r = 0; r < QUERY_BLOCK; ++r) { /* p = exp(min(s * scale - m, 0) - l) in base 2 */
+        m[r] *= LOG2E;
+        l[r] *= LOG2E;
+    }
+    for (uint32_t t0 = qb.lo; t0 < qb.hi; t0 += KEY_BLOCK) {
+        const uint32_t n = qb.hi - t0 < KEY_BLOCK ? qb.hi - t0 : KEY_BLOCK;
+        const float *krows[KEY_BLOCK], *vrows[KEY_BLOCK];
+        key_rows(qb.kb, qb.kv_row, t0, n, krows);
+        key_rows(qb.vb, qb.kv_row, t0, n, vrows);
+        tile_scores(krows, qt, D, sc);
+        tile_scores(vrows, dot_t, D, dp);
+        if (shaped)
+            modify_rows(c, sc, dz, qb.pos0, t0, qb.head);
+        if (c->mods & CLATTN_MOD_DROPOUT) {
+            uint32_t kept[QUERY_BLOCK] = {0}; /* rows past qb.rows: dropped */
+            native_keep_bits(c, &drop, t0, kept);
+            drop_rows(dp, kept, c->drop.gain);
+        }
+        for (uint32_t j = 0; j < KEY_BLOCK; ++j) {
+            const uint32_t t = t0 + j;
+            EACH_PART(h) {
+                const hvec x = hload(sc[j] + h) * unit - hload(m + h);
+                const huvec row_lo = huload(qb.row_lo + h), row_hi = huload(qb.row_hi + h);
+                const hivec live = (t >= row_lo) & (t < row_hi);
+                const hvec p = HSELECT(live, exp2v(HMIN0(x) - hload(l + h)), HSPLAT(0.0f));
+                hstore(sc[j] + h, HSELECT(live, scale * p * (hload(dp[j] + h) - hload(dsum + h)),
+                                          HSPLAT(0.0f)));
+            }
+        }
+        if (c->mods & CLATTN_MOD_SOFTCAP)
+            for (uint32_t j = 0; j < KEY_BLOCK; ++j)
+                EACH_PART(h) hstore(sc[j] + h, hload(sc[j] + h) * hload(dz[j] + h));
+        accumulate(dqt, D, krows, sc, n);
+    }
+    float *rows = qt[0]; /* free */
+    tile_to_rows(dqt, D, rows);
+    for (size_t r = 0; r < qb.rows; ++r)
+        out_row(c, c->dq, qb.row[r] * D, rows + r * D, D, c->s->accumulate);
+}
