@@ -470,7 +470,7 @@ Suite *split_suite(void)
 
 /* The reduced set up to head_dim 128 on every variant of the backend, for
  * a second OpenCL implementation (rusticl, whose llvmpipe takes minutes to
- * compile blocked.cl past 128): tiled's row in one work-item and split by
+ * compile cl/blocked/ past 128): tiled's row in one work-item and split by
  * columns, tree's lanes of several elements, tails, GQA, MQA, masks, batch. */
 static const shape_case portable[] = {
     {2, 70, 70, 4, 2, 64, 1, 20, 0, 1},   {1, 9, 37, 2, 1, 7, 0, 5, 0, 1},

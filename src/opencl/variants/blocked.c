@@ -1,12 +1,12 @@
-/* The blocked variant: blocked.cl's kernels, a single work-item per block
+/* The blocked variant: cl/blocked/'s kernels, a single work-item per block
  * of BLOCKED_ROWS rows with no barriers: what PoCL runs fastest on a CPU,
  * where it is the default. */
 #include "clattn_kernels.h"
 #include "variant.h"
 
-enum { BLOCKED_ROWS = 32 }; /* blocked.cl's KK keys and QB query rows */
+enum { BLOCKED_ROWS = 32 }; /* cl/blocked/'s KK keys and QB query rows */
 
-/* Whether blocked.cl's products may keep 16 vectors of 16 floats: the
+/* Whether cl/blocked/'s products may keep 16 vectors of 16 floats: the
  * device says its vectors are 16 floats, or (PoCL runs on this CPU) this
  * CPU has AVX-512, whatever width LLVM prefers to report for it. */
 static int wide_vectors(const struct clattn_cl_state *cl)

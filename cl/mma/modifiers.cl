@@ -1,0 +1,202 @@
+/* ---- score modifiers ---------------------------------------------------- */
+
+
+/* Scores to the units of exp. Unmodified, fp32's Q carries the scale
+ * already and 16-bit scores take it with log2(e) in one product. Modified
+ * ones (SHAPED) are held as y, the modified score z over MOD_UNIT: the cap
+ * where there is one (y = tanh(s / cap) less ALiBi's slope / cap * dist),
+ * else PRE, the scale the raw product still lacks (y = raw product less
+ * slope / PRE * dist). The cap's and the scale's products then fold into
+ * exp's, and each score pays only for its tanh and its bias. */
+#define PRE(scale) (DTYPE != 0 ? (scale) : 1.0f)
+#if MODS & MOD_SOFTCAP
+#define MOD_UNIT(scale) softcap
+#else
+#define MOD_UNIT(scale) PRE(scale)
+#endif
+#if SHAPED
+#define SCORE_UNIT(scale) (MOD_UNIT(scale) * EXP_UNIT)
+#else
+#define SCORE_UNIT(scale) (DTYPE != 0 ? (scale) * EXP_UNIT : 1.0f)
+#endif
+
+/* The ALiBi slope of a query head (0 without ALiBi). */
+#if MODS & MOD_ALIBI
+#define SLOPE(head) slopes[head]
+#else
+#define SLOPE(head) 0.0f
+#endif
+
+/* One score modified, in MOD_UNIT: x is the raw product; mul takes it to
+ * tanh's argument, x * PRE / cap, where OpenCL's tanh is about 20
+ * instructions a score. On the GPU, 16-bit kernels take one
+ * tanh.approx.f32 (relative error below 2^-10.9, under half a bf16 ulp);
+ * emulated, 1 - 2 / (1 + 2^(2 u log2(e))) by native_exp2 and native_recip;
+ * float32 native's form, sign(x) (1 - e) / (1 + e) with e = 2^(-2 |u|
+ * log2(e)), one ex2 and one division (an absolute error of a few float32
+ * ulps of 1, as the scores' own rounding at the cap's size). In both,
+ * mul carries 2 log2(e). Then ALiBi's bias, slope_u = slope / MOD_UNIT
+ * times dist. *dz is the derivative of z in the scaled score. */
+inline float modify_one(float x, float mul, float slope_u, float dist, float *dz)
+{
+    float g = 1.0f;
+#if MODS & MOD_SOFTCAP
+#if DTYPE != 0 && !defined(MMA_EMULATE)
+    float th;
+    __asm__("tanh.approx.f32 %0, %1;" : "=f"(th) : "f"(x * mul));
+#elif DTYPE != 0
+    const float y = x * mul * (1.0f / TWO_LOG2E);
+    const float th = fabs(y) < TANH_SERIES_BELOW
+                         ? tanh_series(y)
+                         : 1.0f - 2.0f * native_recip(1.0f + native_exp2(x * mul));
+#else /* as native: the series, else sign(x) (1 - e) / (1 + e), e = 2^(-|x| mul) */
+    const float y = x * mul * (1.0f / TWO_LOG2E);
+    const float th = fabs(y) < TANH_SERIES_BELOW ? tanh_series(y)
+                                                  : tanh_of_e(x, exp2_ftz(-fabs(x) * mul));
+#endif
+    x = th;
+    g = 1.0f - th * th;
+#endif
+#if MODS & MOD_ALIBI
+    x -= slope_u * dist;
+#endif
+    *dz = g;
+    return x;
+}
+
+/* The modified scores (in MOD_UNIT) of a lane's part of a 16 x TILE block,
+ * and their derivatives into dz: element j's |P - T| is |base + side *
+ * off(j)| with off(j) = (j & 2 ? 8 : 0) - j / 4 * 8 - (j & 1), side 1 for
+ * the query side's blocks (rows queries, columns keys: base = row0 + delta
+ * - t0 - 2t) and -1 for the key side's (base = p0 + 2t + delta - key0). In
+ * float32 from base while that is exact, below 2^23. */
+inline void modify_lane(float *s, float *dz, float pre, long base, float side, float softcap,
+                        float slope)
+{
+#if (MODS & MOD_SOFTCAP) && DTYPE != 0 && !defined(MMA_EMULATE)
+    const float mul = pre / softcap, slope_u = slope / softcap;
+#elif MODS & MOD_SOFTCAP
+    const float mul = TWO_LOG2E * pre / softcap, slope_u = slope / softcap;
+#else
+    const float mul = 1.0f, slope_u = slope / pre;
+#endif
+#define OFF(j) ((float)(((j) & 2 ? 8 : 0) - (int)((j) / 4 * 8) - (int)((j) & 1)))
+    if (base > -(1L << 23) && base < (1L << 23)) {
+        const float fb = (float)base;
+        UNROLL
+        for (uint j = 0; j < NT * 4; ++j)
+            s[j] = modify_one(s[j], mul, slope_u, fabs(fb + side * OFF(j)), &dz[j]);
+    } else {
+        UNROLL
+        for (uint j = 0; j < NT * 4; ++j) {
+            const long d = base + (long)(side * OFF(j));
+            s[j] = modify_one(s[j], mul, slope_u, (float)(d < 0 ? -d : d), &dz[j]);
+        }
+    }
+#undef OFF
+}
+
+/* Dropout's keep bits of a lane's scores: bit j of kb[j / 32] for score
+ * j of its fragment (n-tile j / 4, row half (j & 2) / 2, column j & 1).
+ * Eight consecutive keys of one query share a Philox block, and the lanes
+ * that hold them share its draw: each block is drawn by one of them, which
+ * passes its eight keep bits (keep_byte) to the others by shuffles, a draw
+ * per eight scores. `a`, where the warp's keys start within a block, is 0
+ * unless kv_offset (or on the query side a window's first key) is off a
+ * multiple of 8; the blocks then straddle the n-tiles (the rows on the key
+ * side) and one more block a row (a column) is drawn. Blocks are numbered
+ * so that those drawn at a = 0 come first. */
+#define DROP_WORDS ((NT * 4 + 31) / 32)
+#define QB ((2 * (NT + 1) + 3) / 4) /* blocks a lane draws at most, query side */
+#define KB ((6 * NT + 7) / 8)       /* and key side */
+#define BYTE_OF(w, i, lanes) (((w)[(i) % (lanes)][(i) / (lanes) / 4] >> ((i) / (lanes) % 4 * 8)) & 0xFFu)
+
+/* Query side: rows row0 and row0 + 8 (queries), columns keys t0 + 8n + 2t
+ * + c. Block i = 2m + r holds keys t0 + 8m - a .. of row half r; lane
+ * i % 4 of the row's quad draws it. An n-tile's keep bits are a byte of
+ * its block and the next one's, shifted by a. */
+inline void keep_queries(uint *kb, uint t0, uint row0, uint head, uint b, long delta,
+                         __local float *emu, MOD_ARGS)
+{
+    const uint lane = get_local_id(0) & 31u, t = lane & 3u;
+    const uint first = t0 + kv_pos0, a = first & 7u, blocks = a ? 2 * (NT + 1) : 2 * NT;
+    uint own[(QB + 3) / 4];
+    UNROLL
+    for (uint w = 0; w < (QB + 3) / 4; ++w)
+        own[w] = 0u;
+    UNROLL
+    for (uint q = 0; q < QB; ++q) {
+        const uint i = 4 * q + t;
+        if (i < blocks) {
+            const uint4 x = draws(((first >> 3) + i / 2) & 0x1FFFFFFFu, row0 + 8 * (i & 1u), head,
+                                  b, delta, kv_pos0, seq0, drop_k0, drop_k1);
+            own[q / 4] |= keep_byte(x, drop_thr) << (8 * (q % 4));
+        }
+    }
+    uint got[4][(QB + 3) / 4];
+    UNROLL
+    for (uint w = 0; w < (QB + 3) / 4; ++w)
+        UNROLL
+        for (uint src = 0; src < 4; ++src)
+            got[src][w] = shfl_idx(own[w], (lane & ~3u) | src, emu);
+    UNROLL
+    for (uint w = 0; w < DROP_WORDS; ++w)
+        kb[w] = 0u;
+    UNROLL
+    for (uint n = 0; n < NT; ++n)
+        UNROLL
+        for (uint r = 0; r < 2; ++r) {
+            const uint i = 2 * n + r, j = 4 * n + 2 * r; /* keys 2t and 2t + 1 */
+            const uint two = BYTE_OF(got, i, 4) | BYTE_OF(got, i + 2, 4) << 8;
+            kb[j / 32] |= ((two >> (a + 2 * t)) & 3u) << (j % 32);
+        }
+}
+
+/* Key side: rows keys key0 and key0 + 8 (key0 = kbase + g), columns
+ * queries p0 + 8n + 2t + c. Block i = 2NT k + (2n + c) holds keys kbase +
+ * 8k - a .. of query p0 + 8n + 2t + c; lane g = i % 8 of the eight lanes of
+ * the same t draws it. A column's keep bits are bits a .. a + 15 of its
+ * blocks' three bytes. */
+inline void keep_keys(uint *kb, uint p0, uint key0, uint head, uint b, long delta,
+                      __local float *emu, MOD_ARGS)
+{
+    const uint lane = get_local_id(0) & 31u, t = lane & 3u, g = lane >> 2;
+    const uint first = key0 - g + kv_pos0, a = first & 7u, blocks = a ? 6 * NT : 4 * NT;
+    uint own[(KB + 3) / 4];
+    UNROLL
+    for (uint w = 0; w < (KB + 3) / 4; ++w)
+        own[w] = 0u;
+    UNROLL
+    for (uint q = 0; q < KB; ++q) {
+        const uint i = 8 * q + g, col = i % (2 * NT);
+        if (i < blocks) {
+            const uint4 x = draws(((first >> 3) + i / (2 * NT)) & 0x1FFFFFFFu,
+                                  p0 + 8 * (col / 2) + 2 * t + (col & 1u), head, b, delta, kv_pos0,
+                                  seq0, drop_k0, drop_k1);
+            own[q / 4] |= keep_byte(x, drop_thr) << (8 * (q % 4));
+        }
+    }
+    uint got[8][(KB + 3) / 4];
+    UNROLL
+    for (uint w = 0; w < (KB + 3) / 4; ++w)
+        UNROLL
+        for (uint src = 0; src < 8; ++src)
+            got[src][w] = shfl_idx(own[w], (src << 2) | t, emu);
+    UNROLL
+    for (uint w = 0; w < DROP_WORDS; ++w)
+        kb[w] = 0u;
+    UNROLL
+    for (uint col = 0; col < 2 * NT; ++col) {
+        const uint three = BYTE_OF(got, col, 8) | BYTE_OF(got, 2 * NT + col, 8) << 8 |
+                           BYTE_OF(got, 4 * NT + col, 8) << 16;
+        UNROLL
+        for (uint r = 0; r < 2; ++r) { /* key g of row half r */
+            const uint j = col / 2 * 4 + 2 * r + (col & 1u);
+            kb[j / 32] |= ((three >> (a + 8 * r + g)) & 1u) << (j % 32);
+        }
+    }
+}
+
+/* Dropout's factor of score j: drop_gain where kept, else 0. */
+#define KEEP_GAIN(kb, j) (((kb)[(j) / 32] >> ((j) % 32)) & 1u ? drop_gain : 0.0f)
+
