@@ -212,12 +212,12 @@ static clattn_status build_set_once(struct clattn_cl_state *cl, const clattn_ocl
             return CLATTN_ERROR_WORK_GROUP_TOO_LARGE;
         }
         if ((strict_limits || !family->lenient_limits) &&
-            (set->max_wg[k] < wg || cl->local_mem < set->local_mem[k] + local))
+            (set->max_wg[k] < wg || cl->limits.local_mem < set->local_mem[k] + local))
             return clattn_fail(CLATTN_ERROR_WORK_GROUP_TOO_LARGE,
                                "%s needs work-groups of %zu and %zu bytes of local memory; "
                                "the device allows %zu and %llu",
                                v->function, wg, local, set->max_wg[k],
-                               (unsigned long long)cl->local_mem);
+                               (unsigned long long)cl->limits.local_mem);
     }
     return CLATTN_OK;
 }
@@ -226,7 +226,7 @@ clattn_status clattn_ocl_build_set(struct clattn_cl_state *cl, const clattn_ocl_
                                    uint32_t head_dim, clattn_dtype dtype, unsigned mods,
                                    kernel_set *set, int strict_limits)
 {
-    size_t limit = cl->max_wg;
+    size_t limit = cl->limits.max_wg;
     for (;;) {
         memset(set, 0, sizeof *set);
         set->limit = limit;
@@ -256,8 +256,8 @@ void clattn_ocl_release_set(kernel_set *set)
 clattn_status clattn_ocl_generic_kernels(struct clattn_cl_state *cl, clattn_dtype dtype,
                                          unsigned mods, kernel_set **out)
 {
-    kernel_set *set = &cl->generic[mods][dtype];
-    if (!cl->generic_built[mods][dtype]) {
+    kernel_set *set = &cl->kernels.any_head_dim[mods][dtype];
+    if (!cl->kernels.any_built[mods][dtype]) {
         clattn_status st =
             clattn_ocl_build_set(cl, clattn_ocl_generic_variant(), 0, dtype, mods, set, 0);
         if (st != CLATTN_OK) {
@@ -265,7 +265,7 @@ clattn_status clattn_ocl_generic_kernels(struct clattn_cl_state *cl, clattn_dtyp
             memset(set, 0, sizeof *set);
             return st;
         }
-        cl->generic_built[mods][dtype] = 1;
+        cl->kernels.any_built[mods][dtype] = 1;
     }
     *out = set;
     return CLATTN_OK;
@@ -279,7 +279,7 @@ clattn_status clattn_ocl_kernels_for(struct clattn_cl_state *cl, uint32_t head_d
         return clattn_ocl_generic_kernels(cl, dtype, mods, out);
     if (variant->serving)
         variant = variant->serving(head_dim, dtype);
-    if (!cl->special[mods][dtype][head_dim]) {
+    if (!cl->kernels.per_head_dim[mods][dtype][head_dim]) {
         kernel_set *set = calloc(1, sizeof *set);
         if (!set)
             return clattn_fail(CLATTN_ERROR_OUT_OF_MEMORY, "out of host memory");
@@ -289,8 +289,8 @@ clattn_status clattn_ocl_kernels_for(struct clattn_cl_state *cl, uint32_t head_d
             free(set);
             return st;
         }
-        cl->special[mods][dtype][head_dim] = set;
+        cl->kernels.per_head_dim[mods][dtype][head_dim] = set;
     }
-    *out = cl->special[mods][dtype][head_dim];
+    *out = cl->kernels.per_head_dim[mods][dtype][head_dim];
     return CLATTN_OK;
 }

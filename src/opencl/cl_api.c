@@ -114,15 +114,15 @@ clattn_status clattn_merge_cl(clattn_context *ctx, const clattn_shape *shape, cl
     kernel_set *set = NULL;
     const clattn_dtype dtype = shape->dtype;
     cl_int err = CL_SUCCESS;
-    if (!cl->merge[dtype] && (st = clattn_ocl_generic_kernels(cl, dtype, 0, &set)) == CLATTN_OK) {
-        cl->merge[dtype] = clCreateKernel(set->program[K_FORWARD], "merge__tree", &err);
+    if (!cl->kernels.merge[dtype] && (st = clattn_ocl_generic_kernels(cl, dtype, 0, &set)) == CLATTN_OK) {
+        cl->kernels.merge[dtype] = clCreateKernel(set->program[K_FORWARD], "merge__tree", &err);
         if (err != CL_SUCCESS) {
-            cl->merge[dtype] = NULL;
+            cl->kernels.merge[dtype] = NULL;
             st = clattn_ocl_fail(err, "clCreateKernel(merge__tree)");
         }
     }
     if (st == CLATTN_OK) {
-        cl_kernel kn = cl->merge[dtype];
+        cl_kernel kn = cl->kernels.merge[dtype];
         cl_uint arg = 0;
         for (int i = 0; i < 6; ++i) {
             cl_ulong off = t[i].offset;

@@ -151,25 +151,25 @@ static void release_state(struct clattn_cl_state *cl)
     if (!cl)
         return;
     for (int i = 0; i < CLATTN_R_COUNT; ++i)
-        if (cl->scratch[i])
-            clReleaseMemObject(cl->scratch[i]);
-    if (cl->ds)
-        clReleaseMemObject(cl->ds);
-    if (cl->ds_read)
-        clReleaseEvent(cl->ds_read);
-    for (int i = 0; i < PACKED_LANES; ++i)
-        if (cl->lanes[i])
-            clReleaseCommandQueue(cl->lanes[i]);
+        if (cl->host_copy.buffer[i])
+            clReleaseMemObject(cl->host_copy.buffer[i]);
+    if (cl->ds.buffer)
+        clReleaseMemObject(cl->ds.buffer);
+    if (cl->ds.last_read)
+        clReleaseEvent(cl->ds.last_read);
+    for (int i = 0; i < PACKED_QUEUES; ++i)
+        if (cl->packed_queues[i])
+            clReleaseCommandQueue(cl->packed_queues[i]);
     for (int t = 0; t < 3; ++t)
-        if (cl->merge[t])
-            clReleaseKernel(cl->merge[t]);
+        if (cl->kernels.merge[t])
+            clReleaseKernel(cl->kernels.merge[t]);
     for (int m = 0; m < CLATTN_MODS; ++m)
         for (int t = 0; t < 3; ++t) {
-            clattn_ocl_release_set(&cl->generic[m][t]);
+            clattn_ocl_release_set(&cl->kernels.any_head_dim[m][t]);
             for (int d = 0; d <= CLATTN_MAX_HEAD_DIM; ++d)
-                if (cl->special[m][t][d]) {
-                    clattn_ocl_release_set(cl->special[m][t][d]);
-                    free(cl->special[m][t][d]);
+                if (cl->kernels.per_head_dim[m][t][d]) {
+                    clattn_ocl_release_set(cl->kernels.per_head_dim[m][t][d]);
+                    free(cl->kernels.per_head_dim[m][t][d]);
                 }
         }
     if (cl->own_queue && cl->queue)
@@ -220,10 +220,10 @@ static clattn_status test_limits(struct clattn_cl_state *cl)
                            "CLATTN_DEVICE_LIMITS='%s': want WG[,LOCAL_BYTES], WG at least 1 "
                            "and LOCAL_BYTES at least 1024",
                            text);
-    if (wg < cl->max_wg)
-        cl->max_wg = wg;
-    if (n == 2 && local < cl->local_mem)
-        cl->local_mem = local;
+    if (wg < cl->limits.max_wg)
+        cl->limits.max_wg = wg;
+    if (n == 2 && local < cl->limits.local_mem)
+        cl->limits.local_mem = local;
     return CLATTN_OK;
 }
 
@@ -265,14 +265,14 @@ static clattn_status init_variant(clattn_context *ctx, const clattn_ocl_variant 
     }
     cl_device_type type = 0;
     if ((err = clGetDeviceInfo(device, CL_DEVICE_TYPE, sizeof type, &type, NULL)) ||
-        (err = clGetDeviceInfo(device, CL_DEVICE_MAX_MEM_ALLOC_SIZE, sizeof cl->max_alloc,
-                               &cl->max_alloc, NULL)) ||
-        (err = clGetDeviceInfo(device, CL_DEVICE_GLOBAL_MEM_SIZE, sizeof cl->global_mem,
-                               &cl->global_mem, NULL)) ||
-        (err = clGetDeviceInfo(device, CL_DEVICE_LOCAL_MEM_SIZE, sizeof cl->local_mem,
-                               &cl->local_mem, NULL)) ||
-        (err = clGetDeviceInfo(device, CL_DEVICE_NATIVE_VECTOR_WIDTH_FLOAT, sizeof cl->float_width,
-                               &cl->float_width, NULL))) {
+        (err = clGetDeviceInfo(device, CL_DEVICE_MAX_MEM_ALLOC_SIZE, sizeof cl->limits.max_alloc,
+                               &cl->limits.max_alloc, NULL)) ||
+        (err = clGetDeviceInfo(device, CL_DEVICE_GLOBAL_MEM_SIZE, sizeof cl->limits.global_mem,
+                               &cl->limits.global_mem, NULL)) ||
+        (err = clGetDeviceInfo(device, CL_DEVICE_LOCAL_MEM_SIZE, sizeof cl->limits.local_mem,
+                               &cl->limits.local_mem, NULL)) ||
+        (err = clGetDeviceInfo(device, CL_DEVICE_NATIVE_VECTOR_WIDTH_FLOAT, sizeof cl->limits.float_width,
+                               &cl->limits.float_width, NULL))) {
         st = clattn_ocl_fail(err, "clGetDeviceInfo");
         goto fail;
     }
@@ -281,8 +281,8 @@ static clattn_status init_variant(clattn_context *ctx, const clattn_ocl_variant 
      * what it wrote so far: launch.c refuses calls that could reach it. */
     char name[128];
     query_string(get_device_info, device, CL_DEVICE_NAME, name, sizeof name);
-    cl->loop_cap = strstr(name, "llvmpipe") ? 65535ul : 0ul;
-    if ((st = work_group_limit(device, &cl->max_wg)) != CLATTN_OK ||
+    cl->limits.loop_cap = strstr(name, "llvmpipe") ? 65535ul : 0ul;
+    if ((st = work_group_limit(device, &cl->limits.max_wg)) != CLATTN_OK ||
         (st = test_limits(cl)) != CLATTN_OK)
         goto fail;
     if (variant->runs_on && !variant->runs_on(device)) {
@@ -311,10 +311,10 @@ static clattn_status init_variant(clattn_context *ctx, const clattn_ocl_variant 
      * variant's for head_dim 64. */
     cl->variant = variant->per_head_dim ? variant : NULL;
     if (!cl->variant) {
-        if ((st = clattn_ocl_build_set(cl, variant, 0, CLATTN_DTYPE_F32, 0, &cl->generic[0][0],
+        if ((st = clattn_ocl_build_set(cl, variant, 0, CLATTN_DTYPE_F32, 0, &cl->kernels.any_head_dim[0][0],
                                        strict_limits)) != CLATTN_OK)
             goto fail;
-        cl->generic_built[0][0] = 1;
+        cl->kernels.any_built[0][0] = 1;
     }
     kernel_set *probe = NULL;
     if (cl->variant &&

@@ -38,18 +38,18 @@ size_t clattn_ocl_role_bytes(int r, clattn_dtype dtype)
 /* Makes sure the scratch buffer of a role holds bytes (contents are lost). */
 static clattn_status scratch(struct clattn_cl_state *cl, int role, size_t bytes)
 {
-    if (cl->scratch_bytes[role] >= bytes)
+    if (cl->host_copy.bytes[role] >= bytes)
         return CLATTN_OK;
-    if (cl->scratch[role])
-        clReleaseMemObject(cl->scratch[role]);
-    cl->scratch[role] = NULL;
-    cl->scratch_bytes[role] = 0;
+    if (cl->host_copy.buffer[role])
+        clReleaseMemObject(cl->host_copy.buffer[role]);
+    cl->host_copy.buffer[role] = NULL;
+    cl->host_copy.bytes[role] = 0;
     cl_int err;
     cl_mem m = clCreateBuffer(cl->context, CL_MEM_READ_WRITE, bytes, NULL, &err);
     if (err != CL_SUCCESS)
         return clattn_ocl_fail(err, "clCreateBuffer");
-    cl->scratch[role] = m;
-    cl->scratch_bytes[role] = bytes;
+    cl->host_copy.buffer[role] = m;
+    cl->host_copy.bytes[role] = bytes;
     return CLATTN_OK;
 }
 
@@ -58,11 +58,11 @@ clattn_status clattn_ocl_check_alloc(const struct clattn_cl_state *cl, const cla
 {
     const size_t largest = sz->q > sz->kv ? sz->q : sz->kv;
     const size_t bytes = largest * clattn_ocl_role_bytes(CLATTN_R_Q, dtype);
-    if ((cl_ulong)bytes > cl->max_alloc || sz->lse * sizeof(float) > cl->max_alloc)
+    if ((cl_ulong)bytes > cl->limits.max_alloc || sz->lse * sizeof(float) > cl->limits.max_alloc)
         return clattn_fail(CLATTN_ERROR_TOO_LARGE_FOR_DEVICE,
                            "a tensor of %zu bytes exceeds the device's largest allocation, "
                            "%llu bytes",
-                           bytes, (unsigned long long)cl->max_alloc);
+                           bytes, (unsigned long long)cl->limits.max_alloc);
     return CLATTN_OK;
 }
 
@@ -76,12 +76,12 @@ static clattn_status enqueue_kernel(struct clattn_cl_state *cl, cl_command_queue
     cl_kernel kn = set->kernel[k];
     const size_t wg = clattn_ocl_work_group(cl, set, k, s->head_dim);
     const size_t local = clattn_ocl_local_bytes(cl, set, k, s->head_dim);
-    if (wg > set->max_wg[k] || set->local_mem[k] + local > cl->local_mem)
+    if (wg > set->max_wg[k] || set->local_mem[k] + local > cl->limits.local_mem)
         return clattn_fail(CLATTN_ERROR_WORK_GROUP_TOO_LARGE,
                            "head_dim %u needs work-groups of %zu with %zu bytes of local "
                            "memory; the device runs at most %zu and has %llu bytes",
                            s->head_dim, wg, local, set->max_wg[k],
-                           (unsigned long long)cl->local_mem);
+                           (unsigned long long)cl->limits.local_mem);
     cl_uint arg = 0;
     cl_int err = CL_SUCCESS;
     for (int i = 0; i < kd->nroles; ++i) {
@@ -139,7 +139,7 @@ static clattn_status enqueue_kernel(struct clattn_cl_state *cl, cl_command_queue
     return CLATTN_OK;
 }
 
-/* Where the driver ends work-items after cl->loop_cap loop iterations: a
+/* Where the driver ends work-items after cl->limits.loop_cap loop iterations: a
  * bound on any kernel's, four passes over head_dim per row of the other
  * side that a work-item visits (keys for the query-side kernels, queries of
  * the whole head group for the key side), with 64 rows more for the second
@@ -148,7 +148,7 @@ static clattn_status enqueue_kernel(struct clattn_cl_state *cl, cl_command_queue
 clattn_status clattn_ocl_check_loop_cap(const struct clattn_cl_state *cl, clattn_op op,
                                         const clattn_shape *s)
 {
-    if (!cl->loop_cap)
+    if (!cl->limits.loop_cap)
         return CLATTN_OK;
     const uint64_t keys = s->kv_seq;
     const uint64_t queries = (uint64_t)s->q_seq * (s->num_heads / s->num_kv_heads);
@@ -160,23 +160,23 @@ clattn_status clattn_ocl_check_loop_cap(const struct clattn_cl_state *cl, clattn
      * least 2 columns (at head_dim 1, llvmpipe cut calls from about 10,800
      * rows that 1 would let through). */
     const uint64_t loops = 4u * (rows + 64u) * (s->head_dim < 2 ? 2u : s->head_dim);
-    if (loops <= cl->loop_cap)
+    if (loops <= cl->limits.loop_cap)
         return CLATTN_OK;
     return clattn_fail(CLATTN_ERROR_TOO_LARGE_FOR_DEVICE,
                        "this driver (Mesa's llvmpipe) ends a work-item after %lu loop "
                        "iterations and keeps what it wrote so far; this call's work-items may "
                        "run about %llu (%llu rows of head_dim %u): use a shorter sequence or "
                        "chunks merged by clattn_merge, or another device",
-                       cl->loop_cap, (unsigned long long)loops, (unsigned long long)rows,
+                       cl->limits.loop_cap, (unsigned long long)loops, (unsigned long long)rows,
                        s->head_dim);
 }
 
 /* The dS scratch's chunk for a backward: the most batch elements and KV
  * heads whose dS (group query heads a KV head, q_seq by kv_seq floats
- * each) fit cl->ds_max and the device's largest allocation; whole KV heads
+ * each) fit cl->ds.max and the device's largest allocation; whole KV heads
  * of one batch element where not all of them fit. nb 0: no dS scratch, for
  * a variant without GRAD_KVS, a bound of 0, a KV head whose dS alone is
- * past it, or a queue other than the context's (packed sequences' lanes
+ * past it, or a queue other than the context's (packed sequences' queues
  * run at once and cannot share the scratch). */
 static grid_part ds_chunk(const struct clattn_cl_state *cl, clattn_op op, const clattn_shape *s,
                           const kernel_set *set, cl_command_queue queue)
@@ -185,8 +185,8 @@ static grid_part ds_chunk(const struct clattn_cl_state *cl, clattn_op op, const 
     if (op != CLATTN_OP_BACKWARD || !set->kernel[K_GRAD_KVS] || !set->kernel[K_GRAD_QS] ||
         queue != cl->queue)
         return c;
-    const uint64_t asked = cl->ds_max == DS_DEFAULT ? cl->global_mem / 16 : cl->ds_max;
-    const uint64_t bound = asked < cl->max_alloc ? asked : cl->max_alloc;
+    const uint64_t asked = cl->ds.max == DS_DEFAULT ? cl->limits.global_mem / 16 : cl->ds.max;
+    const uint64_t bound = asked < cl->limits.max_alloc ? asked : cl->limits.max_alloc;
     const uint64_t slab = (uint64_t)(s->num_heads / s->num_kv_heads) * s->q_seq * s->kv_seq *
                           sizeof(float);
     if (!slab || slab > bound)
@@ -208,18 +208,18 @@ static size_t ds_bytes(const clattn_shape *s, const grid_part *c)
  * keeps the old until the kernels using it end. */
 static clattn_status ds_scratch(struct clattn_cl_state *cl, size_t bytes)
 {
-    if (cl->ds_bytes >= bytes)
+    if (cl->ds.bytes >= bytes)
         return CLATTN_OK;
-    if (cl->ds)
-        clReleaseMemObject(cl->ds);
-    cl->ds_bytes = 0;
+    if (cl->ds.buffer)
+        clReleaseMemObject(cl->ds.buffer);
+    cl->ds.bytes = 0;
     cl_int err;
-    cl->ds = clCreateBuffer(cl->context, CL_MEM_READ_WRITE, bytes, NULL, &err);
+    cl->ds.buffer = clCreateBuffer(cl->context, CL_MEM_READ_WRITE, bytes, NULL, &err);
     if (err != CL_SUCCESS) {
-        cl->ds = NULL;
+        cl->ds.buffer = NULL;
         return clattn_ocl_fail(err, "clCreateBuffer(dS scratch)");
     }
-    cl->ds_bytes = bytes;
+    cl->ds.bytes = bytes;
     return CLATTN_OK;
 }
 
@@ -249,8 +249,8 @@ static clattn_status enqueue_ds_chunks(struct clattn_cl_state *cl, cl_command_qu
                 else {
                     if (prev)
                         wait[n++] = prev;
-                    if (cl->ds_read)
-                        wait[n++] = cl->ds_read;
+                    if (cl->ds.last_read)
+                        wait[n++] = cl->ds.last_read;
                 }
                 st = enqueue_kernel(cl, queue, set, k, s, slopes, t, &c, n, wait, &ev);
                 if (last)
@@ -263,14 +263,14 @@ static clattn_status enqueue_ds_chunks(struct clattn_cl_state *cl, cl_command_qu
             clReleaseEvent(last);
         return st;
     }
-    if (cl->ds_read)
-        clReleaseEvent(cl->ds_read);
+    if (cl->ds.last_read)
+        clReleaseEvent(cl->ds.last_read);
     /* The next call's first writer of the scratch waits for its last reader;
      * where the event cannot be kept, the reader is waited for now. */
     if (clRetainEvent(last) == CL_SUCCESS) {
-        cl->ds_read = last;
+        cl->ds.last_read = last;
     } else {
-        cl->ds_read = NULL;
+        cl->ds.last_read = NULL;
         clWaitForEvents(1, &last);
     }
     *done = last;
@@ -292,7 +292,7 @@ clattn_status clattn_ocl_enqueue_op(struct clattn_cl_state *cl, cl_command_queue
      * float32 dQ is as large as dQ's elements in float32: where that exceeds
      * the device's largest allocation, two passes. */
     const int single = op == CLATTN_OP_BACKWARD && set->kernel[K_GRAD_KVQ] &&
-                       (cl_ulong)sz->q * sizeof(float) <= cl->max_alloc;
+                       (cl_ulong)sz->q * sizeof(float) <= cl->limits.max_alloc;
     const grid_part chunk = ds_chunk(cl, op, s, set, queue);
     const int *plan = single                                                ? backward_single
                       : chunk.nb                                            ? backward_ds
@@ -346,7 +346,7 @@ clattn_status clattn_ocl_enqueue_op(struct clattn_cl_state *cl, cl_command_queue
     }
     if (chunk.nb && st == CLATTN_OK) {
         st = ds_scratch(cl, ds_bytes(s, &chunk));
-        t[R_DS].buffer = cl->ds;
+        t[R_DS].buffer = cl->ds.buffer;
         t[R_DS].offset = 0;
     }
     cl_event prev = NULL;
@@ -402,21 +402,21 @@ clattn_status clattn_ocl_enqueue_op(struct clattn_cl_state *cl, cl_command_queue
  * PoCL 3.1 was seen to fail an assertion, pocl_release_dlhandle_cache's,
  * with kernels in flight on several queues), or where the device refuses
  * more queues: then the context's. */
-static cl_uint packed_lanes(struct clattn_cl_state *cl)
+static cl_uint packed_queues(struct clattn_cl_state *cl)
 {
     if (cl->owner->backend == CLATTN_BACKEND_OPENCL_CPU)
         return 0;
-    for (cl_uint i = 0; i < PACKED_LANES; ++i) {
-        if (cl->lanes[i])
+    for (cl_uint i = 0; i < PACKED_QUEUES; ++i) {
+        if (cl->packed_queues[i])
             continue;
         cl_int err;
-        cl->lanes[i] = clCreateCommandQueue(cl->context, cl->device, 0, &err);
+        cl->packed_queues[i] = clCreateCommandQueue(cl->context, cl->device, 0, &err);
         if (err != CL_SUCCESS) {
-            cl->lanes[i] = NULL;
+            cl->packed_queues[i] = NULL;
             return i;
         }
     }
-    return PACKED_LANES;
+    return PACKED_QUEUES;
 }
 
 /* clattn_fill_unseen()'s fill on device buffers: a fill command after the
@@ -448,7 +448,7 @@ static int fill_device(void *arg, int role, size_t first, size_t count, float va
 
 /* Packed sequences on device buffers: each sequence's problem at its rows
  * (the longest first, so that what fails for it fails before anything is
- * enqueued), spread over the lanes after a marker for what the caller's
+ * enqueued), spread over the packed queues after a marker for what the caller's
  * queue and wait list hold; the rows no problem writes filled as a row that
  * sees nothing; then a barrier on the context's queue after them all, so
  * that the caller's later commands (and `event`) follow the whole call. */
@@ -460,7 +460,7 @@ clattn_status clattn_ocl_enqueue_packed(struct clattn_cl_state *cl, clattn_op op
     cl_event *evs = malloc(most * sizeof *evs), start = NULL;
     if (!evs)
         return clattn_fail(CLATTN_ERROR_OUT_OF_MEMORY, "out of host memory");
-    const cl_uint lanes = packed_lanes(cl);
+    const cl_uint queues = packed_queues(cl);
     cl_uint n = 0, sequences = 0;
     cl_int err = clEnqueueMarkerWithWaitList(cl->queue, nwait, nwait ? wait : NULL, &start);
     clattn_status st = CLATTN_OK;
@@ -489,7 +489,7 @@ clattn_status clattn_ocl_enqueue_packed(struct clattn_cl_state *cl, clattn_op op
         sub[R_DSUM].buffer = dsum;
         sub[R_DSUM].offset = (size_t)s->cu_seqlens_q[i] * s->num_heads;
         clattn_sizes sz;
-        cl_command_queue q = lanes ? cl->lanes[sequences % lanes] : cl->queue;
+        cl_command_queue q = queues ? cl->packed_queues[sequences % queues] : cl->queue;
         cl->owner->seq_base = i; /* dropout's b */
         if ((st = clattn_check_shape(&one, &sz)) == CLATTN_OK &&
             (st = clattn_ocl_enqueue_op(cl, q, op, &one, &sz, sub, 1, &start, &evs[n])) ==
@@ -502,8 +502,8 @@ clattn_status clattn_ocl_enqueue_packed(struct clattn_cl_state *cl, clattn_op op
     device_fill f = {cl, s->dtype, t, start, evs, &n, CL_SUCCESS};
     if (st == CLATTN_OK && clattn_fill_unseen(s, op, fill_device, &f))
         st = clattn_ocl_fail(f.err, "clEnqueueFillBuffer");
-    for (cl_uint i = 0; i < lanes && i < sequences; ++i)
-        clFlush(cl->lanes[i]);
+    for (cl_uint i = 0; i < queues && i < sequences; ++i)
+        clFlush(cl->packed_queues[i]);
     if (st == CLATTN_OK) {
         err = n ? clEnqueueBarrierWithWaitList(cl->queue, n, evs, event)
                 : clEnqueueBarrierWithWaitList(cl->queue, 1, &start, event);
@@ -546,7 +546,7 @@ clattn_status clattn_ocl_run(clattn_context *ctx, clattn_op op, const clattn_sha
             clattn_role_elems(sz, (clattn_role)r) * clattn_ocl_role_bytes(r, s->dtype);
         if ((st = scratch(cl, r, bytes)) != CLATTN_OK)
             return st;
-        t[r].buffer = cl->scratch[r];
+        t[r].buffer = cl->host_copy.buffer[r];
     }
     /* Events order the copies even on a caller's out-of-order queue. */
     cl_event ev[CLATTN_R_COUNT], kernels_done = NULL;

@@ -81,7 +81,7 @@ typedef struct tuned_entry {
     tile_config tile;
     mma_config mma;
 } tuned_entry;
-enum { TUNED_MAX = 96, PACKED_LANES = 4 };
+enum { TUNED_MAX = 96, PACKED_QUEUES = 4 };
 #define DS_DEFAULT ((size_t)-1)
 
 /* The kernels of one variant, built for one head_dim (tiled, blocked) or
@@ -108,28 +108,40 @@ struct clattn_cl_state {
     cl_context context;
     cl_command_queue queue;
     int own_context, own_queue;
-    /* Per score modifiers (clattn_modifiers bits) and dtype: */
-    kernel_set generic[CLATTN_MODS][3]; /* tree's, any head_dim: with the context
-                                         * for tree, else lazily */
-    int generic_built[CLATTN_MODS][3];
-    /* Per head_dim, on first use; &generic where auto fell back on it. */
-    kernel_set *special[CLATTN_MODS][3][CLATTN_MAX_HEAD_DIM + 1];
-    cl_kernel merge[3]; /* tree.cl's merge__tree, per dtype, on first use */
-    /* The variant built per head_dim, or NULL where the generic set
-     * serves every call. */
+    /* What the device allows, as read (and lowered by CLATTN_DEVICE_LIMITS). */
+    struct {
+        cl_ulong max_alloc, global_mem, local_mem;
+        size_t max_wg; /* the work-group limit (in dimension 0 too) */
+        /* Loop iterations a work-item may run in all, where the driver
+         * ends work-items past a count (Mesa's llvmpipe: 65535); 0 where
+         * none. */
+        unsigned long loop_cap;
+        cl_uint float_width; /* the native vector width for float */
+    } limits;
+    /* The variant built per head_dim, or NULL where the generic variant's
+     * one set serves every call. */
     const struct clattn_ocl_variant *variant;
+    /* The built kernels, per score modifiers (clattn_modifiers bits) and
+     * dtype: the generic variant's for any head_dim (with the context
+     * where it is the context's variant, else on first use), the
+     * variant's per head_dim (on first use; the generic set where auto
+     * fell back on it), and merge__tree per dtype. */
+    struct {
+        kernel_set any_head_dim[CLATTN_MODS][3];
+        int any_built[CLATTN_MODS][3];
+        kernel_set *per_head_dim[CLATTN_MODS][3][CLATTN_MAX_HEAD_DIM + 1];
+        cl_kernel merge[3];
+    } kernels;
     /* What variants/mma.c reads from the device and the environment. */
     struct {
         int emulate;  /* build cl/mma with -DMMA_EMULATE */
-        int nv_major; /* compute capability (NVIDIA), else 0: 9 builds with -DSM90
-                       */
+        int nv_major; /* compute capability (NVIDIA), else 0: 9 builds with -DSM90 */
         int wgmma;    /* the 16-bit kernels on wgmma where it applies */
         int tuned;    /* CLATTN_MMA set: tune for every kernel */
         mma_config tune;
         int grad_q_tuned; /* CLATTN_MMA_GRAD_Q set: grad_q_tune for grad-Q */
         mma_config grad_q_tune;
-        int single_tuned; /* CLATTN_MMA_SINGLE set to a shape: the single pass,
-                             wherever it fits */
+        int single_tuned; /* CLATTN_MMA_SINGLE set: the single pass, wherever it fits */
         mma_config single_tune;
     } mma;
     /* What variants/tiled.c reads from the device and the environment. */
@@ -139,30 +151,30 @@ struct clattn_cl_state {
          * backward's), checked, or ""; they beat the tuning file. */
         char env[2][64];
     } tiled;
-    tuned_entry tuned[TUNED_MAX]; /* the tuning file's entries for this device */
-    size_t ntuned;
-    cl_ulong max_alloc;
-    cl_ulong global_mem;
-    cl_ulong local_mem;
-    size_t max_wg; /* the device's work-group limit (in dimension 0 too) */
-    /* Loop iterations a work-item may run in all, where the driver ends
-     * work-items past a count (Mesa's llvmpipe: 65535); 0 where none. */
-    unsigned long loop_cap;
-    cl_uint float_width; /* the device's native vector width for float */
+    /* The tuning file's entries for this device. */
+    struct {
+        tuned_entry entries[TUNED_MAX];
+        size_t count;
+    } tuned;
     /* Queues of the context's own that packed sequences spread over. */
-    cl_command_queue lanes[PACKED_LANES];
-    /* Host-pointer calls copy through these buffers, grown as needed. */
-    cl_mem scratch[CLATTN_R_COUNT];
-    size_t scratch_bytes[CLATTN_R_COUNT];
-    /* The backward's dS scratch (GRAD_KVS to GRAD_QS): at most ds_max
-     * bytes (CLATTN_DS_MAX_MB; 0: none, grad-Q computes the scores again)
-     * and the device's largest allocation;
-     * the buffer, grown as needed, and the event of its last reader, which
-     * the next call's first writer waits for. */
-    size_t ds_max; /* DS_DEFAULT: a 16th of the device's memory */
-    cl_mem ds;
-    size_t ds_bytes;
-    cl_event ds_read;
+    cl_command_queue packed_queues[PACKED_QUEUES];
+    /* The buffers host-pointer calls copy through, per role, grown as
+     * needed. */
+    struct {
+        cl_mem buffer[CLATTN_R_COUNT];
+        size_t bytes[CLATTN_R_COUNT];
+    } host_copy;
+    /* The backward's dS scratch (GRAD_KVS to GRAD_QS): at most `max` bytes
+     * (CLATTN_DS_MAX_MB; 0: none, grad-Q computes the scores again;
+     * DS_DEFAULT: a 16th of the device's memory) and the device's largest
+     * allocation; the buffer, grown as needed, and the event of its last
+     * reader, which the next call's first writer waits for. */
+    struct {
+        size_t max;
+        cl_mem buffer;
+        size_t bytes;
+        cl_event last_read;
+    } ds;
 };
 
 /* errors.c */

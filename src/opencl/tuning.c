@@ -26,7 +26,7 @@ clattn_status clattn_ocl_tuning_init(struct clattn_cl_state *cl, cl_device_id de
                            getenv("CLATTN_CACHE_MAX_MB"));
     /* CLATTN_DS_MAX_MB: the dS scratch's bound (launch.c's ds_chunk) */
     const char *ds = getenv("CLATTN_DS_MAX_MB");
-    cl->ds_max = DS_DEFAULT;
+    cl->ds.max = DS_DEFAULT;
     if (ds) {
         char *end;
         errno = 0;
@@ -36,7 +36,7 @@ clattn_status clattn_ocl_tuning_init(struct clattn_cl_state *cl, cl_device_id de
                                "CLATTN_DS_MAX_MB='%s': want the backward's dS scratch bound as a "
                                "whole number of MiB (0: none)",
                                ds);
-        cl->ds_max = (size_t)(mb << 20);
+        cl->ds.max = (size_t)(mb << 20);
     }
     return CLATTN_OK;
 }

@@ -87,7 +87,7 @@ static const char *parse_entry(char *line, tuned_entry *e, const char **key, cha
 void clattn_ocl_tuning_file(struct clattn_cl_state *cl, clattn_context *ctx, const char *key)
 {
     char path[1024];
-    cl->ntuned = 0;
+    cl->tuned.count = 0;
     if (!tuning_path(path, sizeof path))
         return;
     FILE *f = fopen(path, "r");
@@ -138,17 +138,17 @@ void clattn_ocl_tuning_file(struct clattn_cl_state *cl, clattn_context *ctx, con
         }
         tuned_entry *slot =
             (tuned_entry *)clattn_ocl_tuned(cl, e.variant, e.dtype, e.head_dim, e.pass);
-        if (!slot && cl->ntuned == TUNED_MAX) {
+        if (!slot && cl->tuned.count == TUNED_MAX) {
             ++skipped;
             continue;
         }
-        *(slot ? slot : &cl->tuned[cl->ntuned++]) = e; /* a later line replaces an earlier */
+        *(slot ? slot : &cl->tuned.entries[cl->tuned.count++]) = e; /* a later line replaces an earlier */
     }
     if (!why && ferror(f))
         why = "it could not be read";
     fclose(f);
     if (why) {
-        cl->ntuned = 0;
+        cl->tuned.count = 0;
         if (number > 1)
             clattn_log_append(ctx, "tuning: %s, line %u: %s; the file is ignored", path, number,
                               why);
@@ -162,9 +162,9 @@ void clattn_ocl_tuning_file(struct clattn_cl_state *cl, clattn_context *ctx, con
     if (skipped)
         clattn_log_append(ctx, "tuning: %s: %u entries past the first %d are ignored", path,
                           skipped, (int)TUNED_MAX);
-    for (size_t i = 0; i < cl->ntuned; ++i) {
+    for (size_t i = 0; i < cl->tuned.count; ++i) {
         char shape[160];
-        cl->tuned[i].variant->format_tuned(&cl->tuned[i], shape, sizeof shape);
+        cl->tuned.entries[i].variant->format_tuned(&cl->tuned.entries[i], shape, sizeof shape);
         clattn_log_append(ctx, "tuning: %s from %s", shape, path);
     }
 }

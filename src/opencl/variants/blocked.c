@@ -15,7 +15,7 @@ static int wide_vectors(const struct clattn_cl_state *cl)
     if (__builtin_cpu_supports("avx512f"))
         return 1;
 #endif
-    return cl->float_width >= 16;
+    return cl->limits.float_width >= 16;
 }
 
 /* Its products hold 16 vectors of 16 floats: as 32 registers of 8 floats

@@ -235,7 +235,7 @@ static int single_pass(const struct clattn_cl_state *cl, const kernel_set *set, 
     return set->family[K_GRAD_KV] == &clattn_ocl_variant_mma && set->dtype != CLATTN_DTYPE_F32 &&
            c->warps && c->wsplit == 1 &&
            local_floats(c, largest, cl->mma.emulate, set->dtype, K_GRAD_KVQ) * sizeof(float) <=
-               cl->local_mem;
+               cl->limits.local_mem;
 }
 
 /* The single pass only where asked for and it fits; dQ from dS (GRAD_KVS,
@@ -317,7 +317,7 @@ static int tuned_fits(const struct clattn_cl_state *cl, const tuned_entry *e)
     for (int i = 0; i < 3; ++i)
         if ((local_floats(&e->mma, e->head_dim, cl->mma.emulate, e->dtype, kernels[i]) + 256) *
                 sizeof(float) >
-            cl->local_mem)
+            cl->limits.local_mem)
             return 0;
     return 1;
 }

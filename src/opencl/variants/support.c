@@ -9,10 +9,10 @@
 const tuned_entry *clattn_ocl_tuned(const struct clattn_cl_state *cl, const clattn_ocl_variant *v,
                                     clattn_dtype dtype, uint32_t head_dim, int pass)
 {
-    for (size_t i = 0; i < cl->ntuned; ++i)
-        if (cl->tuned[i].variant == v && cl->tuned[i].dtype == dtype &&
-            cl->tuned[i].head_dim == head_dim && cl->tuned[i].pass == pass)
-            return &cl->tuned[i];
+    for (size_t i = 0; i < cl->tuned.count; ++i)
+        if (cl->tuned.entries[i].variant == v && cl->tuned.entries[i].dtype == dtype &&
+            cl->tuned.entries[i].head_dim == head_dim && cl->tuned.entries[i].pass == pass)
+            return &cl->tuned.entries[i];
     return NULL;
 }
 

@@ -212,7 +212,7 @@ static tile_config tile_config_of(const struct clattn_cl_state *cl, uint32_t hea
                  NULL)
         c = e->tile;
     if (c.per_item) {
-        fit_micro(&c, head_dim, limit, cl->local_mem, pass == TILED_BACKWARD ? K_COUNT : K_FORWARD);
+        fit_micro(&c, head_dim, limit, cl->limits.local_mem, pass == TILED_BACKWARD ? K_COUNT : K_FORWARD);
         return c;
     }
     while (tile_items(&c, head_dim) > limit) {
@@ -224,7 +224,7 @@ static tile_config tile_config_of(const struct clattn_cl_state *cl, uint32_t hea
             c.columns *= 2;
     }
     while (c.tile > c.split && (c.tile / 2) % c.split == 0 &&
-           local_floats(&c, head_dim, K_FORWARD) * sizeof(float) > cl->local_mem)
+           local_floats(&c, head_dim, K_FORWARD) * sizeof(float) > cl->limits.local_mem)
         c.tile /= 2;
     return c;
 }
