@@ -54,7 +54,7 @@ START_TEST(program_cache)
     char dir[] = "/tmp/clattn-cache-XXXXXX";
     ck_assert_ptr_nonnull(mkdtemp(dir));
     setenv("CLATTN_CACHE_DIR", dir, 1);
-    const shape_case c = {1, 20, 20, 2, 1, 16, 1, 0, 0, 1};
+    const shape_case c = {.q_seq = 20, .heads = 2, .kv_heads = 1, .head_dim = 16, .causal = 1};
     clattn_shape s = to_shape(&c);
 
     clattn_context *ctx = test_context(NULL);
@@ -266,7 +266,7 @@ static void tiled_with_file(const char *want, const char *unwanted, uint64_t see
     clattn_context *ctx = test_context("tiled");
     const char *log = clattn_context_log(ctx);
     ck_assert_msg(strstr(log, want) && (!unwanted || !strstr(log, unwanted)), "%s", log);
-    const shape_case c = {1, 21, 21, 2, 1, 16, 1, 0, 0, 1};
+    const shape_case c = {.q_seq = 21, .heads = 2, .kv_heads = 1, .head_dim = 16, .causal = 1};
     clattn_shape s = to_shape(&c);
     check_ops(ctx, &s, 1.0f, seed);
     clattn_context_destroy(ctx);
@@ -314,7 +314,7 @@ START_TEST(tuning_file)
     /* The kernels at head_dim 16 are built with the file's shape (as far as
      * the device's limits let them be): micro-tiles of 2 rows. */
     ctx = test_context("tiled");
-    const shape_case c = {1, 21, 21, 2, 1, 16, 1, 0, 0, 1};
+    const shape_case c = {.q_seq = 21, .heads = 2, .kv_heads = 1, .head_dim = 16, .causal = 1};
     clattn_shape s = to_shape(&c);
     check_ops(ctx, &s, 1.0f, 12);
     ck_assert_msg(strstr(clattn_context_log(ctx), "-DHEAD_DIM=16 -DROWS=8 -DTILE=8 -DSPLIT=1 "
@@ -499,7 +499,7 @@ START_TEST(tuning_file_calls)
     ctx = test_context("tiled");
     ck_assert_msg(strstr(clattn_context_log(ctx), "tuning: tiled f32 head_dim 16: 8,8,1,16,2"),
                   "%s", clattn_context_log(ctx));
-    const shape_case c = {1, 21, 21, 2, 1, 16, 1, 0, 0, 1};
+    const shape_case c = {.q_seq = 21, .heads = 2, .kv_heads = 1, .head_dim = 16, .causal = 1};
     clattn_shape s = to_shape(&c);
     check_ops(ctx, &s, 1.0f, 23);
     const char *options = clattn_context_build_options(ctx);

@@ -68,7 +68,8 @@ START_TEST(caller_buffers)
     ck_assert_ptr_eq(clattn_context_cl_queue(ctx), queue);
     ck_assert_ptr_eq(clattn_context_cl_context(ctx), cctx);
 
-    shape_case c = {2, 21, 21, 4, 2, 24, 1, 5, 0, 1};
+    shape_case c = {.batch = 2, .q_seq = 21, .heads = 4, .kv_heads = 2, .head_dim = 24,
+         .causal = 1, .window = 5};
     clattn_shape s = to_shape(&c);
     problem p;
     problem_make(&p, &s, 4242, 1.0f);
@@ -200,7 +201,8 @@ START_TEST(caller_buffers_training)
     clattn_context *ctx = NULL;
     ck_assert_status(clattn_context_create_from_cl(NULL, cctx, dev, queue, &ctx), CLATTN_OK);
 
-    shape_case c = {2, 23, 23, 6, 3, 20, 1, 6, 0, 1};
+    shape_case c = {.batch = 2, .q_seq = 23, .heads = 6, .kv_heads = 3, .head_dim = 20,
+         .causal = 1, .window = 6};
     clattn_shape s = to_shape(&c);
     problem p;
     problem_make(&p, &s, 777, 1.0f);

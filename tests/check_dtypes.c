@@ -145,10 +145,10 @@ void check_ops_16(clattn_context *ctx, const clattn_shape *s, float q_gain, uint
  * 21.10's uninitialised-value check cannot simulate (it aborts the kernel;
  * tests/oclgrind.sh fails on that). Odd head_dims run everywhere else. */
 static const shape_case simulated[] = {
-    {2, 70, 70, 4, 2, 8, 1, 20, 0, 1},
-    {1, 9, 37, 2, 1, 4, 0, 5, 0, 1},
-    {1, 33, 33, 3, 3, 16, 0, 0, 0.5f, 1},
-    {1, 66, 100, 2, 1, 2, 0, 0, 0, 1},
+    {.batch = 2, .q_seq = 70, .heads = 4, .kv_heads = 2, .head_dim = 8, .causal = 1, .window = 20},
+    {.q_seq = 9, .kv_seq = 37, .heads = 2, .kv_heads = 1, .head_dim = 4, .window = 5},
+    {.q_seq = 33, .heads = 3, .head_dim = 16, .scale = 0.5f},
+    {.q_seq = 66, .kv_seq = 100, .heads = 2, .kv_heads = 1, .head_dim = 2},
 };
 START_TEST(simulated_sweep) { run_cases(simulated, _i); }
 END_TEST
@@ -163,11 +163,16 @@ END_TEST
  * causal, windows, kv_seq != q_seq, batch, a custom scale and large logits.
  * The GPU runs mma through the full sweep. */
 static const shape_case emulated[] = {
-    {2, 70, 70, 4, 2, 64, 1, 20, 0, 1},   {1, 9, 37, 2, 1, 7, 0, 5, 0, 1},
-    {1, 33, 33, 3, 3, 64, 0, 0, 0.5f, 1}, {1, 66, 100, 2, 1, 7, 0, 0, 0, 1},
-    {1, 130, 130, 4, 1, 64, 1, 0, 0, 8},  {1, 70, 70, 4, 2, 100, 1, 0, 0, 1},
-    {2, 20, 33, 2, 1, 128, 0, 9, 0, 1},   {1, 37, 37, 2, 2, 200, 1, 5, 0, 1},
-    {1, 70, 20, 4, 1, 256, 0, 0, 0, 4},
+    {.batch = 2, .q_seq = 70, .heads = 4, .kv_heads = 2, .head_dim = 64, .causal = 1, .window = 20},
+    {.q_seq = 9, .kv_seq = 37, .heads = 2, .kv_heads = 1, .head_dim = 7, .window = 5},
+    {.q_seq = 33, .heads = 3, .head_dim = 64, .scale = 0.5f},
+    {.q_seq = 66, .kv_seq = 100, .heads = 2, .kv_heads = 1, .head_dim = 7},
+    {.q_seq = 130, .heads = 4, .kv_heads = 1, .head_dim = 64, .causal = 1, .q_gain = 8},
+    {.q_seq = 70, .heads = 4, .kv_heads = 2, .head_dim = 100, .causal = 1},
+    {.batch = 2, .q_seq = 20, .kv_seq = 33, .heads = 2, .kv_heads = 1, .head_dim = 128,
+         .window = 9},
+    {.q_seq = 37, .heads = 2, .head_dim = 200, .causal = 1, .window = 5},
+    {.q_seq = 70, .kv_seq = 20, .heads = 4, .kv_heads = 1, .head_dim = 256, .q_gain = 4},
 };
 /* 16-bit tensors, in both formats, on every variant of the backend and on
  * the GPU's default context. Shapes: tails
@@ -175,8 +180,10 @@ static const shape_case emulated[] = {
  * batch, large logits, an odd head_dim and padded ones (each head_dim is a
  * build per variant and dtype on the OpenCL CPU device). */
 static const shape_case dtype_cases[] = {
-    {2, 70, 70, 4, 2, 64, 1, 20, 0, 1},  {1, 9, 37, 2, 1, 7, 0, 5, 0, 1},
-    {1, 70, 70, 4, 1, 100, 1, 0, 0, 8},  {1, 37, 37, 2, 2, 200, 1, 5, 0, 1},
+    {.batch = 2, .q_seq = 70, .heads = 4, .kv_heads = 2, .head_dim = 64, .causal = 1, .window = 20},
+    {.q_seq = 9, .kv_seq = 37, .heads = 2, .kv_heads = 1, .head_dim = 7, .window = 5},
+    {.q_seq = 70, .heads = 4, .kv_heads = 1, .head_dim = 100, .causal = 1, .q_gain = 8},
+    {.q_seq = 37, .heads = 2, .head_dim = 200, .causal = 1, .window = 5},
 };
 /* The 16-bit dtypes the sweeps run, and whether dtype runs here: f16's
  * reference needs the compiler's _Float16 (a case left out says so). */
@@ -197,7 +204,7 @@ START_TEST(dtype_sweep)
             continue;
         clattn_shape s = to_shape(&dtype_cases[_i]);
         s.dtype = dtypes_16[d];
-        const float gain = dtype_cases[_i].q_gain;
+        const float gain = case_gain(&dtype_cases[_i]);
         const uint64_t seed = 3000u + (uint64_t)_i;
         clattn_context *ctx = NULL;
         if (test_backend_kind() == CLATTN_BACKEND_OPENCL_GPU) {
@@ -295,7 +302,7 @@ END_TEST
  * the test's to destroy. */
 static void check_dtype_buffers(clattn_context *ctx)
 {
-    shape_case c = {1, 33, 33, 4, 2, 24, 1, 0, 0, 1};
+    shape_case c = {.q_seq = 33, .heads = 4, .kv_heads = 2, .head_dim = 24, .causal = 1};
     clattn_shape s = to_shape(&c);
     s.dtype = CLATTN_DTYPE_BF16;
     problem p;
@@ -373,8 +380,8 @@ static clattn_context *emulated_mma_context(void)
  * reading the same swizzled tiles. The other sweeps reach them only at
  * head_dim 64, in bfloat16. */
 static const shape_case wgmma_cases[] = {
-    {1, 150, 150, 4, 2, 128, 1, 48, 0, 1},
-    {2, 70, 130, 2, 1, 64, 0, 0, 0, 1},
+    {.q_seq = 150, .heads = 4, .kv_heads = 2, .head_dim = 128, .causal = 1, .window = 48},
+    {.batch = 2, .q_seq = 70, .kv_seq = 130, .heads = 2, .kv_heads = 1, .head_dim = 64},
 };
 START_TEST(wgmma_sweep)
 {
@@ -387,7 +394,7 @@ START_TEST(wgmma_sweep)
         const char *kept = getenv("CLATTN_TEST_VARIANT");
         clattn_context *ctx = gpu ? test_context(kept) : emulated_mma_context();
         current_variant = gpu ? (kept ? kept : "default") : "mma";
-        check_ops_16(ctx, &s, wgmma_cases[_i].q_gain, 5000u + (uint64_t)_i);
+        check_ops_16(ctx, &s, case_gain(&wgmma_cases[_i]), 5000u + (uint64_t)_i);
         clattn_context_destroy(ctx);
     }
 }
@@ -398,14 +405,16 @@ END_TEST
  * a Philox block and off one (kv_offset 3), the two ways lanes share its
  * draws. On a GPU every variant; in the emulated suite mma. */
 static const modifier_case modifiers_64[] = {
-    {{1, 70, 90, 4, 2, 64, 1, 0, 0, 1}, 3.0f, 1, 0.2f, 0, 0},
-    {{1, 70, 90, 4, 2, 64, CLATTN_CAUSAL_BOTTOM_RIGHT, 0, 0, 1}, 3.0f, 1, 0.2f, 9, 3},
+    {{.q_seq = 70, .kv_seq = 90, .heads = 4, .kv_heads = 2, .head_dim = 64, .causal = 1}, 3.0f, 1,
+         0.2f, 0, 0},
+    {{.q_seq = 70, .kv_seq = 90, .heads = 4, .kv_heads = 2, .head_dim = 64,
+         .causal = CLATTN_CAUSAL_BOTTOM_RIGHT}, 3.0f, 1, 0.2f, 9, 3},
 };
 START_TEST(modifiers_16)
 {
     clattn_shape s = modifier_shape(&modifiers_64[_i], 7000u + (uint64_t)_i);
     s.dtype = CLATTN_DTYPE_BF16;
-    const float q_gain = modifiers_64[_i].c.q_gain;
+    const float q_gain = case_gain(&modifiers_64[_i].c);
     if (test_backend_kind() != CLATTN_BACKEND_OPENCL_GPU) {
         clattn_context *ctx = emulated_mma_context();
         current_variant = "mma";
@@ -469,7 +478,7 @@ START_TEST(emulated_16)
     s.dtype = _i % 2 && HAVE_F16 ? CLATTN_DTYPE_F16 : CLATTN_DTYPE_BF16;
     clattn_context *ctx = emulated_mma_context();
     current_variant = "mma";
-    check_ops_16(ctx, &s, dtype_cases[_i].q_gain, 3000u + (uint64_t)_i);
+    check_ops_16(ctx, &s, case_gain(&dtype_cases[_i]), 3000u + (uint64_t)_i);
     /* head_dims off a multiple of 8 run tiled's kernels
      * (src/opencl/variants/mma.c's serving) */
     const char *ran = clattn_context_kernels(ctx);

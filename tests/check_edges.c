@@ -39,7 +39,7 @@ static void expect_non_finite(const char *what, const float *x, const char *want
  * heads on 1 KV head, head_dim 8, causal. */
 START_TEST(non_finite_inputs)
 {
-    const shape_case c = {1, 12, 12, 2, 1, 8, 1, 0, 0, 1};
+    const shape_case c = {.q_seq = 12, .heads = 2, .kv_heads = 1, .head_dim = 8, .causal = 1};
     const clattn_shape s = to_shape(&c);
     const size_t H = 2, D = 8, T = 12;
     clattn_context *ctx;
@@ -174,7 +174,7 @@ END_TEST
  * devices the same call runs. */
 START_TEST(loop_cap)
 {
-    const shape_case c = {1, 4, 600, 2, 1, 64, 0, 0, 0, 1};
+    const shape_case c = {.q_seq = 4, .kv_seq = 600, .heads = 2, .kv_heads = 1, .head_dim = 64};
     const clattn_shape s = to_shape(&c);
     clattn_context *ctx;
     for (size_t v = 0; (ctx = next_variant(&v)) != NULL;) {

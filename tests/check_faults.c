@@ -38,7 +38,7 @@ START_TEST(device_faults)
     ck_assert_status(clattn_backward(ctx, &huge, x[0], x[1], x[2], x[3], x[4], x[5], x[6], x[7],
                                      x[8]),
                      CLATTN_ERROR_TOO_LARGE_FOR_DEVICE);
-    shape_case c = {1, 20, 20, 2, 1, 16, 1, 0, 0, 1};
+    shape_case c = {.q_seq = 20, .heads = 2, .kv_heads = 1, .head_dim = 16, .causal = 1};
     clattn_shape s = to_shape(&c);
     check_ops(ctx, &s, 1.0f, 5);
     clattn_context_destroy(ctx);
@@ -108,7 +108,7 @@ START_TEST(injected_faults)
     void (*arm)(long) = (void (*)(long))dlsym(RTLD_DEFAULT, "faultcl_arm");
     long (*counted)(void) = (long (*)(void))dlsym(RTLD_DEFAULT, "faultcl_calls");
     ck_assert_msg(arm && counted, "the suite wants tests/faultcl's shim in LD_PRELOAD");
-    const shape_case c = {1, 20, 20, 2, 1, 16, 1, 0, 0, 1};
+    const shape_case c = {.q_seq = 20, .heads = 2, .kv_heads = 1, .head_dim = 16, .causal = 1};
     const clattn_shape s = to_shape(&c);
     problem p;
     problem_make(&p, &s, 41, 1.0f);

@@ -18,17 +18,19 @@
 clattn_shape to_shape(const shape_case *c)
 {
     clattn_shape s = clattn_shape_default();
-    s.batch = c->batch;
+    s.batch = c->batch ? c->batch : 1;
     s.q_seq = c->q_seq;
-    s.kv_seq = c->kv_seq;
+    s.kv_seq = c->kv_seq ? c->kv_seq : c->q_seq;
     s.num_heads = c->heads;
-    s.num_kv_heads = c->kv_heads;
+    s.num_kv_heads = c->kv_heads ? c->kv_heads : c->heads;
     s.head_dim = c->head_dim;
     s.causal = c->causal;
     s.window = c->window;
     s.scale = c->scale;
     return s;
 }
+
+float case_gain(const shape_case *c) { return c->q_gain != 0.0f ? c->q_gain : 1.0f; }
 
 /* The variant under test, for messages. */
 const char *current_variant = "default";
@@ -181,7 +183,7 @@ void run_shape(const clattn_shape *s, float q_gain, uint64_t seed)
 void run_cases(const shape_case *cases, int i)
 {
     clattn_shape s = to_shape(&cases[i]);
-    run_shape(&s, cases[i].q_gain, 1000u + (uint64_t)i);
+    run_shape(&s, case_gain(&cases[i]), 1000u + (uint64_t)i);
 }
 
 const float slopes8[8] = {0.5f,     0.25f,     0.125f,     0.0625f,
@@ -190,29 +192,38 @@ const float slopes8[8] = {0.5f,     0.25f,     0.125f,     0.0625f,
 
 /* Every head_dim the issue names, alternating the masks. */
 static const shape_case head_dims[] = {
-    {1, 33, 33, 4, 2, 1, 1, 0, 0, 1},    {1, 33, 33, 4, 2, 7, 0, 0, 0, 1},
-    {1, 33, 33, 4, 2, 16, 1, 5, 0, 1},   {1, 33, 40, 4, 2, 32, 0, 6, 0, 1},
-    {1, 65, 65, 4, 2, 64, 1, 0, 0, 1},   {1, 33, 33, 4, 2, 80, 0, 0, 0, 1},
-    {1, 33, 33, 4, 2, 96, 1, 0, 0, 1},   {1, 33, 20, 4, 2, 128, 0, 0, 0, 1},
-    {1, 33, 33, 4, 2, 256, 1, 4, 0, 1},
+    {.q_seq = 33, .heads = 4, .kv_heads = 2, .head_dim = 1, .causal = 1},
+    {.q_seq = 33, .heads = 4, .kv_heads = 2, .head_dim = 7},
+    {.q_seq = 33, .heads = 4, .kv_heads = 2, .head_dim = 16, .causal = 1, .window = 5},
+    {.q_seq = 33, .kv_seq = 40, .heads = 4, .kv_heads = 2, .head_dim = 32, .window = 6},
+    {.q_seq = 65, .heads = 4, .kv_heads = 2, .head_dim = 64, .causal = 1},
+    {.q_seq = 33, .heads = 4, .kv_heads = 2, .head_dim = 80},
+    {.q_seq = 33, .heads = 4, .kv_heads = 2, .head_dim = 96, .causal = 1},
+    {.q_seq = 33, .kv_seq = 20, .heads = 4, .kv_heads = 2, .head_dim = 128},
+    {.q_seq = 33, .heads = 4, .kv_heads = 2, .head_dim = 256, .causal = 1, .window = 4},
 };
 START_TEST(head_dim_sweep) { run_cases(head_dims, _i); }
 END_TEST
 
 static const shape_case q_seqs[] = {
-    {1, 1, 1, 4, 1, 32, 1, 0, 0, 1},     {1, 2, 2, 4, 1, 32, 0, 0, 0, 1},
-    {1, 7, 7, 4, 1, 32, 1, 0, 0, 1},     {1, 64, 64, 4, 1, 32, 0, 0, 0, 1},
-    {1, 65, 65, 4, 1, 32, 1, 0, 0, 1},   {1, 200, 200, 4, 1, 32, 0, 0, 0, 1},
-    {1, 200, 200, 2, 1, 32, 1, 0, 0, 1},
+    {.q_seq = 1, .heads = 4, .kv_heads = 1, .head_dim = 32, .causal = 1},
+    {.q_seq = 2, .heads = 4, .kv_heads = 1, .head_dim = 32},
+    {.q_seq = 7, .heads = 4, .kv_heads = 1, .head_dim = 32, .causal = 1},
+    {.q_seq = 64, .heads = 4, .kv_heads = 1, .head_dim = 32},
+    {.q_seq = 65, .heads = 4, .kv_heads = 1, .head_dim = 32, .causal = 1},
+    {.q_seq = 200, .heads = 4, .kv_heads = 1, .head_dim = 32},
+    {.q_seq = 200, .heads = 2, .kv_heads = 1, .head_dim = 32, .causal = 1},
 };
 START_TEST(q_seq_sweep) { run_cases(q_seqs, _i); }
 END_TEST
 
 /* kv_seq != q_seq, with and without a window (never causal). */
 static const shape_case kv_seqs[] = {
-    {1, 7, 65, 2, 1, 16, 0, 0, 0, 1},    {1, 65, 7, 2, 1, 16, 0, 0, 0, 1},
-    {1, 200, 64, 2, 2, 16, 0, 5, 0, 1},  {1, 1, 200, 2, 1, 16, 0, 0, 0, 1},
-    {1, 20, 50, 2, 1, 16, 0, 3, 0, 1},
+    {.q_seq = 7, .kv_seq = 65, .heads = 2, .kv_heads = 1, .head_dim = 16},
+    {.q_seq = 65, .kv_seq = 7, .heads = 2, .kv_heads = 1, .head_dim = 16},
+    {.q_seq = 200, .kv_seq = 64, .heads = 2, .head_dim = 16, .window = 5},
+    {.q_seq = 1, .kv_seq = 200, .heads = 2, .kv_heads = 1, .head_dim = 16},
+    {.q_seq = 20, .kv_seq = 50, .heads = 2, .kv_heads = 1, .head_dim = 16, .window = 3},
 };
 START_TEST(kv_seq_sweep) { run_cases(kv_seqs, _i); }
 END_TEST
@@ -221,70 +232,85 @@ END_TEST
  * (2, CLATTN_CAUSAL_BOTTOM_RIGHT), longer keys and longer queries (rows that
  * see no key), GQA, a window. */
 static const shape_case alignments[] = {
-    {1, 37, 12, 4, 2, 16, 1, 0, 0, 1},  {1, 12, 37, 4, 2, 16, 1, 0, 0, 1},
-    {1, 37, 12, 4, 2, 16, 2, 0, 0, 1},  {2, 12, 37, 4, 1, 16, 2, 0, 0, 1},
-    {1, 40, 70, 2, 2, 16, 2, 9, 0, 1},
+    {.q_seq = 37, .kv_seq = 12, .heads = 4, .kv_heads = 2, .head_dim = 16, .causal = 1},
+    {.q_seq = 12, .kv_seq = 37, .heads = 4, .kv_heads = 2, .head_dim = 16, .causal = 1},
+    {.q_seq = 37, .kv_seq = 12, .heads = 4, .kv_heads = 2, .head_dim = 16, .causal = 2},
+    {.batch = 2, .q_seq = 12, .kv_seq = 37, .heads = 4, .kv_heads = 1, .head_dim = 16, .causal = 2},
+    {.q_seq = 40, .kv_seq = 70, .heads = 2, .head_dim = 16, .causal = 2, .window = 9},
 };
 START_TEST(causal_alignment) { run_cases(alignments, _i); }
 END_TEST
 
 /* The same at head_dim 64, for the emulated mma suite (its programs). */
 static const shape_case alignments_64[] = {
-    {1, 70, 20, 4, 2, 64, 2, 0, 0, 1},
-    {1, 20, 70, 2, 1, 64, 1, 9, 0, 1},
+    {.q_seq = 70, .kv_seq = 20, .heads = 4, .kv_heads = 2, .head_dim = 64, .causal = 2},
+    {.q_seq = 20, .kv_seq = 70, .heads = 2, .kv_heads = 1, .head_dim = 64, .causal = 1,
+         .window = 9},
 };
 START_TEST(causal_alignment_64) { run_cases(alignments_64, _i); }
 END_TEST
 
 static const shape_case groups[] = {
-    {1, 33, 33, 2, 2, 16, 1, 0, 0, 1},   {1, 33, 33, 4, 2, 16, 1, 0, 0, 1},
-    {1, 33, 33, 8, 2, 16, 0, 0, 0, 1},   {1, 33, 33, 16, 2, 16, 1, 0, 0, 1},
-    {1, 33, 33, 8, 1, 16, 1, 0, 0, 1}, /* multi-query */
+    {.q_seq = 33, .heads = 2, .head_dim = 16, .causal = 1},
+    {.q_seq = 33, .heads = 4, .kv_heads = 2, .head_dim = 16, .causal = 1},
+    {.q_seq = 33, .heads = 8, .kv_heads = 2, .head_dim = 16},
+    {.q_seq = 33, .heads = 16, .kv_heads = 2, .head_dim = 16, .causal = 1},
+    {.q_seq = 33, .heads = 8, .kv_heads = 1, .head_dim = 16, .causal = 1}, /* multi-query */
 };
 START_TEST(group_sweep) { run_cases(groups, _i); }
 END_TEST
 
 static const shape_case windows[] = {
-    {1, 40, 40, 2, 1, 16, 0, 0, 0, 1},   {1, 40, 40, 2, 1, 16, 1, 0, 0, 1},
-    {1, 40, 40, 2, 1, 16, 0, 1, 0, 1},   {1, 40, 40, 2, 1, 16, 1, 1, 0, 1},
-    {1, 40, 40, 2, 1, 16, 0, 3, 0, 1},   {1, 40, 40, 2, 1, 16, 1, 3, 0, 1},
-    {1, 40, 40, 2, 1, 16, 0, 40, 0, 1},  {1, 40, 40, 2, 1, 16, 1, 1000, 0, 1},
+    {.q_seq = 40, .heads = 2, .kv_heads = 1, .head_dim = 16},
+    {.q_seq = 40, .heads = 2, .kv_heads = 1, .head_dim = 16, .causal = 1},
+    {.q_seq = 40, .heads = 2, .kv_heads = 1, .head_dim = 16, .window = 1},
+    {.q_seq = 40, .heads = 2, .kv_heads = 1, .head_dim = 16, .causal = 1, .window = 1},
+    {.q_seq = 40, .heads = 2, .kv_heads = 1, .head_dim = 16, .window = 3},
+    {.q_seq = 40, .heads = 2, .kv_heads = 1, .head_dim = 16, .causal = 1, .window = 3},
+    {.q_seq = 40, .heads = 2, .kv_heads = 1, .head_dim = 16, .window = 40},
+    {.q_seq = 40, .heads = 2, .kv_heads = 1, .head_dim = 16, .causal = 1, .window = 1000},
     {1, 40, 40, 2, 1, 16, 1, 4294967295u, 0, 1},
 };
 START_TEST(window_sweep) { run_cases(windows, _i); }
 END_TEST
 
 static const shape_case batches[] = {
-    {1, 37, 37, 4, 2, 24, 1, 9, 0, 1},
-    {3, 37, 37, 4, 2, 24, 1, 9, 0, 1},
-    {3, 20, 45, 6, 3, 40, 0, 0, 0, 1},
+    {.q_seq = 37, .heads = 4, .kv_heads = 2, .head_dim = 24, .causal = 1, .window = 9},
+    {.batch = 3, .q_seq = 37, .heads = 4, .kv_heads = 2, .head_dim = 24, .causal = 1, .window = 9},
+    {.batch = 3, .q_seq = 20, .kv_seq = 45, .heads = 6, .kv_heads = 3, .head_dim = 40},
 };
 START_TEST(batch_sweep) { run_cases(batches, _i); }
 END_TEST
 
 /* Sizes on both sides of the tiled kernels' rows (64) and tiles (32). */
 static const shape_case tiles[] = {
-    {1, 31, 31, 2, 1, 32, 1, 0, 0, 1},   {1, 32, 32, 2, 1, 32, 0, 0, 0, 1},
-    {1, 33, 33, 2, 1, 32, 1, 0, 0, 1},   {1, 63, 63, 2, 2, 16, 1, 0, 0, 1},
-    {1, 64, 64, 2, 2, 16, 0, 0, 0, 1},   {1, 65, 65, 2, 2, 16, 1, 0, 0, 1},
-    {1, 129, 129, 2, 1, 8, 1, 50, 0, 1}, {1, 70, 129, 2, 1, 8, 0, 33, 0, 1},
-    {1, 129, 70, 2, 1, 128, 0, 0, 0, 1}, {1, 40, 40, 2, 1, 129, 1, 0, 0, 1},
+    {.q_seq = 31, .heads = 2, .kv_heads = 1, .head_dim = 32, .causal = 1},
+    {.q_seq = 32, .heads = 2, .kv_heads = 1, .head_dim = 32},
+    {.q_seq = 33, .heads = 2, .kv_heads = 1, .head_dim = 32, .causal = 1},
+    {.q_seq = 63, .heads = 2, .head_dim = 16, .causal = 1},
+    {.q_seq = 64, .heads = 2, .head_dim = 16},
+    {.q_seq = 65, .heads = 2, .head_dim = 16, .causal = 1},
+    {.q_seq = 129, .heads = 2, .kv_heads = 1, .head_dim = 8, .causal = 1, .window = 50},
+    {.q_seq = 70, .kv_seq = 129, .heads = 2, .kv_heads = 1, .head_dim = 8, .window = 33},
+    {.q_seq = 129, .kv_seq = 70, .heads = 2, .kv_heads = 1, .head_dim = 128},
+    {.q_seq = 40, .heads = 2, .kv_heads = 1, .head_dim = 129, .causal = 1},
 };
 START_TEST(tile_edges) { run_cases(tiles, _i); }
 END_TEST
 
 /* Scores far from zero: exp() must not overflow, and p must stay exact. */
 static const shape_case large[] = {
-    {1, 64, 64, 2, 1, 64, 1, 0, 0, 30},
-    {1, 33, 33, 2, 2, 7, 0, 0, 0, 60},
-    {2, 30, 30, 4, 1, 128, 1, 0, 0, 20},
+    {.q_seq = 64, .heads = 2, .kv_heads = 1, .head_dim = 64, .causal = 1, .q_gain = 30},
+    {.q_seq = 33, .heads = 2, .head_dim = 7, .q_gain = 60},
+    {.batch = 2, .q_seq = 30, .heads = 4, .kv_heads = 1, .head_dim = 128, .causal = 1,
+         .q_gain = 20},
 };
 START_TEST(large_logits) { run_cases(large, _i); }
 END_TEST
 
 static const shape_case scales[] = {
-    {1, 30, 30, 2, 1, 16, 1, 0, 0.3f, 1},
-    {1, 30, 30, 2, 1, 16, 0, 0, 2.0f, 1},
+    {.q_seq = 30, .heads = 2, .kv_heads = 1, .head_dim = 16, .causal = 1, .scale = 0.3f},
+    {.q_seq = 30, .heads = 2, .kv_heads = 1, .head_dim = 16, .scale = 2.0f},
 };
 START_TEST(caller_scale) { run_cases(scales, _i); }
 END_TEST
@@ -295,10 +321,10 @@ START_TEST(one_context_many_calls)
 {
     clattn_context *ctx = test_context(NULL);
     static const shape_case seq[] = {
-        {1, 50, 50, 4, 2, 64, 1, 0, 0, 1},
-        {1, 5, 9, 2, 1, 8, 0, 0, 0, 1},
-        {2, 70, 70, 4, 4, 32, 1, 0, 0, 1},
-        {1, 5, 9, 2, 1, 8, 0, 0, 0, 1},
+        {.q_seq = 50, .heads = 4, .kv_heads = 2, .head_dim = 64, .causal = 1},
+        {.q_seq = 5, .kv_seq = 9, .heads = 2, .kv_heads = 1, .head_dim = 8},
+        {.batch = 2, .q_seq = 70, .heads = 4, .head_dim = 32, .causal = 1},
+        {.q_seq = 5, .kv_seq = 9, .heads = 2, .kv_heads = 1, .head_dim = 8},
     };
     for (int i = 0; i < 4; ++i) {
         clattn_shape s = to_shape(&seq[i]);
@@ -328,13 +354,17 @@ START_TEST(ds_scratch_parts)
         const char *grad_q;
     } cases[] = {
         /* 2 * 160 * 160 floats a KV head: 5 in 1 MiB, batch elements by 2 */
-        {"1", {3, 160, 160, 4, 2, 64, 1, 0, 0, 1}, "grad_qs__tiled"},
+        {"1", {.batch = 3, .q_seq = 160, .heads = 4, .kv_heads = 2, .head_dim = 64, .causal = 1},
+             "grad_qs__tiled"},
         /* 200 * 200 floats a head: 6 heads of 8 in 1 MiB, then 2; a window */
-        {"1", {1, 200, 200, 8, 8, 64, 0, 50, 0, 1}, "grad_qs__tiled"},
+        {"1", {.q_seq = 200, .heads = 8, .head_dim = 64, .window = 50}, "grad_qs__tiled"},
         /* 2 * 520 * 520 floats: one KV head is past 1 MiB */
-        {"1", {1, 520, 520, 2, 1, 64, 1, 0, 0, 1}, "grad_q__tiled"},
-        {"0", {1, 70, 90, 2, 1, 64, 1, 0, 0, 1}, "grad_q__tiled"},
-        {NULL, {2, 70, 90, 4, 2, 64, 1, 0, 0, 1}, "grad_qs__tiled"},
+        {"1", {.q_seq = 520, .heads = 2, .kv_heads = 1, .head_dim = 64, .causal = 1},
+             "grad_q__tiled"},
+        {"0", {.q_seq = 70, .kv_seq = 90, .heads = 2, .kv_heads = 1, .head_dim = 64, .causal = 1},
+             "grad_q__tiled"},
+        {NULL, {.batch = 2, .q_seq = 70, .kv_seq = 90, .heads = 4, .kv_heads = 2, .head_dim = 64,
+             .causal = 1}, "grad_qs__tiled"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; ++i) {
         if (cases[i].bound)
@@ -383,7 +413,7 @@ START_TEST(named_variant)
          * from a dS scratch (tiled's product, for mma's float32 too), the
          * key side that writes dS does. */
         ck_assert_str_eq(clattn_context_kernels(ctx), "");
-        const shape_case c = {1, 20, 20, 2, 1, 64, 0, 0, 0, 1};
+        const shape_case c = {.q_seq = 20, .heads = 2, .kv_heads = 1, .head_dim = 64};
         clattn_shape s = to_shape(&c);
         problem p;
         problem_make(&p, &s, 7, 1.0f);
@@ -473,9 +503,13 @@ Suite *split_suite(void)
  * compile cl/blocked/ past 128): tiled's row in one work-item and split by
  * columns, tree's lanes of several elements, tails, GQA, MQA, masks, batch. */
 static const shape_case portable[] = {
-    {2, 70, 70, 4, 2, 64, 1, 20, 0, 1},   {1, 9, 37, 2, 1, 7, 0, 5, 0, 1},
-    {1, 33, 33, 3, 3, 64, 0, 0, 0.5f, 1}, {1, 90, 90, 4, 2, 64, 1, 0, 0, 8},
-    {1, 40, 70, 4, 2, 100, 1, 0, 0, 1},  {2, 20, 33, 2, 1, 128, 0, 9, 0, 1},
+    {.batch = 2, .q_seq = 70, .heads = 4, .kv_heads = 2, .head_dim = 64, .causal = 1, .window = 20},
+    {.q_seq = 9, .kv_seq = 37, .heads = 2, .kv_heads = 1, .head_dim = 7, .window = 5},
+    {.q_seq = 33, .heads = 3, .head_dim = 64, .scale = 0.5f},
+    {.q_seq = 90, .heads = 4, .kv_heads = 2, .head_dim = 64, .causal = 1, .q_gain = 8},
+    {.q_seq = 40, .kv_seq = 70, .heads = 4, .kv_heads = 2, .head_dim = 100, .causal = 1},
+    {.batch = 2, .q_seq = 20, .kv_seq = 33, .heads = 2, .kv_heads = 1, .head_dim = 128,
+         .window = 9},
 };
 START_TEST(portable_sweep) { run_cases(portable, _i); }
 END_TEST

@@ -17,13 +17,17 @@
  * logits), ALiBi, dropout, and all three at once, with GQA, both causal
  * alignments, a window, offsets and batch. */
 static const modifier_case modifiers[] = {
-    {{1, 37, 37, 4, 2, 32, 1, 0, 0, 4}, 5.0f, 0, 0.0f, 0, 0},
-    {{1, 33, 50, 8, 4, 64, 0, 9, 0, 1}, 0.0f, 1, 0.0f, 40, 31},
-    {{2, 29, 29, 4, 1, 16, 1, 0, 0, 1}, 0.0f, 0, 0.3f, 0, 0},
-    {{1, 20, 45, 8, 2, 32, CLATTN_CAUSAL_BOTTOM_RIGHT, 0, 0, 3}, 4.0f, 1, 0.2f, 7, 5},
+    {{.q_seq = 37, .heads = 4, .kv_heads = 2, .head_dim = 32, .causal = 1, .q_gain = 4}, 5.0f, 0,
+         0.0f, 0, 0},
+    {{.q_seq = 33, .kv_seq = 50, .heads = 8, .kv_heads = 4, .head_dim = 64, .window = 9}, 0.0f, 1,
+         0.0f, 40, 31},
+    {{.batch = 2, .q_seq = 29, .heads = 4, .kv_heads = 1, .head_dim = 16, .causal = 1}, 0.0f, 0,
+         0.3f, 0, 0},
+    {{.q_seq = 20, .kv_seq = 45, .heads = 8, .kv_heads = 2, .head_dim = 32,
+         .causal = CLATTN_CAUSAL_BOTTOM_RIGHT, .q_gain = 3}, 4.0f, 1, 0.2f, 7, 5},
     /* a cap far above the scores: as no cap, where tanh's 1 - e form loses
      * all but a few ulps of 1 (an error in O of 1.35 at 1e8) */
-    {{1, 33, 33, 4, 2, 32, 1, 0, 0, 1}, 1e8f, 0, 0.0f, 0, 0},
+    {{.q_seq = 33, .heads = 4, .kv_heads = 2, .head_dim = 32, .causal = 1}, 1e8f, 0, 0.0f, 0, 0},
 };
 /* The case with all three, also in bf16; and dropout alone at kv_offset
  * 0, where mma's keys start on a Philox block (at ALL_MODIFIERS' 5 each
@@ -47,13 +51,13 @@ START_TEST(modifier_sweep)
     const clattn_shape s = modifier_shape(&modifiers[_i], 5000u + (uint64_t)_i);
     clattn_context *ctx;
     for (size_t v = 0; (ctx = next_variant(&v)) != NULL;) {
-        check_ops(ctx, &s, modifiers[_i].c.q_gain, 5000u + (uint64_t)_i);
+        check_ops(ctx, &s, case_gain(&modifiers[_i].c), 5000u + (uint64_t)_i);
         const int bf16 = _i == ALL_MODIFIERS ||
                          (_i == DROPOUT_ALIGNED && !strcmp(current_variant, "mma"));
         if (bf16 && dtype_runs(CLATTN_DTYPE_BF16)) {
             clattn_shape h = s;
             h.dtype = CLATTN_DTYPE_BF16;
-            check_ops_16(ctx, &h, modifiers[_i].c.q_gain, 5000u + (uint64_t)_i);
+            check_ops_16(ctx, &h, case_gain(&modifiers[_i].c), 5000u + (uint64_t)_i);
         }
         clattn_context_destroy(ctx);
     }
@@ -67,7 +71,7 @@ START_TEST(modifier_tiled)
     clattn_context *ctx = test_variant_context("tiled");
     ck_assert_ptr_nonnull(ctx);
     current_variant = "tiled";
-    check_ops(ctx, &s, modifiers[ALL_MODIFIERS].c.q_gain, 5000u + ALL_MODIFIERS);
+    check_ops(ctx, &s, case_gain(&modifiers[ALL_MODIFIERS].c), 5000u + ALL_MODIFIERS);
     clattn_context_destroy(ctx);
 }
 END_TEST
@@ -150,7 +154,7 @@ START_TEST(dropout_mask)
         free(keep);
     }
     /* p = 0 with a seed runs as no dropout at all */
-    const shape_case sc = {1, 30, 30, 2, 1, 16, 1, 0, 0, 1};
+    const shape_case sc = {.q_seq = 30, .heads = 2, .kv_heads = 1, .head_dim = 16, .causal = 1};
     clattn_shape a = to_shape(&sc), b = a;
     b.dropout_seed = 99;
     b.dropout_offset = 5;

@@ -256,16 +256,22 @@ static const struct {
     shape_case c;
     uint32_t q_offset, kv_offset;
 } offsets[] = {
-    {{1, 20, 50, 4, 2, 16, 1, 0, 0, 1}, 30, 0},  {{1, 33, 40, 4, 2, 64, 1, 9, 0, 1}, 70, 50},
-    {{2, 17, 23, 3, 1, 7, 1, 0, 0, 1}, 5, 12},   {{1, 40, 30, 2, 2, 100, 0, 6, 0, 1}, 100, 90},
-    {{1, 65, 37, 4, 1, 32, 1, 20, 0, 4}, 37, 0}, {{1, 9, 70, 2, 1, 24, 0, 5, 0, 1}, 0, 3},
+    {{.q_seq = 20, .kv_seq = 50, .heads = 4, .kv_heads = 2, .head_dim = 16, .causal = 1}, 30, 0},
+    {{.q_seq = 33, .kv_seq = 40, .heads = 4, .kv_heads = 2, .head_dim = 64, .causal = 1,
+         .window = 9}, 70, 50},
+    {{.batch = 2, .q_seq = 17, .kv_seq = 23, .heads = 3, .kv_heads = 1, .head_dim = 7,
+         .causal = 1}, 5, 12},
+    {{.q_seq = 40, .kv_seq = 30, .heads = 2, .head_dim = 100, .window = 6}, 100, 90},
+    {{.q_seq = 65, .kv_seq = 37, .heads = 4, .kv_heads = 1, .head_dim = 32, .causal = 1,
+         .window = 20, .q_gain = 4}, 37, 0},
+    {{.q_seq = 9, .kv_seq = 70, .heads = 2, .kv_heads = 1, .head_dim = 24, .window = 5}, 0, 3},
 };
 START_TEST(offset_sweep)
 {
     clattn_shape s = to_shape(&offsets[_i].c);
     s.q_offset = offsets[_i].q_offset;
     s.kv_offset = offsets[_i].kv_offset;
-    run_shape(&s, offsets[_i].c.q_gain, 1500u + (uint64_t)_i);
+    run_shape(&s, case_gain(&offsets[_i].c), 1500u + (uint64_t)_i);
 }
 
 /* A sequence split into chunks equals the whole: queries cut at one point
@@ -276,14 +282,16 @@ START_TEST(offset_sweep)
  * backward of every (query chunk, key chunk) pair, given the whole's O and
  * LSE, accumulates into dQ, dK and dV. On every variant, in float32. */
 static const shape_case splits[] = {
-    {1, 45, 45, 4, 2, 32, 1, 13, 0, 1}, {1, 45, 45, 3, 3, 20, 1, 0, 0, 1},
-    {1, 45, 45, 2, 1, 64, 0, 9, 0, 1},  {1, 45, 45, 4, 2, 8, 0, 0, 0, 4},
+    {.q_seq = 45, .heads = 4, .kv_heads = 2, .head_dim = 32, .causal = 1, .window = 13},
+    {.q_seq = 45, .heads = 3, .head_dim = 20, .causal = 1},
+    {.q_seq = 45, .heads = 2, .kv_heads = 1, .head_dim = 64, .window = 9},
+    {.q_seq = 45, .heads = 4, .kv_heads = 2, .head_dim = 8, .q_gain = 4},
 };
 static void split_check(const clattn_shape *shape, uint64_t seed, float q_gain);
 START_TEST(split_sweep_offsets)
 {
     const clattn_shape whole = to_shape(&splits[_i]);
-    split_check(&whole, 4000u + (uint64_t)_i, splits[_i].q_gain);
+    split_check(&whole, 4000u + (uint64_t)_i, case_gain(&splits[_i]));
 }
 END_TEST
 

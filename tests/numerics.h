@@ -9,6 +9,9 @@
 
 #include "clattn.h"
 
+/* A problem's shape, by name. Fields left 0 take defaults: batch 1,
+ * kv_seq q_seq, kv_heads heads, q_gain 1 (Q's scale against the other
+ * inputs: past 1, large logits); causal, window and scale none. */
 typedef struct shape_case {
     uint32_t batch, q_seq, kv_seq, heads, kv_heads, head_dim;
     int causal;
@@ -17,6 +20,8 @@ typedef struct shape_case {
 } shape_case;
 
 clattn_shape to_shape(const shape_case *c);
+/* A case's q_gain, 1 where left 0. */
+float case_gain(const shape_case *c);
 
 /* The variant under test, for messages. */
 extern const char *current_variant;
