@@ -70,13 +70,15 @@
  * (fp32 operands: 3xTF32), f16.cl (16-bit operands: m16n8k16, cp.async,
  * ldmatrix), wgmma.cl (Hopper's warpgroup products), pipeline.cl (the
  * streamed tiles and the products, one interface over the paths),
- * single.cl (the single-pass backward's dQ) and kernels.cl (the forward,
- * grad-Q and the key side, each one loop over that interface).
+ * single.cl (the single-pass backward's dQ), modifiers.cl (the score
+ * modifiers on fragments), query.cl (the forward and grad-Q) and key.cl
+ * (the key side), each kernel one loop over that interface; layout.h
+ * before them all.
  * Columns are padded with zeros to a multiple of KSTEP * WSPLIT.
  * Launch: global (blocks * LANES, heads, batch), local (LANES, 1, 1),
  * blocks = ceil(rows / WG_ROWS); `tiles` is a __local buffer of
- * TILES_AT floats plus the kernel's tiles (src/opencl/variants/mma.c's
- * clattn_ocl_mma_local_floats mirrors this).
+ * MMA_LOCAL_FLOATS (cl/mma/layout.h), which src/opencl/variants/mma.c
+ * sizes it by too.
  */
 #ifndef HEAD_DIM
 #define HEAD_DIM 64
@@ -180,31 +182,18 @@ typedef float chunk;         /* what a lane fetches at once, a tile ahead */
 typedef uint frag;           /* an A register: two 16-bit elements */
 #endif
 #define XCH_MAT (WARPS * NT * 4 * 32)
-#if WSPLIT > 1
-#define XCH_FLOATS (2 * XCH_MAT)
-#else
-#define XCH_FLOATS 0
-#endif
-#if DTYPE == 0
-#define EMU_FLOATS 224 /* A 16 x 8, B 8 x 8, a warp's shuffle */
-#else
-#define EMU_FLOATS 416 /* A 16 x 16, B 16 x 8, a warp's shuffle */
-#endif
+#define XCH_FLOATS MMA_XCH_FLOATS(WARPS, WSPLIT, TILE) /* 2 * XCH_MAT where WSPLIT > 1 */
+#define EMU_FLOATS MMA_EMU_FLOATS(DTYPE != 0)
 #define EMU_SHFL (EMU_FLOATS - 32)
 #ifdef MMA_EMULATE
 #define EMU_TOTAL (WARPS * EMU_FLOATS)
 #else
 #define EMU_TOTAL 0
 #endif
-/* The local buffer: m, l and Dsum of a tile's rows, the partial S and dP
- * blocks of every warp, the emulation's scratch, then the kernel's tiles.
- * fp32's tiles (and rows) are one of each, stored from registers fetched a
- * tile ahead; 16-bit ones two, copied into one while the other is read. */
-#if DTYPE == 0
-#define BUFFERS 1
-#else
-#define BUFFERS 2
-#endif
+/* The local buffer (cl/mma/layout.h): m, l and Dsum of a tile's rows, the
+ * partial S and dP blocks of every warp, the emulation's scratch, then the
+ * kernel's tiles. */
+#define BUFFERS MMA_BUFFERS(DTYPE != 0)
 #define ROW_AT 0
 #define XCH_AT (3 * TILE * BUFFERS)
 #define EMU_AT (XCH_AT + XCH_FLOATS)
@@ -242,13 +231,13 @@ inline bool all_visible(long q_first, long q_last, long k_first, long k_last, in
 /* The local buffer as the kernels lay it out. 16-bit tiles are read by
  * ldmatrix and written 16 bytes at a time, which want them aligned, and a
  * __local argument is promised only its element's alignment: for them the
- * buffer starts at its first 16-byte boundary (the host gives 3 floats
- * more). fp32's kernels do without: computed from the pointer's bits, the
+ * buffer starts at its first 16-byte boundary (the host gives MMA_ALIGN
+ * floats more). fp32's kernels do without: computed from the pointer's bits, the
  * base cost them 64-bit address arithmetic and up to 80 registers (175 ->
  * 255 in the d64 forward, by ptxas). */
 inline __local float *tile_base(__local float *p)
 {
-#if WGMMA /* swizzled tiles start at a 1024-byte boundary (the host gives 256 floats more) */
+#if WGMMA /* swizzled tiles start at a 1024-byte boundary (the host gives MMA_ALIGN_WGMMA more) */
     return p + ((1024u - ((uint)(ulong)(p + TILES_AT) & 1023u)) & 1023u) / 4u;
 #elif DTYPE != 0
     return p + ((16u - ((uint)(ulong)p & 15u)) & 15u) / 4u;

@@ -23,8 +23,8 @@
  *
  * Launch: global (B * LANES, heads, batch) with blocks = ceil(rows / ROWS)
  * and B = causal ? ceil(blocks / 2) : blocks; local (LANES, 1, 1); `tiles`
- * is a __local buffer of clattn_ocl_tiled_local_floats() floats, taken as
- * float4s so that it is 16-byte aligned for the vector loads.
+ * is a __local buffer of cl/tiled/layout.h's floats for the kernel, taken
+ * as float4s so that it is 16-byte aligned for the vector loads.
  */
 #ifndef HEAD_DIM
 #define HEAD_DIM 64
@@ -53,11 +53,11 @@
 #if PER_ITEM
 #define RM PER_ITEM
 #define DP ((D + 3) / 4 * 4)
-#define DS (DP + 4)
+#define DS TILED_DS(D)
 #define LANES (ROWS / RM * SPLIT)
 #else
 #define DC ((D + DSPLIT - 1) / DSPLIT)
-#define DP (DC * DSPLIT)
+#define DP TILED_ROWS_DP(D, DSPLIT)
 #define DS DP
 #define LANES (ROWS * DSPLIT * SPLIT)
 #endif

@@ -28,29 +28,26 @@
  * float4s.
  */
 #if PER_ITEM
-#define WS ((ROWS + 3) / 4 * 4 + 4)       /* a weight row's stride (one a tile row) */
+#define WS TILED_WS(ROWS)                 /* a weight row's stride (one a tile row) */
 #define CN (TILE / SPLIT)                 /* tile rows a work-item scores */
 #define NC4 ((DP / 4 + SPLIT - 1) / SPLIT) /* float4 columns a work-item accumulates */
 #define WHOLE_C4 (NC4 * SPLIT * 4 == DP)  /* every work-item's columns all lie inside DP */
 
-/* Local floats of each kernel: the group's rows, the tile's rows, the
- * weights, and the forward's maxima and dropout sums (RED) or the key
- * side's per-query values. The forward's weights take the key tile's place
- * where they fit it (WS <= DS): the keys are read by then. Where two tiles
- * do not fit the device (ONE_KV, set by the host), its K and V tiles take
- * turns in one buffer: V goes in once the scores are made (the barrier
- * the maxima need lies between), at no extra barrier. Where both fit, two
- * buffers measured faster (results/tuning-notes.md). */
+/* Local floats of each kernel (cl/tiled/layout.h): the group's rows, the
+ * tile's rows, the weights, and the forward's maxima and dropout sums
+ * (RED) or the key side's per-query values. The forward's weights take the
+ * key tile's place where they fit it (WS <= DS): the keys are read by
+ * then. Where two tiles do not fit the device (ONE_KV, set by the host),
+ * its K and V tiles take turns in one buffer: V goes in once the scores are
+ * made (the barrier the maxima need lies between), at no extra barrier. */
 #ifndef ONE_KV
 #define ONE_KV 0
 #endif
-#define WS_IN_KS (!ONE_KV && WS <= DS)
-#define LOCAL_FORWARD                                                                          \
-    (ROWS * DS + (ONE_KV ? TILE * DS + TILE * WS : 2 * TILE * DS + (WS_IN_KS ? 0 : TILE * WS)) + \
-     2 * SPLIT * ROWS)
-#define LOCAL_GRAD_Q (2 * ROWS * DS + 2 * TILE * DS + TILE * WS)
-#define LOCAL_KEY (2 * ROWS * DS + 2 * TILE * DS + 2 * TILE * WS + 3 * TILE)
-#define LOCAL_GRAD_QS (TILE * DS + TILE * WS) /* grad-Q from the dS scratch */
+#define WS_IN_KS TILED_WS_IN_KS(DS, WS, ONE_KV)
+#define LOCAL_FORWARD TILED_LOCAL_FORWARD(ROWS, TILE, SPLIT, DS, WS, ONE_KV)
+#define LOCAL_GRAD_Q TILED_LOCAL_GRAD_Q(ROWS, TILE, DS, WS)
+#define LOCAL_KEY TILED_LOCAL_KEY(ROWS, TILE, DS, WS)
+#define LOCAL_GRAD_QS TILED_LOCAL_GRAD_QS(TILE, DS, WS)
 
 /* A work-item's place in the group's grid. */
 typedef struct lane {

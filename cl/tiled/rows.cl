@@ -19,12 +19,11 @@
  * scores and the same softmax. Local tiles are DP = DSPLIT * DC columns
  * wide, zero past D.
  *
- * The local buffer: max(2 * TILE * DP + 3 * TILE + XCH, (SPLIT - 1) * ROWS
- * * (DP + 2)) floats, XCH = 2 * DSPLIT * TILE * ROWS when DSPLIT > 1, else
- * 0, rounded up to whole float4s.
+ * The local buffer: TILED_LOCAL_ROWS (cl/tiled/layout.h), rounded up to
+ * whole float4s.
  */
 #if !PER_ITEM
-#define XCH_AT (2 * TILE * DP + 3 * TILE) /* the partial dot products */
+#define XCH_AT TILED_ROWS_XCH_AT(TILE, DP) /* the partial dot products */
 
 /* A work-item's place: its row of the group, its columns' part (DC columns
  * from c0) and its part of each tile's rows. */

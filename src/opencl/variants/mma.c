@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "clattn_kernels.h"
+#include "mma/layout.h"
 #include "variant.h"
 
 /* A head_dim class's shapes: forward, dK/dV and grad-Q. */
@@ -86,25 +87,15 @@ static int uses_wgmma(const struct clattn_cl_state *cl, const mma_config *c, uin
 }
 
 /* cl/mma's local buffer for a kernel at a head_dim under config c, in
- * floats: up to 3 to a 16-byte boundary, the tile rows' m, l and Dsum, the
- * warps' exchange, the emulation's scratch, then the kernel's two tiles
- * (fp32: [tile][padded + 4] floats a plane; 16-bit: [tile][padded / 2 + 4]
- * words of two elements). 16-bit kernels have two of each, rows and tiles:
- * one is filled while the other is read. */
+ * floats, as cl/mma/layout.h lays it out (wgmma's alignment apart). */
 static size_t local_floats(const mma_config *c, uint32_t head_dim, int emulate, clattn_dtype dtype,
                            int k)
 {
-    const size_t kstep = dtype == CLATTN_DTYPE_F32 ? 8u : 16u;
-    const size_t unit = kstep * c->wsplit, padded = (head_dim + unit - 1) / unit * unit;
-    const size_t exchange = c->wsplit > 1 ? 2 * (size_t)c->warps * c->tile / 8 * 4 * 32 : 0;
-    const size_t emu = emulate ? (size_t)c->warps * (dtype == CLATTN_DTYPE_F32 ? 224 : 416) : 0;
-    const size_t tile = dtype == CLATTN_DTYPE_F32 ? (size_t)c->planes * c->tile * (padded + 4)
-                                                  : (size_t)c->tile * (padded / 2 + 4);
-    const size_t buffers = dtype == CLATTN_DTYPE_F32 ? 1u : 2u;
-    /* the single pass: K's rows and two tiles' dS^T, by rows of keys */
-    const size_t rows = 16u * c->warps / c->wsplit;
-    const size_t single = k == K_GRAD_KVQ ? rows * (padded / 2 + 4 + 2 * (c->tile / 2 + 4)) : 0;
-    return 3 + buffers * (3 * (size_t)c->tile + 2 * tile) + exchange + emu + single;
+    const size_t sixteen = dtype != CLATTN_DTYPE_F32, warps = c->warps, wsplit = c->wsplit;
+    const size_t tile = c->tile, planes = c->planes;
+    const size_t dp = MMA_DP((size_t)head_dim, sixteen, wsplit);
+    return MMA_LOCAL_FLOATS(sixteen, warps, wsplit, tile, planes, dp, (size_t)(emulate != 0),
+                            k == K_GRAD_KVQ);
 }
 
 /* The shape of mma kernel k at a head_dim for a dtype. */
@@ -284,8 +275,7 @@ static size_t local_bytes(const struct clattn_cl_state *cl, const kernel_set *se
     if (k == K_FINISH_DQ)
         return sizeof(float); /* unused, but an argument wants a size */
     const mma_config *c = config(cl, head_dim, set->dtype, k);
-    /* wgmma's tiles start at a 1024-byte boundary: up to 255 floats more */
-    const size_t align = uses_wgmma(cl, c, head_dim, set->dtype, k) ? 256 : 0;
+    const size_t align = uses_wgmma(cl, c, head_dim, set->dtype, k) ? MMA_ALIGN_WGMMA : 0;
     return (local_floats(c, head_dim, cl->mma.emulate, set->dtype, k) + align) * sizeof(float);
 }
 
@@ -315,7 +305,7 @@ static int tuned_fits(const struct clattn_cl_state *cl, const tuned_entry *e)
 {
     static const int kernels[3] = {K_FORWARD, K_GRAD_Q, K_GRAD_KV};
     for (int i = 0; i < 3; ++i)
-        if ((local_floats(&e->mma, e->head_dim, cl->mma.emulate, e->dtype, kernels[i]) + 256) *
+        if ((local_floats(&e->mma, e->head_dim, cl->mma.emulate, e->dtype, kernels[i]) + MMA_ALIGN_WGMMA) *
                 sizeof(float) >
             cl->limits.local_mem)
             return 0;

@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "clattn_kernels.h"
+#include "tiled/layout.h"
 #include "variant.h"
 
 extern const clattn_ocl_variant clattn_ocl_variant_tiled;
@@ -81,35 +82,25 @@ static size_t tile_items(const tile_config *c, uint32_t head_dim)
 }
 
 /* cl/tiled's local buffer for kernel k at a head_dim under c, in whole
- * float4s of floats: rows.cl's (the same for every kernel), or micro.cl's
- * LOCAL_FORWARD, LOCAL_GRAD_Q, LOCAL_GRAD_QS or LOCAL_KEY (K_COUNT: the
- * larger of LOCAL_GRAD_Q and LOCAL_KEY). */
+ * float4s of floats, as cl/tiled/layout.h lays it out: the rows layout's
+ * (the same for every kernel), or the micro-tiles' of the kernel (K_COUNT:
+ * the larger of grad-Q's and the key side's, which share a program). */
 static size_t local_floats(const tile_config *c, uint32_t head_dim, int k)
 {
     size_t floats;
+    const size_t rows = c->rows, tile = c->tile, split = c->split;
     if (c->per_item) {
-        const size_t rows = c->rows, tile = c->tile, split = c->split;
-        const size_t ds = (head_dim + 3) / 4 * 4 + 4, ws = (rows + 3) / 4 * 4 + 4;
-        /* the forward's weights take the key tile's place where they fit
-         * it; K and V take turns in one buffer under one_kv */
-        const size_t kv =
-            c->one_kv ? tile * ds + tile * ws : 2 * tile * ds + (ws <= ds ? 0 : tile * ws);
-        const size_t forward = rows * ds + kv + 2 * split * rows;
-        const size_t grad_q = 2 * rows * ds + 2 * tile * ds + tile * ws;
-        const size_t key = 2 * rows * ds + 2 * tile * ds + 2 * tile * ws + 3 * tile;
-        const size_t grad_qs = tile * ds + tile * ws; /* below grad_q's */
-        floats = k == K_FORWARD   ? forward
+        const size_t ds = TILED_DS((size_t)head_dim), ws = TILED_WS(rows);
+        const size_t grad_q = TILED_LOCAL_GRAD_Q(rows, tile, ds, ws);
+        const size_t key = TILED_LOCAL_KEY(rows, tile, ds, ws);
+        floats = k == K_FORWARD   ? TILED_LOCAL_FORWARD(rows, tile, split, ds, ws, c->one_kv)
                  : k == K_GRAD_Q  ? grad_q
-                 : k == K_GRAD_QS ? grad_qs
+                 : k == K_GRAD_QS ? TILED_LOCAL_GRAD_QS(tile, ds, ws)
                  : k == K_COUNT   ? (key > grad_q ? key : grad_q)
                                   : key;
     } else {
         const size_t dsplit = tile_dsplit(c, head_dim);
-        const size_t stride = (head_dim + dsplit - 1) / dsplit * dsplit;
-        const size_t exchange = dsplit > 1 ? 2 * dsplit * c->tile * c->rows : 0;
-        const size_t tiles = 2 * (size_t)c->tile * stride + 3 * (size_t)c->tile + exchange;
-        const size_t combine = ((size_t)c->split - 1) * c->rows * (stride + 2);
-        floats = tiles > combine ? tiles : combine;
+        floats = TILED_LOCAL_ROWS(rows, tile, split, dsplit, TILED_ROWS_DP((size_t)head_dim, dsplit));
     }
     return (floats + 3) / 4 * 4; /* the kernels take it as float4s */
 }
