@@ -22,7 +22,8 @@
      ((one_kv) ? (tile) * (ds) + (tile) * (ws)                                             \
                : 2 * (tile) * (ds) + (TILED_WS_IN_KS(ds, ws, one_kv) ? 0 : (tile) * (ws))) + \
      2 * (split) * (rows))
-#define TILED_LOCAL_GRAD_Q(rows, tile, ds, ws) (2 * (rows) * (ds) + 2 * (tile) * (ds) + (tile) * (ws))
+#define TILED_LOCAL_GRAD_Q(rows, tile, ds, ws)                                             \
+    (2 * (rows) * (ds) + 2 * (tile) * (ds) + (tile) * (ws))
 #define TILED_LOCAL_KEY(rows, tile, ds, ws)                                                \
     (2 * (rows) * (ds) + 2 * (tile) * (ds) + 2 * (tile) * (ws) + 3 * (tile))
 #define TILED_LOCAL_GRAD_QS(tile, ds, ws) ((tile) * (ds) + (tile) * (ws)) /* grad-Q from dS */

@@ -224,8 +224,9 @@ static void forward_block(const native_call *c, size_t job)
         /* A row whose weights sum to 0 is empty where it sees no key; where
          * it sees keys whose scores are all -inf (or below EMPTY_ROW, the
          * masks' own value) it has no softmax: NaN, as PyTorch's math gives. */
-        const float zero = qb.row_lo[r] < qb.row_hi[r] ? NAN : EMPTY_ROW;
-        if (l[r] == 0.0f && qb.row_lo[r] < qb.row_hi[r])
+        const int sees = qb.row_lo[r] < qb.row_hi[r];
+        const float zero = sees ? NAN : EMPTY_ROW;
+        if (l[r] == 0.0f && sees)
             for (size_t d = 0; d < D; ++d)
                 rows[r * D + d] = NAN;
         out_row(c, c->o_out, qb.row[r] * D, rows + r * D, D, 0);

@@ -158,17 +158,13 @@ static clattn_status build_set_once(struct clattn_cl_state *cl, const clattn_ocl
     set->mods = mods;
     for (int k = 0; k < K_COUNT; ++k) {
         const clattn_ocl_kernel *v = &variant->kernels[k];
-        if (!v->function) {
-            if (k == K_GRAD_KV || k == K_GRAD_KVQ || k == K_FINISH_DQ || k == K_GRAD_KVS ||
-                k == K_GRAD_QS)
-                continue; /* the backward runs GRAD_K and GRAD_V, or two passes, instead
-                           */
+        const int stand_in = k == K_GRAD_KV || k == K_GRAD_KVQ || k == K_FINISH_DQ ||
+                             k == K_GRAD_KVS || k == K_GRAD_QS;
+        if (!v->function && !stand_in)
             return clattn_fail(CLATTN_ERROR_UNKNOWN_VARIANT, "variant '%s' has no kernel %d",
                                variant->name, k);
-        }
-        if ((k == K_GRAD_KV || k == K_GRAD_KVQ || k == K_FINISH_DQ || k == K_GRAD_KVS ||
-             k == K_GRAD_QS) &&
-            !builds(cl, variant, set, head_dim, k))
+        /* without a stand-in the backward runs GRAD_K and GRAD_V, or two passes */
+        if (!v->function || (stand_in && !builds(cl, variant, set, head_dim, k)))
             continue;
         const clattn_ocl_variant *family = v->family;
         set->family[k] = family;

@@ -271,7 +271,8 @@ static clattn_status init_variant(clattn_context *ctx, const clattn_ocl_variant 
                                &cl->limits.global_mem, NULL)) ||
         (err = clGetDeviceInfo(device, CL_DEVICE_LOCAL_MEM_SIZE, sizeof cl->limits.local_mem,
                                &cl->limits.local_mem, NULL)) ||
-        (err = clGetDeviceInfo(device, CL_DEVICE_NATIVE_VECTOR_WIDTH_FLOAT, sizeof cl->limits.float_width,
+        (err = clGetDeviceInfo(device, CL_DEVICE_NATIVE_VECTOR_WIDTH_FLOAT,
+                               sizeof cl->limits.float_width,
                                &cl->limits.float_width, NULL))) {
         st = clattn_ocl_fail(err, "clGetDeviceInfo");
         goto fail;
@@ -302,16 +303,19 @@ static clattn_status init_variant(clattn_context *ctx, const clattn_ocl_variant 
     if ((st = clattn_ocl_tuning_init(cl, device, items_loop)) != CLATTN_OK)
         goto fail;
     /* `clattn tune`'s winners for this device, keyed as docs/tuning.md says. */
-    char key[400];
-    if (clattn_ocl_device_key(device, key, sizeof key))
-        clattn_ocl_tuning_file(cl, ctx, key);
+    char driver[128];
+    query_string(get_device_info, device, CL_DRIVER_VERSION, driver, sizeof driver);
+    if (clattn_ocl_tuning_key(platform_name, name, driver, cl->tuning_key,
+                              sizeof cl->tuning_key))
+        clattn_ocl_tuning_file(cl, ctx, cl->tuning_key);
     /* Each program is built once per context, when first needed, except
      * one now, so that a device that cannot compile the variant is never
      * chosen: the generic set (any head_dim) for the generic variant, or the
      * variant's for head_dim 64. */
     cl->variant = variant->per_head_dim ? variant : NULL;
     if (!cl->variant) {
-        if ((st = clattn_ocl_build_set(cl, variant, 0, CLATTN_DTYPE_F32, 0, &cl->kernels.any_head_dim[0][0],
+        if ((st = clattn_ocl_build_set(cl, variant, 0, CLATTN_DTYPE_F32, 0,
+                                       &cl->kernels.any_head_dim[0][0],
                                        strict_limits)) != CLATTN_OK)
             goto fail;
         cl->kernels.any_built[0][0] = 1;

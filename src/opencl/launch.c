@@ -300,8 +300,7 @@ clattn_status clattn_ocl_enqueue_op(struct clattn_cl_state *cl, cl_command_queue
                                                                             : op_plans[op];
     cl_mem dsum = NULL, dq32 = NULL, slopes = NULL;
     cl_event zeroed = NULL;
-    if (s->alibi_slopes) { /* copied now: the caller's array is read during the
-                              call only */
+    if (s->alibi_slopes) { /* copied now: the caller's array is read during the call only */
         cl_int err;
         slopes = clCreateBuffer(cl->context, CL_MEM_READ_ONLY | CL_MEM_COPY_HOST_PTR,
                                 s->num_heads * sizeof(float), (void *)s->alibi_slopes, &err);
@@ -322,8 +321,7 @@ clattn_status clattn_ocl_enqueue_op(struct clattn_cl_state *cl, cl_command_queue
         t[R_DSUM].buffer = dsum;
         t[R_DSUM].offset = 0;
     }
-    if (single) { /* the float32 dQ, zeroed ahead of GRAD_KVQ; released as dsum is
-                   */
+    if (single) { /* the float32 dQ, zeroed ahead of GRAD_KVQ; released as dsum is */
         cl_int err;
         const cl_float zero = 0.0f;
         dq32 = clCreateBuffer(cl->context, CL_MEM_READ_WRITE, sz->q * sizeof(float), NULL, &err);

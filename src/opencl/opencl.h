@@ -81,7 +81,7 @@ typedef struct tuned_entry {
     tile_config tile;
     mma_config mma;
 } tuned_entry;
-enum { TUNED_MAX = 96, PACKED_QUEUES = 4 };
+enum { TUNED_MAX = 96, PACKED_QUEUES = 4, TUNING_KEY_MAX = 400 };
 #define DS_DEFAULT ((size_t)-1)
 
 /* The kernels of one variant, built for one head_dim (tiled, blocked) or
@@ -151,7 +151,9 @@ struct clattn_cl_state {
          * backward's), checked, or ""; they beat the tuning file. */
         char env[2][64];
     } tiled;
-    /* The tuning file's entries for this device. */
+    /* The device's key in the tuning file ("" where it has none), and the
+     * file's entries for it. */
+    char tuning_key[TUNING_KEY_MAX];
     struct {
         tuned_entry entries[TUNED_MAX];
         size_t count;
@@ -196,9 +198,11 @@ clattn_status clattn_ocl_tuning_init(struct clattn_cl_state *cl, cl_device_id de
                                      int items_loop);
 
 /* tuning_file.c */
-/* The device's key in the tuning file (docs/tuning.md), "PLATFORM / DEVICE
- * / DRIVER"; 0 where it does not fit size or holds a tab or newline. */
-int clattn_ocl_device_key(cl_device_id device, char *key, size_t size);
+/* A device's key in the tuning file (docs/tuning.md), "PLATFORM / DEVICE /
+ * DRIVER", into key; 0, and key "", where it does not fit size or holds a
+ * tab or newline. */
+int clattn_ocl_tuning_key(const char *platform, const char *device, const char *driver,
+                          char *key, size_t size);
 /* The tuning file's entries for the device whose key is `key`, into
  * cl->tuned, each line of what happened in ctx's log. A missing file is no
  * entry; a damaged or stale one is ignored with a log line, never a

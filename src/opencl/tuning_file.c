@@ -97,8 +97,7 @@ void clattn_ocl_tuning_file(struct clattn_cl_state *cl, clattn_context *ctx, con
     const char *why = NULL;
     char msg[200];
     unsigned number = 1, skipped = 0, other_driver = 0;
-    /* The device's key without its driver: entries from another driver are stale.
-     */
+    /* The device's key without its driver: entries from another driver are stale. */
     const char *driver = strrchr(key, '/');
     const size_t stem = driver ? (size_t)(driver - key) : strlen(key);
     if (!fgets(line, sizeof line, f)) {
@@ -186,26 +185,14 @@ clattn_status clattn_tuning_file_path(char *path, size_t size)
     return CLATTN_OK;
 }
 
-/* The strings of a device's key. */
-static void device_string(cl_device_id device, cl_device_info what, char *out, size_t size)
+int clattn_ocl_tuning_key(const char *platform, const char *device, const char *driver,
+                          char *key, size_t size)
 {
-    if (clGetDeviceInfo(device, what, size, out, NULL) != CL_SUCCESS)
-        snprintf(out, size, "?");
-    out[size - 1] = '\0';
-}
-
-int clattn_ocl_device_key(cl_device_id device, char *key, size_t size)
-{
-    char platform[128] = "?", name[128], driver[128];
-    cl_platform_id plat = NULL;
-    if (clGetDeviceInfo(device, CL_DEVICE_PLATFORM, sizeof plat, &plat, NULL) != CL_SUCCESS ||
-        clGetPlatformInfo(plat, CL_PLATFORM_NAME, sizeof platform, platform, NULL) != CL_SUCCESS)
-        snprintf(platform, sizeof platform, "?");
-    platform[sizeof platform - 1] = '\0';
-    device_string(device, CL_DEVICE_NAME, name, sizeof name);
-    device_string(device, CL_DRIVER_VERSION, driver, sizeof driver);
-    const int n = snprintf(key, size, "%s / %s / %s", platform, name, driver);
-    return n > 0 && (size_t)n < size && !strpbrk(key, "\t\r\n");
+    const int n = snprintf(key, size, "%s / %s / %s", platform, device, driver);
+    const int ok = n > 0 && (size_t)n < size && !strpbrk(key, "\t\r\n");
+    if (!ok)
+        key[0] = '\0';
+    return ok;
 }
 
 clattn_status clattn_context_tuning_key(const clattn_context *ctx, char *key, size_t size)
@@ -216,14 +203,16 @@ clattn_status clattn_context_tuning_key(const clattn_context *ctx, char *key, si
     if (!ctx->cl)
         return clattn_fail(CLATTN_ERROR_WRONG_BACKEND,
                            "the tuning file keys OpenCL devices; this context is native");
-    if (!size || !clattn_ocl_device_key(ctx->cl->device, key, size)) {
+    const char *own = ctx->cl->tuning_key;
+    if (!own[0] || strlen(own) >= size) {
         if (size)
             key[0] = '\0';
         return clattn_fail(CLATTN_ERROR_INVALID_OPTION,
-                           "the device's key is longer than %zu bytes or holds a tab or a "
-                           "newline",
-                           size);
+                           "the device's key does not fit %zu bytes with its terminator, or "
+                           "holds a tab or a newline",
+                           own[0] ? size : (size_t)TUNING_KEY_MAX);
     }
+    memcpy(key, own, strlen(own) + 1);
     return CLATTN_OK;
 }
 

@@ -25,27 +25,13 @@ typedef struct mma_class {
  * the key side and a work-group gets 48 KB of local memory on NVIDIA's
  * OpenCL, hence warps that split head_dim past 64. */
 static const mma_class mma_table[] = {
-    {64,
-     {4, 1, 32, 2},
-     {8, 1, 32, 2},
-     {8, 1, 16, 2},
-     "fastest on the H200 at d64 causal and GQA; grad-Q gains from a shorter "
-     "tile"},
-    {96,
-     {4, 2, 16, 2},
-     {8, 2, 16, 2},
-     {8, 2, 16, 2},
+    {64, {4, 1, 32, 2}, {8, 1, 32, 2}, {8, 1, 16, 2},
+     "fastest on the H200 at d64 causal and GQA; grad-Q gains from a shorter tile"},
+    {96, {4, 2, 16, 2}, {8, 2, 16, 2}, {8, 2, 16, 2},
      "two warps share a row group: a whole d96 row of fragments spills"},
-    {128,
-     {4, 2, 16, 2},
-     {8, 2, 16, 1},
-     {8, 2, 8, 2},
-     "the key side keeps fp32 tiles (tf32 planes need 50 KB); grad-Q a tile of "
-     "8"},
-    {CLATTN_MAX_HEAD_DIM,
-     {8, 4, 8, 2},
-     {8, 4, 8, 2},
-     {8, 4, 8, 2},
+    {128, {4, 2, 16, 2}, {8, 2, 16, 1}, {8, 2, 8, 2},
+     "the key side keeps fp32 tiles (tf32 planes need 50 KB); grad-Q a tile of 8"},
+    {CLATTN_MAX_HEAD_DIM, {8, 4, 8, 2}, {8, 4, 8, 2}, {8, 4, 8, 2},
      "four warps a row group and 8-row tiles: what fits 48 KB at d256"},
 };
 
@@ -53,20 +39,11 @@ static const mma_class mma_table[] = {
  * tiles of 16-bit words copied by cp.async into two buffers, a whole
  * number of k-steps of 16 rows. */
 static const mma_class mma16_table[] = {
-    {64,
-     {4, 1, 64, 1},
-     {4, 1, 64, 1},
-     {4, 1, 64, 1},
+    {64, {4, 1, 64, 1}, {4, 1, 64, 1}, {4, 1, 64, 1},
      "64-row tiles: fastest for every kernel at d64 on the H200"},
-    {128,
-     {4, 1, 32, 1},
-     {4, 1, 32, 1},
-     {4, 1, 32, 1},
+    {128, {4, 1, 32, 1}, {4, 1, 32, 1}, {4, 1, 32, 1},
      "two 64-row tiles do not fit 48 KB past d64; 32 rows beat 16"},
-    {CLATTN_MAX_HEAD_DIM,
-     {4, 2, 16, 1},
-     {2, 2, 16, 1},
-     {4, 2, 16, 1},
+    {CLATTN_MAX_HEAD_DIM, {4, 2, 16, 1}, {2, 2, 16, 1}, {4, 2, 16, 1},
      "rows split by columns past d128 (untuned: what fits)"},
 };
 

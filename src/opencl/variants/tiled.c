@@ -29,42 +29,26 @@ typedef struct tile_class {
  * llvmpipe) or as a loop (PoCL's CPU device); by head_dim class, the
  * forward's shape and the backward's. */
 static const tile_class tile_table[] = {
-    {CL_DEVICE_TYPE_GPU | CL_DEVICE_TYPE_ACCELERATOR,
-     64,
-     {64, 32, 8, 64, 4, 0},
+    {CL_DEVICE_TYPE_GPU | CL_DEVICE_TYPE_ACCELERATOR, 64, {64, 32, 8, 64, 4, 0},
      {64, 16, 16, 64, 8, 0},
-     "micro-tiles of 4 rows by 4 keys in the forward; on the key side 8 rows "
-     "by one query, "
+     "micro-tiles of 4 rows by 4 keys in the forward; on the key side 8 rows by one query, "
      "split 16 ways (dQ from its dS: the key side is most of the backward)"},
-    {CL_DEVICE_TYPE_GPU | CL_DEVICE_TYPE_ACCELERATOR,
-     96,
-     {32, 16, 8, 128, 4, 0},
+    {CL_DEVICE_TYPE_GPU | CL_DEVICE_TYPE_ACCELERATOR, 96, {32, 16, 8, 128, 4, 0},
      {32, 8, 8, 128, 4, 0},
-     "micro-tiles of 4 rows; the key side's two tiles of rows and keys leave "
-     "room for 32 "
-     "rows and tiles of 8 (beside rows split by columns: 0.88x the forward, "
-     "0.47x the "
+     "micro-tiles of 4 rows; the key side's two tiles of rows and keys leave room for 32 "
+     "rows and tiles of 8 (beside rows split by columns: 0.88x the forward, 0.47x the "
      "backward)"},
-    {CL_DEVICE_TYPE_GPU | CL_DEVICE_TYPE_ACCELERATOR,
-     128,
-     {64, 8, 4, 128, 4, 0},
+    {CL_DEVICE_TYPE_GPU | CL_DEVICE_TYPE_ACCELERATOR, 128, {64, 8, 4, 128, 4, 0},
      {32, 8, 8, 128, 4, 0},
-     "the forward's 64 rows share each tile of 8 keys, split 4 ways, 4 rows by "
-     "2 keys a "
+     "the forward's 64 rows share each tile of 8 keys, split 4 ways, 4 rows by 2 keys a "
      "work-item; the backward's as d96's"},
-    {CL_DEVICE_TYPE_GPU | CL_DEVICE_TYPE_ACCELERATOR,
-     CLATTN_MAX_HEAD_DIM,
-     {16, 16, 8, 128, 2, 0},
+    {CL_DEVICE_TYPE_GPU | CL_DEVICE_TYPE_ACCELERATOR, CLATTN_MAX_HEAD_DIM, {16, 16, 8, 128, 2, 0},
      {32, 16, 1, 32, 0, 0},
-     "the forward's micro-tiles of 2 rows by 2 keys, K and V taking turns in "
-     "one tile (two "
-     "do not fit 48 KB); the backward's rows split by columns, as its "
-     "micro-tiles' two tiles "
+     "the forward's micro-tiles of 2 rows by 2 keys, K and V taking turns in one tile (two "
+     "do not fit 48 KB); the backward's rows split by columns, as its micro-tiles' two tiles "
      "and two sets of rows leave a few pairs a barrier"},
     {CL_DEVICE_TYPE_CPU, 64, {32, 32, 8, 64, 4, 0}, {32, 32, 8, 64, 4, 0}, "the GPUs' micro-tiles"},
-    {CL_DEVICE_TYPE_CPU,
-     CLATTN_MAX_HEAD_DIM,
-     {64, 32, 1, CLATTN_MAX_HEAD_DIM, 0, 0},
+    {CL_DEVICE_TYPE_CPU, CLATTN_MAX_HEAD_DIM, {64, 32, 1, CLATTN_MAX_HEAD_DIM, 0, 0},
      {64, 32, 1, CLATTN_MAX_HEAD_DIM, 0, 0},
      "whole rows, as PoCL runs a work-group's items as a loop"},
 };
