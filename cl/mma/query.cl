@@ -135,6 +135,9 @@ forward__mma(__global const elem *q, ulong q_off, __global const elem *k, ulong 
     times_wait(&acc[0][0], pa);
     l0 = row_sum(l0, emu);
     l1 = row_sum(l1, emu);
+    /* What each row writes where its weights sum to 0: once a row, outside
+     * the unrolled stores. */
+    const float z0 = ZERO_SUM(row0, 0.0f), z1 = ZERO_SUM(row1, 0.0f);
     UNROLL
     for (uint n = 0; n < KW; ++n) {
         UNROLL
@@ -143,7 +146,7 @@ forward__mma(__global const elem *q, ulong q_off, __global const elem *k, ulong 
             const float l = (i & 2) ? l1 : l0;
             if (row < q_seq && d < D)
                 STORE(o, at(b, q_seq, row, num_heads, head, d),
-                      l != 0.0f ? acc[n][i] / l : ZERO_SUM(row, 0.0f));
+                      l != 0.0f ? acc[n][i] / l : (i & 2) ? z1 : z0);
         }
     }
     if (t == 0 && d0 == 0)
