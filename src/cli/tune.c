@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include "bench.h"
+#include "search.h"
 
 enum { MAX_CANDIDATES = 160, FINALISTS = 3 };
 
@@ -28,65 +29,30 @@ typedef struct candidate {
     char ran[2048]; /* the build options of the programs that ran, op after op */
 } candidate;
 
-/* The shapes to try, in two stages, as far as the device's work-groups hold
- * them: first how work is split (tiled's rows and split, mma's warps and
- * wsplit) at a middling tile, then the tile and tiled's rows a work-item
- * (micro-tiles, up to micro_to) or columns (rows; mma: planes) around the first
- * stage's winner `best`. Appends to c[*n]. */
-static void generate(const char *variant, int stage, const char *best, uint32_t head_dim,
-                     uint32_t micro_to, clattn_dtype dtype, size_t max_wg, candidate *c,
-                     size_t *n)
+/* Takes a candidate of the search into the list (sink: a candidate_list). */
+typedef struct candidate_list {
+    candidate *c;
+    size_t *n;
+} candidate_list;
+
+static int add_candidate(void *sink, const char *text)
 {
-    unsigned b[5] = {0, 0, 0, 0, 0};
-    const int fields = strcmp(variant, "tiled") ? 4 : 5;
-    if (stage == 2 &&
-        sscanf(best, "%u,%u,%u,%u,%u", &b[0], &b[1], &b[2], &b[3], &b[4]) != fields)
-        return;
-    if (fields == 5) {
-        static const unsigned rows[] = {16, 32, 64, 128}, splits[] = {1, 2, 4},
-                              micro_splits[] = {4, 8, 16}, tiles[] = {16, 32, 64},
-                              columns[] = {32, 64, 128, 256}, per_items[] = {1, 2, 4, 8};
-        const int micro = stage == 1 ? head_dim <= micro_to : b[4] > 0;
-        for (size_t i = 0; i < 12u; ++i) {
-            unsigned v[5];
-            if (stage == 1) { /* micro-tiles of 4 rows up to micro_to; rows of 32 columns past */
-                v[0] = rows[i / 3], v[1] = micro && head_dim > 64 ? 16 : 32;
-                v[2] = micro ? micro_splits[i % 3] : splits[i % 3];
-                v[3] = head_dim > 64 ? 32 : 64, v[4] = micro ? 4 : 0;
-                if (micro && i >= 9u)
-                    break;
-            } else {
-                v[0] = b[0], v[1] = tiles[i / 4], v[2] = b[2];
-                v[3] = micro ? b[3] : columns[i % 4], v[4] = micro ? per_items[i % 4] : 0;
-                /* columns past head_dim are the same as head_dim's */
-                if ((!micro && i % 4 && columns[i % 4 - 1] >= head_dim) || v[1] % v[2] ||
-                    (micro && v[0] % v[4]) ||
-                    (v[1] == b[1] && v[3] == b[3] && v[4] == b[4]))
-                    continue;
-            }
-            const size_t items = micro ? (size_t)v[0] / v[4] * v[2]
-                                       : (size_t)v[0] * v[2] * ((head_dim + v[3] - 1) / v[3]);
-            if (items <= max_wg && *n < MAX_CANDIDATES)
-                snprintf(c[(*n)++].text, sizeof c->text, "%u,%u,%u,%u,%u", v[0], v[1], v[2],
-                         v[3], v[4]);
-        }
-        return;
-    }
-    static const unsigned warps[] = {2, 4, 8}, wsplits[] = {1, 2, 4}, tiles[] = {8, 16, 32, 64};
-    for (size_t i = 0; i < (stage == 1 ? 9u : 8u); ++i) {
-        unsigned v[4];
-        if (stage == 1) {
-            v[0] = warps[i / 3], v[1] = wsplits[i % 3], v[2] = head_dim > 64 ? 16 : 32;
-            v[3] = dtype ? 1 : 2;
-        } else {
-            v[0] = b[0], v[1] = b[1], v[2] = tiles[i / 2], v[3] = 1 + i % 2;
-            if ((dtype && v[3] == 2) || (v[2] == b[2] && v[3] == b[3]))
-                continue;
-        }
-        if (v[0] % v[1] == 0 && 16u * v[1] <= head_dim + 15 && (!dtype || v[2] >= 16) &&
-            32u * v[0] <= max_wg && *n < MAX_CANDIDATES)
-            snprintf(c[(*n)++].text, sizeof c->text, "%u,%u,%u,%u", v[0], v[1], v[2], v[3]);
-    }
+    candidate_list *l = sink;
+    if (*l->n >= MAX_CANDIDATES)
+        return 0;
+    snprintf(l->c[(*l->n)++].text, sizeof l->c->text, "%s", text);
+    return 1;
+}
+
+/* The shapes to try, in two stages, as far as the device's work-groups hold
+ * them (search.h): how work is split, then the tile and the rest around the
+ * first stage's winner `best`. Appends to c[*n]. */
+static void generate(const clattn_ocl_search *search, int stage, const char *best,
+                     uint32_t head_dim, uint32_t micro_to, clattn_dtype dtype, size_t max_wg,
+                     candidate *c, size_t *n)
+{
+    candidate_list l = {c, n};
+    search->generate(stage, best, head_dim, micro_to, dtype, max_wg, add_candidate, &l);
 }
 
 /* The device's work-group limit. */
@@ -206,9 +172,11 @@ int cmd_tune(int argc, char **argv)
     };
     if (!parse_opts(cmd, argc, argv, opts, sizeof opts / sizeof opts[0]))
         return EXIT_INPUT;
-    const int tiled = !strcmp(variant, "tiled");
-    if (!tiled && strcmp(variant, "mma")) {
-        fprintf(stderr, "clattn tune: --variant wants tiled or mma, not '%s'\n", variant);
+    const clattn_ocl_search *search = clattn_ocl_search_of(variant);
+    if (!search) {
+        char names[128];
+        clattn_ocl_searchable(names, sizeof names);
+        fprintf(stderr, "clattn tune: --variant wants %s, not '%s'\n", names, variant);
         return EXIT_INPUT;
     }
     const int both = !strcmp(op_name, "both"), fwd = both || !strcmp(op_name, "forward");
@@ -249,23 +217,14 @@ int cmd_tune(int argc, char **argv)
     size_t n = 1;
     for (const char *p = list; p && *(p += strspn(p, " ;\t"));) {
         const size_t len = strcspn(p, " ;\t");
-        unsigned v[5];
-        char end, text[26]; /* with ",0" within a candidate's 32 */
+        char text[26];
         snprintf(text, sizeof text, "%.*s", (int)(len < 24 ? len : 24), p);
-        const int got = len > 24 || n > MAX_CANDIDATES
-                            ? 0
-                            : sscanf(text, "%u,%u,%u,%u,%u%c", &v[0], &v[1], &v[2], &v[3],
-                                     &v[4], &end);
-        if (!(got == 4 || (tiled && got == 5))) {
-            fprintf(stderr, "clattn tune: --candidates wants up to %d shapes of %s numbers "
-                            "(%s), not '%s'\n",
-                    MAX_CANDIDATES, tiled ? "four or five" : "four",
-                    tiled ? "ROWS,TILE,SPLIT,COLUMNS[,PER_ITEM]" : "WARPS,WSPLIT,TILE,PLANES",
-                    text);
+        if (len > 24 || n > MAX_CANDIDATES || !search->candidate(text, c[n].text)) {
+            fprintf(stderr, "clattn tune: --candidates wants up to %d shapes %s, not '%s'\n",
+                    MAX_CANDIDATES, search->form, text);
             return EXIT_INPUT;
         }
-        /* tiled: PER_ITEM left out is 0, the rows layout, as in the file */
-        snprintf(c[n++].text, sizeof c->text, "%s%s", text, tiled && got == 4 ? ",0" : "");
+        ++n;
         p += len;
     }
     char path[1024];
@@ -279,13 +238,14 @@ int cmd_tune(int argc, char **argv)
         return EXIT_INPUT;
     }
     /* The tuner's contexts: the table's shape or a candidate's, never a
-     * file's. tiled's backward alone is tuned (and kept) apart from its
-     * forward. */
-    const char *var = !tiled ? "CLATTN_MMA" : fwd ? "CLATTN_TILED" : "CLATTN_TILED_BACKWARD";
-    const char *entry = !tiled ? variant : both ? "tiled" : fwd ? "tiled-forward" : "tiled-backward";
-    if (setenv("CLATTN_TUNING_FILE", "off", 1) || unsetenv("CLATTN_TILED") ||
-        unsetenv("CLATTN_TILED_BACKWARD") ||
-        unsetenv("CLATTN_MMA") || unsetenv("CLATTN_MMA_GRAD_Q") || unsetenv("CLATTN_MMA_SINGLE")) {
+     * file's. One op tuned alone is set, and kept, as the search says
+     * (tiled's backward apart from its forward). */
+    const int ops = both ? SEARCH_BOTH : fwd ? SEARCH_FORWARD : SEARCH_BACKWARD;
+    const char *var = search->variable[ops], *entry = search->entry[ops];
+    int env_failed = setenv("CLATTN_TUNING_FILE", "off", 1);
+    for (size_t i = 0; clattn_ocl_search_variable(i); ++i)
+        env_failed |= unsetenv(clattn_ocl_search_variable(i));
+    if (env_failed) {
         fprintf(stderr, "clattn tune: cannot set the environment\n");
         return EXIT_INPUT;
     }
@@ -310,11 +270,11 @@ int cmd_tune(int argc, char **argv)
            variant, dtype_name, head_dim, batch, q_seq, b[0].s.kv_seq, heads,
            b[0].s.num_kv_heads, causal ? ", causal" : "", dev);
     clattn_context_destroy(base);
-    int search = n == 1; /* no --candidates: the two stages */
-    if (search)
+    int stage = n == 1; /* no --candidates: the two stages */
+    if (stage)
         /* micro-tiles where the GPU table has them: the forward's at every
          * head_dim, the backward's up to 128 */
-        generate(variant, 1, NULL, head_dim, both || !fwd ? 128 : CLATTN_MAX_HEAD_DIM, dt,
+        generate(search, 1, NULL, head_dim, both || !fwd ? 128 : CLATTN_MAX_HEAD_DIM, dt,
                  max_wg, c, &n);
 
     rc = 0;
@@ -336,14 +296,14 @@ int cmd_tune(int argc, char **argv)
                 print_candidate(&c[i], b, nops);
             }
         }
-        if (search == 1 && i + 1 == n && !rc) {
+        if (stage == 1 && i + 1 == n && !rc) {
             size_t best = 0;
             for (size_t j = 1; j < n; ++j)
                 if (c[j].ok && (!best || c[j].total < c[best].total))
                     best = j;
             if (best)
-                generate(variant, 2, c[best].text, head_dim, 0, dt, max_wg, c, &n);
-            search = 2;
+                generate(search, 2, c[best].text, head_dim, 0, dt, max_wg, c, &n);
+            stage = 2;
         }
     }
     if (!rc && !c[0].ok) {

@@ -13,6 +13,7 @@
 #define CLATTN_OPENCL_VARIANT_H
 
 #include "opencl.h"
+#include "search.h"
 
 typedef struct clattn_ocl_variant clattn_ocl_variant;
 
@@ -87,6 +88,8 @@ struct clattn_ocl_variant {
     int (*tuned_fits)(const struct clattn_cl_state *cl, const tuned_entry *e);
     /* An entry as "NAME DTYPE head_dim D: SHAPE" for the log. */
     void (*format_tuned)(const tuned_entry *e, char *buf, size_t size);
+    /* What `clattn tune` searches (search.h), or NULL: not tuned. */
+    const clattn_ocl_search *search;
 };
 
 /* Each variant's operations, defined in its file. */

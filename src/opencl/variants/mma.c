@@ -295,6 +295,58 @@ static void format_tuned(const tuned_entry *e, char *buf, size_t size)
              e->head_dim, e->mma.warps, e->mma.wsplit, e->mma.tile, e->mma.planes);
 }
 
+/* clattn tune's search: "WARPS,WSPLIT,TILE,PLANES". Stage 1 tries warps
+ * and wsplit at a middling tile; stage 2 the tile and the planes around
+ * the winner (16-bit tensors: one plane, tiles of 16 rows or more). */
+static void search_generate(int stage, const char *best, uint32_t head_dim, uint32_t micro_to,
+                            clattn_dtype dtype, size_t max_wg, clattn_search_add add, void *sink)
+{
+    (void)micro_to;
+    unsigned b[4] = {0, 0, 0, 0};
+    if (stage == 2 && sscanf(best, "%u,%u,%u,%u", &b[0], &b[1], &b[2], &b[3]) != 4)
+        return;
+    static const unsigned warps[] = {2, 4, 8}, wsplits[] = {1, 2, 4}, tiles[] = {8, 16, 32, 64};
+    for (size_t i = 0; i < (stage == 1 ? 9u : 8u); ++i) {
+        unsigned v[4];
+        if (stage == 1) {
+            v[0] = warps[i / 3], v[1] = wsplits[i % 3], v[2] = head_dim > 64 ? 16 : 32;
+            v[3] = dtype ? 1 : 2;
+        } else {
+            v[0] = b[0], v[1] = b[1], v[2] = tiles[i / 2], v[3] = 1 + i % 2;
+            if ((dtype && v[3] == 2) || (v[2] == b[2] && v[3] == b[3]))
+                continue;
+        }
+        char text[CLATTN_SEARCH_TEXT];
+        snprintf(text, sizeof text, "%u,%u,%u,%u", v[0], v[1], v[2], v[3]);
+        if (v[0] % v[1] == 0 && 16u * v[1] <= head_dim + 15 && (!dtype || v[2] >= 16) &&
+            32u * v[0] <= max_wg && !add(sink, text))
+            return;
+    }
+}
+
+static int search_candidate(const char *text, char *out)
+{
+    unsigned v[4];
+    char end;
+    if (sscanf(text, "%u,%u,%u,%u%c", &v[0], &v[1], &v[2], &v[3], &end) != 4)
+        return 0;
+    snprintf(out, CLATTN_SEARCH_TEXT, "%u,%u,%u,%u", v[0], v[1], v[2], v[3]);
+    return 1;
+}
+
+static const char *const search_clears[] = {"CLATTN_MMA", "CLATTN_MMA_GRAD_Q",
+                                            "CLATTN_MMA_SINGLE", NULL};
+
+/* One shape serves both ops; each is tuned with the same variable. */
+static const clattn_ocl_search search = {
+    .form = "WARPS,WSPLIT,TILE,PLANES",
+    .variable = {"CLATTN_MMA", "CLATTN_MMA", "CLATTN_MMA"},
+    .entry = {"mma", "mma", "mma"},
+    .clears = search_clears,
+    .candidate = search_candidate,
+    .generate = search_generate,
+};
+
 const clattn_ocl_variant clattn_ocl_variant_mma = {
     .name = "mma",
     .source = clattn_cl_mma,
@@ -327,4 +379,5 @@ const clattn_ocl_variant clattn_ocl_variant_mma = {
     .parse_tuned = parse_tuned,
     .tuned_fits = tuned_fits,
     .format_tuned = format_tuned,
+    .search = &search,
 };

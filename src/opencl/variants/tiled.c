@@ -308,6 +308,71 @@ static void format_tuned(const tuned_entry *e, char *buf, size_t size)
              e->tile.columns, e->tile.per_item);
 }
 
+/* clattn tune's search: "ROWS,TILE,SPLIT,COLUMNS,PER_ITEM". Stage 1 tries
+ * rows and split at a middling tile (micro-tiles of 4 rows up to
+ * micro_to, rows of 32 columns past it); stage 2 the tile and the rows a
+ * work-item (micro-tiles) or columns (rows) around the winner. */
+static void search_generate(int stage, const char *best, uint32_t head_dim, uint32_t micro_to,
+                            clattn_dtype dtype, size_t max_wg, clattn_search_add add, void *sink)
+{
+    (void)dtype;
+    unsigned b[5] = {0, 0, 0, 0, 0};
+    if (stage == 2 && sscanf(best, "%u,%u,%u,%u,%u", &b[0], &b[1], &b[2], &b[3], &b[4]) != 5)
+        return;
+    static const unsigned rows[] = {16, 32, 64, 128}, splits[] = {1, 2, 4},
+                          micro_splits[] = {4, 8, 16}, tiles[] = {16, 32, 64},
+                          columns[] = {32, 64, 128, 256}, per_items[] = {1, 2, 4, 8};
+    const int micro = stage == 1 ? head_dim <= micro_to : b[4] > 0;
+    for (size_t i = 0; i < 12u; ++i) {
+        unsigned v[5];
+        if (stage == 1) {
+            v[0] = rows[i / 3], v[1] = micro && head_dim > 64 ? 16 : 32;
+            v[2] = micro ? micro_splits[i % 3] : splits[i % 3];
+            v[3] = head_dim > 64 ? 32 : 64, v[4] = micro ? 4 : 0;
+            if (micro && i >= 9u)
+                break;
+        } else {
+            v[0] = b[0], v[1] = tiles[i / 4], v[2] = b[2];
+            v[3] = micro ? b[3] : columns[i % 4], v[4] = micro ? per_items[i % 4] : 0;
+            /* columns past head_dim are the same as head_dim's */
+            if ((!micro && i % 4 && columns[i % 4 - 1] >= head_dim) || v[1] % v[2] ||
+                (micro && v[0] % v[4]) || (v[1] == b[1] && v[3] == b[3] && v[4] == b[4]))
+                continue;
+        }
+        const size_t items = micro ? (size_t)v[0] / v[4] * v[2]
+                                   : (size_t)v[0] * v[2] * ((head_dim + v[3] - 1) / v[3]);
+        char text[CLATTN_SEARCH_TEXT];
+        snprintf(text, sizeof text, "%u,%u,%u,%u,%u", v[0], v[1], v[2], v[3], v[4]);
+        if (items <= max_wg && !add(sink, text))
+            return;
+    }
+}
+
+/* A shape of four or five numbers; PER_ITEM left out is 0, the rows
+ * layout, as in the tuning file. */
+static int search_candidate(const char *text, char *out)
+{
+    unsigned v[5] = {0, 0, 0, 0, 0};
+    char end;
+    const int got = sscanf(text, "%u,%u,%u,%u,%u%c", &v[0], &v[1], &v[2], &v[3], &v[4], &end);
+    if (got != 4 && got != 5)
+        return 0;
+    snprintf(out, CLATTN_SEARCH_TEXT, "%u,%u,%u,%u,%u", v[0], v[1], v[2], v[3], v[4]);
+    return 1;
+}
+
+static const char *const search_clears[] = {"CLATTN_TILED", "CLATTN_TILED_BACKWARD", NULL};
+
+/* Both ops' winner is the forward's and the backward's shape at once. */
+static const clattn_ocl_search search = {
+    .form = "ROWS,TILE,SPLIT,COLUMNS[,PER_ITEM]",
+    .variable = {"CLATTN_TILED", "CLATTN_TILED", "CLATTN_TILED_BACKWARD"},
+    .entry = {"tiled", "tiled-forward", "tiled-backward"},
+    .clears = search_clears,
+    .candidate = search_candidate,
+    .generate = search_generate,
+};
+
 const clattn_ocl_variant clattn_ocl_variant_tiled = {
     .name = "tiled",
     .source = clattn_cl_tiled,
@@ -333,4 +398,5 @@ const clattn_ocl_variant clattn_ocl_variant_tiled = {
     .tuned_names = "tiled, tiled-forward, tiled-backward",
     .parse_tuned = parse_tuned,
     .format_tuned = format_tuned,
+    .search = &search,
 };
