@@ -233,3 +233,18 @@ inline void queries_of_keys(uint first, uint last, uint q_seq, int causal, uint 
     *hi = window > 0u ? clamp_to((long)last - delta + (long)window, q_seq) : q_seq;
     *lo = causal ? clamp_to((long)first - delta, *hi) : 0u;
 }
+
+/* Under LOCAL_PROBE (a build the host makes only where CLATTN_LOCAL_PROBE
+ * asks, for tests), kernel NAME_local declares one static local array of
+ * `floats` floats: kernel NAME's buffer as this program's defines lay it
+ * out, sized by the compiler, whose CL_KERNEL_LOCAL_MEM_SIZE the host
+ * checks against the buffer it gives NAME. Never run. */
+#define LOCAL_PROBE_KERNEL(name, floats)                                                      \
+    __kernel void name##_local(__global float *out)                                           \
+    {                                                                                         \
+        __local float probe[(floats)];                                                        \
+        const uint i = get_local_id(0);                                                       \
+        probe[i] = (float)i;                                                                  \
+        barrier(CLK_LOCAL_MEM_FENCE);                                                         \
+        out[i] = probe[(floats) - 1u - i];                                                    \
+    }

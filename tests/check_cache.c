@@ -13,6 +13,7 @@
 #define CL_TARGET_OPENCL_VERSION 120
 #include "clattn_cl.h"
 #include "harness.h"
+#include "kernel_tests.h"
 #include "numerics.h"
 #include "reference.h"
 
@@ -522,8 +523,75 @@ START_TEST(tuning_file_calls)
 }
 END_TEST
 
+/* Lines of the context's log that contain `what`. */
+static int log_lines(clattn_context *ctx, const char *what)
+{
+    int n = 0;
+    for (const char *p = clattn_context_log(ctx); (p = strstr(p, what)) != NULL; p += strlen(what))
+        ++n;
+    return n;
+}
+
+/* Each laid-out local buffer (tiled's and mma's) as the host sizes it,
+ * against the compiler's figure for the same layout (CLATTN_LOCAL_PROBE:
+ * the build refuses a kernel given less than its layout): tiled in its
+ * rows and micro-tile layouts at two head_dims, and mma (emulated on the
+ * CPU device) on mma.sync in float32 and wgmma in bf16. */
+START_TEST(local_buffers)
+{
+    if (!strcmp(test_backend, "native"))
+        return; /* no local memory */
+    setenv("CLATTN_LOCAL_PROBE", "1", 1);
+    const struct {
+        const char *variant, *tiled, *tiled_backward;
+        uint32_t head_dim;
+        clattn_dtype dtype;
+        int wgmma;
+    } runs[] = {
+        {"tiled", "16,8,2,16,0", "12,8,4,64,3", 40, CLATTN_DTYPE_F32, 0},
+        {"tiled", "12,8,4,64,3", "16,8,2,16,0", 128, CLATTN_DTYPE_BF16, 0},
+        {"mma", NULL, NULL, 64, CLATTN_DTYPE_F32, 0},
+        {"mma", NULL, NULL, 64, CLATTN_DTYPE_BF16, 1},
+    };
+    const int emulate = !strcmp(test_backend, "opencl-cpu");
+    for (size_t i = 0; i < sizeof runs / sizeof runs[0]; ++i) {
+        if (runs[i].tiled) {
+            setenv("CLATTN_TILED", runs[i].tiled, 1);
+            setenv("CLATTN_TILED_BACKWARD", runs[i].tiled_backward, 1);
+        } else {
+            unsetenv("CLATTN_TILED");
+            unsetenv("CLATTN_TILED_BACKWARD");
+        }
+        setenv("CLATTN_MMA_EMULATE", emulate ? "1" : "0", 1);
+        setenv("CLATTN_MMA_WGMMA", runs[i].wgmma ? "1" : "0", 1);
+        clattn_options o = clattn_options_default();
+        o.backend = test_backend_kind();
+        o.variant = runs[i].variant;
+        clattn_context *ctx = NULL;
+        const clattn_status st = clattn_context_create(&o, &ctx);
+        if (st == CLATTN_ERROR_UNKNOWN_VARIANT) /* mma on a GPU other than NVIDIA's */
+            continue;
+        ck_assert_status(st, CLATTN_OK);
+        const shape_case c = {.q_seq = 33, .heads = 2, .kv_heads = 1,
+                              .head_dim = runs[i].head_dim, .causal = 1};
+        clattn_shape s = to_shape(&c);
+        s.dtype = runs[i].dtype;
+        if (s.dtype == CLATTN_DTYPE_F32)
+            check_ops(ctx, &s, 1.0f, 41 + i);
+        else
+            check_ops_16(ctx, &s, 1.0f, 41 + i);
+        /* the forward, and the backward's key side and grad-Q at least */
+        ck_assert_msg(log_lines(ctx, "local buffer of") >= 3, "run %zu: %s", i,
+                      clattn_context_log(ctx));
+        clattn_context_destroy(ctx);
+    }
+    unsetenv("CLATTN_LOCAL_PROBE");
+}
+END_TEST
+
 Suite *cache_suite(void)
 {
-    const TTest *const tests[] = {program_cache, cache_bound, tuning_file, tuning_file_calls};
-    return case_suite("cache", "program_cache", 600, tests, 4);
+    const TTest *const tests[] = {program_cache, cache_bound, tuning_file, tuning_file_calls,
+                                  local_buffers};
+    return case_suite("cache", "program_cache", 600, tests, 5);
 }

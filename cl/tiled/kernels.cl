@@ -88,3 +88,23 @@ grad_qs__tiled(__global const elem *k, ulong k_off, __global const float *ds, ul
     PAIRED(q_seq, grad_q_ds_block(k, k_off, ds, ds_off, dq, dq_off, SHAPE_PASS, tiles, r0))
 }
 #endif
+
+#ifdef LOCAL_PROBE /* each kernel's buffer in whole float4s (cl/common.cl) */
+#define WHOLE_FLOAT4S(x) (((x) + 3) / 4 * 4)
+#if PER_ITEM
+LOCAL_PROBE_KERNEL(forward__tiled, WHOLE_FLOAT4S(LOCAL_FORWARD))
+LOCAL_PROBE_KERNEL(grad_q__tiled, WHOLE_FLOAT4S(LOCAL_GRAD_Q))
+LOCAL_PROBE_KERNEL(grad_k__tiled, WHOLE_FLOAT4S(LOCAL_KEY))
+LOCAL_PROBE_KERNEL(grad_v__tiled, WHOLE_FLOAT4S(LOCAL_KEY))
+LOCAL_PROBE_KERNEL(grad_kv__tiled, WHOLE_FLOAT4S(LOCAL_KEY))
+LOCAL_PROBE_KERNEL(grad_kvs__tiled, WHOLE_FLOAT4S(LOCAL_KEY))
+LOCAL_PROBE_KERNEL(grad_qs__tiled, WHOLE_FLOAT4S(LOCAL_GRAD_QS))
+#else
+#define LOCAL_ROWS WHOLE_FLOAT4S(TILED_LOCAL_ROWS(ROWS, TILE, SPLIT, DSPLIT, DP))
+LOCAL_PROBE_KERNEL(forward__tiled, LOCAL_ROWS)
+LOCAL_PROBE_KERNEL(grad_q__tiled, LOCAL_ROWS)
+LOCAL_PROBE_KERNEL(grad_k__tiled, LOCAL_ROWS)
+LOCAL_PROBE_KERNEL(grad_v__tiled, LOCAL_ROWS)
+LOCAL_PROBE_KERNEL(grad_kv__tiled, LOCAL_ROWS)
+#endif
+#endif

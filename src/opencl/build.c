@@ -121,6 +121,43 @@ static clattn_status build_program(struct clattn_cl_state *cl, const clattn_ocl_
     return st;
 }
 
+/* CLATTN_LOCAL_PROBE=1 (tests): builds kernel `function`'s program again
+ * with -DLOCAL_PROBE, whose kernel FUNCTION_local holds the buffer that
+ * the kernel's own defines lay out (cl/common.cl's LOCAL_PROBE_KERNEL),
+ * and refuses a `bytes` that the compiler's figure for it exceeds. A
+ * family without probes (tree, blocked: no laid-out buffer) passes. */
+static clattn_status probe_local(struct clattn_cl_state *cl, const clattn_ocl_variant *family,
+                                 const char *function, const char *options, size_t bytes)
+{
+    char probe_options[400], name[64];
+    snprintf(probe_options, sizeof probe_options, "%s -DLOCAL_PROBE", options);
+    snprintf(name, sizeof name, "%s_local", function);
+    cl_program program = NULL;
+    clattn_status st = build_program(cl, family, function, probe_options, &program);
+    if (st != CLATTN_OK)
+        return st;
+    cl_int err;
+    cl_kernel kernel = clCreateKernel(program, name, &err);
+    cl_ulong laid_out = 0;
+    if (err == CL_SUCCESS)
+        err = clGetKernelWorkGroupInfo(kernel, cl->device, CL_KERNEL_LOCAL_MEM_SIZE,
+                                       sizeof laid_out, &laid_out, NULL);
+    if (kernel)
+        clReleaseKernel(kernel);
+    clReleaseProgram(program);
+    if (err == CL_INVALID_KERNEL_NAME)
+        return CLATTN_OK;
+    if (err != CL_SUCCESS)
+        return clattn_ocl_fail(err, "clGetKernelWorkGroupInfo(probe)");
+    if (laid_out > bytes)
+        return clattn_fail(CLATTN_ERROR_BUILD_FAILED,
+                           "%s (%s) lays out %llu bytes of local memory; the host gives it %zu",
+                           function, options, (unsigned long long)laid_out, bytes);
+    clattn_log_append(cl->owner, "%s: local buffer of %zu bytes, %llu laid out", function, bytes,
+                      (unsigned long long)laid_out);
+    return CLATTN_OK;
+}
+
 /* The options kernel k of a family is built with for a head_dim (0: any):
  * what every program takes, and the family's defines. */
 static const char *kernel_options(const struct clattn_cl_state *cl,
@@ -203,6 +240,10 @@ static clattn_status build_set_once(struct clattn_cl_state *cl, const clattn_ocl
         const uint32_t largest = head_dim ? head_dim : CLATTN_MAX_HEAD_DIM;
         const size_t wg = clattn_ocl_work_group(cl, set, k, largest);
         const size_t local = clattn_ocl_local_bytes(cl, set, k, largest);
+        const char *probe = getenv("CLATTN_LOCAL_PROBE");
+        if (probe && !strcmp(probe, "1") &&
+            (st = probe_local(cl, family, v->function, options, local)) != CLATTN_OK)
+            return st;
         if (family->fits_limit && set->max_wg[k] < wg && set->max_wg[k] >= 1) {
             *lower = set->max_wg[k];
             return CLATTN_ERROR_WORK_GROUP_TOO_LARGE;
