@@ -70,6 +70,9 @@
 #   ring     examples/ring_attention on 1 and then RING_RANKS (default 2) ranks, a GPU
 #            each, RING_ARGS (default q_seq 131072, d128, 8 heads, causal); needs
 #            Open MPI's Debian packages in .devdebs/mpi (unpacked under /opt/mpi)
+# Shapes come from tools/shapes.py; the interleaved stages (ab, dtypes,
+# gab, wgmma, mods) run through tools/interleave.py, which reads clattn
+# bench's --json, and every run's figures go to $OUT/runs.jsonl as well.
 # Compiled programs are kept in .devcache (CLATTN_CACHE_DIR); those the call
 # used come back as $OUT/devcache.tgz: copied to .devcache.tgz here and
 # carried, the next machine starts warm for them.
@@ -113,26 +116,27 @@ nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,temperature.gpu,utilization.
 { cmake -S . -B build-dev -DCMAKE_BUILD_TYPE=Release "${mpi_flags[@]}" && cmake --build build-dev -j16; } \
   > "$OUT/build.log" 2>&1 || { tail -40 "$OUT/build.log"; exit 1; }
 cli=build-dev/clattn
-# The issue's shape per head_dim class, for the tune and tiled stages.
-shapes=("64:--q-seq 4096 --heads 8 --causal" "96:--q-seq 2048 --heads 16 --causal"
-        "128:--q-seq 4096 --heads 32 --kv-heads 8 --causal" "256:--q-seq 2048 --heads 8 --causal")
+# The benchmark's shapes (tools/shapes.py), as HEAD_DIM:ARGS: one per
+# head_dim class for the tune, tiled and mods stages.
+mapfile -t shapes < <(python3 tools/shapes.py gpu --tag class)
 export PYTHONUNBUFFERED=1
 # The CLI of the source tree AB_OLD, for ab and gab, as build-old/clattn.
 build_old() {
   { cmake -S "$AB_OLD" -B build-old -DCMAKE_BUILD_TYPE=Release && cmake --build build-old -j16 \
       --target clattn_cli; } > "$OUT/build-old.log" 2>&1 || { tail -20 "$OUT/build-old.log"; exit 1; }
 }
-# One line of an A/B: LABEL, then `clattn bench ARGS...`'s GFLOP/s from the
-# old build and this one, interleaved, AB_ROUNDS rounds.
-ab_line() {
-  local line="$1:" r b
+# Interleaved runs (tools/interleave.py): LABEL, the arms, --, then
+# `clattn bench` arguments; every run's figures also go to $OUT/runs.jsonl.
+interleave() {
+  local label=$1
   shift
-  for r in $(seq "${AB_ROUNDS:-2}"); do
-    for b in build-old build-dev; do
-      line="$line ${b#build-}=$($b/clattn bench "$@" | awk 'NR==3{print $3}')"
-    done
-  done
-  echo "$line"
+  python3 tools/interleave.py --label "$label" --rounds "${AB_ROUNDS:-2}" --json "$OUT/runs.jsonl" "$@"
+}
+# One line of an A/B: LABEL, then the old build and this one on `clattn bench ARGS...`.
+ab_line() {
+  local label=$1
+  shift
+  interleave "$label" --arm old=build-old/clattn --arm dev=build-dev/clattn -- "$@"
 }
 for stage in "$@"; do
   case $stage in
@@ -220,25 +224,19 @@ for stage in "$@"; do
     done 2>&1 | tee "$OUT/peak.log" ;;
   ab)
     build_old
-    cpu_shapes=("--batch 4 --q-seq 512 --heads 8 --head-dim 64"
-                "--q-seq 1024 --heads 8 --kv-heads 2 --head-dim 64 --causal"
-                "--q-seq 1024 --heads 16 --kv-heads 4 --head-dim 128 --causal"
-                "--batch 2 --q-seq 512 --heads 12 --kv-heads 4 --head-dim 96"
-                "--q-seq 512 --heads 8 --head-dim 256 --causal"
-                "--batch 2 --q-seq 1024 --heads 8 --head-dim 32 --causal")
+    mapfile -t cpu_shapes < <(python3 tools/shapes.py cpu)
     threads=${AB_THREADS:-16,1}
     for t in ${threads//,/ }; do
-      for sh in "${cpu_shapes[@]}"; do
+      for entry in "${cpu_shapes[@]}"; do
         for op in forward backward; do
-          ab_line "t$t $op $sh" --op $op $sh --device native --threads "$t" --reps 5
+          ab_line "t$t $op d${entry%%:*} ${entry#*:}" --op $op --head-dim "${entry%%:*}" \
+            ${entry#*:} --device native --threads "$t" --reps 5
         done
       done
     done 2>&1 | tee "$OUT/ab.log" ;;
   dtypes)
     build_old
-    dt_shapes=("--q-seq 1024 --heads 8 --kv-heads 2 --head-dim 64 --causal"
-               "--q-seq 1024 --heads 16 --kv-heads 4 --head-dim 128 --causal"
-               "--batch 4 --q-seq 512 --heads 8 --head-dim 64")
+    mapfile -t dt_shapes < <(python3 tools/shapes.py cpu | head -3 | sed 's/^\([0-9]*\):/--head-dim \1 /')
     [ -n "${DT_SHAPES:-}" ] && IFS=';' read -r -a dt_shapes <<< "$DT_SHAPES"
     # PoCL's programs first, every build, dtype, head_dim and op, 8 at once
     for b in build-old build-dev; do for dt in f32 bf16 f16; do for sh in "${dt_shapes[@]}"; do
@@ -253,30 +251,21 @@ for stage in "$@"; do
           var=()
           [ $dev = cpu ] && var=(--variant blocked)
           for op in forward backward; do
-            line="t$t $dev $op $sh:"
-            for r in $(seq "${AB_ROUNDS:-2}"); do
-              for b in build-old build-dev; do
-                line="$line ${b#build-}"
-                for dt in f32 bf16 f16; do
-                  line="$line $dt=$($b/clattn bench --op $op $sh --device $dev "${var[@]}" \
-                    --threads "$t" --reps 5 --dtype $dt | awk 'NR==3{print $3}')"
-                done
-              done
-            done
-            echo "$line"
+            arms=()
+            for b in build-old build-dev; do for dt in f32 bf16 f16; do
+              arms+=(--arm "${b#build-}-$dt=$b/clattn+--dtype $dt")
+            done; done
+            interleave "t$t $dev $op $sh" "${arms[@]}" -- --op $op $sh --device $dev "${var[@]}" \
+              --threads "$t" --reps 5
           done
         done
       done
     done 2>&1 | tee "$OUT/dtypes.log" ;;
   gab)
     build_old
-    gpu_shapes=("64:--q-seq 4096 --heads 8 --causal" "64:--q-seq 4096 --heads 32 --kv-heads 8"
-                "64:--q-seq 16384 --heads 8 --causal" "96:--q-seq 2048 --heads 16 --causal"
-                "128:--q-seq 4096 --heads 32 --kv-heads 8 --causal"
-                "128:--q-seq 4096 --heads 32 --kv-heads 8" "256:--q-seq 2048 --heads 8 --causal")
+    mapfile -t gpu_shapes < <(python3 tools/shapes.py gpu --tag ab --dims "${GAB_DIMS:-64,128}")
     for entry in "${gpu_shapes[@]}"; do
       d=${entry%%:*}
-      case ",${GAB_DIMS:-64,128}," in *",$d,"*) ;; *) continue ;; esac
       for op in ${GAB_OPS:-forward backward}; do
         ab_line "d$d $op ${entry#*:}" --op $op --head-dim "$d" ${entry#*:} --variant "${GAB_VARIANT:-mma}" \
           --reps 5 --dtype "${GAB_DTYPE:-bf16}" ${GAB_ARGS:-}
@@ -288,18 +277,12 @@ for stage in "$@"; do
       CLATTN_MMA_WGMMA=$w timeout 120 $cli bench --op forward --head-dim 128 --q-seq 512 --heads 4 \
         --causal --variant mma --reps 1 --dtype bf16 2>&1 | tail -1
     done 2>&1 | tee "$OUT/wgmma-first.log"
-    for entry in "64:--q-seq 4096 --heads 8 --causal" "64:--q-seq 4096 --heads 32 --kv-heads 8" \
-                 "128:--q-seq 4096 --heads 32 --kv-heads 8 --causal" \
-                 "128:--q-seq 4096 --heads 32 --kv-heads 8"; do
+    mapfile -t wg_shapes < <(python3 tools/shapes.py gpu --tag ab --dims 64,128 | grep -v 16384)
+    for entry in "${wg_shapes[@]}"; do
       for op in ${WGMMA_OPS:-forward}; do
-        line="d${entry%%:*} $op ${entry#*:}:"
-        for r in $(seq "${AB_ROUNDS:-2}"); do
-          for w in 0 1; do
-            line="$line w$w=$(CLATTN_MMA_WGMMA=$w timeout 120 $cli bench --op $op --head-dim "${entry%%:*}" \
-              ${entry#*:} --variant mma --reps 5 --dtype bf16 2>&1 | awk '$1 == "mma" {print $3, $4}')"
-          done
-        done
-        echo "$line"
+        interleave "d${entry%%:*} $op ${entry#*:}" --timeout 120 \
+          --arm w0=$cli@CLATTN_MMA_WGMMA=0 --arm w1=$cli@CLATTN_MMA_WGMMA=1 -- \
+          --op $op --head-dim "${entry%%:*}" ${entry#*:} --variant mma --reps 5 --dtype bf16
       done
     done 2>&1 | tee "$OUT/wgmma.log"
     if [ "${WGMMA_SUITE_S:-400}" -gt 0 ]; then
@@ -399,20 +382,16 @@ for stage in "$@"; do
     mods_builds=(build-dev)
     [ -n "${AB_OLD:-}" ] && { build_old; mods_builds=(build-old build-dev); }
     run_mods() { # LABEL HEADS BUILDS then clattn bench args
-      local label=$1 heads=$2 builds=$3 r m b
+      local label=$1 heads=$2 builds=$3 m b arms=()
       shift 3
       slopes "$heads" "$OUT/slopes$heads.npy"
-      for r in $(seq "${AB_ROUNDS:-2}"); do
-        for b in $builds; do
-          local line="$label r$r ${b#build-}:"
-          for m in "${mods_of[@]}"; do
-            local args=${m#*:}
-            args=${args//ALIBI/$OUT/slopes$heads.npy}
-            line="$line ${m%%:*}=$($b/clattn bench "$@" $args | awk 'NR==3{print $3}')"
-          done
-          echo "$line"
+      for b in $builds; do
+        for m in "${mods_of[@]}"; do
+          local args=${m#*:}
+          arms+=(--arm "${b#build-}-${m%%:*}=$b/clattn${args:++${args//ALIBI/$OUT/slopes$heads.npy}}")
         done
       done
+      interleave "$label" "${arms[@]}" -- "$@"
     }
     for dt in ${MODS_DTYPES:-bf16 f32}; do
       for s in "${shapes[@]}"; do

@@ -52,6 +52,8 @@ import sys
 import time
 from statistics import median
 
+import shapes
+
 try:
     import torch
     import torch.nn.functional as F
@@ -61,25 +63,9 @@ except ImportError as e:
     TORCH_MISSING = str(e)
     TORCH_DTYPES = {"f32": None, "f16": None, "bf16": None}
 
-GPU_SHAPES = [  # (batch, q_seq, heads, kv_heads, head_dim, causal)
-    (1, 4096, 8, 8, 64, True),
-    (1, 4096, 32, 8, 64, False),
-    (1, 16384, 8, 8, 64, True),
-    (1, 2048, 16, 16, 80, True),
-    (1, 2048, 16, 16, 96, True),
-    (1, 4096, 32, 8, 128, True),
-    (1, 4096, 32, 8, 128, False),
-    (4, 2048, 16, 16, 128, True),
-    (1, 2048, 8, 8, 256, True),
-]
-CPU_SHAPES = [  # d64 and d128 GQA, batched d64, then head_dims 32, 96 and 256
-    (1, 1024, 8, 2, 64, True),
-    (1, 1024, 16, 4, 128, True),
-    (4, 512, 8, 8, 64, False),
-    (2, 1024, 8, 8, 32, True),
-    (2, 512, 12, 4, 96, False),
-    (1, 512, 8, 8, 256, True),
-]
+# (batch, q_seq, heads, kv_heads, head_dim, causal): tools/shapes.py's lists
+GPU_SHAPES = shapes.plain(shapes.GPU)
+CPU_SHAPES = shapes.plain(shapes.CPU)
 
 
 def pairs(q_seq, heads, batch, causal):
