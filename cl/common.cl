@@ -248,3 +248,7 @@ inline void queries_of_keys(uint first, uint last, uint q_seq, int causal, uint 
         barrier(CLK_LOCAL_MEM_FENCE);                                                         \
         out[i] = probe[(floats) - 1u - i];                                                    \
     }
+#ifdef LOCAL_PROBE
+/* One float: what the implementation adds to a probe's own array. */
+LOCAL_PROBE_KERNEL(local_probe_base, 1)
+#endif

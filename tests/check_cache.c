@@ -323,7 +323,7 @@ START_TEST(tuning_file)
                   "%s", clattn_context_log(ctx));
     clattn_context_destroy(ctx);
     /* CLATTN_TILED beats the file. */
-    setenv("CLATTN_TILED", "4,4,2", 1);
+    setenv("CLATTN_TILED", "4,4,2,16,0", 1);
     ctx = test_context("tiled");
     check_ops(ctx, &s, 1.0f, 13);
     ck_assert_msg(strstr(clattn_context_log(ctx), "-DHEAD_DIM=16 -DROWS=4 -DTILE=4 -DSPLIT=2"),

@@ -136,15 +136,23 @@ static clattn_status probe_local(struct clattn_cl_state *cl, const clattn_ocl_va
     clattn_status st = build_program(cl, family, function, probe_options, &program);
     if (st != CLATTN_OK)
         return st;
-    cl_int err;
-    cl_kernel kernel = clCreateKernel(program, name, &err);
-    cl_ulong laid_out = 0;
-    if (err == CL_SUCCESS)
-        err = clGetKernelWorkGroupInfo(kernel, cl->device, CL_KERNEL_LOCAL_MEM_SIZE,
-                                       sizeof laid_out, &laid_out, NULL);
-    if (kernel)
-        clReleaseKernel(kernel);
+    /* What the implementation adds to any kernel's figure (a few bytes on
+     * some), from a probe of one float, comes off the figure. */
+    cl_int err = CL_SUCCESS;
+    cl_ulong laid_out = 0, base = 0;
+    const char *names[2] = {name, "local_probe_base_local"};
+    cl_ulong *sizes[2] = {&laid_out, &base};
+    for (int i = 0; i < 2 && err == CL_SUCCESS; ++i) {
+        cl_kernel kernel = clCreateKernel(program, names[i], &err);
+        if (err == CL_SUCCESS) {
+            err = clGetKernelWorkGroupInfo(kernel, cl->device, CL_KERNEL_LOCAL_MEM_SIZE,
+                                           sizeof *sizes[i], sizes[i], NULL);
+            clReleaseKernel(kernel);
+        }
+    }
     clReleaseProgram(program);
+    if (err == CL_SUCCESS && base > sizeof(float))
+        laid_out -= base - sizeof(float);
     if (err == CL_INVALID_KERNEL_NAME)
         return CLATTN_OK;
     if (err != CL_SUCCESS)
