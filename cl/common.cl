@@ -192,11 +192,13 @@ inline ulong ds_head(uint b, uint head, uint group, uint q_seq, uint kv_seq)
 
 /* Whether query pos sees key t (t < kv_seq is the caller's to test): the
  * global positions are pos + q_offset and t + kv_offset, so the masks
- * compare pos + delta with t, in 64 bits. */
+ * compare pos + delta with t, in 64 bits. `causal` is 0 (no right side)
+ * or 1 + the window's right side: keys up to causal - 1 past the query
+ * are visible (1: the causal mask). */
 inline bool visible(uint pos, uint t, int causal, uint window, long delta)
 {
     const long at = (long)pos + delta;
-    return (!causal || (long)t <= at) && (window == 0u || at < (long)t + (long)window);
+    return (!causal || (long)t < at + causal) && (window == 0u || at < (long)t + (long)window);
 }
 
 /* min(x, 0) that keeps a NaN (fmin drops it): a NaN score or LSE reaches
@@ -209,7 +211,7 @@ inline uint clamp_to(long x, uint n) { return x < 0 ? 0u : x > (long)n ? n : (ui
 inline void keys_of_queries(uint first, uint last, uint kv_seq, int causal, uint window,
                             long delta, uint *lo, uint *hi)
 {
-    *hi = causal ? clamp_to((long)last + delta + 1, kv_seq) : kv_seq;
+    *hi = causal ? clamp_to((long)last + delta + causal, kv_seq) : kv_seq;
     *lo = window > 0u ? clamp_to((long)first + delta - (long)window + 1, *hi) : 0u;
 }
 
@@ -231,7 +233,7 @@ inline void queries_of_keys(uint first, uint last, uint q_seq, int causal, uint 
                             long delta, uint *lo, uint *hi)
 {
     *hi = window > 0u ? clamp_to((long)last - delta + (long)window, q_seq) : q_seq;
-    *lo = causal ? clamp_to((long)first - delta, *hi) : 0u;
+    *lo = causal ? clamp_to((long)first - delta - causal + 1, *hi) : 0u;
 }
 
 /* Under LOCAL_PROBE (a build the host makes only where CLATTN_LOCAL_PROBE

@@ -209,8 +209,15 @@ typedef struct clattn_shape {
     uint32_t num_heads;
     uint32_t num_kv_heads; /* divides num_heads; 1 is multi-query attention */
     uint32_t head_dim;     /* 1 .. CLATTN_MAX_HEAD_DIM */
-    int causal;            /* non-zero: key T is visible to query P only if T <= P */
+    int causal;            /* non-zero: key T is visible to query P only if T <= P + window_right */
     uint32_t window;       /* non-zero: key t is visible to query pos only if pos < t + window */
+    /* The window's right side, with causal: keys up to window_right past
+     * the query are visible too (0, the default: the causal mask itself).
+     * FlashAttention's window_size = (left, right) is window = left + 1
+     * (left -1: 0) and, for right >= 0, causal (either alignment) with
+     * window_right = right; right -1 is causal 0. Non-zero without causal
+     * is CLATTN_ERROR_INVALID_OPTION. */
+    uint32_t window_right;
     float scale;           /* 0: 1 / sqrt(head_dim) */
     clattn_dtype dtype;    /* of the tensors; 0 (CLATTN_DTYPE_F32) by default */
     /* Global positions of the first query row and the first key (0, 0 by

@@ -56,15 +56,17 @@ START_TEST(visible_pairs)
     ck_assert_uint_eq(clattn_shape_visible_pairs(&s), 10);
     s.causal = CLATTN_CAUSAL_TOP_LEFT;
     ck_assert_uint_eq(clattn_shape_visible_pairs(&s), 18);
-    /* Against counting the rule pair by pair, over many shapes and offsets. */
+    /* Against counting the rule pair by pair, over many shapes, offsets and
+     * right sides (with causal). */
     for (uint32_t q = 1; q < 12; ++q)
         for (uint32_t kv = 1; kv < 12; ++kv)
             for (uint32_t w = 0; w < 14; w += 3)
-                for (int at = 0; at < 9; ++at) { /* none, top-left, bottom-right; offsets */
+                for (int at = 0; at < 18; ++at) { /* none, top-left, bottom-right; offsets */
                     const int causal = at % 3;
                     s = clattn_shape_default();
-                    s.q_offset = at / 3 == 1 ? 5 : 0;
-                    s.kv_offset = at / 3 == 2 ? 7 : 0;
+                    s.q_offset = at / 3 % 3 == 1 ? 5 : 0;
+                    s.kv_offset = at / 3 % 3 == 2 ? 7 : 0;
+                    s.window_right = causal && at >= 9 ? w / 2 + 1 : 0;
                     s.batch = 2;
                     s.q_seq = q;
                     s.kv_seq = kv;
@@ -81,6 +83,19 @@ START_TEST(visible_pairs)
                 }
     s.num_kv_heads = 2;
     ck_assert_uint_eq(clattn_shape_visible_pairs(&s), 0);
+    /* A right side needs causal, and fits an int. */
+    s = clattn_shape_default();
+    s.q_seq = s.kv_seq = 4;
+    s.num_heads = s.num_kv_heads = s.head_dim = 1;
+    s.window_right = 1;
+    ck_assert_status(clattn_shape_validate(&s), CLATTN_ERROR_INVALID_OPTION);
+    ck_assert_msg(strstr(clattn_last_error(), "window_right"), "%s", clattn_last_error());
+    s.causal = 1;
+    ck_assert_uint_eq(clattn_shape_visible_pairs(&s), 10 + 3);
+    s.window_right = INT32_MAX - 1;
+    ck_assert_uint_eq(clattn_shape_visible_pairs(&s), 16);
+    s.window_right = INT32_MAX;
+    ck_assert_status(clattn_shape_validate(&s), CLATTN_ERROR_INVALID_OPTION);
     /* Sequences of 2^32 - 1 and positions near 2^32 count at once, in closed
      * form: causal, n (n + 1) / 2; with a window W at equal offsets (the last
      * position 2^32 - 1), W (W + 1) / 2 + (m - W) W. */

@@ -64,13 +64,14 @@ START_TEST(grad_v_batched_masked)
     s.batch = 3;
     s.causal = 1;
     s.window = 3;
+    s.window_right = 2;
     s.scale = 0.5f;
     problem p;
     write_problem(&p, &s, 1);
     ck_assert_int_eq(run("grad-v", "--q", path("q.npy"), "--k", path("k.npy"), "--d-out",
                          path("do.npy"), "--lse", path("lse.npy"), "--out", path("dv.npy"),
-                         "--causal", "--window", "3", "--scale", "0.5", "--device", "native",
-                         "--variant", "blocked", NULL),
+                         "--causal", "--window", "3", "--window-right", "2", "--scale", "0.5",
+                         "--device", "native", "--variant", "blocked", NULL),
                      0);
     size_t want[4] = {3, 12, 2, 8};
     check_output(&p, "dv.npy", 4, want);

@@ -257,6 +257,7 @@ START_TEST(bad_input_leaves_nothing)
         {"k.npy", {"--window", "-1", NULL}},
         {"k.npy", {"--window", "3x", NULL}},
         {"k.npy", {"--window", "99999999999", NULL}},
+        {"k.npy", {"--window-right", "4", NULL}}, /* without causal */
         {"k.npy", {"--scale", "0", NULL}},
         {"k.npy", {"--scale", "nan", NULL}},
         {"k.npy", {"--scale", "1e99", NULL}},

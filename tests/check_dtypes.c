@@ -245,7 +245,7 @@ static void check_exact_16(clattn_context *ctx, clattn_dtype dtype, uint32_t hea
     static const uint16_t bf16[] = {0x0100, 0x0101, 0x5e00, 0xde00, 0x3f80,
                                     0x3eab, 0xc0a0, 0x4b7f, 0x8101, 0x3c23};
     const uint16_t *special = dtype == CLATTN_DTYPE_F16 ? f16 : bf16;
-    shape_case c = {1, 37, 37, 2, 2, head_dim, 1, 1, 0, 1};
+    shape_case c = {.q_seq = 37, .heads = 2, .head_dim = head_dim, .causal = 1, .window = 1};
     clattn_shape s = to_shape(&c);
     s.dtype = dtype;
     problem p;

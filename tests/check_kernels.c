@@ -26,6 +26,7 @@ clattn_shape to_shape(const shape_case *c)
     s.head_dim = c->head_dim;
     s.causal = c->causal;
     s.window = c->window;
+    s.window_right = c->window_right;
     s.scale = c->scale;
     return s;
 }
@@ -190,29 +191,34 @@ const float slopes8[8] = {0.5f,     0.25f,     0.125f,     0.0625f,
                           0.03125f, 0.015625f, 0.0078125f, 0.00390625f};
 
 
-/* Every head_dim the issue names, alternating the masks. */
+/* Every head_dim the issue names, alternating the masks (two-sided windows
+ * at d16 and d256). */
 static const shape_case head_dims[] = {
     {.q_seq = 33, .heads = 4, .kv_heads = 2, .head_dim = 1, .causal = 1},
     {.q_seq = 33, .heads = 4, .kv_heads = 2, .head_dim = 7},
-    {.q_seq = 33, .heads = 4, .kv_heads = 2, .head_dim = 16, .causal = 1, .window = 5},
+    {.q_seq = 33, .heads = 4, .kv_heads = 2, .head_dim = 16, .causal = 1, .window = 5,
+     .window_right = 3},
     {.q_seq = 33, .kv_seq = 40, .heads = 4, .kv_heads = 2, .head_dim = 32, .window = 6},
     {.q_seq = 65, .heads = 4, .kv_heads = 2, .head_dim = 64, .causal = 1},
     {.q_seq = 33, .heads = 4, .kv_heads = 2, .head_dim = 80},
     {.q_seq = 33, .heads = 4, .kv_heads = 2, .head_dim = 96, .causal = 1},
     {.q_seq = 33, .kv_seq = 20, .heads = 4, .kv_heads = 2, .head_dim = 128},
-    {.q_seq = 33, .heads = 4, .kv_heads = 2, .head_dim = 256, .causal = 1, .window = 4},
+    {.q_seq = 33, .heads = 4, .kv_heads = 2, .head_dim = 256, .causal = 1, .window = 4,
+     .window_right = 2},
 };
 START_TEST(head_dim_sweep) { run_cases(head_dims, _i); }
 END_TEST
 
+/* Right windows at 65 (7 keys past each query) and 200 (30, across
+ * tiles). */
 static const shape_case q_seqs[] = {
     {.q_seq = 1, .heads = 4, .kv_heads = 1, .head_dim = 32, .causal = 1},
     {.q_seq = 2, .heads = 4, .kv_heads = 1, .head_dim = 32},
     {.q_seq = 7, .heads = 4, .kv_heads = 1, .head_dim = 32, .causal = 1},
     {.q_seq = 64, .heads = 4, .kv_heads = 1, .head_dim = 32},
-    {.q_seq = 65, .heads = 4, .kv_heads = 1, .head_dim = 32, .causal = 1},
+    {.q_seq = 65, .heads = 4, .kv_heads = 1, .head_dim = 32, .causal = 1, .window_right = 7},
     {.q_seq = 200, .heads = 4, .kv_heads = 1, .head_dim = 32},
-    {.q_seq = 200, .heads = 2, .kv_heads = 1, .head_dim = 32, .causal = 1},
+    {.q_seq = 200, .heads = 2, .kv_heads = 1, .head_dim = 32, .causal = 1, .window_right = 30},
 };
 START_TEST(q_seq_sweep) { run_cases(q_seqs, _i); }
 END_TEST
@@ -230,13 +236,14 @@ END_TEST
 
 /* Causal at offsets 0 with kv_seq != q_seq: top-left (1) and bottom-right
  * (2, CLATTN_CAUSAL_BOTTOM_RIGHT), longer keys and longer queries (rows that
- * see no key), GQA, a window. */
+ * see no key), GQA, a two-sided window. */
 static const shape_case alignments[] = {
     {.q_seq = 37, .kv_seq = 12, .heads = 4, .kv_heads = 2, .head_dim = 16, .causal = 1},
     {.q_seq = 12, .kv_seq = 37, .heads = 4, .kv_heads = 2, .head_dim = 16, .causal = 1},
     {.q_seq = 37, .kv_seq = 12, .heads = 4, .kv_heads = 2, .head_dim = 16, .causal = 2},
     {.batch = 2, .q_seq = 12, .kv_seq = 37, .heads = 4, .kv_heads = 1, .head_dim = 16, .causal = 2},
-    {.q_seq = 40, .kv_seq = 70, .heads = 2, .head_dim = 16, .causal = 2, .window = 9},
+    {.q_seq = 40, .kv_seq = 70, .heads = 2, .head_dim = 16, .causal = 2, .window = 9,
+     .window_right = 4},
 };
 START_TEST(causal_alignment) { run_cases(alignments, _i); }
 END_TEST
@@ -245,7 +252,7 @@ END_TEST
 static const shape_case alignments_64[] = {
     {.q_seq = 70, .kv_seq = 20, .heads = 4, .kv_heads = 2, .head_dim = 64, .causal = 2},
     {.q_seq = 20, .kv_seq = 70, .heads = 2, .kv_heads = 1, .head_dim = 64, .causal = 1,
-         .window = 9},
+         .window = 9, .window_right = 5},
 };
 START_TEST(causal_alignment_64) { run_cases(alignments_64, _i); }
 END_TEST
@@ -269,7 +276,8 @@ static const shape_case windows[] = {
     {.q_seq = 40, .heads = 2, .kv_heads = 1, .head_dim = 16, .causal = 1, .window = 3},
     {.q_seq = 40, .heads = 2, .kv_heads = 1, .head_dim = 16, .window = 40},
     {.q_seq = 40, .heads = 2, .kv_heads = 1, .head_dim = 16, .causal = 1, .window = 1000},
-    {1, 40, 40, 2, 1, 16, 1, 4294967295u, 0, 1},
+    {.q_seq = 40, .heads = 2, .kv_heads = 1, .head_dim = 16, .causal = 1,
+     .window = 4294967295u},
 };
 START_TEST(window_sweep) { run_cases(windows, _i); }
 END_TEST

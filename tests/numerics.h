@@ -15,7 +15,7 @@
 typedef struct shape_case {
     uint32_t batch, q_seq, kv_seq, heads, kv_heads, head_dim;
     int causal;
-    uint32_t window;
+    uint32_t window, window_right;
     float scale, q_gain;
 } shape_case;
 

@@ -21,7 +21,7 @@ int ref_visible(const clattn_shape *s, uint32_t pos, uint32_t t)
     const int64_t shift =
         s->causal == CLATTN_CAUSAL_BOTTOM_RIGHT ? (int64_t)s->kv_seq - (int64_t)s->q_seq : 0;
     const int64_t at = (int64_t)s->q_offset + pos + shift, key = (int64_t)s->kv_offset + t;
-    return t < s->kv_seq && (!s->causal || key <= at) &&
+    return t < s->kv_seq && (!s->causal || key <= at + (int64_t)s->window_right) &&
            (s->window == 0 || at < key + (int64_t)s->window);
 }
 

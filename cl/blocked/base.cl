@@ -311,14 +311,14 @@ inline void transpose_in(__global const elem *x, const ulong *row, uint n, float
 
 /* Whether query pos sees key t, lane by lane, as float16 selects want it
  * (-1 where true): with at = pos + delta (global positions compared), under
- * the causal mask only keys t <= at, under a window only keys with at <
+ * the causal mask only keys t < at + causal, under a window only keys with at <
  * t + window. In 64 bits, so that nothing wraps, and without clamped
  * differences, which LLVM turns into saturating intrinsics that Oclgrind
  * cannot run. */
 inline int16 visible16(uint16 pos, uint16 t, int causal, uint window, long delta)
 {
     const long16 at = convert_long16(pos) + delta, key = convert_long16(t);
-    const int16 past = convert_int16(key <= at);
+    const int16 past = convert_int16(key < at + (long)causal);
     const int16 near = window ? convert_int16(at - key < (long16)window) : (int16)(-1);
     return select((int16)(causal ? 0 : -1), near, past);
 }

@@ -224,7 +224,7 @@ inline uint query_block(uint q_seq, int causal)
 inline bool all_visible(long q_first, long q_last, long k_first, long k_last, int causal,
                         uint window, long delta)
 {
-    return (!causal || k_last <= q_first + delta) &&
+    return (!causal || k_last < q_first + delta + causal) &&
            (window == 0u || q_last + delta < k_first + (long)window);
 }
 

@@ -155,7 +155,7 @@ class _Tensors:
     they describe."""
 
     def __init__(self, q, k, lse=None, v=None, extra=(), *, dtype=None, causal=False,
-                 window=0, scale=None, q_offset=0, kv_offset=0, softcap=0.0,
+                 window=0, window_right=0, scale=None, q_offset=0, kv_offset=0, softcap=0.0,
                  alibi_slopes=None, dropout_p=0.0, seed=0, offset=0, cu_seqlens_q=None,
                  cu_seqlens_kv=None, accumulate=False):
         named = {"q": _input("q", q), "k": _input("k", k)}
@@ -218,9 +218,12 @@ class _Tensors:
             if slopes.shape != (H,):
                 raise InvalidArgument(f"alibi_slopes must be float32 of shape ({H},), not "
                                       f"{slopes.shape}")
+        if window_right and not causal:
+            raise InvalidArgument(f"window_right {window_right!r} needs causal, which aligns it")
         self.problem = _call.Problem(
             batch=batch, q_seq=Sq, kv_seq=Sk, num_heads=H, num_kv_heads=Hk, head_dim=D,
-            dtype=self.dtype, causal=_causal(causal), window=window, scale=scale,
+            dtype=self.dtype, causal=_causal(causal), window=window,
+            window_right=window_right if causal else None, scale=scale,
             q_offset=q_offset, kv_offset=kv_offset, softcap=softcap, alibi_slopes=slopes,
             dropout_p=dropout_p, seed=seed, offset=offset, cu_seqlens_q=cu_q,
             cu_seqlens_kv=cu_kv, accumulate=accumulate)
@@ -317,7 +320,7 @@ class Context:
             if self._handle is not None else "clattn.Context(closed)"
 
     # The ops. Keywords, as clattn_shape has them: causal (False, True or
-    # "top-left", "bottom-right"), window, scale, q_offset, kv_offset,
+    # "top-left", "bottom-right"), window, window_right, scale, q_offset, kv_offset,
     # softcap, alibi_slopes, dropout_p, seed, offset, cu_seqlens_q,
     # cu_seqlens_kv, and dtype for uint16 arrays.
 

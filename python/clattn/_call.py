@@ -62,6 +62,14 @@ class Problem:
         self.dtype = dtype
         if causal not in (0, _lib.CAUSAL_TOP_LEFT, _lib.CAUSAL_BOTTOM_RIGHT):
             raise InvalidArgument(f"causal must be 0, 1 or 2, not {causal!r}")
+        # A window's right side (FlashAttention's window_size[1] >= 0) is the
+        # shape's window_right over a causal mask, aligned as the window is
+        # where no causal mask is asked for.
+        self.window_right = 0
+        if window_right is not None and int(window_right) >= 0:
+            if not causal:
+                causal = _lib.CAUSAL_BOTTOM_RIGHT if align_bottom_right else _lib.CAUSAL_TOP_LEFT
+            self.window_right = _u32("window_right", window_right)
         self.causal = causal
         self.window = _u32("window", window)
         if scale is None:
@@ -80,10 +88,6 @@ class Problem:
         self.alibi = alibi_slopes
         self.cu_q, self.cu_kv = cu_seqlens_q, cu_seqlens_kv
         self.align_bottom_right = bool(align_bottom_right) and causal == 0
-        # A right window wider than every sequence's queries changes nothing
-        # (FlashAttention's (left, -1) becomes (left, kv_len)); a narrower
-        # one is refused when the call runs.
-        self.window_right = None if window_right is None or causal else int(window_right)
         self.accumulate = bool(accumulate)
         self.es = ELEMENT_SIZE[dtype]
 
@@ -105,6 +109,7 @@ class Problem:
         s.batch, s.q_seq, s.kv_seq = self.batch, self.q_seq, self.kv_seq
         s.num_heads, s.num_kv_heads, s.head_dim = self.num_heads, self.num_kv_heads, self.head_dim
         s.causal, s.window, s.scale, s.dtype = self.causal, self.window, self.scale, self.dtype
+        s.window_right = self.window_right
         s.q_offset, s.kv_offset = self.q_offset, self.kv_offset
         s.softcap, s.dropout_p = self.softcap, self.dropout_p
         s.dropout_seed, s.dropout_offset = self.seed, self.offset
@@ -134,13 +139,6 @@ class Problem:
         call per batch element or sequence, (q_start, q_len, kv_start,
         kv_len) each."""
         els = self.elements()
-        if self.window_right is not None:
-            short = [ql for (_, ql, _, _) in els if self.window_right < ql - 1]
-            if short:
-                raise NotImplementedError(
-                    f"a right window ({self.window_right}) shorter than the queries "
-                    f"({max(short)}) without causal: clattn's masks are causal or "
-                    "open on the right")
         per_batch_alibi = (self.alibi is not None and self.alibi.ndim == 2
                            and not np.all(self.alibi == self.alibi[:1]))
         if not self.align_bottom_right and not per_batch_alibi:

@@ -48,6 +48,7 @@ class Shape(ctypes.Structure):
         ("head_dim", ctypes.c_uint32),
         ("causal", ctypes.c_int),
         ("window", ctypes.c_uint32),
+        ("window_right", ctypes.c_uint32),
         ("scale", ctypes.c_float),
         ("dtype", ctypes.c_int),
         ("q_offset", ctypes.c_uint32),

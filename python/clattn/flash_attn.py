@@ -9,9 +9,8 @@ bottom right; window_size=(left, right) keeps keys in
 (heads, total_q) for varlen, +inf on rows that see no key.
 
 What these signatures accept and clattn does not compute raises
-NotImplementedError naming the argument: a right window narrower than the
-queries without causal, block_table, dropout together with per-batch ALiBi
-slopes. Tensors must be on the CPU (see clattn.torch).
+NotImplementedError naming the argument: block_table, dropout together
+with per-batch ALiBi slopes. Tensors must be on the CPU (see clattn.torch).
 """
 import torch
 

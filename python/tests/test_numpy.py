@@ -29,8 +29,8 @@ def tensors(B, Sq, Sk, H, Hk, D, packed=None):
 CASES = [
     ("gqa-causal-top-left", 2, 37, 53, 4, 2, 32, dict(causal=True)),
     ("causal-bottom-right", 1, 29, 61, 4, 4, 16, dict(causal="bottom-right")),
-    ("window-offsets", 2, 33, 40, 2, 1, 24, dict(causal=True, window=9, q_offset=20,
-                                                   kv_offset=13)),
+    ("window-offsets", 2, 33, 40, 2, 1, 24, dict(causal=True, window=9, window_right=3,
+                                                   q_offset=20, kv_offset=13)),
     ("softcap-scale", 1, 31, 31, 4, 2, 40, dict(softcap=2.5, scale=0.3)),
     ("alibi", 2, 24, 30, 4, 1, 16, dict(causal=True, alibi_slopes=[0.5, 0.25, 0.125, 0.0625])),
     ("dropout", 2, 26, 35, 2, 2, 32, dict(causal=True, dropout_p=0.3, seed=77, offset=5)),
@@ -43,6 +43,9 @@ def reference(q, k, v, d_out, opts, cu=None):
     causal = o.pop("causal", False)
     kw = dict(scale=scale, causal=bool(causal), window=o.pop("window", 0),
               softcap=o.pop("softcap", 0.0))
+    right = o.pop("window_right", 0)
+    if right:  # causal's bound moved right
+        kw["causal"], kw["right"] = False, right
     kw["shift"] = o.pop("q_offset", 0) - o.pop("kv_offset", 0)
     slopes = o.pop("alibi_slopes", None)
     p = o.pop("dropout_p", 0.0)
@@ -194,6 +197,7 @@ BAD = [
     ("causal word", ValueError, lambda q, k, v: (q, k, v), dict(causal="sideways")),
     ("scale", ValueError, lambda q, k, v: (q, k, v), dict(scale=float("nan"))),
     ("negative window", ValueError, lambda q, k, v: (q, k, v), dict(window=-1)),
+    ("right, no causal", ValueError, lambda q, k, v: (q, k, v), dict(window_right=2)),
     ("softcap", ValueError, lambda q, k, v: (q, k, v), dict(softcap=-1.0)),
     ("dropout", ValueError, lambda q, k, v: (q, k, v), dict(dropout_p=1.0)),
     ("slopes", ValueError, lambda q, k, v: (q, k, v), dict(alibi_slopes=[1.0])),

@@ -258,7 +258,7 @@ int cmd_bench(int argc, char **argv)
         printf("usage: clattn bench --op grad-v|forward|backward --q-seq N [--kv-seq N] "
                "--heads H\n"
                "                    [--kv-heads KH] --head-dim D [--batch B]\n"
-               "                    [--causal | --causal-bottom-right] [--window W]\n"
+               "                    [--causal | --causal-bottom-right] [--window W] [--window-right R]\n"
                "                    [--device SEL] [--variant NAME|auto|all] [--reps R] [--threads N]\n"
                "                    [--dtype f32|f16|bf16] [--json]\n"
                "                    [--seqlens L,L,... | --random-seqlens MIN,MAX[,SEED]]\n"
@@ -287,15 +287,16 @@ int cmd_bench(int argc, char **argv)
     const char *op_name = NULL, *device = NULL, *variant = NULL, *dtype_name = "f32";
     const char *seqlens = NULL, *random_lens = NULL, *layout = "packed";
     uint32_t q_seq = 0, kv_seq = 0, heads = 0, kv_heads = 0, head_dim = 0, batch = 1;
-    uint32_t window = 0, reps = 10, threads = 0;
+    uint32_t window = 0, window_right = 0, reps = 10, threads = 0;
     int causal = 0, bottom_right = 0, json = 0;
     mod_opts mods = {0};
-    opt opts[19 + MOD_OPTS] = {
+    opt opts[20 + MOD_OPTS] = {
         {"--op", OPT_STRING, &op_name, 1, 0},       {"--q-seq", OPT_UINT, &q_seq, 0, 0},
         {"--kv-seq", OPT_UINT, &kv_seq, 0, 0},      {"--heads", OPT_UINT, &heads, 1, 0},
         {"--kv-heads", OPT_UINT, &kv_heads, 0, 0},  {"--head-dim", OPT_UINT, &head_dim, 1, 0},
         {"--batch", OPT_UINT, &batch, 0, 0},        {"--causal", OPT_FLAG, &causal, 0, 0},
         {"--window", OPT_UINT, &window, 0, 0},      {"--device", OPT_STRING, &device, 0, 0},
+        {"--window-right", OPT_UINT, &window_right, 0, 0},
         {"--variant", OPT_STRING, &variant, 0, 0},  {"--reps", OPT_UINT, &reps, 0, 0},
         {"--threads", OPT_UINT, &threads, 0, 0},    {"--json", OPT_FLAG, &json, 0, 0},
         {"--dtype", OPT_STRING, &dtype_name, 0, 0},
@@ -399,6 +400,7 @@ int cmd_bench(int argc, char **argv)
     b.s.head_dim = head_dim;
     b.s.causal = bottom_right ? CLATTN_CAUSAL_BOTTOM_RIGHT : causal;
     b.s.window = window;
+    b.s.window_right = window_right;
     double pairs = 0.0; /* the work counted: a packed batch's pairs, however laid out */
     if (packed) {
         b.s.batch = count;
@@ -449,9 +451,10 @@ int cmd_bench(int argc, char **argv)
     const clattn_backend backend = clattn_context_backend(base);
     if (!json)
         printf("%s, batch %u, q_seq %u, kv_seq %u, %u heads, %u KV heads, head_dim %u%s, "
-               "window %u%s%s%s, %s, on %s\n%-10s %12s %12s %12s  %s\n",
+               "window %u (right %u)%s%s%s, %s, on %s\n%-10s %12s %12s %12s  %s\n",
                bench_op_names[b.op], batch, q_seq, b.s.kv_seq, heads, b.s.num_kv_heads, head_dim,
                bottom_right ? ", causal bottom-right" : causal ? ", causal" : "", window,
+               window_right,
                mods.softcap > 0.0f ? ", softcap" : "", mods.alibi ? ", ALiBi" : "",
                mods.dropout > 0.0f ? ", dropout" : "", dtype_name,
                clattn_context_device(base), "variant", "ms/call", "GFLOP/s", "max_error",
@@ -516,7 +519,8 @@ int cmd_bench(int argc, char **argv)
                    clattn_backend_name(backend));
             json_text(clattn_context_device(base));
             printf("\", \"variant\": \"%s\", \"batch\": %u, \"q_seq\": %u, \"kv_seq\": %u, \"heads\": %u, \"kv_heads\": %u, "
-                   "\"head_dim\": %u, \"causal\": %s, \"window\": %u, \"reps\": %u, "
+                   "\"head_dim\": %u, \"causal\": %s, \"window\": %u, \"window_right\": %u, "
+                   "\"reps\": %u, "
                    "\"threads\": %u, \"dtype\": \"%s\", \"layout\": \"%s\", "
                    "\"softcap\": %g, \"alibi\": %s, \"dropout\": %g, "
                    "\"seconds\": %.6g, \"gflops\": %.6g, \"max_error\": %s, \"kernels\": \"%s\"}\n",
@@ -524,7 +528,7 @@ int cmd_bench(int argc, char **argv)
                    b.s.causal == CLATTN_CAUSAL_BOTTOM_RIGHT ? "\"bottom-right\""
                    : b.s.causal                              ? "true"
                                                              : "false",
-                   window, reps, threads, dtype_name, packed ? layout : "batch",
+                   window, window_right, reps, threads, dtype_name, packed ? layout : "batch",
                    (double)mods.softcap, mods.alibi ? "true" : "false", (double)mods.dropout,
                    seconds,
                    flop / seconds * 1e-9,

@@ -180,7 +180,7 @@ static const void *elements(const npy_array *a)
 /* The mask and scale options of the file commands. */
 typedef struct mask_opts {
     int causal, bottom_right;
-    uint32_t window, q_offset, kv_offset;
+    uint32_t window, window_right, q_offset, kv_offset;
     float scale;
 } mask_opts;
 
@@ -239,6 +239,7 @@ static int load_inputs(const char *cmd, const input_paths *paths, inputs *in,
     s->num_kv_heads = (uint32_t)ks[2];
     s->causal = mask->bottom_right ? CLATTN_CAUSAL_BOTTOM_RIGHT : mask->causal;
     s->window = mask->window;
+    s->window_right = mask->window_right;
     s->scale = mask->scale;
     s->q_offset = mask->q_offset;
     s->kv_offset = mask->kv_offset;
@@ -436,9 +437,9 @@ typedef struct file_command {
 static const file_command file_commands[] = {
     {"forward",
      "usage: clattn forward --q Q.npy --k K.npy --v V.npy --out O.npy --lse-out LSE.npy\n"
-     "                      [--causal | --causal-bottom-right] [--window N] [--scale S]\n"
-     "                      [--q-offset N] [--kv-offset N] [--device SEL] [--variant NAME]\n"
-     "                      [--dtype T] [--cu-seqlens-q CQ.npy --cu-seqlens-kv CK.npy]\n"
+     "                      [--causal | --causal-bottom-right] [--window N] [--window-right N]\n"
+     "                      [--scale S] [--q-offset N] [--kv-offset N] [--device SEL]\n"
+     "                      [--variant NAME] [--dtype T] [--cu-seqlens-q CQ.npy --cu-seqlens-kv CK.npy]\n"
      "                      " MOD_USAGE "\n"
      "Attention's forward: O (q_seq, heads, head_dim) and the LSE pairs (q_seq,\n"
      "heads, 2) that the gradients read. Arrays as for grad-v; exit 0, 1 on a\n"
@@ -447,9 +448,9 @@ static const file_command file_commands[] = {
     {"backward",
      "usage: clattn backward --q Q.npy --k K.npy --v V.npy --o O.npy --lse LSE.npy\n"
      "                       --d-out DO.npy --dq DQ.npy --dk DK.npy --dv DV.npy\n"
-     "                       [--causal | --causal-bottom-right] [--window N] [--scale S]\n"
-     "                       [--q-offset N] [--kv-offset N] [--device SEL] [--variant NAME]\n"
-     "                       [--dtype T] [--cu-seqlens-q CQ.npy --cu-seqlens-kv CK.npy]\n"
+     "                       [--causal | --causal-bottom-right] [--window N] [--window-right N]\n"
+     "                       [--scale S] [--q-offset N] [--kv-offset N] [--device SEL]\n"
+     "                       [--variant NAME] [--dtype T] [--cu-seqlens-q CQ.npy --cu-seqlens-kv CK.npy]\n"
      "                       " MOD_USAGE "\n"
      "Attention's backward from the forward's O and LSE and the output gradient\n"
      "dO: dQ like Q, dK and dV like K. Exit 0, 1 on a device failure, 2 on bad\n"
@@ -458,9 +459,9 @@ static const file_command file_commands[] = {
      {LIKE_Q, LIKE_K, LIKE_K}},
     {"grad-v",
      "usage: clattn grad-v --q Q.npy --k K.npy --d-out DO.npy --lse LSE.npy --out DV.npy\n"
-     "                    [--causal | --causal-bottom-right] [--window N] [--scale S]\n"
-     "                    [--q-offset N] [--kv-offset N] [--device SEL] [--variant NAME]\n"
-     "                    [--dtype T] [--cu-seqlens-q CQ.npy --cu-seqlens-kv CK.npy]\n"
+     "                    [--causal | --causal-bottom-right] [--window N] [--window-right N]\n"
+     "                    [--scale S] [--q-offset N] [--kv-offset N] [--device SEL]\n"
+     "                    [--variant NAME] [--dtype T] [--cu-seqlens-q CQ.npy --cu-seqlens-kv CK.npy]\n"
      "                    " MOD_USAGE "\n"
      "The gradient of attention with respect to V. Arrays are .npy, C order:\n"
      "Q and dO (q_seq, heads, head_dim), K (kv_seq, kv_heads, head_dim), LSE\n"
@@ -473,7 +474,10 @@ static const file_command file_commands[] = {
      "of the first query and key (default 0): the causal and window masks compare\n"
      "global positions. --causal aligns top-left (key t <= query t, as PyTorch's\n"
      "is_causal), --causal-bottom-right aligns the last query with the last key\n"
-     "(as FlashAttention); they differ only where kv_seq != q_seq.\n"
+     "(as FlashAttention); they differ only where kv_seq != q_seq. --window N keeps\n"
+     "keys less than N before the query; --window-right N (with a causal flag,\n"
+     "which aligns it) keys up to N after it: FlashAttention's window_size\n"
+     "(N - 1, N).\n"
      "--cu-seqlens-q and --cu-seqlens-kv pack variable-length sequences: int32\n"
      "'<i4' arrays of batch + 1 prefix sums from 0, with the tensors as 3-D\n"
      "arrays of all the sequences' rows; each sequence is its own problem.\n"
@@ -494,7 +498,7 @@ static int cmd_file(const file_command *fc, int argc, char **argv)
     }
     input_paths paths = {0};
     const char *outp[3] = {NULL, NULL, NULL}, *device = NULL, *variant = NULL, *dtype = NULL;
-    mask_opts mask = {0, 0, 0, 0, 0, 0.0f};
+    mask_opts mask = {0, 0, 0, 0, 0, 0, 0.0f};
     mod_opts mods = {0};
     opt opts[26] = {
         {"--q", OPT_STRING, &paths.q, 1, 0},
@@ -502,6 +506,7 @@ static int cmd_file(const file_command *fc, int argc, char **argv)
         {"--causal", OPT_FLAG, &mask.causal, 0, 0},
         {"--causal-bottom-right", OPT_FLAG, &mask.bottom_right, 0, 0},
         {"--window", OPT_UINT, &mask.window, 0, 0},
+        {"--window-right", OPT_UINT, &mask.window_right, 0, 0},
         {"--scale", OPT_POSITIVE, &mask.scale, 0, 0},
         {"--q-offset", OPT_UINT, &mask.q_offset, 0, 0},
         {"--kv-offset", OPT_UINT, &mask.kv_offset, 0, 0},
@@ -511,7 +516,7 @@ static int cmd_file(const file_command *fc, int argc, char **argv)
         {"--cu-seqlens-q", OPT_STRING, &paths.cu_q, 0, 0},
         {"--cu-seqlens-kv", OPT_STRING, &paths.cu_kv, 0, 0},
     };
-    size_t n = 13;
+    size_t n = 14;
     mod_opts_add(opts, &n, &mods);
     const struct {
         unsigned bit;

@@ -43,9 +43,12 @@ void clattn_query_range(const clattn_shape *s, uint32_t t, uint32_t *start, uint
 /* The keys [*lo, *hi) that query pos sees. */
 void clattn_key_range(const clattn_shape *s, uint32_t pos, uint32_t *lo, uint32_t *hi);
 /* q_offset - kv_offset (+ kv_seq - q_seq aligned bottom-right): key j is
- * visible to query i iff (not causal or j <= i + delta) and (no window or
- * i + delta < j + window). */
+ * visible to query i iff (not causal or j <= i + delta + window_right)
+ * and (no window or i + delta < j + window). */
 int64_t clattn_mask_delta(const clattn_shape *s);
+/* The kernels' `causal` argument (cl/common.cl): 0 without causal, else
+ * window_right + 1, which validation keeps within an int. */
+int32_t clattn_mask_right(const clattn_shape *s);
 
 /* The score modifiers a shape asks for, as bits. */
 enum { CLATTN_MOD_SOFTCAP = 1, CLATTN_MOD_ALIBI = 2, CLATTN_MOD_DROPOUT = 4, CLATTN_MODS = 8 };

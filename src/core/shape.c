@@ -121,6 +121,16 @@ clattn_status clattn_check_shape(const clattn_shape *s, clattn_sizes *sizes)
         return clattn_fail(CLATTN_ERROR_INVALID_SCALE,
                            "scale %g is not a finite positive number (0 means default)",
                            (double)s->scale);
+    if (s->window_right && !s->causal)
+        return clattn_fail(CLATTN_ERROR_INVALID_OPTION,
+                           "window_right %u without causal: the right side of a window needs "
+                           "causal (its alignment); no right side is causal 0",
+                           s->window_right);
+    if (s->window_right > (uint32_t)INT32_MAX - 1)
+        return clattn_fail(CLATTN_ERROR_INVALID_OPTION,
+                           "window_right %u is above 2^31 - 2; an unbounded right side is "
+                           "causal 0",
+                           s->window_right);
     clattn_status st = check_seqlens(s);
     if (st == CLATTN_OK)
         st = check_modifiers(s);
@@ -150,6 +160,11 @@ float clattn_effective_scale(const clattn_shape *s)
     return s->scale > 0.0f ? s->scale : 1.0f / sqrtf((float)s->head_dim);
 }
 
+int32_t clattn_mask_right(const clattn_shape *s)
+{
+    return s->causal ? (int32_t)s->window_right + 1 : 0;
+}
+
 int64_t clattn_mask_delta(const clattn_shape *s)
 {
     const int64_t align =
@@ -164,29 +179,30 @@ static uint32_t clamp_to(int64_t x, uint32_t n)
 
 void clattn_query_range(const clattn_shape *s, uint32_t t, uint32_t *start, uint32_t *end)
 {
-    /* Key t sees the queries i with t <= i + delta (causal) and
-     * i + delta < t + window, in 64 bits so that nothing wraps. */
+    /* Key t sees the queries i with t <= i + delta + window_right
+     * (causal) and i + delta < t + window, in 64 bits so that nothing
+     * wraps. */
     const int64_t delta = clattn_mask_delta(s);
     *end = s->window > 0 ? clamp_to((int64_t)t - delta + s->window, s->q_seq) : s->q_seq;
-    *start = s->causal ? clamp_to((int64_t)t - delta, *end) : 0;
+    *start = s->causal ? clamp_to((int64_t)t - delta - s->window_right, *end) : 0;
 }
 
 void clattn_key_range(const clattn_shape *s, uint32_t pos, uint32_t *lo, uint32_t *hi)
 {
     const int64_t at = (int64_t)pos + clattn_mask_delta(s);
-    *hi = s->causal ? clamp_to(at + 1, s->kv_seq) : s->kv_seq;
+    *hi = s->causal ? clamp_to(at + 1 + s->window_right, s->kv_seq) : s->kv_seq;
     *lo = s->window > 0 ? clamp_to(at - s->window + 1, *hi) : 0;
 }
 
 /* A query at mask position x (its row plus the mask's delta) sees the keys
- * [lo, hi): hi = x + 1 clamped to [0, kv_seq] under a causal mask, else
- * kv_seq; lo = x - window + 1 clamped at 0 under a window, else 0. Both
- * are piecewise linear in x, with kinks at -1, kv_seq - 1 and window - 1
- * only. */
+ * [lo, hi): hi = x + 1 + right clamped to [0, kv_seq] under a causal mask
+ * (right: window_right), else kv_seq; lo = x - window + 1 clamped at 0
+ * under a window, else 0. Both are piecewise linear in x, with kinks at
+ * -1 - right, kv_seq - 1 - right and window - 1 only. */
 static int64_t key_hi(const clattn_shape *s, int64_t x)
 {
-    const int64_t kv = s->kv_seq;
-    return !s->causal ? kv : x + 1 < 0 ? 0 : x + 1 > kv ? kv : x + 1;
+    const int64_t kv = s->kv_seq, end = x + 1 + (int64_t)s->window_right;
+    return !s->causal ? kv : end < 0 ? 0 : end > kv ? kv : end;
 }
 
 static int64_t key_lo(const clattn_shape *s, int64_t x)
@@ -222,7 +238,9 @@ static uint64_t positive_run(int64_t g0, int64_t slope, uint64_t n)
 static uint64_t uniform_pairs(const clattn_shape *s)
 {
     const int64_t x0 = clattn_mask_delta(s), x1 = x0 + (int64_t)s->q_seq - 1;
-    int64_t cuts[3] = {-1, (int64_t)s->kv_seq - 1, s->window > 0 ? (int64_t)s->window - 1 : -1};
+    const int64_t right = s->causal ? (int64_t)s->window_right : 0;
+    int64_t cuts[3] = {-1 - right, (int64_t)s->kv_seq - 1 - right,
+                       s->window > 0 ? (int64_t)s->window - 1 : -1};
     for (int i = 0; i < 3; ++i) /* sorted, so the pieces come in order */
         for (int j = i + 1; j < 3; ++j)
             if (cuts[j] < cuts[i]) {

@@ -90,7 +90,7 @@ static clattn_status enqueue_kernel(struct clattn_cl_state *cl, cl_command_queue
         err |= clSetKernelArg(kn, arg++, sizeof(cl_mem), &x->buffer);
         err |= clSetKernelArg(kn, arg++, sizeof off, &off);
     }
-    cl_int causal = s->causal ? 1 : 0;
+    cl_int causal = clattn_mask_right(s);
     cl_float scale = clattn_effective_scale(s);
     err |= clSetKernelArg(kn, arg++, sizeof(cl_uint), &s->q_seq);
     err |= clSetKernelArg(kn, arg++, sizeof(cl_uint), &s->kv_seq);
