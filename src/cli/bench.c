@@ -451,10 +451,10 @@ int cmd_bench(int argc, char **argv)
     const clattn_backend backend = clattn_context_backend(base);
     if (!json)
         printf("%s, batch %u, q_seq %u, kv_seq %u, %u heads, %u KV heads, head_dim %u%s, "
-               "window %u (right %u)%s%s%s, %s, on %s\n%-10s %12s %12s %12s  %s\n",
+               "window %u%s%.0u%s%s%s, %s, on %s\n%-10s %12s %12s %12s  %s\n",
                bench_op_names[b.op], batch, q_seq, b.s.kv_seq, heads, b.s.num_kv_heads, head_dim,
                bottom_right ? ", causal bottom-right" : causal ? ", causal" : "", window,
-               window_right,
+               window_right ? ", right " : "", window_right,
                mods.softcap > 0.0f ? ", softcap" : "", mods.alibi ? ", ALiBi" : "",
                mods.dropout > 0.0f ? ", dropout" : "", dtype_name,
                clattn_context_device(base), "variant", "ms/call", "GFLOP/s", "max_error",
