@@ -29,6 +29,9 @@ def _mask(where, causal, window_size, max_q, max_k):
     except (TypeError, ValueError):
         raise InvalidArgument(f"{where}: window_size must be a pair (left, right), not "
                               f"{window_size!r}") from None
+    if left < -1 or right < -1:
+        raise InvalidArgument(f"{where}: window_size sides are -1 (unbounded) or a count of "
+                              f"keys, not {window_size!r}")
     if left >= max_k:
         left = -1
     if right >= max_k:

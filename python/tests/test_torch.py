@@ -286,6 +286,8 @@ def test_bad_input_raises_clear_errors():
         flash_attn_func(fq, fk[:, :, :, :4], fv[:, :, :, :4])
     with pytest.raises(ValueError, match="alibi"):
         flash_attn_func(fq, fk, fv, alibi_slopes=torch.rand(3))
+    with pytest.raises(ValueError, match="window_size"):
+        flash_attn_func(fq, fk, fv, window_size=(-2, 0))
     cq = torch.tensor([0, 5, 3], dtype=torch.int32)
     with pytest.raises(ValueError, match="cu_seqlens_q"):
         flash_attn_varlen_func(fq[0], fk[0], fv[0], cq, cq, 5, 5)
