@@ -243,8 +243,9 @@ int cmd_tune(int argc, char **argv)
     const int ops = both ? SEARCH_BOTH : fwd ? SEARCH_FORWARD : SEARCH_BACKWARD;
     const char *var = search->variable[ops], *entry = search->entry[ops];
     int env_failed = setenv("CLATTN_TUNING_FILE", "off", 1);
-    for (size_t i = 0; clattn_ocl_search_variable(i); ++i)
-        env_failed |= unsetenv(clattn_ocl_search_variable(i));
+    const char *shaping;
+    for (size_t i = 0; (shaping = clattn_ocl_search_variable(i)) != NULL; ++i)
+        env_failed |= unsetenv(shaping);
     if (env_failed) {
         fprintf(stderr, "clattn tune: cannot set the environment\n");
         return EXIT_INPUT;

@@ -248,8 +248,7 @@ static clattn_status build_set_once(struct clattn_cl_state *cl, const clattn_ocl
         const uint32_t largest = head_dim ? head_dim : CLATTN_MAX_HEAD_DIM;
         const size_t wg = clattn_ocl_work_group(cl, set, k, largest);
         const size_t local = clattn_ocl_local_bytes(cl, set, k, largest);
-        const char *probe = getenv("CLATTN_LOCAL_PROBE");
-        if (probe && !strcmp(probe, "1") &&
+        if (cl->local_probe &&
             (st = probe_local(cl, family, v->function, options, local)) != CLATTN_OK)
             return st;
         if (family->fits_limit && set->max_wg[k] < wg && set->max_wg[k] >= 1) {

@@ -286,6 +286,8 @@ static clattn_status init_variant(clattn_context *ctx, const clattn_ocl_variant 
     if ((st = work_group_limit(device, &cl->limits.max_wg)) != CLATTN_OK ||
         (st = test_limits(cl)) != CLATTN_OK)
         goto fail;
+    const char *local_probe = getenv("CLATTN_LOCAL_PROBE");
+    cl->local_probe = local_probe && !strcmp(local_probe, "1");
     if (variant->runs_on && !variant->runs_on(device)) {
         st = clattn_fail(CLATTN_ERROR_UNKNOWN_VARIANT, "%s", variant->why_not);
         goto fail;

@@ -154,6 +154,9 @@ struct clattn_cl_state {
     /* The device's key in the tuning file ("" where it has none), and the
      * file's entries for it. */
     char tuning_key[TUNING_KEY_MAX];
+    /* CLATTN_LOCAL_PROBE=1 (tests): each laid-out local buffer checked at
+     * its build (build.c's probe_local). */
+    int local_probe;
     struct {
         tuned_entry entries[TUNED_MAX];
         size_t count;
