@@ -49,11 +49,12 @@ inline ushort bf16_rte(float x)
         MOD_PASS
 
 /* The score modifiers a program is built with (MODS, a build option: the
- * bits of MOD_SOFTCAP, MOD_ALIBI and MOD_DROPOUT); without them their
+ * bits of MOD_SOFTCAP, MOD_ALIBI, MOD_DROPOUT and MOD_SINK); without them their
  * arguments go unread and the kernels are those of plain attention.
  * Their arguments: the cap; the ALiBi slopes, one per query head; the
  * first key's global position kv_pos0 (kv_offset) and the first batch
- * element's index seq0 (a packed sequence's), which dropout's draw takes;
+ * element's index seq0 (a packed sequence's), which dropout's draw takes
+ * (slopes holds the sinks too: SINK);
  * the call's Philox key (drop_k0, drop_k1), the threshold a draw is kept
  * from and the kept probabilities' gain 1 / (1 - p) (docs/numerics.md). */
 #ifndef MODS
@@ -62,11 +63,27 @@ inline ushort bf16_rte(float x)
 #define MOD_SOFTCAP 1
 #define MOD_ALIBI 2
 #define MOD_DROPOUT 4
+#define MOD_SINK 8 /* learnable sinks: the forward's alone */
 #define SHAPED (MODS & (MOD_SOFTCAP | MOD_ALIBI)) /* the scores themselves change */
 #define MOD_ARGS                                                                             \
     float softcap, __global const float *slopes, uint kv_pos0, uint seq0, uint drop_k0,   \
         uint drop_k1, uint drop_thr, float drop_gain
 #define MOD_PASS softcap, slopes, kv_pos0, seq0, drop_k0, drop_k1, drop_thr, drop_gain
+
+/* Learnable sinks (MOD_SINK): query head h's logit, after the ALiBi
+ * slopes in `slopes`; it joins a row's softmax as a key with no value.
+ * sink_fold takes a row's running max *m and sum *l (of exp(z - *m)) to
+ * the sink's and returns the factor that the row's sums of V take. A NaN
+ * max (a NaN score) reaches *l. */
+#define SINK(head) (slopes[num_heads + (head)])
+inline float sink_fold(float *m, float *l, float sigma)
+{
+    const float m_new = *m > sigma ? *m : sigma;
+    const float r = exp(*m - m_new);
+    *l = *l * r + exp(sigma - m_new);
+    *m = m_new;
+    return r;
+}
 
 /* tanh(y) as native takes it. Where |y| < 1/4, its odd series to y^9
  * (relative error below float32's own rounding there), so that a large cap

@@ -185,6 +185,11 @@ __kernel void forward__tree(__global const elem *q, ulong q_off,
         }
         m = m_new;
     }
+#if MODS & MOD_SINK
+    const float r = sink_fold(&m, &l, SINK(head));
+    for (uint i = 0; i < LANE_ELEMS; ++i)
+        acc[i] *= r;
+#endif
     for (uint i = 0; i < LANE_ELEMS; ++i)
         acc[i] = l != 0.0f ? acc[i] / l : ZERO_SUM(pos, 0.0f);
     for (uint i = 0; i < LANE_ELEMS; ++i) {

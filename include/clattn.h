@@ -276,6 +276,17 @@ typedef struct clattn_shape {
     float dropout_p;
     uint64_t dropout_seed;
     uint64_t dropout_offset;
+    /* Learnable sinks (gpt-oss, FlashAttention-4): NULL (the default), or
+     * num_heads float32 logits read during the call only. Query head h's
+     * sigma_h joins each of its rows' softmax as a key with no value:
+     *   O = sum of exp(z_t - L) V[t],  L = log(sum of exp(z_t) + exp(sigma_h))
+     * over the row's visible modified scores z_t; the LSE pair is L's (a
+     * row that sees no key gets O = 0 and the pair (sigma_h, 0)). Only the
+     * forward reads it: given that forward's LSE, the backward is exact
+     * with or without it, and clattn_grad_sinks() gives d sigma. For key
+     * chunks merged with clattn_merge(), give it to one chunk only. -inf is
+     * no sink; NaN or +inf is CLATTN_ERROR_INVALID_MODIFIER. */
+    const float *sinks;
 } clattn_shape;
 
 /* n elements of dtype to float32 and back, as clattn converts them:
@@ -361,6 +372,19 @@ clattn_status clattn_backward(clattn_context *ctx, const clattn_shape *shape, co
 clattn_status clattn_merge(clattn_context *ctx, const clattn_shape *shape, const void *o1,
                            const float *lse1, const void *o2, const float *lse2, void *o,
                            float *lse);
+
+/* The sinks' gradient, from the forward's o and lse (with shape->sinks)
+ * and the output gradient d_out: for each query head h,
+ *   d_sinks[h] = -sum over its rows of exp(sigma_h - L) (dO . O)
+ * with L = m + l of the row's LSE pair, over every batch element (or
+ * packed sequence) and query row; rows whose pair is empty's (-1e30,
+ * -1e30) add nothing. d_sinks holds num_heads floats, written whole, or
+ * added to with shape->accumulate. Runs on the host for every backend, in
+ * one fixed order (deterministic), reading the call's O and dO once.
+ * Status: as clattn_forward(); CLATTN_ERROR_NULL_POINTER where
+ * shape->sinks is NULL. */
+clattn_status clattn_grad_sinks(clattn_context *ctx, const clattn_shape *shape, const void *o,
+                                const float *lse, const void *d_out, float *d_sinks);
 
 /* dQ alone, and dK alone, as clattn_backward() computes them. */
 clattn_status clattn_grad_q(clattn_context *ctx, const clattn_shape *shape, const void *q,

@@ -134,6 +134,17 @@ clattn_status clattn_merge_cl(clattn_context *ctx, const clattn_shape *shape, cl
                               cl_uint num_events_in_wait_list, const cl_event *event_wait_list,
                               cl_event *event);
 
+/* clattn_grad_sinks() from device tensors: waits for the events, reads o,
+ * lse and d_out back to the host and sums there; d_sinks is host memory
+ * (num_heads floats). Blocks until done. Status: as clattn_grad_v_cl(),
+ * CLATTN_ERROR_OUT_OF_MEMORY, and CLATTN_ERROR_NULL_POINTER where
+ * shape->sinks is NULL. */
+clattn_status clattn_grad_sinks_cl(clattn_context *ctx, const clattn_shape *shape,
+                                   clattn_cl_tensor o, clattn_cl_tensor lse,
+                                   clattn_cl_tensor d_out, float *d_sinks,
+                                   cl_uint num_events_in_wait_list,
+                                   const cl_event *event_wait_list);
+
 /* dQ alone, and dK alone, enqueued likewise. */
 clattn_status clattn_grad_q_cl(clattn_context *ctx, const clattn_shape *shape,
                                clattn_cl_tensor q, clattn_cl_tensor k, clattn_cl_tensor v,

@@ -294,6 +294,40 @@ START_TEST(modifier_statuses)
         uint8_t keep[64];
         ck_assert_status(clattn_dropout_mask(&s, 0, 0, keep), CLATTN_ERROR_INVALID_MODIFIER);
     }
+    /* sinks: NaN and +inf refused (-inf is none), by the forward and by
+     * their gradient, which writes nothing then */
+    float sinks[4] = {0.5f, -INFINITY, 0.0f, 1.0f}, ds[4] = {42.0f, 42.0f, 42.0f, 42.0f};
+    const float bad_sink[2] = {NAN, INFINITY};
+    for (int i = 0; i < 2; ++i) {
+        clattn_shape s = base;
+        sinks[3] = bad_sink[i];
+        s.sinks = sinks;
+        ck_assert_status(clattn_shape_validate(&s), CLATTN_ERROR_INVALID_MODIFIER);
+        ck_assert_msg(strstr(clattn_last_error(), "sinks[3]"), "%s", clattn_last_error());
+        ck_assert_status(clattn_forward(ctx, &s, buf[0], buf[1], buf[2], buf[6], lse),
+                         CLATTN_ERROR_INVALID_MODIFIER);
+        ck_assert_status(clattn_grad_sinks(ctx, &s, buf[3], lse, buf[5], ds),
+                         CLATTN_ERROR_INVALID_MODIFIER);
+        ck_assert(ds[0] == 42.0f && ds[3] == 42.0f);
+    }
+    sinks[3] = 1.0f;
+    clattn_shape with = base;
+    with.sinks = sinks;
+    ck_assert_status(clattn_shape_validate(&with), CLATTN_OK);
+    ck_assert_status(clattn_grad_sinks(ctx, &base, buf[3], lse, buf[5], ds),
+                     CLATTN_ERROR_NULL_POINTER); /* no sinks */
+    ck_assert_msg(strstr(clattn_last_error(), "sinks"), "%s", clattn_last_error());
+    ck_assert_status(clattn_grad_sinks(ctx, &with, buf[3], lse, buf[5], NULL),
+                     CLATTN_ERROR_NULL_POINTER);
+    ck_assert_status(clattn_grad_sinks(ctx, &with, NULL, lse, buf[5], ds),
+                     CLATTN_ERROR_NULL_POINTER);
+    ck_assert_status(clattn_grad_sinks(NULL, &with, buf[3], lse, buf[5], ds),
+                     CLATTN_ERROR_NULL_POINTER);
+    ck_assert_status(clattn_grad_sinks(ctx, &with, buf[3], lse, buf[5], buf[5]),
+                     CLATTN_ERROR_INVALID_BUFFER); /* the output on dO */
+    ck_assert(ds[0] == 42.0f && ds[3] == 42.0f);
+    ck_assert_status(clattn_grad_sinks(ctx, &with, buf[3], lse, buf[5], ds), CLATTN_OK);
+    ck_assert(ds[1] == 0.0f && ds[0] != 42.0f);
     for (int i = 6; i < 9; ++i)
         for (size_t j = 0; j < sizeof buf[i] / sizeof(float); ++j)
             ck_assert(buf[i][j] == 42.0f); /* nothing written */

@@ -357,11 +357,13 @@ static void packed_buffers_run(int mods)
     s.causal = CLATTN_CAUSAL_BOTTOM_RIGHT;
     s.cu_seqlens_q = cq;
     s.cu_seqlens_kv = ck;
-    /* mods: every score modifier, the slopes read during the call only */
-    float slopes[4] = {0.5f, 0.25f, 0.125f, 0.0625f};
+    /* mods: every score modifier and sinks, the slopes and sinks read
+     * during the call only */
+    float slopes[4] = {0.5f, 0.25f, 0.125f, 0.0625f}, sinks[4] = {1.0f, -0.5f, 0.25f, -INFINITY};
     if (mods) {
         s.softcap = 3.0f;
         s.alibi_slopes = slopes;
+        s.sinks = sinks;
         s.dropout_p = 0.2f;
         s.dropout_seed = 5;
         s.dropout_offset = 9;
@@ -408,6 +410,24 @@ static void packed_buffers_run(int mods)
                                         t[8], 1, &fwd, &bwd),
                      CLATTN_OK);
     slopes[0] = slopes[1] = slopes[2] = slopes[3] = NAN; /* the calls have returned */
+    sinks[0] = sinks[1] = sinks[2] = sinks[3] = NAN;
+    if (mods) { /* the sinks' gradient from the device tensors, after the backward's event */
+        const float back[4] = {1.0f, -0.5f, 0.25f, -INFINITY}, slopes_back[4] = {0.5f, 0.25f,
+                                                                                 0.125f, 0.0625f};
+        memcpy(sinks, back, sizeof back);
+        memcpy(slopes, slopes_back, sizeof slopes_back);
+        float ds_host[4], ds_cl[4];
+        ck_assert_status(clattn_grad_sinks(ctx, &s, host[3], host[4], host[5], ds_host),
+                         CLATTN_OK);
+        ck_assert_status(clattn_grad_sinks_cl(ctx, &s, t[3], t[4], t[5], ds_cl, 1, &bwd),
+                         CLATTN_OK);
+        ck_assert(!memcmp(ds_host, ds_cl, sizeof ds_cl) && ds_cl[0] != 0.0f && ds_cl[3] == 0.0f);
+        ck_assert_status(clattn_grad_sinks_cl(ctx, &s, t[3], t[4], t[5], NULL, 0, NULL),
+                         CLATTN_ERROR_NULL_POINTER);
+        clattn_cl_tensor short_o = {buf[3], n[3]}; /* past the buffer's end */
+        ck_assert_status(clattn_grad_sinks_cl(ctx, &s, short_o, t[4], t[5], ds_cl, 0, NULL),
+                         CLATTN_ERROR_INVALID_BUFFER);
+    }
     ck_assert_int_eq(clWaitForEvents(1, &bwd), CL_SUCCESS);
     clReleaseEvent(fwd);
     clReleaseEvent(bwd);
@@ -434,7 +454,8 @@ static void packed_buffers_run(int mods)
 START_TEST(packed_buffers) { packed_buffers_run(0); }
 END_TEST
 
-/* The same with softcap, ALiBi and dropout. */
+/* The same with softcap, ALiBi, dropout and sinks, and the sinks'
+ * gradient from the device tensors. */
 START_TEST(modified_buffers) { packed_buffers_run(1); }
 END_TEST
 

@@ -119,6 +119,19 @@ void check_ops_16(clattn_context *ctx, const clattn_shape *s, float q_gain, uint
     expect_sum_16("accumulated dQ", s, gq, dq, dq_mag, p.nq, 2);
     expect_sum_16("accumulated dK", s, gk, dk, dk_mag, p.nkv, 2);
     expect_sum_16("accumulated dV", s, gv, dv, dv_mag, p.nkv, 2);
+    if (s->sinks) { /* from 16-bit O and dO: within their rounding of the magnitude */
+        double *ds = doubles(s->num_heads), *ds_mag = doubles(s->num_heads);
+        float *got = nan_array(s->num_heads);
+        ref_grad_sinks(&p, ds, ds_mag);
+        ck_assert_status(clattn_grad_sinks(ctx, s, o_in, p.lse, d_out, got), CLATTN_OK);
+        for (uint32_t h = 0; h < s->num_heads; ++h)
+            ck_assert_msg(fabs(got[h] - ds[h]) <= ds_mag[h] / 128.0 + TOL_ABS,
+                          "d sinks[%u] on %s/%s: %.9g, reference %.9g (mag %.3g)", h,
+                          test_backend, current_variant, (double)got[h], ds[h], ds_mag[h]);
+        free(ds);
+        free(ds_mag);
+        free(got);
+    }
     uint16_t *one = halves(p.nkv);
     ck_assert_status(clattn_grad_v(ctx, s, d_out, q, k, p.lse, one), CLATTN_OK);
     expect_close_16("grad-V", s, one, dv, dv_mag, p.nkv);
@@ -403,12 +416,13 @@ END_TEST
 /* Every modifier in bf16 at head_dim 64, where mma's 16-bit kernels run on
  * wgmma on compute capability 9: dropout with the warps' keys starting on
  * a Philox block and off one (kv_offset 3), the two ways lanes share its
- * draws. On a GPU every variant; in the emulated suite mma. */
+ * draws (the second with sinks). On a GPU every variant; in the emulated
+ * suite mma. */
 static const modifier_case modifiers_64[] = {
     {{.q_seq = 70, .kv_seq = 90, .heads = 4, .kv_heads = 2, .head_dim = 64, .causal = 1}, 3.0f, 1,
-         0.2f, 0, 0},
+         0.2f, 0, 0, 0},
     {{.q_seq = 70, .kv_seq = 90, .heads = 4, .kv_heads = 2, .head_dim = 64,
-         .causal = CLATTN_CAUSAL_BOTTOM_RIGHT}, 3.0f, 1, 0.2f, 9, 3},
+         .causal = CLATTN_CAUSAL_BOTTOM_RIGHT}, 3.0f, 1, 0.2f, 9, 3, 1},
 };
 START_TEST(modifiers_16)
 {

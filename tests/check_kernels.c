@@ -119,6 +119,17 @@ void check_ops(clattn_context *ctx, const clattn_shape *s, float q_gain, uint64_
     ck_assert_status(clattn_grad_k(ctx, s, p.q, p.k, p.v, p.o, p.lse, p.d_out, gk), CLATTN_OK);
     expect_close("grad-K", s, q_gain, gk, dk, dk_mag, p.nkv);
 
+    if (s->sinks) { /* their gradient, from the reference's O and LSE */
+        double *ds = doubles(s->num_heads), *ds_mag = doubles(s->num_heads);
+        float *got = nan_array(s->num_heads);
+        ref_grad_sinks(&p, ds, ds_mag);
+        ck_assert_status(clattn_grad_sinks(ctx, s, p.o, p.lse, p.d_out, got), CLATTN_OK);
+        expect_close("d sinks", s, q_gain, got, ds, ds_mag, s->num_heads);
+        free(ds);
+        free(ds_mag);
+        free(got);
+    }
+
     /* The chain: this backend's forward feeds its backward. */
     memcpy(p.o, o, p.nq * sizeof(float));
     memcpy(p.lse, lse, p.nlse * sizeof(float));
@@ -189,6 +200,7 @@ void run_cases(const shape_case *cases, int i)
 
 const float slopes8[8] = {0.5f,     0.25f,     0.125f,     0.0625f,
                           0.03125f, 0.015625f, 0.0078125f, 0.00390625f};
+const float sinks8[8] = {4.0f, -1.0f, 0.5f, -INFINITY, 0.0f, 2.5f, -3.0f, 1.0f};
 
 
 /* Every head_dim the issue names, alternating the masks (two-sided windows
@@ -492,9 +504,10 @@ Suite *emulated_suite(void)
     tcase_add_loop_test(tc, pk.splits.test, 2, 3);
     tcase_add_test(tc, e.non_finite); /* float32 at head_dim 8 */
     tcase_add_loop_test(tc, causal_alignment_64, 0, N(alignments_64));
-    /* the score modifiers, all three, float32 and bf16; dropout where
-     * lanes share its blocks */
+    /* the score modifiers, all three, float32 and bf16, and with sinks;
+     * dropout where lanes share its blocks */
     tcase_add_loop_test(tc, m.sweep.test, ALL_MODIFIERS, ALL_MODIFIERS + 1);
+    tcase_add_loop_test(tc, m.sweep.test, SINKS_ALL, SINKS_ALL + 1);
     tcase_add_loop_test(tc, m.sweep.test, DROPOUT_ALIGNED, DROPOUT_ALIGNED + 1);
     suite_add_tcase(s, tc);
     return s;

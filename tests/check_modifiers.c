@@ -18,16 +18,24 @@
  * alignments, a window, offsets and batch. */
 static const modifier_case modifiers[] = {
     {{.q_seq = 37, .heads = 4, .kv_heads = 2, .head_dim = 32, .causal = 1, .q_gain = 4}, 5.0f, 0,
-         0.0f, 0, 0},
+         0.0f, 0, 0, 0},
     {{.q_seq = 33, .kv_seq = 50, .heads = 8, .kv_heads = 4, .head_dim = 64, .window = 9}, 0.0f, 1,
-         0.0f, 40, 31},
+         0.0f, 40, 31, 0},
     {{.batch = 2, .q_seq = 29, .heads = 4, .kv_heads = 1, .head_dim = 16, .causal = 1}, 0.0f, 0,
-         0.3f, 0, 0},
+         0.3f, 0, 0, 0},
     {{.q_seq = 20, .kv_seq = 45, .heads = 8, .kv_heads = 2, .head_dim = 32,
-         .causal = CLATTN_CAUSAL_BOTTOM_RIGHT, .q_gain = 3}, 4.0f, 1, 0.2f, 7, 5},
+         .causal = CLATTN_CAUSAL_BOTTOM_RIGHT, .q_gain = 3}, 4.0f, 1, 0.2f, 7, 5, 0},
     /* a cap far above the scores: as no cap, where tanh's 1 - e form loses
      * all but a few ulps of 1 (an error in O of 1.35 at 1e8) */
-    {{.q_seq = 33, .heads = 4, .kv_heads = 2, .head_dim = 32, .causal = 1}, 1e8f, 0, 0.0f, 0, 0},
+    {{.q_seq = 33, .heads = 4, .kv_heads = 2, .head_dim = 32, .causal = 1}, 1e8f, 0, 0.0f, 0, 0,
+         0},
+    /* sinks, where the first rows see no key (bottom-right, kv_seq <
+     * q_seq) and GQA; then with softcap, ALiBi and dropout, and a window
+     * with a right side (also in bf16) */
+    {{.q_seq = 40, .kv_seq = 25, .heads = 8, .kv_heads = 2, .head_dim = 64,
+         .causal = CLATTN_CAUSAL_BOTTOM_RIGHT, .q_gain = 3}, 0.0f, 0, 0.0f, 0, 0, 1},
+    {{.batch = 2, .q_seq = 35, .kv_seq = 48, .heads = 4, .kv_heads = 4, .head_dim = 40,
+         .causal = 1, .window = 20, .window_right = 6, .q_gain = 2}, 6.0f, 1, 0.25f, 3, 9, 1},
 };
 /* The case with all three, also in bf16; and dropout alone at kv_offset
  * 0, where mma's keys start on a Philox block (at ALL_MODIFIERS' 5 each
@@ -43,6 +51,7 @@ clattn_shape modifier_shape(const modifier_case *m, uint64_t seed)
     s.dropout_offset = seed;
     s.q_offset = m->q_offset;
     s.kv_offset = m->kv_offset;
+    s.sinks = m->sinks ? sinks8 : NULL;
     return s;
 }
 
@@ -52,7 +61,7 @@ START_TEST(modifier_sweep)
     clattn_context *ctx;
     for (size_t v = 0; (ctx = next_variant(&v)) != NULL;) {
         check_ops(ctx, &s, case_gain(&modifiers[_i].c), 5000u + (uint64_t)_i);
-        const int bf16 = _i == ALL_MODIFIERS ||
+        const int bf16 = _i == ALL_MODIFIERS || _i == SINKS_ALL ||
                          (_i == DROPOUT_ALIGNED && !strcmp(current_variant, "mma"));
         if (bf16 && dtype_runs(CLATTN_DTYPE_BF16)) {
             clattn_shape h = s;

@@ -31,6 +31,8 @@ void run_shape(const clattn_shape *s, float q_gain, uint64_t seed);
 void run_cases(const shape_case *cases, int i);
 /* ALiBi slopes for up to 8 heads. */
 extern const float slopes8[8];
+/* Learnable sinks for up to 8 heads: dominant, small, negative and -inf (none). */
+extern const float sinks8[8];
 /* An array of n doubles (free() it). */
 double *doubles(size_t n);
 /* The LSE pairs: empty rows exactly as meganeura's forward, others close. */
@@ -82,11 +84,13 @@ typedef struct modifier_case {
     int alibi;
     float dropout_p;
     uint32_t q_offset, kv_offset;
+    int sinks; /* sinks8 */
 } modifier_case;
 /* The case with all three, also in bf16; and dropout alone at kv_offset
  * 0, where mma's keys start on a Philox block (at ALL_MODIFIERS' 5 each
- * row draws one block more), in bf16 too on mma. */
-enum { ALL_MODIFIERS = 3, DROPOUT_ALIGNED = 2 };
+ * row draws one block more), in bf16 too on mma; sinks with all three,
+ * also in bf16. */
+enum { ALL_MODIFIERS = 3, DROPOUT_ALIGNED = 2, SINKS_ALL = 6 };
 clattn_shape modifier_shape(const modifier_case *m, uint64_t seed);
 typedef struct modifier_tests {
     loop_test sweep;

@@ -167,6 +167,13 @@ void ref_forward(const problem *p, double *o, double *o_mag, double *lse)
                         m = any && m > sc ? m : sc;
                         any = 1;
                     }
+                /* a sink: one more logit in the sum, with no value */
+                const double sink = s->sinks ? (double)s->sinks[h] : -INFINITY;
+                if (sink > -INFINITY) {
+                    m = any && m > sink ? m : sink;
+                    any = 1;
+                    sum = exp(sink - m);
+                }
                 if (any) {
                     for (size_t t = 0; t < s->kv_seq; ++t)
                         if (ref_visible(s, (uint32_t)pos, (uint32_t)t))
@@ -382,4 +389,47 @@ void round_16(float *x, uint16_t *out, size_t n, clattn_dtype dtype)
         }
         x[i] = from_16(out[i], dtype);
     }
+}
+
+void ref_grad_sinks(const problem *p, double *d_sinks, double *mag)
+{
+    const clattn_shape *s = &p->s;
+    const size_t H = s->num_heads, D = s->head_dim, rows = p->nlse / 2;
+    const double eps = 1.0 / 1024.0;
+    float *moved = malloc(H * sizeof(float));
+    double *o = malloc(p->nq * sizeof(double)), *o_mag = malloc(p->nq * sizeof(double));
+    double *lse = malloc(p->nlse * sizeof(double)), *loss = calloc(2 * H, sizeof(double));
+    double *step = malloc(H * sizeof(double));
+    if (!moved || !o || !o_mag || !lse || !loss || !step)
+        abort();
+    problem q = *p;
+    q.s.sinks = moved;
+    for (int side = 0; side < 2; ++side) {
+        for (size_t h = 0; h < H; ++h)
+            moved[h] = (float)((double)s->sinks[h] + (side ? eps : -eps));
+        ref_forward(&q, o, o_mag, lse);
+        for (size_t r = 0; r < rows; ++r)
+            for (size_t d = 0; d < D; ++d)
+                loss[side * H + r % H] += (double)p->d_out[r * D + d] * o[r * D + d];
+        for (size_t h = 0; h < H; ++h)
+            step[h] = side ? (double)moved[h] - step[h] : (double)moved[h];
+    }
+    for (size_t h = 0; h < H; ++h) {
+        d_sinks[h] = isinf(s->sinks[h]) ? 0.0 : (loss[H + h] - loss[h]) / step[h];
+        mag[h] = 0.0;
+    }
+    for (size_t r = 0; r < rows; ++r) {
+        const size_t h = r % H;
+        double dot = 0.0;
+        for (size_t d = 0; d < D; ++d)
+            dot += fabs((double)p->d_out[r * D + d] * p->o[r * D + d]);
+        if (p->lse[2 * r] != -1e30f)
+            mag[h] += exp((double)s->sinks[h] - ((double)p->lse[2 * r] + p->lse[2 * r + 1])) * dot;
+    }
+    free(moved);
+    free(o);
+    free(o_mag);
+    free(lse);
+    free(loss);
+    free(step);
 }

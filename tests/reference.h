@@ -54,6 +54,12 @@ void ref_forward(const problem *p, double *o, double *o_mag, double *lse);
 void ref_backward(const problem *p, double *dq, double *dq_mag, double *dk, double *dk_mag,
                   double *dv, double *dv_mag);
 
+/* The sinks' gradient d(sum of dO . O)/d sigma_h in float64 by central
+ * differences of ref_forward (the sinks moved by 2^-10 each way), and its
+ * magnitude: the sum over the head's rows of exp(sigma - L) |dO| . |O|.
+ * Both arrays hold num_heads doubles; p->s.sinks is set. */
+void ref_grad_sinks(const problem *p, double *d_sinks, double *mag);
+
 /* The seed's algorithm, transliterated from mha_grad_v.wgsl: params is its
  * uniform block, head_dim must be 64 as its work-group is. In float64. */
 void seed_grad_v(const uint32_t params[8], const float *d_out, const float *q, const float *k,

@@ -104,6 +104,16 @@ __kernel void forward__blocked(__global const elem *q, ulong q_off, __global con
         }
         add_rows(ot, vx, at, sc[0], sc[1], n, rescale[0], rescale[1]);
     }
+    float16 fold[2] = {1.0f, 1.0f}; /* what O's sums take: 1 without a sink */
+#if MODS & MOD_SINK
+    for (uint h = 0; h < 2; ++h) {
+        const float sigma = SINK(head);
+        const float16 m_new = select((float16)sigma, m[h], m[h] > sigma);
+        fold[h] = exp(m[h] - m_new);
+        l[h] = l[h] * fold[h] + exp(sigma - m_new);
+        m[h] = m_new;
+    }
+#endif
     float lv[QB], mv[QB];
     for (uint h = 0; h < 2; ++h) {
         vstore16(l[h], h, lv);
@@ -115,7 +125,9 @@ __kernel void forward__blocked(__global const elem *q, ulong q_off, __global con
     for (uint h = 0; 16 * h < r.n; ++h)
         for (uint d = 0; d < D; ++d)
             store16(o, qrow + 16 * h, min(r.n - 16 * h, 16u), d,
-                    select(vload16(h, zero), vload16(h, ot + d * QB) / l[h], l[h] != 0.0f), 0);
+                    select(vload16(h, zero), vload16(h, ot + d * QB) * fold[h] / l[h],
+                           l[h] != 0.0f),
+                    0);
     for (uint i = 0; i < r.n; ++i) {
         const float empty = zero[i] == 0.0f ? EMPTY_ROW : zero[i];
         lse[2 * r.row[i]] = lv[i] != 0.0f ? mv[i] : empty;

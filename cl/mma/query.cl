@@ -135,6 +135,19 @@ forward__mma(__global const elem *q, ulong q_off, __global const elem *k, ulong 
     times_wait(&acc[0][0], pa);
     l0 = row_sum(l0, emu);
     l1 = row_sum(l1, emu);
+    /* The head's sink joins both rows' sums (in the units of exp); f0 and
+     * f1: what their sums of V take. */
+    float f0 = 1.0f, f1 = 1.0f;
+#if MODS & MOD_SINK
+    const float su = SINK(head) * EXP_UNIT;
+    const float s0 = m0 > su ? m0 : su, s1 = m1 > su ? m1 : su;
+    f0 = EXPU(m0 - s0);
+    f1 = EXPU(m1 - s1);
+    l0 = l0 * f0 + EXPU(su - s0);
+    l1 = l1 * f1 + EXPU(su - s1);
+    m0 = s0;
+    m1 = s1;
+#endif
     /* What each row writes where its weights sum to 0: once a row, outside
      * the unrolled stores. */
     const float z0 = ZERO_SUM(row0, 0.0f), z1 = ZERO_SUM(row1, 0.0f);
@@ -143,10 +156,10 @@ forward__mma(__global const elem *q, ulong q_off, __global const elem *k, ulong 
         UNROLL
         for (int i = 0; i < 4; ++i) {
             const uint row = (i & 2) ? row1 : row0, d = d0 + n * 8 + 2 * t + (i & 1);
-            const float l = (i & 2) ? l1 : l0;
+            const float l = (i & 2) ? l1 : l0, f = (i & 2) ? f1 : f0;
             if (row < q_seq && d < D)
                 STORE(o, at(b, q_seq, row, num_heads, head, d),
-                      l != 0.0f ? acc[n][i] / l : (i & 2) ? z1 : z0);
+                      l != 0.0f ? acc[n][i] * f / l : (i & 2) ? z1 : z0);
         }
     }
     if (t == 0 && d0 == 0)

@@ -311,8 +311,13 @@ inline void forward_block(__global const elem *q, ulong q_off, __global const el
         const uint pos = r0 + row_in(me, i);
         if (pos >= q_seq)
             break;
+#if MODS & MOD_SINK
+        const float r = sink_fold(&m[i], &l[i], SINK(head));
+#else
+        const float r = 1.0f;
+#endif
         store_acc(o, o_off, b, q_seq, pos, num_heads, head, acc, i,
-                  l[i] != 0.0f ? 1.0f / l[i] : ZERO_SUM(pos, 0.0f), 0, me);
+                  l[i] != 0.0f ? r / l[i] : ZERO_SUM(pos, 0.0f), 0, me);
         if (me.tx == 0) {
             const ulong row = lse_off + 2 * row_of(b, q_seq, pos, num_heads, head);
             lse[row] = l[i] != 0.0f ? m[i] : ZERO_SUM(pos, EMPTY_ROW);

@@ -244,6 +244,11 @@ inline void forward_block(__global const elem *q, ulong q_off, __global const el
 #endif
     if (!live)
         return;
+#if MODS & MOD_SINK
+    const float r = sink_fold(&m, &l, SINK(head));
+    for (uint d = 0; d < DC; ++d)
+        acc[d] *= r;
+#endif
     for (uint d = 0; d < DC; ++d)
         acc[d] = l != 0.0f ? acc[d] / l : ZERO_SUM(pos, 0.0f);
     store_row(o, o_off, b, q_seq, pos, num_heads, head, me.c0, acc, 1.0f, 0);

@@ -50,8 +50,15 @@ int64_t clattn_mask_delta(const clattn_shape *s);
  * window_right + 1, which validation keeps within an int. */
 int32_t clattn_mask_right(const clattn_shape *s);
 
-/* The score modifiers a shape asks for, as bits. */
-enum { CLATTN_MOD_SOFTCAP = 1, CLATTN_MOD_ALIBI = 2, CLATTN_MOD_DROPOUT = 4, CLATTN_MODS = 8 };
+/* The score modifiers a shape asks for, as bits; CLATTN_MOD_SINK (learnable
+ * sinks) changes the forward alone (clattn_op_modifiers). */
+enum {
+    CLATTN_MOD_SOFTCAP = 1,
+    CLATTN_MOD_ALIBI = 2,
+    CLATTN_MOD_DROPOUT = 4,
+    CLATTN_MOD_SINK = 8,
+    CLATTN_MODS = 16
+};
 unsigned clattn_modifiers(const clattn_shape *s);
 /* The global position P of query row pos that dropout's draw and ALiBi
  * take: pos + delta + kv_offset (delta from clattn_mask_delta), modulo
@@ -95,6 +102,9 @@ unsigned clattn_call_reads(clattn_op op, const clattn_shape *s);
  * sizes go to *sz. Clears the thread's last error first. */
 clattn_status clattn_call_begin(const clattn_context *ctx, const clattn_shape *s,
                                 clattn_sizes *sz);
+/* The modifier bits of op's kernels: clattn_modifiers(), with
+ * CLATTN_MOD_SINK for the forward where the shape has sinks. */
+unsigned clattn_op_modifiers(const clattn_shape *s, clattn_op op);
 const char *clattn_role_name(clattn_role r);
 /* Elements of the tensor of a role. */
 size_t clattn_role_elems(const clattn_sizes *sz, clattn_role r);

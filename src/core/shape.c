@@ -62,7 +62,7 @@ static clattn_status check_seqlens(const clattn_shape *s)
 }
 
 /* The score modifiers: a cap that is 0 or positive and finite, finite
- * slopes, dropout_p in [0, 1). */
+ * slopes, sinks finite or -inf, dropout_p in [0, 1). */
 static clattn_status check_modifiers(const clattn_shape *s)
 {
     if (!(s->softcap >= 0.0f) || isinf(s->softcap))
@@ -75,6 +75,12 @@ static clattn_status check_modifiers(const clattn_shape *s)
                 return clattn_fail(CLATTN_ERROR_INVALID_MODIFIER,
                                    "alibi_slopes[%u] is %g, not a finite number", h,
                                    (double)s->alibi_slopes[h]);
+    if (s->sinks)
+        for (uint32_t h = 0; h < s->num_heads; ++h)
+            if (isnan(s->sinks[h]) || s->sinks[h] == INFINITY)
+                return clattn_fail(CLATTN_ERROR_INVALID_MODIFIER,
+                                   "sinks[%u] is %g: a sink is finite, or -inf for none", h,
+                                   (double)s->sinks[h]);
     if (!(s->dropout_p >= 0.0f && s->dropout_p < 1.0f))
         return clattn_fail(CLATTN_ERROR_INVALID_MODIFIER,
                            "dropout_p %g is outside [0, 1)", (double)s->dropout_p);
@@ -86,6 +92,11 @@ unsigned clattn_modifiers(const clattn_shape *s)
     return (s->softcap > 0.0f ? CLATTN_MOD_SOFTCAP : 0u) |
            (s->alibi_slopes ? CLATTN_MOD_ALIBI : 0u) |
            (s->dropout_p > 0.0f ? CLATTN_MOD_DROPOUT : 0u);
+}
+
+unsigned clattn_op_modifiers(const clattn_shape *s, clattn_op op)
+{
+    return clattn_modifiers(s) | (op == CLATTN_OP_FORWARD && s->sinks ? CLATTN_MOD_SINK : 0u);
 }
 
 clattn_status clattn_check_shape(const clattn_shape *s, clattn_sizes *sizes)

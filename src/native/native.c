@@ -358,11 +358,12 @@ static void setup_call(const clattn_context *ctx, clattn_op op, const clattn_sha
     c->lse = t[CLATTN_R_LSE];
     c->d_out = t[CLATTN_R_DO];
     c->scale = clattn_effective_scale(s);
-    c->mods = clattn_modifiers(s);
+    c->mods = clattn_op_modifiers(s, op);
     c->softcap = s->softcap;
     c->cap_k = s->softcap > 0.0f ? (2.0f * 1.44269504088896341f) / s->softcap : 0.0f;
     c->cap_inv = s->softcap > 0.0f ? 1.0f / s->softcap : 0.0f;
     c->slopes = s->alibi_slopes;
+    c->sinks = s->sinks;
     c->drop = clattn_dropout_of(s->dropout_p, s->dropout_seed, s->dropout_offset);
     c->delta = clattn_mask_delta(s);
     c->seq_base = seq_base;

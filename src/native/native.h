@@ -134,6 +134,7 @@ typedef struct native_call {
     float cap_k;   /* 2 log2(e) / softcap: tanh_v's exponent a score */
     float cap_inv; /* 1 / softcap: tanh_v's argument a score */
     const float *slopes;
+    const float *sinks; /* the forward's, under CLATTN_MOD_SINK */
     clattn_dropout drop;
     int64_t delta;
     uint32_t seq_base;

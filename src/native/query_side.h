@@ -208,6 +208,19 @@ static void forward_block(const native_call *c, size_t job)
         }
         accumulate_t(ot, D, qb.vt + (size_t)(t0 / KEY_BLOCK) * D, sc, n, rescale);
     }
+    /* The head's sink joins each row's sum as a key with no value: the
+     * running max takes it, and O's sums are rescaled to that max. */
+    if (c->mods & CLATTN_MOD_SINK) {
+        const float sigma = c->sinks[qb.head];
+        for (size_t r = 0; r < QUERY_BLOCK; ++r) {
+            const float m_new = m[r] > sigma ? m[r] : sigma; /* a NaN m: NaN through l */
+            const float rs = expf(m[r] - m_new);
+            l[r] = l[r] * rs + expf(sigma - m_new);
+            m[r] = m_new;
+            for (size_t d = 0; d < D; ++d)
+                ot[d][r] *= rs;
+        }
+    }
     /* O = ot / l, a vector of rows at a time (0 where the weights sum to
      * 0; the rows below make that NaN where the row sees a key) */
     EACH_PART(h) {

@@ -318,3 +318,56 @@ clattn_status clattn_context_create_from_cl(const clattn_options *opts, cl_conte
     *ctx = c;
     return CLATTN_OK;
 }
+
+clattn_status clattn_grad_sinks_cl(clattn_context *ctx, const clattn_shape *shape,
+                                   clattn_cl_tensor o, clattn_cl_tensor lse,
+                                   clattn_cl_tensor d_out, float *d_sinks,
+                                   cl_uint num_events_in_wait_list,
+                                   const cl_event *event_wait_list)
+{
+    clattn_sizes sz;
+    clattn_status st =
+        cl_call_begin(ctx, shape, &sz, num_events_in_wait_list, event_wait_list);
+    if (st != CLATTN_OK)
+        return st;
+    if (!d_sinks)
+        return clattn_fail(CLATTN_ERROR_NULL_POINTER, "d_sinks is NULL");
+    const clattn_cl_tensor t[3] = {o, lse, d_out};
+    const clattn_role role[3] = {CLATTN_R_O, CLATTN_R_LSE, CLATTN_R_DO};
+    size_t bytes[3];
+    byte_span span[3];
+    void *host[3] = {NULL, NULL, NULL};
+    for (int i = 0; i < 3; ++i) {
+        const size_t elem = clattn_ocl_role_bytes(role[i], shape->dtype);
+        bytes[i] = clattn_role_elems(&sz, role[i]) * elem;
+        if ((st = check_tensor(ctx->cl, t[i], clattn_role_elems(&sz, role[i]), elem,
+                               clattn_role_name(role[i]), &span[i])) != CLATTN_OK)
+            return st;
+    }
+    for (int i = 0; i < 3 && st == CLATTN_OK; ++i)
+        if (!(host[i] = malloc(bytes[i] ? bytes[i] : 1)))
+            st = clattn_fail(CLATTN_ERROR_OUT_OF_MEMORY, "out of host memory for %s (%zu bytes)",
+                             clattn_role_name(role[i]), bytes[i]);
+    if (st == CLATTN_OK) {
+        /* The three read back in order on the context's queue, after the
+         * caller's events; the last read blocks. */
+        pthread_mutex_lock(&ctx->lock);
+        cl_int err = CL_SUCCESS;
+        for (int i = 0; i < 3 && err == CL_SUCCESS; ++i)
+            err = clEnqueueReadBuffer(ctx->cl->queue, t[i].buffer, i == 2 ? CL_TRUE : CL_FALSE,
+                                      t[i].offset * clattn_ocl_role_bytes(role[i], shape->dtype),
+                                      bytes[i], host[i], i == 0 ? num_events_in_wait_list : 0,
+                                      i == 0 && num_events_in_wait_list ? event_wait_list : NULL,
+                                      NULL);
+        if (err != CL_SUCCESS) {
+            clFinish(ctx->cl->queue); /* no read may still write the host copies */
+            st = clattn_ocl_fail(err, "clEnqueueReadBuffer (grad_sinks)");
+        }
+        pthread_mutex_unlock(&ctx->lock);
+    }
+    if (st == CLATTN_OK)
+        st = clattn_grad_sinks(ctx, shape, host[0], host[1], host[2], d_sinks);
+    for (int i = 0; i < 3; ++i)
+        free(host[i]);
+    return st;
+}

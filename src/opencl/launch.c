@@ -285,7 +285,7 @@ clattn_status clattn_ocl_enqueue_op(struct clattn_cl_state *cl, cl_command_queue
     kernel_set *set = NULL;
     clattn_status st = clattn_ocl_check_loop_cap(cl, op, s);
     if (st == CLATTN_OK)
-        st = clattn_ocl_kernels_for(cl, s->head_dim, s->dtype, clattn_modifiers(s), &set);
+        st = clattn_ocl_kernels_for(cl, s->head_dim, s->dtype, clattn_op_modifiers(s, op), &set);
     if (st != CLATTN_OK)
         return st;
     /* The single pass, built only where CLATTN_MMA_SINGLE asks for it. Its
@@ -300,12 +300,25 @@ clattn_status clattn_ocl_enqueue_op(struct clattn_cl_state *cl, cl_command_queue
                                                                             : op_plans[op];
     cl_mem dsum = NULL, dq32 = NULL, slopes = NULL;
     cl_event zeroed = NULL;
-    if (s->alibi_slopes) { /* copied now: the caller's array is read during the call only */
+    const unsigned mods = clattn_op_modifiers(s, op);
+    if (mods & (CLATTN_MOD_ALIBI | CLATTN_MOD_SINK)) {
+        /* The kernels' `slopes`: num_heads ALiBi slopes, then num_heads
+         * sinks (cl/common.cl's SINK), copied now: the caller's arrays are
+         * read during the call only. */
+        float *both = calloc(2 * (size_t)s->num_heads, sizeof(float));
+        if (!both)
+            return clattn_fail(CLATTN_ERROR_OUT_OF_MEMORY, "out of host memory for %u heads",
+                               s->num_heads);
+        if (mods & CLATTN_MOD_ALIBI)
+            memcpy(both, s->alibi_slopes, s->num_heads * sizeof(float));
+        if (mods & CLATTN_MOD_SINK)
+            memcpy(both + s->num_heads, s->sinks, s->num_heads * sizeof(float));
         cl_int err;
         slopes = clCreateBuffer(cl->context, CL_MEM_READ_ONLY | CL_MEM_COPY_HOST_PTR,
-                                s->num_heads * sizeof(float), (void *)s->alibi_slopes, &err);
+                                2 * (size_t)s->num_heads * sizeof(float), both, &err);
+        free(both);
         if (err != CL_SUCCESS)
-            return clattn_ocl_fail(err, "clCreateBuffer(alibi_slopes)");
+            return clattn_ocl_fail(err, "clCreateBuffer(alibi_slopes, sinks)");
     }
     /* A caller's Dsum (packed sequences share one) is used as given. */
     if (plan[0] == K_DSUM && !t[R_DSUM].buffer) {
@@ -530,7 +543,7 @@ clattn_status clattn_ocl_run(clattn_context *ctx, clattn_op op, const clattn_sha
     if (st == CLATTN_OK && !clattn_packed(s)) /* packed: each sequence's, longest first */
         st = clattn_ocl_check_loop_cap(cl, op, s);
     if (st == CLATTN_OK)
-        st = clattn_ocl_kernels_for(cl, s->head_dim, s->dtype, clattn_modifiers(s), &set);
+        st = clattn_ocl_kernels_for(cl, s->head_dim, s->dtype, clattn_op_modifiers(s, op), &set);
     if (st != CLATTN_OK)
         return st;
     /* Accumulating gradients are read (uploaded) first, then written. */
