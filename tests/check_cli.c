@@ -416,10 +416,10 @@ START_TEST(packed_files)
 }
 END_TEST
 
-/* The score modifiers through the file commands: --softcap, --alibi and
- * --dropout with --seed and --dropout-offset give what the library gives,
- * the backward too; bad values are bad input that leaves nothing; train
- * --dropout's evaluation loss falls. */
+/* The score modifiers through the file commands: --softcap, --alibi,
+ * --dropout with --seed and --dropout-offset, and --sinks give what the
+ * library gives, the backward and --d-sinks too; bad values are bad input
+ * that leaves nothing; train --dropout's evaluation loss falls. */
 START_TEST(modifier_files)
 {
     make_dir();
@@ -427,21 +427,25 @@ START_TEST(modifier_files)
     problem p;
     write_problem(&p, &s, 0);
     const float slopes[4] = {0.5f, 0.25f, 0.125f, 0.0625f}, bad_slopes[4] = {0.5f, 0, 0, NAN};
+    const float sinks[4] = {1.5f, -INFINITY, 0.0f, -2.0f};
     const size_t four = 4, three = 3;
     save("slopes.npy", &four, 1, slopes);
+    save("sinks.npy", &four, 1, sinks);
     save("nan.npy", &four, 1, bad_slopes);
     save("three.npy", &three, 1, slopes);
-    char qp[512], kp[512], vp[512], sp[512];
+    char qp[512], kp[512], vp[512], sp[512], sk[512];
     snprintf(qp, sizeof qp, "%s", path("q.npy"));
     snprintf(kp, sizeof kp, "%s", path("k.npy"));
     snprintf(vp, sizeof vp, "%s", path("v.npy"));
     snprintf(sp, sizeof sp, "%s", path("slopes.npy"));
+    snprintf(sk, sizeof sk, "%s", path("sinks.npy"));
     ck_assert_int_eq(run("forward", "--q", qp, "--k", kp, "--v", vp, "--out", path("o.npy"),
                          "--lse-out", path("l.npy"), "--causal", "--softcap", "2.5", "--alibi",
                          sp, "--dropout", "0.25", "--seed", "42", "--dropout-offset", "7",
-                         "--device", "native", NULL),
+                         "--sinks", sk, "--device", "native", NULL),
                      0);
     clattn_shape m = s;
+    m.sinks = sinks;
     m.causal = 1;
     m.softcap = 2.5f;
     m.alibi_slopes = slopes;
@@ -465,7 +469,8 @@ START_TEST(modifier_files)
                          "--lse", path("l.npy"), "--d-out", path("do.npy"), "--dq",
                          path("dq.npy"), "--dk", path("dk.npy"), "--dv", path("dv.npy"),
                          "--causal", "--softcap", "2.5", "--alibi", sp, "--dropout", "0.25",
-                         "--seed", "42", "--dropout-offset", "7", "--device", "native", NULL),
+                         "--seed", "42", "--dropout-offset", "7", "--sinks", sk, "--d-sinks",
+                         path("ds.npy"), "--device", "native", NULL),
                      0);
     float *dq = nan_array(p.nq), *dk = nan_array(p.nkv), *dv = nan_array(p.nkv);
     ck_assert_status(clattn_backward(ctx, &m, p.q, p.k, p.v, a.data, l.data, p.d_out, dq, dk,
@@ -478,6 +483,20 @@ START_TEST(modifier_files)
     ck_assert_msg(npy_read(path("dq.npy"), &g, err, sizeof err) == 0, "%s", err);
     ck_assert(g.count == p.nq && !memcmp(g.data, dq, p.nq * sizeof(float)));
     npy_free(&g);
+    float ds[4];
+    ck_assert_status(clattn_grad_sinks(ctx, &m, a.data, l.data, p.d_out, ds), CLATTN_OK);
+    ck_assert_msg(npy_read(path("ds.npy"), &g, err, sizeof err) == 0, "%s", err);
+    ck_assert(g.count == 4 && g.ndim == 1 && !memcmp(g.data, ds, sizeof ds));
+    ck_assert(ds[0] != 0.0f && ds[1] == 0.0f); /* a sink moves the loss; -inf is none */
+    npy_free(&g);
+    /* --d-sinks wants --sinks: exit 2, and no output is left */
+    ck_assert_int_eq(run("backward", "--q", qp, "--k", kp, "--v", vp, "--o", path("o.npy"),
+                         "--lse", path("l.npy"), "--d-out", path("do.npy"), "--dq",
+                         path("bq.npy"), "--dk", path("bk.npy"), "--dv", path("bv.npy"),
+                         "--d-sinks", path("bs.npy"), "--device", "native", NULL),
+                     2);
+    ck_assert_msg(strstr(err_text, "wants --sinks"), "%s", err_text);
+    ck_assert(access(path("bq.npy"), F_OK) != 0 && access(path("bs.npy"), F_OK) != 0);
     clattn_context_destroy(ctx);
     npy_free(&a);
     npy_free(&l);
@@ -498,12 +517,16 @@ START_TEST(modifier_files)
         {"--alibi", "three.npy", NULL, NULL, "4 slopes"},
         {"--alibi", "nan.npy", NULL, NULL, "CLATTN_ERROR_INVALID_MODIFIER"},
         {"--alibi", "missing.npy", NULL, NULL, "missing.npy"},
+        {"--sinks", "three.npy", NULL, NULL, "4 sinks"},
+        {"--sinks", "nan.npy", NULL, NULL, "CLATTN_ERROR_INVALID_MODIFIER"},
         {"--dropout", "0.1", "--seed", "-1", "whole number"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; ++i) {
         char value[512];
         snprintf(value, sizeof value, "%s",
-                 !strcmp(bad[i].flag, "--alibi") ? path(bad[i].value) : bad[i].value);
+                 !strcmp(bad[i].flag, "--alibi") || !strcmp(bad[i].flag, "--sinks")
+                     ? path(bad[i].value)
+                     : bad[i].value);
         ck_assert_int_eq(run("forward", "--q", qp, "--k", kp, "--v", vp, "--out",
                              path("bad.npy"), "--lse-out", path("badl.npy"), bad[i].flag, value,
                              bad[i].flag2 ? bad[i].flag2 : "--device",

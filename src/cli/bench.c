@@ -264,7 +264,7 @@ int cmd_bench(int argc, char **argv)
                "                    [--dtype f32|f16|bf16] [--json]\n"
                "                    [--seqlens L,L,... | --random-seqlens MIN,MAX[,SEED]]\n"
                "                    [--layout packed|padded|uniform]\n"
-               "                    " MOD_USAGE "\n"
+               MOD_USAGE_AT("                    ")
                "Times the op on random inputs: compile and a warm-up call excluded, the\n"
                "median of R timed calls (default 10). OpenCL devices run on buffers that\n"
                "stay on the device. --variant all measures every variant of the device side\n"
@@ -434,6 +434,7 @@ int cmd_bench(int argc, char **argv)
     }
     if (!mod_apply(cmd, opts, nopts, &mods, &b.s)) {
         free(mods.slopes);
+        free(mods.sinks);
         return EXIT_INPUT;
     }
     if (!packed)
@@ -544,5 +545,6 @@ done:
     clattn_context_destroy(base);
     bench_free(&b);
     free(mods.slopes);
+    free(mods.sinks);
     return rc;
 }

@@ -86,6 +86,7 @@ void mod_opts_add(opt *opts, size_t *n, mod_opts *m)
     opts[(*n)++] = (opt){"--dropout", OPT_FRACTION, &m->dropout, 0, 0};
     opts[(*n)++] = (opt){"--seed", OPT_U64, &m->seed, 0, 0};
     opts[(*n)++] = (opt){"--dropout-offset", OPT_U64, &m->offset, 0, 0};
+    opts[(*n)++] = (opt){"--sinks", OPT_STRING, &m->sinks_file, 0, 0};
 }
 
 static const opt *find_opt(const opt *opts, size_t n, const char *name)
@@ -94,6 +95,27 @@ static const opt *find_opt(const opt *opts, size_t n, const char *name)
         if (!strcmp(opts[i].name, name))
             return &opts[i];
     return NULL;
+}
+
+/* A 1-D float32 array of one value a query head from `path` into *out
+ * (free() it); prints one line and returns 0 on bad input. */
+static int read_heads(const char *cmd, const char *flag, const char *path, const char *what,
+                      uint32_t heads, float **out)
+{
+    npy_array a;
+    char err[512];
+    if (npy_read(path, &a, err, sizeof err) != 0) {
+        fprintf(stderr, "clattn %s: %s\n", cmd, err);
+        return 0;
+    }
+    const int ok = a.data && a.ndim == 1 && a.count == heads;
+    if (!ok)
+        fprintf(stderr, "clattn %s: %s %s: want a 1-D float32 ('<f4') array of %u %s, one per "
+                        "query head\n", cmd, flag, path, heads, what);
+    else
+        *out = a.data, a.data = NULL;
+    npy_free(&a);
+    return ok;
 }
 
 int mod_apply(const char *cmd, const opt *opts, size_t n, mod_opts *m, clattn_shape *s)
@@ -105,25 +127,13 @@ int mod_apply(const char *cmd, const opt *opts, size_t n, mod_opts *m, clattn_sh
         fprintf(stderr, "clattn %s: --dropout wants --seed: the mask is drawn from it\n", cmd);
         return 0;
     }
-    if (m->alibi) {
-        npy_array a;
-        char err[512];
-        if (npy_read(m->alibi, &a, err, sizeof err) != 0) {
-            fprintf(stderr, "clattn %s: %s\n", cmd, err);
-            return 0;
-        }
-        const int ok = a.data && a.ndim == 1 && a.count == s->num_heads;
-        if (!ok)
-            fprintf(stderr, "clattn %s: --alibi %s: want a 1-D float32 ('<f4') array of %u "
-                            "slopes, one per query head\n", cmd, m->alibi, s->num_heads);
-        else
-            m->slopes = a.data, a.data = NULL;
-        npy_free(&a);
-        if (!ok)
-            return 0;
-    }
+    if ((m->alibi && !read_heads(cmd, "--alibi", m->alibi, "slopes", s->num_heads, &m->slopes)) ||
+        (m->sinks_file &&
+         !read_heads(cmd, "--sinks", m->sinks_file, "sinks", s->num_heads, &m->sinks)))
+        return 0;
     s->softcap = m->softcap;
     s->alibi_slopes = m->slopes;
+    s->sinks = m->sinks;
     s->dropout_p = m->dropout;
     s->dropout_seed = m->seed;
     s->dropout_offset = m->offset;

@@ -39,21 +39,25 @@ int op_failed(const char *cmd, clattn_status st);
 int parse_dtype(const char *cmd, const char *name, clattn_dtype *dtype);
 
 /* The score modifiers' options, shared by the file commands and bench:
- * --softcap C, --alibi SLOPES.npy, --dropout P --seed S [--dropout-offset N]. */
+ * --softcap C, --alibi SLOPES.npy, --dropout P --seed S [--dropout-offset N],
+ * --sinks SINKS.npy. */
 typedef struct mod_opts {
     float softcap, dropout;
-    const char *alibi;
+    const char *alibi, *sinks_file;
     uint64_t seed, offset;
     float *slopes; /* read from alibi by mod_apply; free with free() */
+    float *sinks;  /* read from sinks_file by mod_apply; free with free() */
 } mod_opts;
-enum { MOD_OPTS = 5 };
+enum { MOD_OPTS = 6 };
 /* Appends the MOD_OPTS options that fill m to opts[*n ...]. */
 void mod_opts_add(opt *opts, size_t *n, mod_opts *m);
 /* Sets the shape's modifiers from m (its num_heads known): reads the slopes
- * (float32, num_heads entries), checks --dropout has --seed. Prints one
- * line and returns 0 on bad input. */
+ * and sinks (float32, num_heads entries each), checks --dropout has --seed.
+ * Prints one line and returns 0 on bad input. */
 int mod_apply(const char *cmd, const opt *opts, size_t n, mod_opts *m, clattn_shape *s);
-/* The usage lines of those options. */
-#define MOD_USAGE "[--softcap C] [--alibi SLOPES.npy] [--dropout P --seed S [--dropout-offset N]]"
+/* The usage lines of those options, each line after `indent`. */
+#define MOD_USAGE_AT(indent)                                                                \
+    indent "[--softcap C] [--alibi SLOPES.npy] [--sinks SINKS.npy]\n" indent              \
+           "[--dropout P --seed S [--dropout-offset N]]\n"
 
 #endif

@@ -258,6 +258,9 @@ static int load_inputs(const char *cmd, const input_paths *paths, inputs *in,
 }
 
 /* An output array and where it goes. */
+/* The most files a command writes: backward's dQ, dK, dV and d sinks. */
+enum { MAX_OUTPUTS = 4 };
+
 typedef struct output {
     const char *path;
     const size_t *shape;
@@ -287,9 +290,9 @@ static int resolve(const char *path, char *out, size_t size)
 static int check_outputs(const char *cmd, const char *const *flags, const char *const *paths,
                          int n)
 {
-    char where[3][PATH_MAX + 1];
-    struct stat st[3];
-    int exists[3];
+    char where[MAX_OUTPUTS][PATH_MAX + 1];
+    struct stat st[MAX_OUTPUTS];
+    int exists[MAX_OUTPUTS];
     for (int i = 0; i < n; ++i) {
         if (!*paths[i]) {
             fprintf(stderr, "clattn %s: %s is an empty path\n", cmd, flags[i]);
@@ -326,8 +329,8 @@ static int check_outputs(const char *cmd, const char *const *flags, const char *
 static int commit_all(const char *cmd, const char *const *flags, const output *outs,
                       char tmp[][PATH_MAX + 16], int n)
 {
-    char old[3][PATH_MAX + 16];
-    int had[3] = {0, 0, 0}, existed[3] = {0, 0, 0}, done = 0, failed = -1, e = 0;
+    char old[MAX_OUTPUTS][PATH_MAX + 16];
+    int had[MAX_OUTPUTS] = {0}, existed[MAX_OUTPUTS] = {0}, done = 0, failed = -1, e = 0;
     for (int i = 0; i < n; ++i) {
         struct stat st;
         existed[i] = lstat(outs[i].path, &st) == 0;
@@ -397,7 +400,7 @@ static int commit_all(const char *cmd, const char *const *flags, const output *o
  * after every input was read. */
 static int write_outputs(const char *cmd, const char *const *flags, const output *outs, int n)
 {
-    char tmp[3][PATH_MAX + 16], err[512];
+    char tmp[MAX_OUTPUTS][PATH_MAX + 16], err[512];
     int made = 0, ok = 1;
     for (; made < n && ok; ++made)
         ok = npy_write_temp(outs[made].path, outs[made].shape, outs[made].ndim, outs[made].descr,
@@ -409,7 +412,7 @@ static int write_outputs(const char *cmd, const char *const *flags, const output
         fprintf(stderr, "clattn %s: %s\n", cmd, err);
         return 0;
     }
-    const char *paths[3] = {NULL, NULL, NULL};
+    const char *paths[MAX_OUTPUTS] = {NULL};
     for (int i = 0; i < n; ++i)
         paths[i] = outs[i].path;
     if (!check_outputs(cmd, flags, paths, n)) { /* changed while the op ran */
@@ -441,7 +444,7 @@ static const file_command file_commands[] = {
      "                      [--scale S] [--q-offset N] [--kv-offset N] [--device SEL]\n"
      "                      [--variant NAME] [--dtype T]\n"
      "                      [--cu-seqlens-q CQ.npy --cu-seqlens-kv CK.npy]\n"
-     "                      " MOD_USAGE "\n"
+     MOD_USAGE_AT("                      ")
      "Attention's forward: O (q_seq, heads, head_dim) and the LSE pairs (q_seq,\n"
      "heads, 2) that the gradients read. Arrays as for grad-v; exit 0, 1 on a\n"
      "device failure, 2 on bad input (and then no output is left).\n",
@@ -449,14 +452,16 @@ static const file_command file_commands[] = {
     {"backward",
      "usage: clattn backward --q Q.npy --k K.npy --v V.npy --o O.npy --lse LSE.npy\n"
      "                       --d-out DO.npy --dq DQ.npy --dk DK.npy --dv DV.npy\n"
+     "                       [--d-sinks DS.npy]\n"
      "                       [--causal | --causal-bottom-right] [--window N] [--window-right N]\n"
      "                       [--scale S] [--q-offset N] [--kv-offset N] [--device SEL]\n"
      "                       [--variant NAME] [--dtype T]\n"
      "                       [--cu-seqlens-q CQ.npy --cu-seqlens-kv CK.npy]\n"
-     "                       " MOD_USAGE "\n"
+     MOD_USAGE_AT("                       ")
      "Attention's backward from the forward's O and LSE and the output gradient\n"
-     "dO: dQ like Q, dK and dV like K. Exit 0, 1 on a device failure, 2 on bad\n"
-     "input (and then none of the outputs is left).\n",
+     "dO: dQ like Q, dK and dV like K; with --sinks (the forward's), --d-sinks\n"
+     "writes their gradient (float32, one per query head). Exit 0, 1 on a device\n"
+     "failure, 2 on bad input (and then none of the outputs is left).\n",
      READS_V | READS_O | READS_LSE | READS_DO, 3, {"--dq", "--dk", "--dv"},
      {LIKE_Q, LIKE_K, LIKE_K}},
     {"grad-v",
@@ -465,7 +470,7 @@ static const file_command file_commands[] = {
      "                    [--scale S] [--q-offset N] [--kv-offset N] [--device SEL]\n"
      "                    [--variant NAME] [--dtype T]\n"
      "                    [--cu-seqlens-q CQ.npy --cu-seqlens-kv CK.npy]\n"
-     "                    " MOD_USAGE "\n"
+     MOD_USAGE_AT("                    ")
      "The gradient of attention with respect to V. Arrays are .npy, C order:\n"
      "Q and dO (q_seq, heads, head_dim), K (kv_seq, kv_heads, head_dim), LSE\n"
      "(q_seq, heads, 2), each with an optional leading batch dimension; DV is\n"
@@ -488,7 +493,9 @@ static const file_command file_commands[] = {
      "--alibi SLOPES.npy (float32, one slope per query head) subtracts\n"
      "slope * |P - T|; --dropout P drops attention probabilities with the mask\n"
      "drawn from --seed S at --dropout-offset N (default 0), the same on every\n"
-     "device; the backward needs the forward's seed and offset.\n",
+     "device; the backward needs the forward's seed and offset. --sinks SINKS.npy\n"
+     "(float32, one logit per query head) joins each row's softmax as a key with\n"
+     "no value (gpt-oss's sinks); only the forward reads it.\n",
      READS_LSE | READS_DO, 1, {"--out"}, {LIKE_K}},
 };
 
@@ -500,10 +507,11 @@ static int cmd_file(const file_command *fc, int argc, char **argv)
         return 0;
     }
     input_paths paths = {0};
-    const char *outp[3] = {NULL, NULL, NULL}, *device = NULL, *variant = NULL, *dtype = NULL;
+    const char *outp[MAX_OUTPUTS] = {NULL}, *device = NULL, *variant = NULL, *dtype = NULL;
     mask_opts mask = {0, 0, 0, 0, 0, 0, 0.0f};
     mod_opts mods = {0};
-    opt opts[26] = {
+    const char *d_sinks = NULL;
+    opt opts[28] = {
         {"--q", OPT_STRING, &paths.q, 1, 0},
         {"--k", OPT_STRING, &paths.k, 1, 0},
         {"--causal", OPT_FLAG, &mask.causal, 0, 0},
@@ -534,15 +542,29 @@ static int cmd_file(const file_command *fc, int argc, char **argv)
             opts[n++] = (opt){inputs_read[i].name, OPT_STRING, inputs_read[i].path, 1, 0};
     for (int i = 0; i < fc->nout; ++i)
         opts[n++] = (opt){fc->out_opt[i], OPT_STRING, &outp[i], 1, 0};
-    if (!parse_opts(cmd, argc, argv, opts, n) || !check_outputs(cmd, fc->out_opt, outp, fc->nout))
+    const int backward = fc->nout == 3;
+    if (backward)
+        opts[n++] = (opt){"--d-sinks", OPT_STRING, &d_sinks, 0, 0};
+    /* The files written: the command's, then d sinks where asked. */
+    const char *out_opt[MAX_OUTPUTS] = {fc->out_opt[0], fc->out_opt[1], fc->out_opt[2],
+                                        "--d-sinks"};
+    if (!parse_opts(cmd, argc, argv, opts, n))
+        return EXIT_INPUT;
+    const int nout = fc->nout + (d_sinks != NULL);
+    outp[fc->nout] = d_sinks ? d_sinks : outp[fc->nout];
+    if (d_sinks && !mods.sinks_file) {
+        fprintf(stderr, "clattn %s: --d-sinks wants --sinks: the gradient is the sinks'\n", cmd);
+        return EXIT_INPUT;
+    }
+    if (!check_outputs(cmd, out_opt, outp, nout))
         return EXIT_INPUT;
 
     inputs in = {0};
     clattn_shape s;
     clattn_context *ctx = NULL;
-    void *out[3] = {NULL, NULL, NULL};
-    output outs[3];
-    size_t lse_shape[NPY_MAX_DIMS];
+    void *out[MAX_OUTPUTS] = {NULL};
+    output outs[MAX_OUTPUTS];
+    size_t lse_shape[NPY_MAX_DIMS], heads_shape[1];
     int rc = EXIT_INPUT;
     if (!load_inputs(cmd, &paths, &in, &mask, dtype, &s) || !mod_apply(cmd, opts, n, &mods, &s))
         goto done;
@@ -563,6 +585,16 @@ static int cmd_file(const file_command *fc, int argc, char **argv)
             goto done;
         }
     }
+    if (d_sinks) { /* one float32 a query head */
+        heads_shape[0] = s.num_heads;
+        out[3] = malloc(s.num_heads * sizeof(float));
+        outs[3] = (output){d_sinks, heads_shape, 1, "<f4", out[3]};
+        if (!out[3]) {
+            fprintf(stderr, "clattn %s: out of memory\n", cmd);
+            rc = EXIT_DEVICE;
+            goto done;
+        }
+    }
     if ((rc = open_context(cmd, device, variant, &ctx)) != 0)
         goto done;
     clattn_status st;
@@ -576,17 +608,21 @@ static int cmd_file(const file_command *fc, int argc, char **argv)
     else
         st = clattn_grad_v(ctx, &s, elements(&in.d_out), elements(&in.q), elements(&in.k),
                            in.lse.data, out[0]);
+    if (st == CLATTN_OK && d_sinks)
+        st = clattn_grad_sinks(ctx, &s, elements(&in.o), in.lse.data, elements(&in.d_out),
+                               out[3]);
     if (st != CLATTN_OK) {
         rc = op_failed(cmd, st);
         goto done;
     }
-    rc = write_outputs(cmd, fc->out_opt, outs, fc->nout) ? 0 : EXIT_INPUT;
+    rc = write_outputs(cmd, out_opt, outs, nout) ? 0 : EXIT_INPUT;
 done:
     clattn_context_destroy(ctx);
-    for (int i = 0; i < 3; ++i)
+    for (int i = 0; i < MAX_OUTPUTS; ++i)
         free(out[i]);
     inputs_free(&in);
     free(mods.slopes);
+    free(mods.sinks);
     return rc;
 }
 
