@@ -20,6 +20,7 @@ int main(void)
     FIELD(clattn_shape, head_dim);
     FIELD(clattn_shape, causal);
     FIELD(clattn_shape, window);
+    FIELD(clattn_shape, window_right);
     FIELD(clattn_shape, scale);
     FIELD(clattn_shape, dtype);
     FIELD(clattn_shape, q_offset);
@@ -32,6 +33,7 @@ int main(void)
     FIELD(clattn_shape, dropout_p);
     FIELD(clattn_shape, dropout_seed);
     FIELD(clattn_shape, dropout_offset);
+    FIELD(clattn_shape, sinks);
     SIZE(clattn_options);
     FIELD(clattn_options, backend);
     FIELD(clattn_options, device);

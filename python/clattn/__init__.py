@@ -25,8 +25,8 @@ from . import _call, _lib  # noqa: E402
 from ._lib import Error, InvalidArgument  # noqa: E402
 
 __all__ = ["Context", "Error", "InvalidArgument", "devices", "default_context", "forward",
-           "backward", "grad_q", "grad_k", "grad_v", "merge", "dropout_mask", "variants",
-           "library_version", "flash_attn_func", "flash_attn_varlen_func",
+           "backward", "grad_q", "grad_k", "grad_v", "grad_sinks", "merge", "dropout_mask",
+           "variants", "library_version", "flash_attn_func", "flash_attn_varlen_func",
            "flash_attn_qkvpacked_func", "flash_attn_kvpacked_func"]
 
 _lib._version_matches()
@@ -157,7 +157,7 @@ class _Tensors:
     def __init__(self, q, k, lse=None, v=None, extra=(), *, dtype=None, causal=False,
                  window=0, window_right=0, scale=None, q_offset=0, kv_offset=0, softcap=0.0,
                  alibi_slopes=None, dropout_p=0.0, seed=0, offset=0, cu_seqlens_q=None,
-                 cu_seqlens_kv=None, accumulate=False):
+                 cu_seqlens_kv=None, accumulate=False, sinks=None):
         named = {"q": _input("q", q), "k": _input("k", k)}
         if v is not None:
             named["v"] = _input("v", v)
@@ -218,6 +218,12 @@ class _Tensors:
             if slopes.shape != (H,):
                 raise InvalidArgument(f"alibi_slopes must be float32 of shape ({H},), not "
                                       f"{slopes.shape}")
+        sink_logits = None
+        if sinks is not None:
+            sink_logits = np.ascontiguousarray(sinks, dtype=np.float32)
+            if sink_logits.shape != (H,):
+                raise InvalidArgument(f"sinks must be float32 of shape ({H},), not "
+                                      f"{sink_logits.shape}")
         if window_right and not causal:
             raise InvalidArgument(f"window_right {window_right!r} needs causal, which aligns it")
         self.problem = _call.Problem(
@@ -226,7 +232,7 @@ class _Tensors:
             window_right=window_right if causal else None, scale=scale,
             q_offset=q_offset, kv_offset=kv_offset, softcap=softcap, alibi_slopes=slopes,
             dropout_p=dropout_p, seed=seed, offset=offset, cu_seqlens_q=cu_q,
-            cu_seqlens_kv=cu_kv, accumulate=accumulate)
+            cu_seqlens_kv=cu_kv, accumulate=accumulate, sinks=sink_logits)
 
     def addr(self, name):
         return self.a[name].ctypes.data
@@ -322,7 +328,8 @@ class Context:
     # The ops. Keywords, as clattn_shape has them: causal (False, True or
     # "top-left", "bottom-right"), window, window_right, scale, q_offset, kv_offset,
     # softcap, alibi_slopes, dropout_p, seed, offset, cu_seqlens_q,
-    # cu_seqlens_kv, and dtype for uint16 arrays.
+    # cu_seqlens_kv, sinks (float32, one logit a query head: the forward's),
+    # and dtype for uint16 arrays.
 
     def forward(self, q, k, v, **opts):
         """O and the LSE pairs: returns (o, lse), o like q, lse float32 of
@@ -357,6 +364,24 @@ class Context:
         accumulate=True) and returned."""
         return tuple(self._grads("backward", ("dq", "dk", "dv"), q, k, v, o, lse, d_out,
                                  {"dq": dq, "dk": dk, "dv": dv}, accumulate, opts))
+
+    def grad_sinks(self, q, k, v, o, lse, d_out, *, sinks, d_sinks=None, accumulate=False,
+                   **opts):
+        """The sinks' gradient, float32 (heads,): -sum over each head's
+        rows of exp(sink - L) (d_out . o), from the forward (with these
+        sinks) and its output gradient. A given d_sinks is written in place
+        (added to with accumulate=True) and returned."""
+        t = _Tensors(q, k, lse=lse, v=v, extra=(("o", o), ("d_out", d_out)),
+                     accumulate=accumulate, sinks=sinks, **opts)
+        H = t.q_shape[-2]
+        if d_sinks is None:
+            if accumulate:
+                raise InvalidArgument("accumulate=True adds into d_sinks: pass it")
+            d_sinks = np.empty(H, np.float32)
+        d_sinks = _output("d_sinks", d_sinks, (H,), np.dtype(np.float32))
+        _call.grad_sinks(self.handle, t.problem, t.addr("o"), t.lse.ctypes.data,
+                         t.addr("d_out"), d_sinks.ctypes.data)
+        return d_sinks
 
     def grad_q(self, q, k, v, o, lse, d_out, *, dq=None, accumulate=False, **opts):
         """dq alone, as backward computes it."""
@@ -436,6 +461,7 @@ backward = _module_op("backward")
 grad_q = _module_op("grad_q")
 grad_k = _module_op("grad_k")
 grad_v = _module_op("grad_v")
+grad_sinks = _module_op("grad_sinks")
 merge = _module_op("merge")
 
 

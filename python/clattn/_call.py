@@ -56,7 +56,7 @@ class Problem:
                  causal=0, window=0, scale=None, q_offset=0, kv_offset=0, softcap=0.0,
                  alibi_slopes=None, dropout_p=0.0, seed=0, offset=0, cu_seqlens_q=None,
                  cu_seqlens_kv=None, align_bottom_right=False, accumulate=False,
-                 window_right=None):
+                 window_right=None, sinks=None):
         self.batch, self.q_seq, self.kv_seq = batch, q_seq, kv_seq
         self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
         self.dtype = dtype
@@ -86,6 +86,8 @@ class Problem:
         self.offset = _u64("offset", offset)
         # alibi_slopes: float32 (num_heads,) or (batch, num_heads), C-contiguous.
         self.alibi = alibi_slopes
+        # sinks: float32 (num_heads,), C-contiguous: the forward's logits.
+        self.sinks = sinks
         self.cu_q, self.cu_kv = cu_seqlens_q, cu_seqlens_kv
         self.align_bottom_right = bool(align_bottom_right) and causal == 0
         self.accumulate = bool(accumulate)
@@ -120,6 +122,8 @@ class Problem:
             keep += [self.cu_q, self.cu_kv]
         if self.alibi is not None:
             s.alibi_slopes = ctypes.cast(self.alibi_address(0), ctypes.POINTER(ctypes.c_float))
+        if self.sinks is not None:
+            s.sinks = self.sinks.ctypes.data_as(ctypes.POINTER(ctypes.c_float))
         return s, keep
 
     def alibi_address(self, element):
@@ -247,6 +251,17 @@ def _one(ctx, cname, problem, addresses):
     status = fn(ctx, ctypes.byref(shape), *addresses)
     del keep
     _lib.check(status, cname)
+
+
+def grad_sinks(ctx, problem, o, lse, d_out, out):
+    """The sinks' gradient into the float32 array at address out
+    (num_heads), from the forward's O and LSE and dO at these addresses:
+    one host pass over every row, whatever the plan."""
+    shape, keep = problem.shape()
+    shape.accumulate = 1 if problem.accumulate else 0
+    status = _lib.lib.clattn_grad_sinks(ctx, ctypes.byref(shape), o, lse, d_out, out)
+    del keep
+    _lib.check(status, "clattn_grad_sinks")
 
 
 def dropout_keep(problem):

@@ -61,6 +61,7 @@ class Shape(ctypes.Structure):
         ("dropout_p", ctypes.c_float),
         ("dropout_seed", ctypes.c_uint64),
         ("dropout_offset", ctypes.c_uint64),
+        ("sinks", ctypes.POINTER(ctypes.c_float)),
     ]
 
 
@@ -139,6 +140,7 @@ _PROTOTYPES = {
     "clattn_grad_q": (ctypes.c_int, [_ctx, _sp, _vp, _vp, _vp, _vp, _fp, _vp, _vp]),
     "clattn_grad_k": (ctypes.c_int, [_ctx, _sp, _vp, _vp, _vp, _vp, _fp, _vp, _vp]),
     "clattn_merge": (ctypes.c_int, [_ctx, _sp, _vp, _fp, _vp, _fp, _vp, _fp]),
+    "clattn_grad_sinks": (ctypes.c_int, [_ctx, _sp, _vp, _fp, _vp, _fp]),
     "clattn_dropout_mask": (ctypes.c_int, [_sp, ctypes.c_uint32, ctypes.c_uint32, _vp]),
     "clattn_variant_name": (ctypes.c_char_p, [ctypes.c_int, ctypes.c_size_t]),
     "clattn_list_devices": (ctypes.c_int, [ctypes.POINTER(DeviceInfo), ctypes.c_size_t,

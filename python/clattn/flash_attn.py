@@ -148,12 +148,14 @@ def _dmask(q, k, lse, cu_q, cu_k, slopes, rng, cmode, window, right, scale, soft
 
 def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
                     window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
-                    deterministic=False, return_attn_probs=False):
+                    deterministic=False, return_attn_probs=False, learnable_sink=None):
     """FlashAttention-2's flash_attn_func. q (batch, seqlen_q, heads,
     head_dim), k and v (batch, seqlen_k, heads_k, head_dim); returns out
     like q, or (out, softmax_lse, S_dmask) with return_attn_probs
     (S_dmask is None without dropout, as in FlashAttention). clattn's
-    backward is always deterministic."""
+    backward is always deterministic. learnable_sink (FlashAttention-4's):
+    a float32 (heads,) logit per query head that joins each row's softmax
+    with no value (gpt-oss's sinks), with a gradient."""
     where = "clattn.flash_attn_func"
     check_tensors(where, q=q, k=k, v=v)
     if q.dim() != 4 or k.dim() != 4 or v.shape != k.shape:
@@ -171,7 +173,7 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
         where, dropout_p, softmax_scale, causal, window_size, sq, sk, alibi_slopes, B, H, D)
     out, lse = attention(q, k, v, causal=cmode, align_bottom_right=True, window=window,
                          window_right=right, scale=scale, softcap=float(softcap),
-                         alibi_slopes=slopes, dropout_p=p, rng=rng)
+                         alibi_slopes=slopes, dropout_p=p, rng=rng, sinks=learnable_sink)
     if not return_attn_probs:
         return out
     softmax_lse = _lse_out(lse).permute(0, 2, 1).contiguous()
@@ -185,11 +187,13 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
 def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                            dropout_p=0.0, softmax_scale=None, causal=False,
                            window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
-                           deterministic=False, return_attn_probs=False, block_table=None):
+                           deterministic=False, return_attn_probs=False, block_table=None,
+                           learnable_sink=None):
     """FlashAttention-2's flash_attn_varlen_func: q (total_q, heads,
     head_dim), k and v (total_k, heads_k, head_dim), cu_seqlens_q and
     cu_seqlens_k int32 (batch + 1) prefix sums. Returns out like q, or
-    (out, softmax_lse (heads, total_q), S_dmask) with return_attn_probs."""
+    (out, softmax_lse (heads, total_q), S_dmask) with return_attn_probs.
+    learnable_sink as flash_attn_func's."""
     where = "clattn.flash_attn_varlen_func"
     if block_table is not None:
         raise NotImplementedError(f"{where}: block_table (a paged KV cache) is not supported")
@@ -218,7 +222,8 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     out, lse = attention(q, k, v, causal=cmode, align_bottom_right=True, window=window,
                          window_right=right, scale=scale, softcap=float(softcap),
                          alibi_slopes=slopes, dropout_p=p, rng=rng,
-                         cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k)
+                         cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
+                         sinks=learnable_sink)
     if not return_attn_probs:
         return out
     softmax_lse = _lse_out(lse).t().contiguous()

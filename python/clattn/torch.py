@@ -74,7 +74,7 @@ def check_tensors(where, **tensors):
 
 
 def _problem(q, k, cu_q, cu_k, alibi, rng, causal, align, window, window_right, scale,
-             softcap, dropout_p, q_offset=0, kv_offset=0):
+             softcap, dropout_p, q_offset=0, kv_offset=0, sinks=None):
     packed = cu_q is not None
     if packed:
         (Sq, H, D), (Sk, Hk, _) = q.shape, k.shape
@@ -89,13 +89,15 @@ def _problem(q, k, cu_q, cu_k, alibi, rng, causal, align, window, window_right, 
     seed, offset = (int(x) for x in rng.tolist()) if rng is not None else (0, 0)
     slopes = alibi.detach().to(torch.float32).contiguous().numpy() \
         if alibi is not None else None
+    logits = sinks.detach().to(torch.float32).contiguous().numpy() \
+        if sinks is not None else None
     return _call.Problem(
         batch=batch, q_seq=Sq, kv_seq=Sk, num_heads=H, num_kv_heads=Hk, head_dim=D,
         dtype=_DTYPES[q.dtype], causal=causal, window=window, scale=scale,
         softcap=softcap, alibi_slopes=slopes, dropout_p=dropout_p, seed=seed,
         offset=offset, cu_seqlens_q=cq, cu_seqlens_kv=ck, align_bottom_right=align,
         window_right=window_right if window_right >= 0 else None, q_offset=q_offset,
-        kv_offset=kv_offset)
+        kv_offset=kv_offset, sinks=logits)
 
 
 def _empty_rows(q):
@@ -105,9 +107,10 @@ def _empty_rows(q):
 
 def _forward_impl(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Optional[Tensor],
              cu_seqlens_k: Optional[Tensor], alibi_slopes: Optional[Tensor],
-             rng: Optional[Tensor], causal: int, align_bottom_right: bool, window: int,
-             window_right: int, scale: float, softcap: float, dropout_p: float,
-             q_offset: int, kv_offset: int) -> Tuple[Tensor, Tensor]:
+             rng: Optional[Tensor], sinks: Optional[Tensor], causal: int,
+             align_bottom_right: bool, window: int, window_right: int, scale: float,
+             softcap: float, dropout_p: float, q_offset: int,
+             kv_offset: int) -> Tuple[Tensor, Tensor]:
     q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
     o = torch.empty_like(q)
     lse = torch.empty(q.shape[:-1] + (2,), dtype=torch.float32)
@@ -117,7 +120,7 @@ def _forward_impl(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Optional[Tensor
         return o.zero_(), lse.fill_(-1e30)
     p = _problem(q, k, cu_seqlens_q, cu_seqlens_k, alibi_slopes, rng, causal,
                  align_bottom_right, window, window_right, scale, softcap, dropout_p, q_offset,
-                 kv_offset)
+                 kv_offset, sinks)
     _call.run(context().handle, "forward", p, q.data_ptr(), k.data_ptr(), v.data_ptr(),
               o.data_ptr(), lse.data_ptr())
     return o, lse
@@ -128,7 +131,7 @@ _forward = torch.library.custom_op("clattn::attention_forward", _forward_impl, m
 
 
 @_forward.register_fake
-def _forward_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, alibi_slopes, rng, causal,
+def _forward_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, alibi_slopes, rng, sinks, causal,
                   align_bottom_right, window, window_right, scale, softcap, dropout_p, q_offset,
                   kv_offset):
     return (torch.empty(q.shape, dtype=q.dtype, device=q.device),
@@ -137,22 +140,29 @@ def _forward_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, alibi_slopes, rng, causal
 
 def _backward_impl(d_out: Tensor, q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Tensor,
               cu_seqlens_q: Optional[Tensor], cu_seqlens_k: Optional[Tensor],
-              alibi_slopes: Optional[Tensor], rng: Optional[Tensor], causal: int,
-              align_bottom_right: bool, window: int, window_right: int, scale: float,
-              softcap: float, dropout_p: float, q_offset: int,
-              kv_offset: int) -> Tuple[Tensor, Tensor, Tensor]:
+              alibi_slopes: Optional[Tensor], rng: Optional[Tensor], sinks: Optional[Tensor],
+              causal: int, align_bottom_right: bool, window: int, window_right: int,
+              scale: float, softcap: float, dropout_p: float, q_offset: int,
+              kv_offset: int) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+    """dq, dk, dv and the sinks' gradient (float32 (heads,); empty without
+    sinks)."""
     d_out, q, k, v, o = (t.contiguous() for t in (d_out, q, k, v, o))
     lse = lse.contiguous()
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    d_sinks = torch.zeros(sinks.shape if sinks is not None else (0,), dtype=torch.float32)
     if _empty_rows(q) or (k.shape[-3] == 0 and cu_seqlens_q is None):
-        return dq.zero_(), dk.zero_(), dv.zero_()
+        return dq.zero_(), dk.zero_(), dv.zero_(), d_sinks
     p = _problem(q, k, cu_seqlens_q, cu_seqlens_k, alibi_slopes, rng, causal,
                  align_bottom_right, window, window_right, scale, softcap, dropout_p, q_offset,
-                 kv_offset)
-    _call.run(context().handle, "backward", p, q.data_ptr(), k.data_ptr(), v.data_ptr(),
+                 kv_offset, sinks)
+    handle = context().handle
+    _call.run(handle, "backward", p, q.data_ptr(), k.data_ptr(), v.data_ptr(),
               o.data_ptr(), lse.data_ptr(), d_out.data_ptr(), dq.data_ptr(), dk.data_ptr(),
               dv.data_ptr())
-    return dq, dk, dv
+    if sinks is not None:
+        _call.grad_sinks(handle, p, o.data_ptr(), lse.data_ptr(), d_out.data_ptr(),
+                         d_sinks.data_ptr())
+    return dq, dk, dv, d_sinks
 
 
 _backward = torch.library.custom_op("clattn::attention_backward", _backward_impl, mutates_args=(),
@@ -161,11 +171,12 @@ _backward = torch.library.custom_op("clattn::attention_backward", _backward_impl
 
 @_backward.register_fake
 def _backward_fake(d_out, q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, alibi_slopes, rng,
-                   causal, align_bottom_right, window, window_right, scale, softcap,
+                   sinks, causal, align_bottom_right, window, window_right, scale, softcap,
                    dropout_p, q_offset, kv_offset):
     return (torch.empty(q.shape, dtype=q.dtype, device=q.device),
             torch.empty(k.shape, dtype=k.dtype, device=k.device),
-            torch.empty(v.shape, dtype=v.dtype, device=v.device))
+            torch.empty(v.shape, dtype=v.dtype, device=v.device),
+            q.new_empty(sinks.shape if sinks is not None else (0,), dtype=torch.float32))
 
 
 _PARAMS = ("causal", "align_bottom_right", "window", "window_right", "scale", "softcap",
@@ -173,10 +184,10 @@ _PARAMS = ("causal", "align_bottom_right", "window", "window_right", "scale", "s
 
 
 def _setup_context(ctx, inputs, output):
-    q, k, v, cu_q, cu_k, alibi, rng = inputs[:7]
+    q, k, v, cu_q, cu_k, alibi, rng, sinks = inputs[:8]
     o, lse = output
-    ctx.save_for_backward(q, k, v, o, lse, cu_q, cu_k, alibi, rng)
-    ctx.params = inputs[7:]
+    ctx.save_for_backward(q, k, v, o, lse, cu_q, cu_k, alibi, rng, sinks)
+    ctx.params = inputs[8:]
     # The LSE pairs are an auxiliary output, as FlashAttention's softmax_lse:
     # no gradient flows through them.
     ctx.mark_non_differentiable(lse)
@@ -192,11 +203,15 @@ def _eager(*tensors):
 
 
 def _autograd_backward(ctx, d_out, d_lse):
-    q, k, v, o, lse, cu_q, cu_k, alibi, rng = ctx.saved_tensors
-    args = (d_out, q, k, v, o, lse, cu_q, cu_k, alibi, rng)
+    q, k, v, o, lse, cu_q, cu_k, alibi, rng, sinks = ctx.saved_tensors
+    args = (d_out, q, k, v, o, lse, cu_q, cu_k, alibi, rng, sinks)
     run = _backward_impl if _eager(*args) else _backward
-    dq, dk, dv = run(*args, *ctx.params)
-    return (dq, dk, dv) + (None,) * (4 + len(_PARAMS))
+    dq, dk, dv, d_sinks = run(*args, *ctx.params)
+    if sinks is not None:
+        d_sinks = d_sinks.to(sinks.dtype)
+    else:
+        d_sinks = None
+    return (dq, dk, dv, None, None, None, None, d_sinks) + (None,) * len(_PARAMS)
 
 
 _forward.register_autograd(_autograd_backward, setup_context=_setup_context)
@@ -229,20 +244,28 @@ def check_scale(where, scale, head_dim, name="scale"):
 
 def attention(q, k, v, *, causal=0, align_bottom_right=False, window=0, window_right=-1,
               scale=None, softcap=0.0, alibi_slopes=None, dropout_p=0.0, rng=None,
-              cu_seqlens_q=None, cu_seqlens_k=None, q_offset=0, kv_offset=0):
+              cu_seqlens_q=None, cu_seqlens_k=None, q_offset=0, kv_offset=0, sinks=None):
     """The op in clattn's own terms and layout, with autograd: q (batch,
     q_seq, heads, head_dim), k and v (batch, kv_seq, kv_heads, head_dim),
     or packed (total, heads, head_dim) with cu_seqlens. causal: 0, 1
     (top-left) or 2 (bottom-right); window, q_offset and kv_offset as in
     clattn_shape. rng: None, or an int64 tensor (seed, offset) for
-    dropout (new_rng draws one). Returns (o, lse) with lse the float32
-    (m, l) pairs (..., heads, 2), which carry no gradient."""
+    dropout (new_rng draws one). sinks: None, or a learnable logit per query
+    head (float32, (heads,)) that joins each row's softmax with no value,
+    with a gradient. Returns (o, lse) with lse the float32 (m, l) pairs
+    (..., heads, 2), which carry no gradient."""
     if scale is None:
         scale = 0.0
     if dropout_p and rng is None:
         rng = new_rng(dropout_p)
-    args = (q, k, v, cu_seqlens_q, cu_seqlens_k, alibi_slopes, rng)
-    grads = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
+    if sinks is not None:
+        heads = q.shape[-2]
+        if not isinstance(sinks, Tensor) or sinks.device.type != "cpu" or \
+                sinks.dtype != torch.float32 or tuple(sinks.shape) != (heads,):
+            raise InvalidArgument(f"sinks must be a float32 CPU tensor of shape ({heads},)")
+    args = (q, k, v, cu_seqlens_q, cu_seqlens_k, alibi_slopes, rng, sinks)
+    grads = torch.is_grad_enabled() and any(
+        t is not None and t.requires_grad for t in (q, k, v, sinks))
     run = _forward_impl if not grads and _eager(*args) else _forward
     return run(*args, int(causal), bool(align_bottom_right), int(window), int(window_right),
                float(scale), float(softcap), float(dropout_p), int(q_offset), int(kv_offset))

@@ -141,6 +141,30 @@ def test_merge_is_the_union_of_key_chunks(ctx):
     assert rel_err(lse[..., 0] + lse[..., 1], whole_lse[..., 0] + whole_lse[..., 1]) < 1e-6
 
 
+def test_sinks_join_one_key_chunk_and_have_a_gradient(ctx):
+    # A sink is one more key with no value: given to one key chunk, the
+    # merge is the whole forward with it. Its gradient, -sum exp(sink - L)
+    # (d_out . o) a head (0 for a sink at -inf), adds in under accumulate.
+    q, k, v, d_out = tensors(2, 19, 40, 4, 2, 16)
+    sinks = np.array([1.0, -2.0, 0.5, -np.inf], np.float32)
+    whole_o, whole_lse = ctx.forward(q, k, v, causal=True, sinks=sinks)
+    plain_o, _ = ctx.forward(q, k, v, causal=True)
+    assert rel_err(whole_o, plain_o) > 1e-2
+    o1, l1 = ctx.forward(q, k[:, :23], v[:, :23], causal=True, sinks=sinks)
+    o2, l2 = ctx.forward(q, k[:, 23:], v[:, 23:], causal=True, kv_offset=23)
+    o, lse = ctx.merge(o1, l1, o2, l2)
+    assert rel_err(o, whole_o) < TOL["f32"]
+    d = ctx.grad_sinks(q, k, v, whole_o, whole_lse, d_out, causal=True, sinks=sinks)
+    L = (whole_lse[..., 0] + whole_lse[..., 1]).astype(np.float64)
+    dots = np.sum(d_out.astype(np.float64) * whole_o, axis=-1)
+    want = -np.sum(np.exp(sinks.astype(np.float64) - L) * dots, axis=(0, 1))
+    assert d.shape == (4,) and d[3] == 0.0 and rel_err(d, want) < 1e-5
+    more = np.full(4, 0.25, np.float32)
+    got = ctx.grad_sinks(q, k, v, whole_o, whole_lse, d_out, causal=True, sinks=sinks,
+                         d_sinks=more, accumulate=True)
+    assert got is more and rel_err(got, d + 0.25) < 1e-6
+
+
 def test_accumulate_adds_into_given_gradients(ctx):
     q, k, v, d_out = tensors(1, 15, 15, 2, 2, 8)
     o, lse = ctx.forward(q, k, v, causal=True)
@@ -201,6 +225,9 @@ BAD = [
     ("softcap", ValueError, lambda q, k, v: (q, k, v), dict(softcap=-1.0)),
     ("dropout", ValueError, lambda q, k, v: (q, k, v), dict(dropout_p=1.0)),
     ("slopes", ValueError, lambda q, k, v: (q, k, v), dict(alibi_slopes=[1.0])),
+    ("sinks", ValueError, lambda q, k, v: (q, k, v), dict(sinks=[1.0])),
+    ("NaN sink", ValueError, lambda q, k, v: (q, k, v), dict(sinks=[0.0, float("nan"), 0, 0])),
+    ("+inf sink", ValueError, lambda q, k, v: (q, k, v), dict(sinks=[float("inf"), 0, 0, 0])),
     ("one cu_seqlens", ValueError, lambda q, k, v: (q[0], k[0], v[0]),
      dict(cu_seqlens_q=[0, 8])),
     ("decreasing cu_seqlens", ValueError, lambda q, k, v: (q[0], k[0], v[0]),
@@ -273,7 +300,7 @@ def test_struct_layouts_match_the_header():
         have = ctypes.sizeof(cls) if field == "sizeof" else getattr(cls, field).offset
         assert have == int(value), item
         checked += 1
-    assert checked == 3 + 20 + 4 + 5
+    assert checked == 3 + 22 + 4 + 5
 
 
 def test_threads_share_a_context_and_match_one_thread():

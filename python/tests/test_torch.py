@@ -317,19 +317,20 @@ def test_opcheck_on_every_custom_op():
     cu = torch.tensor([0, 5, 12], dtype=torch.int32)
     rng = torch.tensor([11, 3], dtype=torch.int64)
     samples = [
-        (t(2, 7, 4, 8), t(2, 9, 2, 8), t(2, 9, 2, 8), None, None, None, None, 1, False, 0, -1,
-         0.0, 0.0, 0.0, 0, 0),
-        (t(12, 2, 8), t(12, 2, 8), t(12, 2, 8), cu, cu, torch.tensor([0.5, 0.25]), None, 2,
-         False, 4, -1, 0.3, 2.0, 0.0, 3, 1),
-        (t(1, 6, 2, 16), t(1, 10, 1, 16), t(1, 10, 1, 16), None, None, None, rng, 0, True, 3,
-         20, 0.25, 0.0, 0.2, 0, 0),
+        (t(2, 7, 4, 8), t(2, 9, 2, 8), t(2, 9, 2, 8), None, None, None, None, None, 1, False, 0,
+         -1, 0.0, 0.0, 0.0, 0, 0),
+        (t(12, 2, 8), t(12, 2, 8), t(12, 2, 8), cu, cu, torch.tensor([0.5, 0.25]), None,
+         t(2), 2, False, 4, -1, 0.3, 2.0, 0.0, 3, 1),
+        (t(1, 6, 2, 16), t(1, 10, 1, 16), t(1, 10, 1, 16), None, None, None, rng, None, 0, True,
+         3, 20, 0.25, 0.0, 0.2, 0, 0),
     ]
     for args in samples:
         torch.library.opcheck(torch.ops.clattn.attention_forward.default, args)
         q, k, v = args[:3]
         o, lse = torch.ops.clattn.attention_forward(*args)
+        rest = tuple(a.detach() if isinstance(a, torch.Tensor) else a for a in args[3:])
         bargs = (torch.randn_like(o), q.detach(), k.detach(), v.detach(), o.detach(), lse) + \
-            args[3:]
+            rest
         torch.library.opcheck(torch.ops.clattn.attention_backward.default, bargs)
 
 
@@ -407,6 +408,55 @@ def test_inference_runs_the_kernel_directly_with_the_same_bytes():
     with torch.no_grad():
         fast = flash_attn_func(q, k, v, causal=True, window_size=(7, 0))
     via_op, _ = torch.ops.clattn.attention_forward(q.detach(), k.detach(), v.detach(), None,
-                                                   None, None, None, 2, True, 8, -1,
+                                                   None, None, None, None, 2, True, 8, -1,
                                                    1 / math.sqrt(16), 0.0, 0.0, 0, 0)
     assert not fast.requires_grad and torch.equal(fast, via_op)
+
+
+def sink_reference(q, k, v, sinks, d_out, *, causal, scale):
+    """gpt-oss's sinks in float64 by autograd: a column of the head's logit
+    joins the scores, and its weight is dropped before P V; the causal mask
+    aligned bottom-right. Returns (o, lse, dq, dk, dv, d_sinks)."""
+    x = [t.detach().double().requires_grad_() for t in (q, k, v, sinks)]
+    qd, kd, vd, sd = x
+    B, sq, H, D = qd.shape
+    group = H // kd.shape[2]
+    kx, vx = kd.repeat_interleave(group, 2), vd.repeat_interleave(group, 2)
+    s = torch.einsum("bqhd,bkhd->bhqk", qd, kx) * scale
+    sk = kx.shape[1]
+    if causal:
+        i = torch.arange(sq).view(-1, 1) + (sk - sq)
+        s = s.masked_fill(torch.arange(sk).view(1, -1) > i, float("-inf"))
+    col = sd.view(1, H, 1, 1).expand(B, H, sq, 1)
+    full = torch.cat([s, col], dim=-1)
+    lse = torch.logsumexp(full, dim=-1)
+    p = torch.softmax(full, dim=-1)[..., :-1]
+    o = torch.einsum("bhqk,bkhd->bqhd", p, vx)
+    g = torch.autograd.grad(o, x, d_out.double())
+    return (o.detach(), lse.detach()) + tuple(t.detach() for t in g)
+
+
+@pytest.mark.parametrize("dtype", ["f32", "bf16"])
+def test_learnable_sink_matches_float64(backend, dtype):
+    # FlashAttention-4's learnable_sink through flash_attn_func: O, the LSE
+    # (the sink in it), dq, dk, dv and the sinks' gradient, with GQA and a
+    # bottom-right causal mask whose first rows see no key (O 0, L = sink).
+    B, sq, sk, H, Hk, D = 2, 30, 21, 4, 2, 32
+    q, k, v = leaves((B, sq, H, D), (B, sk, Hk, D), (B, sk, Hk, D), dtype=DTYPES[dtype])
+    sinks = torch.tensor([1.5, -0.5, 0.0, 3.0]).requires_grad_()
+    d_out = torch.randn(B, sq, H, D).to(DTYPES[dtype])
+    out, lse, _ = flash_attn_func(q, k, v, causal=True, learnable_sink=sinks,
+                                  return_attn_probs=True)
+    ref = sink_reference(q, k, v, sinks, d_out, causal=True, scale=1 / math.sqrt(D))
+    assert close(out, ref[0], dtype)
+    assert torch.allclose(lse.double(), ref[1], atol=1e-3)
+    got = torch.autograd.grad(out, (q, k, v, sinks), d_out)
+    assert got[3].dtype == torch.float32 and got[3].shape == (H,)
+    for g, want in zip(got, ref[2:]):
+        assert close(g, want, dtype)
+    # no sinks at -inf: the plain call's bytes
+    plain = flash_attn_func(q, k, v, causal=True)
+    none = flash_attn_func(q, k, v, causal=True, learnable_sink=torch.full((H,), -math.inf))
+    assert torch.equal(plain, none)
+    with pytest.raises(clattn.InvalidArgument):
+        flash_attn_func(q, k, v, learnable_sink=torch.zeros(H + 1))
