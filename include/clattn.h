@@ -75,7 +75,7 @@ typedef enum clattn_status {
     CLATTN_ERROR_INVALID_SEQLENS = 21,   /* packed sequences' prefix sums not from 0, decreasing,
                                           * or past the rows given */
     CLATTN_ERROR_INVALID_MODIFIER = 22,  /* softcap negative or not finite, an ALiBi slope not
-                                          * finite, dropout_p outside [0, 1) */
+                                          * finite, a sink NaN or +inf, dropout_p outside [0, 1) */
     CLATTN_ERROR_IO = 23                 /* a file could not be created, written or renamed */
 } clattn_status;
 
