@@ -57,6 +57,8 @@ START_TEST(grad_v_files)
 }
 END_TEST
 
+/* grad-v batched under a causal two-sided window given as FlashAttention's
+ * sides (--window-left 2 is --window 3). */
 START_TEST(grad_v_batched_masked)
 {
     make_dir();
@@ -70,8 +72,8 @@ START_TEST(grad_v_batched_masked)
     write_problem(&p, &s, 1);
     ck_assert_int_eq(run("grad-v", "--q", path("q.npy"), "--k", path("k.npy"), "--d-out",
                          path("do.npy"), "--lse", path("lse.npy"), "--out", path("dv.npy"),
-                         "--causal", "--window", "3", "--window-right", "2", "--scale", "0.5",
-                         "--device", "native", "--variant", "blocked", NULL),
+                         "--causal", "--window-left", "2", "--window-right", "2", "--scale",
+                         "0.5", "--device", "native", "--variant", "blocked", NULL),
                      0);
     size_t want[4] = {3, 12, 2, 8};
     check_output(&p, "dv.npy", 4, want);
@@ -518,6 +520,8 @@ START_TEST(modifier_files)
         {"--alibi", "nan.npy", NULL, NULL, "CLATTN_ERROR_INVALID_MODIFIER"},
         {"--alibi", "missing.npy", NULL, NULL, "missing.npy"},
         {"--sinks", "three.npy", NULL, NULL, "4 sinks"},
+        {"--window", "3", "--window-left", "2", "not both"},
+        {"--window-left", "4294967295", NULL, NULL, "does not fit"},
         {"--sinks", "nan.npy", NULL, NULL, "CLATTN_ERROR_INVALID_MODIFIER"},
         {"--dropout", "0.1", "--seed", "-1", "whole number"},
     };

@@ -258,8 +258,8 @@ int cmd_bench(int argc, char **argv)
         printf("usage: clattn bench --op grad-v|forward|backward --q-seq N [--kv-seq N] "
                "--heads H\n"
                "                    [--kv-heads KH] --head-dim D [--batch B]\n"
-               "                    [--causal | --causal-bottom-right] [--window W]\n"
-               "                    [--window-right R]\n"
+               "                    [--causal | --causal-bottom-right]\n"
+               "                    [--window W | --window-left L] [--window-right R]\n"
                "                    [--device SEL] [--variant NAME|auto|all] [--reps R] [--threads N]\n"
                "                    [--dtype f32|f16|bf16] [--json]\n"
                "                    [--seqlens L,L,... | --random-seqlens MIN,MAX[,SEED]]\n"
@@ -288,16 +288,17 @@ int cmd_bench(int argc, char **argv)
     const char *op_name = NULL, *device = NULL, *variant = NULL, *dtype_name = "f32";
     const char *seqlens = NULL, *random_lens = NULL, *layout = "packed";
     uint32_t q_seq = 0, kv_seq = 0, heads = 0, kv_heads = 0, head_dim = 0, batch = 1;
-    uint32_t window = 0, window_right = 0, reps = 10, threads = 0;
+    uint32_t window = 0, window_right = 0, window_left = 0, reps = 10, threads = 0;
     int causal = 0, bottom_right = 0, json = 0;
     mod_opts mods = {0};
-    opt opts[20 + MOD_OPTS] = {
+    opt opts[21 + MOD_OPTS] = {
         {"--op", OPT_STRING, &op_name, 1, 0},       {"--q-seq", OPT_UINT, &q_seq, 0, 0},
         {"--kv-seq", OPT_UINT, &kv_seq, 0, 0},      {"--heads", OPT_UINT, &heads, 1, 0},
         {"--kv-heads", OPT_UINT, &kv_heads, 0, 0},  {"--head-dim", OPT_UINT, &head_dim, 1, 0},
         {"--batch", OPT_UINT, &batch, 0, 0},        {"--causal", OPT_FLAG, &causal, 0, 0},
         {"--window", OPT_UINT, &window, 0, 0},      {"--device", OPT_STRING, &device, 0, 0},
         {"--window-right", OPT_UINT, &window_right, 0, 0},
+        {"--window-left", OPT_UINT, &window_left, 0, 0},
         {"--variant", OPT_STRING, &variant, 0, 0},  {"--reps", OPT_UINT, &reps, 0, 0},
         {"--threads", OPT_UINT, &threads, 0, 0},    {"--json", OPT_FLAG, &json, 0, 0},
         {"--dtype", OPT_STRING, &dtype_name, 0, 0},
@@ -306,9 +307,10 @@ int cmd_bench(int argc, char **argv)
         {"--random-seqlens", OPT_STRING, &random_lens, 0, 0},
         {"--layout", OPT_STRING, &layout, 0, 0},
     };
-    size_t nopts = 19;
+    size_t nopts = 20;
     mod_opts_add(opts, &nopts, &mods);
-    if (!parse_opts(cmd, argc, argv, opts, nopts))
+    if (!parse_opts(cmd, argc, argv, opts, nopts) ||
+        !window_left_apply(cmd, opts, nopts, window_left, &window))
         return EXIT_INPUT;
     /* Packed sequences: their lengths, from a list or drawn at random. */
     static uint32_t cu[MAX_SEQS + 1];

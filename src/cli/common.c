@@ -118,6 +118,26 @@ static int read_heads(const char *cmd, const char *flag, const char *path, const
     return ok;
 }
 
+int window_left_apply(const char *cmd, const opt *opts, size_t n, uint32_t left,
+                      uint32_t *window)
+{
+    const opt *given = find_opt(opts, n, "--window-left"), *plain = find_opt(opts, n, "--window");
+    if (!given || !given->seen)
+        return 1;
+    if (plain && plain->seen) {
+        fprintf(stderr, "clattn %s: give --window N or --window-left L (N = L + 1), not both\n",
+                cmd);
+        return 0;
+    }
+    if (left == UINT32_MAX) {
+        fprintf(stderr, "clattn %s: --window-left %u: the window L + 1 does not fit 32 bits\n",
+                cmd, left);
+        return 0;
+    }
+    *window = left + 1u;
+    return 1;
+}
+
 int mod_apply(const char *cmd, const opt *opts, size_t n, mod_opts *m, clattn_shape *s)
 {
     /* --dropout 0 with a seed is no dropout, as in the API, PyTorch and

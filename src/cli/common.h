@@ -55,6 +55,12 @@ void mod_opts_add(opt *opts, size_t *n, mod_opts *m);
  * and sinks (float32, num_heads entries each), checks --dropout has --seed.
  * Prints one line and returns 0 on bad input. */
 int mod_apply(const char *cmd, const opt *opts, size_t n, mod_opts *m, clattn_shape *s);
+/* --window-left L, FlashAttention's left side, into *window (L + 1) where
+ * it was given; prints one line and returns 0 where --window was given
+ * too, or L is 2^32 - 1. */
+int window_left_apply(const char *cmd, const opt *opts, size_t n, uint32_t left,
+                      uint32_t *window);
+
 /* The usage lines of those options, each line after `indent`. */
 #define MOD_USAGE_AT(indent)                                                                \
     indent "[--softcap C] [--alibi SLOPES.npy] [--sinks SINKS.npy]\n" indent              \

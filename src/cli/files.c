@@ -440,7 +440,8 @@ typedef struct file_command {
 static const file_command file_commands[] = {
     {"forward",
      "usage: clattn forward --q Q.npy --k K.npy --v V.npy --out O.npy --lse-out LSE.npy\n"
-     "                      [--causal | --causal-bottom-right] [--window N] [--window-right N]\n"
+     "                      [--causal | --causal-bottom-right] [--window N | --window-left L]\n"
+     "                      [--window-right N]\n"
      "                      [--scale S] [--q-offset N] [--kv-offset N] [--device SEL]\n"
      "                      [--variant NAME] [--dtype T]\n"
      "                      [--cu-seqlens-q CQ.npy --cu-seqlens-kv CK.npy]\n"
@@ -453,7 +454,8 @@ static const file_command file_commands[] = {
      "usage: clattn backward --q Q.npy --k K.npy --v V.npy --o O.npy --lse LSE.npy\n"
      "                       --d-out DO.npy --dq DQ.npy --dk DK.npy --dv DV.npy\n"
      "                       [--d-sinks DS.npy]\n"
-     "                       [--causal | --causal-bottom-right] [--window N] [--window-right N]\n"
+     "                       [--causal | --causal-bottom-right] [--window N | --window-left L]\n"
+     "                       [--window-right N]\n"
      "                       [--scale S] [--q-offset N] [--kv-offset N] [--device SEL]\n"
      "                       [--variant NAME] [--dtype T]\n"
      "                       [--cu-seqlens-q CQ.npy --cu-seqlens-kv CK.npy]\n"
@@ -466,7 +468,8 @@ static const file_command file_commands[] = {
      {LIKE_Q, LIKE_K, LIKE_K}},
     {"grad-v",
      "usage: clattn grad-v --q Q.npy --k K.npy --d-out DO.npy --lse LSE.npy --out DV.npy\n"
-     "                    [--causal | --causal-bottom-right] [--window N] [--window-right N]\n"
+     "                    [--causal | --causal-bottom-right] [--window N | --window-left L]\n"
+     "                    [--window-right N]\n"
      "                    [--scale S] [--q-offset N] [--kv-offset N] [--device SEL]\n"
      "                    [--variant NAME] [--dtype T]\n"
      "                    [--cu-seqlens-q CQ.npy --cu-seqlens-kv CK.npy]\n"
@@ -485,7 +488,8 @@ static const file_command file_commands[] = {
      "(as FlashAttention); they differ only where kv_seq != q_seq. --window N keeps\n"
      "keys less than N before the query; --window-right N (with a causal flag,\n"
      "which aligns it) keys up to N after it: FlashAttention's window_size\n"
-     "(N - 1, N).\n"
+     "(N - 1, N). --window-left L is --window L + 1: window_size (L, R) is\n"
+     "--window-left L --window-right R.\n"
      "--cu-seqlens-q and --cu-seqlens-kv pack variable-length sequences: int32\n"
      "'<i4' arrays of batch + 1 prefix sums from 0, with the tensors as 3-D\n"
      "arrays of all the sequences' rows; each sequence is its own problem.\n"
@@ -511,13 +515,15 @@ static int cmd_file(const file_command *fc, int argc, char **argv)
     mask_opts mask = {0, 0, 0, 0, 0, 0, 0.0f};
     mod_opts mods = {0};
     const char *d_sinks = NULL;
-    opt opts[28] = {
+    uint32_t window_left = 0;
+    opt opts[30] = {
         {"--q", OPT_STRING, &paths.q, 1, 0},
         {"--k", OPT_STRING, &paths.k, 1, 0},
         {"--causal", OPT_FLAG, &mask.causal, 0, 0},
         {"--causal-bottom-right", OPT_FLAG, &mask.bottom_right, 0, 0},
         {"--window", OPT_UINT, &mask.window, 0, 0},
         {"--window-right", OPT_UINT, &mask.window_right, 0, 0},
+        {"--window-left", OPT_UINT, &window_left, 0, 0},
         {"--scale", OPT_POSITIVE, &mask.scale, 0, 0},
         {"--q-offset", OPT_UINT, &mask.q_offset, 0, 0},
         {"--kv-offset", OPT_UINT, &mask.kv_offset, 0, 0},
@@ -527,7 +533,7 @@ static int cmd_file(const file_command *fc, int argc, char **argv)
         {"--cu-seqlens-q", OPT_STRING, &paths.cu_q, 0, 0},
         {"--cu-seqlens-kv", OPT_STRING, &paths.cu_kv, 0, 0},
     };
-    size_t n = 14;
+    size_t n = 15;
     mod_opts_add(opts, &n, &mods);
     const struct {
         unsigned bit;
@@ -548,7 +554,8 @@ static int cmd_file(const file_command *fc, int argc, char **argv)
     /* The files written: the command's, then d sinks where asked. */
     const char *out_opt[MAX_OUTPUTS] = {fc->out_opt[0], fc->out_opt[1], fc->out_opt[2],
                                         "--d-sinks"};
-    if (!parse_opts(cmd, argc, argv, opts, n))
+    if (!parse_opts(cmd, argc, argv, opts, n) ||
+        !window_left_apply(cmd, opts, n, window_left, &mask.window))
         return EXIT_INPUT;
     const int nout = fc->nout + (d_sinks != NULL);
     outp[fc->nout] = d_sinks ? d_sinks : outp[fc->nout];
