@@ -122,7 +122,8 @@ inline void add_dq(__global float *dq32, __local const float *ds, __local const 
         for (uint turn = 0; turn < DQ_TURNS; ++turn) {
             const uint block = (turn * WARPS + warp) % DQ_BLOCKS;
             uint bx[4];
-            if (turn == 0 || !DQ_SAME_M)
+            const bool same_m = DQ_SAME_M; /* a variable: no constant operand to || */
+            if (turn == 0 || !same_m)
                 a_from_ds(a, ds, block % (TILE / 16) * 16, kk * 16);
             b_cols(bx, kw, block / (TILE / 16) * 16, kk * 16);
             mma16(acc[turn][0], a, bx, emu);
