@@ -781,7 +781,17 @@ impl Shape {
         } else {
             (self.raw.q_seq, self.raw.kv_seq)
         };
-        let mut keep = vec![0u8; q_len as usize * kv_len as usize];
+        let n = (q_len as usize).checked_mul(kv_len as usize).ok_or_else(|| {
+            Error::new(sys::CLATTN_ERROR_SIZE_OVERFLOW, "the mask's size overflows usize")
+        })?;
+        let mut keep = Vec::new();
+        keep.try_reserve_exact(n).map_err(|_| {
+            Error::new(
+                sys::CLATTN_ERROR_OUT_OF_MEMORY,
+                format!("out of memory for a {q_len} x {kv_len} mask"),
+            )
+        })?;
+        keep.resize(n, 0u8);
         let s = self.raw(sys::CLATTN_DTYPE_F32);
         // SAFETY: keep holds the element's q_len * kv_len entries; b and head
         // are checked by the call before it writes.
