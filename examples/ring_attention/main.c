@@ -5,8 +5,8 @@
  * backward sends the dK/dV sums around with them, back to their owners.
  *
  *   mpirun -np N ring_attention --q-seq S --heads H --kv-heads KH --head-dim D
- *                               [--causal] [--window W] [--dtype f32|f16|bf16]
- *                               [--device SEL] [--reps R]
+ *                               [--causal] [--window W] [--sinks]
+ *                               [--dtype f32|f16|bf16] [--device SEL] [--reps R]
  *
  * The sequence is cut into 2N chunks of S / (2N) positions; rank r owns
  * chunks r and 2N - 1 - r (zigzag sharding), so that under a causal mask
@@ -18,7 +18,11 @@
  * query chunks against the two K/V chunks it holds (with their global
  * offsets; pairs that the mask hides whole are skipped) and merges each
  * result into its O and LSE (clattn_merge(), in place), while the next K/V
- * block is already on its way (MPI_Isend / MPI_Irecv). Backward: given the
+ * block is already on its way (MPI_Isend / MPI_Irecv). With --sinks (a
+ * logit per query head that joins every row's softmax as a key with no
+ * value), each query chunk's forward against itself, at step 0, carries
+ * them: a sink is one more key, so exactly one of a row's partials holds
+ * it, and the merges count it once. Backward: given the
  * whole O and LSE, each (query chunk, K/V chunk) pair's clattn_backward()
  * with shape.accumulate adds its share into the rank's dQ and into the dK
  * and dV sums that travel with the K/V block (each chunk's as soon as its
@@ -132,9 +136,9 @@ static int check_single(place *p, const args *a, const clattn_shape *s, tensor g
         download(p, t[i], 0, sizes[i]);
     static const char *const dtypes[3] = {"f32", "f16", "bf16"};
     printf("ring_attention: %d ranks on '%s', q_seq %u (chunks of %u), heads %u/%u, "
-           "head_dim %u, causal %d, window %u, %s\n",
+           "head_dim %u, causal %d, window %u%s, %s\n",
            ranks, a->device, a->q_seq, s->q_seq, a->heads, a->kv_heads, a->head_dim, a->causal,
-           a->window, dtypes[a->dtype]);
+           a->window, a->sinks ? ", sinks" : "", dtypes[a->dtype]);
     printf("  forward + backward: ring %.3f s (forward %.3f s), one call on rank 0's device "
            "%.3f s: %.2fx\n",
            ring_time, forward_time, single_time, single_time / ring_time);
@@ -267,10 +271,24 @@ int main(int argc, char **argv)
     s.causal = a.causal;
     s.window = a.window;
     s.dtype = a.dtype;
-    if ((st = clattn_shape_validate(&s)) != CLATTN_OK) {
+    /* --sinks: fixed logits, from dominant to none (the last head's); the
+     * forward of each query chunk against itself carries them */
+    float *logits = a.sinks ? malloc(a.heads * sizeof(float)) : NULL;
+    for (uint32_t h = 0; logits && h < a.heads; ++h)
+        logits[h] = h + 1 == a.heads && h ? -INFINITY : 1.5f - 0.75f * (float)h;
+    clattn_shape with_sinks = s;
+    with_sinks.sinks = logits;
+    if (a.sinks && !logits) {
+        st = CLATTN_ERROR_OUT_OF_MEMORY;
+        fprintf(stderr, "ring_attention: rank %d: out of memory for the sinks\n", rank);
+    } else {
+        st = clattn_shape_validate(&with_sinks);
+    }
+    if (st != CLATTN_OK) {
         if (rank == 0)
             fprintf(stderr, "ring_attention: %s: %s\n", clattn_status_string(st),
                     clattn_last_error());
+        free(logits);
         if (p.copies)
             clReleaseCommandQueue(p.copies);
         clattn_context_destroy(p.ctx);
@@ -327,7 +345,8 @@ int main(int argc, char **argv)
             for (int i = 0; i < 2; ++i)
                 for (int j = 0; j < 2; ++j)
                     if (chunk_pair(&a, &s, mine[i], theirs[j], c))
-                        forward_pair(&p, &r, cur, &s, i, j);
+                        forward_pair(&p, &r, cur, step == 0 && i == j ? &with_sinks : &s, i,
+                                     j);
             receive_block(&p, more, req, next, block);
             finish(&p);
             if (more)
@@ -411,12 +430,14 @@ int main(int argc, char **argv)
     MPI_Reduce(link, slowest_link, 2, MPI_DOUBLE, MPI_MAX, 0, MPI_COMM_WORLD);
     int passed = 1;
     if (rank == 0) {
-        passed = check_single(&p, &a, &s, gathered, per_rank, ring_time, forward_time);
+        passed =
+            check_single(&p, &a, &with_sinks, gathered, per_rank, ring_time, forward_time);
         report_time(&p, slowest, ring_time, forward_time, block * es, slowest_link);
     }
     MPI_Bcast(&passed, 1, MPI_INT, 0, MPI_COMM_WORLD);
     free(gathered.host);
     free(mine_all);
+    free(logits);
     for (size_t i = 0; i < sizeof all / sizeof *all; ++i)
         tensor_free(&p, all[i]);
     if (p.copies)

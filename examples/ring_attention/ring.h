@@ -12,6 +12,7 @@
 typedef struct args {
     uint32_t q_seq, heads, kv_heads, head_dim, window, reps;
     int causal;
+    int sinks; /* --sinks: learnable sinks (fixed logits here) in the forward */
     clattn_dtype dtype;
     const char *device;
 } args;

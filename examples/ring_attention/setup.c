@@ -45,6 +45,8 @@ int parse_args(int argc, char **argv, args *a, int rank)
                                                       : NULL;
         if (!strcmp(o, "--causal")) {
             a->causal = 1;
+        } else if (!strcmp(o, "--sinks")) {
+            a->sinks = 1;
         } else if (!strcmp(o, "--dtype") && i + 1 < argc &&
                    (!strcmp(argv[i + 1], "f32") || !strcmp(argv[i + 1], "f16") ||
                     !strcmp(argv[i + 1], "bf16"))) {
@@ -61,7 +63,8 @@ int parse_args(int argc, char **argv, args *a, int rank)
                 fprintf(stderr,
                         "ring_attention: bad argument '%s'\nusage: mpirun -np N ring_attention "
                         "--q-seq S --heads H --kv-heads KH --head-dim D [--causal] "
-                        "[--window W] [--dtype f32|f16|bf16] [--device SEL] [--reps R]\n",
+                        "[--window W] [--sinks] [--dtype f32|f16|bf16] [--device SEL] "
+                        "[--reps R]\n",
                         o);
             return 2;
         }
