@@ -22,7 +22,8 @@
  * logit per query head that joins every row's softmax as a key with no
  * value), each query chunk's forward against itself, at step 0, carries
  * them: a sink is one more key, so exactly one of a row's partials holds
- * it, and the merges count it once. Backward: given the
+ * it, and the merges count it once; the sinks' gradient is each rank's
+ * rows' share (clattn_grad_sinks) summed. Backward: given the
  * whole O and LSE, each (query chunk, K/V chunk) pair's clattn_backward()
  * with shape.accumulate adds its share into the rank's dQ and into the dK
  * and dV sums that travel with the K/V block (each chunk's as soon as its
@@ -68,9 +69,11 @@
  * dV of its chunks) against one forward and backward of the whole sequence
  * on this rank's device (kept there, as the ring keeps its tensors, when it
  * is an OpenCL device); prints both times and the differences, and returns
- * whether every difference is within the dtype's tolerance. */
+ * whether every difference is within the dtype's tolerance; with
+ * ring_sinks_grad (the ranks' sinks gradient summed), that too. */
 static int check_single(place *p, const args *a, const clattn_shape *s, tensor gathered,
-                        size_t per_rank, double ring_time, double forward_time)
+                        size_t per_rank, double ring_time, double forward_time,
+                        const float *ring_sinks_grad)
 {
     const int ranks = (int)(a->q_seq / (2 * s->q_seq));
     const size_t qrow = (size_t)a->heads * a->head_dim, kvrow = (size_t)a->kv_heads * a->head_dim;
@@ -147,10 +150,19 @@ static int check_single(place *p, const args *a, const clattn_shape *s, tensor g
     static const int outs[4] = {O, DQ, DK, DV};
     for (int i = 0; i < 4; ++i)
         want[i] = to_floats(t[outs[i]], 0, sizes[outs[i]]);
-    const int passed = compare("O", ro, want[0], full_q, tol) &
-                       compare("dQ", rq, want[1], full_q, tol) &
-                       compare("dK", rk, want[2], full_kv, tol) &
-                       compare("dV", rv, want[3], full_kv, tol);
+    int passed = compare("O", ro, want[0], full_q, tol) &
+                 compare("dQ", rq, want[1], full_q, tol) &
+                 compare("dK", rk, want[2], full_kv, tol) &
+                 compare("dV", rv, want[3], full_kv, tol);
+    if (ring_sinks_grad) { /* the sinks' gradient: the ranks' shares summed */
+        float *ds = malloc(a->heads * sizeof(float));
+        if (!ds)
+            MPI_Abort(MPI_COMM_WORLD, 1);
+        check(clattn_grad_sinks(p->ctx, &w, t[O].host, host_at(t[L], 0), t[DO].host, ds),
+              "single grad_sinks", 0);
+        passed &= compare("d sinks", ring_sinks_grad, ds, a->heads, tol);
+        free(ds);
+    }
     for (int i = 0; i < 4; ++i)
         free(want[i]);
     printf("%s\n", passed ? "ok" : "FAILED");
@@ -408,6 +420,24 @@ int main(int argc, char **argv)
     /* cur, the rank's own block again, holds its dK and dV sums. */
     download(&p, r.o, 0, 2 * qn);
     download(&p, r.dq, 0, 2 * qn);
+    /* With sinks, their gradient: each rank's rows' share (its two query
+     * chunks as one shape of 2c rows), summed over the ranks. */
+    float *sinks_grad = NULL;
+    if (logits) {
+        download(&p, r.lse, 0, 2 * ln);
+        finish(&p);
+        clattn_shape g = with_sinks;
+        g.q_seq = g.kv_seq = 2 * c;
+        g.window = 0;
+        float *share = malloc(a.heads * sizeof(float));
+        sinks_grad = malloc(a.heads * sizeof(float));
+        if (!share || !sinks_grad)
+            MPI_Abort(MPI_COMM_WORLD, 1);
+        check(clattn_grad_sinks(p.ctx, &g, r.o.host, host_at(r.lse, 0), r.d_out.host, share),
+              "grad_sinks", rank);
+        MPI_Reduce(share, sinks_grad, (int)a.heads, MPI_FLOAT, MPI_SUM, 0, MPI_COMM_WORLD);
+        free(share);
+    }
 
     /* ---- rank 0 gathers and checks against one single-device call ---- */
     const size_t per_rank = 4 * qn + sums;
@@ -430,14 +460,15 @@ int main(int argc, char **argv)
     MPI_Reduce(link, slowest_link, 2, MPI_DOUBLE, MPI_MAX, 0, MPI_COMM_WORLD);
     int passed = 1;
     if (rank == 0) {
-        passed =
-            check_single(&p, &a, &with_sinks, gathered, per_rank, ring_time, forward_time);
+        passed = check_single(&p, &a, &with_sinks, gathered, per_rank, ring_time, forward_time,
+                              sinks_grad);
         report_time(&p, slowest, ring_time, forward_time, block * es, slowest_link);
     }
     MPI_Bcast(&passed, 1, MPI_INT, 0, MPI_COMM_WORLD);
     free(gathered.host);
     free(mine_all);
     free(logits);
+    free(sinks_grad);
     for (size_t i = 0; i < sizeof all / sizeof *all; ++i)
         tensor_free(&p, all[i]);
     if (p.copies)
