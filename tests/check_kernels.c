@@ -546,9 +546,9 @@ Suite *portable_suite(void)
     tcase_add_test(tc, e.loop_cap);
     /* packed sequences on a second OpenCL implementation: the d64 case */
     tcase_add_loop_test(tc, pk.packed.test, 2, 3);
-    /* the score modifiers, all three, on tiled (llvmpipe compiles blocked's
-     * and tree's modified programs for minutes): dropout's mask as on every
-     * device */
+    /* the score modifiers, all three and with sinks, on tiled (llvmpipe
+     * compiles blocked's and tree's modified programs for minutes):
+     * dropout's mask as on every device */
     tcase_add_test(tc, m.tiled);
     suite_add_tcase(s, tc);
     return s;

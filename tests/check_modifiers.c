@@ -73,14 +73,18 @@ START_TEST(modifier_sweep)
 }
 END_TEST
 
-/* The case with all three modifiers on tiled alone, in float32. */
+/* The case with all three modifiers, and the one with sinks too, on tiled
+ * alone, in float32. */
 START_TEST(modifier_tiled)
 {
-    const clattn_shape s = modifier_shape(&modifiers[ALL_MODIFIERS], 5000u + ALL_MODIFIERS);
     clattn_context *ctx = test_variant_context("tiled");
     ck_assert_ptr_nonnull(ctx);
     current_variant = "tiled";
-    check_ops(ctx, &s, case_gain(&modifiers[ALL_MODIFIERS].c), 5000u + ALL_MODIFIERS);
+    const int cases[2] = {ALL_MODIFIERS, SINKS_ALL};
+    for (int i = 0; i < 2; ++i) {
+        const clattn_shape s = modifier_shape(&modifiers[cases[i]], 5000u + (uint64_t)cases[i]);
+        check_ops(ctx, &s, case_gain(&modifiers[cases[i]].c), 5000u + (uint64_t)cases[i]);
+    }
     clattn_context_destroy(ctx);
 }
 END_TEST
