@@ -205,6 +205,7 @@ VARLEN = [
     ("window-two-sided", [(8, 12), (10, 14), (9, 5)], dict(window_size=(3, 2))),
     ("alibi-mixed", [(6, 9), (11, 5), (4, 4)], dict(alibi=True)),
     ("window-causal-gqa", [(15, 20), (3, 3), (12, 30)], dict(causal=True, window_size=(5, 0))),
+    ("sinks-causal", [(9, 12), (0, 5), (13, 7)], dict(causal=True, sinks=True)),
 ]
 
 
@@ -218,11 +219,16 @@ def test_varlen_matches_per_sequence_calls(backend, case):
     q, k, v = leaves((int(cq[-1]), H, D), (int(ck[-1]), Hk, D), (int(ck[-1]), Hk, D))
     d_out = torch.randn(int(cq[-1]), H, D)
     alibi = torch.tensor([0.4, 0.2, 0.1, 0.05]) if kw.pop("alibi", False) else None
+    if kw.pop("sinks", False):  # the sinks' gradient: the sequences' summed
+        kw["learnable_sink"] = torch.tensor([1.0, -0.5, 2.0, -1.5]).requires_grad_()
+    sink = kw.get("learnable_sink")
     out, lse, _ = flash_attn_varlen_func(q, k, v, cq, ck, max(a for a, _ in lens),
                                          max(b for _, b in lens), alibi_slopes=alibi,
                                          return_attn_probs=True, **kw)
     assert lse.shape == (H, int(cq[-1]))
-    dq, dk, dv = grads(out, (q, k, v), d_out)
+    leaves_in = (q, k, v) if sink is None else (q, k, v, sink)
+    dq, dk, dv, *d_sink = grads(out, leaves_in, d_out)
+    sink_sum = torch.zeros(H)
     for i, (a, b) in enumerate(lens):
         if a == 0:
             continue
@@ -232,10 +238,15 @@ def test_varlen_matches_per_sequence_calls(backend, case):
         o1, l1, _ = flash_attn_func(*one, alibi_slopes=alibi, return_attn_probs=True, **kw)
         assert torch.allclose(out[qs:qs + a], o1[0], atol=1e-6)
         assert torch.allclose(lse[:, qs:qs + a], l1[0], atol=1e-5)
-        g1 = grads(o1, one, d_out[qs:qs + a].unsqueeze(0))
+        g1 = grads(o1, one if sink is None else one + [sink], d_out[qs:qs + a].unsqueeze(0))
         assert torch.allclose(dq[qs:qs + a], g1[0][0], atol=1e-5)
         assert torch.allclose(dk[ks:ks + b], g1[1][0], atol=1e-5)
         assert torch.allclose(dv[ks:ks + b], g1[2][0], atol=1e-5)
+        if sink is not None:
+            sink_sum += g1[3]
+    if sink is not None:
+        assert torch.allclose(d_sink[0], sink_sum, atol=1e-5)
+        assert sink_sum.abs().max() > 1e-3
 
 
 def test_packed_entry_points(backend):
