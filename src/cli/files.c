@@ -1,23 +1,16 @@
-/* The commands on .npy files: forward, backward, grad-v and merge. Every
- * output is written under a temporary name and renamed only once all of
- * them are written. */
-#define _XOPEN_SOURCE 700 /* realpath */
-#include <errno.h>
-#include <libgen.h>
-#include <limits.h>
-#include <math.h>
+/* The commands on .npy files: forward, backward, grad-v and merge. Their
+ * outputs go through outputs.h: written under temporary names and renamed
+ * only once all of them are written. */
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
 #include "clattn.h"
 #include "npy.h"
 
 #include "cli.h"
+#include "outputs.h"
 
 
 /* Reads a .npy tensor for a command; prints the reason on failure. */
@@ -257,172 +250,6 @@ static int load_inputs(const char *cmd, const input_paths *paths, inputs *in,
     return 1;
 }
 
-/* An output array and where it goes. */
-/* The most files a command writes: backward's dQ, dK, dV and d sinks. */
-enum { MAX_OUTPUTS = 4 };
-
-typedef struct output {
-    const char *path;
-    const size_t *shape;
-    int ndim;
-    const char *descr;
-    void *data;
-} output;
-
-/* Where path would be written: its folder's real path and its last name,
- * so that two spellings of one file compare equal; 0 where the folder is
- * missing. */
-static int resolve(const char *path, char *out, size_t size)
-{
-    char dir[PATH_MAX], base[PATH_MAX], real[PATH_MAX];
-    if (snprintf(dir, sizeof dir, "%s", path) >= (int)sizeof dir ||
-        snprintf(base, sizeof base, "%s", path) >= (int)sizeof base)
-        return 0;
-    if (!realpath(dirname(dir), real))
-        return 0;
-    return snprintf(out, size, "%s/%s", real, basename(base)) < (int)size;
-}
-
-/* Checks before anything is computed or written that every output can be
- * renamed into place: its folder exists, it is not a folder or other
- * non-file, and no two outputs name the same file. Prints one line and
- * returns 0 otherwise. */
-static int check_outputs(const char *cmd, const char *const *flags, const char *const *paths,
-                         int n)
-{
-    char where[MAX_OUTPUTS][PATH_MAX + 1];
-    struct stat st[MAX_OUTPUTS];
-    int exists[MAX_OUTPUTS];
-    for (int i = 0; i < n; ++i) {
-        if (!*paths[i]) {
-            fprintf(stderr, "clattn %s: %s is an empty path\n", cmd, flags[i]);
-            return 0;
-        }
-        exists[i] = stat(paths[i], &st[i]) == 0;
-        if (exists[i] && !S_ISREG(st[i].st_mode)) {
-            fprintf(stderr, "clattn %s: %s %s: %s\n", cmd, flags[i], paths[i],
-                    S_ISDIR(st[i].st_mode) ? "is a folder" : "is not a regular file");
-            return 0;
-        }
-        if (!resolve(paths[i], where[i], sizeof where[i])) {
-            fprintf(stderr, "clattn %s: %s %s: its folder does not exist\n", cmd, flags[i],
-                    paths[i]);
-            return 0;
-        }
-        for (int j = 0; j < i; ++j)
-            if (!strcmp(where[i], where[j]) ||
-                (exists[i] && exists[j] && st[i].st_dev == st[j].st_dev &&
-                 st[i].st_ino == st[j].st_ino)) {
-                fprintf(stderr, "clattn %s: %s and %s name the same file, %s\n", cmd, flags[j],
-                        flags[i], paths[i]);
-                return 0;
-            }
-    }
-    return 1;
-}
-
-/* Renames the temporaries into place as one step: an existing output is
- * first moved aside under a name of its own, and only removed once every
- * output is in place. When any rename fails, what was renamed is undone
- * (the old files put back, the new ones removed) and the message says what
- * became of each output. Returns 0 after printing that message. */
-static int commit_all(const char *cmd, const char *const *flags, const output *outs,
-                      char tmp[][PATH_MAX + 16], int n)
-{
-    char old[MAX_OUTPUTS][PATH_MAX + 16];
-    int had[MAX_OUTPUTS] = {0}, existed[MAX_OUTPUTS] = {0}, done = 0, failed = -1, e = 0;
-    for (int i = 0; i < n; ++i) {
-        struct stat st;
-        existed[i] = lstat(outs[i].path, &st) == 0;
-    }
-    for (; done < n; ++done) {
-        const char *path = outs[done].path;
-        if (existed[done]) {
-            int fd = -1;
-            if ((size_t)snprintf(old[done], sizeof old[done], "%s.old.XXXXXX", path) <
-                sizeof old[done])
-                fd = mkstemp(old[done]);
-            if (fd < 0 || rename(path, old[done]) != 0) {
-                e = errno;
-                if (fd >= 0)
-                    unlink(old[done]);
-                failed = done;
-                if (fd >= 0)
-                    close(fd);
-                break;
-            }
-            close(fd);
-            had[done] = 1;
-        }
-        if (rename(tmp[done], path) != 0) {
-            e = errno;
-            if (had[done] && rename(old[done], path) == 0)
-                had[done] = 0;
-            failed = done;
-            break;
-        }
-    }
-    if (failed < 0) {
-        for (int i = 0; i < n; ++i)
-            if (had[i])
-                unlink(old[i]);
-        return 1;
-    }
-    char msg[2048];
-    int len = snprintf(msg, sizeof msg, "clattn %s: %s %s: %s; no output was written:", cmd,
-                       flags[failed], outs[failed].path, strerror(e));
-    for (int i = 0; i < n; ++i) {
-        const char *state;
-        if (i < failed) { /* renamed into place: undo it */
-            if (had[i])
-                state = rename(old[i], outs[i].path) == 0 ? "restored as it was"
-                                                          : "NOT restored: its old content is in";
-            else
-                state = unlink(outs[i].path) == 0 ? "not created" : "left behind";
-        } else {
-            unlink(tmp[i]);
-            state = had[i] ? "NOT restored: its old content is in"
-                           : existed[i] ? "left as it was" : "not created";
-        }
-        if (len < (int)sizeof msg)
-            len += snprintf(msg + len, sizeof msg - (size_t)len, "%s %s %s %s%s%s",
-                            i ? ";" : "", flags[i], outs[i].path, state,
-                            strstr(state, "NOT") ? " " : "", strstr(state, "NOT") ? old[i] : "");
-    }
-    fprintf(stderr, "%s\n", msg);
-    return 0;
-}
-
-/* Writes every output to a temporary beside it, checks again that each
- * can take its place, then renames them all together (commit_all); on any
- * failure removes every temporary, so no output is left and no existing
- * file is changed. An output that names an input replaces it only then,
- * after every input was read. */
-static int write_outputs(const char *cmd, const char *const *flags, const output *outs, int n)
-{
-    char tmp[MAX_OUTPUTS][PATH_MAX + 16], err[512];
-    int made = 0, ok = 1;
-    for (; made < n && ok; ++made)
-        ok = npy_write_temp(outs[made].path, outs[made].shape, outs[made].ndim, outs[made].descr,
-                            outs[made].data, tmp[made], sizeof tmp[made], err, sizeof err) == 0;
-    if (!ok) {
-        --made; /* the failed one removed its own temporary */
-        for (int i = 0; i < made; ++i)
-            npy_discard(tmp[i]);
-        fprintf(stderr, "clattn %s: %s\n", cmd, err);
-        return 0;
-    }
-    const char *paths[MAX_OUTPUTS] = {NULL};
-    for (int i = 0; i < n; ++i)
-        paths[i] = outs[i].path;
-    if (!check_outputs(cmd, flags, paths, n)) { /* changed while the op ran */
-        for (int i = 0; i < n; ++i)
-            npy_discard(tmp[i]);
-        return 0;
-    }
-    return commit_all(cmd, flags, outs, tmp, n);
-}
-
 /* The commands that run one op on .npy files: which inputs they read
  * (Q and K always), the options naming their outputs, and each output's
  * shape: like Q, like K, or the LSE pairs. */
@@ -437,15 +264,19 @@ typedef struct file_command {
     int out_like[3];
 } file_command;
 
+/* The usage lines of the options every file command takes, each line
+ * after `indent`. */
+#define OPTIONS_USAGE_AT(indent)                                                            \
+    indent "[--causal | --causal-bottom-right] [--window N | --window-left L]\n" indent     \
+           "[--window-right N]\n" indent                                                   \
+           "[--scale S] [--q-offset N] [--kv-offset N] [--device SEL]\n" indent            \
+           "[--variant NAME] [--dtype T]\n" indent                                         \
+           "[--cu-seqlens-q CQ.npy --cu-seqlens-kv CK.npy]\n" MOD_USAGE_AT(indent)
+
 static const file_command file_commands[] = {
     {"forward",
      "usage: clattn forward --q Q.npy --k K.npy --v V.npy --out O.npy --lse-out LSE.npy\n"
-     "                      [--causal | --causal-bottom-right] [--window N | --window-left L]\n"
-     "                      [--window-right N]\n"
-     "                      [--scale S] [--q-offset N] [--kv-offset N] [--device SEL]\n"
-     "                      [--variant NAME] [--dtype T]\n"
-     "                      [--cu-seqlens-q CQ.npy --cu-seqlens-kv CK.npy]\n"
-     MOD_USAGE_AT("                      ")
+     OPTIONS_USAGE_AT("                      ")
      "Attention's forward: O (q_seq, heads, head_dim) and the LSE pairs (q_seq,\n"
      "heads, 2) that the gradients read. Arrays as for grad-v; exit 0, 1 on a\n"
      "device failure, 2 on bad input (and then no output is left).\n",
@@ -454,12 +285,7 @@ static const file_command file_commands[] = {
      "usage: clattn backward --q Q.npy --k K.npy --v V.npy --o O.npy --lse LSE.npy\n"
      "                       --d-out DO.npy --dq DQ.npy --dk DK.npy --dv DV.npy\n"
      "                       [--d-sinks DS.npy]\n"
-     "                       [--causal | --causal-bottom-right] [--window N | --window-left L]\n"
-     "                       [--window-right N]\n"
-     "                       [--scale S] [--q-offset N] [--kv-offset N] [--device SEL]\n"
-     "                       [--variant NAME] [--dtype T]\n"
-     "                       [--cu-seqlens-q CQ.npy --cu-seqlens-kv CK.npy]\n"
-     MOD_USAGE_AT("                       ")
+     OPTIONS_USAGE_AT("                       ")
      "Attention's backward from the forward's O and LSE and the output gradient\n"
      "dO: dQ like Q, dK and dV like K; with --sinks (the forward's), --d-sinks\n"
      "writes their gradient (float32, one per query head). Exit 0, 1 on a device\n"
@@ -468,12 +294,7 @@ static const file_command file_commands[] = {
      {LIKE_Q, LIKE_K, LIKE_K}},
     {"grad-v",
      "usage: clattn grad-v --q Q.npy --k K.npy --d-out DO.npy --lse LSE.npy --out DV.npy\n"
-     "                    [--causal | --causal-bottom-right] [--window N | --window-left L]\n"
-     "                    [--window-right N]\n"
-     "                    [--scale S] [--q-offset N] [--kv-offset N] [--device SEL]\n"
-     "                    [--variant NAME] [--dtype T]\n"
-     "                    [--cu-seqlens-q CQ.npy --cu-seqlens-kv CK.npy]\n"
-     MOD_USAGE_AT("                    ")
+     OPTIONS_USAGE_AT("                    ")
      "The gradient of attention with respect to V. Arrays are .npy, C order:\n"
      "Q and dO (q_seq, heads, head_dim), K (kv_seq, kv_heads, head_dim), LSE\n"
      "(q_seq, heads, 2), each with an optional leading batch dimension; DV is\n"
@@ -558,7 +379,8 @@ static int cmd_file(const file_command *fc, int argc, char **argv)
         !window_left_apply(cmd, opts, n, window_left, &mask.window))
         return EXIT_INPUT;
     const int nout = fc->nout + (d_sinks != NULL);
-    outp[fc->nout] = d_sinks ? d_sinks : outp[fc->nout];
+    if (d_sinks)
+        outp[fc->nout] = d_sinks;
     if (d_sinks && !mods.sinks_file) {
         fprintf(stderr, "clattn %s: --d-sinks wants --sinks: the gradient is the sinks'\n", cmd);
         return EXIT_INPUT;
