@@ -150,6 +150,16 @@ def _output(name, a, shape, np_dtype):
     return a
 
 
+def _per_head(name, values, heads):
+    """One float32 value a query head, C-contiguous, or None for None."""
+    if values is None:
+        return None
+    a = np.ascontiguousarray(values, dtype=np.float32)
+    if a.shape != (heads,):
+        raise InvalidArgument(f"{name} must be float32 of shape ({heads},), not {a.shape}")
+    return a
+
+
 class _Tensors:
     """The arrays of one call, checked against each other, and the Problem
     they describe."""
@@ -212,18 +222,8 @@ class _Tensors:
                 raise InvalidArgument(f"cu_seqlens_q has {cu_q.size} entries and "
                                       f"cu_seqlens_kv {cu_kv.size}: one batch")
             batch = cu_q.size - 1
-        slopes = None
-        if alibi_slopes is not None:
-            slopes = np.ascontiguousarray(alibi_slopes, dtype=np.float32)
-            if slopes.shape != (H,):
-                raise InvalidArgument(f"alibi_slopes must be float32 of shape ({H},), not "
-                                      f"{slopes.shape}")
-        sink_logits = None
-        if sinks is not None:
-            sink_logits = np.ascontiguousarray(sinks, dtype=np.float32)
-            if sink_logits.shape != (H,):
-                raise InvalidArgument(f"sinks must be float32 of shape ({H},), not "
-                                      f"{sink_logits.shape}")
+        slopes = _per_head("alibi_slopes", alibi_slopes, H)
+        sink_logits = _per_head("sinks", sinks, H)
         if window_right and not causal:
             raise InvalidArgument(f"window_right {window_right!r} needs causal, which aligns it")
         self.problem = _call.Problem(
