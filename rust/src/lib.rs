@@ -299,18 +299,9 @@ impl Context {
         dk: &mut [T],
         dv: &mut [T],
     ) -> Result<()> {
-        let (nq, nkv, nl) = (shape.q_len(), shape.kv_len(), shape.lse_len());
-        check_lengths(&[
-            ("q", q.len(), nq),
-            ("k", k.len(), nkv),
-            ("v", v.len(), nkv),
-            ("o", o.len(), nq),
-            ("lse", lse.len(), nl),
-            ("d_out", d_out.len(), nq),
-            ("dq", dq.len(), nq),
-            ("dk", dk.len(), nkv),
-            ("dv", dv.len(), nkv),
-        ])?;
+        check_grad_inputs(shape, q, k, v, o, lse, d_out)?;
+        let (nq, nkv) = (shape.q_len(), shape.kv_len());
+        check_lengths(&[("dq", dq.len(), nq), ("dk", dk.len(), nkv), ("dv", dv.len(), nkv)])?;
         let s = shape.raw(T::DTYPE);
         // SAFETY: as forward().
         check(unsafe {
@@ -343,16 +334,8 @@ impl Context {
         d_out: &[T],
         dq: &mut [T],
     ) -> Result<()> {
-        let (nq, nkv, nl) = (shape.q_len(), shape.kv_len(), shape.lse_len());
-        check_lengths(&[
-            ("q", q.len(), nq),
-            ("k", k.len(), nkv),
-            ("v", v.len(), nkv),
-            ("o", o.len(), nq),
-            ("lse", lse.len(), nl),
-            ("d_out", d_out.len(), nq),
-            ("dq", dq.len(), nq),
-        ])?;
+        check_grad_inputs(shape, q, k, v, o, lse, d_out)?;
+        check_lengths(&[("dq", dq.len(), shape.q_len())])?;
         let s = shape.raw(T::DTYPE);
         // SAFETY: as forward().
         check(unsafe {
@@ -383,16 +366,8 @@ impl Context {
         d_out: &[T],
         dk: &mut [T],
     ) -> Result<()> {
-        let (nq, nkv, nl) = (shape.q_len(), shape.kv_len(), shape.lse_len());
-        check_lengths(&[
-            ("q", q.len(), nq),
-            ("k", k.len(), nkv),
-            ("v", v.len(), nkv),
-            ("o", o.len(), nq),
-            ("lse", lse.len(), nl),
-            ("d_out", d_out.len(), nq),
-            ("dk", dk.len(), nkv),
-        ])?;
+        check_grad_inputs(shape, q, k, v, o, lse, d_out)?;
+        check_lengths(&[("dk", dk.len(), shape.kv_len())])?;
         let s = shape.raw(T::DTYPE);
         // SAFETY: as forward().
         check(unsafe {
@@ -526,6 +501,28 @@ impl Context {
         // SAFETY: as forward(); the C call merges in place where o is o1.
         check(unsafe { sys::clattn_merge(self.as_raw(), &s, o, l, cv(o2), lse2.as_ptr(), o, l) })
     }
+}
+
+/// The lengths of what the gradient ops read: Q, K, V, O, the LSE pairs
+/// and dO.
+fn check_grad_inputs<T>(
+    shape: &Shape,
+    q: &[T],
+    k: &[T],
+    v: &[T],
+    o: &[T],
+    lse: &[f32],
+    d_out: &[T],
+) -> Result<()> {
+    let (nq, nkv, nl) = (shape.q_len(), shape.kv_len(), shape.lse_len());
+    check_lengths(&[
+        ("q", q.len(), nq),
+        ("k", k.len(), nkv),
+        ("v", v.len(), nkv),
+        ("o", o.len(), nq),
+        ("lse", lse.len(), nl),
+        ("d_out", d_out.len(), nq),
+    ])
 }
 
 fn cv<T>(s: &[T]) -> *const c_void {
