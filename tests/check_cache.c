@@ -589,9 +589,82 @@ START_TEST(local_buffers)
 }
 END_TEST
 
+/* The default's choice (docs/tuning.md): a context made without a
+ * variant runs each call on the variant a tuning file's `auto` entry names
+ * for its dtype, head_dim, op and size class, and on its own otherwise; a
+ * context given a variant runs that one. Entries are kept and refused as
+ * the shapes' are. */
+START_TEST(default_choice)
+{
+    if (!strcmp(test_backend, "native"))
+        return;
+    char dir[] = "/tmp/clattn-choice-XXXXXX", file[4096], text[4096], key[400];
+    ck_assert_ptr_nonnull(mkdtemp(dir));
+    snprintf(file, sizeof file, "%s/tuning", dir);
+    setenv("CLATTN_TUNING_FILE", "off", 1);
+    clattn_context *ctx = test_context(NULL);
+    device_key(ctx, key, sizeof key);
+    char own[32];
+    snprintf(own, sizeof own, "%s", clattn_context_variant(ctx));
+    clattn_context_destroy(ctx);
+    /* Its own variant's name would choose nothing new: the other one. */
+    const char *other = strcmp(own, "tiled") ? "tiled" : "blocked";
+    snprintf(text, sizeof text,
+             "clattn-tuning 1 %s\nauto\tf32\t16\tforward,short=%s\t%s\n"
+             "auto\tf32\t16\tbackward,long=%s\t%s\n",
+             clattn_version(), other, key, other, key);
+    write_text(file, text);
+    setenv("CLATTN_TUNING_FILE", file, 1);
+    const shape_case c = {.q_seq = 21, .heads = 2, .kv_heads = 1, .head_dim = 16, .causal = 1};
+    clattn_shape s = to_shape(&c);
+    char line[200];
+    snprintf(line, sizeof line, "auto: %s at head_dim 16 (f32): the tuning file's auto entry",
+             other);
+    for (int named = 0; named < 2; ++named) {
+        ctx = test_context(named ? own : NULL);
+        snprintf(text, sizeof text, "tuning: auto f32 head_dim 16: forward,short=%s", other);
+        ck_assert_msg(strstr(clattn_context_log(ctx), text), "%s", clattn_context_log(ctx));
+        check_ops(ctx, &s, 1.0f, 31);
+        /* The short forward on the other variant (a named one runs its
+         * own), the backward (short) on its own. */
+        ck_assert_msg(log_lines(ctx, line) == !named, "%s", clattn_context_log(ctx));
+        ck_assert_str_eq(clattn_context_variant(ctx), own);
+        clattn_context_destroy(ctx);
+    }
+    /* Kept: an auto entry replaces its own op and size class alone. */
+    ck_assert_status(clattn_tuning_file_store(file, "auto", CLATTN_DTYPE_F32, 16,
+                                              "forward,short=tiled", key),
+                     CLATTN_OK);
+    ck_assert_int_eq(lines_starting(file, "auto\tf32\t16\tforward,short=tiled\t"), 1);
+    ck_assert_int_eq(lines_starting(file, "auto\tf32\t16\t"), 2);
+    const char *bad[] = {"sideways,short=tiled", "forward,medium=tiled", "forward,short=tree",
+                         "forward,short=nosuch", "forward,short", "forward,short=tiled,x"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; ++i) {
+        ck_assert_status(clattn_tuning_file_store(file, "auto", CLATTN_DTYPE_F32, 16, bad[i], key),
+                         CLATTN_ERROR_INVALID_OPTION);
+        ck_assert_msg(strstr(clattn_last_error(), "OP,SIZE=VARIANT"), "%s: %s", bad[i],
+                      clattn_last_error());
+    }
+    ck_assert_int_eq(lines_starting(file, "auto\t"), 2);
+    /* A damaged auto entry: the whole file is ignored, as any damaged one. */
+    snprintf(text, sizeof text, "clattn-tuning 1 %s\nauto\tf32\t16\tforward,short=tree\t%s\n",
+             clattn_version(), key);
+    write_text(file, text);
+    ctx = test_context(NULL);
+    ck_assert_msg(strstr(clattn_context_log(ctx), "line 2: an auto entry's shape is OP,SIZE"),
+                  "%s", clattn_context_log(ctx));
+    check_ops(ctx, &s, 1.0f, 32);
+    ck_assert_int_eq(log_lines(ctx, "auto: "), 0);
+    clattn_context_destroy(ctx);
+    unsetenv("CLATTN_TUNING_FILE");
+    ck_assert_int_eq(remove(file), 0);
+    ck_assert_int_eq(rmdir(dir), 0);
+}
+END_TEST
+
 Suite *cache_suite(void)
 {
     const TTest *const tests[] = {program_cache, cache_bound, tuning_file, tuning_file_calls,
-                                  local_buffers};
-    return case_suite("cache", "program_cache", 600, tests, 5);
+                                  local_buffers, default_choice};
+    return case_suite("cache", "program_cache", 600, tests, 6);
 }

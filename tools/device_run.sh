@@ -67,6 +67,11 @@
 #            timed, default "none softcap alibi dropout"); then native at MODS_THREADS
 #            (default 16) on q 2048 8 heads d64 and d128 likewise, and a packed native batch (32 of 64-1024)
 #            against its uniform batch (VARLEN's layouts); MODS_NATIVE=0 leaves native out
+#   choose   the variants of the default's choice (CHOOSE_VARIANTS, default "mma tiled") on
+#            every GPU shape (CHOOSE_DIMS: head_dims), dtype (CHOOSE_DTYPES, default
+#            "f32 bf16") and op (CHOOSE_OPS, default "forward backward"), interleaved,
+#            AB_ROUNDS rounds, with CHOOSE_ARGS more bench arguments; programs compiled
+#            first, 12 at once (CHOOSE_WARM=0: not; only: nothing else)
 #   ring     examples/ring_attention on 1 and then RING_RANKS (default 2) ranks, a GPU
 #            each, RING_ARGS (default q_seq 131072, d128, 8 heads, causal); needs
 #            Open MPI's Debian packages in .devdebs/mpi (unpacked under /opt/mpi)
@@ -428,6 +433,27 @@ for stage in "$@"; do
         done
       done
     done 2>&1 | tee -a "$OUT/mods.log" ;;
+  choose)
+    mapfile -t all_shapes < <(python3 tools/shapes.py gpu ${CHOOSE_DIMS:+--dims "$CHOOSE_DIMS"})
+    variants=${CHOOSE_VARIANTS:-mma tiled}
+    dims=$(printf '%s\n' "${all_shapes[@]}" | cut -d: -f1 | sort -un)
+    if [ "${CHOOSE_WARM:-1}" != 0 ]; then
+      for v in $variants; do for dt in ${CHOOSE_DTYPES:-f32 bf16}; do for d in $dims; do
+        for op in ${CHOOSE_OPS:-forward backward}; do
+          echo "$cli bench --op $op --head-dim $d --q-seq 256 --heads 2 --kv-heads 1 --causal" \
+            "--variant $v --dtype $dt --reps 1 ${CHOOSE_ARGS:-}"
+        done
+      done; done; done | xargs -P 12 -I{} sh -c '{} > /dev/null 2>&1'
+    fi
+    [ "${CHOOSE_WARM:-1}" = only ] && continue
+    for entry in "${all_shapes[@]}"; do
+      for dt in ${CHOOSE_DTYPES:-f32 bf16}; do for op in ${CHOOSE_OPS:-forward backward}; do
+        arms=()
+        for v in $variants; do arms+=(--arm "$v=$cli+--variant $v"); done
+        interleave "d${entry%%:*} $dt $op ${entry#*:}" --timeout 120 "${arms[@]}" -- --op $op \
+          --head-dim "${entry%%:*}" ${entry#*:} --reps 5 --dtype "$dt" ${CHOOSE_ARGS:-}
+      done; done
+    done 2>&1 | tee "$OUT/choose.log" ;;
   ring)
     gpus=$($cli devices | sed -n 's/^[* ] \([0-9]*\):[0-9]* *opencl-gpu.*/\1/p' | head -1)
     for np in 1 ${RING_RANKS:-2}; do

@@ -7,7 +7,7 @@ imports it, tools/device_run.sh reads it through this command line.
 prints one line per shape, `HEAD_DIM:clattn bench arguments`, e.g.
 `64:--q-seq 4096 --heads 8 --causal`. Tags pick a subset: `ab` the GPU
 shapes timed old against new (device_run.sh's gab), `class` one shape per
-head_dim class (tune, tiled and mods stages)."""
+head_dim class (tune, tiled and mods stages), `small` the problems of S <= 1024."""
 import argparse
 import sys
 
@@ -22,6 +22,13 @@ GPU = [
     (1, 4096, 32, 8, 128, False, "ab"),
     (4, 2048, 16, 16, 128, True, ""),
     (1, 2048, 8, 8, 256, True, "ab class"),
+    # the rest of the bench set: Llama, d80 GQA, d112, ViT, and small problems
+    (1, 8192, 32, 8, 128, True, ""),
+    (1, 2048, 16, 4, 80, False, ""),
+    (1, 2048, 16, 16, 112, True, ""),
+    (256, 197, 12, 12, 64, False, ""),
+    (1, 1024, 8, 2, 64, True, "small"),
+    (1, 1024, 16, 4, 128, True, "small"),
 ]
 # d64 and d128 GQA, batched d64, then head_dims 32, 96 and 256
 CPU = [

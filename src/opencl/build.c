@@ -315,15 +315,18 @@ clattn_status clattn_ocl_generic_kernels(struct clattn_cl_state *cl, clattn_dtyp
     return CLATTN_OK;
 }
 
-clattn_status clattn_ocl_kernels_for(struct clattn_cl_state *cl, uint32_t head_dim,
-                                     clattn_dtype dtype, unsigned mods, kernel_set **out)
+clattn_status clattn_ocl_kernels_for(struct clattn_cl_state *cl, const clattn_ocl_variant *variant,
+                                     const char *reason, uint32_t head_dim, clattn_dtype dtype,
+                                     unsigned mods, kernel_set **out)
 {
-    const clattn_ocl_variant *variant = cl->variant;
     if (!variant)
         return clattn_ocl_generic_kernels(cl, dtype, mods, out);
     if (variant->serving)
         variant = variant->serving(head_dim, dtype);
-    if (!cl->kernels.per_head_dim[mods][dtype][head_dim]) {
+    kernel_set **slot = &cl->kernels.per_head_dim[mods][dtype][head_dim];
+    while (*slot && (*slot)->variant != variant)
+        slot = &(*slot)->next;
+    if (!*slot) {
         kernel_set *set = calloc(1, sizeof *set);
         if (!set)
             return clattn_fail(CLATTN_ERROR_OUT_OF_MEMORY, "out of host memory");
@@ -333,8 +336,21 @@ clattn_status clattn_ocl_kernels_for(struct clattn_cl_state *cl, uint32_t head_d
             free(set);
             return st;
         }
-        cl->kernels.per_head_dim[mods][dtype][head_dim] = set;
+        set->variant = variant;
+        *slot = set;
+        if (reason)
+            clattn_log_append(cl->owner, "auto: %s at head_dim %u (%s): %s", variant->name,
+                              (unsigned)head_dim, clattn_ocl_dtype_name(dtype), reason);
     }
-    *out = cl->kernels.per_head_dim[mods][dtype][head_dim];
+    *out = *slot;
     return CLATTN_OK;
+}
+
+clattn_status clattn_ocl_kernels_of(struct clattn_cl_state *cl, clattn_op op,
+                                    const clattn_shape *s, kernel_set **out)
+{
+    const char *reason = NULL;
+    const clattn_ocl_variant *v = clattn_ocl_variant_for(cl, op, s, &reason);
+    return clattn_ocl_kernels_for(cl, v, reason, s->head_dim, s->dtype,
+                                  clattn_op_modifiers(s, op), out);
 }

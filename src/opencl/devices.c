@@ -167,9 +167,11 @@ static void release_state(struct clattn_cl_state *cl)
         for (int t = 0; t < 3; ++t) {
             clattn_ocl_release_set(&cl->kernels.any_head_dim[m][t]);
             for (int d = 0; d <= CLATTN_MAX_HEAD_DIM; ++d)
-                if (cl->kernels.per_head_dim[m][t][d]) {
-                    clattn_ocl_release_set(cl->kernels.per_head_dim[m][t][d]);
-                    free(cl->kernels.per_head_dim[m][t][d]);
+                for (kernel_set *set = cl->kernels.per_head_dim[m][t][d], *next; set;
+                     set = next) {
+                    next = set->next;
+                    clattn_ocl_release_set(set);
+                    free(set);
                 }
         }
     if (cl->own_queue && cl->queue)
@@ -324,7 +326,8 @@ static clattn_status init_variant(clattn_context *ctx, const clattn_ocl_variant 
     }
     kernel_set *probe = NULL;
     if (cl->variant &&
-        (st = clattn_ocl_kernels_for(cl, 64, CLATTN_DTYPE_F32, 0, &probe)) != CLATTN_OK)
+        (st = clattn_ocl_kernels_for(cl, cl->variant, NULL, 64, CLATTN_DTYPE_F32, 0, &probe)) !=
+            CLATTN_OK)
         goto fail;
 
     ctx->backend =
@@ -364,7 +367,12 @@ clattn_status clattn_ocl_init_on_device(clattn_context *ctx, const char *variant
         if (!v || (v->runs_on && !v->runs_on(device)))
             continue;
         st = init_variant(ctx, v, context, device, queue, strict_limits);
-        if (st == CLATTN_OK || st == CLATTN_ERROR_OUT_OF_MEMORY)
+        if (st == CLATTN_OK) {
+            /* Each call then runs the default's choice for it (choice.c). */
+            ctx->cl->choose = ctx->cl->variant != NULL;
+            break;
+        }
+        if (st == CLATTN_ERROR_OUT_OF_MEMORY)
             break;
         clattn_log_append(ctx, "auto: variant %s skipped: %s: %s", variant,
                           clattn_status_string(st), clattn_last_error());

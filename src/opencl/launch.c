@@ -285,7 +285,7 @@ clattn_status clattn_ocl_enqueue_op(struct clattn_cl_state *cl, cl_command_queue
     kernel_set *set = NULL;
     clattn_status st = clattn_ocl_check_loop_cap(cl, op, s);
     if (st == CLATTN_OK)
-        st = clattn_ocl_kernels_for(cl, s->head_dim, s->dtype, clattn_op_modifiers(s, op), &set);
+        st = clattn_ocl_kernels_of(cl, op, s, &set);
     if (st != CLATTN_OK)
         return st;
     /* The single pass, built only where CLATTN_MMA_SINGLE asks for it. Its
@@ -543,7 +543,7 @@ clattn_status clattn_ocl_run(clattn_context *ctx, clattn_op op, const clattn_sha
     if (st == CLATTN_OK && !clattn_packed(s)) /* packed: each sequence's, longest first */
         st = clattn_ocl_check_loop_cap(cl, op, s);
     if (st == CLATTN_OK)
-        st = clattn_ocl_kernels_for(cl, s->head_dim, s->dtype, clattn_op_modifiers(s, op), &set);
+        st = clattn_ocl_kernels_of(cl, op, s, &set);
     if (st != CLATTN_OK)
         return st;
     /* Accumulating gradients are read (uploaded) first, then written. */

@@ -82,6 +82,18 @@ typedef struct tuned_entry {
     mma_config mma;
 } tuned_entry;
 enum { TUNED_MAX = 96, PACKED_QUEUES = 4, TUNING_KEY_MAX = 400 };
+/* The default's choice (choice.c): ops and size classes (the longest of
+ * q_seq and kv_seq up to CHOICE_SHORT_TO, or past it). */
+enum { CHOICE_FORWARD, CHOICE_BACKWARD, CHOICE_ANY = -1 };
+enum { CHOICE_SHORT, CHOICE_LONG, CHOICE_SHORT_TO = 1024, CHOICES_MAX = 96 };
+/* A tuning file's `auto` entry: the variant that runs an op of a dtype,
+ * head_dim and size class on this device. */
+typedef struct choice_entry {
+    clattn_dtype dtype;
+    uint32_t head_dim;
+    int op, size;
+    const struct clattn_ocl_variant *variant;
+} choice_entry;
 #define DS_DEFAULT ((size_t)-1)
 
 /* The kernels of one variant, built for one head_dim (tiled, blocked) or
@@ -100,6 +112,10 @@ typedef struct kernel_set {
      * lowered to what every built kernel of the set allows. Tree and tiled
      * fit their shapes to it. */
     size_t limit;
+    /* The variant it was built for, and the next variant's set of the same
+     * head_dim, dtype and modifiers (the default's choice runs several). */
+    const struct clattn_ocl_variant *variant;
+    struct kernel_set *next;
 } kernel_set;
 
 struct clattn_cl_state {
@@ -121,6 +137,13 @@ struct clattn_cl_state {
     /* The variant built per head_dim, or NULL where the generic variant's
      * one set serves every call. */
     const struct clattn_ocl_variant *variant;
+    /* 1: made without a variant, so that each call runs the default's
+     * choice (choice.c) for it; the choices of the tuning file for it. */
+    int choose;
+    struct {
+        choice_entry entries[CHOICES_MAX];
+        size_t count;
+    } choices;
     /* The built kernels, per score modifiers (clattn_modifiers bits) and
      * dtype: the generic variant's for any head_dim (with the context
      * where it is the context's variant, else on first use), the
@@ -220,10 +243,32 @@ clattn_status clattn_ocl_build_set(struct clattn_cl_state *cl,
                                    int strict_limits);
 clattn_status clattn_ocl_generic_kernels(struct clattn_cl_state *cl, clattn_dtype dtype,
                                          unsigned mods, kernel_set **out);
-/* The kernels of the context's variant for a head_dim, dtype and set of
- * score modifiers, built on first use. */
-clattn_status clattn_ocl_kernels_for(struct clattn_cl_state *cl, uint32_t head_dim,
-                                     clattn_dtype dtype, unsigned mods, kernel_set **out);
+/* The kernels of a variant (NULL: the generic one) for a head_dim, dtype
+ * and set of score modifiers, built on first use; `reason`, where not
+ * NULL, is logged with the build: why the variant runs. */
+clattn_status clattn_ocl_kernels_for(struct clattn_cl_state *cl,
+                                     const struct clattn_ocl_variant *variant, const char *reason,
+                                     uint32_t head_dim, clattn_dtype dtype, unsigned mods,
+                                     kernel_set **out);
+/* The kernels op runs for shape s: the default's choice (choice.c) where
+ * the context chooses, else its variant's. */
+clattn_status clattn_ocl_kernels_of(struct clattn_cl_state *cl, clattn_op op,
+                                    const clattn_shape *s, kernel_set **out);
+
+/* choice.c */
+/* The variant op runs for s (NULL: the generic one), and *reason why where
+ * it was chosen (else NULL). */
+const struct clattn_ocl_variant *clattn_ocl_variant_for(const struct clattn_cl_state *cl,
+                                                        clattn_op op, const clattn_shape *s,
+                                                        const char **reason);
+/* CHOICE_SHORT or CHOICE_LONG, and CHOICE_FORWARD or CHOICE_BACKWARD. */
+int clattn_ocl_size_class(const clattn_shape *s);
+int clattn_ocl_choice_op(clattn_op op);
+/* An `auto` entry's shape field, "OP,SIZE=VARIANT", into c's op, size and
+ * variant: 1 where it is one. */
+int clattn_ocl_parse_choice(const char *shape, choice_entry *c);
+/* An entry as "auto DTYPE head_dim D: OP,SIZE=VARIANT" for the log. */
+void clattn_ocl_format_choice(const choice_entry *c, char *buf, size_t size);
 
 /* launch.c */
 /* CLATTN_ERROR_TOO_LARGE_FOR_DEVICE where the driver's loop cap could cut

@@ -42,9 +42,11 @@ static int parse_dtype_name(const char *name, clattn_dtype *dtype)
 }
 
 /* One entry line, "VARIANT<TAB>DTYPE<TAB>HEAD_DIM<TAB>SHAPE<TAB>KEY", into
- * *e and *key (pointing into line, which it cuts); the reason where it is
- * malformed, else NULL. */
-static const char *parse_entry(char *line, tuned_entry *e, const char **key, char *msg, size_t size)
+ * *e (a variant's shape) or, for VARIANT `auto`, *c (the default's choice,
+ * e->variant NULL), and *key (pointing into line, which it cuts); the
+ * reason where it is malformed, else NULL. */
+static const char *parse_entry(char *line, tuned_entry *e, choice_entry *c, const char **key,
+                               char *msg, size_t size)
 {
     char *field[5];
     field[0] = line;
@@ -63,6 +65,15 @@ static const char *parse_entry(char *line, tuned_entry *e, const char **key, cha
     if (sscanf(field[2], "%u%c", &e->head_dim, &end) != 1 || !e->head_dim ||
         e->head_dim > CLATTN_MAX_HEAD_DIM)
         return "the head_dim is not 1 to 256";
+    *key = field[4];
+    if (!strcmp(field[0], "auto")) {
+        c->dtype = e->dtype;
+        c->head_dim = e->head_dim;
+        return clattn_ocl_parse_choice(field[3], c)
+                   ? NULL
+                   : "an auto entry's shape is OP,SIZE=VARIANT: forward or backward, short or "
+                     "long, and a variant built per head_dim";
+    }
     for (size_t i = 0; clattn_ocl_variants[i] && !e->variant; ++i) {
         const clattn_ocl_variant *v = clattn_ocl_variants[i];
         const char *why = NULL;
@@ -78,16 +89,16 @@ static const char *parse_entry(char *line, tuned_entry *e, const char **key, cha
             if (clattn_ocl_variants[i]->tuned_names)
                 clattn_ocl_append(msg, size, "%s %s", n++ ? "," : "",
                                   clattn_ocl_variants[i]->tuned_names);
+        clattn_ocl_append(msg, size, ", auto");
         return msg;
     }
-    *key = field[4];
     return NULL;
 }
 
 void clattn_ocl_tuning_file(struct clattn_cl_state *cl, clattn_context *ctx, const char *key)
 {
     char path[1024];
-    cl->tuned.count = 0;
+    cl->tuned.count = cl->choices.count = 0;
     if (!tuning_path(path, sizeof path))
         return;
     FILE *f = fopen(path, "r");
@@ -121,9 +132,27 @@ void clattn_ocl_tuning_file(struct clattn_cl_state *cl, clattn_context *ctx, con
         if (!line[0] || line[0] == '#')
             continue;
         tuned_entry e;
+        choice_entry c;
         const char *entry_key = NULL;
-        if ((why = parse_entry(line, &e, &entry_key, msg, sizeof msg)) != NULL)
+        if ((why = parse_entry(line, &e, &c, &entry_key, msg, sizeof msg)) != NULL)
             break;
+        if (!e.variant) {
+            if (strcmp(entry_key, key)) {
+                other_driver += !strncmp(entry_key, key, stem) && entry_key[stem] == '/';
+                continue;
+            }
+            size_t i = 0;
+            while (i < cl->choices.count &&
+                   (cl->choices.entries[i].dtype != c.dtype ||
+                    cl->choices.entries[i].head_dim != c.head_dim ||
+                    cl->choices.entries[i].op != c.op || cl->choices.entries[i].size != c.size))
+                ++i;
+            if (i == CHOICES_MAX)
+                ++skipped;
+            else
+                cl->choices.entries[i == cl->choices.count ? cl->choices.count++ : i] = c;
+            continue;
+        }
         if (e.variant->tuned_fits && !e.variant->tuned_fits(cl, &e)) {
             clattn_log_append(ctx,
                               "tuning: %s, line %u: the %s shape needs more local memory "
@@ -147,7 +176,7 @@ void clattn_ocl_tuning_file(struct clattn_cl_state *cl, clattn_context *ctx, con
         why = "it could not be read";
     fclose(f);
     if (why) {
-        cl->tuned.count = 0;
+        cl->tuned.count = cl->choices.count = 0;
         if (number > 1)
             clattn_log_append(ctx, "tuning: %s, line %u: %s; the file is ignored", path, number,
                               why);
@@ -164,6 +193,11 @@ void clattn_ocl_tuning_file(struct clattn_cl_state *cl, clattn_context *ctx, con
     for (size_t i = 0; i < cl->tuned.count; ++i) {
         char shape[160];
         cl->tuned.entries[i].variant->format_tuned(&cl->tuned.entries[i], shape, sizeof shape);
+        clattn_log_append(ctx, "tuning: %s from %s", shape, path);
+    }
+    for (size_t i = 0; i < cl->choices.count; ++i) {
+        char shape[160];
+        clattn_ocl_format_choice(&cl->choices.entries[i], shape, sizeof shape);
         clattn_log_append(ctx, "tuning: %s from %s", shape, path);
     }
 }
@@ -235,7 +269,8 @@ clattn_status clattn_tuning_file_store(const char *path, const char *variant, cl
     memcpy(check, line, (size_t)len - 1);
     check[len - 1] = '\0';
     tuned_entry e;
-    const char *entry_key, *why = parse_entry(check, &e, &entry_key, msg, sizeof msg);
+    choice_entry c;
+    const char *entry_key, *why = parse_entry(check, &e, &c, &entry_key, msg, sizeof msg);
     if (why)
         return clattn_fail(CLATTN_ERROR_INVALID_OPTION, "tuning entry '%s\t%s\t%u\t%s': %s",
                            variant, clattn_ocl_dtype_name(dtype), (unsigned)head_dim, shape, why);
@@ -260,7 +295,9 @@ clattn_status clattn_tuning_file_store(const char *path, const char *variant, cl
     if (!out)
         return clattn_fail(CLATTN_ERROR_IO, "cannot write %s: %s", tmp, strerror(errno));
     fputs(header, out);
-    const size_t stem = strlen(line) - strlen(shape) - strlen(key) - 2; /* "VARIANT\tDTYPE\tD\t" */
+    /* "VARIANT\tDTYPE\tD\t", and an auto entry's "OP,SIZE=" */
+    const size_t stem = strlen(line) - strlen(shape) - strlen(key) - 2 +
+                        (e.variant ? 0 : (size_t)(strchr(shape, '=') + 1 - shape));
     const char *own_key = line + len - 1 - strlen(key) - 1;             /* "\tKEY\n" */
     FILE *in = fopen(path, "r");
     int ends = 1; /* whether what was copied ends its last line */
