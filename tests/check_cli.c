@@ -581,7 +581,11 @@ START_TEST(tune_keeps_winner)
     make_dir();
     const char *file = path("cfg/tuning");
     ck_assert_int_eq(run("tune", "--variant", "blocked", "--head-dim", "16", NULL), 2);
-    ck_assert_msg(strstr(err_text, "mma or tiled"), "%s", err_text);
+    ck_assert_msg(strstr(err_text, "mma or tiled or auto"), "%s", err_text);
+    ck_assert_int_eq(run("tune", "--variant", "auto", "--head-dim", "16", "--candidates",
+                         "8,8,1,16", "--file", file, NULL),
+                     2);
+    ck_assert_msg(strstr(err_text, "not auto"), "%s", err_text);
     ck_assert_int_eq(run("tune", "--variant", "tiled", "--head-dim", "16", "--candidates",
                          "8,8,1", "--file", file, NULL),
                      2);
@@ -642,6 +646,22 @@ START_TEST(tune_keeps_winner)
     char after[4096];
     slurp(file, after, sizeof after);
     ck_assert_str_eq(after, text);
+    /* auto: every variant the device runs timed per op (mma skipped here),
+     * the fastest kept as the op's auto entry for the size class, beside
+     * the shapes' lines. */
+    ck_assert_int_eq(run("tune", shape[0], shape[1], "--variant", "auto", shape[4], shape[5],
+                         shape[6], shape[7], shape[8], shape[9], shape[10], shape[11], shape[12],
+                         shape[13], "--file", file, NULL),
+                     0);
+    ck_assert_msg(strstr(out_text, "forward (short):") && strstr(out_text, "backward (short):") &&
+                      strstr(out_text, "  blocked ") && strstr(out_text, "  tiled ") &&
+                      strstr(out_text, "best: forward,short="),
+                  "%s", out_text);
+    slurp(file, after, sizeof after);
+    ck_assert_msg(strstr(after, "\nauto\tf32\t16\tforward,short=") &&
+                      strstr(after, "\nauto\tf32\t16\tbackward,short=") &&
+                      strstr(after, "\ntiled\tf32\t16\t16,16,2,16,4\t"),
+                  "%s", after);
     ck_assert_int_eq(remove(file), 0);
     ck_assert_int_eq(rmdir(path("cfg")), 0);
     cleanup();

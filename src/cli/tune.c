@@ -71,7 +71,7 @@ static int device_max_wg(clattn_context *ctx, size_t *max_wg)
 static int time_candidate(const char *selector, const char *variant, const char *var,
                           const bench *b, int nops, int reps, candidate *c)
 {
-    if (c->text[0] ? setenv(var, c->text, 1) : unsetenv(var)) {
+    if (var && (c->text[0] ? setenv(var, c->text, 1) : unsetenv(var))) {
         fprintf(stderr, "clattn tune: cannot set %s\n", var);
         return EXIT_INPUT;
     }
@@ -97,7 +97,8 @@ static int time_candidate(const char *selector, const char *variant, const char 
     }
     clattn_context_destroy(ctx);
     if (st == CLATTN_ERROR_BUILD_FAILED || st == CLATTN_ERROR_WORK_GROUP_TOO_LARGE ||
-        st == CLATTN_ERROR_INVALID_OPTION || st == CLATTN_ERROR_UNSUPPORTED_SHAPE) {
+        st == CLATTN_ERROR_INVALID_OPTION || st == CLATTN_ERROR_UNSUPPORTED_SHAPE ||
+        st == CLATTN_ERROR_UNKNOWN_VARIANT) { /* auto's variants the device lacks */
         const char *why = clattn_last_error();
         printf("  %-14s skipped: %s: %.*s\n", c->text[0] ? c->text : "(table)",
                clattn_status_string(st), (int)strcspn(why, "\n"), why);
@@ -129,11 +130,104 @@ static int by_total(const void *a, const void *b)
     return (x->total > y->total) - (x->total < y->total);
 }
 
+/* The config folder above clattn's in the default path, which may not
+ * exist yet. */
+static void make_config_folder(const char *path)
+{
+    char config[1024];
+    snprintf(config, sizeof config, "%s", path);
+    for (int up = 0; up < 2; ++up) {
+        char *slash = strrchr(config, '/');
+        if (slash)
+            *slash = '\0';
+    }
+    if (config[0])
+        mkdir(config, 0755);
+}
+
+/* --variant auto: each variant the device runs per head_dim (not the
+ * generic one) timed on each op, interleaved over the rounds after a first
+ * sweep; the fastest within the error gate is kept as the op's `auto`
+ * entry for the problem's size class, which contexts made without a
+ * variant then run (docs/tuning.md, "The default's choice"). */
+static int tune_auto(const char *selector, clattn_backend backend, const bench *b, int nops,
+                     int reps, uint32_t rounds, int dry_run, const char *path, const char *key)
+{
+    enum { MAX_VARIANTS = 8 };
+    const char *names[MAX_VARIANTS];
+    size_t nv = 0;
+    for (size_t i = 0; nv < MAX_VARIANTS && clattn_variant_name(backend, i); ++i)
+        if (strcmp(clattn_variant_name(backend, i), "tree"))
+            names[nv++] = clattn_variant_name(backend, i);
+    const char *size = b[0].s.q_seq <= 1024 && b[0].s.kv_seq <= 1024 ? "short" : "long";
+    const double floor = b[0].s.dtype == CLATTN_DTYPE_F32   ? 1e-5
+                         : b[0].s.dtype == CLATTN_DTYPE_F16 ? 2e-3
+                                                            : 1.6e-2;
+    int rc = 0;
+    for (int op = 0; op < nops && !rc; ++op) {
+        candidate c[MAX_VARIANTS];
+        memset(c, 0, sizeof c);
+        for (size_t v = 0; v < nv; ++v)
+            snprintf(c[v].text, sizeof c[v].text, "%s", names[v]);
+        printf("%s (%s):\n", bench_op_names[b[op].op], size);
+        for (uint32_t r = 0; r <= rounds && !rc; ++r) {
+            if (r)
+                printf("round %u:\n", r);
+            for (size_t v = 0; v < nv && !rc; ++v) {
+                if (r && !c[v].ok)
+                    continue;
+                if (!(rc = time_candidate(selector, names[v], NULL, &b[op], 1, reps, &c[v])) &&
+                    c[v].ok) {
+                    c[v].sum = r || !rounds ? c[v].sum + c[v].total : 0.0;
+                    printf("  %-14s %9.3f ms  max_error %.3g\n", names[v], c[v].total * 1e3,
+                           c[v].error);
+                    fflush(stdout);
+                }
+            }
+        }
+        if (rc)
+            break;
+        double least = INFINITY;
+        for (size_t v = 0; v < nv; ++v)
+            if (c[v].ok && c[v].error < least)
+                least = c[v].error;
+        size_t best = nv;
+        for (size_t v = 0; v < nv; ++v) {
+            if (c[v].ok && !(c[v].error <= 2.0 * least + floor)) {
+                printf("  %-14s left out: max_error %.3g beyond %.3g\n", names[v], c[v].error,
+                       2.0 * least + floor);
+                c[v].ok = 0;
+            }
+            if (c[v].ok && (best == nv || c[v].sum < c[best].sum))
+                best = v;
+        }
+        if (best == nv) {
+            fprintf(stderr, "clattn tune: no variant runs the %s here\n",
+                    bench_op_names[b[op].op]);
+            rc = EXIT_DEVICE;
+            break;
+        }
+        char shape[64];
+        snprintf(shape, sizeof shape, "%s,%s=%s", bench_op_names[b[op].op], size, names[best]);
+        printf("best: %s\n", shape);
+        if (dry_run)
+            continue;
+        if (clattn_tuning_file_store(path, "auto", b[op].s.dtype, b[op].s.head_dim, shape, key) !=
+            CLATTN_OK) {
+            fprintf(stderr, "clattn tune: %s\n", clattn_last_error());
+            rc = EXIT_INPUT;
+        } else {
+            printf("kept in %s\n", path);
+        }
+    }
+    return rc;
+}
+
 int cmd_tune(int argc, char **argv)
 {
     const char *cmd = "tune";
     if (wants_help(argc, argv)) {
-        printf("usage: clattn tune --variant tiled|mma --head-dim D [--dtype f32|f16|bf16]\n"
+        printf("usage: clattn tune --variant tiled|mma|auto --head-dim D [--dtype f32|f16|bf16]\n"
                "                   [--q-seq N] [--kv-seq N] [--heads H] [--kv-heads KH]\n"
                "                   [--batch B] [--causal] [--op forward|backward|both]\n"
                "                   [--device SEL] [--reps R] [--rounds N]\n"
@@ -151,7 +245,11 @@ int cmd_tune(int argc, char **argv)
                "the table's shape (any winner with --write-best) is kept in the tuning\n"
                "file (--file, else CLATTN_TUNING_FILE, else\n"
                "$XDG_CONFIG_HOME/clattn/tuning or ~/.config/clattn/tuning), which later\n"
-               "contexts on the device read. --dry-run writes nothing.\n");
+               "contexts on the device read. --dry-run writes nothing.\n"
+               "--variant auto times every variant the device runs instead, each op\n"
+               "apart, over the rounds, and keeps the fastest as the op's auto entry for\n"
+               "the problem's size class (short: q_seq and kv_seq up to 1024; else long),\n"
+               "which contexts made without a variant then run.\n");
         return 0;
     }
     const char *variant = NULL, *device = NULL, *dtype_name = "f32", *op_name = "both";
@@ -172,11 +270,12 @@ int cmd_tune(int argc, char **argv)
     };
     if (!parse_opts(cmd, argc, argv, opts, sizeof opts / sizeof opts[0]))
         return EXIT_INPUT;
+    const int choose = !strcmp(variant, "auto");
     const clattn_ocl_search *search = clattn_ocl_search_of(variant);
-    if (!search) {
+    if (!search && !choose) {
         char names[128];
         clattn_ocl_searchable(names, sizeof names);
-        fprintf(stderr, "clattn tune: --variant wants %s, not '%s'\n", names, variant);
+        fprintf(stderr, "clattn tune: --variant wants %s or auto, not '%s'\n", names, variant);
         return EXIT_INPUT;
     }
     const int both = !strcmp(op_name, "both"), fwd = both || !strcmp(op_name, "forward");
@@ -215,6 +314,10 @@ int cmd_tune(int argc, char **argv)
     static candidate c[MAX_CANDIDATES + 1]; /* c[0]: the table's */
     memset(c, 0, sizeof c);
     size_t n = 1;
+    if (choose && list) {
+        fprintf(stderr, "clattn tune: --candidates is for a variant's shapes, not auto\n");
+        return EXIT_INPUT;
+    }
     for (const char *p = list; p && *(p += strspn(p, " ;\t"));) {
         const size_t len = strcspn(p, " ;\t");
         char text[26];
@@ -241,7 +344,8 @@ int cmd_tune(int argc, char **argv)
      * file's. One op tuned alone is set, and kept, as the search says
      * (tiled's backward apart from its forward). */
     const int ops = both ? SEARCH_BOTH : fwd ? SEARCH_FORWARD : SEARCH_BACKWARD;
-    const char *var = search->variable[ops], *entry = search->entry[ops];
+    const char *var = choose ? NULL : search->variable[ops];
+    const char *entry = choose ? NULL : search->entry[ops];
     int env_failed = setenv("CLATTN_TUNING_FILE", "off", 1);
     const char *shaping;
     for (size_t i = 0; (shaping = clattn_ocl_search_variable(i)) != NULL; ++i)
@@ -252,7 +356,7 @@ int cmd_tune(int argc, char **argv)
     }
 
     clattn_context *base = NULL;
-    int rc = open_context(cmd, device, variant, &base);
+    int rc = open_context(cmd, device, choose ? NULL : variant, &base);
     if (rc)
         return rc;
     char key[400], selector[32];
@@ -270,7 +374,17 @@ int cmd_tune(int argc, char **argv)
            "on %s\n",
            variant, dtype_name, head_dim, batch, q_seq, b[0].s.kv_seq, heads,
            b[0].s.num_kv_heads, causal ? ", causal" : "", dev);
+    const clattn_backend backend = clattn_context_backend(base);
     clattn_context_destroy(base);
+    if (choose) {
+        for (int i = 0; i < nops && !rc; ++i)
+            rc = bench_prepare(cmd, &b[i], 1);
+        if (!rc && default_path && !dry_run)
+            make_config_folder(path);
+        if (!rc)
+            rc = tune_auto(selector, backend, b, nops, (int)reps, rounds, dry_run, path, key);
+        goto done;
+    }
     int stage = n == 1; /* no --candidates: the two stages */
     if (stage)
         /* micro-tiles where the GPU table has them: the forward's at every
@@ -354,17 +468,8 @@ int cmd_tune(int argc, char **argv)
            100.0 * c[best].sum / c[0].sum);
     if (dry_run)
         goto done;
-    if (default_path) { /* the config folder above clattn's may not exist yet */
-        char config[1024];
-        snprintf(config, sizeof config, "%s", path);
-        for (int up = 0; up < 2; ++up) {
-            char *slash = strrchr(config, '/');
-            if (slash)
-                *slash = '\0';
-        }
-        if (config[0])
-            mkdir(config, 0755);
-    }
+    if (default_path)
+        make_config_folder(path);
     if (clattn_tuning_file_store(path, entry, dt, head_dim, c[best].text, key) != CLATTN_OK) {
         fprintf(stderr, "clattn tune: %s\n", clattn_last_error());
         rc = EXIT_INPUT;

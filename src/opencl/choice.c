@@ -11,20 +11,22 @@
 /* One choice, measured with `clattn tune --variant auto` and kept with its
  * reason: a device class (NVIDIA's compute capability major), float32 or
  * 16-bit, an op (CHOICE_ANY: both), head_dims up to head_dim_to (a class:
- * 64, 128, 256), and a size class (CHOICE_ANY: both). The first row that
- * holds wins. */
+ * 64, 128, 256), a size class (CHOICE_ANY: both), and calls with dropout
+ * or without (CHOICE_ANY: both; the variants draw its mask at different
+ * costs). The first row that holds wins. */
 typedef struct choice_row {
     int nv_major;
     int sixteen; /* 0: float32; 1: fp16 and bf16 */
     int op;      /* CHOICE_FORWARD, CHOICE_BACKWARD (grad-V too) or CHOICE_ANY */
     uint32_t head_dim_to;
-    int size; /* CHOICE_SHORT, CHOICE_LONG or CHOICE_ANY */
+    int size;    /* CHOICE_SHORT, CHOICE_LONG or CHOICE_ANY */
+    int dropout; /* 0, 1 or CHOICE_ANY */
     const char *variant;
     const char *reason;
 } choice_row;
 
 static const choice_row table[] = {
-    {9, 0, CHOICE_ANY, 256, CHOICE_ANY, "tiled",
+    {9, 0, CHOICE_ANY, 256, CHOICE_ANY, 0, "tiled",
      "H200: tiled's float32 beats mma's 3xtf32 at every bench shape, forward and backward "
      "(results/h200-choice.json)"},
 };
@@ -86,12 +88,13 @@ const clattn_ocl_variant *clattn_ocl_variant_for(const struct clattn_cl_state *c
             return c->variant;
         }
     }
-    const int sixteen = s->dtype != CLATTN_DTYPE_F32;
+    const int sixteen = s->dtype != CLATTN_DTYPE_F32, dropout = s->dropout_p > 0.0f;
     for (size_t i = 0; i < sizeof table / sizeof table[0]; ++i) {
         const choice_row *r = &table[i];
         if (r->nv_major == cl->mma.nv_major && r->sixteen == sixteen &&
             (r->op == CHOICE_ANY || r->op == o) && s->head_dim <= r->head_dim_to &&
-            (r->size == CHOICE_ANY || r->size == size)) {
+            (r->size == CHOICE_ANY || r->size == size) &&
+            (r->dropout == CHOICE_ANY || r->dropout == dropout)) {
             const clattn_ocl_variant *v = clattn_ocl_find_variant(r->variant);
             if (runs(cl, v)) {
                 *reason = r->reason;
