@@ -148,7 +148,7 @@ inline uint4 philox(uint4 c, uint k0, uint k1)
     return c;
 }
 
-/* The Philox block of dropout's draws of keys 8c .. 8c + 7 (global
+/* The Philox block of dropout's draws of keys 16c .. 16c + 15 (global
  * positions) for query row pos of head `head` of batch element b: the
  * block at (c, P, head, b + seq0). */
 inline uint4 draws(uint c, uint pos, uint head, uint b, long delta, uint kv_pos0, uint seq0,
@@ -158,20 +158,20 @@ inline uint4 draws(uint c, uint pos, uint head, uint b, long delta, uint kv_pos0
     return philox((uint4)(c, P, head, b + seq0), k0, k1);
 }
 
-/* Key i's (0 .. 7) 16-bit draw of a block: half i mod 2 of word i / 2,
- * low half first. */
-inline uint draw16(uint4 w, uint i)
+/* Key i's (0 .. 15) 8-bit draw of a block: byte i mod 4 of word i / 4,
+ * low byte first. */
+inline uint draw8(uint4 w, uint i)
 {
-    const uint j = i >> 1, word = j == 0u ? w.x : j == 1u ? w.y : j == 2u ? w.z : w.w;
-    return (word >> (16u * (i & 1u))) & 0xFFFFu;
+    const uint j = i >> 2, word = j == 0u ? w.x : j == 1u ? w.y : j == 2u ? w.z : w.w;
+    return (word >> (8u * (i & 3u))) & 0xFFu;
 }
 
-/* The keep bits of a block's eight keys, key i at bit i. */
-inline uint keep_byte(uint4 w, uint thr)
+/* The keep bits of a block's sixteen keys, key i at bit i. */
+inline uint keep_bits(uint4 w, uint thr)
 {
     uint bits = 0u;
-    for (uint i = 0; i < 8u; ++i)
-        bits |= (draw16(w, i) >= thr ? 1u : 0u) << i;
+    for (uint i = 0; i < 16u; ++i)
+        bits |= (draw8(w, i) >= thr ? 1u : 0u) << i;
     return bits;
 }
 
@@ -180,7 +180,7 @@ inline bool kept(uint pos, uint t, uint head, uint b, long delta, uint kv_pos0, 
                  uint k0, uint k1, uint thr)
 {
     const uint T = t + kv_pos0;
-    return draw16(draws(T >> 3, pos, head, b, delta, kv_pos0, seq0, k0, k1), T & 7u) >= thr;
+    return draw8(draws(T >> 4, pos, head, b, delta, kv_pos0, seq0, k0, k1), T & 15u) >= thr;
 }
 #define KEPT(pos, t, head, b) \
     kept((pos), (t), (head), (b), delta, kv_pos0, seq0, drop_k0, drop_k1, drop_thr)

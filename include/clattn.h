@@ -264,9 +264,9 @@ typedef struct clattn_shape {
     const float *alibi_slopes;
     /* Dropout of the attention probabilities: 0 (the default) is none;
      * else each (batch element or packed sequence b, query head h, P, T)
-     * is kept iff the 16-bit Philox4x32-10 draw that docs/numerics.md
+     * is kept iff the 8-bit Philox4x32-10 draw that docs/numerics.md
      * defines, keyed by dropout_seed at dropout_offset, as a fraction of
-     * 2^16 is at least dropout_p, and
+     * 2^8 is at least dropout_p, and
      * kept probabilities are scaled by 1 / (1 - dropout_p). The draw
      * depends on nothing else, so the mask is the same on every backend,
      * variant and device and for any chunking; a new dropout_offset (one

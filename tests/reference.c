@@ -68,15 +68,14 @@ double ref_dropout(const clattn_shape *s, uint32_t b, uint32_t head, uint32_t po
     uint32_t step[4];
     ref_philox(at, seed, step);
     const uint32_t T = s->kv_offset + t, P = (uint32_t)query_at(s, pos);
-    const uint32_t ctr[4] = {T / 8u, P, head, b}, key[2] = {step[0], step[1]};
+    const uint32_t ctr[4] = {T / 16u, P, head, b}, key[2] = {step[0], step[1]};
     uint32_t draw[4];
     ref_philox(ctr, key, draw);
-    /* key T's 16 bits: half T % 2 (low first) of word T % 8 / 2; u = bits
-     * / 2^16 is kept iff u >= p */
-    const uint32_t word = draw[T % 8u / 2u], bits = T % 2u ? word / 65536u : word % 65536u;
-    return (double)bits / 65536.0 >= (double)s->dropout_p
-               ? 1.0 / (1.0 - (double)s->dropout_p)
-               : 0.0;
+    /* key T's 8 bits: byte T % 4 (low first) of word T % 16 / 4; u = bits
+     * / 2^8 is kept iff u >= p */
+    const uint32_t bits = draw[T % 16u / 4u] / (1u << (8u * (T % 4u))) % 256u;
+    return (double)bits / 256.0 >= (double)s->dropout_p ? 1.0 / (1.0 - (double)s->dropout_p)
+                                                         : 0.0;
 }
 
 /* The score of (b, pos, head) against key t, from the float inputs, with

@@ -279,10 +279,10 @@ def dropout_factor(batch, heads, q_seq, kv_seq, causal, p, seed, offset):
     b, h, pos, t = np.meshgrid(np.arange(batch), np.arange(heads), np.arange(q_seq),
                                np.arange(kv_seq), indexing="ij")
     big_p = (pos + (kv_seq - q_seq if causal == 2 else 0)) % 2**32
-    words = philox((t // 8, big_p, h, b), key)
-    half = (16 * (t % 2)).astype(np.uint64)  # key t's 16 bits: low half first
-    draw = (np.choose(t % 8 // 2, words) >> half) & np.uint64(0xFFFF)
-    keep = draw.astype(np.float64) / 2.0**16 >= p
+    words = philox((t // 16, big_p, h, b), key)
+    shift = (8 * (t % 4)).astype(np.uint64)  # key t's byte: low byte first
+    draw = (np.choose(t % 16 // 4, words) >> shift) & np.uint64(0xFF)
+    keep = draw.astype(np.float64) / 2.0**8 >= p
     return np.where(keep, 1.0 / (1.0 - np.float64(np.float32(p))), 0.0)
 
 

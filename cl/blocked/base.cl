@@ -360,7 +360,7 @@ inline float16 drop16(uint16 pos, uint16 t, uint head, uint b, long delta, uint 
                       uint seq0, uint k0, uint k1, uint thr, float gain)
 {
     const uint16 T = t + kv_pos0;
-    uint16 c0 = T >> 3u, c1 = convert_uint16(convert_long16(pos) + delta + (long)kv_pos0);
+    uint16 c0 = T >> 4u, c1 = convert_uint16(convert_long16(pos) + delta + (long)kv_pos0);
     uint16 c2 = (uint16)head, c3 = (uint16)(b + seq0);
     for (int round = 0; round < 10; ++round) {
         if (round > 0) {
@@ -374,10 +374,10 @@ inline float16 drop16(uint16 pos, uint16 t, uint head, uint b, long delta, uint 
         c2 = hi0 ^ c3 ^ k1;
         c3 = lo0;
     }
-    /* key T's 16 bits: half T mod 2 of word (T mod 8) / 2 */
-    const int16 odd = convert_int16((T & 2u) != 0u), high = convert_int16((T & 4u) != 0u);
+    /* key T's 8 bits: byte T mod 4 of word (T mod 16) / 4 */
+    const int16 odd = convert_int16((T & 4u) != 0u), high = convert_int16((T & 8u) != 0u);
     const uint16 w = select(select(c0, c1, odd), select(c2, c3, odd), high);
-    const uint16 u = (w >> ((T & 1u) * 16u)) & 0xFFFFu;
+    const uint16 u = (w >> ((T & 3u) * 8u)) & 0xFFu;
     return select((float16)0.0f, (float16)gain, convert_int16(u >= thr));
 }
 #define DROP16(pos, t, head, b) \

@@ -98,87 +98,96 @@ inline void modify_lane(float *s, float *dz, float pre, long base, float side, f
 
 /* Dropout's keep bits of a lane's scores: bit j of kb[j / 32] for score
  * j of its fragment (n-tile j / 4, row half (j & 2) / 2, column j & 1).
- * Eight consecutive keys of one query share a Philox block, and the lanes
- * that hold them share its draw: each block is drawn by one of them, which
- * passes its eight keep bits (keep_byte) to the others by shuffles, a draw
- * per eight scores. `a`, where the warp's keys start within a block, is 0
- * unless kv_offset (or on the query side a window's first key) is off a
- * multiple of 8; the blocks then straddle the n-tiles (the rows on the key
- * side) and one more block a row (a column) is drawn. Blocks are numbered
- * so that those drawn at a = 0 come first. */
+ * Sixteen consecutive keys of one query share a Philox block, and the
+ * lanes that hold them share its draw: each block is drawn by one of them,
+ * which passes its sixteen keep bits (keep_bits) to the others by
+ * shuffles, a draw per sixteen scores. `a`, where the warp's keys start
+ * within a block, is 0 unless kv_offset (or on the query side a window's
+ * first key) is off a multiple of 16; the blocks then straddle the n-tiles
+ * (the rows on the key side) and one more block a row (a column) may be
+ * drawn. Each lane keeps the sixteen bits of its blocks in halves of
+ * words: HALF_OF(w, i, lanes) is block i's. */
 #define DROP_WORDS ((NT * 4 + 31) / 32)
-#define QB ((2 * (NT + 1) + 3) / 4) /* blocks a lane draws at most, query side */
-#define KB ((6 * NT + 7) / 8)       /* and key side */
-#define BYTE_OF(w, i, lanes) (((w)[(i) % (lanes)][(i) / (lanes) / 4] >> ((i) / (lanes) % 4 * 8)) & 0xFFu)
+#define QBLOCKS (2 * ((NT + 1) / 2 + 2)) /* block indices the query side reads */
+#define QB ((QBLOCKS + 3) / 4)             /* blocks a lane draws at most, query side */
+#define KB ((4 * NT + 7) / 8)              /* and key side */
+#define HALF_OF(w, i, lanes) \
+    (((w)[(i) % (lanes)][(i) / (lanes) / 2] >> ((i) / (lanes) % 2 * 16)) & 0xFFFFu)
 
 /* Query side: rows row0 and row0 + 8 (queries), columns keys t0 + 8n + 2t
- * + c. Block i = 2m + r holds keys t0 + 8m - a .. of row half r; lane
- * i % 4 of the row's quad draws it. An n-tile's keep bits are a byte of
- * its block and the next one's, shifted by a. */
+ * + c. Block i = 2m + r holds keys t0 + 16m - a .. of row half r; lane
+ * i % 4 of the row's quad draws it. N-tile n's keys start at bit a + 8n
+ * of its row half's blocks, in block (n + h) / 2 (h = a / 8) at bit
+ * a % 8 + 8 ((n + h) mod 2): the two blocks from there, picked by h so
+ * that every index is known when compiled. */
 inline void keep_queries(uint *kb, uint t0, uint row0, uint head, uint b, long delta,
                          __local float *emu, MOD_ARGS)
 {
     const uint lane = get_local_id(0) & 31u, t = lane & 3u;
-    const uint first = t0 + kv_pos0, a = first & 7u, blocks = a ? 2 * (NT + 1) : 2 * NT;
-    uint own[(QB + 3) / 4];
+    const uint first = t0 + kv_pos0, a = first & 15u, blocks = 2 * ((a + 8 * NT + 15) >> 4);
+    uint own[(QB + 1) / 2];
     UNROLL
-    for (uint w = 0; w < (QB + 3) / 4; ++w)
+    for (uint w = 0; w < (QB + 1) / 2; ++w)
         own[w] = 0u;
     UNROLL
     for (uint q = 0; q < QB; ++q) {
         const uint i = 4 * q + t;
         if (i < blocks) {
-            const uint4 x = draws(((first >> 3) + i / 2) & 0x1FFFFFFFu, row0 + 8 * (i & 1u), head,
+            const uint4 x = draws(((first >> 4) + i / 2) & 0x0FFFFFFFu, row0 + 8 * (i & 1u), head,
                                   b, delta, kv_pos0, seq0, drop_k0, drop_k1);
-            own[q / 4] |= keep_byte(x, drop_thr) << (8 * (q % 4));
+            own[q / 2] |= keep_bits(x, drop_thr) << (16 * (q % 2));
         }
     }
-    uint got[4][(QB + 3) / 4];
+    uint got[4][(QB + 1) / 2];
     UNROLL
-    for (uint w = 0; w < (QB + 3) / 4; ++w)
+    for (uint w = 0; w < (QB + 1) / 2; ++w)
         UNROLL
         for (uint src = 0; src < 4; ++src)
             got[src][w] = shfl_idx(own[w], (lane & ~3u) | src, emu);
     UNROLL
     for (uint w = 0; w < DROP_WORDS; ++w)
         kb[w] = 0u;
+    const uint h = a >> 3, low = a & 7u;
     UNROLL
     for (uint n = 0; n < NT; ++n)
         UNROLL
         for (uint r = 0; r < 2; ++r) {
-            const uint i = 2 * n + r, j = 4 * n + 2 * r; /* keys 2t and 2t + 1 */
-            const uint two = BYTE_OF(got, i, 4) | BYTE_OF(got, i + 2, 4) << 8;
-            kb[j / 32] |= ((two >> (a + 2 * t)) & 3u) << (j % 32);
+            const uint j = 4 * n + 2 * r; /* keys 2t and 2t + 1 */
+            const uint m0 = n / 2, m1 = (n + 1) / 2;
+            const uint w0 = HALF_OF(got, 2 * m0 + r, 4) | HALF_OF(got, 2 * m0 + 2 + r, 4) << 16;
+            const uint w1 = HALF_OF(got, 2 * m1 + r, 4) | HALF_OF(got, 2 * m1 + 2 + r, 4) << 16;
+            const uint two = h ? w1 >> (low + 8 * ((n + 1) % 2)) : w0 >> (low + 8 * (n % 2));
+            kb[j / 32] |= ((two >> (2 * t)) & 3u) << (j % 32);
         }
 }
 
 /* Key side: rows keys key0 and key0 + 8 (key0 = kbase + g), columns
  * queries p0 + 8n + 2t + c. Block i = 2NT k + (2n + c) holds keys kbase +
- * 8k - a .. of query p0 + 8n + 2t + c; lane g = i % 8 of the eight lanes of
- * the same t draws it. A column's keep bits are bits a .. a + 15 of its
- * blocks' three bytes. */
+ * 16k - a .. of query p0 + 8n + 2t + c; lane g = i % 8 of the eight lanes
+ * of the same t draws it (k = 1 only where a > 0). A column's keep bits
+ * are bits a .. a + 15 of its two blocks. */
 inline void keep_keys(uint *kb, uint p0, uint key0, uint head, uint b, long delta,
                       __local float *emu, MOD_ARGS)
 {
     const uint lane = get_local_id(0) & 31u, t = lane & 3u, g = lane >> 2;
-    const uint first = key0 - g + kv_pos0, a = first & 7u, blocks = a ? 6 * NT : 4 * NT;
-    uint own[(KB + 3) / 4];
+    const uint first = key0 - g + kv_pos0, a = first & 15u, blocks = a ? 4 * NT : 2 * NT;
+    uint own[(KB + 1) / 2];
     UNROLL
-    for (uint w = 0; w < (KB + 3) / 4; ++w)
+    for (uint w = 0; w < (KB + 1) / 2; ++w)
         own[w] = 0u;
     UNROLL
     for (uint q = 0; q < KB; ++q) {
         const uint i = 8 * q + g, col = i % (2 * NT);
         if (i < blocks) {
-            const uint4 x = draws(((first >> 3) + i / (2 * NT)) & 0x1FFFFFFFu,
+            const uint4 x = draws(((first >> 4) + i / (2 * NT)) & 0x0FFFFFFFu,
                                   p0 + 8 * (col / 2) + 2 * t + (col & 1u), head, b, delta, kv_pos0,
                                   seq0, drop_k0, drop_k1);
-            own[q / 4] |= keep_byte(x, drop_thr) << (8 * (q % 4));
+            own[q / 2] |= keep_bits(x, drop_thr) << (16 * (q % 2));
         }
     }
-    uint got[8][(KB + 3) / 4];
+    uint got[8][(KB + 1) / 2];
     UNROLL
-    for (uint w = 0; w < (KB + 3) / 4; ++w)
+    for (uint w = 0; w < (KB + 1) / 2; ++w)
         UNROLL
         for (uint src = 0; src < 8; ++src)
             got[src][w] = shfl_idx(own[w], (src << 2) | t, emu);
@@ -187,12 +196,11 @@ inline void keep_keys(uint *kb, uint p0, uint key0, uint head, uint b, long delt
         kb[w] = 0u;
     UNROLL
     for (uint col = 0; col < 2 * NT; ++col) {
-        const uint three = BYTE_OF(got, col, 8) | BYTE_OF(got, 2 * NT + col, 8) << 8 |
-                           BYTE_OF(got, 4 * NT + col, 8) << 16;
+        const uint two = HALF_OF(got, col, 8) | HALF_OF(got, 2 * NT + col, 8) << 16;
         UNROLL
         for (uint r = 0; r < 2; ++r) { /* key g of row half r */
             const uint j = col / 2 * 4 + 2 * r + (col & 1u);
-            kb[j / 32] |= ((three >> (a + 8 * r + g)) & 1u) << (j % 32);
+            kb[j / 32] |= ((two >> (a + 8 * r + g)) & 1u) << (j % 32);
         }
     }
 }

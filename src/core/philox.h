@@ -33,7 +33,7 @@ static inline void clattn_philox(const uint32_t ctr[4], const uint32_t key[2], u
  * they are kept from. */
 typedef struct clattn_dropout {
     uint32_t key[2];
-    uint32_t threshold; /* ceil(p * 2^16): a 16-bit draw u is kept iff u >= threshold */
+    uint32_t threshold; /* ceil(p * 2^8): an 8-bit draw u is kept iff u >= threshold */
     float gain;         /* 1 / (1 - p), as kept probabilities are scaled */
 } clattn_dropout;
 
@@ -46,21 +46,21 @@ static inline clattn_dropout clattn_dropout_of(float p, uint64_t seed, uint64_t 
     clattn_philox(ctr, key, out);
     d.key[0] = out[0];
     d.key[1] = out[1];
-    d.threshold = (uint32_t)ceil((double)p * 65536.0); /* p < 1: at most 2^16 */
+    d.threshold = (uint32_t)ceil((double)p * 256.0); /* p < 1: at most 2^8 */
     d.gain = (float)(1.0 / (1.0 - (double)p));
     return d;
 }
 
-/* Whether (b, h, P, T) is kept: the draw is 16-bit half T mod 8 of Philox
- * at the counter (T / 8, P, h, b), low half first, so eight consecutive keys
- * share one block. */
+/* Whether (b, h, P, T) is kept: the draw is byte T mod 16 of Philox at the
+ * counter (T / 16, P, h, b), byte T mod 4 of word (T mod 16) / 4, low byte
+ * first, so sixteen consecutive keys share one block. */
 static inline int clattn_dropout_keeps(const clattn_dropout *d, uint32_t b, uint32_t h,
                                        uint32_t P, uint32_t T)
 {
-    const uint32_t ctr[4] = {T >> 3, P, h, b};
+    const uint32_t ctr[4] = {T >> 4, P, h, b};
     uint32_t out[4];
     clattn_philox(ctr, d->key, out);
-    return ((out[(T & 7u) >> 1] >> (16u * (T & 1u))) & 0xFFFFu) >= d->threshold;
+    return ((out[(T & 15u) >> 2] >> (8u * (T & 3u))) & 0xFFu) >= d->threshold;
 }
 
 #endif /* CLATTN_PHILOX_H */

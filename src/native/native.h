@@ -259,54 +259,47 @@ static inline void native_keep_bits(const native_call *c, const native_drop_rows
                                     uint32_t *bits)
 {
     const uint32_t T0 = t0 + c->s->kv_offset, thr = c->drop.threshold;
-    const uint64_t first = T0 >> 3, last = ((uint64_t)T0 + 31u) >> 3;
+    const uint64_t first = T0 >> 4, last = ((uint64_t)T0 + 31u) >> 4;
     const size_t n = d->n;
     for (size_t r0 = 0; r0 < n; r0 += 8) {
         const native_u64x8 *row = d->word[r0 / 8];
-        native_u64x8 ctr[5][4]; /* 32 keys span at most 5 blocks of 8 */
+        native_u64x8 ctr[3][4]; /* 32 keys span at most 3 blocks of 16 */
         const int blocks = (int)(last - first + 1);
         for (int k = 0; k < blocks; ++k) {
-            /* the keys' positions wrap at 2^32, their blocks at 2^29 */
-            ctr[k][0] = (native_u64x8){0} + (uint32_t)((first + (uint64_t)k) & 0x1FFFFFFFu);
+            /* the keys' positions wrap at 2^32, their blocks at 2^28 */
+            ctr[k][0] = (native_u64x8){0} + (uint32_t)((first + (uint64_t)k) & 0x0FFFFFFFu);
             ctr[k][1] = row[0];
             ctr[k][2] = row[1];
             ctr[k][3] = row[2];
         }
         native_philox8(ctr, blocks, c->drop.key[0], c->drop.key[1]);
         native_u64x8 keep = {0};
-#if defined(__AVX512BW__) && defined(__AVX512DQ__)
-        /* A block's eight 16-bit draws as two lanes of four fields (key i:
-         * half i % 2 of word i / 2, so field i % 4), compared at once; each
-         * lane's four 0/1 fields to four bits by one product whose terms
-         * for field j land on bit 48 + j, the others below bit 48 or past
-         * bit 63. A threshold past 16 bits keeps nothing. */
-        const __m512i bar = _mm512_set1_epi16((short)(uint16_t)thr);
-        const native_u64x8 gather =
-            (native_u64x8){0} + ((1ull << 48) | (1ull << 33) | (1ull << 18) | (1ull << 3));
-        for (int k = 0; k < blocks && thr <= 0xFFFFu; ++k) {
-            native_u64x8 byte = {0};
+        for (int k = 0; k < blocks && thr <= 0xFFu; ++k) { /* past 8 bits: nothing kept */
+            native_u64x8 block;
+#if defined(__AVX512BW__)
+            /* A block's sixteen 8-bit draws (key i: byte i % 4 of word i /
+             * 4) as two lanes of eight bytes, compared at once; the mask's
+             * eight bits of a lane are its keys' keep bits. */
+            const __m512i bar = _mm512_set1_epi8((char)(uint8_t)thr);
+            uint64_t m[2], lanes[8];
             for (int half = 0; half < 2; ++half) {
                 const native_u64x8 v = ctr[k][2 * half] | (ctr[k][2 * half + 1] << 32);
-                const __mmask32 ge = _mm512_cmpge_epu16_mask((__m512i)v, bar);
-                const native_u64x8 ones = (native_u64x8)_mm512_maskz_set1_epi16(ge, 1);
-                const native_u64x8 bits4 =
-                    (native_u64x8)_mm512_mullo_epi64((__m512i)ones, (__m512i)gather) >> 48;
-                byte |= bits4 << (4 * half);
+                m[half] = _mm512_cmpge_epu8_mask((__m512i)v, bar);
             }
-            /* the block's first key is t0 + at; keys past t0 + 31 fall off */
-            const int64_t at = (int64_t)((first + (uint64_t)k) * 8u) - (int64_t)T0;
-            keep |= at >= 0 ? byte << at : byte >> -at;
-        }
+            for (int i = 0; i < 8; ++i)
+                lanes[i] = (m[0] >> (8 * i) & 0xFFu) | (m[1] >> (8 * i) & 0xFFu) << 8;
+            memcpy(&block, lanes, sizeof block);
 #else
-        for (int k = 0; k < blocks; ++k)
-            for (uint32_t i = 0; i < 8; ++i) { /* key i's 16 bits: half i % 2 of word i / 2 */
-                const uint32_t at = (uint32_t)(first + (uint64_t)k) * 8u + i - T0; /* key t0 + at */
-                if (at < 32u) {
-                    const native_u64x8 u = (ctr[k][i >> 1] >> (16u * (i & 1u))) & 0xFFFFu;
-                    keep |= ((native_u64x8)(u >= thr) & 1u) << at;
-                }
+            block = (native_u64x8){0};
+            for (uint32_t i = 0; i < 16; ++i) { /* key i's byte: i % 4 of word i / 4 */
+                const native_u64x8 u = (ctr[k][i >> 2] >> (8u * (i & 3u))) & 0xFFu;
+                block |= ((native_u64x8)(u >= thr) & 1u) << i;
             }
 #endif
+            /* the block's first key is t0 + at; keys past t0 + 31 fall off */
+            const int64_t at = (int64_t)((first + (uint64_t)k) * 16u) - (int64_t)T0;
+            keep |= at >= 0 ? block << at : block >> -at;
+        }
         uint64_t out[8];
         memcpy(out, &keep, sizeof out);
         for (size_t i = 0; i < 8 && r0 + i < n; ++i)
