@@ -25,10 +25,26 @@ typedef struct choice_row {
     const char *reason;
 } choice_row;
 
+/* Measured on an H100 (compute capability 9.0, as the H200) with
+ * `tools/device_run.sh choose`: results/h100-choice.jsonl (without dropout)
+ * and results/h100-choice-dropout.log (p = 0.1), GFLOP/s of mma / tiled.
+ * 16-bit runs mma everywhere (6-17x tiled's); float32 is mixed. */
 static const choice_row table[] = {
-    {9, 0, CHOICE_ANY, 256, CHOICE_ANY, 0, "tiled",
-     "H200: tiled's float32 beats mma's 3xtf32 at every bench shape, forward and backward "
-     "(results/h200-choice.json)"},
+    {9, 0, CHOICE_BACKWARD, 64, CHOICE_ANY, 0, "tiled",
+     "f32 d64 backward without dropout: tiled 23.9 / 25.2 / 26.0 TFLOP/s against mma's 17.1 / "
+     "25.6 / 26.5 on the S 4096 and 16384 shapes, 16.7 against 15.3 on ViT, 2.0 against 1.8 "
+     "at S 1024 (with dropout mma's shared draws win: 26.2 against 19.4)"},
+    {9, 0, CHOICE_ANY, 64, CHOICE_ANY, CHOICE_ANY, "mma",
+     "f32 d64 forward: mma 30.1 / 30.1 TFLOP/s against tiled's 26.5 / 26.6 at S 4096 GQA and "
+     "S 16384, 18.2 against 15.1 on ViT, 7.8 against 5.4 at S 1024 (tiled's 22.7 against 19.3 "
+     "at S 4096 causal, 8 heads, the one loss)"},
+    {9, 0, CHOICE_ANY, 128, CHOICE_LONG, CHOICE_ANY, "tiled",
+     "f32 d80-d128 past S 1024: tiled 16.6-26.4 against mma's 14.2-23.2 at d96, d112 and "
+     "every d128 shape, forward and backward, with dropout too (22.2-23.2 against 17.3-20.9); "
+     "mma keeps d80 GQA's 18.3 against 14.8 only"},
+    {9, 0, CHOICE_FORWARD, 256, CHOICE_ANY, CHOICE_ANY, "tiled",
+     "f32 d256 forward: tiled 16.9 against 14.5 (15.8 against 12.4 with dropout); mma keeps "
+     "the backward, 11.4 against 9.9"},
 };
 
 int clattn_ocl_size_class(const clattn_shape *s)
