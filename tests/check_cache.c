@@ -656,6 +656,28 @@ START_TEST(default_choice)
     check_ops(ctx, &s, 1.0f, 32);
     ck_assert_int_eq(log_lines(ctx, "auto: "), 0);
     clattn_context_destroy(ctx);
+    /* The built-in table, on an NVIDIA GPU of compute capability 9: a
+     * float32 call at d128 past S 1024 runs tiled's kernels. */
+    setenv("CLATTN_TUNING_FILE", "off", 1);
+    ctx = test_context(NULL);
+    cl_device_id dev = NULL;
+    cl_uint major = 0;
+    ck_assert_int_eq(clGetContextInfo(clattn_context_cl_context(ctx), CL_CONTEXT_DEVICES,
+                                      sizeof dev, &dev, NULL),
+                     CL_SUCCESS);
+    if (!strcmp(own, "mma") &&
+        clGetDeviceInfo(dev, 0x4000 /* CL_DEVICE_COMPUTE_CAPABILITY_MAJOR_NV */, sizeof major,
+                        &major, NULL) == CL_SUCCESS &&
+        major == 9) {
+        const shape_case l = {.q_seq = 1100, .heads = 2, .kv_heads = 1, .head_dim = 128,
+                              .causal = 1};
+        clattn_shape ls = to_shape(&l);
+        check_ops(ctx, &ls, 1.0f, 33);
+        ck_assert_msg(strstr(clattn_context_kernels(ctx), "__tiled") &&
+                          strstr(clattn_context_log(ctx), "auto: tiled at head_dim 128 (f32)"),
+                      "%s: %s", clattn_context_kernels(ctx), clattn_context_log(ctx));
+    }
+    clattn_context_destroy(ctx);
     unsetenv("CLATTN_TUNING_FILE");
     ck_assert_int_eq(remove(file), 0);
     ck_assert_int_eq(rmdir(dir), 0);
