@@ -83,10 +83,10 @@ void clattn_ocl_format_choice(const choice_entry *c, char *buf, size_t size)
              (unsigned)c->head_dim, op_names[c->op], size_names[c->size], c->variant->name);
 }
 
-/* Whether the context's device runs v. */
+/* Whether the context's device runs v (its own variant it does: no query). */
 static int runs(const struct clattn_cl_state *cl, const clattn_ocl_variant *v)
 {
-    return v && (!v->runs_on || v->runs_on(cl->device));
+    return v && (v == cl->variant || !v->runs_on || v->runs_on(cl->device));
 }
 
 const clattn_ocl_variant *clattn_ocl_variant_for(const struct clattn_cl_state *cl, clattn_op op,
