@@ -116,8 +116,11 @@ typedef struct clattn_options {
      * default: OpenCL "mma" (tensor cores; NVIDIA GPUs of compute
      * capability 8.0+ only, and their default), "tiled" (other GPUs'
      * default), "blocked" (CPU devices' default) or "tree"; native
-     * "blocked". clattn_variant_name() lists them. The string is read
-     * during the call only. */
+     * "blocked". clattn_variant_name() lists them. Without a name, each
+     * call runs the variant measured fastest for its device, dtype, op,
+     * head_dim and size class where one is known (the tuning file's auto
+     * entries, else a built-in table: docs/tuning.md), else the default.
+     * The string is read during the call only. */
     const char *variant;
     /* Threads of the native backend; 0 means CLATTN_NUM_THREADS when set,
      * else every online CPU. A negative count, or a CLATTN_NUM_THREADS
@@ -166,7 +169,9 @@ clattn_backend clattn_context_backend(const clattn_context *ctx);
  * Owned by the context. */
 const char *clattn_context_device(const clattn_context *ctx);
 
-/* The kernel variant the context runs, e.g. "tree". Owned by the context. */
+/* The kernel variant the context runs, e.g. "tree" (made without a name:
+ * its default, which a call runs where no faster choice is known; see
+ * clattn_context_kernels()). Owned by the context. */
 const char *clattn_context_variant(const clattn_context *ctx);
 
 /* The kernels the context's last successful op ran, in order and
