@@ -157,9 +157,9 @@ static int tune_auto(const char *selector, clattn_backend backend, const bench *
     const char *names[MAX_VARIANTS];
     size_t nv = 0;
     for (size_t i = 0; nv < MAX_VARIANTS && clattn_variant_name(backend, i); ++i)
-        if (strcmp(clattn_variant_name(backend, i), "tree"))
+        if (clattn_ocl_choosable(clattn_variant_name(backend, i)))
             names[nv++] = clattn_variant_name(backend, i);
-    const char *size = b[0].s.q_seq <= 1024 && b[0].s.kv_seq <= 1024 ? "short" : "long";
+    const char *size = clattn_ocl_size_class_name(&b[0].s);
     const double floor = b[0].s.dtype == CLATTN_DTYPE_F32   ? 1e-5
                          : b[0].s.dtype == CLATTN_DTYPE_F16 ? 2e-3
                                                             : 1.6e-2;

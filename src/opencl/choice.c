@@ -61,6 +61,17 @@ int clattn_ocl_choice_op(clattn_op op)
 static const char *const op_names[2] = {"forward", "backward"};
 static const char *const size_names[2] = {"short", "long"};
 
+const char *clattn_ocl_size_class_name(const clattn_shape *s)
+{
+    return size_names[clattn_ocl_size_class(s)];
+}
+
+int clattn_ocl_choosable(const char *name)
+{
+    const clattn_ocl_variant *v = clattn_ocl_find_variant(name);
+    return v && v->per_head_dim;
+}
+
 int clattn_ocl_parse_choice(const char *shape, choice_entry *c)
 {
     char op[16], size[16], variant[32], end;
@@ -73,8 +84,8 @@ int clattn_ocl_parse_choice(const char *shape, choice_entry *c)
         if (!strcmp(size, size_names[i]))
             c->size = i;
     }
-    c->variant = clattn_ocl_find_variant(variant);
-    return c->op >= 0 && c->size >= 0 && c->variant && c->variant->per_head_dim;
+    c->variant = clattn_ocl_choosable(variant) ? clattn_ocl_find_variant(variant) : NULL;
+    return c->op >= 0 && c->size >= 0 && c->variant;
 }
 
 void clattn_ocl_format_choice(const choice_entry *c, char *buf, size_t size)

@@ -52,4 +52,11 @@ void clattn_ocl_searchable(char *names, size_t size);
  * past the last. */
 const char *clattn_ocl_search_variable(size_t i);
 
+/* The default's choice (choice.c), as `clattn tune --variant auto` keeps
+ * it: the size class of a problem, "short" or "long", as its auto entry
+ * names it; and whether an auto entry may name the variant `name` (one
+ * built per head_dim). */
+const char *clattn_ocl_size_class_name(const clattn_shape *s);
+int clattn_ocl_choosable(const char *name);
+
 #endif
