@@ -334,23 +334,8 @@ impl Context {
         d_out: &[T],
         dq: &mut [T],
     ) -> Result<()> {
-        check_grad_inputs(shape, q, k, v, o, lse, d_out)?;
-        check_lengths(&[("dq", dq.len(), shape.q_len())])?;
-        let s = shape.raw(T::DTYPE);
-        // SAFETY: as forward().
-        check(unsafe {
-            sys::clattn_grad_q(
-                self.as_raw(),
-                &s,
-                cv(q),
-                cv(k),
-                cv(v),
-                cv(o),
-                lse.as_ptr(),
-                cv(d_out),
-                mv(dq),
-            )
-        })
+        let want = shape.q_len();
+        self.grad_one(sys::clattn_grad_q, ("dq", want), shape, q, k, v, o, lse, d_out, dq)
     }
 
     /// dK alone, as [`Context::backward`] computes it.
@@ -366,22 +351,32 @@ impl Context {
         d_out: &[T],
         dk: &mut [T],
     ) -> Result<()> {
+        let want = shape.kv_len();
+        self.grad_one(sys::clattn_grad_k, ("dk", want), shape, q, k, v, o, lse, d_out, dk)
+    }
+
+    /// grad_q and grad_k: `f` reads what the backward reads and writes one
+    /// gradient, `out` (named and sized by `out_len`).
+    #[allow(clippy::too_many_arguments)]
+    fn grad_one<T: Element>(
+        &self,
+        f: GradOne,
+        out_len: (&'static str, usize),
+        shape: &Shape,
+        q: &[T],
+        k: &[T],
+        v: &[T],
+        o: &[T],
+        lse: &[f32],
+        d_out: &[T],
+        out: &mut [T],
+    ) -> Result<()> {
         check_grad_inputs(shape, q, k, v, o, lse, d_out)?;
-        check_lengths(&[("dk", dk.len(), shape.kv_len())])?;
+        check_lengths(&[(out_len.0, out.len(), out_len.1)])?;
         let s = shape.raw(T::DTYPE);
         // SAFETY: as forward().
         check(unsafe {
-            sys::clattn_grad_k(
-                self.as_raw(),
-                &s,
-                cv(q),
-                cv(k),
-                cv(v),
-                cv(o),
-                lse.as_ptr(),
-                cv(d_out),
-                mv(dk),
-            )
+            f(self.as_raw(), &s, cv(q), cv(k), cv(v), cv(o), lse.as_ptr(), cv(d_out), mv(out))
         })
     }
 
@@ -524,6 +519,19 @@ fn check_grad_inputs<T>(
         ("d_out", d_out.len(), nq),
     ])
 }
+
+/// clattn_grad_q's and clattn_grad_k's signature.
+type GradOne = unsafe extern "C" fn(
+    *mut sys::clattn_context,
+    *const sys::clattn_shape,
+    *const c_void,
+    *const c_void,
+    *const c_void,
+    *const c_void,
+    *const f32,
+    *const c_void,
+    *mut c_void,
+) -> sys::clattn_status;
 
 fn cv<T>(s: &[T]) -> *const c_void {
     s.as_ptr() as *const c_void
