@@ -64,7 +64,14 @@ inline ushort bf16_rte(float x)
 #define MOD_ALIBI 2
 #define MOD_DROPOUT 4
 #define MOD_SINK 8 /* learnable sinks: the forward's alone */
-#define SHAPED (MODS & (MOD_SOFTCAP | MOD_ALIBI)) /* the scores themselves change */
+/* The caller's functions, whose source goes ahead of this prelude
+ * (docs/programmable.md): clattn_score and clattn_score_ds (MOD_SCORE),
+ * clattn_mask (MOD_MASK). Their parameters follow the sinks in `slopes`. */
+#define MOD_SCORE 16
+#define MOD_MASK 32
+#define USER_FNS (MODS & (MOD_SCORE | MOD_MASK))
+/* the scores themselves change */
+#define SHAPED (MODS & (MOD_SOFTCAP | MOD_ALIBI | MOD_SCORE | MOD_MASK))
 #define MOD_ARGS                                                                             \
     float softcap, __global const float *slopes, uint kv_pos0, uint seq0, uint drop_k0,   \
         uint drop_k1, uint drop_thr, float drop_gain
@@ -112,11 +119,42 @@ inline float softcap_tanh(float y)
     return fabs(y) < TANH_SERIES_BELOW ? tanh_series(y) : tanh_of_e(y, exp2(-fabs(y) * TWO_LOG2E));
 }
 
+#if USER_FNS
+/* The caller's functions of score x of query row pos and key t of query
+ * head `head` of batch element b: the score function, then the mask
+ * function (a hidden pair's score -inf, its derivative 0); they take the
+ * global positions P and T and b + seq0, with the rows clamped to the
+ * call's (a tile's tail past them is discarded). *g is multiplied by the
+ * score function's derivative. */
+inline float user_modify(float x, uint pos, uint t, uint head, uint b, long delta,
+                         __global const float *slopes, uint num_heads, uint q_seq, uint kv_seq,
+                         uint kv_pos0, uint seq0, float *g)
+{
+    const uint P = (uint)((long)min(pos, q_seq - 1u) + delta + (long)kv_pos0);
+    const uint T = min(t, kv_seq - 1u) + kv_pos0;
+#if MODS & MOD_SCORE
+    __global const float *p = slopes + 2u * num_heads;
+    *g *= clattn_score_ds(x, b + seq0, head, P, T, p);
+    x = clattn_score(x, b + seq0, head, P, T, p);
+#endif
+#if MODS & MOD_MASK
+    if (!clattn_mask(b + seq0, head, P, T)) {
+        x = -INFINITY;
+        *g = 0.0f;
+    }
+#endif
+    return x;
+}
+#endif
+
 /* The modified score of the scaled score x of query row pos and key t of
- * query head `head`: softcap, then ALiBi over |P - T| = |pos + delta - t|;
- * *dz gets dz/dx, softcap's 1 - tanh^2 (1 without it). */
-inline float modify(float x, uint pos, uint t, uint head, long delta, float softcap,
-                    __global const float *slopes, float *dz)
+ * query head `head` of batch element b: softcap, then ALiBi over |P - T| =
+ * |pos + delta - t|, then the caller's functions (user_modify); *dz gets
+ * dz/dx, the product of softcap's 1 - tanh^2 and the score function's
+ * derivative (1 without them). */
+inline float modify(float x, uint pos, uint t, uint head, uint b, long delta, float softcap,
+                    __global const float *slopes, uint num_heads, uint q_seq, uint kv_seq,
+                    uint kv_pos0, uint seq0, float *dz)
 {
     float g = 1.0f;
 #if MODS & MOD_SOFTCAP
@@ -128,10 +166,16 @@ inline float modify(float x, uint pos, uint t, uint head, long delta, float soft
     const long dist = (long)pos + delta - (long)t;
     x -= slopes[head] * (float)(dist < 0 ? -dist : dist);
 #endif
+#if USER_FNS
+    x = user_modify(x, pos, t, head, b, delta, slopes, num_heads, q_seq, kv_seq, kv_pos0, seq0,
+                    &g);
+#endif
     *dz = g;
     return x;
 }
-#define MODIFY(x, pos, t, head, dz) modify((x), (pos), (t), (head), delta, softcap, slopes, (dz))
+#define MODIFY(x, pos, t, head, b, dz)                                                     \
+    modify((x), (pos), (t), (head), (b), delta, softcap, slopes, num_heads, q_seq, kv_seq, \
+           kv_pos0, seq0, (dz))
 
 /* Philox4x32-10 (Salmon et al., SC 2011) of counter c under key (k0, k1). */
 inline uint4 philox(uint4 c, uint k0, uint k1)
@@ -239,6 +283,9 @@ inline void keys_of_queries(uint first, uint last, uint kv_seq, int causal, uint
  * gives. */
 inline float zero_sum(uint pos, uint kv_seq, int causal, uint window, long delta, float empty)
 {
+#if MODS & MOD_MASK
+    return empty; /* the caller's mask may hide every key the masks show */
+#endif
     uint lo, hi;
     keys_of_queries(pos, pos, kv_seq, causal, window, delta, &lo, &hi);
     return lo < hi ? NAN : empty;

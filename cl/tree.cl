@@ -129,7 +129,7 @@ __kernel void grad_v__tree(__global const elem *d_out, ulong d_out_off,
                 tree_sum(red, lane_dot(k_t, q, q_off + q_at, tid, wg, head_dim), tid, wg) * scale;
 #if SHAPED
             float dz;
-            score = MODIFY(score, pos, t, head, &dz);
+            score = MODIFY(score, pos, t, head, b, &dz);
 #endif
             const ulong row = lse_off + 2 * at(b, q_seq, pos, num_heads, head, 1, 0);
             float p = exp(min0(score - lse[row]) - lse[row + 1]);
@@ -171,7 +171,7 @@ __kernel void forward__tree(__global const elem *q, ulong q_off,
             tree_sum(red, lane_dot(q_d, k, k_off + kv_at, tid, wg, head_dim), tid, wg) * scale;
 #if SHAPED
         float dz;
-        s = MODIFY(s, pos, t, head, &dz);
+        s = MODIFY(s, pos, t, head, b, &dz);
 #endif
         const float m_new = fmax(m, s);
         float rescale = exp(m - m_new), e = exp(s - m_new);
@@ -251,7 +251,7 @@ __kernel void grad_q__tree(__global const elem *q, ulong q_off,
         const float2 sums = tree_sum2(red, lane_dot2(q_d, k_d), lane_dot2(do_d, v_d), tid, wg);
         float s = sums.x * scale, dz = 1.0f, dp = sums.y;
 #if SHAPED
-        s = MODIFY(s, pos, t, head, &dz);
+        s = MODIFY(s, pos, t, head, b, &dz);
 #endif
 #if MODS & MOD_DROPOUT
         dp *= DROP(pos, t, head, b);
@@ -295,7 +295,7 @@ inline void grad_kv_row(__global const elem *q, ulong q_off, __global const elem
             const float2 sums = tree_sum2(red, lane_dot2(q_d, k_d), lane_dot2(do_d, v_d), tid, wg);
             float s = sums.x * scale, dz = 1.0f, keep = 1.0f;
 #if SHAPED
-            s = MODIFY(s, pos, t, head, &dz);
+            s = MODIFY(s, pos, t, head, b, &dz);
 #endif
 #if MODS & MOD_DROPOUT
             keep = DROP(pos, t, head, b);

@@ -292,6 +292,38 @@ typedef struct clattn_shape {
      * chunks merged with clattn_merge(), give it to one chunk only. -inf is
      * no sink; NaN or +inf is CLATTN_ERROR_INVALID_MODIFIER. */
     const float *sinks;
+    /* Programmable attention (docs/programmable.md): the caller's score and
+     * mask functions, applied to each pair after the modifiers above, the
+     * score function first, then the mask function, then the masks. Their
+     * arguments: the score s so far; b, the batch element (a packed
+     * sequence's index); h, the query head; q and k, the global positions P
+     * and T the masks compare (modulo 2^32); p, the parameters.
+     *   score_fn  OpenCL C source defining
+     *             float clattn_score(float s, uint b, uint h, uint q, uint k,
+     *                                __global const float *p)
+     *             and its derivative in s, clattn_score_ds(), of the same
+     *             arguments; NULL (the default): none.
+     *   mask_fn   OpenCL C source defining
+     *             bool clattn_mask(uint b, uint h, uint q, uint k),
+     *             false hiding key k from query q; NULL: none.
+     * The OpenCL backends compile them into the kernels (a compile error is
+     * CLATTN_ERROR_BUILD_FAILED with the compiler's log); the native backend
+     * calls score_native, score_ds_native and mask_native instead, the same
+     * functions in C (a shape may carry both forms; a backend whose form is
+     * missing returns CLATTN_ERROR_UNSUPPORTED_SHAPE). Functions must be
+     * pure: they are called from many threads, in any order, and for
+     * pairs whose result the masks then discard. score_params holds
+     * score_params_count floats, read during the call only. A row that the
+     * mask function hides whole is empty (O = 0, LSE (-1e30, -1e30)). */
+    const char *score_fn;
+    const char *mask_fn;
+    const float *score_params;
+    uint32_t score_params_count;
+    float (*score_native)(float s, uint32_t b, uint32_t h, uint32_t q, uint32_t k,
+                          const float *p);
+    float (*score_ds_native)(float s, uint32_t b, uint32_t h, uint32_t q, uint32_t k,
+                             const float *p);
+    int (*mask_native)(uint32_t b, uint32_t h, uint32_t q, uint32_t k);
 } clattn_shape;
 
 /* n elements of dtype to float32 and back, as clattn converts them:

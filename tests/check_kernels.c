@@ -82,8 +82,14 @@ void expect_lse(const clattn_shape *s, const float *got, const double *ref, size
  * backward from this backend's own forward. */
 void check_ops(clattn_context *ctx, const clattn_shape *s, float q_gain, uint64_t seed)
 {
+    check_ops_against(ctx, s, s, q_gain, seed);
+}
+
+void check_ops_against(clattn_context *ctx, const clattn_shape *s, const clattn_shape *ref,
+                       float q_gain, uint64_t seed)
+{
     problem p;
-    problem_make(&p, s, seed, q_gain);
+    problem_make(&p, ref, seed, q_gain);
     double *o_ref = doubles(p.nq), *o_mag = doubles(p.nq), *lse_ref = doubles(p.nlse);
     double *dq = doubles(p.nq), *dq_mag = doubles(p.nq), *dk = doubles(p.nkv);
     double *dk_mag = doubles(p.nkv), *dv = doubles(p.nkv), *dv_mag = doubles(p.nkv);
@@ -613,6 +619,17 @@ Suite *kernels_suite(void)
     tcase_add_test(tc, m.dropout_mask);
     if (test_backend_kind() == CLATTN_BACKEND_OPENCL_GPU)
         add_loop(tc, d.modifiers_16);
+    suite_add_tcase(s, tc);
+    /* The caller's functions apart (CK_RUN_CASE=programmable). */
+    const programmable_tests pg = get_programmable_tests();
+    tc = tcase_create("programmable");
+    tcase_set_tags(tc, "modifiers");
+    tcase_set_timeout(tc, 600);
+    tcase_add_test(tc, pg.builtins);
+    tcase_add_test(tc, pg.bias_table);
+    add_loop(tc, pg.masks);
+    tcase_add_test(tc, pg.finite_differences);
+    tcase_add_test(tc, pg.bad_functions);
     suite_add_tcase(s, tc);
     /* The 16-bit tensors apart (CK_RUN_CASE=grad_v-16): what
      * CLATTN_MMA_WGMMA changes, to be run alone under it. */

@@ -98,4 +98,12 @@ typedef struct modifier_tests {
 } modifier_tests;
 modifier_tests get_modifier_tests(void);
 
+/* check_programmable.c */
+typedef struct programmable_tests {
+    const TTest *builtins, *bias_table;
+    loop_test masks;
+    const TTest *finite_differences, *bad_functions;
+} programmable_tests;
+programmable_tests get_programmable_tests(void);
+
 #endif

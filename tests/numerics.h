@@ -34,5 +34,9 @@ void expect_close(const char *what, const clattn_shape *s, float q_gain, const f
  * reference: forward, grad-V, backward, grad-Q and grad-K alone, and the
  * backward from this backend's own forward. */
 void check_ops(clattn_context *ctx, const clattn_shape *s, float q_gain, uint64_t seed);
+/* As check_ops(), the calls with shape s against the reference of shape
+ * ref (the same sizes; other modifiers that should give the same results). */
+void check_ops_against(clattn_context *ctx, const clattn_shape *s, const clattn_shape *ref,
+                       float q_gain, uint64_t seed);
 
 #endif

@@ -100,9 +100,26 @@ static double score_d(const problem *p, size_t b, size_t pos, size_t head, size_
     if (s->alibi_slopes)
         x -= (double)s->alibi_slopes[head] *
              fabs((double)(query_at(s, pos) - ((int64_t)s->kv_offset + (int64_t)t)));
+    if (s->score_native) { /* the shape's score function, its C form, in float */
+        const uint32_t bb = (uint32_t)(p->seq_base + b), P = (uint32_t)query_at(s, pos),
+                       T = (uint32_t)(s->kv_offset + t);
+        g *= (double)s->score_ds_native((float)x, bb, (uint32_t)head, P, T, s->score_params);
+        x = (double)s->score_native((float)x, bb, (uint32_t)head, P, T, s->score_params);
+    }
     if (dz)
         *dz = g;
     return x;
+}
+
+/* Whether query row pos of head `head` of element b sees key t: the masks,
+ * then the shape's mask function (its C form) at the global positions. */
+static int seen(const problem *p, size_t b, size_t pos, size_t head, size_t t)
+{
+    const clattn_shape *s = &p->s;
+    return ref_visible(s, (uint32_t)pos, (uint32_t)t) &&
+           (!s->mask_native ||
+            s->mask_native((uint32_t)(p->seq_base + b), (uint32_t)head,
+                           (uint32_t)query_at(s, pos), (uint32_t)(s->kv_offset + t)));
 }
 
 static double score(const problem *p, size_t b, size_t pos, size_t head, size_t t)
@@ -161,7 +178,7 @@ void ref_forward(const problem *p, double *o, double *o_mag, double *lse)
                 double m = -1e30, l = -1e30, sum = 0.0;
                 int any = 0;
                 for (size_t t = 0; t < s->kv_seq; ++t)
-                    if (ref_visible(s, (uint32_t)pos, (uint32_t)t)) {
+                    if (seen(p, b, pos, h, t)) {
                         double sc = score(p, b, pos, h, t);
                         m = any && m > sc ? m : sc;
                         any = 1;
@@ -175,11 +192,11 @@ void ref_forward(const problem *p, double *o, double *o_mag, double *lse)
                 }
                 if (any) {
                     for (size_t t = 0; t < s->kv_seq; ++t)
-                        if (ref_visible(s, (uint32_t)pos, (uint32_t)t))
+                        if (seen(p, b, pos, h, t))
                             sum += exp(score(p, b, pos, h, t) - m);
                     l = log(sum);
                     for (size_t t = 0; t < s->kv_seq; ++t) {
-                        if (!ref_visible(s, (uint32_t)pos, (uint32_t)t))
+                        if (!seen(p, b, pos, h, t))
                             continue;
                         const double pr = exp(score(p, b, pos, h, t) - m - l) *
                                           ref_dropout(s, (uint32_t)(p->seq_base + b),
@@ -220,7 +237,7 @@ void ref_backward(const problem *p, double *dq, double *dq_mag, double *dk, doub
                     dsum_mag += fabs((double)dor[d] * orow[d]);
                 }
                 for (size_t t = 0; t < s->kv_seq; ++t) {
-                    if (!ref_visible(s, (uint32_t)pos, (uint32_t)t))
+                    if (!seen(p, b, pos, h, t))
                         continue;
                     const size_t kv = ((b * s->kv_seq + t) * s->num_kv_heads + h / group) * D;
                     const float *kr = p->k + kv, *vr = p->v + kv;
@@ -275,6 +292,8 @@ void ref_grad_v(const problem *p, double *dv, double *mag)
                     if (!ref_visible(s, (uint32_t)pos, (uint32_t)t))
                         continue;
                     for (size_t h = kvh * group; h < (kvh + 1) * group; ++h) {
+                        if (!seen(p, b, pos, h, t))
+                            continue;
                         const float *pair =
                             p->lse + ((b * s->q_seq + pos) * s->num_heads + h) * 2;
                         double x = score(p, b, pos, h, t) - pair[0];

@@ -331,8 +331,9 @@ inline uint16 lane_ids(void)
 
 /* cl/common.cl's modify() of 16 pairs (query positions pos, keys t) of
  * query head `head`; *dz its derivatives. */
-inline float16 modify16(float16 x, uint16 pos, uint16 t, uint head, long delta, float softcap,
-                        __global const float *slopes, float16 *dz)
+inline float16 modify16(float16 x, uint16 pos, uint16 t, uint head, uint b, long delta,
+                        float softcap, __global const float *slopes, uint num_heads, uint q_seq,
+                        uint kv_seq, uint kv_pos0, uint seq0, float16 *dz)
 {
     *dz = (float16)1.0f;
 #if MODS & MOD_SOFTCAP
@@ -349,10 +350,24 @@ inline float16 modify16(float16 x, uint16 pos, uint16 t, uint head, long delta, 
     const long16 dist = convert_long16(pos) + delta - convert_long16(t);
     x -= slopes[head] * convert_float16(abs(dist));
 #endif
+#if USER_FNS
+    /* the caller's functions, lane by lane */
+    float xs[16], gs[16], ps[16], ts[16];
+    vstore16(x, 0, xs);
+    vstore16(*dz, 0, gs);
+    vstore16(as_float16(pos), 0, ps);
+    vstore16(as_float16(t), 0, ts);
+    for (uint i = 0; i < 16u; ++i)
+        xs[i] = user_modify(xs[i], as_uint(ps[i]), as_uint(ts[i]), head, b, delta, slopes,
+                            num_heads, q_seq, kv_seq, kv_pos0, seq0, &gs[i]);
+    x = vload16(0, xs);
+    *dz = vload16(0, gs);
+#endif
     return x;
 }
-#define MODIFY16(x, pos, t, head, dz) \
-    modify16((x), (pos), (t), (head), delta, softcap, slopes, (dz))
+#define MODIFY16(x, pos, t, head, dz)                                                          \
+    modify16((x), (pos), (t), (head), b, delta, softcap, slopes, num_heads, q_seq, kv_seq,  \
+             kv_pos0, seq0, (dz))
 
 /* cl/common.cl's DROP() of 16 pairs: drop_gain where kept, else 0, from
  * 16 Philox blocks side by side. */

@@ -11,8 +11,8 @@ typedef struct chunk {
 
 inline void chunk_run(chunk *ch, __global const elem *q, __global const elem *d_out,
                       const float *kt, const float *vt, float *dkt, float *dvt, uint t0,
-                      uint nt, int causal, uint window, long delta, float scale, bool want_dk,
-                      bool want_dv, uint b, MOD_ARGS)
+                      uint nt, uint q_seq, uint kv_seq, uint num_heads, int causal, uint window,
+                      long delta, float scale, bool want_dk, bool want_dv, uint b, MOD_ARGS)
 {
     float16 p[2][CHUNK], ds[2][CHUNK]; /* the block's two halves of keys */
     const uint n = ch->n, n8 = (n + 7u) / 8u * 8u;
@@ -99,13 +99,13 @@ inline void key_job(__global const elem *q, __global const elem *k, __global con
             ch.pos[ch.n] = pos;
             ch.head[ch.n] = head;
             if (++ch.n == CHUNK)
-                chunk_run(&ch, q, d_out, kt, vt, dkt, dvt, t0, nt, causal, window, delta, scale,
-                          want_dk, want_dv, b, MOD_PASS);
+                chunk_run(&ch, q, d_out, kt, vt, dkt, dvt, t0, nt, q_seq, kv_seq, num_heads,
+                          causal, window, delta, scale, want_dk, want_dv, b, MOD_PASS);
         }
     }
     if (ch.n)
-        chunk_run(&ch, q, d_out, kt, vt, dkt, dvt, t0, nt, causal, window, delta, scale, want_dk,
-                  want_dv, b, MOD_PASS);
+        chunk_run(&ch, q, d_out, kt, vt, dkt, dvt, t0, nt, q_seq, kv_seq, num_heads, causal,
+                  window, delta, scale, want_dk, want_dv, b, MOD_PASS);
     for (uint h = 0; 16 * h < nt; ++h)
         for (uint d = 0; d < D; ++d) {
             if (want_dv)

@@ -205,7 +205,7 @@ inline float grad_score(float s, float dp, float m, float l, float dsum, bool se
 {
     float dz = 1.0f;
 #if SHAPED
-    s = MODIFY(s, pos, t, head, &dz);
+    s = MODIFY(s, pos, t, head, b, &dz);
 #endif
 #if MODS & MOD_DROPOUT
     dp *= DROP(pos, t, head, b);

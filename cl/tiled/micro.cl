@@ -252,7 +252,7 @@ inline void forward_block(__global const elem *q, ulong q_off, __global const el
                 const bool seen = t < hi && (whole || visible(pos, t, causal, window, delta));
 #if SHAPED
                 float dz;
-                s[i * CN + j] = MODIFY(s[i * CN + j], pos, t, head, &dz);
+                s[i * CN + j] = MODIFY(s[i * CN + j], pos, t, head, b, &dz);
 #endif
                 s[i * CN + j] = seen ? s[i * CN + j] : EMPTY_ROW;
                 mx = fmax(mx, s[i * CN + j]);
@@ -445,7 +445,7 @@ inline void key_block(__global const elem *q, ulong q_off, __global const elem *
                     const uint jj = me.tx + SPLIT * j, pos = p0 + jj, e = i * CN + j;
                     float dz = 1.0f;
 #if SHAPED
-                    s[e] = MODIFY(s[e], pos, t, head, &dz);
+                    s[e] = MODIFY(s[e], pos, t, head, b, &dz);
 #endif
                     /* unseen pairs weigh exactly 0: a NaN in a row they
                      * pair must not reach it */

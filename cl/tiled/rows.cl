@@ -186,7 +186,7 @@ inline void forward_block(__global const elem *q, ulong q_off, __global const el
             const bool seen = t < hi && visible(pos, t, causal, window, delta);
 #if SHAPED
             float dz;
-            s[i] = MODIFY(s[i], pos, t, head, &dz);
+            s[i] = MODIFY(s[i], pos, t, head, b, &dz);
 #endif
             s[i] = seen ? s[i] : EMPTY_ROW;
             any = any || seen;
@@ -349,7 +349,7 @@ inline void grad_v_block(__global const elem *d_out, ulong d_out_off, __global c
                 const uint j = i * SPLIT + me.part;
 #if SHAPED
                 float dz;
-                s[i] = MODIFY(s[i], p0 + j, t, head, &dz);
+                s[i] = MODIFY(s[i], p0 + j, t, head, b, &dz);
 #endif
                 s[i] = p0 + j < hi && visible(p0 + j, t, causal, window, delta)
                            ? exp(min0(s[i] - mt[j]) - lt[j])
@@ -414,7 +414,7 @@ inline void key_rows_block(__global const elem *q, ulong q_off, __global const e
                 const uint j = i * SPLIT + me.part, pos = p0 + j;
                 float dz = 1.0f;
 #if SHAPED
-                s[i] = MODIFY(s[i], pos, t, head, &dz);
+                s[i] = MODIFY(s[i], pos, t, head, b, &dz);
 #endif
                 /* unseen pairs weigh exactly 0: a NaN in a row they pair
                  * must not reach it */

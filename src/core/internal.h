@@ -51,13 +51,18 @@ int64_t clattn_mask_delta(const clattn_shape *s);
 int32_t clattn_mask_right(const clattn_shape *s);
 
 /* The score modifiers a shape asks for, as bits; CLATTN_MOD_SINK (learnable
- * sinks) changes the forward alone (clattn_op_modifiers). */
+ * sinks) changes the forward alone (clattn_op_modifiers). CLATTN_MODS
+ * counts the built-in ones' combinations; the caller's functions
+ * (CLATTN_MOD_SCORE, CLATTN_MOD_MASK: docs/programmable.md) come above. */
 enum {
     CLATTN_MOD_SOFTCAP = 1,
     CLATTN_MOD_ALIBI = 2,
     CLATTN_MOD_DROPOUT = 4,
     CLATTN_MOD_SINK = 8,
-    CLATTN_MODS = 16
+    CLATTN_MODS = 16,
+    CLATTN_MOD_SCORE = 16,
+    CLATTN_MOD_MASK = 32,
+    CLATTN_MOD_USER = CLATTN_MOD_SCORE | CLATTN_MOD_MASK
 };
 unsigned clattn_modifiers(const clattn_shape *s);
 /* The global position P of query row pos that dropout's draw and ALiBi

@@ -84,6 +84,16 @@ static clattn_status check_modifiers(const clattn_shape *s)
     if (!(s->dropout_p >= 0.0f && s->dropout_p < 1.0f))
         return clattn_fail(CLATTN_ERROR_INVALID_MODIFIER,
                            "dropout_p %g is outside [0, 1)", (double)s->dropout_p);
+    if ((s->score_fn && !s->score_fn[0]) || (s->mask_fn && !s->mask_fn[0]))
+        return clattn_fail(CLATTN_ERROR_INVALID_MODIFIER, "%s is an empty string (NULL for none)",
+                           s->score_fn && !s->score_fn[0] ? "score_fn" : "mask_fn");
+    if (!s->score_native != !s->score_ds_native)
+        return clattn_fail(CLATTN_ERROR_INVALID_MODIFIER,
+                           "score_native and score_ds_native go together: a score function "
+                           "needs its derivative");
+    if (s->score_params_count && !s->score_params)
+        return clattn_fail(CLATTN_ERROR_NULL_POINTER, "score_params is NULL with %u parameters",
+                           s->score_params_count);
     return CLATTN_OK;
 }
 
@@ -91,7 +101,9 @@ unsigned clattn_modifiers(const clattn_shape *s)
 {
     return (s->softcap > 0.0f ? CLATTN_MOD_SOFTCAP : 0u) |
            (s->alibi_slopes ? CLATTN_MOD_ALIBI : 0u) |
-           (s->dropout_p > 0.0f ? CLATTN_MOD_DROPOUT : 0u);
+           (s->dropout_p > 0.0f ? CLATTN_MOD_DROPOUT : 0u) |
+           (s->score_fn || s->score_native ? CLATTN_MOD_SCORE : 0u) |
+           (s->mask_fn || s->mask_native ? CLATTN_MOD_MASK : 0u);
 }
 
 unsigned clattn_op_modifiers(const clattn_shape *s, clattn_op op)

@@ -178,18 +178,18 @@ INLINE hvec modify_v(const native_call *c, hvec x, hvec dist, float slope, hvec 
 INLINE int small_distance(int64_t base) { return base > -(1 << 23) && base < (1 << 23); }
 
 /* A query-side tile sc[j][r] (raw dots of key t0 + j and query row pos0 +
- * r of query head `head`) to modified scaled scores, their derivatives in
+ * r of query head `head` of batch element b) to modified scaled scores, their derivatives in
  * dz where not NULL. */
-INLINE void modify_rows(const native_call *c, tile_row *sc, tile_row *dz, size_t pos0,
+INLINE void modify_rows(const native_call *c, tile_row *sc, tile_row *dz, size_t b, size_t pos0,
                         uint32_t t0, size_t head)
 {
     const float slope = c->slopes ? c->slopes[head] : 0.0f;
     const int64_t base = (int64_t)pos0 + c->delta - (int64_t)t0;
-    if (!small_distance(base)) {
+    if (!small_distance(base) || (c->mods & CLATTN_MOD_USER)) {
         for (uint32_t j = 0; j < KEY_BLOCK; ++j)
             for (size_t r = 0; r < QUERY_BLOCK; ++r) {
                 float g;
-                sc[j][r] = native_modify(c, sc[j][r] * c->scale, (uint32_t)(pos0 + r), t0 + j,
+                sc[j][r] = native_modify(c, sc[j][r] * c->scale, b, (uint32_t)(pos0 + r), t0 + j,
                                          head, &g);
                 if (dz)
                     dz[j][r] = g;

@@ -103,7 +103,7 @@ INLINE void key_chunk_run(const native_call *c, key_chunk *ch, const tile_row *k
     /* modified scores come scaled; dS takes dropout's mask through dP */
     _Alignas(64) tile_row dz[CHUNK];
     uint32_t kept[CHUNK];
-    const int shaped = (c->mods & (CLATTN_MOD_SOFTCAP | CLATTN_MOD_ALIBI)) != 0;
+    const int shaped = (c->mods & NATIVE_SHAPED) != 0;
     if (c->mods & CLATTN_MOD_DROPOUT) {
         native_drop_rows rows;
         native_drop_rows_of(c, ch->b, ch->pos, ch->head, n, &rows);
@@ -112,12 +112,13 @@ INLINE void key_chunk_run(const native_call *c, key_chunk *ch, const tile_row *k
     for (size_t r = 0; r < n && c->mods; ++r) {
         const int64_t base = (int64_t)ch->pos[r] + c->delta - (int64_t)ch->t0;
         const float slope = c->slopes ? c->slopes[ch->head[r]] : 0.0f;
-        if (shaped && !small_distance(base))
+        const int scalar = !small_distance(base) || (c->mods & CLATTN_MOD_USER);
+        if (shaped && scalar)
             for (uint32_t j = 0; j < KEY_BLOCK; ++j)
-                p[r][j] = native_modify(c, p[r][j] * scale, ch->pos[r], ch->t0 + j,
+                p[r][j] = native_modify(c, p[r][j] * scale, ch->b, ch->pos[r], ch->t0 + j,
                                         ch->head[r], &dz[r][j]);
         EACH_PART(h) {
-            if (shaped && small_distance(base)) {
+            if (shaped && !scalar) {
                 const hvec d = (float)base - hload(lane_float + h);
                 hvec g;
                 hstore(p[r] + h, modify_v(c, hload(p[r] + h) * scale, HSELECT(d < 0.0f, -d, d),
@@ -148,14 +149,15 @@ INLINE void key_chunk_run(const native_call *c, key_chunk *ch, const tile_row *k
                                HSPLAT(0.0f)));
         }
     }
-    for (size_t r = 0; r < n && (c->mods & (CLATTN_MOD_SOFTCAP | CLATTN_MOD_DROPOUT)); ++r)
+    const unsigned after = CLATTN_MOD_SOFTCAP | CLATTN_MOD_USER | CLATTN_MOD_DROPOUT;
+    for (size_t r = 0; r < n && (c->mods & after); ++r)
         EACH_PART(h) {
             if (c->mods & CLATTN_MOD_DROPOUT) {
                 const hivec keep = (hivec)(((huvec){0} + kept[r]) >> huload(lane_index + h) & 1u);
                 hstore(p[r] + h, HSELECT(keep != 0, hload(p[r] + h) * c->drop.gain,
                                          HSPLAT(0.0f)));
             }
-            if (dkt && (c->mods & CLATTN_MOD_SOFTCAP))
+            if (dkt && (c->mods & (CLATTN_MOD_SOFTCAP | CLATTN_MOD_USER)))
                 hstore(ds[r] + h, hload(ds[r] + h) * hload(dz[r] + h));
         }
     if (dvt)

@@ -506,6 +506,13 @@ static clattn_status run_calls(clattn_context *ctx, clattn_op op, const clattn_s
 {
     if (op >= CLATTN_OP_COUNT)
         return clattn_fail(CLATTN_ERROR_INVALID_OPTION, "unknown op %d", (int)op);
+    const clattn_shape *s = &seqs[0].shape;
+    if ((s->score_fn && !s->score_native) || (s->mask_fn && !s->mask_native))
+        return clattn_fail(CLATTN_ERROR_UNSUPPORTED_SHAPE,
+                           "the %s function is OpenCL C source alone: the native backend calls "
+                           "C functions (shape.%s_native; docs/programmable.md)",
+                           s->score_fn && !s->score_native ? "score" : "mask",
+                           s->score_fn && !s->score_native ? "score" : "mask");
     /* The context's threads, once, for every round of jobs below. */
     if (!ctx->pool && ctx->num_threads > 1)
         ctx->pool = clattn_native_pool_create(ctx->num_threads - 1);

@@ -65,6 +65,9 @@ enum { NATIVE_ROUNDS = 3 };
 /* meganeura's LSE pair for a row with no visible key. */
 #define EMPTY_ROW (-1e30f)
 
+/* The modifiers that change the scores themselves. */
+#define NATIVE_SHAPED (CLATTN_MOD_SOFTCAP | CLATTN_MOD_ALIBI | CLATTN_MOD_USER)
+
 typedef struct native_call {
     const clattn_shape *s;
     /* The caller's tensors, of s->dtype: float32, or 16-bit, widened row by
@@ -156,10 +159,11 @@ typedef struct native_call {
 } native_call;
 
 /* The modified score of the scaled score x of query row pos and key t of
- * query head `head` (softcap, then ALiBi); *dz gets dz/dx (softcap's
- * 1 - tanh^2; 1 without it). */
-static inline float native_modify(const native_call *c, float x, uint32_t pos, uint32_t t,
-                                  size_t head, float *dz)
+ * query head `head` of batch element b (softcap, then ALiBi, then the
+ * caller's functions: cl/common.cl's modify()); *dz gets dz/dx (softcap's
+ * 1 - tanh^2 times the score function's derivative; 1 without them). */
+static inline float native_modify(const native_call *c, float x, size_t b, uint32_t pos,
+                                  uint32_t t, size_t head, float *dz)
 {
     float g = 1.0f;
     if (c->mods & CLATTN_MOD_SOFTCAP) {
@@ -170,6 +174,22 @@ static inline float native_modify(const native_call *c, float x, uint32_t pos, u
     if (c->mods & CLATTN_MOD_ALIBI) {
         const int64_t dist = (int64_t)pos + c->delta - (int64_t)t;
         x -= c->slopes[head] * (float)(dist < 0 ? -dist : dist);
+    }
+    if (c->mods & CLATTN_MOD_USER) {
+        /* the global positions, of rows clamped to the call's (a tile's
+         * tail past them is discarded) */
+        const clattn_shape *s = c->s;
+        const uint32_t P = clattn_query_position(s, pos < s->q_seq ? pos : s->q_seq - 1, c->delta);
+        const uint32_t T = (t < s->kv_seq ? t : s->kv_seq - 1) + s->kv_offset;
+        const uint32_t bb = (uint32_t)(c->seq_base + b), h = (uint32_t)head;
+        if (c->mods & CLATTN_MOD_SCORE) {
+            g *= s->score_ds_native(x, bb, h, P, T, s->score_params);
+            x = s->score_native(x, bb, h, P, T, s->score_params);
+        }
+        if ((c->mods & CLATTN_MOD_MASK) && !s->mask_native(bb, h, P, T)) {
+            x = -INFINITY;
+            g = 0.0f;
+        }
     }
     *dz = g;
     return x;

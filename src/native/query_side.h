@@ -136,7 +136,7 @@ static void forward_block(const native_call *c, size_t job)
         l[r] = 0.0f;
     }
     /* Modified scores come scaled: their scale is 1. */
-    const int shaped = (c->mods & (CLATTN_MOD_SOFTCAP | CLATTN_MOD_ALIBI)) != 0;
+    const int shaped = (c->mods & NATIVE_SHAPED) != 0;
     const float scale = shaped ? 1.0f : c->scale, unit = scale * LOG2E;
     native_drop_rows drop; /* the block's rows of dropout's counters */
     if (c->mods & CLATTN_MOD_DROPOUT)
@@ -155,7 +155,7 @@ static void forward_block(const native_call *c, size_t job)
         key_rows(qb.kb, qb.kv_row, t0, n, krows);
         tile_scores(krows, qt, D, sc);
         if (shaped)
-            modify_rows(c, sc, NULL, qb.pos0, t0, qb.head);
+            modify_rows(c, sc, NULL, qb.b, qb.pos0, t0, qb.head);
         const int whole = n == KEY_BLOCK && all_lo <= t0 && t0 + KEY_BLOCK <= all_hi;
         EACH_PART(h) {
             /* The tile's row maxima (scaled: the scale is positive) */
@@ -236,8 +236,9 @@ static void forward_block(const native_call *c, size_t job)
     for (size_t r = 0; r < qb.rows; ++r) {
         /* A row whose weights sum to 0 is empty where it sees no key; where
          * it sees keys whose scores are all -inf (or below EMPTY_ROW, the
-         * masks' own value) it has no softmax: NaN, as PyTorch's math gives. */
-        const int sees = qb.row_lo[r] < qb.row_hi[r];
+         * masks' own value) it has no softmax: NaN, as PyTorch's math gives.
+         * Under the caller's mask function it is empty. */
+        const int sees = qb.row_lo[r] < qb.row_hi[r] && !(c->mods & CLATTN_MOD_MASK);
         const float zero = sees ? NAN : EMPTY_ROW;
         if (l[r] == 0.0f && sees)
             for (size_t d = 0; d < D; ++d)
@@ -270,7 +271,7 @@ static void grad_q_block(const native_call *c, size_t job)
         dsum[r] = live ? row_dsum(c, qb.row[r]) : 0.0f;
     }
     const float scale = c->scale;
-    const int shaped = (c->mods & (CLATTN_MOD_SOFTCAP | CLATTN_MOD_ALIBI)) != 0;
+    const int shaped = (c->mods & NATIVE_SHAPED) != 0;
     const float unit = shaped ? LOG2E : scale * LOG2E; /* modified scores come scaled */
     native_drop_rows drop; /* the block's rows of dropout's counters */
     if (c->mods & CLATTN_MOD_DROPOUT)
@@ -288,7 +289,7 @@ static void grad_q_block(const native_call *c, size_t job)
         tile_scores(krows, qt, D, sc);
         tile_scores(vrows, dot_t, D, dp);
         if (shaped)
-            modify_rows(c, sc, dz, qb.pos0, t0, qb.head);
+            modify_rows(c, sc, dz, qb.b, qb.pos0, t0, qb.head);
         if (c->mods & CLATTN_MOD_DROPOUT) {
             uint32_t kept[QUERY_BLOCK] = {0}; /* rows past qb.rows: dropped */
             native_keep_bits(c, &drop, t0, kept);
@@ -305,7 +306,7 @@ static void grad_q_block(const native_call *c, size_t job)
                                           HSPLAT(0.0f)));
             }
         }
-        if (c->mods & CLATTN_MOD_SOFTCAP)
+        if (c->mods & (CLATTN_MOD_SOFTCAP | CLATTN_MOD_USER))
             for (uint32_t j = 0; j < KEY_BLOCK; ++j)
                 EACH_PART(h) hstore(sc[j] + h, hload(sc[j] + h) * hload(dz[j] + h));
         accumulate(dqt, D, krows, sc, n);

@@ -97,20 +97,23 @@ static clattn_status retarget_sm90a(struct clattn_cl_state *cl, cl_program *prog
 }
 
 static clattn_status build_program(struct clattn_cl_state *cl, const clattn_ocl_variant *v,
-                                   const char *function, const char *defines, cl_program *out)
+                                   const char *function, const char *defines, const char *user,
+                                   cl_program *out)
 {
     /* CLATTN_CL_OPTIONS adds the caller's own compiler options. */
     const char *extra = getenv("CLATTN_CL_OPTIONS");
     char options[512];
     snprintf(options, sizeof options, "%s %s", defines, extra ? extra : "");
-    /* The prelude goes ahead of the source, as one text: the cache's key
-     * covers both. */
-    const size_t prelude = strlen(clattn_cl_common), body = strlen(v->source);
-    char *src = malloc(prelude + body + 1);
+    /* The caller's functions, then the prelude, then the source, as one
+     * text: the cache's key covers them all. */
+    const size_t first = user ? strlen(user) : 0, prelude = strlen(clattn_cl_common),
+                 body = strlen(v->source);
+    char *src = malloc(first + prelude + body + 1);
     if (!src)
         return clattn_fail(CLATTN_ERROR_OUT_OF_MEMORY, "out of host memory");
-    memcpy(src, clattn_cl_common, prelude);
-    memcpy(src + prelude, v->source, body + 1);
+    memcpy(src, user ? user : "", first);
+    memcpy(src + first, clattn_cl_common, prelude);
+    memcpy(src + first + prelude, v->source, body + 1);
     clattn_status st = compile(cl, v, function, src, options, out);
     free(src);
     if (st == CLATTN_OK && strstr(options, "-DWGMMA=1") && !cl->mma.emulate &&
@@ -127,13 +130,14 @@ static clattn_status build_program(struct clattn_cl_state *cl, const clattn_ocl_
  * and refuses a `bytes` that the compiler's figure for it exceeds. A
  * family without probes (tree, blocked: no laid-out buffer) passes. */
 static clattn_status probe_local(struct clattn_cl_state *cl, const clattn_ocl_variant *family,
-                                 const char *function, const char *options, size_t bytes)
+                                 const char *function, const char *options, const char *user,
+                                 size_t bytes)
 {
     char probe_options[400], name[64];
     snprintf(probe_options, sizeof probe_options, "%s -DLOCAL_PROBE", options);
     snprintf(name, sizeof name, "%s_local", function);
     cl_program program = NULL;
-    clattn_status st = build_program(cl, family, function, probe_options, &program);
+    clattn_status st = build_program(cl, family, function, probe_options, user, &program);
     if (st != CLATTN_OK)
         return st;
     /* What the implementation adds to any kernel's figure (a few bytes on
@@ -230,7 +234,8 @@ static clattn_status build_set_once(struct clattn_cl_state *cl, const clattn_ocl
             }
         }
         if (!set->program[k] &&
-            (st = build_program(cl, family, v->function, options, &set->program[k])) != CLATTN_OK)
+            (st = build_program(cl, family, v->function, options, set->user, &set->program[k])) !=
+                CLATTN_OK)
             return st;
         cl_int err;
         set->function[k] = v->function;
@@ -249,7 +254,7 @@ static clattn_status build_set_once(struct clattn_cl_state *cl, const clattn_ocl
         const size_t wg = clattn_ocl_work_group(cl, set, k, largest);
         const size_t local = clattn_ocl_local_bytes(cl, set, k, largest);
         if (cl->local_probe &&
-            (st = probe_local(cl, family, v->function, options, local)) != CLATTN_OK)
+            (st = probe_local(cl, family, v->function, options, set->user, local)) != CLATTN_OK)
             return st;
         if (family->fits_limit && set->max_wg[k] < wg && set->max_wg[k] >= 1) {
             *lower = set->max_wg[k];
@@ -271,8 +276,10 @@ clattn_status clattn_ocl_build_set(struct clattn_cl_state *cl, const clattn_ocl_
                                    kernel_set *set, int strict_limits)
 {
     size_t limit = cl->limits.max_wg;
+    char *user = set->user; /* the caller's, kept */
     for (;;) {
         memset(set, 0, sizeof *set);
+        set->user = user;
         set->limit = limit;
         size_t lower = 0;
         const clattn_status st =
@@ -346,11 +353,100 @@ clattn_status clattn_ocl_kernels_for(struct clattn_cl_state *cl, const clattn_oc
     return CLATTN_OK;
 }
 
+/* The caller's functions as the text their programs start with: each
+ * source from its own line 1, so that the compiler's log points into it. */
+static char *user_text(const clattn_shape *s, unsigned mods)
+{
+    const char *score = mods & CLATTN_MOD_SCORE ? s->score_fn : "";
+    const char *mask = mods & CLATTN_MOD_MASK ? s->mask_fn : "";
+    static const char score_line[] = "#line 1 \"score_fn\"\n", mask_line[] =
+                                                                  "#line 1 \"mask_fn\"\n";
+    const size_t n = strlen(score_line) + strlen(score) + strlen(mask_line) + strlen(mask) + 8;
+    char *text = malloc(n);
+    if (text)
+        snprintf(text, n, "%s%s\n%s%s\n", score[0] ? score_line : "", score,
+                 mask[0] ? mask_line : "", mask);
+    return text;
+}
+
+/* The kernels of a variant (NULL: the generic one) with the caller's
+ * functions: a set per variant, head_dim, dtype, modifiers and text, kept
+ * most recently used first, at most USER_SETS_MAX of them. */
+static clattn_status user_kernels(struct clattn_cl_state *cl, const clattn_ocl_variant *variant,
+                                  const char *reason, const clattn_shape *s, unsigned mods,
+                                  kernel_set **out)
+{
+    if ((mods & CLATTN_MOD_SCORE) && !s->score_fn)
+        return clattn_fail(CLATTN_ERROR_UNSUPPORTED_SHAPE,
+                           "the score function has no OpenCL C source (shape.score_fn): the "
+                           "OpenCL backends compile it; score_native is native's");
+    if ((mods & CLATTN_MOD_MASK) && !s->mask_fn)
+        return clattn_fail(CLATTN_ERROR_UNSUPPORTED_SHAPE,
+                           "the mask function has no OpenCL C source (shape.mask_fn): the "
+                           "OpenCL backends compile it; mask_native is native's");
+    if (variant && variant->serving)
+        variant = variant->serving(s->head_dim, s->dtype);
+    const clattn_ocl_variant *family = variant ? variant : clattn_ocl_generic_variant();
+    const uint32_t head_dim = variant && variant->per_head_dim ? s->head_dim : 0;
+    char *text = user_text(s, mods);
+    if (!text)
+        return clattn_fail(CLATTN_ERROR_OUT_OF_MEMORY, "out of host memory");
+    kernel_set **slot = &cl->kernels.user;
+    size_t kept = 0;
+    for (; *slot; slot = &(*slot)->next, ++kept) {
+        const kernel_set *k = *slot;
+        if (k->variant == family && k->head_dim == head_dim && k->dtype == s->dtype &&
+            k->mods == mods && !strcmp(k->user, text))
+            break;
+    }
+    kernel_set *set = *slot;
+    if (set) {
+        free(text);
+        *slot = set->next; /* to the front */
+    } else {
+        if (!(set = calloc(1, sizeof *set))) {
+            free(text);
+            return clattn_fail(CLATTN_ERROR_OUT_OF_MEMORY, "out of host memory");
+        }
+        set->user = text;
+        clattn_status st = clattn_ocl_build_set(cl, family, head_dim, s->dtype, mods, set, 0);
+        if (st != CLATTN_OK) {
+            clattn_ocl_release_set(set);
+            free(set->user);
+            free(set);
+            return st;
+        }
+        set->variant = family;
+        set->head_dim = head_dim;
+        clattn_log_append(cl->owner, "%s kernels at head_dim %u (%s) with the caller's %s%s%s%s%s",
+                          family->name, (unsigned)s->head_dim, clattn_ocl_dtype_name(s->dtype),
+                          mods & CLATTN_MOD_SCORE ? "score function" : "",
+                          (mods & CLATTN_MOD_USER) == CLATTN_MOD_USER ? " and " : "",
+                          mods & CLATTN_MOD_MASK ? "mask function" : "", reason ? ": " : "",
+                          reason ? reason : "");
+        if (kept + 1 > USER_SETS_MAX) { /* the least recent goes */
+            kernel_set **last = &cl->kernels.user;
+            while ((*last)->next)
+                last = &(*last)->next;
+            clattn_ocl_release_set(*last);
+            free((*last)->user);
+            free(*last);
+            *last = NULL;
+        }
+    }
+    set->next = cl->kernels.user;
+    cl->kernels.user = set;
+    *out = set;
+    return CLATTN_OK;
+}
+
 clattn_status clattn_ocl_kernels_of(struct clattn_cl_state *cl, clattn_op op,
                                     const clattn_shape *s, kernel_set **out)
 {
     const char *reason = NULL;
     const clattn_ocl_variant *v = clattn_ocl_variant_for(cl, op, s, &reason);
-    return clattn_ocl_kernels_for(cl, v, reason, s->head_dim, s->dtype,
-                                  clattn_op_modifiers(s, op), out);
+    const unsigned mods = clattn_op_modifiers(s, op);
+    if (mods & CLATTN_MOD_USER)
+        return user_kernels(cl, v, reason, s, mods, out);
+    return clattn_ocl_kernels_for(cl, v, reason, s->head_dim, s->dtype, mods, out);
 }

@@ -174,6 +174,12 @@ static void release_state(struct clattn_cl_state *cl)
                     free(set);
                 }
         }
+    for (kernel_set *set = cl->kernels.user, *next; set; set = next) {
+        next = set->next;
+        clattn_ocl_release_set(set);
+        free(set->user);
+        free(set);
+    }
     if (cl->own_queue && cl->queue)
         clReleaseCommandQueue(cl->queue);
     if (cl->own_context && cl->context)

@@ -301,24 +301,30 @@ clattn_status clattn_ocl_enqueue_op(struct clattn_cl_state *cl, cl_command_queue
     cl_mem dsum = NULL, dq32 = NULL, slopes = NULL;
     cl_event zeroed = NULL;
     const unsigned mods = clattn_op_modifiers(s, op);
-    if (mods & (CLATTN_MOD_ALIBI | CLATTN_MOD_SINK)) {
+    if (mods & (CLATTN_MOD_ALIBI | CLATTN_MOD_SINK | CLATTN_MOD_SCORE)) {
         /* The kernels' `slopes`: num_heads ALiBi slopes, then num_heads
-         * sinks (cl/common.cl's SINK), copied now: the caller's arrays are
-         * read during the call only. */
-        float *both = calloc(2 * (size_t)s->num_heads, sizeof(float));
-        if (!both)
-            return clattn_fail(CLATTN_ERROR_OUT_OF_MEMORY, "out of host memory for %u heads",
-                               s->num_heads);
+         * sinks (cl/common.cl's SINK), then the score function's
+         * parameters, copied now: the caller's arrays are read during the
+         * call only. */
+        const size_t params = mods & CLATTN_MOD_SCORE ? s->score_params_count : 0;
+        const size_t floats = 2 * (size_t)s->num_heads + params;
+        float *all = calloc(floats, sizeof(float));
+        if (!all)
+            return clattn_fail(CLATTN_ERROR_OUT_OF_MEMORY,
+                               "out of host memory for %u heads and %zu parameters",
+                               s->num_heads, params);
         if (mods & CLATTN_MOD_ALIBI)
-            memcpy(both, s->alibi_slopes, s->num_heads * sizeof(float));
+            memcpy(all, s->alibi_slopes, s->num_heads * sizeof(float));
         if (mods & CLATTN_MOD_SINK)
-            memcpy(both + s->num_heads, s->sinks, s->num_heads * sizeof(float));
+            memcpy(all + s->num_heads, s->sinks, s->num_heads * sizeof(float));
+        if (params)
+            memcpy(all + 2 * (size_t)s->num_heads, s->score_params, params * sizeof(float));
         cl_int err;
         slopes = clCreateBuffer(cl->context, CL_MEM_READ_ONLY | CL_MEM_COPY_HOST_PTR,
-                                2 * (size_t)s->num_heads * sizeof(float), both, &err);
-        free(both);
+                                floats * sizeof(float), all, &err);
+        free(all);
         if (err != CL_SUCCESS)
-            return clattn_ocl_fail(err, "clCreateBuffer(alibi_slopes, sinks)");
+            return clattn_ocl_fail(err, "clCreateBuffer(alibi_slopes, sinks, score_params)");
     }
     /* A caller's Dsum (packed sequences share one) is used as given. */
     if (plan[0] == K_DSUM && !t[R_DSUM].buffer) {

@@ -116,7 +116,16 @@ typedef struct kernel_set {
      * head_dim, dtype and modifiers (the default's choice runs several). */
     const struct clattn_ocl_variant *variant;
     struct kernel_set *next;
+    /* The caller's functions (docs/programmable.md) its programs start
+     * with, owned; NULL for the built-in modifiers alone. With them, the
+     * set's head_dim (0: the generic variant's, for any). */
+    char *user;
+    uint32_t head_dim;
 } kernel_set;
+
+/* Kernel sets with the caller's functions that a context keeps, the most
+ * recently used first; past this many the least recent is released. */
+#define USER_SETS_MAX 16
 
 struct clattn_cl_state {
     clattn_context *owner; /* for its log */
@@ -153,6 +162,7 @@ struct clattn_cl_state {
         kernel_set any_head_dim[CLATTN_MODS][3];
         int any_built[CLATTN_MODS][3];
         kernel_set *per_head_dim[CLATTN_MODS][3][CLATTN_MAX_HEAD_DIM + 1];
+        kernel_set *user; /* with the caller's functions, chained by next */
         cl_kernel merge[3];
     } kernels;
     /* What variants/mma.c reads from the device and the environment. */

@@ -43,6 +43,10 @@ struct clattn_ocl_variant {
     /* 1 (family): a kernel past the device's limits is refused only when
      * the caller asks for strict limits (launches check again). */
     int lenient_limits;
+    /* 1: its kernels compile the caller's score and mask functions
+     * (docs/programmable.md); a call with them that would run another
+     * variant runs tiled (or the generic one where tiled does not run). */
+    int programmable;
 
     /* Whether the device can run the variant (NULL: any). */
     int (*runs_on)(cl_device_id device);

@@ -51,6 +51,7 @@ static size_t row_groups(const struct clattn_cl_state *cl, const kernel_set *set
 
 const clattn_ocl_variant clattn_ocl_variant_blocked = {
     .name = "blocked",
+    .programmable = 1,
     .source = clattn_cl_blocked,
     .kernels =
         {

@@ -375,6 +375,7 @@ static const clattn_ocl_search search = {
 
 const clattn_ocl_variant clattn_ocl_variant_tiled = {
     .name = "tiled",
+    .programmable = 1,
     .source = clattn_cl_tiled,
     .kernels =
         {

@@ -52,6 +52,7 @@ static size_t row_groups(const struct clattn_cl_state *cl, const kernel_set *set
 
 const clattn_ocl_variant clattn_ocl_variant_tree = {
     .name = "tree",
+    .programmable = 1,
     .source = clattn_cl_tree,
     .kernels =
         {
