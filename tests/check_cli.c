@@ -558,6 +558,160 @@ START_TEST(modifier_files)
 END_TEST
 
 
+/* The caller's functions through the file commands: --score-fn with
+ * --score-params and --mask-fn, compiled as C99 for native, give what the
+ * library gives with the same functions in C, forward and backward, and
+ * the same on PoCL where it runs; a file that is missing or does not
+ * compile, and parameters without a function, are bad input that leaves
+ * nothing. */
+static float cap_score(float s, uint32_t b, uint32_t h, uint32_t q, uint32_t k, const float *p)
+{
+    (void)b, (void)h, (void)q, (void)k;
+    return p[0] * tanhf(s / p[0]) + (q % 2u ? 0.5f : 0.0f);
+}
+static float cap_ds(float s, uint32_t b, uint32_t h, uint32_t q, uint32_t k, const float *p)
+{
+    (void)b, (void)h, (void)q, (void)k;
+    const float t = tanhf(s / p[0]);
+    return 1.0f - t * t;
+}
+static int doc_mask(uint32_t b, uint32_t h, uint32_t q, uint32_t k)
+{
+    (void)b, (void)h;
+    return q / 5u == k / 5u;
+}
+
+/* Whether two float32 .npy files agree within tol of their largest magnitude. */
+static int close_files(const char *a, const char *b, double tol)
+{
+    npy_array x, y;
+    char err[256];
+    ck_assert_msg(npy_read(a, &x, err, sizeof err) == 0, "%s", err);
+    ck_assert_msg(npy_read(b, &y, err, sizeof err) == 0, "%s", err);
+    int ok = x.count == y.count;
+    double big = 0.0;
+    for (size_t i = 0; ok && i < x.count; ++i)
+        big = fmax(big, fabs((double)x.data[i]));
+    for (size_t i = 0; ok && i < x.count; ++i)
+        ok = fabs((double)x.data[i] - (double)y.data[i]) <= tol * big;
+    npy_free(&x);
+    npy_free(&y);
+    return ok;
+}
+
+START_TEST(function_files)
+{
+    make_dir();
+    clattn_shape s = cli_shape();
+    problem p;
+    write_problem(&p, &s, 0);
+    static const char score[] =
+        "float clattn_score(float s, uint b, uint h, uint q, uint k, __global const float *p)\n"
+        "{\n    return p[0] * tanh(s / p[0]) + (q % 2u ? 0.5f : 0.0f);\n}\n"
+        "float clattn_score_ds(float s, uint b, uint h, uint q, uint k, __global const float *p)\n"
+        "{\n    const float t = tanh(s / p[0]);\n    return 1.0f - t * t;\n}\n";
+    static const char mask[] =
+        "bool clattn_mask(uint b, uint h, uint q, uint k) { return q / 5u == k / 5u; }\n";
+    static const char broken[] =
+        "float clattn_score(float s, uint b, uint h, uint q, uint k, __global const float *p)\n"
+        "{ return s + ; }\n";
+    save_bytes("score.cl", score, sizeof score - 1);
+    save_bytes("mask.cl", mask, sizeof mask - 1);
+    save_bytes("broken.cl", broken, sizeof broken - 1);
+    const float cap[1] = {3.0f};
+    const size_t one = 1;
+    save("cap.npy", &one, 1, cap);
+    char qp[512], kp[512], vp[512], sf[512], mf[512], cp[512];
+    snprintf(qp, sizeof qp, "%s", path("q.npy"));
+    snprintf(kp, sizeof kp, "%s", path("k.npy"));
+    snprintf(vp, sizeof vp, "%s", path("v.npy"));
+    snprintf(sf, sizeof sf, "%s", path("score.cl"));
+    snprintf(mf, sizeof mf, "%s", path("mask.cl"));
+    snprintf(cp, sizeof cp, "%s", path("cap.npy"));
+    ck_assert_int_eq(run("forward", "--q", qp, "--k", kp, "--v", vp, "--out", path("o.npy"),
+                         "--lse-out", path("l.npy"), "--score-fn", sf, "--score-params", cp,
+                         "--mask-fn", mf, "--device", "native", NULL),
+                     0);
+    ck_assert_int_eq(run("backward", "--q", qp, "--k", kp, "--v", vp, "--o", path("o.npy"),
+                         "--lse", path("l.npy"), "--d-out", path("do.npy"), "--dq",
+                         path("dq.npy"), "--dk", path("dk.npy"), "--dv", path("dv.npy"),
+                         "--score-fn", sf, "--score-params", cp, "--mask-fn", mf, "--device",
+                         "native", NULL),
+                     0);
+    /* the library with the same functions in C */
+    clattn_shape m = s;
+    m.score_native = cap_score;
+    m.score_ds_native = cap_ds;
+    m.mask_native = doc_mask;
+    m.score_params = cap;
+    m.score_params_count = 1;
+    clattn_options o = clattn_options_default();
+    o.backend = CLATTN_BACKEND_NATIVE;
+    clattn_context *ctx = NULL;
+    ck_assert_status(clattn_context_create(&o, &ctx), CLATTN_OK);
+    float *want = nan_array(p.nq), *want_l = nan_array(p.nlse), *dq = nan_array(p.nq);
+    float *dk = nan_array(p.nkv), *dv = nan_array(p.nkv);
+    ck_assert_status(clattn_forward(ctx, &m, p.q, p.k, p.v, want, want_l), CLATTN_OK);
+    const size_t q_shape[3] = {s.q_seq, s.num_heads, s.head_dim};
+    const size_t k_shape[3] = {s.kv_seq, s.num_kv_heads, s.head_dim};
+    save("want_o.npy", q_shape, 3, want);
+    ck_assert(close_files(path("o.npy"), path("want_o.npy"), 1e-5));
+    npy_array l;
+    char err[256];
+    ck_assert_msg(npy_read(path("l.npy"), &l, err, sizeof err) == 0, "%s", err);
+    ck_assert_status(clattn_backward(ctx, &m, p.q, p.k, p.v, want, l.data, p.d_out, dq, dk, dv),
+                     CLATTN_OK);
+    npy_free(&l);
+    save("want_dq.npy", q_shape, 3, dq);
+    save("want_dk.npy", k_shape, 3, dk);
+    ck_assert(close_files(path("dq.npy"), path("want_dq.npy"), 1e-4));
+    ck_assert(close_files(path("dk.npy"), path("want_dk.npy"), 1e-4));
+    clattn_context_destroy(ctx);
+    /* the same files on PoCL, where it runs */
+    o.backend = CLATTN_BACKEND_OPENCL_CPU;
+    if (clattn_context_create(&o, &ctx) == CLATTN_OK) {
+        clattn_context_destroy(ctx);
+        ck_assert_int_eq(run("forward", "--q", qp, "--k", kp, "--v", vp, "--out",
+                             path("oc.npy"), "--lse-out", path("lc.npy"), "--score-fn", sf,
+                             "--score-params", cp, "--mask-fn", mf, "--device", "cpu", NULL),
+                         0);
+        ck_assert(close_files(path("oc.npy"), path("want_o.npy"), 1e-5));
+        ck_assert_int_eq(run("forward", "--q", qp, "--k", kp, "--v", vp, "--out",
+                             path("bad.npy"), "--lse-out", path("badl.npy"), "--score-fn",
+                             path("broken.cl"), "--device", "cpu", NULL),
+                         2);
+        ck_assert_msg(strstr(err_text, "CLATTN_ERROR_BUILD_FAILED") && strstr(err_text, "error"),
+                      "%s", err_text);
+        ck_assert(access(path("bad.npy"), F_OK) != 0);
+    }
+    free(want), free(want_l), free(dq), free(dk), free(dv);
+    /* bad input: exit 2, the reason, no file */
+    const struct {
+        const char *flag, *value, *flag2, *value2, *says;
+    } bad[] = {
+        {"--score-fn", "missing.cl", "--device", "native", "missing.cl"},
+        {"--score-params", "cap.npy", "--device", "native", "wants --score-fn"},
+        {"--score-fn", "broken.cl", "--device", "native", "did not compile"},
+        {"--score-fn", "score.cl", "--score-params", "q.npy", "1-D float32"},
+        {"--mask-fn", "cap.npy", "--device", "native", "not text"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; ++i) {
+        char value[512], value2[512];
+        snprintf(value, sizeof value, "%s", path(bad[i].value));
+        snprintf(value2, sizeof value2, "%s",
+                 strcmp(bad[i].flag2, "--device") ? path(bad[i].value2) : bad[i].value2);
+        ck_assert_int_eq(run("forward", "--q", qp, "--k", kp, "--v", vp, "--out",
+                             path("bad.npy"), "--lse-out", path("badl.npy"), bad[i].flag, value,
+                             bad[i].flag2, value2, NULL),
+                         2);
+        ck_assert_msg(strstr(err_text, bad[i].says), "%s %s: %s", bad[i].flag, value, err_text);
+        ck_assert(access(path("bad.npy"), F_OK) != 0 && access(path("badl.npy"), F_OK) != 0);
+    }
+    problem_free(&p);
+    cleanup();
+}
+END_TEST
+
 START_TEST(devices_and_demo)
 {
     make_dir();
@@ -682,6 +836,7 @@ Suite *cli_suite(void)
     tcase_add_test(tc, causal_alignments);
     tcase_add_test(tc, packed_files);
     tcase_add_test(tc, modifier_files);
+    tcase_add_test(tc, function_files);
     tcase_add_test(tc, devices_and_demo);
     tcase_add_test(tc, tune_keeps_winner);
     add_cli_failure_tests(tc);

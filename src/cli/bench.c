@@ -281,8 +281,9 @@ int cmd_bench(int argc, char **argv)
                "sequences of those lengths (self-attention, --q-seq not needed): packed\n"
                "(cu_seqlens), padded to the longest (GFLOP/s over the packed batch's\n"
                "pairs: the useful work), or a uniform batch of as many pairs in all.\n"
-               "--softcap, --alibi and --dropout time the score modifiers as the file\n"
-               "commands take them (clattn forward --help).\n");
+               "--softcap, --alibi, --dropout, --sinks and the caller's functions\n"
+               "(--score-fn, --mask-fn) time the score modifiers as the file commands take\n"
+               "them (clattn forward --help).\n");
         return 0;
     }
     const char *op_name = NULL, *device = NULL, *variant = NULL, *dtype_name = "f32";
@@ -435,14 +436,15 @@ int cmd_bench(int argc, char **argv)
         return EXIT_INPUT;
     }
     if (!mod_apply(cmd, opts, nopts, &mods, &b.s)) {
-        free(mods.slopes);
-        free(mods.sinks);
+        mod_free(&mods);
         return EXIT_INPUT;
     }
     if (!packed)
         pairs = (double)clattn_shape_visible_pairs(&b.s);
     clattn_context *base = NULL;
     int rc = open_context(cmd, device, NULL, &base);
+    if (!rc && !mod_native(cmd, base, &mods, &b.s))
+        rc = EXIT_INPUT;
     const int on_cl = !rc && clattn_context_backend(base) != CLATTN_BACKEND_NATIVE;
     b.s.dtype = dt;
     if (rc || (rc = bench_prepare(cmd, &b, on_cl || dt)) != 0)
@@ -455,12 +457,13 @@ int cmd_bench(int argc, char **argv)
     const clattn_backend backend = clattn_context_backend(base);
     if (!json)
         printf("%s, batch %u, q_seq %u, kv_seq %u, %u heads, %u KV heads, head_dim %u%s, "
-               "window %u%s%.0u%s%s%s, %s, on %s\n%-10s %12s %12s %12s  %s\n",
+               "window %u%s%.0u%s%s%s%s%s, %s, on %s\n%-10s %12s %12s %12s  %s\n",
                bench_op_names[b.op], batch, q_seq, b.s.kv_seq, heads, b.s.num_kv_heads, head_dim,
                bottom_right ? ", causal bottom-right" : causal ? ", causal" : "", window,
                window_right ? ", right " : "", window_right,
                mods.softcap > 0.0f ? ", softcap" : "", mods.alibi ? ", ALiBi" : "",
-               mods.dropout > 0.0f ? ", dropout" : "", dtype_name,
+               mods.dropout > 0.0f ? ", dropout" : "", mods.score_file ? ", score function" : "",
+               mods.mask_file ? ", mask function" : "", dtype_name,
                clattn_context_device(base), "variant", "ms/call", "GFLOP/s", "max_error",
                "kernels");
     for (size_t vi = 0;; ++vi) {
@@ -546,7 +549,6 @@ int cmd_bench(int argc, char **argv)
 done:
     clattn_context_destroy(base);
     bench_free(&b);
-    free(mods.slopes);
-    free(mods.sinks);
+    mod_free(&mods);
     return rc;
 }

@@ -87,6 +87,9 @@ void mod_opts_add(opt *opts, size_t *n, mod_opts *m)
     opts[(*n)++] = (opt){"--seed", OPT_U64, &m->seed, 0, 0};
     opts[(*n)++] = (opt){"--dropout-offset", OPT_U64, &m->offset, 0, 0};
     opts[(*n)++] = (opt){"--sinks", OPT_STRING, &m->sinks_file, 0, 0};
+    opts[(*n)++] = (opt){"--score-fn", OPT_STRING, &m->score_file, 0, 0};
+    opts[(*n)++] = (opt){"--mask-fn", OPT_STRING, &m->mask_file, 0, 0};
+    opts[(*n)++] = (opt){"--score-params", OPT_STRING, &m->params_file, 0, 0};
 }
 
 static const opt *find_opt(const opt *opts, size_t n, const char *name)
@@ -149,7 +152,8 @@ int mod_apply(const char *cmd, const opt *opts, size_t n, mod_opts *m, clattn_sh
     }
     if ((m->alibi && !read_heads(cmd, "--alibi", m->alibi, "slopes", s->num_heads, &m->slopes)) ||
         (m->sinks_file &&
-         !read_heads(cmd, "--sinks", m->sinks_file, "sinks", s->num_heads, &m->sinks)))
+         !read_heads(cmd, "--sinks", m->sinks_file, "sinks", s->num_heads, &m->sinks)) ||
+        !mod_read_functions(cmd, m, s))
         return 0;
     s->softcap = m->softcap;
     s->alibi_slopes = m->slopes;

@@ -40,21 +40,36 @@ int parse_dtype(const char *cmd, const char *name, clattn_dtype *dtype);
 
 /* The score modifiers' options, shared by the file commands and bench:
  * --softcap C, --alibi SLOPES.npy, --dropout P --seed S [--dropout-offset N],
- * --sinks SINKS.npy. */
+ * --sinks SINKS.npy, and the caller's functions: --score-fn FILE.cl,
+ * --mask-fn FILE.cl, --score-params P.npy. mod_free() releases what
+ * mod_apply and mod_native made. */
 typedef struct mod_opts {
     float softcap, dropout;
     const char *alibi, *sinks_file;
     uint64_t seed, offset;
-    float *slopes; /* read from alibi by mod_apply; free with free() */
-    float *sinks;  /* read from sinks_file by mod_apply; free with free() */
+    const char *score_file, *mask_file, *params_file;
+    float *slopes; /* read from alibi by mod_apply */
+    float *sinks;  /* read from sinks_file by mod_apply */
+    char *score_src, *mask_src; /* the functions' files, read by mod_apply */
+    float *params;
+    uint32_t nparams;
+    void *lib; /* the functions compiled for native (functions.c) */
 } mod_opts;
-enum { MOD_OPTS = 6 };
+enum { MOD_OPTS = 9 };
 /* Appends the MOD_OPTS options that fill m to opts[*n ...]. */
 void mod_opts_add(opt *opts, size_t *n, mod_opts *m);
 /* Sets the shape's modifiers from m (its num_heads known): reads the slopes
  * and sinks (float32, num_heads entries each), checks --dropout has --seed.
  * Prints one line and returns 0 on bad input. */
 int mod_apply(const char *cmd, const opt *opts, size_t n, mod_opts *m, clattn_shape *s);
+/* functions.c: reads the function files and the parameters of m into s;
+ * prints one line and returns 0 on bad input. */
+int mod_read_functions(const char *cmd, mod_opts *m, clattn_shape *s);
+/* On a native context, compiles m's function files as C99 with the
+ * system's C compiler and sets s's C forms from them; prints what failed
+ * and returns 0 where that fails, else 1 (at once on other backends). */
+int mod_native(const char *cmd, clattn_context *ctx, mod_opts *m, clattn_shape *s);
+void mod_free(mod_opts *m);
 /* --window-left L, FlashAttention's left side, into *window (L + 1) where
  * it was given; prints one line and returns 0 where --window was given
  * too, or L is 2^32 - 1. */
@@ -64,6 +79,7 @@ int window_left_apply(const char *cmd, const opt *opts, size_t n, uint32_t left,
 /* The usage lines of those options, each line after `indent`. */
 #define MOD_USAGE_AT(indent)                                                                \
     indent "[--softcap C] [--alibi SLOPES.npy] [--sinks SINKS.npy]\n" indent              \
-           "[--dropout P --seed S [--dropout-offset N]]\n"
+           "[--dropout P --seed S [--dropout-offset N]]\n" indent                          \
+           "[--score-fn FILE.cl [--score-params P.npy]] [--mask-fn FILE.cl]\n"
 
 #endif

@@ -320,7 +320,12 @@ static const file_command file_commands[] = {
      "drawn from --seed S at --dropout-offset N (default 0), the same on every\n"
      "device; the backward needs the forward's seed and offset. --sinks SINKS.npy\n"
      "(float32, one logit per query head) joins each row's softmax as a key with\n"
-     "no value (gpt-oss's sinks); only the forward reads it.\n",
+     "no value (gpt-oss's sinks); only the forward reads it.\n"
+     "The caller's functions (docs/programmable.md), after those: --score-fn\n"
+     "FILE.cl defines clattn_score and clattn_score_ds in OpenCL C, with the\n"
+     "float32 parameters of --score-params P.npy; --mask-fn FILE.cl defines\n"
+     "clattn_mask. The native backend compiles the same files as C99 with $CC\n"
+     "(default cc) and loads them.\n",
      READS_LSE | READS_DO, 1, {"--out"}, {LIKE_K}},
 };
 
@@ -337,7 +342,7 @@ static int cmd_file(const file_command *fc, int argc, char **argv)
     mod_opts mods = {0};
     const char *d_sinks = NULL;
     uint32_t window_left = 0;
-    opt opts[30] = {
+    opt opts[33] = {
         {"--q", OPT_STRING, &paths.q, 1, 0},
         {"--k", OPT_STRING, &paths.k, 1, 0},
         {"--causal", OPT_FLAG, &mask.causal, 0, 0},
@@ -426,6 +431,10 @@ static int cmd_file(const file_command *fc, int argc, char **argv)
     }
     if ((rc = open_context(cmd, device, variant, &ctx)) != 0)
         goto done;
+    if (!mod_native(cmd, ctx, &mods, &s)) {
+        rc = EXIT_INPUT;
+        goto done;
+    }
     clattn_status st;
     if (fc->nout == 2)
         st = clattn_forward(ctx, &s, elements(&in.q), elements(&in.k), elements(&in.v), out[0],
@@ -442,6 +451,8 @@ static int cmd_file(const file_command *fc, int argc, char **argv)
                                out[3]);
     if (st != CLATTN_OK) {
         rc = op_failed(cmd, st);
+        if (st == CLATTN_ERROR_BUILD_FAILED && (mods.score_src || mods.mask_src))
+            rc = EXIT_INPUT; /* the caller's functions did not compile */
         goto done;
     }
     rc = write_outputs(cmd, out_opt, outs, nout) ? 0 : EXIT_INPUT;
@@ -450,8 +461,7 @@ done:
     for (int i = 0; i < MAX_OUTPUTS; ++i)
         free(out[i]);
     inputs_free(&in);
-    free(mods.slopes);
-    free(mods.sinks);
+    mod_free(&mods);
     return rc;
 }
 
