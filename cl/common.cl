@@ -56,7 +56,9 @@ inline ushort bf16_rte(float x)
  * element's index seq0 (a packed sequence's), which dropout's draw takes
  * (slopes holds the sinks too: SINK);
  * the call's Philox key (drop_k0, drop_k1), the threshold a draw is kept
- * from and the kept probabilities' gain 1 / (1 - p) (docs/numerics.md). */
+ * from and the kept probabilities' gain 1 / (1 - p) (docs/numerics.md);
+ * the caller's mask function's block map (MOD_MASK: mask_map below, or
+ * NULL). */
 #ifndef MODS
 #define MODS 0
 #endif
@@ -74,8 +76,8 @@ inline ushort bf16_rte(float x)
 #define SHAPED (MODS & (MOD_SOFTCAP | MOD_ALIBI | MOD_SCORE | MOD_MASK))
 #define MOD_ARGS                                                                             \
     float softcap, __global const float *slopes, uint kv_pos0, uint seq0, uint drop_k0,   \
-        uint drop_k1, uint drop_thr, float drop_gain
-#define MOD_PASS softcap, slopes, kv_pos0, seq0, drop_k0, drop_k1, drop_thr, drop_gain
+        uint drop_k1, uint drop_thr, float drop_gain, __global const uchar *mask_blocks
+#define MOD_PASS softcap, slopes, kv_pos0, seq0, drop_k0, drop_k1, drop_thr, drop_gain, mask_blocks
 
 /* Learnable sinks (MOD_SINK): query head h's logit, after the ALiBi
  * slopes in `slopes`; it joins a row's softmax as a key with no value.
@@ -146,6 +148,95 @@ inline float user_modify(float x, uint pos, uint t, uint head, uint b, long delt
     return x;
 }
 #endif
+
+/* The caller's mask function's block map: for each batch element and query
+ * head, a byte per MAP_BLOCK x MAP_BLOCK block of query rows and keys,
+ * non-zero where the function shows a pair of it; [b][head][row block][key
+ * block], made by mask_map once for a call's shape (the host keeps it for
+ * the calls after it). The kernels skip the tiles of blocks it hides. */
+#define MAP_BLOCK 64u
+#if MODS & MOD_MASK
+__kernel void mask_map(__global uchar *map, uint q_seq, uint kv_seq, uint num_heads, long delta,
+                       uint kv_pos0, uint seq0)
+{
+    const uint kb = get_global_id(0), qb = get_global_id(1), bh = get_global_id(2);
+    const uint b = bh / num_heads, head = bh % num_heads;
+    const uint q_end = min(q_seq, (qb + 1u) * MAP_BLOCK), t_end = min(kv_seq, (kb + 1u) * MAP_BLOCK);
+    uchar any = 0;
+    for (uint pos = qb * MAP_BLOCK; pos < q_end && !any; ++pos) {
+        const uint P = (uint)((long)pos + delta + (long)kv_pos0);
+        for (uint t = kb * MAP_BLOCK; t < t_end && !any; ++t)
+            any = clattn_mask(b + seq0, head, P, t + kv_pos0) ? 1 : 0;
+    }
+    map[((ulong)bh * get_global_size(1) + qb) * get_global_size(0) + kb] = any;
+}
+#endif
+
+/* Whether the block map shows a pair of query rows [q0, q1] and keys [t0,
+ * t1] of head `head` of element b (always without a map). */
+inline bool map_shows(__global const uchar *mask_blocks, uint b, uint head, uint num_heads,
+                      uint q_seq, uint kv_seq, uint q0, uint q1, uint t0, uint t1)
+{
+#if MODS & MOD_MASK
+    if (!mask_blocks)
+        return true;
+    const uint qbs = (q_seq + MAP_BLOCK - 1u) / MAP_BLOCK, kbs = (kv_seq + MAP_BLOCK - 1u) / MAP_BLOCK;
+    __global const uchar *m = mask_blocks + ((ulong)b * num_heads + head) * qbs * kbs;
+    for (uint i = q0 / MAP_BLOCK; i <= q1 / MAP_BLOCK; ++i)
+        for (uint j = t0 / MAP_BLOCK; j <= t1 / MAP_BLOCK; ++j)
+            if (m[i * kbs + j])
+                return true;
+    return false;
+#else
+    return true;
+#endif
+}
+/* The first tile of `step` keys from t0 on (below hi) that the map shows
+ * to query rows [q0, q1]: t0 itself without a map. The work-group's
+ * tiles: the same for all its items. */
+#define SHOWN_KEYS(t0, step, hi, q0, q1, head) \
+    shown_keys((t0), (step), (hi), (q0), (q1), (head), b, num_heads, q_seq, kv_seq, mask_blocks)
+inline uint shown_keys(uint t0, uint step, uint hi, uint q0, uint q1, uint head, uint b,
+                       uint num_heads, uint q_seq, uint kv_seq, __global const uchar *mask_blocks)
+{
+#if MODS & MOD_MASK
+    while (t0 < hi &&
+           !map_shows(mask_blocks, b, head, num_heads, q_seq, kv_seq, q0, q1, t0, min(t0 + step, hi) - 1u))
+        t0 += step;
+#endif
+    return t0;
+}
+/* The same for tiles of query rows from p0 (below end) against keys
+ * [t0, t1] of the heads [head0, head0 + heads). */
+#define SHOWN_ROWS(p0, step, end, t0, t1, head0, heads) \
+    shown_rows((p0), (step), (end), (t0), (t1), (head0), (heads), b, num_heads, q_seq, kv_seq, mask_blocks)
+inline uint shown_rows(uint p0, uint step, uint end, uint t0, uint t1, uint head0, uint heads,
+                       uint b, uint num_heads, uint q_seq, uint kv_seq,
+                       __global const uchar *mask_blocks)
+{
+#if MODS & MOD_MASK
+    for (; p0 < end; p0 += step)
+        for (uint h = head0; h < head0 + heads; ++h)
+            if (map_shows(mask_blocks, b, h, num_heads, q_seq, kv_seq, p0, min(p0 + step, end) - 1u, t0, t1))
+                return p0;
+#endif
+    return p0;
+}
+
+/* The key side's next (query head, tile of TILE query rows) step from
+ * (*head, *p0) on, over the heads below heads_end and each one's rows
+ * [lo, hi), that the map shows against keys [t0, t1]: *head is heads_end
+ * past the last. TILE is the variant's. */
+#define NEXT_SHOWN_QUERIES(head, p0, heads_end, lo, hi, t0, t1)                            \
+    for (;;) {                                                                             \
+        if (*(head) >= (heads_end))                                                        \
+            break;                                                                         \
+        *(p0) = SHOWN_ROWS(*(p0), TILE, (hi), (t0), (t1), *(head), 1u);                    \
+        if (*(p0) < (hi))                                                                  \
+            break;                                                                         \
+        ++*(head);                                                                         \
+        *(p0) = (lo);                                                                      \
+    }
 
 /* The modified score of the scaled score x of query row pos and key t of
  * query head `head` of batch element b: softcap, then ALiBi over |P - T| =

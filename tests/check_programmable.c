@@ -203,19 +203,25 @@ END_TEST
 
 /* Prefix-LM, sliding-plus-global (by head and batch element) with causal
  * and a window of the built-ins too, and rows hidden whole, which come out
- * empty. */
-static const char *const mask_sources[3] = {prefix_cl, sliding_cl, holes_cl};
-static int (*const mask_fns[3])(uint32_t, uint32_t, uint32_t, uint32_t) = {
-    prefix_mask_int, sliding_mask_int, holes_mask_int};
+ * empty; then past the block map's 64 positions, where the kernels skip
+ * the blocks it hides: sliding-plus-global with GQA and a batch, and
+ * documents of 50 positions with a key offset. */
+static const char *const mask_sources[5] = {prefix_cl, sliding_cl, holes_cl, sliding_cl,
+                                            document_cl};
+static int (*const mask_fns[5])(uint32_t, uint32_t, uint32_t, uint32_t) = {
+    prefix_mask_int, sliding_mask_int, holes_mask_int, sliding_mask_int, document_mask_int};
 START_TEST(masks)
 {
-    const shape_case cases[3] = {
+    const shape_case cases[5] = {
         {.q_seq = 45, .heads = 2, .head_dim = 24},
         {.batch = 2, .q_seq = 40, .heads = 4, .kv_heads = 1, .head_dim = 64, .causal = 1,
          .window = 30},
         {.q_seq = 30, .kv_seq = 21, .heads = 3, .head_dim = 16},
+        {.batch = 2, .q_seq = 200, .kv_seq = 230, .heads = 4, .kv_heads = 2, .head_dim = 32},
+        {.q_seq = 260, .kv_seq = 200, .heads = 2, .kv_heads = 1, .head_dim = 16},
     };
-    const clattn_shape s = with_mask(to_shape(&cases[_i]), mask_sources[_i], mask_fns[_i]);
+    clattn_shape s = with_mask(to_shape(&cases[_i]), mask_sources[_i], mask_fns[_i]);
+    s.kv_offset = _i == 4 ? 30 : 0;
     clattn_context *ctx;
     for (size_t v = 0; (ctx = next_variant(&v)) != NULL;) {
         check_ops(ctx, &s, 1.0f, 6300u + (uint64_t)_i);
@@ -360,7 +366,7 @@ END_TEST
 
 programmable_tests get_programmable_tests(void)
 {
-    programmable_tests t = {builtins_as_functions, bias_table_and_document, {masks, 3},
+    programmable_tests t = {builtins_as_functions, bias_table_and_document, {masks, 5},
                             finite_differences, bad_functions};
     return t;
 }

@@ -229,18 +229,21 @@ inline void forward_block(__global const elem *q, ulong q_off, __global const el
     uint lo, hi;
     keys_of_queries(r0, last, kv_seq, causal, window, delta, &lo, &hi);
     float nk[PF], nv[PF]; /* the next tile (ONE_KV: V of this one until it goes in) */
+    /* tiles the caller's mask hides whole are skipped (SHOWN_KEYS) */
+    lo = SHOWN_KEYS(lo, TILE, hi, r0, last, head);
     fetch_pair(nk, nv, k, k_off, v, v_off, b, kv_seq, lo, hi, num_kv_heads, kv_head);
-    for (uint t0 = lo; t0 < hi; t0 += TILE) {
-        const bool more = t0 + TILE < hi;
+    for (uint t0 = lo, next; t0 < hi; t0 = next) {
+        next = SHOWN_KEYS(t0 + TILE, TILE, hi, r0, last, head);
+        const bool more = next < hi;
         barrier(CLK_LOCAL_MEM_FENCE);
         put_tile(ks, nk);
         if (!ONE_KV)
             put_tile(vs, nv);
         barrier(CLK_LOCAL_MEM_FENCE);
         if (!ONE_KV)
-            fetch_pair(nk, nv, k, k_off, v, v_off, b, kv_seq, t0 + TILE, hi, num_kv_heads, kv_head);
+            fetch_pair(nk, nv, k, k_off, v, v_off, b, kv_seq, next, hi, num_kv_heads, kv_head);
         else if (more) /* V's comes once this tile's V is in */
-            fetch_tile(nk, k, k_off, b, kv_seq, t0 + TILE, hi, num_kv_heads, kv_head);
+            fetch_tile(nk, k, k_off, b, kv_seq, next, hi, num_kv_heads, kv_head);
         float s[RM * CN];
         micro_dots(s, qs, ks, me);
         const bool whole = keys_whole(r0, last, t0, hi, causal, window, delta);
@@ -289,7 +292,7 @@ inline void forward_block(__global const elem *q, ulong q_off, __global const el
         if (ONE_KV) {
             put_tile(vs, nv);
             if (more)
-                fetch_tile(nv, v, v_off, b, kv_seq, t0 + TILE, hi, num_kv_heads, kv_head);
+                fetch_tile(nv, v, v_off, b, kv_seq, next, hi, num_kv_heads, kv_head);
         }
         barrier(CLK_LOCAL_MEM_FENCE);
         for (uint i = 0; i < RM; ++i) {
@@ -356,13 +359,15 @@ inline void grad_q_block(__global const elem *q, ulong q_off, __global const ele
     uint lo, hi;
     keys_of_queries(r0, last, kv_seq, causal, window, delta, &lo, &hi);
     float nk[PF], nv[PF]; /* the next tile */
+    lo = SHOWN_KEYS(lo, TILE, hi, r0, last, head);
     fetch_pair(nk, nv, k, k_off, v, v_off, b, kv_seq, lo, hi, num_kv_heads, kv_head);
-    for (uint t0 = lo; t0 < hi; t0 += TILE) {
+    for (uint t0 = lo, next; t0 < hi; t0 = next) {
+        next = SHOWN_KEYS(t0 + TILE, TILE, hi, r0, last, head);
         barrier(CLK_LOCAL_MEM_FENCE);
         put_tile(ks, nk);
         put_tile(vs, nv);
         barrier(CLK_LOCAL_MEM_FENCE);
-        fetch_pair(nk, nv, k, k_off, v, v_off, b, kv_seq, t0 + TILE, hi, num_kv_heads, kv_head);
+        fetch_pair(nk, nv, k, k_off, v, v_off, b, kv_seq, next, hi, num_kv_heads, kv_head);
         float s[RM * CN], dp[RM * CN];
         micro_dots(s, qs, ks, me);
         micro_dots(dp, os, vs, me);
@@ -420,17 +425,24 @@ inline void key_block(__global const elem *q, ulong q_off, __global const elem *
     queries_of_keys(r0, last, q_seq, causal, window, delta, &lo, &hi);
     const uint heads_end = (kv_head + 1u) * group;
     float nq[PF], no[PF]; /* the next tile */
-    fetch_pair(nq, no, q, q_off, d_out, d_out_off, b, q_seq, lo, hi, num_heads, kv_head * group);
-    for (uint head = kv_head * group; head < heads_end; ++head) {
-        for (uint p0 = lo; p0 < hi; p0 += TILE) {
+    /* the (head, query tile) steps in order, those the caller's mask hides
+     * whole skipped (SHOWN_ROWS) */
+    uint head = kv_head * group, p0 = lo;
+    NEXT_SHOWN_QUERIES(&head, &p0, heads_end, lo, hi, r0, last);
+    fetch_pair(nq, no, q, q_off, d_out, d_out_off, b, q_seq, p0, head < heads_end ? hi : 0u,
+               num_heads, head);
+    while (head < heads_end) {
+        {
+            uint next_head = head, next = p0 + TILE;
+            NEXT_SHOWN_QUERIES(&next_head, &next, heads_end, lo, hi, r0, last);
             barrier(CLK_LOCAL_MEM_FENCE);
             put_tile(qs, nq);
             put_tile(os, no);
             load_stats(mt, lt, dt, lse, lse_off, dk ? dsum : 0, dsum_off, b, q_seq, p0, hi,
                        num_heads, head);
             barrier(CLK_LOCAL_MEM_FENCE);
-            fetch_next_queries(nq, no, q, q_off, d_out, d_out_off, b, q_seq, num_heads, head,
-                               heads_end, p0, lo, hi);
+            fetch_pair(nq, no, q, q_off, d_out, d_out_off, b, q_seq, next,
+                       next_head < heads_end ? hi : 0u, num_heads, next_head);
             float s[RM * CN], dp[RM * CN];
             micro_dots(s, ks, qs, me);
             if (dk)
@@ -472,6 +484,8 @@ inline void key_block(__global const elem *q, ulong q_off, __global const elem *
                 micro_axpy(acc_v, 0, pw, os, me);
             if (dk)
                 micro_axpy(acc_k, 0, dw, qs, me);
+            head = next_head;
+            p0 = next;
         }
     }
     for (uint i = 0; i < RM; ++i) {
@@ -503,9 +517,20 @@ inline void key_block(__global const elem *q, ulong q_off, __global const elem *
 #endif
 
 inline void fetch_ds(float *r, __global const float *dsh, bool vec, uint q_seq, uint r0,
-                     uint last, uint t0, uint hi, int causal, uint window, long delta)
+                     uint last, uint t0, uint hi, int causal, uint window, long delta,
+                     __global const uchar *mask_blocks, uint b, uint head, uint num_heads,
+                     uint kv_seq)
 {
+    /* Under the caller's mask, the key side skipped the tiles its block map
+     * hides: their dS, never written, reads as 0 (a map block holds whole
+     * float4s). */
+#if MODS & MOD_MASK
+    const bool whole = false;
+#define MAP_HIDES(pos, t) (!map_shows(mask_blocks, b, head, num_heads, q_seq, kv_seq, pos, pos, t, t))
+#else
     const bool whole = keys_whole(r0, last, t0, hi, causal, window, delta);
+#define MAP_HIDES(pos, t) false
+#endif
 #if ROWS % 4 == 0
     for (uint u = 0; u < PW4; ++u) {
         const uint i = get_local_id(0) + u * LANES, pos = r0 + 4 * (i % (ROWS / 4));
@@ -518,6 +543,8 @@ inline void fetch_ds(float *r, __global const float *dsh, bool vec, uint q_seq, 
             else
                 x = (float4)(src[0], pos + 1 < q_seq ? src[1] : 0.0f,
                              pos + 2 < q_seq ? src[2] : 0.0f, pos + 3 < q_seq ? src[3] : 0.0f);
+            if (MAP_HIDES(pos, t))
+                x = 0.0f;
             if (!whole) {
                 x.x = visible(pos, t, causal, window, delta) ? x.x : 0.0f;
                 x.y = visible(pos + 1, t, causal, window, delta) ? x.y : 0.0f;
@@ -534,12 +561,16 @@ inline void fetch_ds(float *r, __global const float *dsh, bool vec, uint q_seq, 
     for (uint u = 0; u < PW; ++u) {
         const uint i = get_local_id(0) + u * LANES, pos = r0 + i % ROWS, t = t0 + i / ROWS;
         r[u] = i < TILE * ROWS && t < hi && pos < q_seq &&
-                       (whole || visible(pos, t, causal, window, delta))
+                       (whole || visible(pos, t, causal, window, delta)) && !MAP_HIDES(pos, t)
                    ? dsh[(ulong)t * q_seq + pos]
                    : 0.0f;
     }
 #endif
+#undef MAP_HIDES
 }
+#define FETCH_DS(r, t0)                                                                      \
+    fetch_ds((r), dsh, vec, q_seq, r0, last, (t0), hi, causal, window, delta, mask_blocks, b, head, \
+             num_heads, kv_seq)
 
 /* fetch_ds's floats into the weights' slots (put_weights's). */
 inline void put_ds(__local float *ws, const float *r)
@@ -577,18 +608,20 @@ inline void grad_q_ds_block(__global const elem *k, ulong k_off, __global const 
     uint lo, hi;
     keys_of_queries(r0, last, kv_seq, causal, window, delta, &lo, &hi);
     float nk[PF], nw[PW]; /* the next tile */
+    lo = SHOWN_KEYS(lo, TILE, hi, r0, last, head);
     if (lo < hi) {
         fetch_tile(nk, k, k_off, b, kv_seq, lo, hi, num_kv_heads, kv_head);
-        fetch_ds(nw, dsh, vec, q_seq, r0, last, lo, hi, causal, window, delta);
+        FETCH_DS(nw, lo);
     }
-    for (uint t0 = lo; t0 < hi; t0 += TILE) {
+    for (uint t0 = lo, next; t0 < hi; t0 = next) {
+        next = SHOWN_KEYS(t0 + TILE, TILE, hi, r0, last, head);
         barrier(CLK_LOCAL_MEM_FENCE);
         put_tile(ks, nk);
         put_ds(ws, nw);
         barrier(CLK_LOCAL_MEM_FENCE);
-        if (t0 + TILE < hi) {
-            fetch_tile(nk, k, k_off, b, kv_seq, t0 + TILE, hi, num_kv_heads, kv_head);
-            fetch_ds(nw, dsh, vec, q_seq, r0, last, t0 + TILE, hi, causal, window, delta);
+        if (next < hi) {
+            fetch_tile(nk, k, k_off, b, kv_seq, next, hi, num_kv_heads, kv_head);
+            FETCH_DS(nw, next);
         }
         micro_axpy(acc, 0, ws, ks, me);
     }

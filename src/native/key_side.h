@@ -314,6 +314,8 @@ static void key_block(const native_call *c, size_t job)
         if (lo >= hi)
             continue;
         for (size_t head = kv_head * c->group; head < (kv_head + 1) * c->group; ++head) {
+            if (!native_mask_shows(c, b, head, pos, 1, t0 + lo, hi - lo))
+                continue;
             const size_t row = row_index(s, b, pos, head);
             const size_t at = ((b * s->num_heads + head) * s->q_seq + pos) * D;
             ch.q[ch.n] = c->qh + at;

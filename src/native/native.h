@@ -195,6 +195,25 @@ static inline float native_modify(const native_call *c, float x, size_t b, uint3
     return x;
 }
 
+/* Whether the caller's mask function shows a pair of the query rows
+ * [pos0, pos0 + rows) of head `head` of element b and the keys [t0, t0 +
+ * n): the tiles and rows it hides whole are skipped. Always without one. */
+static inline int native_mask_shows(const native_call *c, size_t b, size_t head, size_t pos0,
+                                    size_t rows, uint32_t t0, uint32_t n)
+{
+    if (!(c->mods & CLATTN_MOD_MASK))
+        return 1;
+    const clattn_shape *s = c->s;
+    const uint32_t bb = (uint32_t)(c->seq_base + b), h = (uint32_t)head;
+    for (size_t r = 0; r < rows; ++r) {
+        const uint32_t P = clattn_query_position(s, (uint32_t)(pos0 + r), c->delta);
+        for (uint32_t j = 0; j < n; ++j)
+            if (s->mask_native(bb, h, P, t0 + j + s->kv_offset))
+                return 1;
+    }
+    return 0;
+}
+
 typedef uint64_t native_u64x8 __attribute__((vector_size(64)));
 /* *r = *a * m lane by lane, a's lanes below 2^32: one 32 x 32 -> 64-bit
  * product where the level has it (vpmuludq), not a 64-bit one. Through

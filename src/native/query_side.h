@@ -151,6 +151,8 @@ static void forward_block(const native_call *c, size_t job)
      * lo masked. */
     for (uint32_t t0 = qb.lo / KEY_BLOCK * KEY_BLOCK; t0 < qb.hi; t0 += KEY_BLOCK) {
         const uint32_t n = qb.hi - t0 < KEY_BLOCK ? qb.hi - t0 : KEY_BLOCK;
+        if (!native_mask_shows(c, qb.b, qb.head, qb.pos0, qb.rows, t0, n))
+            continue;
         const float *krows[KEY_BLOCK];
         key_rows(qb.kb, qb.kv_row, t0, n, krows);
         tile_scores(krows, qt, D, sc);
@@ -283,6 +285,8 @@ static void grad_q_block(const native_call *c, size_t job)
     }
     for (uint32_t t0 = qb.lo; t0 < qb.hi; t0 += KEY_BLOCK) {
         const uint32_t n = qb.hi - t0 < KEY_BLOCK ? qb.hi - t0 : KEY_BLOCK;
+        if (!native_mask_shows(c, qb.b, qb.head, qb.pos0, qb.rows, t0, n))
+            continue;
         const float *krows[KEY_BLOCK], *vrows[KEY_BLOCK];
         key_rows(qb.kb, qb.kv_row, t0, n, krows);
         key_rows(qb.vb, qb.kv_row, t0, n, vrows);

@@ -157,6 +157,9 @@ static void release_state(struct clattn_cl_state *cl)
         clReleaseMemObject(cl->ds.buffer);
     if (cl->ds.last_read)
         clReleaseEvent(cl->ds.last_read);
+    if (cl->mask_map.buffer)
+        clReleaseMemObject(cl->mask_map.buffer);
+    free(cl->mask_map.text);
     for (int i = 0; i < PACKED_QUEUES; ++i)
         if (cl->packed_queues[i])
             clReleaseCommandQueue(cl->packed_queues[i]);

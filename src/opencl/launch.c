@@ -117,6 +117,7 @@ static clattn_status enqueue_kernel(struct clattn_cl_state *cl, cl_command_queue
     err |= clSetKernelArg(kn, arg++, sizeof(cl_uint), &drop.key[1]);
     err |= clSetKernelArg(kn, arg++, sizeof(cl_uint), &drop.threshold);
     err |= clSetKernelArg(kn, arg++, sizeof(cl_float), &drop.gain);
+    err |= clSetKernelArg(kn, arg++, sizeof(cl_mem), &cl->mask_map.current);
     err |= clSetKernelArg(kn, arg++, local, NULL);
     if (err != CL_SUCCESS)
         return clattn_fail(CLATTN_ERROR_OPENCL, "clSetKernelArg failed for kernel %d", k);
@@ -277,15 +278,89 @@ static clattn_status enqueue_ds_chunks(struct clattn_cl_state *cl, cl_command_qu
     return CLATTN_OK;
 }
 
+/* The block map of s's mask function into cl->mask_map.current: the kept
+ * one where it is s's, else made by mask_map from set's forward program
+ * (after the call's wait list; waited for, as the map is made once for a
+ * shape). */
+static clattn_status mask_map(struct clattn_cl_state *cl, cl_command_queue queue,
+                              const kernel_set *set, const clattn_shape *s, cl_uint nwait,
+                              const cl_event *wait)
+{
+    struct mask_map_state *m = &cl->mask_map;
+    const int64_t delta = clattn_mask_delta(s);
+    const uint32_t seq_base = cl->owner->seq_base;
+    if (m->buffer && !strcmp(m->text, s->mask_fn) && m->batch == s->batch &&
+        m->q_seq == s->q_seq && m->kv_seq == s->kv_seq && m->num_heads == s->num_heads &&
+        m->kv_offset == s->kv_offset && m->seq_base == seq_base && m->delta == delta) {
+        m->current = m->buffer;
+        return CLATTN_OK;
+    }
+    const size_t qb = (s->q_seq + 63u) / 64u, kb = (s->kv_seq + 63u) / 64u;
+    const size_t heads = (size_t)s->batch * s->num_heads;
+    if (qb * kb > cl->limits.max_alloc / heads)
+        return clattn_fail(CLATTN_ERROR_TOO_LARGE_FOR_DEVICE,
+                           "the mask function's block map of %zu x %zu blocks for %zu heads "
+                           "exceeds the device's largest allocation",
+                           qb, kb, heads);
+    char *text = malloc(strlen(s->mask_fn) + 1);
+    if (!text)
+        return clattn_fail(CLATTN_ERROR_OUT_OF_MEMORY, "out of host memory");
+    strcpy(text, s->mask_fn);
+    cl_int err;
+    cl_mem buffer = clCreateBuffer(cl->context, CL_MEM_READ_WRITE, qb * kb * heads, NULL, &err);
+    cl_kernel k = err == CL_SUCCESS ? clCreateKernel(set->program[K_FORWARD], "mask_map", &err)
+                                    : NULL;
+    if (err == CL_SUCCESS) {
+        const cl_uint q_seq = s->q_seq, kv_seq = s->kv_seq, num_heads = s->num_heads;
+        const cl_uint kv_pos0 = s->kv_offset, seq0 = seq_base;
+        const cl_long d = delta;
+        cl_uint arg = 0;
+        err |= clSetKernelArg(k, arg++, sizeof buffer, &buffer);
+        err |= clSetKernelArg(k, arg++, sizeof q_seq, &q_seq);
+        err |= clSetKernelArg(k, arg++, sizeof kv_seq, &kv_seq);
+        err |= clSetKernelArg(k, arg++, sizeof num_heads, &num_heads);
+        err |= clSetKernelArg(k, arg++, sizeof d, &d);
+        err |= clSetKernelArg(k, arg++, sizeof kv_pos0, &kv_pos0);
+        err |= clSetKernelArg(k, arg++, sizeof seq0, &seq0);
+    }
+    cl_event ev = NULL;
+    if (err == CL_SUCCESS) {
+        const size_t global[3] = {kb, qb, heads};
+        err = clEnqueueNDRangeKernel(queue, k, 3, NULL, global, NULL, nwait, nwait ? wait : NULL,
+                                     &ev);
+    }
+    if (err == CL_SUCCESS)
+        err = clWaitForEvents(1, &ev);
+    if (ev)
+        clReleaseEvent(ev);
+    if (k)
+        clReleaseKernel(k);
+    if (err != CL_SUCCESS) {
+        if (buffer)
+            clReleaseMemObject(buffer);
+        free(text);
+        return clattn_ocl_fail(err, "making the mask function's block map");
+    }
+    if (m->buffer)
+        clReleaseMemObject(m->buffer);
+    free(m->text);
+    *m = (struct mask_map_state){buffer, buffer, text, s->batch, s->q_seq, s->kv_seq, s->num_heads,
+                          s->kv_offset, seq_base, delta};
+    return CLATTN_OK;
+}
+
 clattn_status clattn_ocl_enqueue_op(struct clattn_cl_state *cl, cl_command_queue queue,
                                     clattn_op op, const clattn_shape *s,
                                     const clattn_sizes *sz, clattn_cl_tensor t[R_ALL],
                                     cl_uint nwait, const cl_event *wait, cl_event *done)
 {
     kernel_set *set = NULL;
+    cl->mask_map.current = NULL;
     clattn_status st = clattn_ocl_check_loop_cap(cl, op, s);
     if (st == CLATTN_OK)
         st = clattn_ocl_kernels_of(cl, op, s, &set);
+    if (st == CLATTN_OK && (clattn_op_modifiers(s, op) & CLATTN_MOD_MASK))
+        st = mask_map(cl, queue, set, s, nwait, wait);
     if (st != CLATTN_OK)
         return st;
     /* The single pass, built only where CLATTN_MMA_SINGLE asks for it. Its

@@ -213,6 +213,17 @@ struct clattn_cl_state {
         size_t bytes;
         cl_event last_read;
     } ds;
+    /* The block map of the caller's mask function (cl/common.cl's
+     * mask_map) of the last shape that had one, kept for the calls after
+     * it while their mask's text and the shape's sizes and positions are
+     * the same (a new one goes in a new buffer: kernels still queued keep
+     * the old); `current` is the op's own while it is enqueued, else NULL. */
+    struct mask_map_state {
+        cl_mem buffer, current;
+        char *text;
+        uint32_t batch, q_seq, kv_seq, num_heads, kv_offset, seq_base;
+        int64_t delta;
+    } mask_map;
 };
 
 /* errors.c */
