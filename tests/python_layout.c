@@ -34,6 +34,13 @@ int main(void)
     FIELD(clattn_shape, dropout_seed);
     FIELD(clattn_shape, dropout_offset);
     FIELD(clattn_shape, sinks);
+    FIELD(clattn_shape, score_fn);
+    FIELD(clattn_shape, mask_fn);
+    FIELD(clattn_shape, score_params);
+    FIELD(clattn_shape, score_params_count);
+    FIELD(clattn_shape, score_native);
+    FIELD(clattn_shape, score_ds_native);
+    FIELD(clattn_shape, mask_native);
     SIZE(clattn_options);
     FIELD(clattn_options, backend);
     FIELD(clattn_options, device);

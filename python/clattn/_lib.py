@@ -62,6 +62,13 @@ class Shape(ctypes.Structure):
         ("dropout_seed", ctypes.c_uint64),
         ("dropout_offset", ctypes.c_uint64),
         ("sinks", ctypes.POINTER(ctypes.c_float)),
+        ("score_fn", ctypes.c_char_p),
+        ("mask_fn", ctypes.c_char_p),
+        ("score_params", ctypes.POINTER(ctypes.c_float)),
+        ("score_params_count", ctypes.c_uint32),
+        ("score_native", ctypes.c_void_p),
+        ("score_ds_native", ctypes.c_void_p),
+        ("mask_native", ctypes.c_void_p),
     ]
 
 

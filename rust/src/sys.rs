@@ -87,7 +87,20 @@ pub struct clattn_shape {
     pub dropout_seed: u64,
     pub dropout_offset: u64,
     pub sinks: *const f32,
+    pub score_fn: *const c_char,
+    pub mask_fn: *const c_char,
+    pub score_params: *const f32,
+    pub score_params_count: u32,
+    pub score_native: Option<ScoreFn>,
+    pub score_ds_native: Option<ScoreFn>,
+    pub mask_native: Option<MaskFn>,
 }
+
+/// A score function or its derivative in C's form (`clattn_shape`'s
+/// `score_native`).
+pub type ScoreFn = unsafe extern "C" fn(f32, u32, u32, u32, u32, *const f32) -> f32;
+/// A mask function in C's form (`clattn_shape`'s `mask_native`).
+pub type MaskFn = unsafe extern "C" fn(u32, u32, u32, u32) -> c_int;
 
 #[repr(C)]
 #[derive(Clone, Copy)]

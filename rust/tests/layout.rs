@@ -48,7 +48,14 @@ fn rust_layout() -> Vec<(String, usize)> {
         dropout_p,
         dropout_seed,
         dropout_offset,
-        sinks
+        sinks,
+        score_fn,
+        mask_fn,
+        score_params,
+        score_params_count,
+        score_native,
+        score_ds_native,
+        mask_native
     );
     v.push(("clattn_options:sizeof".to_string(), size_of::<sys::clattn_options>()));
     fields!(sys::clattn_options, "clattn_options", backend, device, variant, num_threads);
