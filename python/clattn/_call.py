@@ -56,7 +56,7 @@ class Problem:
                  causal=0, window=0, scale=None, q_offset=0, kv_offset=0, softcap=0.0,
                  alibi_slopes=None, dropout_p=0.0, seed=0, offset=0, cu_seqlens_q=None,
                  cu_seqlens_kv=None, align_bottom_right=False, accumulate=False,
-                 window_right=None, sinks=None):
+                 window_right=None, sinks=None, functions=None, score_params=None):
         self.batch, self.q_seq, self.kv_seq = batch, q_seq, kv_seq
         self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
         self.dtype = dtype
@@ -88,10 +88,15 @@ class Problem:
         self.alibi = alibi_slopes
         # sinks: float32 (num_heads,), C-contiguous: the forward's logits.
         self.sinks = sinks
+        # functions: a _functions.Functions, or None; score_params: float32
+        # (n,), C-contiguous, or None.
+        self.functions = functions if functions else None
+        self.score_params = score_params
         self.cu_q, self.cu_kv = cu_seqlens_q, cu_seqlens_kv
         self.align_bottom_right = bool(align_bottom_right) and causal == 0
         self.accumulate = bool(accumulate)
         self.es = ELEMENT_SIZE[dtype]
+        self.native = False
 
     @property
     def packed(self):
@@ -124,6 +129,15 @@ class Problem:
             s.alibi_slopes = ctypes.cast(self.alibi_address(0), ctypes.POINTER(ctypes.c_float))
         if self.sinks is not None:
             s.sinks = self.sinks.ctypes.data_as(ctypes.POINTER(ctypes.c_float))
+        f = self.functions
+        if f is not None:
+            s.score_fn, s.mask_fn = f.score_bytes, f.mask_bytes
+            if self.native:
+                s.score_native, s.score_ds_native, s.mask_native = f.native()
+        if self.score_params is not None and self.score_params.size:
+            s.score_params = self.score_params.ctypes.data_as(ctypes.POINTER(ctypes.c_float))
+            s.score_params_count = self.score_params.size
+            keep.append(self.score_params)
         return s, keep
 
     def alibi_address(self, element):
@@ -244,19 +258,27 @@ def _empty_element(roles, moved, e, accumulate):
             ctypes.memset(a, 0, e.kv_seq * e.kv_row())
 
 
+def _native(ctx, problem):
+    """Whether the problem's functions need their C forms: ctx is native."""
+    problem.native = problem.functions is not None and \
+        _lib.lib.clattn_context_backend(ctx) == _lib.BACKEND_NATIVE
+
+
 def _one(ctx, cname, problem, addresses):
+    _native(ctx, problem)
     shape, keep = problem.shape()
     shape.accumulate = 1 if problem.accumulate else 0
     fn = getattr(_lib.lib, cname)
     status = fn(ctx, ctypes.byref(shape), *addresses)
     del keep
-    _lib.check(status, cname)
+    _lib.check(status, cname, problem.functions is not None)
 
 
 def grad_sinks(ctx, problem, o, lse, d_out, out):
     """The sinks' gradient into the float32 array at address out
     (num_heads), from the forward's O and LSE and dO at these addresses:
     one host pass over every row, whatever the plan."""
+    _native(ctx, problem)
     shape, keep = problem.shape()
     shape.accumulate = 1 if problem.accumulate else 0
     status = _lib.lib.clattn_grad_sinks(ctx, ctypes.byref(shape), o, lse, d_out, out)

@@ -17,6 +17,7 @@ DTYPE_F32, DTYPE_F16, DTYPE_BF16 = 0, 1, 2
 CAUSAL_TOP_LEFT, CAUSAL_BOTTOM_RIGHT = 1, 2
 MAX_HEAD_DIM = 256
 BACKENDS = {0: "auto", 1: "opencl-gpu", 2: "opencl-cpu", 3: "native"}
+BACKEND_NATIVE = 3
 
 # Statuses that mean the arguments were wrong, as opposed to a device or
 # driver that failed: they raise InvalidArgument (a ValueError).
@@ -159,9 +160,10 @@ for _name, (_res, _args) in _PROTOTYPES.items():
     _f.argtypes = _args
 
 
-def check(status, what):
+def check(status, what, user_source=False):
     """Raises the exception for a non-zero status, with clattn's message for
-    the calling thread's last failure."""
+    the calling thread's last failure; with user_source, a build failure is
+    the caller's functions' (InvalidArgument)."""
     if status == 0:
         return
     name = lib.clattn_status_string(status).decode()
@@ -169,7 +171,8 @@ def check(status, what):
     message = f"{what}: {name}: {detail}" if detail else f"{what}: {name}"
     if status == 19:
         raise NotImplementedError(message)
-    cls = InvalidArgument if status in _ARGUMENT_STATUSES else Error
+    cls = InvalidArgument if status in _ARGUMENT_STATUSES or (user_source and status == 13) \
+        else Error
     raise cls(message, name)
 
 

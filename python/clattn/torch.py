@@ -19,8 +19,10 @@ import torch
 from torch import Tensor
 
 from . import Context, InvalidArgument, _call, _lib
+from ._functions import Functions
 
-__all__ = ["scaled_dot_product_attention", "set_device", "context", "attention"]
+__all__ = ["scaled_dot_product_attention", "flex_attention", "set_device", "context",
+           "attention"]
 
 _DTYPES = {torch.float32: _lib.DTYPE_F32, torch.float16: _lib.DTYPE_F16,
            torch.bfloat16: _lib.DTYPE_BF16}
@@ -74,7 +76,8 @@ def check_tensors(where, **tensors):
 
 
 def _problem(q, k, cu_q, cu_k, alibi, rng, causal, align, window, window_right, scale,
-             softcap, dropout_p, q_offset=0, kv_offset=0, sinks=None):
+             softcap, dropout_p, q_offset=0, kv_offset=0, sinks=None, score_params=None,
+             score_mod="", mask_mod=""):
     packed = cu_q is not None
     if packed:
         (Sq, H, D), (Sk, Hk, _) = q.shape, k.shape
@@ -91,13 +94,29 @@ def _problem(q, k, cu_q, cu_k, alibi, rng, causal, align, window, window_right, 
         if alibi is not None else None
     logits = sinks.detach().to(torch.float32).contiguous().numpy() \
         if sinks is not None else None
+    params = score_params.detach().to(torch.float32).contiguous().reshape(-1).numpy() \
+        if score_params is not None else None
     return _call.Problem(
         batch=batch, q_seq=Sq, kv_seq=Sk, num_heads=H, num_kv_heads=Hk, head_dim=D,
         dtype=_DTYPES[q.dtype], causal=causal, window=window, scale=scale,
         softcap=softcap, alibi_slopes=slopes, dropout_p=dropout_p, seed=seed,
         offset=offset, cu_seqlens_q=cq, cu_seqlens_kv=ck, align_bottom_right=align,
         window_right=window_right if window_right >= 0 else None, q_offset=q_offset,
-        kv_offset=kv_offset, sinks=logits)
+        kv_offset=kv_offset, sinks=logits, score_params=params,
+        functions=_functions(score_mod, mask_mod))
+
+
+_function_cache = {}
+
+
+def _functions(score_mod, mask_mod):
+    """The Functions of these sources ("" for none), one per pair."""
+    if not score_mod and not mask_mod:
+        return None
+    key = (score_mod, mask_mod)
+    if key not in _function_cache:
+        _function_cache[key] = Functions(score_mod or None, mask_mod or None)
+    return _function_cache[key]
 
 
 def _empty_rows(q):
@@ -107,10 +126,10 @@ def _empty_rows(q):
 
 def _forward_impl(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Optional[Tensor],
              cu_seqlens_k: Optional[Tensor], alibi_slopes: Optional[Tensor],
-             rng: Optional[Tensor], sinks: Optional[Tensor], causal: int,
-             align_bottom_right: bool, window: int, window_right: int, scale: float,
-             softcap: float, dropout_p: float, q_offset: int,
-             kv_offset: int) -> Tuple[Tensor, Tensor]:
+             rng: Optional[Tensor], sinks: Optional[Tensor], score_params: Optional[Tensor],
+             causal: int, align_bottom_right: bool, window: int, window_right: int,
+             scale: float, softcap: float, dropout_p: float, q_offset: int, kv_offset: int,
+             score_mod: str, mask_mod: str) -> Tuple[Tensor, Tensor]:
     q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
     o = torch.empty_like(q)
     lse = torch.empty(q.shape[:-1] + (2,), dtype=torch.float32)
@@ -120,7 +139,7 @@ def _forward_impl(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Optional[Tensor
         return o.zero_(), lse.fill_(-1e30)
     p = _problem(q, k, cu_seqlens_q, cu_seqlens_k, alibi_slopes, rng, causal,
                  align_bottom_right, window, window_right, scale, softcap, dropout_p, q_offset,
-                 kv_offset, sinks)
+                 kv_offset, sinks, score_params, score_mod, mask_mod)
     _call.run(context().handle, "forward", p, q.data_ptr(), k.data_ptr(), v.data_ptr(),
               o.data_ptr(), lse.data_ptr())
     return o, lse
@@ -131,9 +150,9 @@ _forward = torch.library.custom_op("clattn::attention_forward", _forward_impl, m
 
 
 @_forward.register_fake
-def _forward_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, alibi_slopes, rng, sinks, causal,
-                  align_bottom_right, window, window_right, scale, softcap, dropout_p, q_offset,
-                  kv_offset):
+def _forward_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, alibi_slopes, rng, sinks, score_params,
+                  causal, align_bottom_right, window, window_right, scale, softcap, dropout_p,
+                  q_offset, kv_offset, score_mod, mask_mod):
     return (torch.empty(q.shape, dtype=q.dtype, device=q.device),
             q.new_empty(q.shape[:-1] + (2,), dtype=torch.float32))
 
@@ -141,9 +160,10 @@ def _forward_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, alibi_slopes, rng, sinks,
 def _backward_impl(d_out: Tensor, q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Tensor,
               cu_seqlens_q: Optional[Tensor], cu_seqlens_k: Optional[Tensor],
               alibi_slopes: Optional[Tensor], rng: Optional[Tensor], sinks: Optional[Tensor],
-              causal: int, align_bottom_right: bool, window: int, window_right: int,
-              scale: float, softcap: float, dropout_p: float, q_offset: int,
-              kv_offset: int) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+              score_params: Optional[Tensor], causal: int, align_bottom_right: bool,
+              window: int, window_right: int, scale: float, softcap: float, dropout_p: float,
+              q_offset: int, kv_offset: int, score_mod: str,
+              mask_mod: str) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
     """dq, dk, dv and the sinks' gradient (float32 (heads,); empty without
     sinks)."""
     d_out, q, k, v, o = (t.contiguous() for t in (d_out, q, k, v, o))
@@ -154,7 +174,7 @@ def _backward_impl(d_out: Tensor, q: Tensor, k: Tensor, v: Tensor, o: Tensor, ls
         return dq.zero_(), dk.zero_(), dv.zero_(), d_sinks
     p = _problem(q, k, cu_seqlens_q, cu_seqlens_k, alibi_slopes, rng, causal,
                  align_bottom_right, window, window_right, scale, softcap, dropout_p, q_offset,
-                 kv_offset, sinks)
+                 kv_offset, sinks, score_params, score_mod, mask_mod)
     handle = context().handle
     _call.run(handle, "backward", p, q.data_ptr(), k.data_ptr(), v.data_ptr(),
               o.data_ptr(), lse.data_ptr(), d_out.data_ptr(), dq.data_ptr(), dk.data_ptr(),
@@ -171,8 +191,8 @@ _backward = torch.library.custom_op("clattn::attention_backward", _backward_impl
 
 @_backward.register_fake
 def _backward_fake(d_out, q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, alibi_slopes, rng,
-                   sinks, causal, align_bottom_right, window, window_right, scale, softcap,
-                   dropout_p, q_offset, kv_offset):
+                   sinks, score_params, causal, align_bottom_right, window, window_right, scale,
+                   softcap, dropout_p, q_offset, kv_offset, score_mod, mask_mod):
     return (torch.empty(q.shape, dtype=q.dtype, device=q.device),
             torch.empty(k.shape, dtype=k.dtype, device=k.device),
             torch.empty(v.shape, dtype=v.dtype, device=v.device),
@@ -180,14 +200,14 @@ def _backward_fake(d_out, q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, alibi_slo
 
 
 _PARAMS = ("causal", "align_bottom_right", "window", "window_right", "scale", "softcap",
-           "dropout_p", "q_offset", "kv_offset")
+           "dropout_p", "q_offset", "kv_offset", "score_mod", "mask_mod")
 
 
 def _setup_context(ctx, inputs, output):
-    q, k, v, cu_q, cu_k, alibi, rng, sinks = inputs[:8]
+    q, k, v, cu_q, cu_k, alibi, rng, sinks, score_params = inputs[:9]
     o, lse = output
-    ctx.save_for_backward(q, k, v, o, lse, cu_q, cu_k, alibi, rng, sinks)
-    ctx.params = inputs[8:]
+    ctx.save_for_backward(q, k, v, o, lse, cu_q, cu_k, alibi, rng, sinks, score_params)
+    ctx.params = inputs[9:]
     # The LSE pairs are an auxiliary output, as FlashAttention's softmax_lse:
     # no gradient flows through them.
     ctx.mark_non_differentiable(lse)
@@ -203,15 +223,15 @@ def _eager(*tensors):
 
 
 def _autograd_backward(ctx, d_out, d_lse):
-    q, k, v, o, lse, cu_q, cu_k, alibi, rng, sinks = ctx.saved_tensors
-    args = (d_out, q, k, v, o, lse, cu_q, cu_k, alibi, rng, sinks)
+    q, k, v, o, lse, cu_q, cu_k, alibi, rng, sinks, score_params = ctx.saved_tensors
+    args = (d_out, q, k, v, o, lse, cu_q, cu_k, alibi, rng, sinks, score_params)
     run = _backward_impl if _eager(*args) else _backward
     dq, dk, dv, d_sinks = run(*args, *ctx.params)
     if sinks is not None:
         d_sinks = d_sinks.to(sinks.dtype)
     else:
         d_sinks = None
-    return (dq, dk, dv, None, None, None, None, d_sinks) + (None,) * len(_PARAMS)
+    return (dq, dk, dv, None, None, None, None, d_sinks, None) + (None,) * len(_PARAMS)
 
 
 _forward.register_autograd(_autograd_backward, setup_context=_setup_context)
@@ -244,7 +264,8 @@ def check_scale(where, scale, head_dim, name="scale"):
 
 def attention(q, k, v, *, causal=0, align_bottom_right=False, window=0, window_right=-1,
               scale=None, softcap=0.0, alibi_slopes=None, dropout_p=0.0, rng=None,
-              cu_seqlens_q=None, cu_seqlens_k=None, q_offset=0, kv_offset=0, sinks=None):
+              cu_seqlens_q=None, cu_seqlens_k=None, q_offset=0, kv_offset=0, sinks=None,
+              score_mod=None, mask_mod=None, score_params=None):
     """The op in clattn's own terms and layout, with autograd: q (batch,
     q_seq, heads, head_dim), k and v (batch, kv_seq, kv_heads, head_dim),
     or packed (total, heads, head_dim) with cu_seqlens. causal: 0, 1
@@ -252,8 +273,10 @@ def attention(q, k, v, *, causal=0, align_bottom_right=False, window=0, window_r
     clattn_shape. rng: None, or an int64 tensor (seed, offset) for
     dropout (new_rng draws one). sinks: None, or a learnable logit per query
     head (float32, (heads,)) that joins each row's softmax with no value,
-    with a gradient. Returns (o, lse) with lse the float32 (m, l) pairs
-    (..., heads, 2), which carry no gradient."""
+    with a gradient. score_mod and mask_mod: OpenCL C source of the
+    caller's functions (docs/programmable.md), score_params their float32
+    parameters (no gradient). Returns (o, lse) with lse the float32 (m, l)
+    pairs (..., heads, 2), which carry no gradient."""
     if scale is None:
         scale = 0.0
     if dropout_p and rng is None:
@@ -263,25 +286,38 @@ def attention(q, k, v, *, causal=0, align_bottom_right=False, window=0, window_r
         if not isinstance(sinks, Tensor) or sinks.device.type != "cpu" or \
                 sinks.dtype != torch.float32 or tuple(sinks.shape) != (heads,):
             raise InvalidArgument(f"sinks must be a float32 CPU tensor of shape ({heads},)")
-    args = (q, k, v, cu_seqlens_q, cu_seqlens_k, alibi_slopes, rng, sinks)
+    if score_params is not None:
+        if not isinstance(score_params, Tensor) or score_params.device.type != "cpu":
+            raise InvalidArgument("score_params must be a CPU tensor")
+        if score_params.requires_grad:
+            raise NotImplementedError("score_params' gradient is not computed: pass a tensor "
+                                      "that does not require grad")
+    if mask_mod is not None and not isinstance(mask_mod, str):
+        raise NotImplementedError("mask_mod must be OpenCL C source (a str); clattn does not "
+                                  "take a BlockMask or a Python callable")
+    Functions(score_mod, mask_mod)  # checks the sources
+    args = (q, k, v, cu_seqlens_q, cu_seqlens_k, alibi_slopes, rng, sinks, score_params)
     grads = torch.is_grad_enabled() and any(
         t is not None and t.requires_grad for t in (q, k, v, sinks))
     run = _forward_impl if not grads and _eager(*args) else _forward
     return run(*args, int(causal), bool(align_bottom_right), int(window), int(window_right),
-               float(scale), float(softcap), float(dropout_p), int(q_offset), int(kv_offset))
+               float(scale), float(softcap), float(dropout_p), int(q_offset), int(kv_offset),
+               score_mod or "", mask_mod or "")
 
 
 def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0,
                                  is_causal=False, scale=None, enable_gqa=False):
     """torch.nn.functional.scaled_dot_product_attention, computed by clattn:
     query (N, ..., Hq, L, E), key and value (N, ..., H, S, E); causal
-    aligned top-left; dropout drawn from torch's default generator. Raises
-    NotImplementedError for what clattn does not compute (attn_mask, a
-    value head_dim other than the query's, a scale that is not positive)."""
+    aligned top-left; dropout drawn from torch's default generator.
+    attn_mask: a boolean mask (True takes part) or a float mask added to
+    the scores, broadcastable to (N, ..., Hq, L, S), run as a score
+    function over it (no gradient for it). Raises NotImplementedError for
+    what clattn does not compute (attn_mask's gradient, a value head_dim
+    other than the query's, a scale that is not positive)."""
     where = "clattn.torch.scaled_dot_product_attention"
-    if attn_mask is not None:
-        raise NotImplementedError(f"{where}: attn_mask is not supported; use is_causal, or "
-                                  "clattn.flash_attn_func's window_size")
+    if attn_mask is not None and is_causal:
+        raise InvalidArgument(f"{where}: pass attn_mask or is_causal, not both (as PyTorch)")
     check_tensors(where, query=query, key=key, value=value)
     if query.dim() < 3 or key.dim() != query.dim() or value.dim() != query.dim():
         raise InvalidArgument(f"{where}: query, key and value must be (N, ..., heads, seq, "
@@ -310,6 +346,100 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     q = query.reshape(B, Hq, L, E).transpose(1, 2)
     k = key.reshape(B, Hk, S, E).transpose(1, 2)
     v = value.reshape(B, Hk, S, E).transpose(1, 2)
+    bias = None if attn_mask is None else _bias_params(where, attn_mask, lead, Hq, L, S)
     o, _ = attention(q, k, v, causal=_lib.CAUSAL_TOP_LEFT if is_causal else 0, scale=s,
-                     dropout_p=p, rng=new_rng(p))
+                     dropout_p=p, rng=new_rng(p), score_mod=BIAS_SCORE if bias is not None
+                     else None, score_params=bias)
     return o.transpose(1, 2).reshape(query.shape)
+
+
+# An additive bias as a score function: its parameters are (batch elements
+# of the bias: 1 or all, heads: 1 or all, L, S) then the bias, [b][h][q][k].
+BIAS_SCORE = """
+float clattn_score(float s, uint b, uint h, uint q, uint k, __global const float *p)
+{
+    const uint nb = (uint)p[0], nh = (uint)p[1], sq = (uint)p[2], sk = (uint)p[3];
+    const uint at = (((nb == 1u ? 0u : b) * nh + (nh == 1u ? 0u : h)) * sq + q) * sk + k;
+    return s + p[4u + at];
+}
+float clattn_score_ds(float s, uint b, uint h, uint q, uint k, __global const float *p)
+{
+    return 1.0f;
+}
+"""
+
+
+def _bias_params(where, attn_mask, lead, heads, L, S):
+    """BIAS_SCORE's parameters for an attn_mask broadcastable to (*lead,
+    heads, L, S): a bool mask as 0 and -inf, a float one as it is."""
+    m = attn_mask
+    if not isinstance(m, Tensor) or m.device.type != "cpu":
+        raise InvalidArgument(f"{where}: attn_mask must be a CPU tensor")
+    if m.requires_grad:
+        raise NotImplementedError(f"{where}: attn_mask's gradient is not computed: pass a "
+                                  "mask that does not require grad")
+    if m.dtype != torch.bool and not m.dtype.is_floating_point:
+        raise InvalidArgument(f"{where}: attn_mask must be bool or floating point, not {m.dtype}")
+    full = tuple(lead) + (heads, L, S)
+    if m.dim() > len(full):
+        raise InvalidArgument(f"{where}: attn_mask {tuple(m.shape)} has more dimensions than "
+                              f"the scores {full}")
+    m = m.reshape((1,) * (len(full) - m.dim()) + tuple(m.shape))
+    try:
+        torch.broadcast_shapes(tuple(m.shape), full)
+    except RuntimeError:
+        raise InvalidArgument(f"{where}: attn_mask {tuple(attn_mask.shape)} does not broadcast "
+                              f"to the scores {full}") from None
+    nb = 1 if all(d == 1 for d in m.shape[:-3]) else math.prod(lead)
+    nh = 1 if m.shape[-3] == 1 else heads
+    if nb * nh * L * S >= 1 << 32:
+        raise NotImplementedError(f"{where}: attn_mask of {nb * nh * L * S} elements: clattn "
+                                  "indexes it in 32 bits")
+    m = m.expand((tuple(lead) if nb > 1 else (1,) * len(lead)) + (nh, L, S)).reshape(nb, nh, L, S)
+    if m.dtype == torch.bool:
+        m = torch.zeros(m.shape, dtype=torch.float32).masked_fill_(~m, float("-inf"))
+    head = torch.tensor([nb, nh, L, S], dtype=torch.float32)
+    return torch.cat([head, m.to(torch.float32).reshape(-1)])
+
+
+def flex_attention(query, key, value, score_mod=None, block_mask=None, scale=None,
+                   enable_gqa=False, return_lse=False, *, mask_mod=None, score_params=None):
+    """PyTorch's FlexAttention (torch.nn.attention.flex_attention) with the
+    functions as OpenCL C source (docs/programmable.md), computed by clattn
+    on any OpenCL device or natively: query (B, Hq, L, E), key and value
+    (B, H, S, E). score_mod defines clattn_score and clattn_score_ds, with
+    score_params (float32, no gradient) as their p; mask_mod defines
+    clattn_mask, whose hidden blocks are skipped. q and k are the query's
+    and key's indices. A row that the mask hides whole gives 0, its LSE
+    -inf. return_lse: also the log-sum-exp (B, Hq, L), float32."""
+    where = "clattn.torch.flex_attention"
+    if block_mask is not None:
+        raise NotImplementedError(f"{where}: block_mask: pass the mask function itself as "
+                                  "mask_mod (OpenCL C source); clattn finds the blocks it hides")
+    if score_mod is not None and not isinstance(score_mod, str):
+        raise NotImplementedError(f"{where}: score_mod must be OpenCL C source (a str); clattn "
+                                  "compiles it, it does not trace a Python callable")
+    check_tensors(where, query=query, key=key, value=value)
+    if query.dim() != 4 or key.dim() != 4 or value.dim() != 4 or key.shape != value.shape:
+        raise InvalidArgument(f"{where}: query (B, Hq, L, E), key and value (B, H, S, E), not "
+                              f"{tuple(query.shape)}, {tuple(key.shape)}, {tuple(value.shape)}")
+    B, Hq, L, E = query.shape
+    Hk, S = key.shape[1], key.shape[2]
+    if key.shape[0] != B or key.shape[3] != E:
+        raise InvalidArgument(f"{where}: key and value must share query's batch and head_dim")
+    if Hq != Hk and not enable_gqa:
+        raise InvalidArgument(f"{where}: query has {Hq} heads and key {Hk}: pass "
+                              "enable_gqa=True for grouped-query attention")
+    if Hk == 0 or Hq % Hk:
+        raise InvalidArgument(f"{where}: query heads ({Hq}) must be a multiple of key heads "
+                              f"({Hk})")
+    s = check_scale(where, scale, E)
+    o, lse = attention(query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2),
+                       scale=s, score_mod=score_mod, mask_mod=mask_mod,
+                       score_params=score_params)
+    o = o.transpose(1, 2)
+    if not return_lse:
+        return o
+    m, l = lse[..., 0], lse[..., 1]
+    total = torch.where(m <= -1e30, torch.full_like(m, float("-inf")), m + l)
+    return o, total.transpose(1, 2)

@@ -260,10 +260,95 @@ def test_packed_entry_points(backend):
     assert torch.equal(clattn.flash_attn_kvpacked_func(q, kv), flash_attn_func(q, k, v))
 
 
+# A score function (a cap in p[0], plus 0.5 on odd queries) and a document
+# mask (documents of 7 positions), as OpenCL C that is C99 too.
+SOFTCAP_SCORE = """
+float clattn_score(float s, uint b, uint h, uint q, uint k, __global const float *p)
+{
+    return p[0] * tanh(s / p[0]) + (q % 2u == 1u ? 0.5f : 0.0f);
+}
+float clattn_score_ds(float s, uint b, uint h, uint q, uint k, __global const float *p)
+{
+    const float t = tanh(s / p[0]);
+    return 1.0f - t * t;
+}
+"""
+DOCUMENT_MASK = """
+bool clattn_mask(uint b, uint h, uint q, uint k) { return q / 7u == k / 7u || h == 1u; }
+"""
+
+
+@pytest.mark.parametrize("dtype", ["f32", "bf16"])
+def test_flex_attention_matches_float64(backend, dtype):
+    B, Hq, Hk, L, S, E = 2, 4, 2, 30, 26, 16
+    q, k, v = leaves((B, Hq, L, E), (B, Hk, S, E), (B, Hk, S, E), dtype=DTYPES[dtype])
+    d_out = torch.randn(B, Hq, L, E).to(DTYPES[dtype])
+    cap = torch.tensor([3.0])
+    out, lse = ct.flex_attention(q, k, v, score_mod=SOFTCAP_SCORE, enable_gqa=True,
+                                 return_lse=True, mask_mod=DOCUMENT_MASK, score_params=cap)
+    # the same in float64 by hand
+    ref_in = [x.detach().double().requires_grad_() for x in (q, k, v)]
+    rq, rk, rv = ref_in
+    rk, rv = (x.repeat_interleave(Hq // Hk, dim=1) for x in (rk, rv))
+    scores = rq @ rk.transpose(-1, -2) / math.sqrt(E)
+    qi = torch.arange(L).view(L, 1)
+    scores = 3.0 * torch.tanh(scores / 3.0) + (qi % 2 == 1) * 0.5
+    shown = (qi // 7 == torch.arange(S).view(1, S) // 7) | (torch.arange(Hq) == 1).view(Hq, 1, 1)
+    scores = scores.masked_fill(~shown, float("-inf"))
+    ref_lse = torch.logsumexp(scores, dim=-1)
+    probs = torch.softmax(scores, dim=-1).nan_to_num(0.0)
+    ref = probs @ rv
+    assert out.shape == (B, Hq, L, E) and close(out, ref, dtype)
+    hidden = torch.isinf(ref_lse)
+    assert hidden.any() and torch.equal(torch.isinf(lse), hidden)
+    assert close(torch.where(hidden, 0.0, lse), torch.where(hidden, 0.0, ref_lse), "f32")
+    for got, want in zip(grads(out, (q, k, v), d_out), grads(ref, ref_in, d_out.double())):
+        assert close(got, want, dtype)
+
+
+@pytest.mark.parametrize("kind", ["bool", "float"])
+def test_sdpa_attn_mask_matches_pytorch_in_float64(backend, kind):
+    B, Hq, Hk, L, S, E = 2, 4, 2, 21, 27, 16
+    q, k, v = leaves((B, Hq, L, E), (B, Hk, S, E), (B, Hk, S, E))
+    d_out = torch.randn(B, Hq, L, E)
+    g = torch.Generator().manual_seed(5)
+    for shape in [(L, S), (B, 1, L, S), (1, Hq, L, S), (B, Hq, L, S)]:
+        if kind == "bool":
+            mask = torch.rand(shape, generator=g) < 0.7
+            mask[..., 0] = True  # no row hidden whole
+        else:
+            mask = torch.randn(shape, generator=g)
+        out = ct.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
+        ref_in = [x.detach().double().requires_grad_() for x in (q, k, v)]
+        ref = F.scaled_dot_product_attention(
+            *ref_in, attn_mask=mask if kind == "bool" else mask.double(), enable_gqa=True)
+        assert close(out, ref, "f32"), shape
+        for got, want in zip(grads(out, (q, k, v), d_out), grads(ref, ref_in, d_out.double())):
+            assert close(got, want, "f32"), shape
+
+
+def test_functions_refuse_what_they_cannot_take():
+    q, k, v = leaves((1, 2, 8, 16), (1, 2, 8, 16), (1, 2, 8, 16))
+    with pytest.raises(NotImplementedError, match="callable"):
+        ct.flex_attention(q, k, v, score_mod=lambda s, b, h, qi, ki: s)
+    with pytest.raises(NotImplementedError, match="block_mask"):
+        ct.flex_attention(q, k, v, block_mask=object())
+    with pytest.raises(clattn.InvalidArgument, match="empty"):
+        ct.flex_attention(q, k, v, mask_mod="  ")
+    with pytest.raises(NotImplementedError, match="gradient"):
+        ct.scaled_dot_product_attention(q, k, v, attn_mask=torch.zeros(8, 8, requires_grad=True))
+    with pytest.raises(clattn.InvalidArgument, match="broadcast"):
+        ct.scaled_dot_product_attention(q, k, v, attn_mask=torch.zeros(3, 8, 8))
+    with pytest.raises(clattn.InvalidArgument, match="not both"):
+        ct.scaled_dot_product_attention(q, k, v, attn_mask=torch.ones(8, 8, dtype=torch.bool),
+                                        is_causal=True)
+    ct._context = backend_context("native")
+    with pytest.raises(clattn.InvalidArgument, match="did not compile"):
+        ct.flex_attention(q, k, v, score_mod="float clattn_score(float s) { return s +; }")
+
+
 def test_unsupported_arguments_raise_not_implemented():
     q, k, v = leaves((1, 4, 8, 16), (1, 4, 8, 16), (1, 4, 8, 16))
-    with pytest.raises(NotImplementedError, match="attn_mask"):
-        ct.scaled_dot_product_attention(q, k, v, attn_mask=torch.ones(8, 8, dtype=torch.bool))
     with pytest.raises(NotImplementedError, match="head_dim"):
         ct.scaled_dot_product_attention(q, k, v[..., :8])
     with pytest.raises(NotImplementedError, match="scale"):
@@ -330,12 +415,15 @@ def test_opcheck_on_every_custom_op():
     cu = torch.tensor([0, 5, 12], dtype=torch.int32)
     rng = torch.tensor([11, 3], dtype=torch.int64)
     samples = [
-        (t(2, 7, 4, 8), t(2, 9, 2, 8), t(2, 9, 2, 8), None, None, None, None, None, 1, False, 0,
-         -1, 0.0, 0.0, 0.0, 0, 0),
+        (t(2, 7, 4, 8), t(2, 9, 2, 8), t(2, 9, 2, 8), None, None, None, None, None, None, 1,
+         False, 0, -1, 0.0, 0.0, 0.0, 0, 0, "", ""),
         (t(12, 2, 8), t(12, 2, 8), t(12, 2, 8), cu, cu, torch.tensor([0.5, 0.25]), None,
-         t(2), 2, False, 4, -1, 0.3, 2.0, 0.0, 3, 1),
-        (t(1, 6, 2, 16), t(1, 10, 1, 16), t(1, 10, 1, 16), None, None, None, rng, None, 0, True,
-         3, 20, 0.25, 0.0, 0.2, 0, 0),
+         t(2), None, 2, False, 4, -1, 0.3, 2.0, 0.0, 3, 1, "", ""),
+        (t(1, 6, 2, 16), t(1, 10, 1, 16), t(1, 10, 1, 16), None, None, None, rng, None, None, 0,
+         True, 3, 20, 0.25, 0.0, 0.2, 0, 0, "", ""),
+        # a score function with its parameters, and a mask function
+        (t(1, 9, 2, 8), t(1, 9, 2, 8), t(1, 9, 2, 8), None, None, None, None, None,
+         torch.tensor([4.0]), 0, False, 0, -1, 0.0, 0.0, 0.0, 0, 0, SOFTCAP_SCORE, DOCUMENT_MASK),
     ]
     for args in samples:
         torch.library.opcheck(torch.ops.clattn.attention_forward.default, args)
@@ -421,8 +509,8 @@ def test_inference_runs_the_kernel_directly_with_the_same_bytes():
     with torch.no_grad():
         fast = flash_attn_func(q, k, v, causal=True, window_size=(7, 0))
     via_op, _ = torch.ops.clattn.attention_forward(q.detach(), k.detach(), v.detach(), None,
-                                                   None, None, None, None, 2, True, 8, -1,
-                                                   1 / math.sqrt(16), 0.0, 0.0, 0, 0)
+                                                   None, None, None, None, None, 2, True, 8, -1,
+                                                   1 / math.sqrt(16), 0.0, 0.0, 0, 0, "", "")
     assert not fast.requires_grad and torch.equal(fast, via_op)
 
 

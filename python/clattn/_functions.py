@@ -1,0 +1,94 @@
+"""The caller's score and mask functions (docs/programmable.md): OpenCL C
+source that the OpenCL backends compile into their kernels, and that the
+native backend runs after compiling the same text as C99 with the system's
+C compiler ($CC, else cc), once per text in a process."""
+import ctypes
+import os
+import shutil
+import subprocess
+import tempfile
+import threading
+
+from ._lib import InvalidArgument
+
+_WRAPPER_HEAD = ("#include <math.h>\n#include <stdbool.h>\n#include <stdint.h>\n"
+                 "typedef unsigned int uint;\n#define __global\n")
+_SCORE_ENTRY = (
+    "float clattn_native_score(float s, uint32_t b, uint32_t h, uint32_t q, uint32_t k,"
+    " const float *p) { return clattn_score(s, b, h, q, k, p); }\n"
+    "float clattn_native_score_ds(float s, uint32_t b, uint32_t h, uint32_t q, uint32_t k,"
+    " const float *p) { return clattn_score_ds(s, b, h, q, k, p); }\n")
+_MASK_ENTRY = ("int clattn_native_mask(uint32_t b, uint32_t h, uint32_t q, uint32_t k)"
+               " { return clattn_mask(b, h, q, k) ? 1 : 0; }\n")
+
+_compiled = {}
+_lock = threading.Lock()
+
+
+def _text(name, source):
+    if source is None:
+        return None
+    if not isinstance(source, str):
+        raise TypeError(f"{name} must be OpenCL C source (a str), not {type(source).__name__}; "
+                        "clattn compiles functions, it does not trace Python callables")
+    if not source.strip() or "\0" in source:
+        raise InvalidArgument(f"{name} is empty or holds a NUL character")
+    return source
+
+
+class Functions:
+    """A score function (score_mod: clattn_score and clattn_score_ds) and a
+    mask function (mask_mod: clattn_mask), either may be None."""
+
+    def __init__(self, score_mod=None, mask_mod=None):
+        self.score = _text("score_mod", score_mod)
+        self.mask = _text("mask_mod", mask_mod)
+        self.score_bytes = self.score.encode() if self.score else None
+        self.mask_bytes = self.mask.encode() if self.mask else None
+
+    def __bool__(self):
+        return self.score is not None or self.mask is not None
+
+    def key(self):
+        return (self.score or "", self.mask or "")
+
+    def native(self):
+        """(score, score_ds, mask) addresses of the C forms (None where not
+        given), compiled on first use."""
+        key = self.key()
+        with _lock:
+            if key not in _compiled:
+                _compiled[key] = _compile(self.score, self.mask)
+        lib = _compiled[key]
+        addr = lambda name: ctypes.cast(getattr(lib, name), ctypes.c_void_p).value
+        return (addr("clattn_native_score") if self.score else None,
+                addr("clattn_native_score_ds") if self.score else None,
+                addr("clattn_native_mask") if self.mask else None)
+
+
+def _compile(score, mask):
+    cc = os.environ.get("CC") or "cc"
+    folder = tempfile.mkdtemp(prefix="clattn-fn-")
+    try:
+        c_file, so_file = os.path.join(folder, "functions.c"), os.path.join(folder, "functions.so")
+        with open(c_file, "w") as f:
+            f.write(_WRAPPER_HEAD)
+            if score:
+                f.write(f'#line 1 "score_mod"\n{score}\n')
+            if mask:
+                f.write(f'#line 1 "mask_mod"\n{mask}\n')
+            f.write('#line 1 "clattn wrapper"\n')
+            f.write((_SCORE_ENTRY if score else "") + (_MASK_ENTRY if mask else ""))
+        try:
+            done = subprocess.run([cc, "-std=c99", "-O2", "-shared", "-fPIC", "-o", so_file,
+                                   c_file, "-lm"], capture_output=True, text=True)
+        except OSError as e:
+            raise InvalidArgument(f"the native backend compiles score_mod and mask_mod with "
+                                  f"{cc}: {e}") from None
+        if done.returncode != 0:
+            raise InvalidArgument(f"{cc} did not compile the functions as C99 (the native "
+                                  f"backend needs them valid C as well as OpenCL C):\n"
+                                  f"{done.stderr}")
+        return ctypes.CDLL(so_file)  # stays loaded once its file is gone
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
