@@ -443,7 +443,8 @@ int cmd_bench(int argc, char **argv)
         pairs = (double)clattn_shape_visible_pairs(&b.s);
     clattn_context *base = NULL;
     int rc = open_context(cmd, device, NULL, &base);
-    if (!rc && !mod_native(cmd, base, &mods, &b.s))
+    /* the C forms of the functions: native makes the inputs' O and LSE */
+    if (!rc && !mod_native(cmd, 1, &mods, &b.s))
         rc = EXIT_INPUT;
     const int on_cl = !rc && clattn_context_backend(base) != CLATTN_BACKEND_NATIVE;
     b.s.dtype = dt;

@@ -65,10 +65,10 @@ int mod_apply(const char *cmd, const opt *opts, size_t n, mod_opts *m, clattn_sh
 /* functions.c: reads the function files and the parameters of m into s;
  * prints one line and returns 0 on bad input. */
 int mod_read_functions(const char *cmd, mod_opts *m, clattn_shape *s);
-/* On a native context, compiles m's function files as C99 with the
- * system's C compiler and sets s's C forms from them; prints what failed
- * and returns 0 where that fails, else 1 (at once on other backends). */
-int mod_native(const char *cmd, clattn_context *ctx, mod_opts *m, clattn_shape *s);
+/* Where `native` (a native context will run s), compiles m's function
+ * files as C99 with the system's C compiler and sets s's C forms from
+ * them; prints what failed and returns 0 where that fails, else 1. */
+int mod_native(const char *cmd, int native, mod_opts *m, clattn_shape *s);
 void mod_free(mod_opts *m);
 /* --window-left L, FlashAttention's left side, into *window (L + 1) where
  * it was given; prints one line and returns 0 where --window was given

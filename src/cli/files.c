@@ -431,7 +431,7 @@ static int cmd_file(const file_command *fc, int argc, char **argv)
     }
     if ((rc = open_context(cmd, device, variant, &ctx)) != 0)
         goto done;
-    if (!mod_native(cmd, ctx, &mods, &s)) {
+    if (!mod_native(cmd, clattn_context_backend(ctx) == CLATTN_BACKEND_NATIVE, &mods, &s)) {
         rc = EXIT_INPUT;
         goto done;
     }

@@ -135,10 +135,9 @@ static int compile_wrapper(const char *cmd, const char *c_file, const char *so_f
     return 1;
 }
 
-int mod_native(const char *cmd, clattn_context *ctx, mod_opts *m, clattn_shape *s)
+int mod_native(const char *cmd, int native, mod_opts *m, clattn_shape *s)
 {
-    if (clattn_context_backend(ctx) != CLATTN_BACKEND_NATIVE || (!m->score_src && !m->mask_src) ||
-        m->lib)
+    if (!native || (!m->score_src && !m->mask_src) || m->lib)
         return 1;
     const char *tmp = getenv("TMPDIR");
     char dir[4096], c_file[4200], so_file[4200];

@@ -179,6 +179,7 @@ struct clattn_context {
     struct native_pool *pool;            /* native: its threads, once started */
     float *scratch;                      /* native: head-major copies and Dsum */
     size_t scratch_floats;
+    struct native_mask_map *mask_map;    /* native: the last mask function's block map */
     struct clattn_cl_state *cl; /* NULL on native */
     /* The batch index of element 0 of the call being run: dropout's b. The
      * index of the sequence while packed sequences run one by one through

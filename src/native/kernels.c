@@ -209,6 +209,18 @@ INLINE void modify_rows(const native_call *c, tile_row *sc, tile_row *dz, size_t
     }
 }
 
+/* A query-side tile's raw dots to scaled scores, derivatives 1 in dz
+ * where not NULL: modify_rows() where no modifier changes them. */
+INLINE void scale_rows(tile_row *sc, tile_row *dz, float scale)
+{
+    for (uint32_t j = 0; j < KEY_BLOCK; ++j)
+        EACH_PART(h) {
+            hstore(sc[j] + h, hload(sc[j] + h) * scale);
+            if (dz)
+                hstore(dz[j] + h, HSPLAT(1.0f));
+        }
+}
+
 /* Dropout's keep bits (native_keep_bits' layout: bit j of kept[r] for key
  * t0 + j and row r) applied to a query-side tile x[j][r]: x times gain
  * where kept, 0 where dropped. */

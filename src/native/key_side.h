@@ -11,6 +11,7 @@ typedef struct key_chunk {
     float m[CHUNK], l[CHUNK], dsum[CHUNK];
     uint32_t lo[CHUNK], hi[CHUNK]; /* keys of the block the row sees */
     uint32_t pos[CHUNK], head[CHUNK]; /* the row's query position and head */
+    uint8_t whole[CHUNK]; /* the caller's mask alone, showing every pair of the row */
     size_t b;                         /* the block's batch element */
     uint32_t t0;                      /* and first key */
     size_t n;
@@ -112,7 +113,8 @@ INLINE void key_chunk_run(const native_call *c, key_chunk *ch, const tile_row *k
     for (size_t r = 0; r < n && c->mods; ++r) {
         const int64_t base = (int64_t)ch->pos[r] + c->delta - (int64_t)ch->t0;
         const float slope = c->slopes ? c->slopes[ch->head[r]] : 0.0f;
-        const int scalar = !small_distance(base) || (c->mods & CLATTN_MOD_USER);
+        const int scalar =
+            !small_distance(base) || ((c->mods & CLATTN_MOD_USER) && !ch->whole[r]);
         if (shaped && scalar)
             for (uint32_t j = 0; j < KEY_BLOCK; ++j)
                 p[r][j] = native_modify(c, p[r][j] * scale, ch->b, ch->pos[r], ch->t0 + j,
@@ -253,6 +255,19 @@ INLINE float *part_copy(const native_call *c, size_t part)
     return c->dq_part + (part - (size_t)c->dq_in_place) * c->dq_part_floats;
 }
 
+/* Whether the mask map shows any pair of the row block of pos against the
+ * keys [t0, t0 + nt) to a head of KV head kv_head's group. */
+INLINE int group_shows(const native_call *c, size_t b, size_t kv_head, uint32_t pos, uint32_t t0,
+                       uint32_t nt)
+{
+    const uint32_t first = pos / MAP_BLOCK * MAP_BLOCK;
+    const uint32_t rows = c->s->q_seq - first < MAP_BLOCK ? c->s->q_seq - first : MAP_BLOCK;
+    for (size_t head = kv_head * c->group; head < (kv_head + 1) * c->group; ++head)
+        if (native_mask_shows(c, b, head, first, rows, t0, nt))
+            return 1;
+    return 0;
+}
+
 /* dV and/or dK of KEY_BLOCK keys of one (batch, KV head). */
 static void key_block(const native_call *c, size_t job)
 {
@@ -306,6 +321,13 @@ static void key_block(const native_call *c, size_t job)
     float *const dq_copy = c->dq_fused ? part_copy(c, part_of(block, c->key_parts)) : NULL;
     float *const dq_own = c->dq_fused && !dq_copy ? (float *)c->dq : NULL;
     for (uint32_t pos = start; pos < end; ++pos) {
+        /* Row blocks the caller's mask hides for every head of the group
+         * against the block's keys, skipped whole. */
+        while (c->mask_map && (pos == start || pos % MAP_BLOCK == 0) && pos < end &&
+               !group_shows(c, b, kv_head, pos, t0, nt))
+            pos = (pos / MAP_BLOCK + 1) * MAP_BLOCK;
+        if (pos >= end)
+            break;
         /* Keys of the block that pos sees: [lo, hi). */
         uint32_t lo, hi;
         clattn_key_range(s, pos, &lo, &hi);
@@ -314,8 +336,10 @@ static void key_block(const native_call *c, size_t job)
         if (lo >= hi)
             continue;
         for (size_t head = kv_head * c->group; head < (kv_head + 1) * c->group; ++head) {
-            if (!native_mask_shows(c, b, head, pos, 1, t0 + lo, hi - lo))
+            const int shown = native_mask_shows(c, b, head, pos, 1, t0 + lo, hi - lo);
+            if (!shown)
                 continue;
+            ch.whole[ch.n] = shown == 2 && (c->mods & NATIVE_SHAPED) == CLATTN_MOD_MASK;
             const size_t row = row_index(s, b, pos, head);
             const size_t at = ((b * s->num_heads + head) * s->q_seq + pos) * D;
             ch.q[ch.n] = c->qh + at;

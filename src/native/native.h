@@ -133,6 +133,11 @@ typedef struct native_call {
      * delta (clattn_mask_delta) for ALiBi's |P - T| and dropout's P,
      * seq_base for dropout's b (the packed sequence's index). */
     unsigned mods;
+    /* The caller's mask function's block map (native.c's mask_map: a byte
+     * per MAP_BLOCK x MAP_BLOCK block of rows and keys, [b][head][row
+     * block][key block]), or NULL: the mask is asked tile by tile. */
+    const uint8_t *mask_map;
+    size_t map_rows, map_keys; /* its blocks a head */
     float softcap;
     float cap_k;   /* 2 log2(e) / softcap: tanh_v's exponent a score */
     float cap_inv; /* 1 / softcap: tanh_v's argument a score */
@@ -198,12 +203,28 @@ static inline float native_modify(const native_call *c, float x, size_t b, uint3
 /* Whether the caller's mask function shows a pair of the query rows
  * [pos0, pos0 + rows) of head `head` of element b and the keys [t0, t0 +
  * n): the tiles and rows it hides whole are skipped. Always without one. */
+#define MAP_BLOCK 32u
+enum { MAP_HIDDEN = 0, MAP_SOME = 1, MAP_ALL = 2 };
+/* 0 where the mask hides them all; 1 where it shows some; 2 where the map
+ * says it shows every pair the built-in masks do (a tile that need not
+ * ask it). */
 static inline int native_mask_shows(const native_call *c, size_t b, size_t head, size_t pos0,
                                     size_t rows, uint32_t t0, uint32_t n)
 {
-    if (!(c->mods & CLATTN_MOD_MASK))
+    if (!(c->mods & CLATTN_MOD_MASK) || !rows || !n)
         return 1;
     const clattn_shape *s = c->s;
+    if (c->mask_map) {
+        const uint8_t *m = c->mask_map + (b * s->num_heads + head) * c->map_rows * c->map_keys;
+        int all = 1, any = 0;
+        for (size_t i = pos0 / MAP_BLOCK; i <= (pos0 + rows - 1) / MAP_BLOCK; ++i)
+            for (size_t j = t0 / MAP_BLOCK; j <= (t0 + n - 1) / MAP_BLOCK; ++j) {
+                const uint8_t v = m[i * c->map_keys + j];
+                any |= v != MAP_HIDDEN;
+                all &= v == MAP_ALL;
+            }
+        return any ? 1 + all : 0;
+    }
     const uint32_t bb = (uint32_t)(c->seq_base + b), h = (uint32_t)head;
     for (size_t r = 0; r < rows; ++r) {
         const uint32_t P = clattn_query_position(s, (uint32_t)(pos0 + r), c->delta);

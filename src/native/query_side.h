@@ -137,6 +137,8 @@ static void forward_block(const native_call *c, size_t job)
     }
     /* Modified scores come scaled: their scale is 1. */
     const int shaped = (c->mods & NATIVE_SHAPED) != 0;
+    /* the caller's mask the only modifier: tiles it shows whole skip it */
+    const int mask_alone = (c->mods & NATIVE_SHAPED) == CLATTN_MOD_MASK;
     const float scale = shaped ? 1.0f : c->scale, unit = scale * LOG2E;
     native_drop_rows drop; /* the block's rows of dropout's counters */
     if (c->mods & CLATTN_MOD_DROPOUT)
@@ -151,12 +153,15 @@ static void forward_block(const native_call *c, size_t job)
      * lo masked. */
     for (uint32_t t0 = qb.lo / KEY_BLOCK * KEY_BLOCK; t0 < qb.hi; t0 += KEY_BLOCK) {
         const uint32_t n = qb.hi - t0 < KEY_BLOCK ? qb.hi - t0 : KEY_BLOCK;
-        if (!native_mask_shows(c, qb.b, qb.head, qb.pos0, qb.rows, t0, n))
+        const int shown = native_mask_shows(c, qb.b, qb.head, qb.pos0, qb.rows, t0, n);
+        if (!shown)
             continue;
         const float *krows[KEY_BLOCK];
         key_rows(qb.kb, qb.kv_row, t0, n, krows);
         tile_scores(krows, qt, D, sc);
-        if (shaped)
+        if (shaped && shown == 2 && mask_alone) /* the mask shows the tile: scores scaled */
+            scale_rows(sc, NULL, c->scale);
+        else if (shaped)
             modify_rows(c, sc, NULL, qb.b, qb.pos0, t0, qb.head);
         const int whole = n == KEY_BLOCK && all_lo <= t0 && t0 + KEY_BLOCK <= all_hi;
         EACH_PART(h) {
@@ -274,6 +279,8 @@ static void grad_q_block(const native_call *c, size_t job)
     }
     const float scale = c->scale;
     const int shaped = (c->mods & NATIVE_SHAPED) != 0;
+    /* the caller's mask the only modifier: tiles it shows whole skip it */
+    const int mask_alone = (c->mods & NATIVE_SHAPED) == CLATTN_MOD_MASK;
     const float unit = shaped ? LOG2E : scale * LOG2E; /* modified scores come scaled */
     native_drop_rows drop; /* the block's rows of dropout's counters */
     if (c->mods & CLATTN_MOD_DROPOUT)
@@ -285,14 +292,17 @@ static void grad_q_block(const native_call *c, size_t job)
     }
     for (uint32_t t0 = qb.lo; t0 < qb.hi; t0 += KEY_BLOCK) {
         const uint32_t n = qb.hi - t0 < KEY_BLOCK ? qb.hi - t0 : KEY_BLOCK;
-        if (!native_mask_shows(c, qb.b, qb.head, qb.pos0, qb.rows, t0, n))
+        const int shown = native_mask_shows(c, qb.b, qb.head, qb.pos0, qb.rows, t0, n);
+        if (!shown)
             continue;
         const float *krows[KEY_BLOCK], *vrows[KEY_BLOCK];
         key_rows(qb.kb, qb.kv_row, t0, n, krows);
         key_rows(qb.vb, qb.kv_row, t0, n, vrows);
         tile_scores(krows, qt, D, sc);
         tile_scores(vrows, dot_t, D, dp);
-        if (shaped)
+        if (shaped && shown == 2 && mask_alone) /* the mask shows the tile: scores scaled */
+            scale_rows(sc, dz, c->scale);
+        else if (shaped)
             modify_rows(c, sc, dz, qb.b, qb.pos0, t0, qb.head);
         if (c->mods & CLATTN_MOD_DROPOUT) {
             uint32_t kept[QUERY_BLOCK] = {0}; /* rows past qb.rows: dropped */
