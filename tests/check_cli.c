@@ -707,6 +707,27 @@ START_TEST(function_files)
         ck_assert_msg(strstr(err_text, bad[i].says), "%s %s: %s", bad[i].flag, value, err_text);
         ck_assert(access(path("bad.npy"), F_OK) != 0 && access(path("badl.npy"), F_OK) != 0);
     }
+    /* docs/programmable.md's examples: each compiles as C99 and runs on
+     * native, forward and backward (the relative bias with its 65 floats a
+     * head, the softcap with its cap) */
+    static const char *const examples[] = {"document", "prefix_lm", "sliding_global",
+                                           "relative_bias", "softcap"};
+    float table[8 * 65];
+    for (int i = 0; i < 8 * 65; ++i)
+        table[i] = (float)sin(0.3 * i);
+    const size_t table_n = 8 * 65;
+    save("table.npy", &table_n, 1, table);
+    for (size_t i = 0; i < sizeof examples / sizeof examples[0]; ++i) {
+        char file[600], params[512];
+        snprintf(file, sizeof file, "%s/%s.cl", CLATTN_EXAMPLES_DIR, examples[i]);
+        const int score = i >= 3;
+        snprintf(params, sizeof params, "%s", path(i == 3 ? "table.npy" : "cap.npy"));
+        ck_assert_msg(run("bench", "--op", "backward", "--q-seq", "130", "--heads", "8",
+                          "--head-dim", "16", "--reps", "1", "--device", "native",
+                          score ? "--score-fn" : "--mask-fn", file,
+                          score ? "--score-params" : "--reps", score ? params : "1", NULL) == 0,
+                      "%s: %s", file, err_text);
+    }
     problem_free(&p);
     cleanup();
 }
