@@ -107,12 +107,25 @@ static void packed_reference(problem *p, double *o, double *o_mag, double *lse, 
 }
 
 /* packed_ops with score modifiers: softcap, ALiBi slopes (or NULL) and
- * dropout, Q times q_gain. */
+ * dropout, Q times q_gain, and the caller's functions of fns (or NULL). */
 static void packed_ops_with(clattn_context *ctx, const packed_case *c, uint64_t seed,
-                            float q_gain, const float *slopes, float dropout_p)
+                            float q_gain, const float *slopes, float dropout_p,
+                            const clattn_shape *fns)
 {
     uint32_t cu[14];
     clattn_shape s = packed_shape(c, cu);
+    if (fns) {
+        s.score_fn = fns->score_fn;
+        s.mask_fn = fns->mask_fn;
+        s.score_params = fns->score_params;
+        s.score_params_count = fns->score_params_count;
+        s.score_native = fns->score_native;
+        s.score_ds_native = fns->score_ds_native;
+        s.mask_native = fns->mask_native;
+    }
+    /* alone, a sequence's b is 0: where the draw or the functions take b,
+     * only the first is compared with its packed rows */
+    const int by_b = dropout_p > 0.0f || fns;
     s.softcap = q_gain > 1.0f ? 2.0f : 0.0f;
     s.alibi_slopes = slopes;
     s.dropout_p = dropout_p;
@@ -180,7 +193,7 @@ static void packed_ops_with(clattn_context *ctx, const packed_case *c, uint64_t 
     const size_t qrow = (size_t)s.num_heads * s.head_dim, lrow = 2u * s.num_heads;
     for (uint32_t i = 0; i < s.batch; ++i) {
         const clattn_shape one = sequence_alone(&s, i);
-        if (!one.q_seq || !one.kv_seq || (dropout_p > 0.0f && i > 0)) /* alone, b is 0 */
+        if (!one.q_seq || !one.kv_seq || (by_b && i > 0))
             continue;
         const size_t q0 = cu[i], k0 = cu[s.batch + 1 + i];
         const size_t kvrow = (size_t)s.num_kv_heads * s.head_dim;
@@ -210,7 +223,7 @@ static void packed_ops_with(clattn_context *ctx, const packed_case *c, uint64_t 
         ck_assert_status(clattn_forward(ctx, &h, hq, hk, hv, hpack, lse), CLATTN_OK);
         for (uint32_t i = 0; i < s.batch; ++i) {
             clattn_shape one = sequence_alone(&h, i);
-            if (!one.q_seq || !one.kv_seq || (dropout_p > 0.0f && i > 0))
+            if (!one.q_seq || !one.kv_seq || (by_b && i > 0))
                 continue;
             const size_t q0 = cu[i], k0 = cu[s.batch + 1 + i];
             const size_t kvrow = (size_t)s.num_kv_heads * s.head_dim;
@@ -235,7 +248,7 @@ static void packed_ops_with(clattn_context *ctx, const packed_case *c, uint64_t 
 
 static void packed_ops(clattn_context *ctx, const packed_case *c, uint64_t seed)
 {
-    packed_ops_with(ctx, c, seed, 1.0f, NULL, 0.0f);
+    packed_ops_with(ctx, c, seed, 1.0f, NULL, 0.0f, NULL);
 }
 
 START_TEST(packed_sweep)
@@ -426,12 +439,17 @@ START_TEST(packed_modifiers)
     packed_case c = packed[1];
     clattn_context *ctx;
     for (size_t v = 0; (ctx = next_variant(&v)) != NULL;) {
-        packed_ops_with(ctx, &c, 2100u, 3.0f, slopes8, 0.3f);
+        packed_ops_with(ctx, &c, 2100u, 3.0f, slopes8, 0.3f, NULL);
         clattn_context_destroy(ctx);
     }
 }
 END_TEST
 
+
+void packed_functions(clattn_context *ctx, uint64_t seed, const clattn_shape *fns)
+{
+    packed_ops_with(ctx, &packed[1], seed, 2.0f, NULL, 0.2f, fns);
+}
 
 packed_tests get_packed_tests(void)
 {

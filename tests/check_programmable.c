@@ -247,6 +247,23 @@ START_TEST(masks)
 }
 END_TEST
 
+/* Packed sequences, whose b is the sequence's index: the bias table and
+ * the document mask with dropout. */
+START_TEST(packed_functions_sweep)
+{
+    fill_relbias();
+    const clattn_shape fns = with_mask(
+        with_score(clattn_shape_default(), relbias_cl, relbias_score, relbias_ds, relbias_table,
+                   8 * 17),
+        document_cl, document_mask_int);
+    clattn_context *ctx;
+    for (size_t v = 0; (ctx = next_variant(&v)) != NULL;) {
+        packed_functions(ctx, 6600, &fns);
+        clattn_context_destroy(ctx);
+    }
+}
+END_TEST
+
 /* L = sum of O . dO from the reference's forward of p. */
 static double loss(const problem *p)
 {
@@ -367,6 +384,6 @@ END_TEST
 programmable_tests get_programmable_tests(void)
 {
     programmable_tests t = {builtins_as_functions, bias_table_and_document, {masks, 5},
-                            finite_differences, bad_functions};
+                            finite_differences, bad_functions, packed_functions_sweep};
     return t;
 }

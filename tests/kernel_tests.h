@@ -74,6 +74,9 @@ typedef struct packed_tests {
     const TTest *modifiers;
 } packed_tests;
 packed_tests get_packed_tests(void);
+/* A packed case (GQA, bottom-right, an empty key sequence) with dropout
+ * and the caller's functions of fns on ctx, against the reference. */
+void packed_functions(clattn_context *ctx, uint64_t seed, const clattn_shape *fns);
 
 /* check_modifiers.c */
 /* The score modifiers against the float64 reference: a shape with softcap,
@@ -102,7 +105,7 @@ modifier_tests get_modifier_tests(void);
 typedef struct programmable_tests {
     const TTest *builtins, *bias_table;
     loop_test masks;
-    const TTest *finite_differences, *bad_functions;
+    const TTest *finite_differences, *bad_functions, *packed;
 } programmable_tests;
 programmable_tests get_programmable_tests(void);
 
