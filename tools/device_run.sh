@@ -72,6 +72,9 @@
 #            "f32 bf16") and op (CHOOSE_OPS, default "forward backward"), interleaved,
 #            AB_ROUNDS rounds, with CHOOSE_ARGS more bench arguments; programs compiled
 #            first, 12 at once (CHOOSE_WARM=0: not; only: nothing else)
+#   prog     the caller's functions (docs/programmable.md): every variant's max_error, then a
+#            document mask against packed sequences, softcap as a function against the
+#            built-in, a relative-bias table (tiled; PROG_DTYPES, PROG_SEQ, AB_ROUNDS)
 #   ring     examples/ring_attention on 1 and then RING_RANKS (default 2) ranks, a GPU
 #            each, RING_ARGS (default q_seq 131072, d128, 8 heads, causal); needs
 #            Open MPI's Debian packages in .devdebs/mpi (unpacked under /opt/mpi)
@@ -454,6 +457,30 @@ for stage in "$@"; do
           --head-dim "${entry%%:*}" ${entry#*:} --reps 5 --dtype "$dt" ${CHOOSE_ARGS:-}
       done; done
     done 2>&1 | tee "$OUT/choose.log" ;;
+  prog)
+    # the caller's functions on the GPU: a document mask against the packed
+    # batch of the same documents, softcap as a function against the
+    # built-in and the plain call, a relative-bias table; every op's
+    # max_error against native first (PROG_DTYPES, default f32 bf16;
+    # PROG_SEQ, default 8192; documents of 512)
+    ex=examples/programmable seq=${PROG_SEQ:-8192}
+    python3 -c "import numpy as n; n.save('cap.npy', n.array([30.0], '<f4')); n.save('table.npy', (n.sin(n.arange(8 * 65)) * 0.5).astype('<f4'))"
+    lens=$(python3 -c "print(','.join(['512'] * ($seq // 512)))")
+    for dt in ${PROG_DTYPES:-f32 bf16}; do for op in forward backward; do
+      $cli bench --op $op --q-seq 700 --heads 8 --head-dim 64 --causal --variant all --device gpu \
+        --reps 1 --dtype $dt --mask-fn $ex/document.cl --score-fn $ex/softcap.cl --score-params cap.npy 2>&1 | tail -3
+      for r in $(seq "${AB_ROUNDS:-2}"); do
+        for run in "packed:--seqlens $lens" "document:--q-seq $seq --mask-fn $ex/document.cl" \
+                   "plain:--q-seq $seq" "softcap:--q-seq $seq --softcap 30" \
+                   "softcap_fn:--q-seq $seq --score-fn $ex/softcap.cl --score-params cap.npy" \
+                   "relbias_fn:--q-seq $seq --score-fn $ex/relative_bias.cl --score-params table.npy"; do
+          printf '%s %s %s: ' "$dt" "$op" "${run%%:*}"
+          # shellcheck disable=SC2086
+          $cli bench --op $op ${run#*:} --heads 8 --head-dim 64 --causal --dtype $dt --variant tiled \
+            --device gpu --reps 5 2>&1 | tail -1
+        done
+      done
+    done; done 2>&1 | tee "$OUT/prog.log" ;;
   ring)
     gpus=$($cli devices | sed -n 's/^[* ] \([0-9]*\):[0-9]* *opencl-gpu.*/\1/p' | head -1)
     for np in 1 ${RING_RANKS:-2}; do
