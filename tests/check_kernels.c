@@ -554,8 +554,9 @@ Suite *portable_suite(void)
     tcase_add_loop_test(tc, pk.packed.test, 2, 3);
     /* the score modifiers, all three and with sinks, on tiled (llvmpipe
      * compiles blocked's and tree's modified programs for minutes):
-     * dropout's mask as on every device */
+     * dropout's mask as on every device; the caller's functions too */
     tcase_add_test(tc, m.tiled);
+    tcase_add_test(tc, get_programmable_tests().tiled);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -201,6 +201,27 @@ START_TEST(bias_table_and_document)
 }
 END_TEST
 
+/* The bias table with the document mask, sinks and dropout on tiled
+ * alone, in float32: the portable suite's (rusticl). */
+START_TEST(functions_tiled)
+{
+    fill_relbias();
+    const shape_case c = {.batch = 2, .q_seq = 70, .kv_seq = 90, .heads = 4, .kv_heads = 2,
+                          .head_dim = 32, .causal = 1, .q_gain = 2};
+    clattn_shape s = with_mask(with_score(to_shape(&c), relbias_cl, relbias_score, relbias_ds,
+                                          relbias_table, 8 * 17),
+                               document_cl, document_mask_int);
+    s.dropout_p = 0.2f;
+    s.dropout_seed = 77;
+    s.sinks = sinks8;
+    clattn_context *ctx = test_variant_context("tiled");
+    ck_assert_ptr_nonnull(ctx);
+    current_variant = "tiled";
+    check_ops(ctx, &s, 2.0f, 6700);
+    clattn_context_destroy(ctx);
+}
+END_TEST
+
 /* Prefix-LM, sliding-plus-global (by head and batch element) with causal
  * and a window of the built-ins too, and rows hidden whole, which come out
  * empty; then past the block map's 64 positions, where the kernels skip
@@ -384,6 +405,7 @@ END_TEST
 programmable_tests get_programmable_tests(void)
 {
     programmable_tests t = {builtins_as_functions, bias_table_and_document, {masks, 5},
-                            finite_differences, bad_functions, packed_functions_sweep};
+                            finite_differences, bad_functions, packed_functions_sweep,
+                            functions_tiled};
     return t;
 }
