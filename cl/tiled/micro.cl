@@ -425,24 +425,35 @@ inline void key_block(__global const elem *q, ulong q_off, __global const elem *
     queries_of_keys(r0, last, q_seq, causal, window, delta, &lo, &hi);
     const uint heads_end = (kv_head + 1u) * group;
     float nq[PF], no[PF]; /* the next tile */
-    /* the (head, query tile) steps in order, those the caller's mask hides
-     * whole skipped (SHOWN_ROWS) */
-    uint head = kv_head * group, p0 = lo;
-    NEXT_SHOWN_QUERIES(&head, &p0, heads_end, lo, hi, r0, last);
-    fetch_pair(nq, no, q, q_off, d_out, d_out_off, b, q_seq, p0, head < heads_end ? hi : 0u,
-               num_heads, head);
-    while (head < heads_end) {
-        {
-            uint next_head = head, next = p0 + TILE;
-            NEXT_SHOWN_QUERIES(&next_head, &next, heads_end, lo, hi, r0, last);
+    /* Under the caller's mask, the (head, query tile) steps its block map
+     * hides are skipped: the loops step over them (SHOWN_ROWS), and each
+     * prefetch is of the next step shown, in this head or a later one. */
+#if MODS & MOD_MASK
+    uint first_head = kv_head * group, first = lo;
+    NEXT_SHOWN_QUERIES(&first_head, &first, heads_end, lo, hi, r0, last);
+    fetch_pair(nq, no, q, q_off, d_out, d_out_off, b, q_seq, first,
+               first_head < heads_end ? hi : 0u, num_heads, first_head);
+#else
+    fetch_pair(nq, no, q, q_off, d_out, d_out_off, b, q_seq, lo, hi, num_heads, kv_head * group);
+#endif
+    for (uint head = kv_head * group; head < heads_end; ++head) {
+        for (uint p0 = SHOWN_ROWS(lo, TILE, hi, r0, last, head, 1u); p0 < hi;
+             p0 = SHOWN_ROWS(p0 + TILE, TILE, hi, r0, last, head, 1u)) {
             barrier(CLK_LOCAL_MEM_FENCE);
             put_tile(qs, nq);
             put_tile(os, no);
             load_stats(mt, lt, dt, lse, lse_off, dk ? dsum : 0, dsum_off, b, q_seq, p0, hi,
                        num_heads, head);
             barrier(CLK_LOCAL_MEM_FENCE);
+#if MODS & MOD_MASK
+            uint next_head = head, next = p0 + TILE;
+            NEXT_SHOWN_QUERIES(&next_head, &next, heads_end, lo, hi, r0, last);
             fetch_pair(nq, no, q, q_off, d_out, d_out_off, b, q_seq, next,
                        next_head < heads_end ? hi : 0u, num_heads, next_head);
+#else
+            fetch_next_queries(nq, no, q, q_off, d_out, d_out_off, b, q_seq, num_heads, head,
+                               heads_end, p0, lo, hi);
+#endif
             float s[RM * CN], dp[RM * CN];
             micro_dots(s, ks, qs, me);
             if (dk)
@@ -484,8 +495,6 @@ inline void key_block(__global const elem *q, ulong q_off, __global const elem *
                 micro_axpy(acc_v, 0, pw, os, me);
             if (dk)
                 micro_axpy(acc_k, 0, dw, qs, me);
-            head = next_head;
-            p0 = next;
         }
     }
     for (uint i = 0; i < RM; ++i) {
