@@ -624,7 +624,7 @@ Suite *kernels_suite(void)
     /* The caller's functions apart (CK_RUN_CASE=programmable). */
     const programmable_tests pg = get_programmable_tests();
     tc = tcase_create("programmable");
-    tcase_set_tags(tc, "modifiers");
+    tcase_set_tags(tc, "modifiers programmable");
     tcase_set_timeout(tc, 600);
     tcase_add_test(tc, pg.builtins);
     tcase_add_test(tc, pg.bias_table);

@@ -47,7 +47,11 @@ asan)
         # Half the float32 case's loop runs (every test function still
         # runs): ASan watches the host code, which each half reaches by the
         # same launch paths; kernels.opencl-cpu checks every run's numbers.
-        CLATTN_TEST_SHARD=0/2 CLATTN_REQUIRE_BACKENDS= run $suite opencl-cpu
+        # The caller's functions' host code is every variant's: tiled's alone.
+        CLATTN_TEST_SHARD=0/2 CK_EXCLUDE_TAGS=programmable CLATTN_REQUIRE_BACKENDS= \
+          run $suite opencl-cpu &&
+          CK_RUN_CASE=programmable CLATTN_TEST_VARIANT=tiled CLATTN_REQUIRE_BACKENDS= \
+            run $suite opencl-cpu
       else
         CLATTN_REQUIRE_BACKENDS= run $suite opencl-cpu
       fi
