@@ -188,11 +188,8 @@ INLINE void modify_rows(const native_call *c, tile_row *sc, tile_row *dz, size_t
     if (!small_distance(base) || (c->mods & CLATTN_MOD_USER)) {
         for (uint32_t j = 0; j < KEY_BLOCK; ++j)
             for (size_t r = 0; r < QUERY_BLOCK; ++r) {
-                float g;
                 sc[j][r] = native_modify(c, sc[j][r] * c->scale, b, (uint32_t)(pos0 + r), t0 + j,
-                                         head, &g);
-                if (dz)
-                    dz[j][r] = g;
+                                         head, dz ? &dz[j][r] : NULL);
             }
         return;
     }

@@ -118,7 +118,7 @@ INLINE void key_chunk_run(const native_call *c, key_chunk *ch, const tile_row *k
         if (shaped && scalar)
             for (uint32_t j = 0; j < KEY_BLOCK; ++j)
                 p[r][j] = native_modify(c, p[r][j] * scale, ch->b, ch->pos[r], ch->t0 + j,
-                                        ch->head[r], &dz[r][j]);
+                                        ch->head[r], dkt ? &dz[r][j] : NULL);
         EACH_PART(h) {
             if (shaped && !scalar) {
                 const hvec d = (float)base - hload(lane_float + h);

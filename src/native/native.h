@@ -165,8 +165,10 @@ typedef struct native_call {
 
 /* The modified score of the scaled score x of query row pos and key t of
  * query head `head` of batch element b (softcap, then ALiBi, then the
- * caller's functions: cl/common.cl's modify()); *dz gets dz/dx (softcap's
- * 1 - tanh^2 times the score function's derivative; 1 without them). */
+ * caller's functions: cl/common.cl's modify()); *dz, where dz is not NULL,
+ * gets dz/dx (softcap's 1 - tanh^2 times the score function's derivative;
+ * 1 without them): without it the score function's derivative is not
+ * asked for. */
 static inline float native_modify(const native_call *c, float x, size_t b, uint32_t pos,
                                   uint32_t t, size_t head, float *dz)
 {
@@ -188,7 +190,8 @@ static inline float native_modify(const native_call *c, float x, size_t b, uint3
         const uint32_t T = (t < s->kv_seq ? t : s->kv_seq - 1) + s->kv_offset;
         const uint32_t bb = (uint32_t)(c->seq_base + b), h = (uint32_t)head;
         if (c->mods & CLATTN_MOD_SCORE) {
-            g *= s->score_ds_native(x, bb, h, P, T, s->score_params);
+            if (dz)
+                g *= s->score_ds_native(x, bb, h, P, T, s->score_params);
             x = s->score_native(x, bb, h, P, T, s->score_params);
         }
         if ((c->mods & CLATTN_MOD_MASK) && !s->mask_native(bb, h, P, T)) {
@@ -196,7 +199,8 @@ static inline float native_modify(const native_call *c, float x, size_t b, uint3
             g = 0.0f;
         }
     }
-    *dz = g;
+    if (dz)
+        *dz = g;
     return x;
 }
 
