@@ -252,6 +252,16 @@ def check_dropout(where, dropout_p):
     return p
 
 
+def check_heads(where, Hq, Hk, enable_gqa):
+    """Query heads Hq over key heads Hk as PyTorch's enable_gqa takes them."""
+    if Hq != Hk and not enable_gqa:
+        raise InvalidArgument(f"{where}: query has {Hq} heads and key {Hk}: pass "
+                              "enable_gqa=True for grouped-query attention")
+    if Hk == 0 or Hq % Hk:
+        raise InvalidArgument(f"{where}: query heads ({Hq}) must be a multiple of key "
+                              f"heads ({Hk})")
+
+
 def check_scale(where, scale, head_dim, name="scale"):
     if scale is None:
         return 1.0 / math.sqrt(head_dim) if head_dim > 0 else 0.0
@@ -334,12 +344,7 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
                               f"{tuple(value.shape)}")
     Hq, L = query.shape[-3], query.shape[-2]
     Hk, S = key.shape[-3], key.shape[-2]
-    if Hq != Hk and not enable_gqa:
-        raise InvalidArgument(f"{where}: query has {Hq} heads and key {Hk}: pass "
-                              "enable_gqa=True for grouped-query attention")
-    if Hk == 0 or Hq % Hk:
-        raise InvalidArgument(f"{where}: query heads ({Hq}) must be a multiple of key "
-                              f"heads ({Hk})")
+    check_heads(where, Hq, Hk, enable_gqa)
     p = check_dropout(where, dropout_p)
     s = check_scale(where, scale, E)
     B = math.prod(lead)
@@ -427,12 +432,7 @@ def flex_attention(query, key, value, score_mod=None, block_mask=None, scale=Non
     Hk, S = key.shape[1], key.shape[2]
     if key.shape[0] != B or key.shape[3] != E:
         raise InvalidArgument(f"{where}: key and value must share query's batch and head_dim")
-    if Hq != Hk and not enable_gqa:
-        raise InvalidArgument(f"{where}: query has {Hq} heads and key {Hk}: pass "
-                              "enable_gqa=True for grouped-query attention")
-    if Hk == 0 or Hq % Hk:
-        raise InvalidArgument(f"{where}: query heads ({Hq}) must be a multiple of key heads "
-                              f"({Hk})")
+    check_heads(where, Hq, Hk, enable_gqa)
     s = check_scale(where, scale, E)
     o, lse = attention(query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2),
                        scale=s, score_mod=score_mod, mask_mod=mask_mod,

@@ -100,21 +100,7 @@ static int runs(const struct clattn_cl_state *cl, const clattn_ocl_variant *v)
     return v && (v == cl->variant || !v->runs_on || v->runs_on(cl->device));
 }
 
-static const clattn_ocl_variant *chosen(const struct clattn_cl_state *cl, clattn_op op,
-                                        const clattn_shape *s, const char **reason);
-
-const clattn_ocl_variant *clattn_ocl_variant_for(const struct clattn_cl_state *cl, clattn_op op,
-                                                 const clattn_shape *s, const char **reason)
-{
-    const clattn_ocl_variant *v = chosen(cl, op, s, reason);
-    const clattn_ocl_variant *run = v ? v : clattn_ocl_generic_variant();
-    if (!(clattn_op_modifiers(s, op) & CLATTN_MOD_USER) || run->programmable)
-        return v;
-    const clattn_ocl_variant *tiled = clattn_ocl_find_variant("tiled");
-    *reason = "the caller's functions run on tiled";
-    return runs(cl, tiled) ? tiled : NULL;
-}
-
+/* The variant the table or the tuning file picks for op and s. */
 static const clattn_ocl_variant *chosen(const struct clattn_cl_state *cl, clattn_op op,
                                         const clattn_shape *s, const char **reason)
 {
@@ -145,4 +131,16 @@ static const clattn_ocl_variant *chosen(const struct clattn_cl_state *cl, clattn
         }
     }
     return cl->variant;
+}
+
+const clattn_ocl_variant *clattn_ocl_variant_for(const struct clattn_cl_state *cl, clattn_op op,
+                                                 const clattn_shape *s, const char **reason)
+{
+    const clattn_ocl_variant *v = chosen(cl, op, s, reason);
+    const clattn_ocl_variant *run = v ? v : clattn_ocl_generic_variant();
+    if (!(clattn_op_modifiers(s, op) & CLATTN_MOD_USER) || run->programmable)
+        return v;
+    const clattn_ocl_variant *tiled = clattn_ocl_find_variant("tiled");
+    *reason = "the caller's functions run on tiled";
+    return runs(cl, tiled) ? tiled : NULL;
 }
