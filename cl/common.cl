@@ -57,8 +57,10 @@ inline ushort bf16_rte(float x)
  * (slopes holds the sinks too: SINK);
  * the call's Philox key (drop_k0, drop_k1), the threshold a draw is kept
  * from and the kept probabilities' gain 1 / (1 - p) (docs/numerics.md);
- * the caller's mask function's block map (MOD_MASK: mask_map below, or
- * NULL). */
+ * the block map of the caller's mask function and bool mask (HIDING:
+ * mask_map below, or NULL); the caller's bias and bool mask (MOD_BIAS,
+ * MOD_BOOL: [b][head][row][key], bias_dims' bit 0 set where they have a
+ * batch dimension, bit 1 where they have a heads dimension). */
 #ifndef MODS
 #define MODS 0
 #endif
@@ -71,13 +73,20 @@ inline ushort bf16_rte(float x)
  * clattn_mask (MOD_MASK). Their parameters follow the sinks in `slopes`. */
 #define MOD_SCORE 16
 #define MOD_MASK 32
-#define USER_FNS (MODS & (MOD_SCORE | MOD_MASK))
+#define MOD_BIAS 64  /* the caller's bias tensor */
+#define MOD_BOOL 128 /* the caller's bool mask */
+#define USER_FNS (MODS & (MOD_SCORE | MOD_MASK | MOD_BIAS | MOD_BOOL))
+/* pairs hidden one by one: a block map, and rows that may be empty */
+#define HIDING (MODS & (MOD_MASK | MOD_BOOL))
 /* the scores themselves change */
-#define SHAPED (MODS & (MOD_SOFTCAP | MOD_ALIBI | MOD_SCORE | MOD_MASK))
+#define SHAPED (MODS & (MOD_SOFTCAP | MOD_ALIBI | MOD_SCORE | MOD_MASK | MOD_BIAS | MOD_BOOL))
 #define MOD_ARGS                                                                             \
     float softcap, __global const float *slopes, uint kv_pos0, uint seq0, uint drop_k0,   \
-        uint drop_k1, uint drop_thr, float drop_gain, __global const uchar *mask_blocks
-#define MOD_PASS softcap, slopes, kv_pos0, seq0, drop_k0, drop_k1, drop_thr, drop_gain, mask_blocks
+        uint drop_k1, uint drop_thr, float drop_gain, __global const uchar *mask_blocks,  \
+        __global const float *bias, __global const uchar *bool_mask, uint bias_dims
+#define MOD_PASS                                                                          \
+    softcap, slopes, kv_pos0, seq0, drop_k0, drop_k1, drop_thr, drop_gain, mask_blocks, bias, \
+        bool_mask, bias_dims
 
 /* Learnable sinks (MOD_SINK): query head h's logit, after the ALiBi
  * slopes in `slopes`; it joins a row's softmax as a key with no value.
@@ -121,26 +130,61 @@ inline float softcap_tanh(float y)
     return fabs(y) < TANH_SERIES_BELOW ? tanh_series(y) : tanh_of_e(y, exp2(-fabs(y) * TWO_LOG2E));
 }
 
+/* The element of the caller's bias and bool mask of query row pos and key
+ * t of query head `head` of element b (bias_dims: MOD_ARGS). */
+inline ulong bias_at(uint b, uint head, uint pos, uint t, uint num_heads, uint q_seq,
+                     uint kv_seq, uint bias_dims)
+{
+    const uint heads = bias_dims & 2u ? num_heads : 1u;
+    return (((ulong)(bias_dims & 1u ? b : 0u) * heads + (bias_dims & 2u ? head : 0u)) * q_seq +
+            pos) * kv_seq + t;
+}
+
+/* Whether the caller's mask function and bool mask show key t (global
+ * position T) to query row pos (P) of query head `head` of element b. */
+inline bool user_shows(uint b, uint head, uint pos, uint t, uint P, uint T, uint seq0,
+                       __global const uchar *bool_mask, uint num_heads, uint q_seq, uint kv_seq,
+                       uint bias_dims)
+{
+#if MODS & MOD_BOOL
+    if (!bool_mask[bias_at(b, head, pos, t, num_heads, q_seq, kv_seq, bias_dims)])
+        return false;
+#endif
+#if MODS & MOD_MASK
+    return clattn_mask(b + seq0, head, P, T);
+#else
+    return true;
+#endif
+}
+
 #if USER_FNS
-/* The caller's functions of score x of query row pos and key t of query
- * head `head` of batch element b: the score function, then the mask
- * function (a hidden pair's score -inf, its derivative 0); they take the
- * global positions P and T and b + seq0, with the rows clamped to the
- * call's (a tile's tail past them is discarded). *g is multiplied by the
- * score function's derivative. */
+/* The caller's functions and tensors of score x of query row pos and key t
+ * of query head `head` of batch element b: the score function, the bias,
+ * then the mask function and bool mask (a hidden pair's score -inf, its
+ * derivative 0); the functions take the global positions P and T and
+ * b + seq0, the tensors the rows, clamped to the call's (a tile's tail
+ * past them is discarded). *g is multiplied by the score function's
+ * derivative. */
 inline float user_modify(float x, uint pos, uint t, uint head, uint b, long delta,
                          __global const float *slopes, uint num_heads, uint q_seq, uint kv_seq,
-                         uint kv_pos0, uint seq0, float *g)
+                         uint kv_pos0, uint seq0, __global const float *bias,
+                         __global const uchar *bool_mask, uint bias_dims, float *g)
 {
-    const uint P = (uint)((long)min(pos, q_seq - 1u) + delta + (long)kv_pos0);
-    const uint T = min(t, kv_seq - 1u) + kv_pos0;
+    pos = min(pos, q_seq - 1u);
+    t = min(t, kv_seq - 1u);
+    const uint P = (uint)((long)pos + delta + (long)kv_pos0);
+    const uint T = t + kv_pos0;
 #if MODS & MOD_SCORE
     __global const float *p = slopes + 2u * num_heads;
     *g *= clattn_score_ds(x, b + seq0, head, P, T, p);
     x = clattn_score(x, b + seq0, head, P, T, p);
 #endif
-#if MODS & MOD_MASK
-    if (!clattn_mask(b + seq0, head, P, T)) {
+#if MODS & MOD_BIAS
+    x += bias[bias_at(b, head, pos, t, num_heads, q_seq, kv_seq, bias_dims)];
+#endif
+#if HIDING
+    if (!user_shows(b, head, pos, t, P, T, seq0, bool_mask, num_heads, q_seq, kv_seq,
+                    bias_dims)) {
         x = -INFINITY;
         *g = 0.0f;
     }
@@ -149,15 +193,16 @@ inline float user_modify(float x, uint pos, uint t, uint head, uint b, long delt
 }
 #endif
 
-/* The caller's mask function's block map: for each batch element and query
- * head, a byte per MAP_BLOCK x MAP_BLOCK block of query rows and keys,
- * non-zero where the function shows a pair of it; [b][head][row block][key
- * block], made by mask_map once for a call's shape (the host keeps it for
- * the calls after it). The kernels skip the tiles of blocks it hides. */
+/* The block map of the caller's mask function and bool mask: for each
+ * batch element and query head, a byte per MAP_BLOCK x MAP_BLOCK block of
+ * query rows and keys, non-zero where they show a pair of it; [b][head][row
+ * block][key block], made by mask_map once for a call's shape (the host
+ * keeps a function's for the calls after it). The kernels skip the tiles
+ * of blocks it hides. */
 #define MAP_BLOCK 64u
-#if MODS & MOD_MASK
+#if HIDING
 __kernel void mask_map(__global uchar *map, uint q_seq, uint kv_seq, uint num_heads, long delta,
-                       uint kv_pos0, uint seq0)
+                       uint kv_pos0, uint seq0, __global const uchar *bool_mask, uint bias_dims)
 {
     const uint kb = get_global_id(0), qb = get_global_id(1), bh = get_global_id(2);
     const uint b = bh / num_heads, head = bh % num_heads;
@@ -166,7 +211,10 @@ __kernel void mask_map(__global uchar *map, uint q_seq, uint kv_seq, uint num_he
     for (uint pos = qb * MAP_BLOCK; pos < q_end && !any; ++pos) {
         const uint P = (uint)((long)pos + delta + (long)kv_pos0);
         for (uint t = kb * MAP_BLOCK; t < t_end && !any; ++t)
-            any = clattn_mask(b + seq0, head, P, t + kv_pos0) ? 1 : 0;
+            any = user_shows(b, head, pos, t, P, t + kv_pos0, seq0, bool_mask, num_heads, q_seq,
+                             kv_seq, bias_dims)
+                      ? 1
+                      : 0;
     }
     map[((ulong)bh * get_global_size(1) + qb) * get_global_size(0) + kb] = any;
 }
@@ -177,7 +225,7 @@ __kernel void mask_map(__global uchar *map, uint q_seq, uint kv_seq, uint num_he
 inline bool map_shows(__global const uchar *mask_blocks, uint b, uint head, uint num_heads,
                       uint q_seq, uint kv_seq, uint q0, uint q1, uint t0, uint t1)
 {
-#if MODS & MOD_MASK
+#if HIDING
     if (!mask_blocks)
         return true;
     const uint qbs = (q_seq + MAP_BLOCK - 1u) / MAP_BLOCK, kbs = (kv_seq + MAP_BLOCK - 1u) / MAP_BLOCK;
@@ -199,7 +247,7 @@ inline bool map_shows(__global const uchar *mask_blocks, uint b, uint head, uint
 inline uint shown_keys(uint t0, uint step, uint hi, uint q0, uint q1, uint head, uint b,
                        uint num_heads, uint q_seq, uint kv_seq, __global const uchar *mask_blocks)
 {
-#if MODS & MOD_MASK
+#if HIDING
     while (t0 < hi &&
            !map_shows(mask_blocks, b, head, num_heads, q_seq, kv_seq, q0, q1, t0, min(t0 + step, hi) - 1u))
         t0 += step;
@@ -214,7 +262,7 @@ inline uint shown_rows(uint p0, uint step, uint end, uint t0, uint t1, uint head
                        uint b, uint num_heads, uint q_seq, uint kv_seq,
                        __global const uchar *mask_blocks)
 {
-#if MODS & MOD_MASK
+#if HIDING
     for (; p0 < end; p0 += step)
         for (uint h = head0; h < head0 + heads; ++h)
             if (map_shows(mask_blocks, b, h, num_heads, q_seq, kv_seq, p0, min(p0 + step, end) - 1u, t0, t1))
@@ -245,7 +293,8 @@ inline uint shown_rows(uint p0, uint step, uint end, uint t0, uint t1, uint head
  * derivative (1 without them). */
 inline float modify(float x, uint pos, uint t, uint head, uint b, long delta, float softcap,
                     __global const float *slopes, uint num_heads, uint q_seq, uint kv_seq,
-                    uint kv_pos0, uint seq0, float *dz)
+                    uint kv_pos0, uint seq0, __global const float *bias,
+                    __global const uchar *bool_mask, uint bias_dims, float *dz)
 {
     float g = 1.0f;
 #if MODS & MOD_SOFTCAP
@@ -259,14 +308,14 @@ inline float modify(float x, uint pos, uint t, uint head, uint b, long delta, fl
 #endif
 #if USER_FNS
     x = user_modify(x, pos, t, head, b, delta, slopes, num_heads, q_seq, kv_seq, kv_pos0, seq0,
-                    &g);
+                    bias, bool_mask, bias_dims, &g);
 #endif
     *dz = g;
     return x;
 }
 #define MODIFY(x, pos, t, head, b, dz)                                                     \
     modify((x), (pos), (t), (head), (b), delta, softcap, slopes, num_heads, q_seq, kv_seq, \
-           kv_pos0, seq0, (dz))
+           kv_pos0, seq0, bias, bool_mask, bias_dims, (dz))
 
 /* Philox4x32-10 (Salmon et al., SC 2011) of counter c under key (k0, k1). */
 inline uint4 philox(uint4 c, uint k0, uint k1)
@@ -374,8 +423,8 @@ inline void keys_of_queries(uint first, uint last, uint kv_seq, int causal, uint
  * gives. */
 inline float zero_sum(uint pos, uint kv_seq, int causal, uint window, long delta, float empty)
 {
-#if MODS & MOD_MASK
-    return empty; /* the caller's mask may hide every key the masks show */
+#if MODS & (MOD_MASK | MOD_BOOL | MOD_BIAS)
+    return empty; /* the caller's mask or bias may hide every key the masks show */
 #endif
     uint lo, hi;
     keys_of_queries(pos, pos, kv_seq, causal, window, delta, &lo, &hi);

@@ -324,6 +324,24 @@ typedef struct clattn_shape {
     float (*score_ds_native)(float s, uint32_t b, uint32_t h, uint32_t q, uint32_t k,
                              const float *p);
     int (*mask_native)(uint32_t b, uint32_t h, uint32_t q, uint32_t k);
+    /* A bias over the pairs and a boolean mask (PyTorch's attn_mask, as a
+     * float or a bool tensor; cuDNN's bias), of the layout
+     *   [bias_batch][bias_heads][q_seq][kv_seq]
+     * indexed by the call's query row i and key row j (not by positions):
+     *   bias       NULL (the default) or float32, added to the score after
+     *              the score function, before the mask function; -inf hides
+     *              the pair (a row it hides whole is empty);
+     *   bool_mask  NULL or bytes, 0 hiding key j from query row i, as the
+     *              mask function does (its tiles are skipped likewise).
+     * bias_batch is 1 or batch, bias_heads 1 or num_heads (0 reads as 1): a
+     * dimension of 1 is broadcast. Both are read during the call only (for
+     * the _cl calls too, from host memory). Not with packed sequences
+     * (CLATTN_ERROR_UNSUPPORTED_SHAPE); dimensions that do not broadcast are
+     * CLATTN_ERROR_INVALID_MODIFIER. clattn_grad_bias() gives dBias. */
+    const float *bias;
+    const uint8_t *bool_mask;
+    uint32_t bias_batch;
+    uint32_t bias_heads;
 } clattn_shape;
 
 /* n elements of dtype to float32 and back, as clattn converts them:
@@ -422,6 +440,23 @@ clattn_status clattn_merge(clattn_context *ctx, const clattn_shape *shape, const
  * shape->sinks is NULL. */
 clattn_status clattn_grad_sinks(clattn_context *ctx, const clattn_shape *shape, const void *o,
                                 const float *lse, const void *d_out, float *d_sinks);
+
+/* The bias's gradient, from the forward's o and lse and the output
+ * gradient d_out: dBias = dS = p (dP - Dsum) of each pair, the gradient of
+ * the modified score where the bias is added (dP = dO . V[t], through
+ * dropout's mask and gain where the shape has dropout; 0 where a mask
+ * hides the pair), summed over the batch elements and heads that
+ * shape->bias_batch and bias_heads broadcast. d_bias holds
+ * [bias_batch][bias_heads][q_seq][kv_seq] floats, written whole, or added
+ * to with shape->accumulate; shape->bias may be NULL (the gradient at a
+ * bias of 0). Runs on the host for every backend, on up to 16 threads, in
+ * a fixed order (deterministic); a score or mask function needs its C
+ * form there (score_native, mask_native). Status: as clattn_forward();
+ * CLATTN_ERROR_UNSUPPORTED_SHAPE with packed sequences or without a
+ * function's C form. */
+clattn_status clattn_grad_bias(clattn_context *ctx, const clattn_shape *shape, const void *q,
+                               const void *k, const void *v, const void *o, const float *lse,
+                               const void *d_out, float *d_bias);
 
 /* dQ alone, and dK alone, as clattn_backward() computes them. */
 clattn_status clattn_grad_q(clattn_context *ctx, const clattn_shape *shape, const void *q,

@@ -59,5 +59,7 @@ void check_output(const problem *p, const char *name, int ndim, const size_t *sh
 
 /* check_cli_failures.c: its tests, added to tc. */
 void add_cli_failure_tests(TCase *tc);
+/* check_cli_mods.c: the modifiers', functions' and bias's tests. */
+void add_cli_modifier_tests(TCase *tc);
 
 #endif

@@ -106,6 +106,8 @@ typedef struct programmable_tests {
     const TTest *builtins, *bias_table;
     loop_test masks;
     const TTest *finite_differences, *bad_functions, *packed, *tiled;
+    loop_test bias;
+    const TTest *bias_gradient;
 } programmable_tests;
 programmable_tests get_programmable_tests(void);
 

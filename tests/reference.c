@@ -78,6 +78,15 @@ double ref_dropout(const clattn_shape *s, uint32_t b, uint32_t head, uint32_t po
                                                          : 0.0;
 }
 
+/* The element of the shape's bias and bool mask of (b, head, pos, t),
+ * broadcast where their dimension is 1. */
+static size_t bias_at(const clattn_shape *s, size_t b, size_t head, size_t pos, size_t t)
+{
+    const size_t heads = s->bias_heads > 1 ? s->bias_heads : 1;
+    return (((s->bias_batch > 1 ? b : 0) * heads + (heads > 1 ? head : 0)) * s->q_seq + pos) *
+               s->kv_seq + t;
+}
+
 /* The score of (b, pos, head) against key t, from the float inputs, with
  * the softcap and ALiBi modifiers; *dz (when not NULL) gets the softcap's
  * derivative. */
@@ -106,17 +115,22 @@ static double score_d(const problem *p, size_t b, size_t pos, size_t head, size_
         g *= (double)s->score_ds_native((float)x, bb, (uint32_t)head, P, T, s->score_params);
         x = (double)s->score_native((float)x, bb, (uint32_t)head, P, T, s->score_params);
     }
+    if (s->bias)
+        x += (double)s->bias[bias_at(s, b, head, pos, t)];
     if (dz)
         *dz = g;
     return x;
 }
 
 /* Whether query row pos of head `head` of element b sees key t: the masks,
- * then the shape's mask function (its C form) at the global positions. */
+ * the bool mask and a bias not -inf, then the shape's mask function (its
+ * C form) at the global positions. */
 static int seen(const problem *p, size_t b, size_t pos, size_t head, size_t t)
 {
     const clattn_shape *s = &p->s;
     return ref_visible(s, (uint32_t)pos, (uint32_t)t) &&
+           (!s->bool_mask || s->bool_mask[bias_at(s, b, head, pos, t)]) &&
+           (!s->bias || s->bias[bias_at(s, b, head, pos, t)] != -INFINITY) &&
            (!s->mask_native ||
             s->mask_native((uint32_t)(p->seq_base + b), (uint32_t)head,
                            (uint32_t)query_at(s, pos), (uint32_t)(s->kv_offset + t)));
@@ -450,4 +464,43 @@ void ref_grad_sinks(const problem *p, double *d_sinks, double *mag)
     free(lse);
     free(loss);
     free(step);
+}
+
+void ref_grad_bias(const problem *p, double *d_bias, double *mag)
+{
+    const clattn_shape *s = &p->s;
+    const size_t D = s->head_dim, group = s->num_heads / s->num_kv_heads;
+    const size_t heads = s->bias_heads > 1 ? s->bias_heads : 1;
+    const size_t n = (s->bias_batch > 1 ? s->bias_batch : 1) * heads * s->q_seq * s->kv_seq;
+    memset(d_bias, 0, n * sizeof(double));
+    memset(mag, 0, n * sizeof(double));
+    for (size_t b = 0; b < s->batch; ++b)
+        for (size_t pos = 0; pos < s->q_seq; ++pos)
+            for (size_t h = 0; h < s->num_heads; ++h) {
+                const size_t row = (b * s->q_seq + pos) * s->num_heads + h;
+                const float *dor = p->d_out + row * D, *orow = p->o + row * D;
+                double dsum = 0.0, dsum_mag = 0.0;
+                for (size_t d = 0; d < D; ++d) {
+                    dsum += (double)dor[d] * orow[d];
+                    dsum_mag += fabs((double)dor[d] * orow[d]);
+                }
+                for (size_t t = 0; t < s->kv_seq; ++t) {
+                    if (!seen(p, b, pos, h, t))
+                        continue;
+                    const float *vr =
+                        p->v + ((b * s->kv_seq + t) * s->num_kv_heads + h / group) * D;
+                    const double x = score(p, b, pos, h, t) - p->lse[2 * row];
+                    const double pr = exp((x < 0.0 ? x : 0.0) - p->lse[2 * row + 1]);
+                    const double keep = ref_dropout(s, (uint32_t)(p->seq_base + b), (uint32_t)h,
+                                                    (uint32_t)pos, (uint32_t)t);
+                    double dp = 0.0, dp_mag = 0.0;
+                    for (size_t d = 0; d < D; ++d) {
+                        dp += (double)dor[d] * vr[d];
+                        dp_mag += fabs((double)dor[d] * vr[d]);
+                    }
+                    const size_t at = bias_at(s, b, h, pos, t);
+                    d_bias[at] += pr * (keep * dp - dsum);
+                    mag[at] += pr * (keep * dp_mag + dsum_mag);
+                }
+            }
 }

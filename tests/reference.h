@@ -60,6 +60,12 @@ void ref_backward(const problem *p, double *dq, double *dq_mag, double *dk, doub
  * Both arrays hold num_heads doubles; p->s.sinks is set. */
 void ref_grad_sinks(const problem *p, double *d_sinks, double *mag);
 
+/* The bias's gradient: each pair's dS = p (keep dP - Dsum), summed over
+ * the batch elements and heads that p->s.bias_batch and bias_heads
+ * broadcast, from the problem's float O and LSE; mag: the sums of its
+ * terms' magnitudes. Both hold the bias's elements. */
+void ref_grad_bias(const problem *p, double *d_bias, double *mag);
+
 /* The seed's algorithm, transliterated from mha_grad_v.wgsl: params is its
  * uniform block, head_dim must be 64 as its work-group is. In float64. */
 void seed_grad_v(const uint32_t params[8], const float *d_out, const float *q, const float *k,

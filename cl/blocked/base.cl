@@ -333,7 +333,8 @@ inline uint16 lane_ids(void)
  * query head `head`; *dz its derivatives. */
 inline float16 modify16(float16 x, uint16 pos, uint16 t, uint head, uint b, long delta,
                         float softcap, __global const float *slopes, uint num_heads, uint q_seq,
-                        uint kv_seq, uint kv_pos0, uint seq0, float16 *dz)
+                        uint kv_seq, uint kv_pos0, uint seq0, __global const float *bias,
+                        __global const uchar *bool_mask, uint bias_dims, float16 *dz)
 {
     *dz = (float16)1.0f;
 #if MODS & MOD_SOFTCAP
@@ -359,7 +360,8 @@ inline float16 modify16(float16 x, uint16 pos, uint16 t, uint head, uint b, long
     vstore16(as_float16(t), 0, ts);
     for (uint i = 0; i < 16u; ++i)
         xs[i] = user_modify(xs[i], as_uint(ps[i]), as_uint(ts[i]), head, b, delta, slopes,
-                            num_heads, q_seq, kv_seq, kv_pos0, seq0, &gs[i]);
+                            num_heads, q_seq, kv_seq, kv_pos0, seq0, bias, bool_mask,
+                            bias_dims, &gs[i]);
     x = vload16(0, xs);
     *dz = vload16(0, gs);
 #endif
@@ -367,7 +369,7 @@ inline float16 modify16(float16 x, uint16 pos, uint16 t, uint head, uint b, long
 }
 #define MODIFY16(x, pos, t, head, dz)                                                          \
     modify16((x), (pos), (t), (head), b, delta, softcap, slopes, num_heads, q_seq, kv_seq,  \
-             kv_pos0, seq0, (dz))
+             kv_pos0, seq0, bias, bool_mask, bias_dims, (dz))
 
 /* cl/common.cl's DROP() of 16 pairs: drop_gain where kept, else 0, from
  * 16 Philox blocks side by side. */

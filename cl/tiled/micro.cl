@@ -428,7 +428,7 @@ inline void key_block(__global const elem *q, ulong q_off, __global const elem *
     /* Under the caller's mask, the (head, query tile) steps its block map
      * hides are skipped: the loops step over them (SHOWN_ROWS), and each
      * prefetch is of the next step shown, in this head or a later one. */
-#if MODS & MOD_MASK
+#if HIDING
     uint first_head = kv_head * group, first = lo;
     NEXT_SHOWN_QUERIES(&first_head, &first, heads_end, lo, hi, r0, last);
     fetch_pair(nq, no, q, q_off, d_out, d_out_off, b, q_seq, first,
@@ -445,7 +445,7 @@ inline void key_block(__global const elem *q, ulong q_off, __global const elem *
             load_stats(mt, lt, dt, lse, lse_off, dk ? dsum : 0, dsum_off, b, q_seq, p0, hi,
                        num_heads, head);
             barrier(CLK_LOCAL_MEM_FENCE);
-#if MODS & MOD_MASK
+#if HIDING
             uint next_head = head, next = p0 + TILE;
             NEXT_SHOWN_QUERIES(&next_head, &next, heads_end, lo, hi, r0, last);
             fetch_pair(nq, no, q, q_off, d_out, d_out_off, b, q_seq, next,
@@ -533,7 +533,7 @@ inline void fetch_ds(float *r, __global const float *dsh, bool vec, uint q_seq, 
     /* Under the caller's mask, the key side skipped the tiles its block map
      * hides: their dS, never written, reads as 0 (a map block holds whole
      * float4s). */
-#if MODS & MOD_MASK
+#if HIDING
     const bool whole = false;
 #define MAP_HIDES(pos, t) (!map_shows(mask_blocks, b, head, num_heads, q_seq, kv_seq, pos, pos, t, t))
 #else

@@ -87,6 +87,7 @@ void mod_opts_add(opt *opts, size_t *n, mod_opts *m)
     opts[(*n)++] = (opt){"--seed", OPT_U64, &m->seed, 0, 0};
     opts[(*n)++] = (opt){"--dropout-offset", OPT_U64, &m->offset, 0, 0};
     opts[(*n)++] = (opt){"--sinks", OPT_STRING, &m->sinks_file, 0, 0};
+    opts[(*n)++] = (opt){"--bias", OPT_STRING, &m->bias_file, 0, 0};
     opts[(*n)++] = (opt){"--score-fn", OPT_STRING, &m->score_file, 0, 0};
     opts[(*n)++] = (opt){"--mask-fn", OPT_STRING, &m->mask_file, 0, 0};
     opts[(*n)++] = (opt){"--score-params", OPT_STRING, &m->params_file, 0, 0};
@@ -117,6 +118,40 @@ static int read_heads(const char *cmd, const char *flag, const char *path, const
                         "query head\n", cmd, flag, path, heads, what);
     else
         *out = a.data, a.data = NULL;
+    npy_free(&a);
+    return ok;
+}
+
+/* --bias: a 4-d float32 or bool array [B or 1][H or 1][q_seq][kv_seq] into
+ * m and s; prints one line and returns 0 on bad input. */
+static int read_bias(const char *cmd, mod_opts *m, clattn_shape *s)
+{
+    npy_array a;
+    char err[512];
+    if (npy_read(m->bias_file, &a, err, sizeof err) != 0) {
+        fprintf(stderr, "clattn %s: %s\n", cmd, err);
+        return 0;
+    }
+    const int ok = (a.data || a.bools) && a.ndim == 4 &&
+                   (a.shape[0] == 1 || a.shape[0] == s->batch) &&
+                   (a.shape[1] == 1 || a.shape[1] == s->num_heads) && a.shape[2] == s->q_seq &&
+                   a.shape[3] == s->kv_seq;
+    if (!ok)
+        fprintf(stderr,
+                "clattn %s: --bias %s: want a 4-d float32 ('<f4') or bool ('|b1') array of "
+                "[%u or 1][%u or 1][%u][%u] (batch, query heads, queries, keys)\n",
+                cmd, m->bias_file, s->batch, s->num_heads, s->q_seq, s->kv_seq);
+    else {
+        memcpy(m->bias_shape, a.shape, sizeof m->bias_shape);
+        m->bias = a.data;
+        m->bool_mask = a.bools;
+        a.data = NULL;
+        a.bools = NULL;
+        s->bias = m->bias;
+        s->bool_mask = m->bool_mask;
+        s->bias_batch = (uint32_t)a.shape[0];
+        s->bias_heads = (uint32_t)a.shape[1];
+    }
     npy_free(&a);
     return ok;
 }
@@ -153,7 +188,7 @@ int mod_apply(const char *cmd, const opt *opts, size_t n, mod_opts *m, clattn_sh
     if ((m->alibi && !read_heads(cmd, "--alibi", m->alibi, "slopes", s->num_heads, &m->slopes)) ||
         (m->sinks_file &&
          !read_heads(cmd, "--sinks", m->sinks_file, "sinks", s->num_heads, &m->sinks)) ||
-        !mod_read_functions(cmd, m, s))
+        (m->bias_file && !read_bias(cmd, m, s)) || !mod_read_functions(cmd, m, s))
         return 0;
     s->softcap = m->softcap;
     s->alibi_slopes = m->slopes;

@@ -40,26 +40,31 @@ int parse_dtype(const char *cmd, const char *name, clattn_dtype *dtype);
 
 /* The score modifiers' options, shared by the file commands and bench:
  * --softcap C, --alibi SLOPES.npy, --dropout P --seed S [--dropout-offset N],
- * --sinks SINKS.npy, and the caller's functions: --score-fn FILE.cl,
- * --mask-fn FILE.cl, --score-params P.npy. mod_free() releases what
- * mod_apply and mod_native made. */
+ * --sinks SINKS.npy, --bias B.npy (float32 or bool, [B or 1][H or 1][Sq][Sk]),
+ * and the caller's functions: --score-fn FILE.cl, --mask-fn FILE.cl,
+ * --score-params P.npy. mod_free() releases what mod_apply and mod_native
+ * made. */
 typedef struct mod_opts {
     float softcap, dropout;
-    const char *alibi, *sinks_file;
+    const char *alibi, *sinks_file, *bias_file;
     uint64_t seed, offset;
     const char *score_file, *mask_file, *params_file;
     float *slopes; /* read from alibi by mod_apply */
     float *sinks;  /* read from sinks_file by mod_apply */
+    float *bias;   /* read from bias_file by mod_apply, where it is float32 */
+    uint8_t *bool_mask; /* where it is bool */
+    size_t bias_shape[4];
     char *score_src, *mask_src; /* the functions' files, read by mod_apply */
     float *params;
     uint32_t nparams;
     void *lib; /* the functions compiled for native (functions.c) */
 } mod_opts;
-enum { MOD_OPTS = 9 };
+enum { MOD_OPTS = 10 };
 /* Appends the MOD_OPTS options that fill m to opts[*n ...]. */
 void mod_opts_add(opt *opts, size_t *n, mod_opts *m);
 /* Sets the shape's modifiers from m (its num_heads known): reads the slopes
- * and sinks (float32, num_heads entries each), checks --dropout has --seed.
+ * and sinks (float32, num_heads entries each) and the bias, checks
+ * --dropout has --seed.
  * Prints one line and returns 0 on bad input. */
 int mod_apply(const char *cmd, const opt *opts, size_t n, mod_opts *m, clattn_shape *s);
 /* functions.c: reads the function files and the parameters of m into s;
@@ -78,7 +83,7 @@ int window_left_apply(const char *cmd, const opt *opts, size_t n, uint32_t left,
 
 /* The usage lines of those options, each line after `indent`. */
 #define MOD_USAGE_AT(indent)                                                                \
-    indent "[--softcap C] [--alibi SLOPES.npy] [--sinks SINKS.npy]\n" indent              \
+    indent "[--softcap C] [--alibi SLOPES.npy] [--sinks SINKS.npy] [--bias B.npy]\n" indent \
            "[--dropout P --seed S [--dropout-offset N]]\n" indent                          \
            "[--score-fn FILE.cl [--score-params P.npy]] [--mask-fn FILE.cl]\n"
 

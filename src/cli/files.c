@@ -21,9 +21,9 @@ static int load(const char *cmd, const char *path, npy_array *a)
         fprintf(stderr, "clattn %s: %s\n", cmd, err);
         return 0;
     }
-    if (a->ints) {
-        fprintf(stderr, "clattn %s: %s holds int32 ('<i4'); tensors are float32, float16 or "
-                        "bfloat16 bits\n", cmd, path);
+    if (a->ints || a->bools) {
+        fprintf(stderr, "clattn %s: %s holds %s; tensors are float32, float16 or "
+                        "bfloat16 bits\n", cmd, path, a->ints ? "int32 ('<i4')" : "bools ('|b1')");
         npy_free(a);
         return 0;
     }
@@ -284,12 +284,13 @@ static const file_command file_commands[] = {
     {"backward",
      "usage: clattn backward --q Q.npy --k K.npy --v V.npy --o O.npy --lse LSE.npy\n"
      "                       --d-out DO.npy --dq DQ.npy --dk DK.npy --dv DV.npy\n"
-     "                       [--d-sinks DS.npy]\n"
+     "                       [--d-sinks DS.npy] [--d-bias DB.npy]\n"
      OPTIONS_USAGE_AT("                       ")
      "Attention's backward from the forward's O and LSE and the output gradient\n"
      "dO: dQ like Q, dK and dV like K; with --sinks (the forward's), --d-sinks\n"
-     "writes their gradient (float32, one per query head). Exit 0, 1 on a device\n"
-     "failure, 2 on bad input (and then none of the outputs is left).\n",
+     "writes their gradient (float32, one per query head); with a float32 --bias,\n"
+     "--d-bias writes its gradient in its shape. Exit 0, 1 on a device failure, 2\n"
+     "on bad input (and then none of the outputs is left).\n",
      READS_V | READS_O | READS_LSE | READS_DO, 3, {"--dq", "--dk", "--dv"},
      {LIKE_Q, LIKE_K, LIKE_K}},
     {"grad-v",
@@ -325,7 +326,10 @@ static const file_command file_commands[] = {
      "FILE.cl defines clattn_score and clattn_score_ds in OpenCL C, with the\n"
      "float32 parameters of --score-params P.npy; --mask-fn FILE.cl defines\n"
      "clattn_mask. The native backend compiles the same files as C99 with $CC\n"
-     "(default cc) and loads them.\n",
+     "(default cc) and loads them. --bias B.npy, 4-d (batch or 1, query heads or\n"
+     "1, q_seq, kv_seq), is added to the scores after the score function where it\n"
+     "is float32 ('<f4'), and hides the pairs where it is false where it is bool\n"
+     "('|b1'); not with --cu-seqlens.\n",
      READS_LSE | READS_DO, 1, {"--out"}, {LIKE_K}},
 };
 
@@ -340,9 +344,9 @@ static int cmd_file(const file_command *fc, int argc, char **argv)
     const char *outp[MAX_OUTPUTS] = {NULL}, *device = NULL, *variant = NULL, *dtype = NULL;
     mask_opts mask = {0, 0, 0, 0, 0, 0, 0.0f};
     mod_opts mods = {0};
-    const char *d_sinks = NULL;
+    const char *d_sinks = NULL, *d_bias = NULL;
     uint32_t window_left = 0;
-    opt opts[33] = {
+    opt opts[35] = {
         {"--q", OPT_STRING, &paths.q, 1, 0},
         {"--k", OPT_STRING, &paths.k, 1, 0},
         {"--causal", OPT_FLAG, &mask.causal, 0, 0},
@@ -375,19 +379,29 @@ static int cmd_file(const file_command *fc, int argc, char **argv)
     for (int i = 0; i < fc->nout; ++i)
         opts[n++] = (opt){fc->out_opt[i], OPT_STRING, &outp[i], 1, 0};
     const int backward = fc->nout == 3;
-    if (backward)
+    if (backward) {
         opts[n++] = (opt){"--d-sinks", OPT_STRING, &d_sinks, 0, 0};
-    /* The files written: the command's, then d sinks where asked. */
-    const char *out_opt[MAX_OUTPUTS] = {fc->out_opt[0], fc->out_opt[1], fc->out_opt[2],
-                                        "--d-sinks"};
+        opts[n++] = (opt){"--d-bias", OPT_STRING, &d_bias, 0, 0};
+    }
+    /* The files written: the command's, then d sinks and d bias where asked. */
+    const char *out_opt[MAX_OUTPUTS];
+    for (int i = 0; i < fc->nout; ++i)
+        out_opt[i] = fc->out_opt[i];
     if (!parse_opts(cmd, argc, argv, opts, n) ||
         !window_left_apply(cmd, opts, n, window_left, &mask.window))
         return EXIT_INPUT;
-    const int nout = fc->nout + (d_sinks != NULL);
+    int nout = fc->nout;
+    const int sinks_at = d_sinks ? nout++ : -1, bias_at = d_bias ? nout++ : -1;
     if (d_sinks)
-        outp[fc->nout] = d_sinks;
+        outp[sinks_at] = d_sinks, out_opt[sinks_at] = "--d-sinks";
+    if (d_bias)
+        outp[bias_at] = d_bias, out_opt[bias_at] = "--d-bias";
     if (d_sinks && !mods.sinks_file) {
         fprintf(stderr, "clattn %s: --d-sinks wants --sinks: the gradient is the sinks'\n", cmd);
+        return EXIT_INPUT;
+    }
+    if (d_bias && !mods.bias_file) {
+        fprintf(stderr, "clattn %s: --d-bias wants --bias: the gradient is the bias's\n", cmd);
         return EXIT_INPUT;
     }
     if (!check_outputs(cmd, out_opt, outp, nout))
@@ -419,15 +433,25 @@ static int cmd_file(const file_command *fc, int argc, char **argv)
             goto done;
         }
     }
+    if (d_bias && !mods.bias) {
+        fprintf(stderr, "clattn %s: --d-bias wants a float32 --bias: a bool mask has no "
+                        "gradient\n", cmd);
+        goto done;
+    }
     if (d_sinks) { /* one float32 a query head */
         heads_shape[0] = s.num_heads;
-        out[3] = malloc(s.num_heads * sizeof(float));
-        outs[3] = (output){d_sinks, heads_shape, 1, "<f4", out[3]};
-        if (!out[3]) {
-            fprintf(stderr, "clattn %s: out of memory\n", cmd);
-            rc = EXIT_DEVICE;
-            goto done;
-        }
+        out[sinks_at] = malloc(s.num_heads * sizeof(float));
+        outs[sinks_at] = (output){d_sinks, heads_shape, 1, "<f4", out[sinks_at]};
+    }
+    if (d_bias) { /* the bias's shape */
+        const size_t *b = mods.bias_shape;
+        out[bias_at] = malloc(b[0] * b[1] * b[2] * b[3] * sizeof(float));
+        outs[bias_at] = (output){d_bias, mods.bias_shape, 4, "<f4", out[bias_at]};
+    }
+    if ((d_sinks && !out[sinks_at]) || (d_bias && !out[bias_at])) {
+        fprintf(stderr, "clattn %s: out of memory\n", cmd);
+        rc = EXIT_DEVICE;
+        goto done;
     }
     if ((rc = open_context(cmd, device, variant, &ctx)) != 0)
         goto done;
@@ -448,7 +472,10 @@ static int cmd_file(const file_command *fc, int argc, char **argv)
                            in.lse.data, out[0]);
     if (st == CLATTN_OK && d_sinks)
         st = clattn_grad_sinks(ctx, &s, elements(&in.o), in.lse.data, elements(&in.d_out),
-                               out[3]);
+                               out[sinks_at]);
+    if (st == CLATTN_OK && d_bias)
+        st = clattn_grad_bias(ctx, &s, elements(&in.q), elements(&in.k), elements(&in.v),
+                              elements(&in.o), in.lse.data, elements(&in.d_out), out[bias_at]);
     if (st != CLATTN_OK) {
         rc = op_failed(cmd, st);
         if (st == CLATTN_ERROR_BUILD_FAILED && (mods.score_src || mods.mask_src))

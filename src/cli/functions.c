@@ -190,6 +190,10 @@ void mod_free(mod_opts *m)
     free(m->score_src);
     free(m->mask_src);
     free(m->params);
+    free(m->bias);
+    free(m->bool_mask);
+    m->bias = NULL;
+    m->bool_mask = NULL;
     if (m->lib)
         dlclose(m->lib);
     m->slopes = m->sinks = m->params = NULL;

@@ -27,6 +27,8 @@ void npy_free(npy_array *a)
     free(a->data);
     free(a->bits);
     free(a->ints);
+    free(a->bools);
+    a->bools = NULL;
     a->data = NULL;
     a->bits = NULL;
     a->ints = NULL;
@@ -212,16 +214,16 @@ static int parse_header(const unsigned char *hb, size_t hlen, npy_array *out, si
     npy_dict d;
     int rc = parse_dict(h, &d, err, errlen);
     const char *descr = d.descr;
-    static const char *const known[5] = {"<f4", "<f2", "<u2", "<i2", "<i4"};
+    static const char *const known[6] = {"<f4", "<f2", "<u2", "<i2", "<i4", "|b1"};
     int ok = 0;
-    for (int i = 0; rc == 0 && i < 5; ++i)
+    for (int i = 0; rc == 0 && i < 6; ++i)
         ok |= (descr[0] == '\'' || descr[0] == '"') && !strncmp(descr + 1, known[i], 3) &&
               descr[4] == descr[0];
     if (rc == 0 && !ok)
         /* The value alone, not what follows it in the header. */
         rc = fail(err, errlen,
                   "dtype is %.*s, want little-endian float32 ('<f4'), float16 ('<f2'), "
-                  "bfloat16 bits ('<u2', '<i2') or int32 ('<i4')",
+                  "bfloat16 bits ('<u2', '<i2'), int32 ('<i4') or bool ('|b1')",
                   value_len(descr), descr);
     else if (rc == 0 && strncmp(d.order, "False", 5) != 0)
         rc = fail(err, errlen, "array is in Fortran order, want C order");
@@ -232,7 +234,7 @@ static int parse_header(const unsigned char *hb, size_t hlen, npy_array *out, si
     free(h);
     if (rc)
         return rc;
-    *elem = out->descr[2] == '4' ? sizeof(float) : sizeof(uint16_t);
+    *elem = out->descr[2] == '4' ? sizeof(float) : out->descr[2] == '1' ? 1u : sizeof(uint16_t);
     size_t count = 1;
     for (int i = 0; i < out->ndim; ++i) {
         if (out->shape[i] && count > SIZE_MAX / *elem / out->shape[i])
@@ -249,6 +251,8 @@ static void attach(npy_array *out, void *data)
 {
     if (!strcmp(out->descr, "<i4"))
         out->ints = data;
+    else if (!strcmp(out->descr, "|b1"))
+        out->bools = data;
     else if (!strcmp(out->descr, "<f4"))
         out->data = data;
     else

@@ -1,6 +1,6 @@
 /* NumPy .npy files for the command line: float32 ('<f4'), 16-bit arrays
- * ('<f2' float16, '<u2' or '<i2' holding bfloat16 bit patterns) and int32
- * ('<i4', packed sequences' prefix sums); a
+ * ('<f2' float16, '<u2' or '<i2' holding bfloat16 bit patterns), int32
+ * ('<i4', packed sequences' prefix sums) and bool ('|b1', a mask); a
  * strict reader and a writer that never leaves a half-written file under
  * the final name. */
 #ifndef CLATTN_NPY_H
@@ -15,10 +15,11 @@ typedef struct npy_array {
     int ndim;
     size_t shape[NPY_MAX_DIMS];
     size_t count;  /* elements */
-    char descr[4]; /* "<f4", "<f2", "<u2", "<i2" or "<i4" */
+    char descr[4]; /* "<f4", "<f2", "<u2", "<i2", "<i4" or "|b1" */
     float *data;   /* '<f4' elements, else NULL; malloc'd, free with npy_free() */
     uint16_t *bits; /* 2-byte elements, else NULL; malloc'd likewise */
     int32_t *ints;  /* '<i4' elements, else NULL; malloc'd likewise */
+    uint8_t *bools; /* '|b1' elements (0 or 1), else NULL; malloc'd likewise */
 } npy_array;
 
 /* Reads a little-endian, C-order array of one of the descrs above. On

@@ -5,8 +5,9 @@
 
 #include <stddef.h>
 
-/* The most files a command writes: backward's dQ, dK, dV and d sinks. */
-enum { MAX_OUTPUTS = 4 };
+/* The most files a command writes: backward's dQ, dK, dV, d sinks and
+ * d bias. */
+enum { MAX_OUTPUTS = 5 };
 
 /* An output array and where it goes. */
 typedef struct output {

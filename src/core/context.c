@@ -29,6 +29,7 @@ void clattn_context_destroy(clattn_context *ctx)
         return;
     if (ctx->ops)
         ctx->ops->destroy(ctx);
+    clattn_native_pool_destroy(ctx->pool); /* clattn_grad_bias()'s, on any backend */
     pthread_mutex_destroy(&ctx->lock);
     free(ctx->log);
     free(ctx);

@@ -62,9 +62,23 @@ enum {
     CLATTN_MODS = 16,
     CLATTN_MOD_SCORE = 16,
     CLATTN_MOD_MASK = 32,
-    CLATTN_MOD_USER = CLATTN_MOD_SCORE | CLATTN_MOD_MASK
+    CLATTN_MOD_BIAS = 64,  /* shape->bias */
+    CLATTN_MOD_BOOL = 128, /* shape->bool_mask */
+    /* pairs hidden one by one: block maps, and rows that may be empty */
+    CLATTN_MOD_HIDE = CLATTN_MOD_MASK | CLATTN_MOD_BOOL,
+    /* the per-pair modifiers: the caller's functions and tensors */
+    CLATTN_MOD_USER = CLATTN_MOD_SCORE | CLATTN_MOD_MASK | CLATTN_MOD_BIAS | CLATTN_MOD_BOOL
 };
 unsigned clattn_modifiers(const clattn_shape *s);
+/* The element of shape->bias and bool_mask for batch element b, query
+ * head h, query row i and key row j (the broadcast applied). */
+static inline size_t clattn_bias_index(const clattn_shape *s, size_t b, size_t h, size_t i,
+                                       size_t j)
+{
+    const size_t heads = s->bias_heads > 1 ? s->bias_heads : 1u;
+    return (((s->bias_batch > 1 ? b : 0u) * heads + (heads > 1 ? h : 0u)) * s->q_seq + i) *
+               s->kv_seq + j;
+}
 /* The global position P of query row pos that dropout's draw and ALiBi
  * take: pos + delta + kv_offset (delta from clattn_mask_delta), modulo
  * 2^32 (bottom-right alignment may make it negative). */
@@ -186,6 +200,9 @@ struct clattn_context {
      * run, else 0. */
     uint32_t seq_base;
 };
+
+/* Stops a context's host threads (src/native/pool.c); NULL is a no-op. */
+void clattn_native_pool_destroy(struct native_pool *p);
 
 /* Native backend: fills ctx->device, ctx->variant and num_threads. */
 clattn_status clattn_native_init(clattn_context *ctx, const clattn_options *opts);

@@ -94,6 +94,19 @@ static clattn_status check_modifiers(const clattn_shape *s)
     if (s->score_params_count && !s->score_params)
         return clattn_fail(CLATTN_ERROR_NULL_POINTER, "score_params is NULL with %u parameters",
                            s->score_params_count);
+    if (s->bias_batch > 1 && s->bias_batch != s->batch)
+        return clattn_fail(CLATTN_ERROR_INVALID_MODIFIER,
+                           "bias_batch %u does not broadcast to batch %u: it is 1 or batch",
+                           s->bias_batch, s->batch);
+    if (s->bias_heads > 1 && s->bias_heads != s->num_heads)
+        return clattn_fail(CLATTN_ERROR_INVALID_MODIFIER,
+                           "bias_heads %u does not broadcast to %u query heads: it is 1 or "
+                           "num_heads",
+                           s->bias_heads, s->num_heads);
+    if ((s->bias || s->bool_mask) && clattn_packed(s))
+        return clattn_fail(CLATTN_ERROR_UNSUPPORTED_SHAPE,
+                           "a bias or bool_mask with packed sequences: their rows differ per "
+                           "sequence; a score or mask function takes the sequence's index");
     return CLATTN_OK;
 }
 
@@ -103,7 +116,8 @@ unsigned clattn_modifiers(const clattn_shape *s)
            (s->alibi_slopes ? CLATTN_MOD_ALIBI : 0u) |
            (s->dropout_p > 0.0f ? CLATTN_MOD_DROPOUT : 0u) |
            (s->score_fn || s->score_native ? CLATTN_MOD_SCORE : 0u) |
-           (s->mask_fn || s->mask_native ? CLATTN_MOD_MASK : 0u);
+           (s->mask_fn || s->mask_native ? CLATTN_MOD_MASK : 0u) |
+           (s->bias ? CLATTN_MOD_BIAS : 0u) | (s->bool_mask ? CLATTN_MOD_BOOL : 0u);
 }
 
 unsigned clattn_op_modifiers(const clattn_shape *s, clattn_op op)
@@ -161,7 +175,10 @@ clattn_status clattn_check_shape(const clattn_shape *s, clattn_sizes *sizes)
         return st;
     const size_t batch = clattn_packed(s) ? 1u : s->batch; /* packed: no batch dimension */
     clattn_sizes z;
+    size_t bias_elems;
     if (!tensor_fits(batch, s->q_seq, s->num_heads, s->head_dim, &z.q) ||
+        !tensor_fits(s->bias_batch ? s->bias_batch : 1u,
+                     s->bias_heads ? s->bias_heads : 1u, s->q_seq, s->kv_seq, &bias_elems) ||
         !tensor_fits(batch, s->kv_seq, s->num_kv_heads, s->head_dim, &z.kv) ||
         !tensor_fits(batch, s->q_seq, s->num_heads, 2, &z.lse))
         return clattn_fail(CLATTN_ERROR_SIZE_OVERFLOW,

@@ -339,7 +339,7 @@ static void key_block(const native_call *c, size_t job)
             const int shown = native_mask_shows(c, b, head, pos, 1, t0 + lo, hi - lo);
             if (!shown)
                 continue;
-            ch.whole[ch.n] = shown == 2 && (c->mods & NATIVE_SHAPED) == CLATTN_MOD_MASK;
+            ch.whole[ch.n] = shown == 2 && native_hide_alone(c->mods);
             const size_t row = row_index(s, b, pos, head);
             const size_t at = ((b * s->num_heads + head) * s->q_seq + pos) * D;
             ch.q[ch.n] = c->qh + at;

@@ -490,13 +490,15 @@ static void many_job(const native_call *group, size_t job)
     c->round_job[m->r](c, job - m->start[lo]);
 }
 
-/* The block map of a mask function, made once for a shape and kept for
- * the calls after it while the function, sizes and positions are the
- * same; a map past MASK_MAP_MAX bytes is not made (the tiles ask the
- * function instead). */
+/* The block map of a mask function and a bool mask, made once for a
+ * shape and kept for the calls after it while the function, sizes and
+ * positions are the same (one with a bool mask, whose bytes may change
+ * between calls, is made for every call); a map past MASK_MAP_MAX bytes is
+ * not made (the tiles ask the function instead). */
 struct native_mask_map {
     uint8_t *map;
     int (*fn)(uint32_t, uint32_t, uint32_t, uint32_t);
+    int of_tensor; /* made with a bool mask */
     uint32_t batch, q_seq, kv_seq, num_heads, kv_offset, seq_base;
     int64_t delta;
     size_t rows, keys;
@@ -519,12 +521,10 @@ static void mask_map_job(const native_call *c, size_t job)
         const uint32_t t1 = s->kv_seq - t0 < MAP_BLOCK ? s->kv_seq : t0 + MAP_BLOCK;
         int shown = 0, hidden = 0;
         for (size_t pos = r0; pos < r1; ++pos) {
-            const uint32_t P = clattn_query_position(s, (uint32_t)pos, c->delta);
             uint32_t lo, hi;
             clattn_key_range(s, (uint32_t)pos, &lo, &hi);
             for (uint32_t t = lo > t0 ? lo : t0; t < (hi < t1 ? hi : t1); ++t) {
-                if (s->mask_native((uint32_t)(c->seq_base + b), (uint32_t)head, P,
-                                   t + s->kv_offset))
+                if (native_pair_shown(c, b, head, (uint32_t)pos, t))
                     shown = 1;
                 else
                     hidden = 1;
@@ -541,7 +541,7 @@ static void mask_map(clattn_context *ctx, native_call *c)
 {
     const clattn_shape *s = c->s;
     struct native_mask_map *m = ctx->mask_map;
-    if (m && m->fn == s->mask_native && m->batch == s->batch && m->q_seq == s->q_seq &&
+    if (m && !m->of_tensor && !(c->mods & CLATTN_MOD_BOOL) && m->fn == s->mask_native && m->batch == s->batch && m->q_seq == s->q_seq &&
         m->kv_seq == s->kv_seq && m->num_heads == s->num_heads &&
         m->kv_offset == s->kv_offset && m->seq_base == c->seq_base && m->delta == c->delta) {
         c->mask_map = m->map;
@@ -560,11 +560,14 @@ static void mask_map(clattn_context *ctx, native_call *c)
     if (!map)
         return;
     free(m->map);
-    *m = (struct native_mask_map){map, s->mask_native, s->batch, s->q_seq, s->kv_seq,
-                                  s->num_heads, s->kv_offset, c->seq_base, c->delta, rows, keys};
+    *m = (struct native_mask_map){map,          s->mask_native, (c->mods & CLATTN_MOD_BOOL) != 0,
+                                  s->batch,     s->q_seq,       s->kv_seq,
+                                  s->num_heads, s->kv_offset,   c->seq_base,
+                                  c->delta,     rows,           keys};
     native_call job;
     memset(&job, 0, sizeof job);
     job.s = s;
+    job.mods = c->mods;
     job.seq_base = c->seq_base;
     job.delta = c->delta;
     job.mask_map = map;
@@ -629,7 +632,7 @@ static clattn_status run_calls(clattn_context *ctx, clattn_op op, const clattn_s
         next += lays[i].total;
         any_fused |= lays[i].fused;
     }
-    if (n == 1 && (calls[0].mods & CLATTN_MOD_MASK)) /* packed: the tiles ask */
+    if (n == 1 && (calls[0].mods & CLATTN_MOD_HIDE)) /* packed: the tiles ask */
         mask_map(ctx, &calls[0]);
     name_kernels(ctx, op, any_fused);
     native_many m = {calls, start, n, 0};

@@ -163,6 +163,26 @@ typedef struct native_call {
     atomic_size_t next;
 } native_call;
 
+/* Whether the caller's mask function and bool mask show key t to query
+ * row pos (rows of the call) of head `head` of element b. */
+static inline int native_pair_shown(const native_call *c, size_t b, size_t head, uint32_t pos,
+                                    uint32_t t)
+{
+    const clattn_shape *s = c->s;
+    if ((c->mods & CLATTN_MOD_BOOL) && !s->bool_mask[clattn_bias_index(s, b, head, pos, t)])
+        return 0;
+    return !(c->mods & CLATTN_MOD_MASK) ||
+           s->mask_native((uint32_t)(c->seq_base + b), (uint32_t)head,
+                          clattn_query_position(s, pos, c->delta), t + s->kv_offset);
+}
+
+/* Whether the pairs' only per-pair modifiers hide them (a mask function, a
+ * bool mask): the tiles a block map shows whole need not ask them. */
+static inline int native_hide_alone(unsigned mods)
+{
+    return (mods & NATIVE_SHAPED) && !(mods & NATIVE_SHAPED & ~(unsigned)CLATTN_MOD_HIDE);
+}
+
 /* The modified score of the scaled score x of query row pos and key t of
  * query head `head` of batch element b (softcap, then ALiBi, then the
  * caller's functions: cl/common.cl's modify()); *dz, where dz is not NULL,
@@ -194,7 +214,10 @@ static inline float native_modify(const native_call *c, float x, size_t b, uint3
                 g *= s->score_ds_native(x, bb, h, P, T, s->score_params);
             x = s->score_native(x, bb, h, P, T, s->score_params);
         }
-        if ((c->mods & CLATTN_MOD_MASK) && !s->mask_native(bb, h, P, T)) {
+        const uint32_t i = pos < s->q_seq ? pos : s->q_seq - 1, j = T - s->kv_offset;
+        if (c->mods & CLATTN_MOD_BIAS)
+            x += s->bias[clattn_bias_index(s, b, head, i, j)];
+        if ((c->mods & CLATTN_MOD_HIDE) && !native_pair_shown(c, b, head, i, j)) {
             x = -INFINITY;
             g = 0.0f;
         }
@@ -215,7 +238,7 @@ enum { MAP_HIDDEN = 0, MAP_SOME = 1, MAP_ALL = 2 };
 static inline int native_mask_shows(const native_call *c, size_t b, size_t head, size_t pos0,
                                     size_t rows, uint32_t t0, uint32_t n)
 {
-    if (!(c->mods & CLATTN_MOD_MASK) || !rows || !n)
+    if (!(c->mods & CLATTN_MOD_HIDE) || !rows || !n)
         return 1;
     const clattn_shape *s = c->s;
     if (c->mask_map) {
@@ -229,13 +252,10 @@ static inline int native_mask_shows(const native_call *c, size_t b, size_t head,
             }
         return any ? 1 + all : 0;
     }
-    const uint32_t bb = (uint32_t)(c->seq_base + b), h = (uint32_t)head;
-    for (size_t r = 0; r < rows; ++r) {
-        const uint32_t P = clattn_query_position(s, (uint32_t)(pos0 + r), c->delta);
+    for (size_t r = 0; r < rows; ++r)
         for (uint32_t j = 0; j < n; ++j)
-            if (s->mask_native(bb, h, P, t0 + j + s->kv_offset))
+            if (native_pair_shown(c, b, head, (uint32_t)(pos0 + r), t0 + j))
                 return 1;
-    }
     return 0;
 }
 

@@ -138,7 +138,7 @@ static void forward_block(const native_call *c, size_t job)
     /* Modified scores come scaled: their scale is 1. */
     const int shaped = (c->mods & NATIVE_SHAPED) != 0;
     /* the caller's mask the only modifier: tiles it shows whole skip it */
-    const int mask_alone = (c->mods & NATIVE_SHAPED) == CLATTN_MOD_MASK;
+    const int mask_alone = native_hide_alone(c->mods);
     const float scale = shaped ? 1.0f : c->scale, unit = scale * LOG2E;
     native_drop_rows drop; /* the block's rows of dropout's counters */
     if (c->mods & CLATTN_MOD_DROPOUT)
@@ -244,8 +244,9 @@ static void forward_block(const native_call *c, size_t job)
         /* A row whose weights sum to 0 is empty where it sees no key; where
          * it sees keys whose scores are all -inf (or below EMPTY_ROW, the
          * masks' own value) it has no softmax: NaN, as PyTorch's math gives.
-         * Under the caller's mask function it is empty. */
-        const int sees = qb.row_lo[r] < qb.row_hi[r] && !(c->mods & CLATTN_MOD_MASK);
+         * Under the caller's mask function, bool mask or bias it is empty. */
+        const int sees = qb.row_lo[r] < qb.row_hi[r] &&
+                         !(c->mods & (CLATTN_MOD_HIDE | CLATTN_MOD_BIAS));
         const float zero = sees ? NAN : EMPTY_ROW;
         if (l[r] == 0.0f && sees)
             for (size_t d = 0; d < D; ++d)
@@ -280,7 +281,7 @@ static void grad_q_block(const native_call *c, size_t job)
     const float scale = c->scale;
     const int shaped = (c->mods & NATIVE_SHAPED) != 0;
     /* the caller's mask the only modifier: tiles it shows whole skip it */
-    const int mask_alone = (c->mods & NATIVE_SHAPED) == CLATTN_MOD_MASK;
+    const int mask_alone = native_hide_alone(c->mods);
     const float unit = shaped ? LOG2E : scale * LOG2E; /* modified scores come scaled */
     native_drop_rows drop; /* the block's rows of dropout's counters */
     if (c->mods & CLATTN_MOD_DROPOUT)

@@ -418,11 +418,12 @@ static clattn_status user_kernels(struct clattn_cl_state *cl, const clattn_ocl_v
         }
         set->variant = family;
         set->head_dim = head_dim;
-        clattn_log_append(cl->owner, "%s kernels at head_dim %u (%s) with the caller's %s%s%s%s%s",
+        clattn_log_append(cl->owner, "%s kernels at head_dim %u (%s) with the caller's%s%s%s%s%s%s",
                           family->name, (unsigned)s->head_dim, clattn_ocl_dtype_name(s->dtype),
-                          mods & CLATTN_MOD_SCORE ? "score function" : "",
-                          (mods & CLATTN_MOD_USER) == CLATTN_MOD_USER ? " and " : "",
-                          mods & CLATTN_MOD_MASK ? "mask function" : "", reason ? ": " : "",
+                          mods & CLATTN_MOD_SCORE ? " score function" : "",
+                          mods & CLATTN_MOD_MASK ? " mask function" : "",
+                          mods & CLATTN_MOD_BIAS ? " bias" : "",
+                          mods & CLATTN_MOD_BOOL ? " bool mask" : "", reason ? ": " : "",
                           reason ? reason : "");
         if (kept + 1 > USER_SETS_MAX) { /* the least recent goes */
             kernel_set **last = &cl->kernels.user;

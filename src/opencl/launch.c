@@ -66,9 +66,30 @@ clattn_status clattn_ocl_check_alloc(const struct clattn_cl_state *cl, const cla
     return CLATTN_OK;
 }
 
+/* The buffers of an op's score modifiers (cl/common.cl's MOD_ARGS): the
+ * ALiBi slopes, sinks and score parameters; the block map of the caller's
+ * mask function and bool mask; the caller's bias and bool mask, and which
+ * dimensions they have. NULL where the op has none. */
+typedef struct mod_buffers {
+    cl_mem slopes, blocks, bias, bool_mask;
+    cl_uint bias_dims;
+    cl_mem own_blocks; /* a map made for this op alone (of a bool mask) */
+} mod_buffers;
+
+static void release_mod_buffers(mod_buffers *mb)
+{
+    cl_mem *all[4] = {&mb->slopes, &mb->bias, &mb->bool_mask, &mb->own_blocks};
+    for (int i = 0; i < 4; ++i) {
+        if (*all[i])
+            clReleaseMemObject(*all[i]);
+        *all[i] = NULL;
+    }
+    mb->blocks = NULL;
+}
+
 static clattn_status enqueue_kernel(struct clattn_cl_state *cl, cl_command_queue queue,
                                     const kernel_set *set, int k, const clattn_shape *s,
-                                    cl_mem slopes, const clattn_cl_tensor t[R_ALL],
+                                    const mod_buffers *mb, const clattn_cl_tensor t[R_ALL],
                                     const grid_part *part, cl_uint nwait, const cl_event *wait,
                                     cl_event *done)
 {
@@ -110,14 +131,17 @@ static clattn_status enqueue_kernel(struct clattn_cl_state *cl, cl_command_queue
     const cl_float softcap = s->softcap;
     const cl_uint kv_pos0 = s->kv_offset, seq0 = cl->owner->seq_base;
     err |= clSetKernelArg(kn, arg++, sizeof softcap, &softcap);
-    err |= clSetKernelArg(kn, arg++, sizeof(cl_mem), &slopes);
+    err |= clSetKernelArg(kn, arg++, sizeof(cl_mem), &mb->slopes);
     err |= clSetKernelArg(kn, arg++, sizeof kv_pos0, &kv_pos0);
     err |= clSetKernelArg(kn, arg++, sizeof seq0, &seq0);
     err |= clSetKernelArg(kn, arg++, sizeof(cl_uint), &drop.key[0]);
     err |= clSetKernelArg(kn, arg++, sizeof(cl_uint), &drop.key[1]);
     err |= clSetKernelArg(kn, arg++, sizeof(cl_uint), &drop.threshold);
     err |= clSetKernelArg(kn, arg++, sizeof(cl_float), &drop.gain);
-    err |= clSetKernelArg(kn, arg++, sizeof(cl_mem), &cl->mask_map.current);
+    err |= clSetKernelArg(kn, arg++, sizeof(cl_mem), &mb->blocks);
+    err |= clSetKernelArg(kn, arg++, sizeof(cl_mem), &mb->bias);
+    err |= clSetKernelArg(kn, arg++, sizeof(cl_mem), &mb->bool_mask);
+    err |= clSetKernelArg(kn, arg++, sizeof(cl_uint), &mb->bias_dims);
     err |= clSetKernelArg(kn, arg++, local, NULL);
     if (err != CL_SUCCESS)
         return clattn_fail(CLATTN_ERROR_OPENCL, "clSetKernelArg failed for kernel %d", k);
@@ -230,7 +254,7 @@ static clattn_status ds_scratch(struct clattn_cl_state *cl, size_t bytes)
  * which the scratch's next writer waits for. */
 static clattn_status enqueue_ds_chunks(struct clattn_cl_state *cl, cl_command_queue queue,
                                        const kernel_set *set, const clattn_shape *s,
-                                       cl_mem slopes, const clattn_cl_tensor t[R_ALL],
+                                       const mod_buffers *mb, const clattn_cl_tensor t[R_ALL],
                                        const grid_part *first, cl_event prev, cl_event *done)
 {
     clattn_status st = CLATTN_OK;
@@ -253,7 +277,7 @@ static clattn_status enqueue_ds_chunks(struct clattn_cl_state *cl, cl_command_qu
                     if (cl->ds.last_read)
                         wait[n++] = cl->ds.last_read;
                 }
-                st = enqueue_kernel(cl, queue, set, k, s, slopes, t, &c, n, wait, &ev);
+                st = enqueue_kernel(cl, queue, set, k, s, mb, t, &c, n, wait, &ev);
                 if (last)
                     clReleaseEvent(last);
                 last = st == CLATTN_OK ? ev : NULL;
@@ -278,34 +302,90 @@ static clattn_status enqueue_ds_chunks(struct clattn_cl_state *cl, cl_command_qu
     return CLATTN_OK;
 }
 
-/* The block map of s's mask function into cl->mask_map.current: the kept
- * one where it is s's, else made by mask_map from set's forward program
- * (after the call's wait list; waited for, as the map is made once for a
- * shape). */
+/* The modifiers' buffers of an op of s (mods: its modifier bits) in *mb:
+ * the slopes (num_heads ALiBi slopes, then num_heads sinks (cl/common.cl's
+ * SINK), then the score function's parameters), the bias and the bool
+ * mask, copied now: the caller's arrays are read during the call only. */
+static clattn_status make_mod_buffers(struct clattn_cl_state *cl, const clattn_shape *s,
+                                      unsigned mods, mod_buffers *mb)
+{
+    memset(mb, 0, sizeof *mb);
+    mb->bias_dims = (s->bias_batch > 1 ? 1u : 0u) | (s->bias_heads > 1 ? 2u : 0u);
+    cl_int err = CL_SUCCESS;
+    if (mods & (CLATTN_MOD_ALIBI | CLATTN_MOD_SINK | CLATTN_MOD_SCORE)) {
+        const size_t params = mods & CLATTN_MOD_SCORE ? s->score_params_count : 0;
+        const size_t floats = 2 * (size_t)s->num_heads + params;
+        float *all = calloc(floats, sizeof(float));
+        if (!all)
+            return clattn_fail(CLATTN_ERROR_OUT_OF_MEMORY,
+                               "out of host memory for %u heads and %zu parameters",
+                               s->num_heads, params);
+        if (mods & CLATTN_MOD_ALIBI)
+            memcpy(all, s->alibi_slopes, s->num_heads * sizeof(float));
+        if (mods & CLATTN_MOD_SINK)
+            memcpy(all + s->num_heads, s->sinks, s->num_heads * sizeof(float));
+        if (params)
+            memcpy(all + 2 * (size_t)s->num_heads, s->score_params, params * sizeof(float));
+        mb->slopes = clCreateBuffer(cl->context, CL_MEM_READ_ONLY | CL_MEM_COPY_HOST_PTR,
+                                    floats * sizeof(float), all, &err);
+        free(all);
+        if (err != CL_SUCCESS)
+            return clattn_ocl_fail(err, "clCreateBuffer(alibi_slopes, sinks, score_params)");
+    }
+    const size_t elems = ((s->bias_batch > 1 ? (size_t)s->bias_batch : 1u) *
+                          (s->bias_heads > 1 ? (size_t)s->bias_heads : 1u) * s->q_seq) *
+                         s->kv_seq;
+    if ((mods & CLATTN_MOD_BIAS) && elems * sizeof(float) > cl->limits.max_alloc) {
+        release_mod_buffers(mb);
+        return clattn_fail(CLATTN_ERROR_TOO_LARGE_FOR_DEVICE,
+                           "the bias of %zu floats exceeds the device's largest allocation",
+                           elems);
+    }
+    if (mods & CLATTN_MOD_BIAS)
+        mb->bias = clCreateBuffer(cl->context, CL_MEM_READ_ONLY | CL_MEM_COPY_HOST_PTR,
+                                  elems * sizeof(float), (void *)s->bias, &err);
+    if (err == CL_SUCCESS && (mods & CLATTN_MOD_BOOL))
+        mb->bool_mask = clCreateBuffer(cl->context, CL_MEM_READ_ONLY | CL_MEM_COPY_HOST_PTR,
+                                       elems, (void *)s->bool_mask, &err);
+    if (err != CL_SUCCESS) {
+        release_mod_buffers(mb);
+        return clattn_ocl_fail(err, "clCreateBuffer(bias, bool_mask)");
+    }
+    return CLATTN_OK;
+}
+
+/* The block map of s's mask function and bool mask into mb->blocks: the
+ * kept one where it is s's, else made by mask_map from set's forward
+ * program (after the call's wait list; waited for). A function's map is
+ * kept for the calls after it; a bool mask's, whose bytes may change
+ * between calls, is the op's own (mb->own_blocks). */
 static clattn_status mask_map(struct clattn_cl_state *cl, cl_command_queue queue,
-                              const kernel_set *set, const clattn_shape *s, cl_uint nwait,
-                              const cl_event *wait)
+                              const kernel_set *set, const clattn_shape *s, mod_buffers *mb,
+                              cl_uint nwait, const cl_event *wait)
 {
     struct mask_map_state *m = &cl->mask_map;
     const int64_t delta = clattn_mask_delta(s);
     const uint32_t seq_base = cl->owner->seq_base;
-    if (m->buffer && !strcmp(m->text, s->mask_fn) && m->batch == s->batch &&
+    const int keep = !s->bool_mask;
+    if (keep && m->buffer && !strcmp(m->text, s->mask_fn) && m->batch == s->batch &&
         m->q_seq == s->q_seq && m->kv_seq == s->kv_seq && m->num_heads == s->num_heads &&
         m->kv_offset == s->kv_offset && m->seq_base == seq_base && m->delta == delta) {
-        m->current = m->buffer;
+        mb->blocks = m->buffer;
         return CLATTN_OK;
     }
     const size_t qb = (s->q_seq + 63u) / 64u, kb = (s->kv_seq + 63u) / 64u;
     const size_t heads = (size_t)s->batch * s->num_heads;
     if (qb * kb > cl->limits.max_alloc / heads)
         return clattn_fail(CLATTN_ERROR_TOO_LARGE_FOR_DEVICE,
-                           "the mask function's block map of %zu x %zu blocks for %zu heads "
-                           "exceeds the device's largest allocation",
+                           "the mask's block map of %zu x %zu blocks for %zu heads exceeds the "
+                           "device's largest allocation",
                            qb, kb, heads);
-    char *text = malloc(strlen(s->mask_fn) + 1);
-    if (!text)
-        return clattn_fail(CLATTN_ERROR_OUT_OF_MEMORY, "out of host memory");
-    strcpy(text, s->mask_fn);
+    char *text = NULL;
+    if (keep) {
+        if (!(text = malloc(strlen(s->mask_fn) + 1)))
+            return clattn_fail(CLATTN_ERROR_OUT_OF_MEMORY, "out of host memory");
+        strcpy(text, s->mask_fn);
+    }
     cl_int err;
     cl_mem buffer = clCreateBuffer(cl->context, CL_MEM_READ_WRITE, qb * kb * heads, NULL, &err);
     cl_kernel k = err == CL_SUCCESS ? clCreateKernel(set->program[K_FORWARD], "mask_map", &err)
@@ -322,6 +402,8 @@ static clattn_status mask_map(struct clattn_cl_state *cl, cl_command_queue queue
         err |= clSetKernelArg(k, arg++, sizeof d, &d);
         err |= clSetKernelArg(k, arg++, sizeof kv_pos0, &kv_pos0);
         err |= clSetKernelArg(k, arg++, sizeof seq0, &seq0);
+        err |= clSetKernelArg(k, arg++, sizeof(cl_mem), &mb->bool_mask);
+        err |= clSetKernelArg(k, arg++, sizeof(cl_uint), &mb->bias_dims);
     }
     cl_event ev = NULL;
     if (err == CL_SUCCESS) {
@@ -339,13 +421,18 @@ static clattn_status mask_map(struct clattn_cl_state *cl, cl_command_queue queue
         if (buffer)
             clReleaseMemObject(buffer);
         free(text);
-        return clattn_ocl_fail(err, "making the mask function's block map");
+        return clattn_ocl_fail(err, "making the mask's block map");
+    }
+    mb->blocks = buffer;
+    if (!keep) {
+        mb->own_blocks = buffer;
+        return CLATTN_OK;
     }
     if (m->buffer)
         clReleaseMemObject(m->buffer);
     free(m->text);
-    *m = (struct mask_map_state){buffer, buffer, text, s->batch, s->q_seq, s->kv_seq, s->num_heads,
-                          s->kv_offset, seq_base, delta};
+    *m = (struct mask_map_state){buffer,       text,         s->batch,    s->q_seq, s->kv_seq,
+                                 s->num_heads, s->kv_offset, seq_base, delta};
     return CLATTN_OK;
 }
 
@@ -355,14 +442,20 @@ clattn_status clattn_ocl_enqueue_op(struct clattn_cl_state *cl, cl_command_queue
                                     cl_uint nwait, const cl_event *wait, cl_event *done)
 {
     kernel_set *set = NULL;
-    cl->mask_map.current = NULL;
     clattn_status st = clattn_ocl_check_loop_cap(cl, op, s);
     if (st == CLATTN_OK)
         st = clattn_ocl_kernels_of(cl, op, s, &set);
-    if (st == CLATTN_OK && (clattn_op_modifiers(s, op) & CLATTN_MOD_MASK))
-        st = mask_map(cl, queue, set, s, nwait, wait);
-    if (st != CLATTN_OK)
+    const unsigned mods = clattn_op_modifiers(s, op);
+    mod_buffers mb;
+    memset(&mb, 0, sizeof mb);
+    if (st == CLATTN_OK)
+        st = make_mod_buffers(cl, s, mods, &mb);
+    if (st == CLATTN_OK && (mods & CLATTN_MOD_HIDE))
+        st = mask_map(cl, queue, set, s, &mb, nwait, wait);
+    if (st != CLATTN_OK) {
+        release_mod_buffers(&mb);
         return st;
+    }
     /* The single pass, built only where CLATTN_MMA_SINGLE asks for it. Its
      * float32 dQ is as large as dQ's elements in float32: where that exceeds
      * the device's largest allocation, two passes. */
@@ -373,34 +466,8 @@ clattn_status clattn_ocl_enqueue_op(struct clattn_cl_state *cl, cl_command_queue
                       : chunk.nb                                            ? backward_ds
                       : op == CLATTN_OP_BACKWARD && !set->kernel[K_GRAD_KV] ? backward_unfused
                                                                             : op_plans[op];
-    cl_mem dsum = NULL, dq32 = NULL, slopes = NULL;
+    cl_mem dsum = NULL, dq32 = NULL;
     cl_event zeroed = NULL;
-    const unsigned mods = clattn_op_modifiers(s, op);
-    if (mods & (CLATTN_MOD_ALIBI | CLATTN_MOD_SINK | CLATTN_MOD_SCORE)) {
-        /* The kernels' `slopes`: num_heads ALiBi slopes, then num_heads
-         * sinks (cl/common.cl's SINK), then the score function's
-         * parameters, copied now: the caller's arrays are read during the
-         * call only. */
-        const size_t params = mods & CLATTN_MOD_SCORE ? s->score_params_count : 0;
-        const size_t floats = 2 * (size_t)s->num_heads + params;
-        float *all = calloc(floats, sizeof(float));
-        if (!all)
-            return clattn_fail(CLATTN_ERROR_OUT_OF_MEMORY,
-                               "out of host memory for %u heads and %zu parameters",
-                               s->num_heads, params);
-        if (mods & CLATTN_MOD_ALIBI)
-            memcpy(all, s->alibi_slopes, s->num_heads * sizeof(float));
-        if (mods & CLATTN_MOD_SINK)
-            memcpy(all + s->num_heads, s->sinks, s->num_heads * sizeof(float));
-        if (params)
-            memcpy(all + 2 * (size_t)s->num_heads, s->score_params, params * sizeof(float));
-        cl_int err;
-        slopes = clCreateBuffer(cl->context, CL_MEM_READ_ONLY | CL_MEM_COPY_HOST_PTR,
-                                floats * sizeof(float), all, &err);
-        free(all);
-        if (err != CL_SUCCESS)
-            return clattn_ocl_fail(err, "clCreateBuffer(alibi_slopes, sinks, score_params)");
-    }
     /* A caller's Dsum (packed sequences share one) is used as given. */
     if (plan[0] == K_DSUM && !t[R_DSUM].buffer) {
         /* Released at once: OpenCL keeps it until the kernels using it end. */
@@ -408,8 +475,7 @@ clattn_status clattn_ocl_enqueue_op(struct clattn_cl_state *cl, cl_command_queue
         dsum =
             clCreateBuffer(cl->context, CL_MEM_READ_WRITE, sz->lse / 2 * sizeof(float), NULL, &err);
         if (err != CL_SUCCESS) {
-            if (slopes)
-                clReleaseMemObject(slopes);
+            release_mod_buffers(&mb);
             return clattn_ocl_fail(err, "clCreateBuffer(dsum)");
         }
         t[R_DSUM].buffer = dsum;
@@ -428,8 +494,7 @@ clattn_status clattn_ocl_enqueue_op(struct clattn_cl_state *cl, cl_command_queue
         if (err != CL_SUCCESS) {
             if (dsum)
                 clReleaseMemObject(dsum);
-            if (slopes)
-                clReleaseMemObject(slopes);
+            release_mod_buffers(&mb);
             return clattn_ocl_fail(err,
                                    dq32 ? "clEnqueueFillBuffer(dq32)" : "clCreateBuffer(dq32)");
         }
@@ -446,13 +511,13 @@ clattn_status clattn_ocl_enqueue_op(struct clattn_cl_state *cl, cl_command_queue
         cl_event ev = NULL;
         if (plan[i] == K_GRAD_KVQ) { /* after the zeroing too */
             const cl_event both[2] = {prev, zeroed};
-            st = enqueue_kernel(cl, queue, set, plan[i], s, slopes, t, NULL, 2, both, &ev);
+            st = enqueue_kernel(cl, queue, set, plan[i], s, &mb, t, NULL, 2, both, &ev);
         } else if (plan[i] == K_GRAD_KVS) { /* by chunks, each GRAD_KVS then GRAD_QS */
-            st = enqueue_ds_chunks(cl, queue, set, s, slopes, t, &chunk, prev, &ev);
+            st = enqueue_ds_chunks(cl, queue, set, s, &mb, t, &chunk, prev, &ev);
             ++i; /* GRAD_QS ran too */
         } else {
-            st = prev ? enqueue_kernel(cl, queue, set, plan[i], s, slopes, t, NULL, 1, &prev, &ev)
-                      : enqueue_kernel(cl, queue, set, plan[i], s, slopes, t, NULL, nwait, wait,
+            st = prev ? enqueue_kernel(cl, queue, set, plan[i], s, &mb, t, NULL, 1, &prev, &ev)
+                      : enqueue_kernel(cl, queue, set, plan[i], s, &mb, t, NULL, nwait, wait,
                                        &ev);
         }
         if (prev)
@@ -468,8 +533,7 @@ clattn_status clattn_ocl_enqueue_op(struct clattn_cl_state *cl, cl_command_queue
         clReleaseMemObject(dq32);
     if (dsum)
         clReleaseMemObject(dsum);
-    if (slopes)
-        clReleaseMemObject(slopes);
+    release_mod_buffers(&mb);
     if (st == CLATTN_OK) {
         char *ran = cl->owner->kernels, *options = cl->owner->build_options;
         ran[0] = options[0] = '\0';

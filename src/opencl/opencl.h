@@ -217,9 +217,9 @@ struct clattn_cl_state {
      * mask_map) of the last shape that had one, kept for the calls after
      * it while their mask's text and the shape's sizes and positions are
      * the same (a new one goes in a new buffer: kernels still queued keep
-     * the old); `current` is the op's own while it is enqueued, else NULL. */
+     * the old). */
     struct mask_map_state {
-        cl_mem buffer, current;
+        cl_mem buffer;
         char *text;
         uint32_t batch, q_seq, kv_seq, num_heads, kv_offset, seq_base;
         int64_t delta;
