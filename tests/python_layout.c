@@ -41,6 +41,10 @@ int main(void)
     FIELD(clattn_shape, score_native);
     FIELD(clattn_shape, score_ds_native);
     FIELD(clattn_shape, mask_native);
+    FIELD(clattn_shape, bias);
+    FIELD(clattn_shape, bool_mask);
+    FIELD(clattn_shape, bias_batch);
+    FIELD(clattn_shape, bias_heads);
     SIZE(clattn_options);
     FIELD(clattn_options, backend);
     FIELD(clattn_options, device);

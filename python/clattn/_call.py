@@ -56,7 +56,8 @@ class Problem:
                  causal=0, window=0, scale=None, q_offset=0, kv_offset=0, softcap=0.0,
                  alibi_slopes=None, dropout_p=0.0, seed=0, offset=0, cu_seqlens_q=None,
                  cu_seqlens_kv=None, align_bottom_right=False, accumulate=False,
-                 window_right=None, sinks=None, functions=None, score_params=None):
+                 window_right=None, sinks=None, functions=None, score_params=None,
+                 bias=None, bool_mask=None):
         self.batch, self.q_seq, self.kv_seq = batch, q_seq, kv_seq
         self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
         self.dtype = dtype
@@ -92,6 +93,9 @@ class Problem:
         # (n,), C-contiguous, or None.
         self.functions = functions if functions else None
         self.score_params = score_params
+        # bias: float32 (bias_batch, bias_heads, q_seq, kv_seq), C-contiguous,
+        # each of the first two 1 or the whole; bool_mask: uint8 alike.
+        self.bias, self.bool_mask = bias, bool_mask
         self.cu_q, self.cu_kv = cu_seqlens_q, cu_seqlens_kv
         self.align_bottom_right = bool(align_bottom_right) and causal == 0
         self.accumulate = bool(accumulate)
@@ -138,7 +142,18 @@ class Problem:
             s.score_params = self.score_params.ctypes.data_as(ctypes.POINTER(ctypes.c_float))
             s.score_params_count = self.score_params.size
             keep.append(self.score_params)
+        for name, t, ctype in (("bias", self.bias, ctypes.c_float),
+                               ("bool_mask", self.bool_mask, ctypes.c_uint8)):
+            if t is not None:
+                setattr(s, name, t.ctypes.data_as(ctypes.POINTER(ctype)))
+                s.bias_batch, s.bias_heads = t.shape[0], t.shape[1]
+                keep.append(t)
         return s, keep
+
+    def bias_per_element(self):
+        """Whether the bias or bool mask has a batch dimension."""
+        t = self.bias if self.bias is not None else self.bool_mask
+        return t is not None and t.shape[0] > 1
 
     def alibi_address(self, element):
         a = self.alibi
@@ -191,6 +206,9 @@ class Problem:
         p.cu_q = p.cu_kv = None
         if self.alibi is not None and self.alibi.ndim == 2:
             p.alibi = self.alibi[i]
+        if self.bias_per_element():
+            p.bias = self.bias[i:i + 1] if self.bias is not None else None
+            p.bool_mask = self.bool_mask[i:i + 1] if self.bool_mask is not None else None
         if self.align_bottom_right:
             p.q_offset, p.kv_offset = self._shift(q_len, kv_len)
         p.align_bottom_right = False
@@ -284,6 +302,34 @@ def grad_sinks(ctx, problem, o, lse, d_out, out):
     status = _lib.lib.clattn_grad_sinks(ctx, ctypes.byref(shape), o, lse, d_out, out)
     del keep
     _lib.check(status, "clattn_grad_sinks")
+
+
+def grad_bias(ctx, problem, q, k, v, o, lse, d_out, out):
+    """The bias's gradient into the float32 array at address out (the
+    bias's shape), from the call's tensors at these addresses; where the
+    plan runs each element apart, each adds its share (or writes its
+    slice, where the bias has a batch dimension)."""
+    how, plan = problem.plan()
+    calls = [(plan, (q, k, v, o, lse, d_out), out, problem.accumulate)]
+    if how == "each":
+        per = problem.bias_per_element()
+        rows = problem.q_seq * problem.kv_seq * (problem.bias if problem.bias is not None
+                                                 else problem.bool_mask).shape[1] * 4
+        calls = []
+        for i, (qs, ql, ks, kl) in enumerate(plan):
+            e = problem._element(i, ql, kl)
+            at = (q + qs * problem.q_row(), k + ks * problem.kv_row(), v + ks * problem.kv_row(),
+                  o + qs * problem.q_row(), lse + qs * problem.lse_row(),
+                  d_out + qs * problem.q_row())
+            calls.append((e, at, out + i * rows if per else out,
+                          problem.accumulate or (not per and i > 0)))
+    for e, at, dst, accumulate in calls:
+        _native(ctx, e)
+        shape, keep = e.shape()
+        shape.accumulate = 1 if accumulate else 0
+        status = _lib.lib.clattn_grad_bias(ctx, ctypes.byref(shape), *at, dst)
+        del keep
+        _lib.check(status, "clattn_grad_bias")
 
 
 def dropout_keep(problem):

@@ -70,6 +70,10 @@ class Shape(ctypes.Structure):
         ("score_native", ctypes.c_void_p),
         ("score_ds_native", ctypes.c_void_p),
         ("mask_native", ctypes.c_void_p),
+        ("bias", ctypes.POINTER(ctypes.c_float)),
+        ("bool_mask", ctypes.POINTER(ctypes.c_uint8)),
+        ("bias_batch", ctypes.c_uint32),
+        ("bias_heads", ctypes.c_uint32),
     ]
 
 
@@ -149,6 +153,7 @@ _PROTOTYPES = {
     "clattn_grad_k": (ctypes.c_int, [_ctx, _sp, _vp, _vp, _vp, _vp, _fp, _vp, _vp]),
     "clattn_merge": (ctypes.c_int, [_ctx, _sp, _vp, _fp, _vp, _fp, _vp, _fp]),
     "clattn_grad_sinks": (ctypes.c_int, [_ctx, _sp, _vp, _fp, _vp, _fp]),
+    "clattn_grad_bias": (ctypes.c_int, [_ctx, _sp, _vp, _vp, _vp, _vp, _fp, _vp, _fp]),
     "clattn_dropout_mask": (ctypes.c_int, [_sp, ctypes.c_uint32, ctypes.c_uint32, _vp]),
     "clattn_variant_name": (ctypes.c_char_p, [ctypes.c_int, ctypes.c_size_t]),
     "clattn_list_devices": (ctypes.c_int, [ctypes.POINTER(DeviceInfo), ctypes.c_size_t,

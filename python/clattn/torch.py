@@ -77,7 +77,7 @@ def check_tensors(where, **tensors):
 
 def _problem(q, k, cu_q, cu_k, alibi, rng, causal, align, window, window_right, scale,
              softcap, dropout_p, q_offset=0, kv_offset=0, sinks=None, score_params=None,
-             score_mod="", mask_mod=""):
+             score_mod="", mask_mod="", bias=None, bool_mask=None):
     packed = cu_q is not None
     if packed:
         (Sq, H, D), (Sk, Hk, _) = q.shape, k.shape
@@ -96,6 +96,11 @@ def _problem(q, k, cu_q, cu_k, alibi, rng, causal, align, window, window_right, 
         if sinks is not None else None
     params = score_params.detach().to(torch.float32).contiguous().reshape(-1).numpy() \
         if score_params is not None else None
+    for name, t in (("bias", bias), ("bool_mask", bool_mask)):
+        if t is not None and (t.dim() != 4 or t.shape[0] not in (1, batch) or
+                              t.shape[1] not in (1, H) or tuple(t.shape[2:]) != (Sq, Sk)):
+            raise InvalidArgument(f"{name} {tuple(t.shape)} is not (batch {batch} or 1, heads "
+                                  f"{H} or 1, q_seq {Sq}, kv_seq {Sk})")
     return _call.Problem(
         batch=batch, q_seq=Sq, kv_seq=Sk, num_heads=H, num_kv_heads=Hk, head_dim=D,
         dtype=_DTYPES[q.dtype], causal=causal, window=window, scale=scale,
@@ -103,7 +108,9 @@ def _problem(q, k, cu_q, cu_k, alibi, rng, causal, align, window, window_right, 
         offset=offset, cu_seqlens_q=cq, cu_seqlens_kv=ck, align_bottom_right=align,
         window_right=window_right if window_right >= 0 else None, q_offset=q_offset,
         kv_offset=kv_offset, sinks=logits, score_params=params,
-        functions=_functions(score_mod, mask_mod))
+        functions=_functions(score_mod, mask_mod),
+        bias=bias.detach().contiguous().numpy() if bias is not None else None,
+        bool_mask=bool_mask.contiguous().numpy() if bool_mask is not None else None)
 
 
 _function_cache = {}
@@ -127,6 +134,7 @@ def _empty_rows(q):
 def _forward_impl(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Optional[Tensor],
              cu_seqlens_k: Optional[Tensor], alibi_slopes: Optional[Tensor],
              rng: Optional[Tensor], sinks: Optional[Tensor], score_params: Optional[Tensor],
+             bias: Optional[Tensor], bool_mask: Optional[Tensor],
              causal: int, align_bottom_right: bool, window: int, window_right: int,
              scale: float, softcap: float, dropout_p: float, q_offset: int, kv_offset: int,
              score_mod: str, mask_mod: str) -> Tuple[Tensor, Tensor]:
@@ -139,7 +147,7 @@ def _forward_impl(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Optional[Tensor
         return o.zero_(), lse.fill_(-1e30)
     p = _problem(q, k, cu_seqlens_q, cu_seqlens_k, alibi_slopes, rng, causal,
                  align_bottom_right, window, window_right, scale, softcap, dropout_p, q_offset,
-                 kv_offset, sinks, score_params, score_mod, mask_mod)
+                 kv_offset, sinks, score_params, score_mod, mask_mod, bias, bool_mask)
     _call.run(context().handle, "forward", p, q.data_ptr(), k.data_ptr(), v.data_ptr(),
               o.data_ptr(), lse.data_ptr())
     return o, lse
@@ -151,7 +159,7 @@ _forward = torch.library.custom_op("clattn::attention_forward", _forward_impl, m
 
 @_forward.register_fake
 def _forward_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, alibi_slopes, rng, sinks, score_params,
-                  causal, align_bottom_right, window, window_right, scale, softcap, dropout_p,
+                  bias, bool_mask, causal, align_bottom_right, window, window_right, scale, softcap, dropout_p,
                   q_offset, kv_offset, score_mod, mask_mod):
     return (torch.empty(q.shape, dtype=q.dtype, device=q.device),
             q.new_empty(q.shape[:-1] + (2,), dtype=torch.float32))
@@ -160,21 +168,24 @@ def _forward_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, alibi_slopes, rng, sinks,
 def _backward_impl(d_out: Tensor, q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Tensor,
               cu_seqlens_q: Optional[Tensor], cu_seqlens_k: Optional[Tensor],
               alibi_slopes: Optional[Tensor], rng: Optional[Tensor], sinks: Optional[Tensor],
-              score_params: Optional[Tensor], causal: int, align_bottom_right: bool,
-              window: int, window_right: int, scale: float, softcap: float, dropout_p: float,
-              q_offset: int, kv_offset: int, score_mod: str,
-              mask_mod: str) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
-    """dq, dk, dv and the sinks' gradient (float32 (heads,); empty without
-    sinks)."""
+              score_params: Optional[Tensor], bias: Optional[Tensor],
+              bool_mask: Optional[Tensor], want_d_bias: bool, causal: int,
+              align_bottom_right: bool, window: int, window_right: int, scale: float,
+              softcap: float, dropout_p: float, q_offset: int, kv_offset: int, score_mod: str,
+              mask_mod: str) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """dq, dk, dv, the sinks' gradient (float32 (heads,); empty without
+    sinks) and the bias's (float32 in its shape where want_d_bias, else
+    empty)."""
     d_out, q, k, v, o = (t.contiguous() for t in (d_out, q, k, v, o))
     lse = lse.contiguous()
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     d_sinks = torch.zeros(sinks.shape if sinks is not None else (0,), dtype=torch.float32)
+    d_bias = torch.zeros(bias.shape if want_d_bias else (0,), dtype=torch.float32)
     if _empty_rows(q) or (k.shape[-3] == 0 and cu_seqlens_q is None):
-        return dq.zero_(), dk.zero_(), dv.zero_(), d_sinks
+        return dq.zero_(), dk.zero_(), dv.zero_(), d_sinks, d_bias
     p = _problem(q, k, cu_seqlens_q, cu_seqlens_k, alibi_slopes, rng, causal,
                  align_bottom_right, window, window_right, scale, softcap, dropout_p, q_offset,
-                 kv_offset, sinks, score_params, score_mod, mask_mod)
+                 kv_offset, sinks, score_params, score_mod, mask_mod, bias, bool_mask)
     handle = context().handle
     _call.run(handle, "backward", p, q.data_ptr(), k.data_ptr(), v.data_ptr(),
               o.data_ptr(), lse.data_ptr(), d_out.data_ptr(), dq.data_ptr(), dk.data_ptr(),
@@ -182,7 +193,10 @@ def _backward_impl(d_out: Tensor, q: Tensor, k: Tensor, v: Tensor, o: Tensor, ls
     if sinks is not None:
         _call.grad_sinks(handle, p, o.data_ptr(), lse.data_ptr(), d_out.data_ptr(),
                          d_sinks.data_ptr())
-    return dq, dk, dv, d_sinks
+    if want_d_bias:
+        _call.grad_bias(handle, p, q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(),
+                        lse.data_ptr(), d_out.data_ptr(), d_bias.data_ptr())
+    return dq, dk, dv, d_sinks, d_bias
 
 
 _backward = torch.library.custom_op("clattn::attention_backward", _backward_impl, mutates_args=(),
@@ -191,23 +205,29 @@ _backward = torch.library.custom_op("clattn::attention_backward", _backward_impl
 
 @_backward.register_fake
 def _backward_fake(d_out, q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, alibi_slopes, rng,
-                   sinks, score_params, causal, align_bottom_right, window, window_right, scale,
-                   softcap, dropout_p, q_offset, kv_offset, score_mod, mask_mod):
+                   sinks, score_params, bias, bool_mask, want_d_bias, causal,
+                   align_bottom_right, window, window_right, scale, softcap, dropout_p, q_offset,
+                   kv_offset, score_mod, mask_mod):
     return (torch.empty(q.shape, dtype=q.dtype, device=q.device),
             torch.empty(k.shape, dtype=k.dtype, device=k.device),
             torch.empty(v.shape, dtype=v.dtype, device=v.device),
-            q.new_empty(sinks.shape if sinks is not None else (0,), dtype=torch.float32))
+            q.new_empty(sinks.shape if sinks is not None else (0,), dtype=torch.float32),
+            q.new_empty(bias.shape if want_d_bias else (0,), dtype=torch.float32))
 
 
 _PARAMS = ("causal", "align_bottom_right", "window", "window_right", "scale", "softcap",
            "dropout_p", "q_offset", "kv_offset", "score_mod", "mask_mod")
 
 
+_TENSORS = 11  # the ops' tensor arguments, before _PARAMS
+
+
 def _setup_context(ctx, inputs, output):
-    q, k, v, cu_q, cu_k, alibi, rng, sinks, score_params = inputs[:9]
+    q, k, v, cu_q, cu_k, alibi, rng, sinks, score_params, bias, bool_mask = inputs[:_TENSORS]
     o, lse = output
-    ctx.save_for_backward(q, k, v, o, lse, cu_q, cu_k, alibi, rng, sinks, score_params)
-    ctx.params = inputs[9:]
+    ctx.save_for_backward(q, k, v, o, lse, cu_q, cu_k, alibi, rng, sinks, score_params, bias,
+                          bool_mask)
+    ctx.params = inputs[_TENSORS:]
     # The LSE pairs are an auxiliary output, as FlashAttention's softmax_lse:
     # no gradient flows through them.
     ctx.mark_non_differentiable(lse)
@@ -223,15 +243,16 @@ def _eager(*tensors):
 
 
 def _autograd_backward(ctx, d_out, d_lse):
-    q, k, v, o, lse, cu_q, cu_k, alibi, rng, sinks, score_params = ctx.saved_tensors
-    args = (d_out, q, k, v, o, lse, cu_q, cu_k, alibi, rng, sinks, score_params)
+    q, k, v, o, lse, cu_q, cu_k, alibi, rng, sinks, score_params, bias, bool_mask = \
+        ctx.saved_tensors
+    args = (d_out, q, k, v, o, lse, cu_q, cu_k, alibi, rng, sinks, score_params, bias, bool_mask)
+    want_d_bias = bias is not None and ctx.needs_input_grad[9]
     run = _backward_impl if _eager(*args) else _backward
-    dq, dk, dv, d_sinks = run(*args, *ctx.params)
-    if sinks is not None:
-        d_sinks = d_sinks.to(sinks.dtype)
-    else:
-        d_sinks = None
-    return (dq, dk, dv, None, None, None, None, d_sinks, None) + (None,) * len(_PARAMS)
+    dq, dk, dv, d_sinks, d_bias = run(*args, want_d_bias, *ctx.params)
+    d_sinks = d_sinks.to(sinks.dtype) if sinks is not None else None
+    d_bias = d_bias if want_d_bias else None
+    return (dq, dk, dv, None, None, None, None, d_sinks, None, d_bias, None) + \
+        (None,) * len(_PARAMS)
 
 
 _forward.register_autograd(_autograd_backward, setup_context=_setup_context)
@@ -275,7 +296,7 @@ def check_scale(where, scale, head_dim, name="scale"):
 def attention(q, k, v, *, causal=0, align_bottom_right=False, window=0, window_right=-1,
               scale=None, softcap=0.0, alibi_slopes=None, dropout_p=0.0, rng=None,
               cu_seqlens_q=None, cu_seqlens_k=None, q_offset=0, kv_offset=0, sinks=None,
-              score_mod=None, mask_mod=None, score_params=None):
+              score_mod=None, mask_mod=None, score_params=None, bias=None, bool_mask=None):
     """The op in clattn's own terms and layout, with autograd: q (batch,
     q_seq, heads, head_dim), k and v (batch, kv_seq, kv_heads, head_dim),
     or packed (total, heads, head_dim) with cu_seqlens. causal: 0, 1
@@ -285,8 +306,12 @@ def attention(q, k, v, *, causal=0, align_bottom_right=False, window=0, window_r
     head (float32, (heads,)) that joins each row's softmax with no value,
     with a gradient. score_mod and mask_mod: OpenCL C source of the
     caller's functions (docs/programmable.md), score_params their float32
-    parameters (no gradient). Returns (o, lse) with lse the float32 (m, l)
-    pairs (..., heads, 2), which carry no gradient."""
+    parameters (no gradient). bias: None, or a float32 CPU tensor (B or 1,
+    heads or 1, q_seq, kv_seq) added to the scores after the score function,
+    with a gradient; bool_mask: None, or a bool or uint8 tensor of that
+    layout, False (0) hiding the pair; not with cu_seqlens. Returns (o, lse)
+    with lse the float32 (m, l) pairs (..., heads, 2), which carry no
+    gradient."""
     if scale is None:
         scale = 0.0
     if dropout_p and rng is None:
@@ -306,9 +331,16 @@ def attention(q, k, v, *, causal=0, align_bottom_right=False, window=0, window_r
         raise NotImplementedError("mask_mod must be OpenCL C source (a str); clattn does not "
                                   "take a BlockMask or a Python callable")
     Functions(score_mod, mask_mod)  # checks the sources
-    args = (q, k, v, cu_seqlens_q, cu_seqlens_k, alibi_slopes, rng, sinks, score_params)
+    if bias is not None and (not isinstance(bias, Tensor) or bias.dtype != torch.float32):
+        raise InvalidArgument("bias must be a float32 tensor")
+    if bool_mask is not None:
+        if not isinstance(bool_mask, Tensor) or bool_mask.dtype not in (torch.bool, torch.uint8):
+            raise InvalidArgument("bool_mask must be a bool or uint8 tensor")
+        bool_mask = bool_mask.to(torch.uint8)
+    args = (q, k, v, cu_seqlens_q, cu_seqlens_k, alibi_slopes, rng, sinks, score_params, bias,
+            bool_mask)
     grads = torch.is_grad_enabled() and any(
-        t is not None and t.requires_grad for t in (q, k, v, sinks))
+        t is not None and t.requires_grad for t in (q, k, v, sinks, bias))
     run = _forward_impl if not grads and _eager(*args) else _forward
     return run(*args, int(causal), bool(align_bottom_right), int(window), int(window_right),
                float(scale), float(softcap), float(dropout_p), int(q_offset), int(kv_offset),
@@ -321,10 +353,10 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     query (N, ..., Hq, L, E), key and value (N, ..., H, S, E); causal
     aligned top-left; dropout drawn from torch's default generator.
     attn_mask: a boolean mask (True takes part) or a float mask added to
-    the scores, broadcastable to (N, ..., Hq, L, S), run as a score
-    function over it (no gradient for it). Raises NotImplementedError for
-    what clattn does not compute (attn_mask's gradient, a value head_dim
-    other than the query's, a scale that is not positive)."""
+    the scores, broadcastable to (N, ..., Hq, L, S), with a gradient where
+    it requires one. Raises NotImplementedError for what clattn does not
+    compute (a value head_dim other than the query's, a scale that is not
+    positive)."""
     where = "clattn.torch.scaled_dot_product_attention"
     if attn_mask is not None and is_causal:
         raise InvalidArgument(f"{where}: pass attn_mask or is_causal, not both (as PyTorch)")
@@ -351,38 +383,20 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     q = query.reshape(B, Hq, L, E).transpose(1, 2)
     k = key.reshape(B, Hk, S, E).transpose(1, 2)
     v = value.reshape(B, Hk, S, E).transpose(1, 2)
-    bias = None if attn_mask is None else _bias_params(where, attn_mask, lead, Hq, L, S)
+    bias, keep = (None, None) if attn_mask is None else \
+        _sdpa_mask(where, attn_mask, lead, Hq, L, S)
     o, _ = attention(q, k, v, causal=_lib.CAUSAL_TOP_LEFT if is_causal else 0, scale=s,
-                     dropout_p=p, rng=new_rng(p), score_mod=BIAS_SCORE if bias is not None
-                     else None, score_params=bias)
+                     dropout_p=p, rng=new_rng(p), bias=bias, bool_mask=keep)
     return o.transpose(1, 2).reshape(query.shape)
 
 
-# An additive bias as a score function: its parameters are (batch elements
-# of the bias: 1 or all, heads: 1 or all, L, S) then the bias, [b][h][q][k].
-BIAS_SCORE = """
-float clattn_score(float s, uint b, uint h, uint q, uint k, __global const float *p)
-{
-    const uint nb = (uint)p[0], nh = (uint)p[1], sq = (uint)p[2], sk = (uint)p[3];
-    const uint at = (((nb == 1u ? 0u : b) * nh + (nh == 1u ? 0u : h)) * sq + q) * sk + k;
-    return s + p[4u + at];
-}
-float clattn_score_ds(float s, uint b, uint h, uint q, uint k, __global const float *p)
-{
-    return 1.0f;
-}
-"""
-
-
-def _bias_params(where, attn_mask, lead, heads, L, S):
-    """BIAS_SCORE's parameters for an attn_mask broadcastable to (*lead,
-    heads, L, S): a bool mask as 0 and -inf, a float one as it is."""
+def _sdpa_mask(where, attn_mask, lead, heads, L, S):
+    """attn_mask, broadcastable to (*lead, heads, L, S), as clattn's bias
+    (float32, with autograd through the broadcast) or bool mask (uint8):
+    (bias, bool_mask), each (B or 1, heads or 1, L, S) or None."""
     m = attn_mask
     if not isinstance(m, Tensor) or m.device.type != "cpu":
         raise InvalidArgument(f"{where}: attn_mask must be a CPU tensor")
-    if m.requires_grad:
-        raise NotImplementedError(f"{where}: attn_mask's gradient is not computed: pass a "
-                                  "mask that does not require grad")
     if m.dtype != torch.bool and not m.dtype.is_floating_point:
         raise InvalidArgument(f"{where}: attn_mask must be bool or floating point, not {m.dtype}")
     full = tuple(lead) + (heads, L, S)
@@ -397,14 +411,10 @@ def _bias_params(where, attn_mask, lead, heads, L, S):
                               f"to the scores {full}") from None
     nb = 1 if all(d == 1 for d in m.shape[:-3]) else math.prod(lead)
     nh = 1 if m.shape[-3] == 1 else heads
-    if nb * nh * L * S >= 1 << 32:
-        raise NotImplementedError(f"{where}: attn_mask of {nb * nh * L * S} elements: clattn "
-                                  "indexes it in 32 bits")
     m = m.expand((tuple(lead) if nb > 1 else (1,) * len(lead)) + (nh, L, S)).reshape(nb, nh, L, S)
     if m.dtype == torch.bool:
-        m = torch.zeros(m.shape, dtype=torch.float32).masked_fill_(~m, float("-inf"))
-    head = torch.tensor([nb, nh, L, S], dtype=torch.float32)
-    return torch.cat([head, m.to(torch.float32).reshape(-1)])
+        return None, m.to(torch.uint8)
+    return m.to(torch.float32), None
 
 
 def flex_attention(query, key, value, score_mod=None, block_mask=None, scale=None,

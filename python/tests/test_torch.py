@@ -312,19 +312,22 @@ def test_sdpa_attn_mask_matches_pytorch_in_float64(backend, kind):
     q, k, v = leaves((B, Hq, L, E), (B, Hk, S, E), (B, Hk, S, E))
     d_out = torch.randn(B, Hq, L, E)
     g = torch.Generator().manual_seed(5)
-    for shape in [(L, S), (B, 1, L, S), (1, Hq, L, S), (B, Hq, L, S)]:
+    for shape in [(L, S), (B, 1, L, S), (1, Hq, L, S), (B, Hq, L, S), (B, 1, 1, S)]:
         if kind == "bool":
             mask = torch.rand(shape, generator=g) < 0.7
             mask[..., 0] = True  # no row hidden whole
-        else:
-            mask = torch.randn(shape, generator=g)
+        else:  # a learned bias: its gradient too, summed over what it broadcasts
+            mask = torch.randn(shape, generator=g).requires_grad_()
         out = ct.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
         ref_in = [x.detach().double().requires_grad_() for x in (q, k, v)]
-        ref = F.scaled_dot_product_attention(
-            *ref_in, attn_mask=mask if kind == "bool" else mask.double(), enable_gqa=True)
+        ref_mask = mask if kind == "bool" else mask.detach().double().requires_grad_()
+        ref = F.scaled_dot_product_attention(*ref_in, attn_mask=ref_mask, enable_gqa=True)
         assert close(out, ref, "f32"), shape
-        for got, want in zip(grads(out, (q, k, v), d_out), grads(ref, ref_in, d_out.double())):
-            assert close(got, want, "f32"), shape
+        wrt, ref_wrt = (q, k, v), ref_in
+        if kind == "float":
+            wrt, ref_wrt = wrt + (mask,), ref_wrt + [ref_mask]
+        for got, want in zip(grads(out, wrt, d_out), grads(ref, ref_wrt, d_out.double())):
+            assert got.shape == want.shape and close(got, want, "f32"), shape
 
 
 def test_functions_refuse_what_they_cannot_take():
@@ -335,8 +338,6 @@ def test_functions_refuse_what_they_cannot_take():
         ct.flex_attention(q, k, v, block_mask=object())
     with pytest.raises(clattn.InvalidArgument, match="empty"):
         ct.flex_attention(q, k, v, mask_mod="  ")
-    with pytest.raises(NotImplementedError, match="gradient"):
-        ct.scaled_dot_product_attention(q, k, v, attn_mask=torch.zeros(8, 8, requires_grad=True))
     with pytest.raises(clattn.InvalidArgument, match="broadcast"):
         ct.scaled_dot_product_attention(q, k, v, attn_mask=torch.zeros(3, 8, 8))
     with pytest.raises(clattn.InvalidArgument, match="not both"):
@@ -414,24 +415,30 @@ def test_opcheck_on_every_custom_op():
 
     cu = torch.tensor([0, 5, 12], dtype=torch.int32)
     rng = torch.tensor([11, 3], dtype=torch.int64)
+    keep = (torch.arange(2 * 9 * 9).reshape(2, 1, 9, 9) % 5 != 1).to(torch.uint8)
     samples = [
-        (t(2, 7, 4, 8), t(2, 9, 2, 8), t(2, 9, 2, 8), None, None, None, None, None, None, 1,
-         False, 0, -1, 0.0, 0.0, 0.0, 0, 0, "", ""),
+        (t(2, 7, 4, 8), t(2, 9, 2, 8), t(2, 9, 2, 8), None, None, None, None, None, None, None,
+         None, 1, False, 0, -1, 0.0, 0.0, 0.0, 0, 0, "", ""),
         (t(12, 2, 8), t(12, 2, 8), t(12, 2, 8), cu, cu, torch.tensor([0.5, 0.25]), None,
-         t(2), None, 2, False, 4, -1, 0.3, 2.0, 0.0, 3, 1, "", ""),
-        (t(1, 6, 2, 16), t(1, 10, 1, 16), t(1, 10, 1, 16), None, None, None, rng, None, None, 0,
-         True, 3, 20, 0.25, 0.0, 0.2, 0, 0, "", ""),
+         t(2), None, None, None, 2, False, 4, -1, 0.3, 2.0, 0.0, 3, 1, "", ""),
+        (t(1, 6, 2, 16), t(1, 10, 1, 16), t(1, 10, 1, 16), None, None, None, rng, None, None,
+         None, None, 0, True, 3, 20, 0.25, 0.0, 0.2, 0, 0, "", ""),
         # a score function with its parameters, and a mask function
         (t(1, 9, 2, 8), t(1, 9, 2, 8), t(1, 9, 2, 8), None, None, None, None, None,
-         torch.tensor([4.0]), 0, False, 0, -1, 0.0, 0.0, 0.0, 0, 0, SOFTCAP_SCORE, DOCUMENT_MASK),
+         torch.tensor([4.0]), None, None, 0, False, 0, -1, 0.0, 0.0, 0.0, 0, 0, SOFTCAP_SCORE,
+         DOCUMENT_MASK),
+        # a bias over the heads and a bool mask over the batch
+        (t(2, 9, 2, 8), t(2, 9, 2, 8), t(2, 9, 2, 8), None, None, None, None, None, None,
+         t(1, 2, 9, 9), keep, 1, False, 0, -1, 0.0, 0.0, 0.0, 0, 0, "", ""),
     ]
     for args in samples:
         torch.library.opcheck(torch.ops.clattn.attention_forward.default, args)
         q, k, v = args[:3]
         o, lse = torch.ops.clattn.attention_forward(*args)
         rest = tuple(a.detach() if isinstance(a, torch.Tensor) else a for a in args[3:])
+        want_d_bias = args[9] is not None
         bargs = (torch.randn_like(o), q.detach(), k.detach(), v.detach(), o.detach(), lse) + \
-            rest
+            rest[:8] + (want_d_bias,) + rest[8:]
         torch.library.opcheck(torch.ops.clattn.attention_backward.default, bargs)
 
 
@@ -509,7 +516,8 @@ def test_inference_runs_the_kernel_directly_with_the_same_bytes():
     with torch.no_grad():
         fast = flash_attn_func(q, k, v, causal=True, window_size=(7, 0))
     via_op, _ = torch.ops.clattn.attention_forward(q.detach(), k.detach(), v.detach(), None,
-                                                   None, None, None, None, None, 2, True, 8, -1,
+                                                   None, None, None, None, None, None, None, 2,
+                                                   True, 8, -1,
                                                    1 / math.sqrt(16), 0.0, 0.0, 0, 0, "", "")
     assert not fast.requires_grad and torch.equal(fast, via_op)
 

@@ -94,6 +94,10 @@ pub struct clattn_shape {
     pub score_native: Option<ScoreFn>,
     pub score_ds_native: Option<ScoreFn>,
     pub mask_native: Option<MaskFn>,
+    pub bias: *const f32,
+    pub bool_mask: *const u8,
+    pub bias_batch: u32,
+    pub bias_heads: u32,
 }
 
 /// A score function or its derivative in C's form (`clattn_shape`'s
@@ -183,6 +187,17 @@ extern "C" {
         lse: *const f32,
         d_out: *const c_void,
         d_sinks: *mut f32,
+    ) -> clattn_status;
+    pub fn clattn_grad_bias(
+        ctx: *mut clattn_context,
+        shape: *const clattn_shape,
+        q: *const c_void,
+        k: *const c_void,
+        v: *const c_void,
+        o: *const c_void,
+        lse: *const f32,
+        d_out: *const c_void,
+        d_bias: *mut f32,
     ) -> clattn_status;
     pub fn clattn_grad_q(
         ctx: *mut clattn_context,

@@ -55,7 +55,11 @@ fn rust_layout() -> Vec<(String, usize)> {
         score_params_count,
         score_native,
         score_ds_native,
-        mask_native
+        mask_native,
+        bias,
+        bool_mask,
+        bias_batch,
+        bias_heads
     );
     v.push(("clattn_options:sizeof".to_string(), size_of::<sys::clattn_options>()));
     fields!(sys::clattn_options, "clattn_options", backend, device, variant, num_threads);
