@@ -204,19 +204,26 @@ inline float user_modify(float x, uint pos, uint t, uint head, uint b, long delt
 __kernel void mask_map(__global uchar *map, uint q_seq, uint kv_seq, uint num_heads, long delta,
                        uint kv_pos0, uint seq0, __global const uchar *bool_mask, uint bias_dims)
 {
-    const uint kb = get_global_id(0), qb = get_global_id(1), bh = get_global_id(2);
-    const uint b = bh / num_heads, head = bh % num_heads;
-    const uint q_end = min(q_seq, (qb + 1u) * MAP_BLOCK), t_end = min(kv_seq, (kb + 1u) * MAP_BLOCK);
-    uchar any = 0;
-    for (uint pos = qb * MAP_BLOCK; pos < q_end && !any; ++pos) {
+    /* a work-group of MAP_BLOCK items a block, an item a key, down its rows
+     * (the bool mask's neighbouring bytes side by side) */
+    const uint kb = get_group_id(0), qb = get_global_id(1), bh = get_global_id(2);
+    const uint b = bh / num_heads, head = bh % num_heads, t = get_global_id(0);
+    const uint q_end = min(q_seq, (qb + 1u) * MAP_BLOCK);
+    __local int any;
+    if (get_local_id(0) == 0u)
+        any = 0;
+    barrier(CLK_LOCAL_MEM_FENCE);
+    bool shown = false;
+    for (uint pos = qb * MAP_BLOCK; pos < q_end && t < kv_seq && !shown; ++pos) {
         const uint P = (uint)((long)pos + delta + (long)kv_pos0);
-        for (uint t = kb * MAP_BLOCK; t < t_end && !any; ++t)
-            any = user_shows(b, head, pos, t, P, t + kv_pos0, seq0, bool_mask, num_heads, q_seq,
-                             kv_seq, bias_dims)
-                      ? 1
-                      : 0;
+        shown = user_shows(b, head, pos, t, P, t + kv_pos0, seq0, bool_mask, num_heads, q_seq,
+                           kv_seq, bias_dims);
     }
-    map[((ulong)bh * get_global_size(1) + qb) * get_global_size(0) + kb] = any;
+    if (shown)
+        atomic_or(&any, 1);
+    barrier(CLK_LOCAL_MEM_FENCE);
+    if (get_local_id(0) == 0u)
+        map[((ulong)bh * get_global_size(1) + qb) * get_num_groups(0) + kb] = any ? 1 : 0;
 }
 #endif
 

@@ -342,6 +342,16 @@ typedef struct clattn_shape {
     const uint8_t *bool_mask;
     uint32_t bias_batch;
     uint32_t bias_heads;
+    /* The same tensors on the device, for the OpenCL backends: cl_mem
+     * objects (cast to void *) of the layout above, which every call on an
+     * OpenCL context (host-pointer and _cl calls alike) reads in place of
+     * bias and bool_mask, with nothing copied; NULL (the default): none.
+     * Native and clattn_grad_bias() read the host arrays (a shape may carry
+     * both forms; one whose host form is missing is
+     * CLATTN_ERROR_UNSUPPORTED_SHAPE there). A buffer smaller than the
+     * layout is CLATTN_ERROR_INVALID_BUFFER. */
+    void *bias_cl;
+    void *bool_mask_cl;
 } clattn_shape;
 
 /* n elements of dtype to float32 and back, as clattn converts them:

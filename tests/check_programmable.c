@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "clattn_cl.h"
 #include "harness.h"
 #include "kernel_tests.h"
 #include "numerics.h"
@@ -448,6 +449,64 @@ static void check_grad_bias(clattn_context *ctx, const clattn_shape *s, float q_
     problem_free(&p);
 }
 
+/* The forward with s's bias and bool mask as cl_mem (bias_cl,
+ * bool_mask_cl) gives the bytes it gives with them in host memory, on an
+ * OpenCL context; a buffer too small is INVALID_BUFFER. On native, the
+ * cl_mem forms alone are refused. */
+static void check_device_bias(clattn_context *ctx, const clattn_shape *s, uint64_t seed)
+{
+    problem p;
+    problem_make(&p, s, seed, 1.0f);
+    float *o = nan_array(p.nq), *lse = nan_array(p.nlse);
+    float *o2 = nan_array(p.nq), *lse2 = nan_array(p.nlse);
+    clattn_shape d = *s;
+    d.bias = NULL;
+    d.bool_mask = NULL;
+    cl_context cc = clattn_context_cl_context(ctx);
+    if (!cc) {
+        d.bias_cl = (void *)1; /* never read: refused first */
+        ck_assert_status(clattn_forward(ctx, &d, p.q, p.k, p.v, o2, lse2),
+                         CLATTN_ERROR_UNSUPPORTED_SHAPE);
+    } else {
+        const size_t n = bias_elems(s);
+        cl_int err = CL_SUCCESS;
+        cl_mem b = s->bias ? clCreateBuffer(cc, CL_MEM_READ_ONLY | CL_MEM_COPY_HOST_PTR,
+                                            n * sizeof(float), (void *)s->bias, &err)
+                           : NULL;
+        ck_assert_int_eq(err, CL_SUCCESS);
+        cl_mem m = s->bool_mask ? clCreateBuffer(cc, CL_MEM_READ_ONLY | CL_MEM_COPY_HOST_PTR, n,
+                                                 (void *)s->bool_mask, &err)
+                                : NULL;
+        ck_assert_int_eq(err, CL_SUCCESS);
+        d.bias_cl = b;
+        d.bool_mask_cl = m;
+        ck_assert_status(clattn_forward(ctx, s, p.q, p.k, p.v, o, lse), CLATTN_OK);
+        ck_assert_status(clattn_forward(ctx, &d, p.q, p.k, p.v, o2, lse2), CLATTN_OK);
+        ck_assert_msg(!memcmp(o, o2, p.nq * sizeof(float)) &&
+                          !memcmp(lse, lse2, p.nlse * sizeof(float)),
+                      "%s: the cl_mem bias gives other bytes than the host one", current_variant);
+        cl_mem small = clCreateBuffer(cc, CL_MEM_READ_ONLY, 16, NULL, &err);
+        ck_assert_int_eq(err, CL_SUCCESS);
+        clattn_shape t = d;
+        if (b)
+            t.bias_cl = small;
+        else
+            t.bool_mask_cl = small;
+        for (size_t i = 0; i < p.nlse; ++i)
+            lse2[i] = NAN;
+        ck_assert_status(clattn_forward(ctx, &t, p.q, p.k, p.v, o2, lse2),
+                         CLATTN_ERROR_INVALID_BUFFER);
+        ck_assert(isnan(lse2[0]));
+        clReleaseMemObject(small);
+        if (b)
+            clReleaseMemObject(b);
+        if (m)
+            clReleaseMemObject(m);
+    }
+    free(o), free(lse), free(o2), free(lse2);
+    problem_free(&p);
+}
+
 /* A bias in [-2, 2) with a few -inf, and a bool mask with about one pair
  * in four hidden and, where rows_out, query rows 2 mod 9 hidden whole. */
 static float *make_bias(const clattn_shape *s, uint64_t seed, int with_inf)
@@ -527,8 +586,10 @@ START_TEST(bias_tensors)
     clattn_context *ctx;
     for (size_t v = 0; (ctx = next_variant(&v)) != NULL;) {
         check_ops(ctx, &s, case_gain(&cases[_i]), 7110u + (uint64_t)_i);
-        if (v == 1) /* dBias runs on the host: once a backend */
+        if (v == 1) { /* dBias runs on the host: once a backend */
             check_grad_bias(ctx, &s, case_gain(&cases[_i]), 7120u + (uint64_t)_i);
+            check_device_bias(ctx, &s, 7150u + (uint64_t)_i);
+        }
         if (_i == 1) { /* rows 2 mod 9 are hidden whole: empty */
             problem p;
             problem_make(&p, &s, 7130, 1.0f);

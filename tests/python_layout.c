@@ -45,6 +45,8 @@ int main(void)
     FIELD(clattn_shape, bool_mask);
     FIELD(clattn_shape, bias_batch);
     FIELD(clattn_shape, bias_heads);
+    FIELD(clattn_shape, bias_cl);
+    FIELD(clattn_shape, bool_mask_cl);
     SIZE(clattn_options);
     FIELD(clattn_options, backend);
     FIELD(clattn_options, device);

@@ -74,7 +74,8 @@
 #            first, 12 at once (CHOOSE_WARM=0: not; only: nothing else)
 #   prog     the caller's functions (docs/programmable.md): every variant's max_error, then a
 #            document mask against packed sequences, softcap as a function against the
-#            built-in, a relative-bias table (tiled; PROG_DTYPES, PROG_SEQ, AB_ROUNDS)
+#            built-in, a relative-bias table, a bias tensor and the documents as a bool mask
+#            (tiled; PROG_DTYPES, PROG_SEQ, AB_ROUNDS)
 #   ring     examples/ring_attention on 1 and then RING_RANKS (default 2) ranks, a GPU
 #            each, RING_ARGS (default q_seq 131072, d128, 8 heads, causal); needs
 #            Open MPI's Debian packages in .devdebs/mpi (unpacked under /opt/mpi)
@@ -465,6 +466,10 @@ for stage in "$@"; do
     # PROG_SEQ, default 8192; documents of 512)
     ex=examples/programmable seq=${PROG_SEQ:-8192}
     python3 -c "import numpy as n; n.save('cap.npy', n.array([30.0], '<f4')); n.save('table.npy', (n.sin(n.arange(8 * 65)) * 0.5).astype('<f4'))"
+    # a bias over the heads and the documents as a bool mask, [1][1][seq][seq]
+    python3 -c "import numpy as n; s = $seq; i = n.arange(s) // 512
+n.save('bias.npy', (n.random.default_rng(0).random((1, 1, s, s), n.float32) - 0.5))
+n.save('docs.npy', (i[:, None] == i[None, :])[None, None])"
     lens=$(python3 -c "print(','.join(['512'] * ($seq // 512)))")
     for dt in ${PROG_DTYPES:-f32 bf16}; do for op in forward backward; do
       $cli bench --op $op --q-seq 700 --heads 8 --head-dim 64 --causal --variant all --device gpu \
@@ -473,7 +478,8 @@ for stage in "$@"; do
         for run in "packed:--seqlens $lens" "document:--q-seq $seq --mask-fn $ex/document.cl" \
                    "plain:--q-seq $seq" "softcap:--q-seq $seq --softcap 30" \
                    "softcap_fn:--q-seq $seq --score-fn $ex/softcap.cl --score-params cap.npy" \
-                   "relbias_fn:--q-seq $seq --score-fn $ex/relative_bias.cl --score-params table.npy"; do
+                   "relbias_fn:--q-seq $seq --score-fn $ex/relative_bias.cl --score-params table.npy" \
+                   "bias:--q-seq $seq --bias bias.npy" "bool_docs:--q-seq $seq --bias docs.npy"; do
           printf '%s %s %s: ' "$dt" "$op" "${run%%:*}"
           # shellcheck disable=SC2086
           $cli bench --op $op ${run#*:} --heads 8 --head-dim 64 --causal --dtype $dt --variant tiled \

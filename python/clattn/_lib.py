@@ -74,6 +74,8 @@ class Shape(ctypes.Structure):
         ("bool_mask", ctypes.POINTER(ctypes.c_uint8)),
         ("bias_batch", ctypes.c_uint32),
         ("bias_heads", ctypes.c_uint32),
+        ("bias_cl", ctypes.c_void_p),
+        ("bool_mask_cl", ctypes.c_void_p),
     ]
 
 

@@ -98,6 +98,8 @@ pub struct clattn_shape {
     pub bool_mask: *const u8,
     pub bias_batch: u32,
     pub bias_heads: u32,
+    pub bias_cl: *mut c_void,
+    pub bool_mask_cl: *mut c_void,
 }
 
 /// A score function or its derivative in C's form (`clattn_shape`'s

@@ -59,7 +59,9 @@ fn rust_layout() -> Vec<(String, usize)> {
         bias,
         bool_mask,
         bias_batch,
-        bias_heads
+        bias_heads,
+        bias_cl,
+        bool_mask_cl
     );
     v.push(("clattn_options:sizeof".to_string(), size_of::<sys::clattn_options>()));
     fields!(sys::clattn_options, "clattn_options", backend, device, variant, num_threads);

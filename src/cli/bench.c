@@ -109,12 +109,32 @@ clattn_status bench_time(clattn_context *ctx, const bench *b, int reps, double *
             st = CLATTN_ERROR_OPENCL;
         }
     }
+    /* The bias and bool mask on the device too, as the tensors are. */
+    bench dev = *b;
+    cl_mem held[2] = {NULL, NULL};
+    const size_t bias_n = (size_t)(b->s.bias_batch > 1 ? b->s.bias_batch : 1) *
+                          (b->s.bias_heads > 1 ? b->s.bias_heads : 1) * b->s.q_seq * b->s.kv_seq;
+    const void *arrays[2] = {b->s.bias, b->s.bool_mask};
+    const size_t sizes[2] = {bias_n * sizeof(float), bias_n};
+    for (int i = 0; i < 2 && on_cl && st == CLATTN_OK; ++i) {
+        cl_int err = CL_SUCCESS;
+        if (arrays[i])
+            held[i] = clCreateBuffer(cctx, CL_MEM_READ_ONLY | CL_MEM_COPY_HOST_PTR, sizes[i],
+                                     (void *)arrays[i], &err);
+        if (err != CL_SUCCESS) {
+            fprintf(stderr, "clattn bench: clCreateBuffer of the bias (%zu bytes) failed (%d)\n",
+                    sizes[i], err);
+            st = CLATTN_ERROR_OPENCL;
+        }
+    }
+    dev.s.bias_cl = held[0];
+    dev.s.bool_mask_cl = held[1];
     /* A warm-up call first, then the timed ones. */
     for (int r = -1; r < reps && st == CLATTN_OK; ++r) {
         double t0 = now();
         if (on_cl) {
             cl_event done = NULL;
-            st = run_cl(ctx, b, t, &done);
+            st = run_cl(ctx, &dev, t, &done);
             if (st == CLATTN_OK && clWaitForEvents(1, &done) != CL_SUCCESS)
                 st = CLATTN_ERROR_OPENCL;
             if (done)
@@ -151,6 +171,9 @@ clattn_status bench_time(clattn_context *ctx, const bench *b, int reps, double *
     for (int i = 0; i < T_COUNT; ++i)
         if (t[i].buffer)
             clReleaseMemObject(t[i].buffer);
+    for (int i = 0; i < 2; ++i)
+        if (held[i])
+            clReleaseMemObject(held[i]);
     for (int i = 0; i < 3; ++i) {
         free(out[i]);
         free(raw[i]);

@@ -103,7 +103,7 @@ static clattn_status check_modifiers(const clattn_shape *s)
                            "bias_heads %u does not broadcast to %u query heads: it is 1 or "
                            "num_heads",
                            s->bias_heads, s->num_heads);
-    if ((s->bias || s->bool_mask) && clattn_packed(s))
+    if ((s->bias || s->bool_mask || s->bias_cl || s->bool_mask_cl) && clattn_packed(s))
         return clattn_fail(CLATTN_ERROR_UNSUPPORTED_SHAPE,
                            "a bias or bool_mask with packed sequences: their rows differ per "
                            "sequence; a score or mask function takes the sequence's index");
@@ -117,7 +117,8 @@ unsigned clattn_modifiers(const clattn_shape *s)
            (s->dropout_p > 0.0f ? CLATTN_MOD_DROPOUT : 0u) |
            (s->score_fn || s->score_native ? CLATTN_MOD_SCORE : 0u) |
            (s->mask_fn || s->mask_native ? CLATTN_MOD_MASK : 0u) |
-           (s->bias ? CLATTN_MOD_BIAS : 0u) | (s->bool_mask ? CLATTN_MOD_BOOL : 0u);
+           (s->bias || s->bias_cl ? CLATTN_MOD_BIAS : 0u) |
+           (s->bool_mask || s->bool_mask_cl ? CLATTN_MOD_BOOL : 0u);
 }
 
 unsigned clattn_op_modifiers(const clattn_shape *s, clattn_op op)

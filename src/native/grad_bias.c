@@ -114,6 +114,10 @@ clattn_status clattn_grad_bias(clattn_context *ctx, const clattn_shape *shape, c
         return clattn_fail(CLATTN_ERROR_UNSUPPORTED_SHAPE,
                            "the bias's gradient with packed sequences: a bias has no packed "
                            "layout");
+    if ((shape->bias_cl && !shape->bias) || (shape->bool_mask_cl && !shape->bool_mask))
+        return clattn_fail(CLATTN_ERROR_UNSUPPORTED_SHAPE,
+                           "the bias's gradient runs on the host: it reads shape.bias and "
+                           "shape.bool_mask, not their cl_mem forms");
     if ((shape->score_fn && !shape->score_native) || (shape->mask_fn && !shape->mask_native))
         return clattn_fail(CLATTN_ERROR_UNSUPPORTED_SHAPE,
                            "the bias's gradient runs on the host: the %s function needs its C "

@@ -604,6 +604,12 @@ static clattn_status run_calls(clattn_context *ctx, clattn_op op, const clattn_s
                            "C functions (shape.%s_native; docs/programmable.md)",
                            s->score_fn && !s->score_native ? "score" : "mask",
                            s->score_fn && !s->score_native ? "score" : "mask");
+    if ((s->bias_cl && !s->bias) || (s->bool_mask_cl && !s->bool_mask))
+        return clattn_fail(CLATTN_ERROR_UNSUPPORTED_SHAPE,
+                           "the %s is a cl_mem alone: the native backend reads host memory "
+                           "(shape.%s)",
+                           s->bias_cl && !s->bias ? "bias" : "bool mask",
+                           s->bias_cl && !s->bias ? "bias" : "bool_mask");
     /* The context's threads, once, for every round of jobs below. */
     if (!ctx->pool && ctx->num_threads > 1)
         ctx->pool = clattn_native_pool_create(ctx->num_threads - 1);

@@ -96,6 +96,32 @@ static clattn_status retarget_sm90a(struct clattn_cl_state *cl, cl_program *prog
     return st;
 }
 
+/* Where the caller's functions lie in a program that starts with them
+ * (user_text), for a build log whose compiler numbers the program's own
+ * lines (NVIDIA's ignores #line): "; score_fn is the program's lines 2-4". */
+static void user_lines(const char *user, char *out, size_t n)
+{
+    out[0] = '\0';
+    unsigned line = 1, first = 0, last = 0; /* last: the last line with text */
+    const char *name = NULL;
+    for (const char *p = user;; ++p) {
+        const int end = *p == '\0';
+        if (end || !strncmp(p, "#line 1 \"", 9)) {
+            if (name && last > first)
+                snprintf(out + strlen(out), n - strlen(out), "; %.*s is the program's lines %u-%u",
+                         (int)strcspn(name, "\""), name, first + 1, last);
+            if (end)
+                return;
+            name = p + 9;
+            first = last = line;
+        }
+        if (*p == '\n')
+            ++line;
+        else if (line > last)
+            last = line;
+    }
+}
+
 static clattn_status build_program(struct clattn_cl_state *cl, const clattn_ocl_variant *v,
                                    const char *function, const char *defines, const char *user,
                                    cl_program *out)
@@ -116,6 +142,11 @@ static clattn_status build_program(struct clattn_cl_state *cl, const clattn_ocl_
     memcpy(src + first + prelude, v->source, body + 1);
     clattn_status st = compile(cl, v, function, src, options, out);
     free(src);
+    if (st == CLATTN_ERROR_BUILD_FAILED && first) {
+        char where[256];
+        user_lines(user, where, sizeof where);
+        clattn_fail_append(where);
+    }
     if (st == CLATTN_OK && strstr(options, "-DWGMMA=1") && !cl->mma.emulate &&
         (st = retarget_sm90a(cl, out)) != CLATTN_OK) {
         clReleaseProgram(*out);

@@ -335,21 +335,51 @@ static clattn_status make_mod_buffers(struct clattn_cl_state *cl, const clattn_s
     const size_t elems = ((s->bias_batch > 1 ? (size_t)s->bias_batch : 1u) *
                           (s->bias_heads > 1 ? (size_t)s->bias_heads : 1u) * s->q_seq) *
                          s->kv_seq;
-    if ((mods & CLATTN_MOD_BIAS) && elems * sizeof(float) > cl->limits.max_alloc) {
+    if ((mods & CLATTN_MOD_BIAS) && !s->bias_cl && elems * sizeof(float) > cl->limits.max_alloc) {
         release_mod_buffers(mb);
         return clattn_fail(CLATTN_ERROR_TOO_LARGE_FOR_DEVICE,
                            "the bias of %zu floats exceeds the device's largest allocation",
                            elems);
     }
-    if (mods & CLATTN_MOD_BIAS)
-        mb->bias = clCreateBuffer(cl->context, CL_MEM_READ_ONLY | CL_MEM_COPY_HOST_PTR,
-                                  elems * sizeof(float), (void *)s->bias, &err);
-    if (err == CL_SUCCESS && (mods & CLATTN_MOD_BOOL))
-        mb->bool_mask = clCreateBuffer(cl->context, CL_MEM_READ_ONLY | CL_MEM_COPY_HOST_PTR,
-                                       elems, (void *)s->bool_mask, &err);
+    /* The caller's cl_mem where the shape has one (retained, as the host
+     * arrays' copies are made), else a copy of the host array. */
+    const struct {
+        unsigned bit;
+        void *device;
+        const void *host;
+        size_t bytes;
+        cl_mem *into;
+        const char *name;
+    } tensors[2] = {{CLATTN_MOD_BIAS, s->bias_cl, s->bias, elems * sizeof(float), &mb->bias,
+                     "bias_cl"},
+                    {CLATTN_MOD_BOOL, s->bool_mask_cl, s->bool_mask, elems, &mb->bool_mask,
+                     "bool_mask_cl"}};
+    for (int i = 0; i < 2 && err == CL_SUCCESS; ++i) {
+        if (!(mods & tensors[i].bit))
+            continue;
+        if (tensors[i].device) {
+            size_t size = 0;
+            cl_mem m = (cl_mem)tensors[i].device;
+            if ((err = clGetMemObjectInfo(m, CL_MEM_SIZE, sizeof size, &size, NULL)) !=
+                CL_SUCCESS)
+                break;
+            if (size < tensors[i].bytes) {
+                release_mod_buffers(mb);
+                return clattn_fail(CLATTN_ERROR_INVALID_BUFFER,
+                                   "%s holds %zu bytes; its layout needs %zu", tensors[i].name,
+                                   size, tensors[i].bytes);
+            }
+            if ((err = clRetainMemObject(m)) == CL_SUCCESS)
+                *tensors[i].into = m;
+        } else {
+            *tensors[i].into =
+                clCreateBuffer(cl->context, CL_MEM_READ_ONLY | CL_MEM_COPY_HOST_PTR,
+                               tensors[i].bytes, (void *)tensors[i].host, &err);
+        }
+    }
     if (err != CL_SUCCESS) {
         release_mod_buffers(mb);
-        return clattn_ocl_fail(err, "clCreateBuffer(bias, bool_mask)");
+        return clattn_ocl_fail(err, "the bias and bool mask's buffers");
     }
     return CLATTN_OK;
 }
@@ -366,7 +396,7 @@ static clattn_status mask_map(struct clattn_cl_state *cl, cl_command_queue queue
     struct mask_map_state *m = &cl->mask_map;
     const int64_t delta = clattn_mask_delta(s);
     const uint32_t seq_base = cl->owner->seq_base;
-    const int keep = !s->bool_mask;
+    const int keep = !(clattn_modifiers(s) & CLATTN_MOD_BOOL);
     if (keep && m->buffer && !strcmp(m->text, s->mask_fn) && m->batch == s->batch &&
         m->q_seq == s->q_seq && m->kv_seq == s->kv_seq && m->num_heads == s->num_heads &&
         m->kv_offset == s->kv_offset && m->seq_base == seq_base && m->delta == delta) {
@@ -407,9 +437,9 @@ static clattn_status mask_map(struct clattn_cl_state *cl, cl_command_queue queue
     }
     cl_event ev = NULL;
     if (err == CL_SUCCESS) {
-        const size_t global[3] = {kb, qb, heads};
-        err = clEnqueueNDRangeKernel(queue, k, 3, NULL, global, NULL, nwait, nwait ? wait : NULL,
-                                     &ev);
+        const size_t global[3] = {kb * 64u, qb, heads}, local[3] = {64u, 1, 1};
+        err = clEnqueueNDRangeKernel(queue, k, 3, NULL, global, local, nwait,
+                                     nwait ? wait : NULL, &ev);
     }
     if (err == CL_SUCCESS)
         err = clWaitForEvents(1, &ev);
