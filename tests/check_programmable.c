@@ -498,6 +498,30 @@ static void check_device_bias(clattn_context *ctx, const clattn_shape *s, uint64
                          CLATTN_ERROR_INVALID_BUFFER);
         ck_assert(isnan(lse2[0]));
         clReleaseMemObject(small);
+        /* dBias from device tensors: the host call's bytes */
+        const float *in[6] = {p.q, p.k, p.v, p.o, p.lse, p.d_out};
+        const size_t count[6] = {p.nq, p.nkv, p.nkv, p.nq, p.nlse, p.nq};
+        clattn_cl_tensor t6[6];
+        for (int i = 0; i < 6; ++i) {
+            t6[i].buffer = clCreateBuffer(cc, CL_MEM_READ_ONLY | CL_MEM_COPY_HOST_PTR,
+                                          count[i] * sizeof(float), (void *)in[i], &err);
+            t6[i].offset = 0;
+            ck_assert_int_eq(err, CL_SUCCESS);
+        }
+        float *g1 = nan_array(n), *g2 = nan_array(n);
+        ck_assert_status(clattn_grad_bias(ctx, s, p.q, p.k, p.v, p.o, p.lse, p.d_out, g1),
+                         CLATTN_OK);
+        ck_assert_status(clattn_grad_bias_cl(ctx, s, t6[0], t6[1], t6[2], t6[3], t6[4], t6[5], g2,
+                                             0, NULL),
+                         CLATTN_OK);
+        ck_assert(!memcmp(g1, g2, n * sizeof(float)));
+        t6[3].offset = 1; /* past the buffer's end */
+        ck_assert_status(clattn_grad_bias_cl(ctx, s, t6[0], t6[1], t6[2], t6[3], t6[4], t6[5], g2,
+                                             0, NULL),
+                         CLATTN_ERROR_INVALID_BUFFER);
+        for (int i = 0; i < 6; ++i)
+            clReleaseMemObject(t6[i].buffer);
+        free(g1), free(g2);
         if (b)
             clReleaseMemObject(b);
         if (m)

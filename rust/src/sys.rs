@@ -307,6 +307,19 @@ pub mod cl {
             num_events_in_wait_list: cl_uint,
             event_wait_list: *const cl_event,
         ) -> clattn_status;
+        pub fn clattn_grad_bias_cl(
+            ctx: *mut clattn_context,
+            shape: *const clattn_shape,
+            q: clattn_cl_tensor,
+            k: clattn_cl_tensor,
+            v: clattn_cl_tensor,
+            o: clattn_cl_tensor,
+            lse: clattn_cl_tensor,
+            d_out: clattn_cl_tensor,
+            d_bias: *mut f32,
+            num_events_in_wait_list: cl_uint,
+            event_wait_list: *const cl_event,
+        ) -> clattn_status;
         pub fn clattn_grad_v_cl(
             ctx: *mut clattn_context,
             shape: *const clattn_shape,

@@ -227,6 +227,13 @@ static inline float native_modify(const native_call *c, float x, size_t b, uint3
     return x;
 }
 
+/* mask_map.c: c's block map (c->mask_map), the context's kept one where it
+ * is the call's, else made on the pool's threads; left NULL (the tiles ask
+ * the mask) where it would pass 64 MB or memory is short. _free drops the
+ * kept one. */
+void clattn_native_mask_map(clattn_context *ctx, native_call *c);
+void clattn_native_mask_map_free(clattn_context *ctx);
+
 /* Whether the caller's mask function shows a pair of the query rows
  * [pos0, pos0 + rows) of head `head` of element b and the keys [t0, t0 +
  * n): the tiles and rows it hides whole are skipped. Always without one. */

@@ -319,6 +319,52 @@ clattn_status clattn_context_create_from_cl(const clattn_options *opts, cl_conte
     return CLATTN_OK;
 }
 
+/* The device tensors t (of roles role, n of them) read back to new host
+ * copies in host[] (free() each), in order on the context's queue after
+ * the caller's events; the last read blocks. */
+static clattn_status read_back(clattn_context *ctx, const clattn_shape *shape,
+                               const clattn_sizes *sz, int n, const clattn_cl_tensor *t,
+                               const clattn_role *role, void **host, cl_uint nwait,
+                               const cl_event *wait)
+{
+    size_t bytes[CLATTN_R_COUNT];
+    byte_span span;
+    clattn_status st = CLATTN_OK;
+    for (int i = 0; i < n; ++i)
+        host[i] = NULL;
+    for (int i = 0; i < n; ++i) {
+        const size_t elem = clattn_ocl_role_bytes(role[i], shape->dtype);
+        bytes[i] = clattn_role_elems(sz, role[i]) * elem;
+        if ((st = check_tensor(ctx->cl, t[i], clattn_role_elems(sz, role[i]), elem,
+                               clattn_role_name(role[i]), &span)) != CLATTN_OK)
+            return st;
+    }
+    for (int i = 0; i < n && st == CLATTN_OK; ++i)
+        if (!(host[i] = malloc(bytes[i] ? bytes[i] : 1)))
+            st = clattn_fail(CLATTN_ERROR_OUT_OF_MEMORY, "out of host memory for %s (%zu bytes)",
+                             clattn_role_name(role[i]), bytes[i]);
+    if (st == CLATTN_OK) {
+        pthread_mutex_lock(&ctx->lock);
+        cl_int err = CL_SUCCESS;
+        for (int i = 0; i < n && err == CL_SUCCESS; ++i)
+            err = clEnqueueReadBuffer(ctx->cl->queue, t[i].buffer, i == n - 1 ? CL_TRUE : CL_FALSE,
+                                      t[i].offset * clattn_ocl_role_bytes(role[i], shape->dtype),
+                                      bytes[i], host[i], i == 0 ? nwait : 0,
+                                      i == 0 && nwait ? wait : NULL, NULL);
+        if (err != CL_SUCCESS) {
+            clFinish(ctx->cl->queue); /* no read may still write the host copies */
+            st = clattn_ocl_fail(err, "clEnqueueReadBuffer (reading back for the host)");
+        }
+        pthread_mutex_unlock(&ctx->lock);
+    }
+    if (st != CLATTN_OK)
+        for (int i = 0; i < n; ++i) {
+            free(host[i]);
+            host[i] = NULL;
+        }
+    return st;
+}
+
 clattn_status clattn_grad_sinks_cl(clattn_context *ctx, const clattn_shape *shape,
                                    clattn_cl_tensor o, clattn_cl_tensor lse,
                                    clattn_cl_tensor d_out, float *d_sinks,
@@ -334,40 +380,38 @@ clattn_status clattn_grad_sinks_cl(clattn_context *ctx, const clattn_shape *shap
         return clattn_fail(CLATTN_ERROR_NULL_POINTER, "d_sinks is NULL");
     const clattn_cl_tensor t[3] = {o, lse, d_out};
     const clattn_role role[3] = {CLATTN_R_O, CLATTN_R_LSE, CLATTN_R_DO};
-    size_t bytes[3];
-    byte_span span[3];
-    void *host[3] = {NULL, NULL, NULL};
-    for (int i = 0; i < 3; ++i) {
-        const size_t elem = clattn_ocl_role_bytes(role[i], shape->dtype);
-        bytes[i] = clattn_role_elems(&sz, role[i]) * elem;
-        if ((st = check_tensor(ctx->cl, t[i], clattn_role_elems(&sz, role[i]), elem,
-                               clattn_role_name(role[i]), &span[i])) != CLATTN_OK)
-            return st;
-    }
-    for (int i = 0; i < 3 && st == CLATTN_OK; ++i)
-        if (!(host[i] = malloc(bytes[i] ? bytes[i] : 1)))
-            st = clattn_fail(CLATTN_ERROR_OUT_OF_MEMORY, "out of host memory for %s (%zu bytes)",
-                             clattn_role_name(role[i]), bytes[i]);
-    if (st == CLATTN_OK) {
-        /* The three read back in order on the context's queue, after the
-         * caller's events; the last read blocks. */
-        pthread_mutex_lock(&ctx->lock);
-        cl_int err = CL_SUCCESS;
-        for (int i = 0; i < 3 && err == CL_SUCCESS; ++i)
-            err = clEnqueueReadBuffer(ctx->cl->queue, t[i].buffer, i == 2 ? CL_TRUE : CL_FALSE,
-                                      t[i].offset * clattn_ocl_role_bytes(role[i], shape->dtype),
-                                      bytes[i], host[i], i == 0 ? num_events_in_wait_list : 0,
-                                      i == 0 && num_events_in_wait_list ? event_wait_list : NULL,
-                                      NULL);
-        if (err != CL_SUCCESS) {
-            clFinish(ctx->cl->queue); /* no read may still write the host copies */
-            st = clattn_ocl_fail(err, "clEnqueueReadBuffer (grad_sinks)");
-        }
-        pthread_mutex_unlock(&ctx->lock);
-    }
+    void *host[3];
+    st = read_back(ctx, shape, &sz, 3, t, role, host, num_events_in_wait_list, event_wait_list);
     if (st == CLATTN_OK)
         st = clattn_grad_sinks(ctx, shape, host[0], host[1], host[2], d_sinks);
     for (int i = 0; i < 3; ++i)
+        free(host[i]);
+    return st;
+}
+
+clattn_status clattn_grad_bias_cl(clattn_context *ctx, const clattn_shape *shape,
+                                  clattn_cl_tensor q, clattn_cl_tensor k, clattn_cl_tensor v,
+                                  clattn_cl_tensor o, clattn_cl_tensor lse,
+                                  clattn_cl_tensor d_out, float *d_bias,
+                                  cl_uint num_events_in_wait_list,
+                                  const cl_event *event_wait_list)
+{
+    clattn_sizes sz;
+    clattn_status st =
+        cl_call_begin(ctx, shape, &sz, num_events_in_wait_list, event_wait_list);
+    if (st != CLATTN_OK)
+        return st;
+    if (!d_bias)
+        return clattn_fail(CLATTN_ERROR_NULL_POINTER, "d_bias is NULL");
+    const clattn_cl_tensor t[6] = {q, k, v, o, lse, d_out};
+    const clattn_role role[6] = {CLATTN_R_Q, CLATTN_R_K, CLATTN_R_V,
+                                 CLATTN_R_O, CLATTN_R_LSE, CLATTN_R_DO};
+    void *host[6];
+    st = read_back(ctx, shape, &sz, 6, t, role, host, num_events_in_wait_list, event_wait_list);
+    if (st == CLATTN_OK)
+        st = clattn_grad_bias(ctx, shape, host[0], host[1], host[2], host[3], host[4], host[5],
+                              d_bias);
+    for (int i = 0; i < 6; ++i)
         free(host[i]);
     return st;
 }
