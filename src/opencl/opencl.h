@@ -226,6 +226,27 @@ struct clattn_cl_state {
     } mask_map;
 };
 
+/* The buffers of an op's score modifiers (cl/common.cl's MOD_ARGS): the
+ * ALiBi slopes, sinks and score parameters; the block map of the caller's
+ * mask function and bool mask; the caller's bias and bool mask, and which
+ * dimensions they have. NULL where the op has none. */
+typedef struct clattn_mod_buffers {
+    cl_mem slopes, blocks, bias, bool_mask;
+    cl_uint bias_dims;
+    cl_mem own_blocks; /* a map made for this op alone (of a bool mask) */
+} clattn_mod_buffers;
+/* modifiers.c: *mb for an op of s with modifier bits mods (the host
+ * arrays copied, the caller's cl_mem retained); _release_mods releases
+ * them; _mask_map puts the block map in mb->blocks (made by the mask_map
+ * kernel of set's forward program after the wait list, and waited for; a
+ * mask function's kept on cl for the calls after it). */
+clattn_status clattn_ocl_make_mods(struct clattn_cl_state *cl, const clattn_shape *s, unsigned mods,
+                                  clattn_mod_buffers *mb);
+void clattn_ocl_release_mods(clattn_mod_buffers *mb);
+clattn_status clattn_ocl_mask_map(struct clattn_cl_state *cl, cl_command_queue queue,
+                                  const kernel_set *set, const clattn_shape *s,
+                                  clattn_mod_buffers *mb, cl_uint nwait, const cl_event *wait);
+
 /* errors.c */
 clattn_status clattn_ocl_fail(cl_int err, const char *what);
 const char *clattn_ocl_error_name(cl_int err);
