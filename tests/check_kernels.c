@@ -632,8 +632,9 @@ Suite *kernels_suite(void)
     tcase_add_test(tc, pg.finite_differences);
     tcase_add_test(tc, pg.bad_functions);
     tcase_add_test(tc, pg.packed);
-    add_loop(tc, pg.bias);
-    tcase_add_test(tc, pg.bias_gradient);
+    const bias_tests bt = get_bias_tests();
+    add_loop(tc, bt.tensors);
+    tcase_add_test(tc, bt.gradient);
     suite_add_tcase(s, tc);
     /* The 16-bit tensors apart (CK_RUN_CASE=grad_v-16): what
      * CLATTN_MMA_WGMMA changes, to be run alone under it. */

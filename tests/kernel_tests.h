@@ -106,9 +106,14 @@ typedef struct programmable_tests {
     const TTest *builtins, *bias_table;
     loop_test masks;
     const TTest *finite_differences, *bad_functions, *packed, *tiled;
-    loop_test bias;
-    const TTest *bias_gradient;
 } programmable_tests;
 programmable_tests get_programmable_tests(void);
+
+/* check_bias.c */
+typedef struct bias_tests {
+    loop_test tensors;
+    const TTest *gradient;
+} bias_tests;
+bias_tests get_bias_tests(void);
 
 #endif
