@@ -144,7 +144,7 @@ static void check_device_bias(clattn_context *ctx, const clattn_shape *s, uint64
 
 /* A bias in [-2, 2) with a few -inf, and a bool mask with about one pair
  * in four hidden and, where rows_out, query rows 2 mod 9 hidden whole. */
-static float *make_bias(const clattn_shape *s, uint64_t seed, int with_inf)
+float *make_bias(const clattn_shape *s, uint64_t seed, int with_inf)
 {
     const size_t n = bias_elems(s);
     float *b = malloc(n * sizeof(float));
@@ -156,7 +156,7 @@ static float *make_bias(const clattn_shape *s, uint64_t seed, int with_inf)
     }
     return b;
 }
-static uint8_t *make_bool(const clattn_shape *s, uint64_t seed, int rows_out)
+uint8_t *make_bool(const clattn_shape *s, uint64_t seed, int rows_out)
 {
     const size_t n = bias_elems(s);
     uint8_t *m = malloc(n);

@@ -202,8 +202,9 @@ START_TEST(bias_table_and_document)
 }
 END_TEST
 
-/* The bias table with the document mask, sinks and dropout on tiled
- * alone, in float32: the portable suite's (rusticl). */
+/* The bias table with the document mask, sinks and dropout, and a bias
+ * tensor and a bool mask, on tiled alone, in float32: the portable
+ * suite's (rusticl). */
 START_TEST(functions_tiled)
 {
     fill_relbias();
@@ -215,11 +216,19 @@ START_TEST(functions_tiled)
     s.dropout_p = 0.2f;
     s.dropout_seed = 77;
     s.sinks = sinks8;
+    s.bias_heads = s.num_heads;
+    s.bias_batch = s.batch;
+    float *bias = make_bias(&s, 6701, 0);
+    uint8_t *keep = make_bool(&s, 6702, 1);
+    s.bias = bias;
+    s.bool_mask = keep;
     clattn_context *ctx = test_variant_context("tiled");
     ck_assert_ptr_nonnull(ctx);
     current_variant = "tiled";
     check_ops(ctx, &s, 2.0f, 6700);
     clattn_context_destroy(ctx);
+    free(bias);
+    free(keep);
 }
 END_TEST
 

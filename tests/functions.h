@@ -1,6 +1,7 @@
 /* What check_programmable.c writes once for OpenCL and C, and lends to
  * check_bias.c: the relative-bias score function, the prefix-LM mask, the
- * shapes that carry them, and the loss that central differences take. */
+ * shapes that carry them, and the loss that central differences take; and
+ * check_bias.c's tensors, lent back. */
 #ifndef CLATTN_TESTS_FUNCTIONS_H
 #define CLATTN_TESTS_FUNCTIONS_H
 
@@ -28,5 +29,11 @@ clattn_shape with_mask(clattn_shape s, const char *source,
                        int (*fn)(uint32_t, uint32_t, uint32_t, uint32_t));
 /* L = sum of O . dO from the reference's forward of p. */
 double loss(const problem *p);
+
+/* check_bias.c: a bias of s's layout in [-2, 2) (with_inf: about one in
+ * 11 -inf), and a bool mask hiding about one pair in four (rows_out:
+ * query rows 2 mod 9 whole); malloc'd. */
+float *make_bias(const clattn_shape *s, uint64_t seed, int with_inf);
+uint8_t *make_bool(const clattn_shape *s, uint64_t seed, int rows_out);
 
 #endif
