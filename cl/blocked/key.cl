@@ -84,12 +84,15 @@ inline void key_job(__global const elem *q, __global const elem *k, __global con
     for (uint i = 0; i < D * KK; ++i)
         dkt[i] = dvt[i] = 0.0f;
 
-    /* The queries that see any key of the block. */
+    /* The queries that see any key of the block, past the rows the mask's
+     * block map hides from it for every head of the group. */
     uint start, end;
     queries_of_keys(t0, t0 + nt - 1, q_seq, causal, window, delta, &start, &end);
     chunk ch;
     ch.n = 0;
-    for (uint pos = start; pos < end; ++pos) {
+    const uint t1 = t0 + nt - 1;
+    for (uint pos = SHOWN_ROWS(start, 1u, end, t0, t1, kv_head * group, group); pos < end;
+         pos = SHOWN_ROWS(pos + 1u, 1u, end, t0, t1, kv_head * group, group)) {
         for (uint head = kv_head * group; head < (kv_head + 1) * group; ++head) {
             const ulong row = ((ulong)b * q_seq + pos) * num_heads + head;
             ch.row[ch.n] = row * D;

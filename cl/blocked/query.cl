@@ -64,7 +64,10 @@ __kernel void forward__blocked(__global const elem *q, ulong q_off, __global con
     for (uint i = 0; i < D * QB; ++i)
         ot[i] = 0.0f;
     float16 m[2] = {EMPTY_ROW, EMPTY_ROW}, l[2] = {0.0f, 0.0f};
-    for (uint t0 = r.t_lo; t0 < r.t_hi; t0 += KB) {
+    const uint pos0 = get_global_id(0) * QB, last = pos0 + r.n - 1u;
+    /* the tiles of keys the mask's block map shows (all without one) */
+    for (uint t0 = SHOWN_KEYS(r.t_lo, KB, r.t_hi, pos0, last, head); t0 < r.t_hi;
+         t0 = SHOWN_KEYS(t0 + KB, KB, r.t_hi, pos0, last, head)) {
         const uint n = min((uint)KB, r.t_hi - t0);
         ulong keys[KB];
         float16 sc[2][KB], rescale[2];
@@ -174,7 +177,9 @@ __kernel void grad_q__blocked(__global const elem *q, ulong q_off, __global cons
     transpose_in(d_out, qrow, QB, dot, QB);
     for (uint i = 0; i < D * QB; ++i)
         dqt[i] = 0.0f;
-    for (uint t0 = r.t_lo; t0 < r.t_hi; t0 += KB) {
+    const uint pos0 = get_global_id(0) * QB, last = pos0 + r.n - 1u;
+    for (uint t0 = SHOWN_KEYS(r.t_lo, KB, r.t_hi, pos0, last, head); t0 < r.t_hi;
+         t0 = SHOWN_KEYS(t0 + KB, KB, r.t_hi, pos0, last, head)) {
         const uint n = min((uint)KB, r.t_hi - t0);
         ulong keys[KB];
         float16 sc[2][KB], dp[2][KB];
