@@ -177,9 +177,11 @@ clattn_status clattn_check_shape(const clattn_shape *s, clattn_sizes *sizes)
     const size_t batch = clattn_packed(s) ? 1u : s->batch; /* packed: no batch dimension */
     clattn_sizes z;
     size_t bias_elems;
+    const int biased = s->bias || s->bool_mask || s->bias_cl || s->bool_mask_cl;
     if (!tensor_fits(batch, s->q_seq, s->num_heads, s->head_dim, &z.q) ||
-        !tensor_fits(s->bias_batch ? s->bias_batch : 1u,
-                     s->bias_heads ? s->bias_heads : 1u, s->q_seq, s->kv_seq, &bias_elems) ||
+        (biased && !tensor_fits(s->bias_batch ? s->bias_batch : 1u,
+                                s->bias_heads ? s->bias_heads : 1u, s->q_seq, s->kv_seq,
+                                &bias_elems)) ||
         !tensor_fits(batch, s->kv_seq, s->num_kv_heads, s->head_dim, &z.kv) ||
         !tensor_fits(batch, s->q_seq, s->num_heads, 2, &z.lse))
         return clattn_fail(CLATTN_ERROR_SIZE_OVERFLOW,
