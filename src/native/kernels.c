@@ -185,7 +185,8 @@ INLINE void modify_rows(const native_call *c, tile_row *sc, tile_row *dz, size_t
 {
     const float slope = c->slopes ? c->slopes[head] : 0.0f;
     const int64_t base = (int64_t)pos0 + c->delta - (int64_t)t0;
-    if (!small_distance(base) || (c->mods & CLATTN_MOD_USER)) {
+    const int bias_alone = native_bias_alone(c->mods);
+    if (!small_distance(base) || ((c->mods & CLATTN_MOD_USER) && !bias_alone)) {
         for (uint32_t j = 0; j < KEY_BLOCK; ++j)
             for (size_t r = 0; r < QUERY_BLOCK; ++r) {
                 sc[j][r] = native_modify(c, sc[j][r] * c->scale, b, (uint32_t)(pos0 + r), t0 + j,
@@ -202,6 +203,15 @@ INLINE void modify_rows(const native_call *c, tile_row *sc, tile_row *dz, size_t
                    modify_v(c, hload(sc[j] + h) * c->scale, HSELECT(d < 0.0f, -d, d), slope, &g));
             if (dz)
                 hstore(dz[j] + h, g);
+        }
+    }
+    if (bias_alone) { /* its rows, the keys of the call (a tail past them is discarded) */
+        const clattn_shape *s = c->s;
+        const uint32_t keys = s->kv_seq - t0 < KEY_BLOCK ? s->kv_seq - t0 : KEY_BLOCK;
+        for (size_t r = 0; r < QUERY_BLOCK && pos0 + r < s->q_seq; ++r) {
+            const float *row = native_bias_row(c, b, head, pos0 + r, t0);
+            for (uint32_t j = 0; j < keys; ++j)
+                sc[j][r] += row[j];
         }
     }
 }

@@ -113,8 +113,9 @@ INLINE void key_chunk_run(const native_call *c, key_chunk *ch, const tile_row *k
     for (size_t r = 0; r < n && c->mods; ++r) {
         const int64_t base = (int64_t)ch->pos[r] + c->delta - (int64_t)ch->t0;
         const float slope = c->slopes ? c->slopes[ch->head[r]] : 0.0f;
-        const int scalar =
-            !small_distance(base) || ((c->mods & CLATTN_MOD_USER) && !ch->whole[r]);
+        const int bias_alone = native_bias_alone(c->mods);
+        const int scalar = !small_distance(base) ||
+                           ((c->mods & CLATTN_MOD_USER) && !bias_alone && !ch->whole[r]);
         if (shaped && scalar)
             for (uint32_t j = 0; j < KEY_BLOCK; ++j)
                 p[r][j] = native_modify(c, p[r][j] * scale, ch->b, ch->pos[r], ch->t0 + j,
@@ -132,6 +133,13 @@ INLINE void key_chunk_run(const native_call *c, key_chunk *ch, const tile_row *k
                 hstore(ds[r] + h, HSELECT(keep != 0, hload(ds[r] + h) * c->drop.gain,
                                           HSPLAT(0.0f)));
             }
+        }
+        if (bias_alone && !scalar) { /* the bias's row, as modify_rows() adds it */
+            const uint32_t keys =
+                c->s->kv_seq - ch->t0 < KEY_BLOCK ? c->s->kv_seq - ch->t0 : KEY_BLOCK;
+            const float *row = native_bias_row(c, ch->b, ch->head[r], ch->pos[r], ch->t0);
+            for (uint32_t j = 0; j < keys; ++j)
+                p[r][j] += row[j];
         }
     }
     const float unit = shaped ? LOG2E : scale * LOG2E;

@@ -176,6 +176,21 @@ static inline int native_pair_shown(const native_call *c, size_t b, size_t head,
                           clattn_query_position(s, pos, c->delta), t + s->kv_offset);
 }
 
+/* Whether a bias tensor is the only per-pair modifier: the hot loops add
+ * its rows to vector-modified scores instead of modifying pair by pair. */
+static inline int native_bias_alone(unsigned mods)
+{
+    return (mods & CLATTN_MOD_USER) == CLATTN_MOD_BIAS;
+}
+
+/* The bias's elements of query row pos (below q_seq) of head `head` of
+ * element b, from key t0 on. */
+static inline const float *native_bias_row(const native_call *c, size_t b, size_t head,
+                                           size_t pos, uint32_t t0)
+{
+    return c->s->bias + clattn_bias_index(c->s, b, head, pos, t0);
+}
+
 /* Whether the pairs' only per-pair modifiers hide them (a mask function, a
  * bool mask): the tiles a block map shows whole need not ask them. */
 static inline int native_hide_alone(unsigned mods)
