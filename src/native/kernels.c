@@ -208,11 +208,11 @@ INLINE void modify_rows(const native_call *c, tile_row *sc, tile_row *dz, size_t
     if (bias_alone) { /* its rows, the keys of the call (a tail past them is discarded) */
         const clattn_shape *s = c->s;
         const uint32_t keys = s->kv_seq - t0 < KEY_BLOCK ? s->kv_seq - t0 : KEY_BLOCK;
-        for (size_t r = 0; r < QUERY_BLOCK && pos0 + r < s->q_seq; ++r) {
-            const float *row = native_bias_row(c, b, head, pos0 + r, t0);
-            for (uint32_t j = 0; j < keys; ++j)
-                sc[j][r] += row[j];
-        }
+        const size_t rows = s->q_seq - pos0 < QUERY_BLOCK ? s->q_seq - pos0 : QUERY_BLOCK;
+        const float *at = native_bias_row(c, b, head, pos0, t0);
+        for (uint32_t j = 0; j < keys; ++j) /* sc's rows in order, the bias's down a column */
+            for (size_t r = 0; r < rows; ++r)
+                sc[j][r] += at[r * s->kv_seq + j];
     }
 }
 
