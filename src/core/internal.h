@@ -70,6 +70,13 @@ enum {
     CLATTN_MOD_USER = CLATTN_MOD_SCORE | CLATTN_MOD_MASK | CLATTN_MOD_BIAS | CLATTN_MOD_BOOL
 };
 unsigned clattn_modifiers(const clattn_shape *s);
+/* The elements of shape->bias and of bool_mask: [bias_batch][bias_heads]
+ * [q_seq][kv_seq], each of the first two 1 where 0 or 1. */
+static inline size_t clattn_bias_elems(const clattn_shape *s)
+{
+    return (size_t)(s->bias_batch > 1 ? s->bias_batch : 1u) *
+           (s->bias_heads > 1 ? s->bias_heads : 1u) * s->q_seq * s->kv_seq;
+}
 /* The element of shape->bias and bool_mask for batch element b, query
  * head h, query row i and key row j (the broadcast applied). */
 static inline size_t clattn_bias_index(const clattn_shape *s, size_t b, size_t h, size_t i,

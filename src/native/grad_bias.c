@@ -20,18 +20,6 @@ typedef struct bias_job {
     size_t heads_out; /* the bias's heads: 1 or num_heads */
 } bias_job;
 
-static float dot(const float *a, const float *b, size_t n)
-{
-    float acc[8] = {0};
-    size_t d = 0;
-    for (; d + 8 <= n; d += 8)
-        for (size_t u = 0; u < 8; ++u)
-            acc[u] += a[d + u] * b[d + u];
-    for (; d < n; ++d)
-        acc[0] += a[d] * b[d];
-    return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
-}
-
 /* Row i of d_bias's slice `job / q_seq`: the pairs of query row i of every
  * (batch element, head) the slice gathers, added in that order. */
 static void bias_row(const native_call *call, size_t job)
@@ -58,17 +46,17 @@ static void bias_row(const native_call *call, size_t job)
                 continue; /* no key, or every one hidden */
 
             const float *qr = j->q + row * D, *g = j->d_out + row * D;
-            const float dsum = dot(g, j->o + row * D, D);
+            const float dsum = native_dot(g, j->o + row * D, D);
             const size_t kv_head = h / group;
             const uint32_t P = clattn_query_position(s, (uint32_t)i, delta);
             for (uint32_t t = lo; t < hi; ++t) {
                 const size_t key = (b * s->kv_seq + t) * s->num_kv_heads + kv_head;
                 const float z =
-                    native_modify(c, dot(qr, j->k + key * D, D) * c->scale, b, (uint32_t)i, t, h,
+                    native_modify(c, native_dot(qr, j->k + key * D, D) * c->scale, b, (uint32_t)i, t, h,
                                   NULL);
                 if (z == -INFINITY)
                     continue;
-                float dp = dot(g, j->v + key * D, D);
+                float dp = native_dot(g, j->v + key * D, D);
                 if (c->mods & CLATTN_MOD_DROPOUT)
                     dp = clattn_dropout_keeps(&c->drop, (uint32_t)b, (uint32_t)h, P,
                                               t + s->kv_offset)
@@ -114,19 +102,11 @@ clattn_status clattn_grad_bias(clattn_context *ctx, const clattn_shape *shape, c
         return clattn_fail(CLATTN_ERROR_UNSUPPORTED_SHAPE,
                            "the bias's gradient with packed sequences: a bias has no packed "
                            "layout");
-    if ((shape->bias_cl && !shape->bias) || (shape->bool_mask_cl && !shape->bool_mask))
-        return clattn_fail(CLATTN_ERROR_UNSUPPORTED_SHAPE,
-                           "the bias's gradient runs on the host: it reads shape.bias and "
-                           "shape.bool_mask, not their cl_mem forms");
-    if ((shape->score_fn && !shape->score_native) || (shape->mask_fn && !shape->mask_native))
-        return clattn_fail(CLATTN_ERROR_UNSUPPORTED_SHAPE,
-                           "the bias's gradient runs on the host: the %s function needs its C "
-                           "form (shape.%s_native; docs/programmable.md)",
-                           shape->score_fn && !shape->score_native ? "score" : "mask",
-                           shape->score_fn && !shape->score_native ? "score" : "mask");
+    if ((st = clattn_native_host_forms(shape, "the bias's gradient, on the host,")) != CLATTN_OK)
+        return st;
     const size_t heads_out = shape->bias_heads > 1 ? shape->bias_heads : 1u;
     const size_t slices = (shape->bias_batch > 1 ? shape->bias_batch : 1u) * heads_out;
-    const size_t out_bytes = slices * shape->q_seq * shape->kv_seq * sizeof(float);
+    const size_t out_bytes = clattn_bias_elems(shape) * sizeof(float);
     const size_t elem = clattn_role_bytes(CLATTN_R_Q, shape->dtype);
     const size_t bytes[6] = {sz.q * elem, sz.kv * elem, sz.kv * elem, sz.q * elem,
                              sz.lse * sizeof(float), sz.q * elem};

@@ -183,17 +183,17 @@ INLINE void key_chunk_run(const native_call *c, key_chunk *ch, const tile_row *k
     ch->n = 0;
 }
 
-/* dO . O of row `row`. float32 rows go to dot() directly, not through
- * in_row(): with the widening inlined beside it, GCC compiled dot()'s
+/* dO . O of row `row`. float32 rows go to native_dot() directly, not through
+ * in_row(): with the widening inlined beside it, GCC compiled native_dot()'s
  * vector part as products and sums apart rather than FMAs (dsum_job at the
  * AVX2 level), and float32 gradients moved by an ulp. */
 INLINE float row_dsum(const native_call *c, size_t row)
 {
     const size_t D = c->s->head_dim;
     if (c->s->dtype == CLATTN_DTYPE_F32)
-        return dot((const float *)c->d_out + row * D, (const float *)c->o + row * D, D);
+        return native_dot((const float *)c->d_out + row * D, (const float *)c->o + row * D, D);
     _Alignas(64) float a[CLATTN_MAX_HEAD_DIM], b[CLATTN_MAX_HEAD_DIM];
-    return dot(in_row(c, c->d_out, row * D, D, a), in_row(c, c->o, row * D, D, b), D);
+    return native_dot(in_row(c, c->d_out, row * D, D, a), in_row(c, c->o, row * D, D, b), D);
 }
 
 /* The spin-wait of ready_tiles and ready_rows: until *state is 2 (a unit

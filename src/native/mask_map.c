@@ -87,8 +87,7 @@ void clattn_native_mask_map(clattn_context *ctx, native_call *c)
     job.mask_map = map;
     job.map_rows = rows;
     job.map_keys = keys;
-    if (!ctx->pool && ctx->num_threads > 1)
-        ctx->pool = clattn_native_pool_create(ctx->num_threads - 1);
+    /* run_calls() has started the context's threads */
     clattn_native_run_jobs(ctx->pool, &job, mask_map_job, rows * heads, ctx->num_threads);
     c->mask_map = map;
     c->map_rows = rows;

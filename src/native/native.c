@@ -490,6 +490,22 @@ static void many_job(const native_call *group, size_t job)
     c->round_job[m->r](c, job - m->start[lo]);
 }
 
+clattn_status clattn_native_host_forms(const clattn_shape *s, const char *who)
+{
+    if ((s->score_fn && !s->score_native) || (s->mask_fn && !s->mask_native))
+        return clattn_fail(CLATTN_ERROR_UNSUPPORTED_SHAPE,
+                           "the %s function is OpenCL C source alone: %s calls C functions "
+                           "(shape.%s_native; docs/programmable.md)",
+                           s->score_fn && !s->score_native ? "score" : "mask", who,
+                           s->score_fn && !s->score_native ? "score" : "mask");
+    if ((s->bias_cl && !s->bias) || (s->bool_mask_cl && !s->bool_mask))
+        return clattn_fail(CLATTN_ERROR_UNSUPPORTED_SHAPE,
+                           "the %s is a cl_mem alone: %s reads host memory (shape.%s)",
+                           s->bias_cl && !s->bias ? "bias" : "bool mask", who,
+                           s->bias_cl && !s->bias ? "bias" : "bool_mask");
+    return CLATTN_OK;
+}
+
 /* Runs op on the n problems seqs (one call, or a packed batch's
  * sequences) as one: every problem's copies in one round, then every
  * problem's main side in one, then the sums or query sides in one, in
@@ -507,18 +523,9 @@ static clattn_status run_calls(clattn_context *ctx, clattn_op op, const clattn_s
     if (op >= CLATTN_OP_COUNT)
         return clattn_fail(CLATTN_ERROR_INVALID_OPTION, "unknown op %d", (int)op);
     const clattn_shape *s = &seqs[0].shape;
-    if ((s->score_fn && !s->score_native) || (s->mask_fn && !s->mask_native))
-        return clattn_fail(CLATTN_ERROR_UNSUPPORTED_SHAPE,
-                           "the %s function is OpenCL C source alone: the native backend calls "
-                           "C functions (shape.%s_native; docs/programmable.md)",
-                           s->score_fn && !s->score_native ? "score" : "mask",
-                           s->score_fn && !s->score_native ? "score" : "mask");
-    if ((s->bias_cl && !s->bias) || (s->bool_mask_cl && !s->bool_mask))
-        return clattn_fail(CLATTN_ERROR_UNSUPPORTED_SHAPE,
-                           "the %s is a cl_mem alone: the native backend reads host memory "
-                           "(shape.%s)",
-                           s->bias_cl && !s->bias ? "bias" : "bool mask",
-                           s->bias_cl && !s->bias ? "bias" : "bool_mask");
+    clattn_status st = clattn_native_host_forms(s, "the native backend");
+    if (st != CLATTN_OK)
+        return st;
     /* The context's threads, once, for every round of jobs below. */
     if (!ctx->pool && ctx->num_threads > 1)
         ctx->pool = clattn_native_pool_create(ctx->num_threads - 1);

@@ -34,6 +34,23 @@ enum { DSUM_ROWS = 256 };
  * heads two jobs per tensor, in a round per tensor. */
 enum { PACK_ROWS = 128 };
 
+/* A dot product with eight partial sums, so that it vectorises without
+ * reassociating float additions behind the compiler's back. */
+#if defined(__GNUC__)
+__attribute__((always_inline))
+#endif
+static inline float native_dot(const float *a, const float *b, size_t n)
+{
+    float part[8] = {0};
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        for (int j = 0; j < 8; ++j)
+            part[j] += a[i + j] * b[i + j];
+    for (; i < n; ++i)
+        part[i & 7] += a[i] * b[i];
+    return ((part[0] + part[4]) + (part[1] + part[5])) + ((part[2] + part[6]) + (part[3] + part[7]));
+}
+
 /* Rows of a head in vt's layout (native_call): whole tiles. */
 static inline size_t native_tiled_rows(size_t rows)
 {
@@ -241,6 +258,11 @@ static inline float native_modify(const native_call *c, float x, size_t b, uint3
         *dz = g;
     return x;
 }
+
+/* CLATTN_ERROR_UNSUPPORTED_SHAPE, naming `who`, where s has a function
+ * without its C form or a bias or bool mask only in cl_mem: what the host
+ * cannot run. */
+clattn_status clattn_native_host_forms(const clattn_shape *s, const char *who);
 
 /* mask_map.c: c's block map (c->mask_map), the context's kept one where it
  * is the call's, else made on the pool's threads; left NULL (the tiles ask

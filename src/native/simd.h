@@ -11,20 +11,6 @@
 #define INLINE static inline
 #endif
 
-/* A dot product with eight partial sums, so that it vectorises without
- * reassociating float additions behind the compiler's back. */
-INLINE float dot(const float *a, const float *b, size_t n)
-{
-    float part[8] = {0};
-    size_t i = 0;
-    for (; i + 8 <= n; i += 8)
-        for (int j = 0; j < 8; ++j)
-            part[j] += a[i + j] * b[i + j];
-    for (; i < n; ++i)
-        part[i & 7] += a[i] * b[i];
-    return ((part[0] + part[4]) + (part[1] + part[5])) + ((part[2] + part[6]) + (part[3] + part[7]));
-}
-
 INLINE size_t row_index(const clattn_shape *s, size_t b, size_t pos, size_t head)
 {
     return (b * s->q_seq + pos) * s->num_heads + head;
