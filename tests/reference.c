@@ -227,6 +227,21 @@ void ref_forward(const problem *p, double *o, double *o_mag, double *lse)
             }
 }
 
+/* Dsum = dO . O of query row `row` (float64 over the float inputs), and
+ * in *mag the sum of its terms' magnitudes. */
+static double row_dsum(const problem *p, size_t row, double *mag)
+{
+    const size_t D = p->s.head_dim;
+    const float *dor = p->d_out + row * D, *orow = p->o + row * D;
+    double dsum = 0.0;
+    *mag = 0.0;
+    for (size_t d = 0; d < D; ++d) {
+        dsum += (double)dor[d] * orow[d];
+        *mag += fabs((double)dor[d] * orow[d]);
+    }
+    return dsum;
+}
+
 void ref_backward(const problem *p, double *dq, double *dq_mag, double *dk, double *dk_mag,
                   double *dv, double *dv_mag)
 {
@@ -244,12 +259,8 @@ void ref_backward(const problem *p, double *dq, double *dq_mag, double *dk, doub
             for (size_t h = 0; h < s->num_heads; ++h) {
                 const size_t row = (b * s->q_seq + pos) * s->num_heads + h;
                 const float *qr = p->q + row * D, *dor = p->d_out + row * D;
-                const float *orow = p->o + row * D;
-                double dsum = 0.0, dsum_mag = 0.0;
-                for (size_t d = 0; d < D; ++d) {
-                    dsum += (double)dor[d] * orow[d];
-                    dsum_mag += fabs((double)dor[d] * orow[d]);
-                }
+                double dsum_mag;
+                const double dsum = row_dsum(p, row, &dsum_mag);
                 for (size_t t = 0; t < s->kv_seq; ++t) {
                     if (!seen(p, b, pos, h, t))
                         continue;
@@ -478,12 +489,9 @@ void ref_grad_bias(const problem *p, double *d_bias, double *mag)
         for (size_t pos = 0; pos < s->q_seq; ++pos)
             for (size_t h = 0; h < s->num_heads; ++h) {
                 const size_t row = (b * s->q_seq + pos) * s->num_heads + h;
-                const float *dor = p->d_out + row * D, *orow = p->o + row * D;
-                double dsum = 0.0, dsum_mag = 0.0;
-                for (size_t d = 0; d < D; ++d) {
-                    dsum += (double)dor[d] * orow[d];
-                    dsum_mag += fabs((double)dor[d] * orow[d]);
-                }
+                const float *dor = p->d_out + row * D;
+                double dsum_mag;
+                const double dsum = row_dsum(p, row, &dsum_mag);
                 for (size_t t = 0; t < s->kv_seq; ++t) {
                     if (!seen(p, b, pos, h, t))
                         continue;

@@ -365,23 +365,35 @@ static clattn_status read_back(clattn_context *ctx, const clattn_shape *shape,
     return st;
 }
 
+/* The start of a host computation from device tensors: the call's checks,
+ * `out` (named out_name) not NULL, then the n tensors read back (read_back). */
+static clattn_status host_call_begin(clattn_context *ctx, const clattn_shape *shape,
+                                     const void *out, const char *out_name, int n,
+                                     const clattn_cl_tensor *t, const clattn_role *role,
+                                     void **host, cl_uint nwait, const cl_event *wait)
+{
+    clattn_sizes sz;
+    for (int i = 0; i < n; ++i)
+        host[i] = NULL;
+    clattn_status st = cl_call_begin(ctx, shape, &sz, nwait, wait);
+    if (st != CLATTN_OK)
+        return st;
+    if (!out)
+        return clattn_fail(CLATTN_ERROR_NULL_POINTER, "%s is NULL", out_name);
+    return read_back(ctx, shape, &sz, n, t, role, host, nwait, wait);
+}
+
 clattn_status clattn_grad_sinks_cl(clattn_context *ctx, const clattn_shape *shape,
                                    clattn_cl_tensor o, clattn_cl_tensor lse,
                                    clattn_cl_tensor d_out, float *d_sinks,
                                    cl_uint num_events_in_wait_list,
                                    const cl_event *event_wait_list)
 {
-    clattn_sizes sz;
-    clattn_status st =
-        cl_call_begin(ctx, shape, &sz, num_events_in_wait_list, event_wait_list);
-    if (st != CLATTN_OK)
-        return st;
-    if (!d_sinks)
-        return clattn_fail(CLATTN_ERROR_NULL_POINTER, "d_sinks is NULL");
     const clattn_cl_tensor t[3] = {o, lse, d_out};
     const clattn_role role[3] = {CLATTN_R_O, CLATTN_R_LSE, CLATTN_R_DO};
     void *host[3];
-    st = read_back(ctx, shape, &sz, 3, t, role, host, num_events_in_wait_list, event_wait_list);
+    clattn_status st = host_call_begin(ctx, shape, d_sinks, "d_sinks", 3, t, role, host,
+                                       num_events_in_wait_list, event_wait_list);
     if (st == CLATTN_OK)
         st = clattn_grad_sinks(ctx, shape, host[0], host[1], host[2], d_sinks);
     for (int i = 0; i < 3; ++i)
@@ -396,18 +408,12 @@ clattn_status clattn_grad_bias_cl(clattn_context *ctx, const clattn_shape *shape
                                   cl_uint num_events_in_wait_list,
                                   const cl_event *event_wait_list)
 {
-    clattn_sizes sz;
-    clattn_status st =
-        cl_call_begin(ctx, shape, &sz, num_events_in_wait_list, event_wait_list);
-    if (st != CLATTN_OK)
-        return st;
-    if (!d_bias)
-        return clattn_fail(CLATTN_ERROR_NULL_POINTER, "d_bias is NULL");
     const clattn_cl_tensor t[6] = {q, k, v, o, lse, d_out};
     const clattn_role role[6] = {CLATTN_R_Q, CLATTN_R_K, CLATTN_R_V,
                                  CLATTN_R_O, CLATTN_R_LSE, CLATTN_R_DO};
     void *host[6];
-    st = read_back(ctx, shape, &sz, 6, t, role, host, num_events_in_wait_list, event_wait_list);
+    clattn_status st = host_call_begin(ctx, shape, d_bias, "d_bias", 6, t, role, host,
+                                       num_events_in_wait_list, event_wait_list);
     if (st == CLATTN_OK)
         st = clattn_grad_bias(ctx, shape, host[0], host[1], host[2], host[3], host[4], host[5],
                               d_bias);

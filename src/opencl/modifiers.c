@@ -47,9 +47,7 @@ clattn_status clattn_ocl_make_mods(struct clattn_cl_state *cl, const clattn_shap
         if (err != CL_SUCCESS)
             return clattn_ocl_fail(err, "clCreateBuffer(alibi_slopes, sinks, score_params)");
     }
-    const size_t elems = ((s->bias_batch > 1 ? (size_t)s->bias_batch : 1u) *
-                          (s->bias_heads > 1 ? (size_t)s->bias_heads : 1u) * s->q_seq) *
-                         s->kv_seq;
+    const size_t elems = clattn_bias_elems(s);
     if ((mods & CLATTN_MOD_BIAS) && !s->bias_cl && elems * sizeof(float) > cl->limits.max_alloc) {
         clattn_ocl_release_mods(mb);
         return clattn_fail(CLATTN_ERROR_TOO_LARGE_FOR_DEVICE,
