@@ -49,6 +49,25 @@ inline void scatter_ds(__global float *dsh, const float *dp, uint p0, uint hi, u
     }
 }
 
+/* The first of the key side's steps s.. (tile s % per_head of TILE query
+ * rows from lo, below hi, of query head head0 + s / per_head) that the
+ * block map shows against keys [t0, t1]: `steps` past the last, s itself
+ * without a map. */
+inline uint shown_step(uint s, uint steps, uint per_head, uint lo, uint hi, uint t0, uint t1,
+                       uint head0, uint b, uint num_heads, uint q_seq, uint kv_seq,
+                       __global const uchar *mask_blocks)
+{
+#if HIDING
+    for (; s < steps; ++s) {
+        const uint p0 = lo + s % per_head * TILE;
+        if (map_shows(mask_blocks, b, head0 + s / per_head, num_heads, q_seq, kv_seq, p0,
+                      min(p0 + TILE, hi) - 1u, t0, t1))
+            break;
+    }
+#endif
+    return s;
+}
+
 /* dK and/or dV of the work-group's WG_ROWS keys: every query row of every
  * head of the group that sees any of them streams through local memory
  * TILE rows at a time, with its LSE pair and Dsum; where dsw is not NULL
@@ -98,17 +117,23 @@ inline void key_side(__global const elem *q, __global const elem *k, __global co
     /* One loop over (head of the group, tile of its queries), so that the
      * next tile is fetched while this one is computed. */
     const uint per_head = (hi - lo + TILE - 1u) / TILE, steps = lo < hi ? group * per_head : 0u;
+    /* steps whose tile the caller's mask hides whole are skipped */
+#define SHOWN_STEP(s) shown_step((s), steps, per_head, lo, hi, r0, last, kv_head * group, b, \
+                                 num_heads, q_seq, kv_seq, mask_blocks)
+    const uint first = SHOWN_STEP(0u);
     stream st;
     stream_init(&st, tiles);
-    stream_first(&st, tiles, q, scale, d_out, lse, dsum, true, want_dk, b, q_seq, lo, hi,
-                 num_heads, kv_head * group, steps > 0u);
-    for (uint step = 0; step < steps; ++step) {
+    stream_first(&st, tiles, q, scale, d_out, lse, dsum, true, want_dk, b, q_seq,
+                 lo + first % per_head * TILE, hi, num_heads, kv_head * group + first / per_head,
+                 first < steps);
+    for (uint step = first, next; step < steps; step = next) {
+        next = SHOWN_STEP(step + 1u);
         const uint p0 = lo + step % per_head * TILE;
         stream_land(&st, true);
         stream_ready();
-        if (step + 1u < steps) {
-            const uint head = kv_head * group + (step + 1u) / per_head;
-            const uint next_p = lo + (step + 1u) % per_head * TILE;
+        if (next < steps) {
+            const uint head = kv_head * group + next / per_head;
+            const uint next_p = lo + next % per_head * TILE;
             stream_next(&st, tiles, q, scale, d_out, lse, dsum, true, want_dk, b, q_seq, next_p,
                         hi, num_heads, head);
         }
@@ -124,7 +149,7 @@ inline void key_side(__global const elem *q, __global const elem *k, __global co
         float s[NT][4], dp[NT][4];
         scores(&s[0][0], want_dk ? &dp[0][0] : 0, &kf[0][0], &vf[0][0], qt, ot, d0, xch, emu);
 #if DTYPE != 0 && WSPLIT == 1
-        if (dq32 && step > 0) /* the last tile's dQ: its dS^T is past the barrier */
+        if (dq32 && step > first) /* the last tile's dQ: its dS^T is past the barrier */
             add_dq(dq32, other_ds(tiles, ds), kb, b, q_seq, dq_p0, num_heads, dq_head, emu);
 #endif
         const bool whole = p0 + TILE <= hi &&
@@ -134,6 +159,7 @@ inline void key_side(__global const elem *q, __global const elem *k, __global co
 #if SHAPED
         modify_lane(&s[0][0], dz, PRE(scale), (long)p0 + 2 * (long)t + delta - (long)key0, -1.0f,
                     softcap, SLOPE(head));
+        USER_LANE(&s[0][0], dz, key0, p0, true, head);
 #else
         UNROLL
         for (uint j = 0; j < NT * 4; ++j)
@@ -166,7 +192,7 @@ inline void key_side(__global const elem *q, __global const elem *k, __global co
         stream_advance(&st, tiles, true);
     }
 #if DTYPE != 0 && WSPLIT == 1
-    if (dq32 && steps) { /* the last tile's dQ */
+    if (dq32 && first < steps) { /* the last tile's dQ */
         barrier(CLK_LOCAL_MEM_FENCE);
         add_dq(dq32, other_ds(tiles, ds), kb, b, q_seq, dq_p0, num_heads, dq_head, emu);
     }
@@ -174,6 +200,7 @@ inline void key_side(__global const elem *q, __global const elem *k, __global co
 #if DTYPE != 0
     scale_by(&dkf[0][0], KW * 4, scale); /* dS^T Q took Q unscaled */
 #endif
+#undef SHOWN_STEP
     UNROLL
     for (uint n = 0; n < KW; ++n) {
         UNROLL

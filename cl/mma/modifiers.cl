@@ -96,6 +96,37 @@ inline void modify_lane(float *s, float *dz, float pre, long base, float side, f
 #undef OFF
 }
 
+/* The caller's functions and tensors (user_modify) on a lane's part of a
+ * 16 x TILE block of scores held in MOD_UNIT (mu): element j's row is row0
+ * + (j & 2 ? 8 : 0), its column col0 + 8 (j / 4) + 2t + (j & 1); the rows
+ * are query rows on the query side, keys on the key side (key_side), and
+ * the columns the others. A hidden pair's score is -inf, whose weight is
+ * 0 below any row's max (EMPTY_ROW at least); dz takes the score
+ * function's derivative. */
+#if USER_FNS
+inline void user_lane(float *s, float *dz, float mu, uint row0, uint col0, bool key_side,
+                      uint head, uint b, long delta, uint num_heads, uint q_seq, uint kv_seq,
+                      MOD_ARGS)
+{
+    const uint t = get_local_id(0) & 3u;
+    const float inv = 1.0f / mu;
+    UNROLL
+    for (uint j = 0; j < NT * 4; ++j) {
+        const uint r = row0 + ((j & 2) ? 8u : 0u), c = col0 + j / 4 * 8 + 2 * t + (j & 1);
+        float g = 1.0f;
+        s[j] = user_modify(s[j] * mu, key_side ? c : r, key_side ? r : c, head, b, delta, slopes,
+                           num_heads, q_seq, kv_seq, kv_pos0, seq0, bias, bool_mask, bias_dims,
+                           &g) * inv;
+        dz[j] *= g;
+    }
+}
+#define USER_LANE(s, dz, row0, col0, key_side, head)                                          \
+    user_lane((s), (dz), MOD_UNIT(scale), (row0), (col0), (key_side), (head), b, delta,       \
+              num_heads, q_seq, kv_seq, MOD_PASS)
+#else
+#define USER_LANE(s, dz, row0, col0, key_side, head)
+#endif
+
 /* Dropout's keep bits of a lane's scores: bit j of kb[j / 32] for score
  * j of its fragment (n-tile j / 4, row half (j & 2) / 2, column j & 1).
  * Sixteen consecutive keys of one query share a Philox block, and the

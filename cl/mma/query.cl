@@ -54,18 +54,21 @@ forward__mma(__global const elem *q, ulong q_off, __global const elem *k, ulong 
     keys_of_queries(r0, last, kv_seq, causal, window, delta, &lo, &hi);
     stream st;
     stream_init(&st, tiles);
+    /* tiles the caller's mask hides whole are skipped (SHOWN_KEYS) */
+    lo = SHOWN_KEYS(lo, TILE, hi, r0, last, head);
     stream_first(&st, tiles, k, 1.0f, v, 0, 0, false, false, b, kv_seq, lo, hi, num_kv_heads,
                  kv_head, lo < hi);
     uint pa[PA_STEPS][4]; /* P's A fragments while its P V is in flight (wgmma) */
     UNROLL
     for (uint kk = 0; kk < PA_STEPS; ++kk)
         pa[kk][0] = pa[kk][1] = pa[kk][2] = pa[kk][3] = 0u;
-    for (uint t0 = lo; t0 < hi; t0 += TILE) {
+    for (uint t0 = lo, next; t0 < hi; t0 = next) {
+        next = SHOWN_KEYS(t0 + TILE, TILE, hi, r0, last, head);
         stream_land(&st, false);
         times_wait(&acc[0][0], pa); /* the last tile's P V */
         stream_ready();
-        if (t0 + TILE < hi)
-            stream_next(&st, tiles, k, 1.0f, v, 0, 0, false, false, b, kv_seq, t0 + TILE, hi,
+        if (next < hi)
+            stream_next(&st, tiles, k, 1.0f, v, 0, 0, false, false, b, kv_seq, next, hi,
                         num_kv_heads, kv_head);
         __local const float *kt = st.xt, *vt = st.yt;
 
@@ -79,6 +82,7 @@ forward__mma(__global const elem *q, ulong q_off, __global const elem *k, ulong 
         float dz[NT * 4]; /* unused: the forward needs no derivative */
         modify_lane(&s[0][0], dz, PRE(scale), (long)row0 + delta - (long)t0 - 2 * (long)t, 1.0f,
                     softcap, slope);
+        USER_LANE(&s[0][0], dz, row0, t0, false, head);
 #endif
         /* Only tiles that some row sees in part are masked. */
         const bool whole =
@@ -259,13 +263,15 @@ grad_q__mma(__global const elem *q, ulong q_off, __global const elem *k, ulong k
     keys_of_queries(r0, last, kv_seq, causal, window, delta, &lo, &hi);
     stream st;
     stream_init(&st, tiles);
+    lo = SHOWN_KEYS(lo, TILE, hi, r0, last, head);
     stream_first(&st, tiles, k, 1.0f, v, 0, 0, false, false, b, kv_seq, lo, hi, num_kv_heads,
                  kv_head, lo < hi);
-    for (uint t0 = lo; t0 < hi; t0 += TILE) {
+    for (uint t0 = lo, next; t0 < hi; t0 = next) {
+        next = SHOWN_KEYS(t0 + TILE, TILE, hi, r0, last, head);
         stream_land(&st, false);
         stream_ready();
-        if (t0 + TILE < hi)
-            stream_next(&st, tiles, k, 1.0f, v, 0, 0, false, false, b, kv_seq, t0 + TILE, hi,
+        if (next < hi)
+            stream_next(&st, tiles, k, 1.0f, v, 0, 0, false, false, b, kv_seq, next, hi,
                         num_kv_heads, kv_head);
         __local const float *kt = st.xt, *vt = st.yt;
 
@@ -278,6 +284,7 @@ grad_q__mma(__global const elem *q, ulong q_off, __global const elem *k, ulong k
 #if SHAPED
         modify_lane(&s[0][0], dz, PRE(scale), (long)row0 + delta - (long)t0 - 2 * (long)t, 1.0f,
                     softcap, slope);
+        USER_LANE(&s[0][0], dz, row0, t0, false, head);
 #else
         UNROLL
         for (uint j = 0; j < NT * 4; ++j)

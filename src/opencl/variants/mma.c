@@ -364,6 +364,7 @@ const clattn_ocl_variant clattn_ocl_variant_mma = {
             [K_GRAD_QS] = {"grad_qs__tiled", &clattn_ocl_variant_tiled},
         },
     .per_head_dim = 1,
+    .programmable = 1,
     .runs_on = runs_on,
     .why_not = "variant 'mma' needs an NVIDIA GPU of compute capability 8.0 or later "
                "(tensor-core PTX); this device is not one",
