@@ -516,6 +516,12 @@ Suite *emulated_suite(void)
     tcase_add_loop_test(tc, m.sweep.test, SINKS_ALL, SINKS_ALL + 1);
     tcase_add_loop_test(tc, m.sweep.test, DROPOUT_ALIGNED, DROPOUT_ALIGNED + 1);
     suite_add_tcase(s, tc);
+    /* the caller's functions and tensors, float32 and bf16, blocks skipped */
+    tc = tcase_create("mma-functions");
+    tcase_set_tags(tc, "programmable");
+    tcase_set_timeout(tc, 900);
+    tcase_add_test(tc, get_programmable_tests().mma);
+    suite_add_tcase(s, tc);
     return s;
 }
 

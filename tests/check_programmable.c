@@ -202,33 +202,57 @@ START_TEST(bias_table_and_document)
 }
 END_TEST
 
-/* The bias table with the document mask, sinks and dropout, and a bias
- * tensor and a bool mask, on tiled alone, in float32: the portable
- * suite's (rusticl). */
-START_TEST(functions_tiled)
+/* The bias table with a mask function, sinks and dropout, and a bias
+ * tensor (with some -inf) and a bool mask (with rows hidden whole), in
+ * float32 and, where 16-bit runs, bf16, on one variant. */
+static void functions_on(const char *variant, const shape_case *c, const char *mask_src,
+                         int (*mask)(uint32_t, uint32_t, uint32_t, uint32_t), int sixteen,
+                         uint64_t seed)
 {
     fill_relbias();
-    const shape_case c = {.batch = 2, .q_seq = 70, .kv_seq = 90, .heads = 4, .kv_heads = 2,
-                          .head_dim = 32, .causal = 1, .q_gain = 2};
-    clattn_shape s = with_mask(with_score(to_shape(&c), relbias_cl, relbias_score, relbias_ds,
+    clattn_shape s = with_mask(with_score(to_shape(c), relbias_cl, relbias_score, relbias_ds,
                                           relbias_table, 8 * 17),
-                               document_cl, document_mask_int);
+                               mask_src, mask);
     s.dropout_p = 0.2f;
     s.dropout_seed = 77;
     s.sinks = sinks8;
     s.bias_heads = s.num_heads;
     s.bias_batch = s.batch;
-    float *bias = make_bias(&s, 6701, 0);
-    uint8_t *keep = make_bool(&s, 6702, 1);
+    float *bias = make_bias(&s, seed + 1, sixteen);
+    uint8_t *keep = make_bool(&s, seed + 2, 1);
     s.bias = bias;
     s.bool_mask = keep;
-    clattn_context *ctx = test_variant_context("tiled");
+    clattn_context *ctx = test_variant_context(variant);
     ck_assert_ptr_nonnull(ctx);
-    current_variant = "tiled";
-    check_ops(ctx, &s, 2.0f, 6700);
+    current_variant = variant;
+    check_ops(ctx, &s, 2.0f, seed);
+    if (sixteen && dtype_runs(CLATTN_DTYPE_BF16)) {
+        s.dtype = CLATTN_DTYPE_BF16;
+        check_ops_16(ctx, &s, 2.0f, seed + 3);
+    }
     clattn_context_destroy(ctx);
     free(bias);
     free(keep);
+}
+
+/* tiled, float32, documents: the portable suite's (rusticl). */
+START_TEST(functions_tiled)
+{
+    const shape_case c = {.batch = 2, .q_seq = 70, .kv_seq = 90, .heads = 4, .kv_heads = 2,
+                          .head_dim = 32, .causal = 1, .q_gain = 2};
+    functions_on("tiled", &c, document_cl, document_mask_int, 0, 6700);
+}
+END_TEST
+
+/* mma at head_dim 64 (the emulated suite's programs), past the block map's
+ * 64 positions: sliding-plus-global, whose hidden blocks the forward,
+ * grad-Q and the key side (per query head of a group) skip, in float32
+ * and bf16. */
+START_TEST(functions_mma)
+{
+    const shape_case c = {.batch = 2, .q_seq = 150, .kv_seq = 170, .heads = 4, .kv_heads = 2,
+                          .head_dim = 64, .q_gain = 2};
+    functions_on("mma", &c, sliding_cl, sliding_mask_int, 1, 6710);
 }
 END_TEST
 
@@ -416,6 +440,6 @@ programmable_tests get_programmable_tests(void)
 {
     programmable_tests t = {builtins_as_functions, bias_table_and_document, {masks, 5},
                             finite_differences, bad_functions, packed_functions_sweep,
-                            functions_tiled};
+                            functions_tiled, functions_mma};
     return t;
 }

@@ -105,7 +105,7 @@ modifier_tests get_modifier_tests(void);
 typedef struct programmable_tests {
     const TTest *builtins, *bias_table;
     loop_test masks;
-    const TTest *finite_differences, *bad_functions, *packed, *tiled;
+    const TTest *finite_differences, *bad_functions, *packed, *tiled, *mma;
 } programmable_tests;
 programmable_tests get_programmable_tests(void);
 
