@@ -75,7 +75,7 @@
 #   prog     the caller's functions (docs/programmable.md): every variant's max_error, then a
 #            document mask against packed sequences, softcap as a function against the
 #            built-in, a relative-bias table, a bias tensor and the documents as a bool mask
-#            (tiled; PROG_DTYPES, PROG_SEQ, AB_ROUNDS)
+#            (PROG_VARIANTS, default mma; PROG_DTYPES, PROG_SEQ, AB_ROUNDS)
 #   ring     examples/ring_attention on 1 and then RING_RANKS (default 2) ranks, a GPU
 #            each, RING_ARGS (default q_seq 131072, d128, 8 heads, causal); needs
 #            Open MPI's Debian packages in .devdebs/mpi (unpacked under /opt/mpi)
@@ -480,10 +480,12 @@ n.save('docs.npy', (i[:, None] == i[None, :])[None, None])"
                    "softcap_fn:--q-seq $seq --score-fn $ex/softcap.cl --score-params cap.npy" \
                    "relbias_fn:--q-seq $seq --score-fn $ex/relative_bias.cl --score-params table.npy" \
                    "bias:--q-seq $seq --bias bias.npy" "bool_docs:--q-seq $seq --bias docs.npy"; do
-          printf '%s %s %s: ' "$dt" "$op" "${run%%:*}"
-          # shellcheck disable=SC2086
-          $cli bench --op $op ${run#*:} --heads 8 --head-dim 64 --causal --dtype $dt --variant tiled \
-            --device gpu --reps 5 2>&1 | tail -1
+          for pv in ${PROG_VARIANTS:-mma}; do
+            printf '%s %s %s %s: ' "$pv" "$dt" "$op" "${run%%:*}"
+            # shellcheck disable=SC2086
+            $cli bench --op $op ${run#*:} --heads 8 --head-dim 64 --causal --dtype $dt \
+              --device gpu --reps 5 --variant "$pv" 2>&1 | tail -1
+          done
         done
       done
     done; done 2>&1 | tee "$OUT/prog.log" ;;
