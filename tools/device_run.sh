@@ -75,7 +75,8 @@
 #   prog     the caller's functions (docs/programmable.md): every variant's max_error, then a
 #            document mask against packed sequences, softcap as a function against the
 #            built-in, a relative-bias table, a bias tensor and the documents as a bool mask
-#            (PROG_VARIANTS, default mma; PROG_DTYPES, PROG_SEQ, AB_ROUNDS)
+#            (PROG_VARIANTS, default mma; PROG_DTYPES, PROG_OPS, PROG_SEQ, AB_ROUNDS;
+#            PROG_ALL=0 leaves the max_error runs out)
 #   ring     examples/ring_attention on 1 and then RING_RANKS (default 2) ranks, a GPU
 #            each, RING_ARGS (default q_seq 131072, d128, 8 heads, causal); needs
 #            Open MPI's Debian packages in .devdebs/mpi (unpacked under /opt/mpi)
@@ -471,9 +472,10 @@ for stage in "$@"; do
 n.save('bias.npy', (n.random.default_rng(0).random((1, 1, s, s), n.float32) - 0.5))
 n.save('docs.npy', (i[:, None] == i[None, :])[None, None])"
     lens=$(python3 -c "print(','.join(['512'] * ($seq // 512)))")
-    for dt in ${PROG_DTYPES:-f32 bf16}; do for op in forward backward; do
-      $cli bench --op $op --q-seq 700 --heads 8 --head-dim 64 --causal --variant all --device gpu \
-        --reps 1 --dtype $dt --mask-fn $ex/document.cl --score-fn $ex/softcap.cl --score-params cap.npy 2>&1 | tail -3
+    for dt in ${PROG_DTYPES:-f32 bf16}; do for op in ${PROG_OPS:-forward backward}; do
+      [ "${PROG_ALL:-1}" = 1 ] &&
+        $cli bench --op $op --q-seq 700 --heads 8 --head-dim 64 --causal --variant all --device gpu \
+          --reps 1 --dtype $dt --mask-fn $ex/document.cl --score-fn $ex/softcap.cl --score-params cap.npy 2>&1 | tail -3
       for r in $(seq "${AB_ROUNDS:-2}"); do
         for run in "packed:--seqlens $lens" "document:--q-seq $seq --mask-fn $ex/document.cl" \
                    "plain:--q-seq $seq" "softcap:--q-seq $seq --softcap 30" \
