@@ -23,19 +23,20 @@
  * the reference. */
 typedef unsigned int uint;
 #define __global
+static float clattn_tanh(float y) { return tanhf(y); } /* as the C wrappers define it */
 #define TWICE(name, ...)              \
     const char name[] = #__VA_ARGS__; \
     __VA_ARGS__
 #pragma GCC diagnostic ignored "-Wunused-parameter"
 
-/* softcap as a function: the cap in p[0] */
+/* softcap as a function: the cap in p[0], through clattn's tanh */
 #define clattn_score softcap_score
 #define clattn_score_ds softcap_ds
 TWICE(softcap_cl,
       float clattn_score(float s, uint b, uint h, uint q, uint k, __global const float *p) {
-          return p[0] * tanh(s / p[0]);
+          return p[0] * clattn_tanh(s / p[0]);
       } float clattn_score_ds(float s, uint b, uint h, uint q, uint k, __global const float *p) {
-          const float t = tanh(s / p[0]);
+          const float t = clattn_tanh(s / p[0]);
           return 1.0f - t * t;
       })
 #undef clattn_score

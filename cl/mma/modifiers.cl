@@ -42,8 +42,7 @@ inline float modify_one(float x, float mul, float slope_u, float dist, float *dz
     float g = 1.0f;
 #if MODS & MOD_SOFTCAP
 #if DTYPE != 0 && !defined(MMA_EMULATE)
-    float th;
-    __asm__("tanh.approx.f32 %0, %1;" : "=f"(th) : "f"(x * mul));
+    const float th = clattn_tanh(x * mul); /* tanh.approx.f32 */
 #elif DTYPE != 0
     const float y = x * mul * (1.0f / TWO_LOG2E);
     const float th = fabs(y) < TANH_SERIES_BELOW

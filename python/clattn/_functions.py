@@ -12,7 +12,8 @@ import threading
 from ._lib import InvalidArgument
 
 _WRAPPER_HEAD = ("#include <math.h>\n#include <stdbool.h>\n#include <stdint.h>\n"
-                 "typedef unsigned int uint;\n#define __global\n")
+                 "typedef unsigned int uint;\n#define __global\n"
+                 "static float clattn_tanh(float y) { return tanhf(y); }\n")
 _SCORE_ENTRY = (
     "float clattn_native_score(float s, uint32_t b, uint32_t h, uint32_t q, uint32_t k,"
     " const float *p) { return clattn_score(s, b, h, q, k, p); }\n"

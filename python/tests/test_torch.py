@@ -260,16 +260,17 @@ def test_packed_entry_points(backend):
     assert torch.equal(clattn.flash_attn_kvpacked_func(q, kv), flash_attn_func(q, k, v))
 
 
-# A score function (a cap in p[0], plus 0.5 on odd queries) and a document
-# mask (documents of 7 positions), as OpenCL C that is C99 too.
+# A score function (a cap in p[0] through clattn's tanh, plus 0.5 on odd
+# queries) and a document mask (documents of 7 positions), as OpenCL C that
+# is C99 too.
 SOFTCAP_SCORE = """
 float clattn_score(float s, uint b, uint h, uint q, uint k, __global const float *p)
 {
-    return p[0] * tanh(s / p[0]) + (q % 2u == 1u ? 0.5f : 0.0f);
+    return p[0] * clattn_tanh(s / p[0]) + (q % 2u == 1u ? 0.5f : 0.0f);
 }
 float clattn_score_ds(float s, uint b, uint h, uint q, uint k, __global const float *p)
 {
-    const float t = tanh(s / p[0]);
+    const float t = clattn_tanh(s / p[0]);
     return 1.0f - t * t;
 }
 """

@@ -88,7 +88,8 @@ int mod_read_functions(const char *cmd, mod_opts *m, clattn_shape *s)
 static int write_wrapper(FILE *f, const mod_opts *m)
 {
     fputs("#include <math.h>\n#include <stdbool.h>\n#include <stdint.h>\n"
-          "typedef unsigned int uint;\n#define __global\n",
+          "typedef unsigned int uint;\n#define __global\n"
+          "static float clattn_tanh(float y) { return tanhf(y); }\n",
           f);
     if (m->score_src)
         fprintf(f, "#line 1 \"%s\"\n%s\n", m->score_file, m->score_src);

@@ -141,7 +141,7 @@ static const float lane_float[KEY_BLOCK] = {
     16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31};
 
 /* tanh(x / cap), lane by lane, k = 2 log2(e) / cap, inv = 1 / cap, as
- * cl/common.cl's softcap_tanh(): where |x / cap| < 1/4 its odd series to
+ * cl/tanh.cl's softcap_tanh(): where |x / cap| < 1/4 its odd series to
  * the ninth power, accurate relative to x / cap, so that a large cap tends
  * to no cap; else sign(x) (1 - e) / (1 + e) with e = exp(-2 |x| / cap)
  * from exp2v, one division. NaN stays NaN. */

@@ -96,13 +96,14 @@ static clattn_status retarget_sm90a(struct clattn_cl_state *cl, cl_program *prog
     return st;
 }
 
-/* Where the caller's functions lie in a program that starts with them
- * (user_text), for a build log whose compiler numbers the program's own
- * lines (NVIDIA's ignores #line): "; score_fn is the program's lines 2-4". */
-static void user_lines(const char *user, char *out, size_t n)
+/* Where the caller's functions lie in a program in which they (user_text)
+ * start at line `line`, for a build log whose compiler numbers the
+ * program's own lines (NVIDIA's ignores #line): "; score_fn is the
+ * program's lines 40-42". */
+static void user_lines(const char *user, unsigned line, char *out, size_t n)
 {
     out[0] = '\0';
-    unsigned line = 1, first = 0, last = 0; /* last: the last line with text */
+    unsigned first = 0, last = 0; /* last: the last line with text */
     const char *name = NULL;
     for (const char *p = user;; ++p) {
         const int end = *p == '\0';
@@ -130,21 +131,26 @@ static clattn_status build_program(struct clattn_cl_state *cl, const clattn_ocl_
     const char *extra = getenv("CLATTN_CL_OPTIONS");
     char options[512];
     snprintf(options, sizeof options, "%s %s", defines, extra ? extra : "");
-    /* The caller's functions, then the prelude, then the source, as one
-     * text: the cache's key covers them all. */
-    const size_t first = user ? strlen(user) : 0, prelude = strlen(clattn_cl_common),
-                 body = strlen(v->source);
-    char *src = malloc(first + prelude + body + 1);
+    /* softcap's tanh (which the caller's functions may call), the
+     * caller's functions, the prelude, then the source, as one text: the
+     * cache's key covers them all. */
+    const size_t tanh_part = strlen(clattn_cl_tanh), first = user ? strlen(user) : 0,
+                 prelude = strlen(clattn_cl_common), body = strlen(v->source);
+    char *src = malloc(tanh_part + first + prelude + body + 1);
     if (!src)
         return clattn_fail(CLATTN_ERROR_OUT_OF_MEMORY, "out of host memory");
-    memcpy(src, user ? user : "", first);
-    memcpy(src + first, clattn_cl_common, prelude);
-    memcpy(src + first + prelude, v->source, body + 1);
+    memcpy(src, clattn_cl_tanh, tanh_part);
+    memcpy(src + tanh_part, user ? user : "", first);
+    memcpy(src + tanh_part + first, clattn_cl_common, prelude);
+    memcpy(src + tanh_part + first + prelude, v->source, body + 1);
     clattn_status st = compile(cl, v, function, src, options, out);
     free(src);
     if (st == CLATTN_ERROR_BUILD_FAILED && first) {
         char where[256];
-        user_lines(user, where, sizeof where);
+        unsigned line = 1;
+        for (const char *p = clattn_cl_tanh; *p; ++p)
+            line += *p == '\n';
+        user_lines(user, line, where, sizeof where);
         clattn_fail_append(where);
     }
     if (st == CLATTN_OK && strstr(options, "-DWGMMA=1") && !cl->mma.emulate &&
@@ -384,8 +390,9 @@ clattn_status clattn_ocl_kernels_for(struct clattn_cl_state *cl, const clattn_oc
     return CLATTN_OK;
 }
 
-/* The caller's functions as the text their programs start with: each
- * source from its own line 1, so that the compiler's log points into it. */
+/* The caller's functions as the text of their programs (after softcap's
+ * tanh): each source from its own line 1, so that the compiler's log
+ * points into it. */
 static char *user_text(const clattn_shape *s, unsigned mods)
 {
     const char *score = mods & CLATTN_MOD_SCORE ? s->score_fn : "";
