@@ -110,10 +110,10 @@ INLINE void key_chunk_run(const native_call *c, key_chunk *ch, const tile_row *k
         native_drop_rows_of(c, ch->b, ch->pos, ch->head, n, &rows);
         native_keep_bits(c, &rows, ch->t0, kept);
     }
+    const int bias_alone = native_bias_alone(c->mods);
     for (size_t r = 0; r < n && c->mods; ++r) {
         const int64_t base = (int64_t)ch->pos[r] + c->delta - (int64_t)ch->t0;
         const float slope = c->slopes ? c->slopes[ch->head[r]] : 0.0f;
-        const int bias_alone = native_bias_alone(c->mods);
         const int scalar = !small_distance(base) ||
                            ((c->mods & CLATTN_MOD_USER) && !bias_alone && !ch->whole[r]);
         if (shaped && scalar)

@@ -55,9 +55,10 @@ void clattn_native_mask_map(clattn_context *ctx, native_call *c)
 {
     const clattn_shape *s = c->s;
     struct native_mask_map *m = ctx->mask_map;
-    if (m && !m->of_tensor && !(c->mods & CLATTN_MOD_BOOL) && m->fn == s->mask_native && m->batch == s->batch && m->q_seq == s->q_seq &&
-        m->kv_seq == s->kv_seq && m->num_heads == s->num_heads &&
-        m->kv_offset == s->kv_offset && m->seq_base == c->seq_base && m->delta == c->delta) {
+    if (m && !m->of_tensor && !(c->mods & CLATTN_MOD_BOOL) && m->fn == s->mask_native &&
+        m->batch == s->batch && m->q_seq == s->q_seq && m->kv_seq == s->kv_seq &&
+        m->num_heads == s->num_heads && m->kv_offset == s->kv_offset &&
+        m->seq_base == c->seq_base && m->delta == c->delta) {
         c->mask_map = m->map;
         c->map_rows = m->rows;
         c->map_keys = m->keys;
@@ -93,7 +94,6 @@ void clattn_native_mask_map(clattn_context *ctx, native_call *c)
     c->map_rows = rows;
     c->map_keys = keys;
 }
-
 
 void clattn_native_mask_map_free(clattn_context *ctx)
 {

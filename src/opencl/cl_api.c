@@ -320,8 +320,9 @@ clattn_status clattn_context_create_from_cl(const clattn_options *opts, cl_conte
 }
 
 /* The device tensors t (of roles role, n of them) read back to new host
- * copies in host[] (free() each), in order on the context's queue after
- * the caller's events; the last read blocks. */
+ * copies in host[], which enters all NULL (free() each; all NULL again on
+ * failure), in order on the context's queue after the caller's events;
+ * the last read blocks. */
 static clattn_status read_back(clattn_context *ctx, const clattn_shape *shape,
                                const clattn_sizes *sz, int n, const clattn_cl_tensor *t,
                                const clattn_role *role, void **host, cl_uint nwait,
@@ -330,8 +331,6 @@ static clattn_status read_back(clattn_context *ctx, const clattn_shape *shape,
     size_t bytes[CLATTN_R_COUNT];
     byte_span span;
     clattn_status st = CLATTN_OK;
-    for (int i = 0; i < n; ++i)
-        host[i] = NULL;
     for (int i = 0; i < n; ++i) {
         const size_t elem = clattn_ocl_role_bytes(role[i], shape->dtype);
         bytes[i] = clattn_role_elems(sz, role[i]) * elem;

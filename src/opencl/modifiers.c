@@ -178,4 +178,3 @@ clattn_status clattn_ocl_mask_map(struct clattn_cl_state *cl, cl_command_queue q
                                  s->num_heads, s->kv_offset, seq_base, delta};
     return CLATTN_OK;
 }
-
