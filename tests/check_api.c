@@ -605,7 +605,9 @@ START_TEST(mma_knob_statuses)
     static const char *const bad[][2] = {{"CLATTN_MMA_SINGLE", "4,2,16,1"},
                                          {"CLATTN_MMA_SINGLE", "x"},
                                          {"CLATTN_MMA", "3,1,16,1"},
-                                         {"CLATTN_MMA_GRAD_Q", "4,1,16"}};
+                                         {"CLATTN_MMA_GRAD_Q", "4,1,16"},
+                                         {"CLATTN_MMA_KEY_PARTS", "0"},
+                                         {"CLATTN_MMA_KEY_PARTS", "17"}};
     for (size_t i = 0; i < n; ++i) {
         if (list[i].backend == CLATTN_BACKEND_NATIVE)
             continue;

@@ -444,6 +444,73 @@ START_TEST(modifiers_16)
 }
 END_TEST
 
+/* mma's key side split into parts (CLATTN_MMA_KEY_PARTS; on the GPU the
+ * default splits short sequences by itself): float32 (dS scratch) and
+ * bf16 (wgmma on compute capability 9), GQA, causal, keys off a block's
+ * end; 3 parts of two steps each and 16, most of them empty. The backward
+ * names sum_parts__mma among its kernels, and gives the same dK and dV
+ * again, and twice them under accumulate, bit for bit. */
+START_TEST(key_parts)
+{
+    static const char *const counts[2] = {"3", "16"};
+    const int gpu = test_backend_kind() == CLATTN_BACKEND_OPENCL_GPU;
+    const shape_case c = {.q_seq = 70, .kv_seq = 90, .heads = 4, .kv_heads = 2, .head_dim = 64,
+                          .causal = 1};
+    setenv("CLATTN_MMA_KEY_PARTS", counts[_i], 1);
+    clattn_context *ctx = gpu ? test_variant_context("mma") : emulated_mma_context();
+    unsetenv("CLATTN_MMA_KEY_PARTS");
+    if (!ctx)
+        return; /* a GPU without mma: test_variant_context checked the refusal */
+    current_variant = "mma";
+    clattn_shape s = to_shape(&c);
+    s.dtype = _i ? CLATTN_DTYPE_BF16 : CLATTN_DTYPE_F32;
+    if (s.dtype == CLATTN_DTYPE_F32)
+        check_ops(ctx, &s, 1.0f, 9100u);
+    else
+        check_ops_16(ctx, &s, 1.0f, 9101u);
+    problem p;
+    problem_make(&p, &s, 9102u, 1.0f);
+    const size_t elem = s.dtype == CLATTN_DTYPE_F32 ? 4 : 2, nkv = p.nkv * elem;
+    unsigned char *q = malloc(p.nq * elem), *k = malloc(nkv), *v = malloc(nkv);
+    unsigned char *o = malloc(p.nq * elem), *d_out = malloc(p.nq * elem), *gq = malloc(p.nq * elem);
+    unsigned char *gk[2] = {malloc(nkv), malloc(nkv)}, *gv[2] = {malloc(nkv), malloc(nkv)};
+    float *from[5] = {p.q, p.k, p.v, p.o, p.d_out};
+    unsigned char *to[5] = {q, k, v, o, d_out};
+    const size_t count[5] = {p.nq, p.nkv, p.nkv, p.nq, p.nq};
+    for (int i = 0; i < 5; ++i) {
+        if (elem == 4)
+            memcpy(to[i], from[i], count[i] * 4);
+        else
+            round_16(from[i], (uint16_t *)to[i], count[i], s.dtype);
+    }
+    for (int r = 0; r < 2; ++r) {
+        ck_assert_status(clattn_backward(ctx, &s, q, k, v, o, p.lse, d_out, gq, gk[r], gv[r]),
+                         CLATTN_OK);
+        ck_assert_msg(strstr(clattn_context_kernels(ctx), "sum_parts__mma") != NULL,
+                      "CLATTN_MMA_KEY_PARTS=%s, but the backward ran %s", counts[_i],
+                      clattn_context_kernels(ctx));
+    }
+    ck_assert_msg(!memcmp(gk[0], gk[1], nkv) && !memcmp(gv[0], gv[1], nkv),
+                  "dK or dV moved between two runs of the same backward");
+    if (elem == 4) { /* x + x is exact: twice the sum of the parts */
+        s.accumulate = 1;
+        ck_assert_status(clattn_backward(ctx, &s, q, k, v, o, p.lse, d_out, gq, gk[1], gv[1]),
+                         CLATTN_OK);
+        const float *k0 = (const float *)gk[0], *k1 = (const float *)gk[1];
+        const float *v0 = (const float *)gv[0], *v1 = (const float *)gv[1];
+        for (size_t i = 0; i < p.nkv; ++i)
+            ck_assert_msg(k1[i] == 2.0f * k0[i] && v1[i] == 2.0f * v0[i],
+                          "accumulated dK or dV at %zu: %g, %g against twice %g, %g", i,
+                          (double)k1[i], (double)v1[i], (double)k0[i], (double)v0[i]);
+    }
+    unsigned char *frees[] = {q, k, v, o, d_out, gq, gk[0], gk[1], gv[0], gv[1]};
+    for (size_t i = 0; i < sizeof frees / sizeof *frees; ++i)
+        free(frees[i]);
+    problem_free(&p);
+    clattn_context_destroy(ctx);
+}
+END_TEST
+
 static int wgmma_asked(void)
 {
     const char *w = getenv("CLATTN_MMA_WGMMA");
@@ -527,6 +594,7 @@ dtype_tests get_dtype_tests(void)
                      {emulated_16, N(dtype_cases)},
                      {emulated_sweep, N(emulated)},
                      {split_sweep, N(emulated)},
+                     {key_parts, 2},
                      {simulated_sweep, N(simulated)},
                      dtype_exact,
                      dtype_buffers,

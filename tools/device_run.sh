@@ -77,6 +77,13 @@
 #            built-in, a relative-bias table, a bias tensor and the documents as a bool mask
 #            (PROG_VARIANTS, default mma; PROG_DTYPES, PROG_OPS, PROG_SEQ, AB_ROUNDS;
 #            PROG_ALL=0 leaves the max_error runs out)
+#   parts    the key side split into parts (CLATTN_MMA_KEY_PARTS): the backward of the GPU
+#            shapes whose key side has fewer work-groups than the GPU has units (PARTS_SHAPES:
+#            shapes.py lines, default the S 1024 ones and d80 GQA), on mma in one part, as
+#            the default splits it and in each of PARTS_COUNTS (default 4 8 16), and on
+#            tiled, in PARTS_DTYPES (default f32 bf16), interleaved, AB_ROUNDS rounds;
+#            then the GPU kernels suite's key_parts test (CK_RUN_CASE=key-parts; PARTS_TEST=0
+#            leaves it out)
 #   ring     examples/ring_attention on 1 and then RING_RANKS (default 2) ranks, a GPU
 #            each, RING_ARGS (default q_seq 131072, d128, 8 heads, causal); needs
 #            Open MPI's Debian packages in .devdebs/mpi (unpacked under /opt/mpi)
@@ -491,6 +498,27 @@ n.save('docs.npy', (i[:, None] == i[None, :])[None, None])"
         done
       done
     done; done 2>&1 | tee "$OUT/prog.log" ;;
+  parts)
+    mapfile -t part_shapes < <(python3 tools/shapes.py gpu | grep -E "${PARTS_SHAPES:-q-seq 1024|kv-heads 4$}")
+    [ "${CHOOSE_WARM:-1}" != 0 ] && for entry in "${part_shapes[@]}"; do
+      for dt in ${PARTS_DTYPES:-f32 bf16}; do for v in mma tiled; do
+        echo "$cli bench --op backward --head-dim ${entry%%:*} --q-seq 256 --heads 2 --kv-heads 1" \
+          "--causal --variant $v --dtype $dt --reps 1"
+      done; done
+    done | xargs -P 12 -I{} sh -c '{} > /dev/null 2>&1'
+    for entry in "${part_shapes[@]}"; do
+      for dt in ${PARTS_DTYPES:-f32 bf16}; do
+        arms=(--arm "one=$cli@CLATTN_MMA_KEY_PARTS=1+--variant mma" --arm "auto=$cli+--variant mma")
+        for n in ${PARTS_COUNTS:-4 8 16}; do arms+=(--arm "p$n=$cli@CLATTN_MMA_KEY_PARTS=$n+--variant mma"); done
+        arms+=(--arm "tiled=$cli+--variant tiled")
+        interleave "d${entry%%:*} $dt backward ${entry#*:}" --timeout 120 "${arms[@]}" -- \
+          --op backward --head-dim "${entry%%:*}" ${entry#*:} --reps 5 --dtype "$dt"
+      done
+    done 2>&1 | tee "$OUT/parts.log"
+    [ "${PARTS_TEST:-1}" = 1 ] &&
+      CK_RUN_CASE=key-parts timeout 300 build-dev/tests/clattn_tests \
+        --suite kernels --backend opencl-gpu 2>&1 | grep -v 'warning generated' | tail -8 |
+        tee -a "$OUT/parts.log" ;;
   ring)
     gpus=$($cli devices | sed -n 's/^[* ] \([0-9]*\):[0-9]* *opencl-gpu.*/\1/p' | head -1)
     for np in 1 ${RING_RANKS:-2}; do

@@ -73,7 +73,12 @@ inline uint shown_step(uint s, uint steps, uint per_head, uint lo, uint hi, uint
  * TILE rows at a time, with its LSE pair and Dsum; where dsw is not NULL
  * (float32), each pair's dS into the dS scratch too, for grad_qs__tiled.
  * Heads and batch elements come from the global ids, so that a launch may
- * cover a part of them (the scratch's chunks). */
+ * cover a part of them (the scratch's chunks).
+ * A launch of `parts` times the blocks of keys splits each block's steps
+ * into that many parts (src/opencl/launch.c's enqueue_key_side): part p,
+ * work-groups p * blocks.., takes its share of them and writes its float32
+ * dK and dV at element x's p-th place (x * parts + p) of dk and dv, which
+ * sum_parts__mma adds up. */
 inline void key_side(__global const elem *q, __global const elem *k, __global const elem *v,
                      __global const elem *d_out, __global const float *lse,
                      __global const float *dsum, __global elem *dk, __global elem *dv,
@@ -90,7 +95,10 @@ inline void key_side(__global const elem *q, __global const elem *k, __global co
     /* S^T = K Q^T, dP^T = V dO^T, dS^T Q and P^T dO */
     const uint kv_head = get_global_id(1), b = get_global_id(2);
     const uint group = num_heads / num_kv_heads;
-    const uint r0 = get_group_id(0) * WG_ROWS; /* causal: the first blocks are the heaviest */
+    const uint blocks = (kv_seq + WG_ROWS - 1u) / WG_ROWS;
+    const uint parts = get_num_groups(0) / blocks, part = get_group_id(0) / blocks;
+    /* causal: the first blocks are the heaviest */
+    const uint r0 = get_group_id(0) % blocks * WG_ROWS;
     const uint key0 = r0 + warp / WSPLIT * 16u + g, key1 = key0 + 8u;
 
     frag kf[KS][4], vf[KS][4];
@@ -116,11 +124,12 @@ inline void key_side(__global const elem *q, __global const elem *k, __global co
 
     /* One loop over (head of the group, tile of its queries), so that the
      * next tile is fetched while this one is computed. */
-    const uint per_head = (hi - lo + TILE - 1u) / TILE, steps = lo < hi ? group * per_head : 0u;
+    const uint per_head = (hi - lo + TILE - 1u) / TILE, all = lo < hi ? group * per_head : 0u;
+    const uint steps = all * (part + 1u) / parts; /* this part's: from all * part / parts */
     /* steps whose tile the caller's mask hides whole are skipped */
 #define SHOWN_STEP(s) shown_step((s), steps, per_head, lo, hi, r0, last, kv_head * group, b, \
                                  num_heads, q_seq, kv_seq, mask_blocks)
-    const uint first = SHOWN_STEP(0u);
+    const uint first = SHOWN_STEP(all * part / parts);
     stream st;
     stream_init(&st, tiles);
     stream_first(&st, tiles, q, scale, d_out, lse, dsum, true, want_dk, b, q_seq,
@@ -208,6 +217,13 @@ inline void key_side(__global const elem *q, __global const elem *k, __global co
             const uint key = (i & 2) ? key1 : key0, d = d0 + n * 8 + 2 * t + (i & 1);
             if (key < kv_seq && d < D) {
                 const ulong x = at(b, kv_seq, key, num_kv_heads, kv_head, d);
+                if (parts > 1u) {
+                    if (want_dk)
+                        ((__global float *)dk)[x * parts + part] = dkf[n][i];
+                    if (want_dv)
+                        ((__global float *)dv)[x * parts + part] = dvf[n][i];
+                    continue;
+                }
                 if (want_dk)
                     STORE_GRAD(dk, x, dkf[n][i], accumulate);
                 if (want_dv)
@@ -249,6 +265,38 @@ grad_kv__mma(__global const elem *q, ulong q_off, __global const elem *k, ulong 
     key_side(q + q_off, k + k_off, v + v_off, d_out + d_out_off, lse + lse_off, dsum + dsum_off,
              dk + dk_off, dv + dv_off, q_seq, kv_seq, num_heads, num_kv_heads, causal, window, delta,
              scale, accumulate, tiles, true, true, 0, 0, MOD_PASS);
+}
+
+/* dK and dV from the parts of a split key side (key_side): launched as it
+ * was, part p's work-groups add up the p-th share of their block's
+ * elements over every part, in the parts' order. */
+__kernel __attribute__((reqd_work_group_size(LANES, 1, 1))) void
+sum_parts__mma(__global const float *pk, ulong pk_off, __global const float *pv, ulong pv_off,
+               __global elem *dk, ulong dk_off, __global elem *dv, ulong dv_off, SHAPE_ARGS,
+               __local float *tiles)
+{
+    pk += pk_off;
+    pv += pv_off;
+    dk += dk_off;
+    dv += dv_off;
+    const uint blocks = (kv_seq + WG_ROWS - 1u) / WG_ROWS;
+    const uint parts = get_num_groups(0) / blocks, part = get_group_id(0) / blocks;
+    const uint r0 = get_group_id(0) % blocks * WG_ROWS;
+    const uint kv_head = get_global_id(1), b = get_global_id(2);
+    const uint n = WG_ROWS * D, j1 = n * (part + 1u) / parts;
+    for (uint j = n * part / parts + get_local_id(0); j < j1; j += LANES) {
+        const uint row = r0 + j / D;
+        if (row < kv_seq) {
+            const ulong x = at(b, kv_seq, row, num_kv_heads, kv_head, j % D);
+            float sk = 0.0f, sv = 0.0f;
+            for (uint p = 0; p < parts; ++p) {
+                sk += pk[x * parts + p];
+                sv += pv[x * parts + p];
+            }
+            STORE_GRAD(dk, x, sk, accumulate);
+            STORE_GRAD(dv, x, sv, accumulate);
+        }
+    }
 }
 
 #if DTYPE == 0

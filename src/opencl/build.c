@@ -245,7 +245,7 @@ static clattn_status build_set_once(struct clattn_cl_state *cl, const clattn_ocl
     for (int k = 0; k < K_COUNT; ++k) {
         const clattn_ocl_kernel *v = &variant->kernels[k];
         const int stand_in = k == K_GRAD_KV || k == K_GRAD_KVQ || k == K_FINISH_DQ ||
-                             k == K_GRAD_KVS || k == K_GRAD_QS;
+                             k == K_GRAD_KVS || k == K_GRAD_QS || k == K_SUM_PARTS;
         if (!v->function && !stand_in)
             return clattn_fail(CLATTN_ERROR_UNKNOWN_VARIANT, "variant '%s' has no kernel %d",
                                variant->name, k);

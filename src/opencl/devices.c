@@ -157,6 +157,10 @@ static void release_state(struct clattn_cl_state *cl)
         clReleaseMemObject(cl->ds.buffer);
     if (cl->ds.last_read)
         clReleaseEvent(cl->ds.last_read);
+    if (cl->parts.buffer)
+        clReleaseMemObject(cl->parts.buffer);
+    if (cl->parts.last_read)
+        clReleaseEvent(cl->parts.last_read);
     if (cl->mask_map.buffer)
         clReleaseMemObject(cl->mask_map.buffer);
     free(cl->mask_map.text);
@@ -284,7 +288,10 @@ static clattn_status init_variant(clattn_context *ctx, const clattn_ocl_variant 
                                &cl->limits.local_mem, NULL)) ||
         (err = clGetDeviceInfo(device, CL_DEVICE_NATIVE_VECTOR_WIDTH_FLOAT,
                                sizeof cl->limits.float_width,
-                               &cl->limits.float_width, NULL))) {
+                               &cl->limits.float_width, NULL)) ||
+        (err = clGetDeviceInfo(device, CL_DEVICE_MAX_COMPUTE_UNITS,
+                               sizeof cl->limits.compute_units, &cl->limits.compute_units,
+                               NULL))) {
         st = clattn_ocl_fail(err, "clGetDeviceInfo");
         goto fail;
     }

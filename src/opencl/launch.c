@@ -69,8 +69,8 @@ clattn_status clattn_ocl_check_alloc(const struct clattn_cl_state *cl, const cla
 static clattn_status enqueue_kernel(struct clattn_cl_state *cl, cl_command_queue queue,
                                     const kernel_set *set, int k, const clattn_shape *s,
                                     const clattn_mod_buffers *mb, const clattn_cl_tensor t[R_ALL],
-                                    const grid_part *part, cl_uint nwait, const cl_event *wait,
-                                    cl_event *done)
+                                    const grid_part *part, size_t parts, cl_uint nwait,
+                                    const cl_event *wait, cl_event *done)
 {
     const kernel_desc *kd = &clattn_ocl_kernel_descs[k];
     cl_kernel kn = set->kernel[k];
@@ -127,7 +127,7 @@ static clattn_status enqueue_kernel(struct clattn_cl_state *cl, cl_command_queue
     const size_t rows = kd->key_rows ? s->kv_seq : s->q_seq;
     const size_t heads = kd->key_rows ? s->num_kv_heads : s->num_heads;
     const size_t groups = set->family[k]->row_groups(cl, set, k, s, rows);
-    size_t global[3] = {groups * wg, heads, s->batch}, offset[3] = {0, 0, 0};
+    size_t global[3] = {parts * groups * wg, heads, s->batch}, offset[3] = {0, 0, 0};
     size_t lsize[3] = {wg, 1, 1};
     if (part) {
         const size_t per = kd->key_rows ? 1 : s->num_heads / s->num_kv_heads;
@@ -227,6 +227,94 @@ static clattn_status ds_scratch(struct clattn_cl_state *cl, size_t bytes)
     return CLATTN_OK;
 }
 
+/* The parts a key-side kernel k splits into for a call: the variant's
+ * choice, where the set can add them up; 1 on a queue other than the
+ * context's (packed sequences' queues run at once and cannot share the
+ * scratch). */
+static size_t key_parts(const struct clattn_cl_state *cl, const kernel_set *set, int k,
+                        const clattn_shape *s, cl_command_queue queue)
+{
+    const clattn_ocl_variant *f = set->family[k];
+    if ((k != K_GRAD_KV && k != K_GRAD_KVS) || queue != cl->queue || !set->kernel[K_SUM_PARTS] ||
+        !f->key_parts)
+        return 1;
+    const size_t parts = f->key_parts(cl, set, k, s);
+    return parts ? parts : 1;
+}
+
+/* Key-side kernel k (any other kernel as enqueue_kernel runs it); split
+ * into parts where key_parts says so: each part adds the steps (query
+ * tiles of the group's heads) of its share into float32 dK and dV of its
+ * own in the parts scratch, and SUM_PARTS adds the parts up in their order
+ * into dK and dV, so that the result does not depend on which part runs
+ * first. *done gets the last kernel's event. */
+static clattn_status enqueue_key_side(struct clattn_cl_state *cl, cl_command_queue queue,
+                                      const kernel_set *set, int k, const clattn_shape *s,
+                                      const clattn_mod_buffers *mb,
+                                      const clattn_cl_tensor t[R_ALL], const grid_part *part,
+                                      cl_uint nwait, const cl_event *wait, cl_event *done)
+{
+    const size_t parts = key_parts(cl, set, k, s, queue);
+    if (parts <= 1)
+        return enqueue_kernel(cl, queue, set, k, s, mb, t, part, 1, nwait, wait, done);
+    const size_t elems = (size_t)s->batch * s->kv_seq * s->num_kv_heads * s->head_dim;
+    const size_t bytes = 2 * parts * elems * sizeof(float);
+    if (bytes > cl->limits.max_alloc)
+        return enqueue_kernel(cl, queue, set, k, s, mb, t, part, 1, nwait, wait, done);
+    if (cl->parts.bytes < bytes) {
+        if (cl->parts.buffer)
+            clReleaseMemObject(cl->parts.buffer); /* kept by OpenCL until its kernels end */
+        cl->parts.bytes = 0;
+        cl_int err;
+        cl->parts.buffer = clCreateBuffer(cl->context, CL_MEM_READ_WRITE, bytes, NULL, &err);
+        if (err != CL_SUCCESS) {
+            cl->parts.buffer = NULL;
+            return clattn_ocl_fail(err, "clCreateBuffer(the key side's parts)");
+        }
+        cl->parts.bytes = bytes;
+    }
+    cl_event *waits = malloc((nwait + 1u) * sizeof *waits);
+    if (!waits)
+        return clattn_fail(CLATTN_ERROR_OUT_OF_MEMORY, "out of host memory");
+    cl_uint n = 0;
+    for (cl_uint i = 0; i < nwait; ++i)
+        waits[n++] = wait[i];
+    if (cl->parts.last_read)
+        waits[n++] = cl->parts.last_read;
+    clattn_cl_tensor sub[R_ALL];
+    memcpy(sub, t, sizeof sub);
+    const size_t elem = clattn_ocl_role_bytes(CLATTN_R_DK, s->dtype);
+    sub[R_PARTS_K].buffer = sub[R_PARTS_V].buffer = cl->parts.buffer;
+    sub[R_PARTS_K].offset = 0;
+    sub[R_PARTS_V].offset = parts * elems; /* floats */
+    clattn_cl_tensor into[R_ALL];
+    memcpy(into, sub, sizeof into);
+    into[CLATTN_R_DK] = sub[R_PARTS_K]; /* the kernel's dK and dV, in its elements */
+    into[CLATTN_R_DV].buffer = cl->parts.buffer;
+    into[CLATTN_R_DV].offset = parts * elems * sizeof(float) / elem;
+    cl_event first = NULL;
+    clattn_status st = enqueue_kernel(cl, queue, set, k, s, mb, into, part, parts, n,
+                                      n ? waits : NULL, &first);
+    free(waits);
+    if (st != CLATTN_OK)
+        return st;
+    cl_event summed = NULL;
+    st = enqueue_kernel(cl, queue, set, K_SUM_PARTS, s, mb, sub, part, parts, 1, &first, &summed);
+    clReleaseEvent(first);
+    if (st != CLATTN_OK)
+        return st;
+    if (cl->parts.last_read)
+        clReleaseEvent(cl->parts.last_read);
+    cl->parts.last_read = NULL;
+    if (clRetainEvent(summed) == CL_SUCCESS)
+        cl->parts.last_read = summed;
+    else
+        clWaitForEvents(1, &summed);
+    cl->parts.ran = 1;
+    *done = summed;
+    return CLATTN_OK;
+}
+
 /* GRAD_KVS then GRAD_QS for each chunk of the batch elements and KV heads
  * (first), each after the one before, the first after prev and the last
  * reader of the scratch before this call; *done gets the last one's event,
@@ -256,7 +344,7 @@ static clattn_status enqueue_ds_chunks(struct clattn_cl_state *cl, cl_command_qu
                     if (cl->ds.last_read)
                         wait[n++] = cl->ds.last_read;
                 }
-                st = enqueue_kernel(cl, queue, set, k, s, mb, t, &c, n, wait, &ev);
+                st = enqueue_key_side(cl, queue, set, k, s, mb, t, &c, n, wait, &ev);
                 if (last)
                     clReleaseEvent(last);
                 last = st == CLATTN_OK ? ev : NULL;
@@ -352,18 +440,19 @@ clattn_status clattn_ocl_enqueue_op(struct clattn_cl_state *cl, cl_command_queue
         t[R_DS].offset = 0;
     }
     cl_event prev = NULL;
+    cl->parts.ran = 0;
     for (int i = 0; plan[i] >= 0 && st == CLATTN_OK; ++i) {
         cl_event ev = NULL;
         if (plan[i] == K_GRAD_KVQ) { /* after the zeroing too */
             const cl_event both[2] = {prev, zeroed};
-            st = enqueue_kernel(cl, queue, set, plan[i], s, &mb, t, NULL, 2, both, &ev);
+            st = enqueue_kernel(cl, queue, set, plan[i], s, &mb, t, NULL, 1, 2, both, &ev);
         } else if (plan[i] == K_GRAD_KVS) { /* by chunks, each GRAD_KVS then GRAD_QS */
             st = enqueue_ds_chunks(cl, queue, set, s, &mb, t, &chunk, prev, &ev);
             ++i; /* GRAD_QS ran too */
         } else {
-            st = prev ? enqueue_kernel(cl, queue, set, plan[i], s, &mb, t, NULL, 1, &prev, &ev)
-                      : enqueue_kernel(cl, queue, set, plan[i], s, &mb, t, NULL, nwait, wait,
-                                       &ev);
+            st = prev ? enqueue_key_side(cl, queue, set, plan[i], s, &mb, t, NULL, 1, &prev, &ev)
+                      : enqueue_key_side(cl, queue, set, plan[i], s, &mb, t, NULL, nwait, wait,
+                                         &ev);
         }
         if (prev)
             clReleaseEvent(prev);
@@ -388,6 +477,9 @@ clattn_status clattn_ocl_enqueue_op(struct clattn_cl_state *cl, cl_command_queue
             snprintf(options + strlen(options), sizeof cl->owner->build_options - strlen(options),
                      "%s%s", i ? "; " : "", set->options[plan[i]]);
         }
+        if (cl->parts.ran)
+            snprintf(ran + strlen(ran), sizeof cl->owner->kernels - strlen(ran), ",%s",
+                     set->function[K_SUM_PARTS]);
     }
     if (st == CLATTN_OK && done)
         *done = prev;

@@ -30,6 +30,7 @@ enum {
     K_FINISH_DQ, /* dQ from that float32 dQ */
     K_GRAD_KVS,  /* GRAD_KV that also writes dS to a scratch (tiled) */
     K_GRAD_QS,   /* dQ from that dS: no scores recomputed */
+    K_SUM_PARTS, /* dK and dV from the key side's parts (PARTS_K, PARTS_V) */
     K_COUNT
 };
 
@@ -46,8 +47,10 @@ extern const kernel_desc clattn_ocl_kernel_descs[K_COUNT];
 
 /* Dsum, the pre-pass's output, is a tensor of one float per query row;
  * DQ32 the single-pass backward's float32 dQ, summed by atomic adds; DS the
- * dS scratch between GRAD_KVS and GRAD_QS. */
-enum { R_DSUM = CLATTN_R_COUNT, R_DQ32, R_DS, R_ALL };
+ * dS scratch between GRAD_KVS and GRAD_QS; PARTS_K and PARTS_V the float32
+ * dK and dV of a key side split into parts, each element's parts side by
+ * side, which SUM_PARTS adds up. */
+enum { R_DSUM = CLATTN_R_COUNT, R_DQ32, R_DS, R_PARTS_K, R_PARTS_V, R_ALL };
 
 /* cl/tiled's shape: rows per work-group, keys (or queries) per local-memory
  * tile, work-items per row by the tile's rows, the most columns of head_dim
@@ -141,7 +144,8 @@ struct clattn_cl_state {
          * ends work-items past a count (Mesa's llvmpipe: 65535); 0 where
          * none. */
         unsigned long loop_cap;
-        cl_uint float_width; /* the native vector width for float */
+        cl_uint float_width;   /* the native vector width for float */
+        cl_uint compute_units; /* CL_DEVICE_MAX_COMPUTE_UNITS */
     } limits;
     /* The variant built per head_dim, or NULL where the generic variant's
      * one set serves every call. */
@@ -176,6 +180,7 @@ struct clattn_cl_state {
         mma_config grad_q_tune;
         int single_tuned; /* CLATTN_MMA_SINGLE set: the single pass, wherever it fits */
         mma_config single_tune;
+        unsigned key_parts; /* CLATTN_MMA_KEY_PARTS: the key side's parts (0: chosen) */
     } mma;
     /* What variants/tiled.c reads from the device and the environment. */
     struct {
@@ -213,6 +218,15 @@ struct clattn_cl_state {
         size_t bytes;
         cl_event last_read;
     } ds;
+    /* The key side's parts (R_PARTS_K, R_PARTS_V): the buffer, grown as
+     * needed, and the event of its last reader (SUM_PARTS), which the next
+     * writer waits for. */
+    struct {
+        cl_mem buffer;
+        size_t bytes;
+        cl_event last_read;
+        int ran; /* the last op split its key side */
+    } parts;
     /* The block map of the caller's mask function (cl/common.cl's
      * mask_map) of the last shape that had one, kept for the calls after
      * it while their mask's text and the shape's sizes and positions are

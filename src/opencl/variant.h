@@ -80,6 +80,11 @@ struct clattn_ocl_variant {
     /* (family) Work-groups along the rows for `rows` rows of a call. */
     size_t (*row_groups)(const struct clattn_cl_state *cl, const kernel_set *set, int k,
                          const clattn_shape *s, size_t rows);
+    /* (family) The parts the key side's kernel k (GRAD_KV or GRAD_KVS)
+     * splits its steps over for a call (NULL or 1: none), where the set
+     * has SUM_PARTS to add them up. */
+    size_t (*key_parts)(const struct clattn_cl_state *cl, const kernel_set *set, int k,
+                        const clattn_shape *s);
 
     /* The tuning file (docs/tuning.md). The entry names this variant
      * takes, for messages ("tiled, tiled-forward"), or NULL: none. */

@@ -13,6 +13,9 @@
 #include "mma/layout.h"
 #include "variant.h"
 
+/* The most parts the key side splits into. */
+#define MMA_KEY_PARTS_MAX 16u
+
 /* A head_dim class's shapes: forward, dK/dV and grad-Q. */
 typedef struct mma_class {
     uint32_t max_head_dim;
@@ -58,7 +61,8 @@ static int uses_wgmma(const struct clattn_cl_state *cl, const mma_config *c, uin
                       clattn_dtype dtype, int k)
 {
     return cl->mma.wgmma && (cl->mma.nv_major >= 9 || cl->mma.emulate) &&
-           (k == K_FORWARD || k == K_GRAD_Q || k == K_GRAD_KV || k == K_GRAD_K || k == K_GRAD_V) &&
+           (k == K_FORWARD || k == K_GRAD_Q || k == K_GRAD_KV || k == K_GRAD_K || k == K_GRAD_V ||
+            k == K_SUM_PARTS) &&
            dtype != CLATTN_DTYPE_F32 && (head_dim == 64 || head_dim == 128) && c->warps % 4 == 0 &&
            c->wsplit == 1 && c->tile % 32 == 0 && c->tile <= 128;
 }
@@ -182,6 +186,16 @@ static clattn_status setup(struct clattn_cl_state *cl, cl_device_id device, int 
                            single);
     if ((st = mma_override("CLATTN_MMA", &cl->mma.tune, &cl->mma.tuned)) != CLATTN_OK)
         return st;
+    const char *parts = getenv("CLATTN_MMA_KEY_PARTS");
+    cl->mma.key_parts = 0;
+    if (parts && *parts) {
+        char end;
+        if (sscanf(parts, "%u%c", &cl->mma.key_parts, &end) != 1 || !cl->mma.key_parts ||
+            cl->mma.key_parts > MMA_KEY_PARTS_MAX)
+            return clattn_fail(CLATTN_ERROR_INVALID_OPTION,
+                               "CLATTN_MMA_KEY_PARTS='%s': want a count of parts from 1 to %u",
+                               parts, MMA_KEY_PARTS_MAX);
+    }
     return mma_override("CLATTN_MMA_GRAD_Q", &cl->mma.grad_q_tune, &cl->mma.grad_q_tuned);
 }
 
@@ -249,7 +263,7 @@ static size_t work_group(const struct clattn_cl_state *cl, const kernel_set *set
 static size_t local_bytes(const struct clattn_cl_state *cl, const kernel_set *set, int k,
                           uint32_t head_dim)
 {
-    if (k == K_FINISH_DQ)
+    if (k == K_FINISH_DQ || k == K_SUM_PARTS)
         return sizeof(float); /* unused, but an argument wants a size */
     const mma_config *c = config(cl, head_dim, set->dtype, k);
     const size_t align = uses_wgmma(cl, c, head_dim, set->dtype, k) ? MMA_ALIGN_WGMMA : 0;
@@ -263,6 +277,30 @@ static size_t row_groups(const struct clattn_cl_state *cl, const kernel_set *set
     const mma_config *c = config(cl, s->head_dim, set->dtype, k);
     const size_t per = 16u * c->warps / c->wsplit;
     return (rows + per - 1) / per;
+}
+
+/* The parts the key side splits its steps into (launch.c's
+ * enqueue_key_side): where its work-groups, a block of keys of a KV head
+ * each, are fewer than the device's compute units (short sequences, few
+ * KV heads), enough parts for two work-groups a unit, each of at least
+ * two steps; CLATTN_MMA_KEY_PARTS in place of the choice. */
+static size_t key_parts(const struct clattn_cl_state *cl, const kernel_set *set, int k,
+                        const clattn_shape *s)
+{
+    if (cl->mma.key_parts)
+        return cl->mma.key_parts;
+    const mma_config *c = config(cl, s->head_dim, set->dtype, k);
+    const size_t rows = 16u * c->warps / c->wsplit;
+    const size_t groups = (s->kv_seq + rows - 1) / rows * s->num_kv_heads * s->batch;
+    const size_t units = cl->limits.compute_units;
+    if (!groups || groups >= units)
+        return 1;
+    const size_t steps = (size_t)(s->num_heads / s->num_kv_heads) *
+                         ((s->q_seq + c->tile - 1) / c->tile);
+    size_t parts = (2 * units + groups - 1) / groups;
+    if (parts > steps / 2)
+        parts = steps / 2;
+    return parts > MMA_KEY_PARTS_MAX ? MMA_KEY_PARTS_MAX : parts ? parts : 1;
 }
 
 static int parse_tuned(const char *name, const char *shape, tuned_entry *e, const char **why)
@@ -362,6 +400,7 @@ const clattn_ocl_variant clattn_ocl_variant_mma = {
             [K_FINISH_DQ] = {"finish_dq__mma", &clattn_ocl_variant_mma},
             [K_GRAD_KVS] = {"grad_kvs__mma", &clattn_ocl_variant_mma},
             [K_GRAD_QS] = {"grad_qs__tiled", &clattn_ocl_variant_tiled},
+            [K_SUM_PARTS] = {"sum_parts__mma", &clattn_ocl_variant_mma},
         },
     .per_head_dim = 1,
     .programmable = 1,
@@ -376,6 +415,7 @@ const clattn_ocl_variant clattn_ocl_variant_mma = {
     .work_group = work_group,
     .local_bytes = local_bytes,
     .row_groups = row_groups,
+    .key_parts = key_parts,
     .tuned_names = "mma",
     .parse_tuned = parse_tuned,
     .tuned_fits = tuned_fits,
