@@ -607,7 +607,8 @@ START_TEST(mma_knob_statuses)
                                          {"CLATTN_MMA", "3,1,16,1"},
                                          {"CLATTN_MMA_GRAD_Q", "4,1,16"},
                                          {"CLATTN_MMA_KEY_PARTS", "0"},
-                                         {"CLATTN_MMA_KEY_PARTS", "17"}};
+                                         {"CLATTN_MMA_KEY_PARTS", "17"},
+                                         {"CLATTN_MMA_KEY_PARTS", "au"}};
     for (size_t i = 0; i < n; ++i) {
         if (list[i].backend == CLATTN_BACKEND_NATIVE)
             continue;

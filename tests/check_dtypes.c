@@ -444,8 +444,7 @@ START_TEST(modifiers_16)
 }
 END_TEST
 
-/* mma's key side split into parts (CLATTN_MMA_KEY_PARTS; on the GPU the
- * default splits short sequences by itself): float32 (dS scratch) and
+/* mma's key side split into parts (CLATTN_MMA_KEY_PARTS): float32 (dS scratch) and
  * bf16 (wgmma on compute capability 9), GQA, causal, keys off a block's
  * end; 3 parts of two steps each and 16, most of them empty. The backward
  * names sum_parts__mma among its kernels, and gives the same dK and dV

@@ -653,8 +653,7 @@ Suite *kernels_suite(void)
     if (test_backend_kind() == CLATTN_BACKEND_OPENCL_GPU)
         add_loop(tc, d.wgmma);
     suite_add_tcase(s, tc);
-    /* mma's key side in parts, forced (CK_RUN_CASE=key-parts; the GPU
-     * splits short sequences by itself in the tests above) */
+    /* mma's key side in parts, forced (CK_RUN_CASE=key-parts) */
     if (test_backend_kind() == CLATTN_BACKEND_OPENCL_GPU) {
         tc = tcase_create("key-parts");
         tcase_set_timeout(tc, 600);

@@ -80,7 +80,7 @@
 #   parts    the key side split into parts (CLATTN_MMA_KEY_PARTS): the backward of the GPU
 #            shapes whose key side has fewer work-groups than the GPU has units (PARTS_SHAPES:
 #            shapes.py lines, default the S 1024 ones and d80 GQA), on mma in one part, as
-#            the default splits it and in each of PARTS_COUNTS (default 4 8 16), and on
+#            CLATTN_MMA_KEY_PARTS=auto splits it and in each of PARTS_COUNTS (default 4 8 16), and on
 #            tiled, in PARTS_DTYPES (default f32 bf16), interleaved, AB_ROUNDS rounds;
 #            then the GPU kernels suite's key_parts test (CK_RUN_CASE=key-parts; PARTS_TEST=0
 #            leaves it out)
@@ -508,7 +508,7 @@ n.save('docs.npy', (i[:, None] == i[None, :])[None, None])"
     done | xargs -P 12 -I{} sh -c '{} > /dev/null 2>&1'
     for entry in "${part_shapes[@]}"; do
       for dt in ${PARTS_DTYPES:-f32 bf16}; do
-        arms=(--arm "one=$cli@CLATTN_MMA_KEY_PARTS=1+--variant mma" --arm "auto=$cli+--variant mma")
+        arms=(--arm "one=$cli@CLATTN_MMA_KEY_PARTS=1+--variant mma" --arm "auto=$cli@CLATTN_MMA_KEY_PARTS=auto+--variant mma")
         for n in ${PARTS_COUNTS:-4 8 16}; do arms+=(--arm "p$n=$cli@CLATTN_MMA_KEY_PARTS=$n+--variant mma"); done
         arms+=(--arm "tiled=$cli+--variant tiled")
         interleave "d${entry%%:*} $dt backward ${entry#*:}" --timeout 120 "${arms[@]}" -- \

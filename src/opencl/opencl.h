@@ -180,7 +180,7 @@ struct clattn_cl_state {
         mma_config grad_q_tune;
         int single_tuned; /* CLATTN_MMA_SINGLE set: the single pass, wherever it fits */
         mma_config single_tune;
-        unsigned key_parts; /* CLATTN_MMA_KEY_PARTS: the key side's parts (0: chosen) */
+        unsigned key_parts; /* CLATTN_MMA_KEY_PARTS: the key side's parts (0: 'auto') */
     } mma;
     /* What variants/tiled.c reads from the device and the environment. */
     struct {

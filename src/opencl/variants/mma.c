@@ -13,8 +13,9 @@
 #include "mma/layout.h"
 #include "variant.h"
 
-/* The most parts the key side splits into. */
+/* The most parts the key side splits into; CLATTN_MMA_KEY_PARTS=auto. */
 #define MMA_KEY_PARTS_MAX 16u
+#define MMA_KEY_PARTS_AUTO 0u
 
 /* A head_dim class's shapes: forward, dK/dV and grad-Q. */
 typedef struct mma_class {
@@ -187,13 +188,16 @@ static clattn_status setup(struct clattn_cl_state *cl, cl_device_id device, int 
     if ((st = mma_override("CLATTN_MMA", &cl->mma.tune, &cl->mma.tuned)) != CLATTN_OK)
         return st;
     const char *parts = getenv("CLATTN_MMA_KEY_PARTS");
-    cl->mma.key_parts = 0;
+    cl->mma.key_parts = 1;
     if (parts && *parts) {
         char end;
-        if (sscanf(parts, "%u%c", &cl->mma.key_parts, &end) != 1 || !cl->mma.key_parts ||
-            cl->mma.key_parts > MMA_KEY_PARTS_MAX)
+        if (!strcmp(parts, "auto"))
+            cl->mma.key_parts = MMA_KEY_PARTS_AUTO;
+        else if (sscanf(parts, "%u%c", &cl->mma.key_parts, &end) != 1 || !cl->mma.key_parts ||
+                 cl->mma.key_parts > MMA_KEY_PARTS_MAX)
             return clattn_fail(CLATTN_ERROR_INVALID_OPTION,
-                               "CLATTN_MMA_KEY_PARTS='%s': want a count of parts from 1 to %u",
+                               "CLATTN_MMA_KEY_PARTS='%s': want 'auto' or a count of parts "
+                               "from 1 to %u",
                                parts, MMA_KEY_PARTS_MAX);
     }
     return mma_override("CLATTN_MMA_GRAD_Q", &cl->mma.grad_q_tune, &cl->mma.grad_q_tuned);
@@ -280,14 +284,15 @@ static size_t row_groups(const struct clattn_cl_state *cl, const kernel_set *set
 }
 
 /* The parts the key side splits its steps into (launch.c's
- * enqueue_key_side): where its work-groups, a block of keys of a KV head
- * each, are fewer than the device's compute units (short sequences, few
- * KV heads), enough parts for two work-groups a unit, each of at least
- * two steps; CLATTN_MMA_KEY_PARTS in place of the choice. */
+ * enqueue_key_side): CLATTN_MMA_KEY_PARTS's count (one unless set), or
+ * with 'auto', where the key side's work-groups, a block of keys of a KV
+ * head each, are fewer than the device's compute units (short sequences,
+ * few KV heads), enough parts for two work-groups a unit, each of at least
+ * two steps. */
 static size_t key_parts(const struct clattn_cl_state *cl, const kernel_set *set, int k,
                         const clattn_shape *s)
 {
-    if (cl->mma.key_parts)
+    if (cl->mma.key_parts != MMA_KEY_PARTS_AUTO)
         return cl->mma.key_parts;
     const mma_config *c = config(cl, s->head_dim, set->dtype, k);
     const size_t rows = 16u * c->warps / c->wsplit;
