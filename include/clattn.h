@@ -352,7 +352,33 @@ typedef struct clattn_shape {
      * layout is CLATTN_ERROR_INVALID_BUFFER. */
     void *bias_cl;
     void *bool_mask_cl;
+    /* The score function over n pairs at once, for native beside
+     * score_native and score_ds_native (NULL, the default: native calls
+     * those pair by pair). The pairs lie in columns of `rows` pairs (n a
+     * multiple of rows): s[i] is the score of the pair of query position
+     * q + i % rows and key position k + i / rows (rows 1: one query's keys
+     * k, k + 1, ...), and becomes score_native's value at it; where ds is
+     * not NULL, ds[i] gets score_ds_native's at the same s[i] first. It
+     * must give what those two give pair by pair (native calls either);
+     * loops the compiler can vectorize make the score function nearly as
+     * cheap as the built-in modifiers. The CLI and the Python package make
+     * it from score_fn's source (clattn_native_wrapper). */
+    void (*score_span_native)(float *s, float *ds, uint32_t n, uint32_t rows, uint32_t b,
+                              uint32_t h, uint32_t q, uint32_t k, const float *p);
 } clattn_shape;
+
+/* The C99 text that makes the OpenCL C of shape->score_fn and mask_fn the
+ * native backend's C forms, as the CLI and the Python package build them:
+ * part 0 goes ahead of the functions' sources (headers, OpenCL C's names
+ * defined for C, clattn_tanh as cl/tanh.cl has it), part 1 after them. Part 1
+ * defines clattn_native_score, clattn_native_score_ds and
+ * clattn_native_score_span (score_native, score_ds_native and
+ * score_span_native) where CLATTN_SCORE is defined, and clattn_native_mask
+ * (mask_native) where CLATTN_MASK is. Built as a shared object with
+ * -fvisibility=hidden, only those are exported and the functions inline
+ * into the span's loops; with -O3 -fno-trapping-math (no rounding changed),
+ * a compiler vectorizes those loops. NULL for any other part. */
+const char *clattn_native_wrapper(int part);
 
 /* n elements of dtype to float32 and back, as clattn converts them:
  * 16-bit to float32 exactly, float32 to 16-bit rounded to nearest even

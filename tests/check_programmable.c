@@ -134,6 +134,23 @@ clattn_shape with_mask(clattn_shape s, const char *source,
     return s;
 }
 
+/* A score function's span form (score_span_native), as the C wrappers
+ * make it: n pairs in columns of `rows`. */
+#define SPAN(name, fn, dfn)                                                                   \
+    static void name(float *s, float *ds, uint32_t n, uint32_t rows, uint32_t b, uint32_t h,  \
+                     uint32_t q, uint32_t k, const float *p)                                  \
+    {                                                                                         \
+        for (uint32_t i = 0; i < n; ++i) {                                                    \
+            const uint32_t at_q = q + i % rows, at_k = k + i / rows;                          \
+            if (ds)                                                                           \
+                ds[i] = dfn(s[i], b, h, at_q, at_k, p);                                       \
+            s[i] = fn(s[i], b, h, at_q, at_k, p);                                             \
+        }                                                                                     \
+    }
+SPAN(softcap_span, softcap_score, softcap_ds)
+SPAN(alibi_span, alibi_score, alibi_ds)
+SPAN(relbias_span, relbias_score, relbias_ds)
+
 /* bool to int, for the shape's C form */
 #define AS_INT(name)                                                \
     int name##_int(uint32_t b, uint32_t h, uint32_t q, uint32_t k) \
@@ -147,14 +164,15 @@ AS_INT(holes_mask)
 
 /* The functions that reproduce softcap and ALiBi against the built-ins
  * themselves: softcap with large logits (case 0 of the modifiers), ALiBi
- * bottom-right at offsets with GQA. */
+ * bottom-right at offsets with GQA; native runs them by spans (a whole
+ * tile of query rows and its tail, one query's keys on the key side). */
 START_TEST(builtins_as_functions)
 {
     const shape_case c0 = {.q_seq = 37, .heads = 4, .kv_heads = 2, .head_dim = 32, .causal = 1,
                            .q_gain = 4};
     clattn_shape cap_ref = to_shape(&c0);
     cap_ref.softcap = 5.0f;
-    const clattn_shape cap_fn =
+    clattn_shape cap_fn =
         with_score(to_shape(&c0), softcap_cl, softcap_score, softcap_ds, cap5, 1);
     const shape_case c1 = {.q_seq = 20, .kv_seq = 45, .heads = 8, .kv_heads = 2, .head_dim = 32,
                            .causal = CLATTN_CAUSAL_BOTTOM_RIGHT, .q_gain = 3};
@@ -163,6 +181,8 @@ START_TEST(builtins_as_functions)
     alibi_ref.kv_offset = 5;
     clattn_shape alibi_fn =
         with_score(alibi_ref, alibi_cl, alibi_score, alibi_ds, slopes8, 8);
+    alibi_fn.score_span_native = alibi_span;
+    cap_fn.score_span_native = softcap_span;
     alibi_ref.alibi_slopes = slopes8;
     clattn_context *ctx;
     for (size_t v = 0; (ctx = next_variant(&v)) != NULL;) {
@@ -174,8 +194,8 @@ START_TEST(builtins_as_functions)
 END_TEST
 
 /* A relative-position bias table with dropout, GQA and a batch of 2 (its
- * b in the function); then with the document mask and sinks, in float32
- * and bf16. */
+ * b in the function), native by spans; then with the document mask and
+ * sinks (pair by pair), in float32 and bf16. */
 START_TEST(bias_table_and_document)
 {
     fill_relbias();
@@ -187,6 +207,7 @@ START_TEST(bias_table_and_document)
     s.dropout_seed = 0x1234567890abcdefull;
     s.dropout_offset = 3;
     clattn_shape d = with_mask(s, document_cl, document_mask_int);
+    s.score_span_native = relbias_span;
     d.sinks = sinks8;
     d.kv_offset = 4; /* documents cut across the keys' own rows */
     clattn_context *ctx;

@@ -47,6 +47,7 @@ int main(void)
     FIELD(clattn_shape, bias_heads);
     FIELD(clattn_shape, bias_cl);
     FIELD(clattn_shape, bool_mask_cl);
+    FIELD(clattn_shape, score_span_native);
     SIZE(clattn_options);
     FIELD(clattn_options, backend);
     FIELD(clattn_options, device);

@@ -2,8 +2,8 @@
  * the cap in p[0] (--score-params, one float), and its derivative
  * 1 - tanh^2. The built-in --softcap computes the same. clattn_tanh is
  * clattn's tanh (docs/programmable.md): the built-in's where the hardware
- * has one (mma's 16-bit kernels on an NVIDIA GPU), tanh() elsewhere, and
- * tanhf() in the C form the command line compiles for native. */
+ * has one (mma's 16-bit kernels on an NVIDIA GPU), else its series and
+ * exponential, in the C form the command line compiles for native too. */
 float clattn_score(float s, uint b, uint h, uint q, uint k, __global const float *p)
 {
     return p[0] * clattn_tanh(s / p[0]);

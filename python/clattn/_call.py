@@ -137,7 +137,8 @@ class Problem:
         if f is not None:
             s.score_fn, s.mask_fn = f.score_bytes, f.mask_bytes
             if self.native:
-                s.score_native, s.score_ds_native, s.mask_native = f.native()
+                (s.score_native, s.score_ds_native, s.score_span_native,
+                 s.mask_native) = f.native()
         if self.score_params is not None and self.score_params.size:
             s.score_params = self.score_params.ctypes.data_as(ctypes.POINTER(ctypes.c_float))
             s.score_params_count = self.score_params.size

@@ -9,18 +9,8 @@ import subprocess
 import tempfile
 import threading
 
+from . import _lib
 from ._lib import InvalidArgument
-
-_WRAPPER_HEAD = ("#include <math.h>\n#include <stdbool.h>\n#include <stdint.h>\n"
-                 "typedef unsigned int uint;\n#define __global\n"
-                 "static float clattn_tanh(float y) { return tanhf(y); }\n")
-_SCORE_ENTRY = (
-    "float clattn_native_score(float s, uint32_t b, uint32_t h, uint32_t q, uint32_t k,"
-    " const float *p) { return clattn_score(s, b, h, q, k, p); }\n"
-    "float clattn_native_score_ds(float s, uint32_t b, uint32_t h, uint32_t q, uint32_t k,"
-    " const float *p) { return clattn_score_ds(s, b, h, q, k, p); }\n")
-_MASK_ENTRY = ("int clattn_native_mask(uint32_t b, uint32_t h, uint32_t q, uint32_t k)"
-               " { return clattn_mask(b, h, q, k) ? 1 : 0; }\n")
 
 _compiled = {}
 _lock = threading.Lock()
@@ -54,17 +44,17 @@ class Functions:
         return (self.score or "", self.mask or "")
 
     def native(self):
-        """(score, score_ds, mask) addresses of the C forms (None where not
-        given), compiled on first use."""
+        """(score, score_ds, score_span, mask) addresses of the C forms (None
+        where not given), compiled on first use."""
         key = self.key()
         with _lock:
             if key not in _compiled:
                 _compiled[key] = _compile(self.score, self.mask)
         lib = _compiled[key]
         addr = lambda name: ctypes.cast(getattr(lib, name), ctypes.c_void_p).value
-        return (addr("clattn_native_score") if self.score else None,
-                addr("clattn_native_score_ds") if self.score else None,
-                addr("clattn_native_mask") if self.mask else None)
+        score = ("clattn_native_score", "clattn_native_score_ds", "clattn_native_score_span")
+        return tuple(addr(n) if self.score else None for n in score) + (
+            addr("clattn_native_mask") if self.mask else None,)
 
 
 def _compile(score, mask):
@@ -73,19 +63,27 @@ def _compile(score, mask):
     try:
         c_file, so_file = os.path.join(folder, "functions.c"), os.path.join(folder, "functions.so")
         with open(c_file, "w") as f:
-            f.write(_WRAPPER_HEAD)
+            f.write(_lib.lib.clattn_native_wrapper(0).decode())
             if score:
                 f.write(f'#line 1 "score_mod"\n{score}\n')
             if mask:
                 f.write(f'#line 1 "mask_mod"\n{mask}\n')
             f.write('#line 1 "clattn wrapper"\n')
-            f.write((_SCORE_ENTRY if score else "") + (_MASK_ENTRY if mask else ""))
-        try:
-            done = subprocess.run([cc, "-std=c99", "-O2", "-shared", "-fPIC", "-o", so_file,
-                                   c_file, "-lm"], capture_output=True, text=True)
-        except OSError as e:
-            raise InvalidArgument(f"the native backend compiles score_mod and mask_mod with "
-                                  f"{cc}: {e}") from None
+            f.write(_lib.lib.clattn_native_wrapper(1).decode())
+        flags = ["-std=c99", "-O3", "-fno-trapping-math", "-fno-math-errno",
+                 "-fvisibility=hidden", "-shared", "-fPIC"]
+        flags += ["-DCLATTN_SCORE"] if score else []
+        flags += ["-DCLATTN_MASK"] if mask else []
+        # this machine's vector units for the span's loops, where cc knows the flag
+        for arch in (["-march=native"], []):
+            try:
+                done = subprocess.run([cc, *flags, *arch, "-o", so_file, c_file, "-lm"],
+                                      capture_output=True, text=True)
+            except OSError as e:
+                raise InvalidArgument(f"the native backend compiles score_mod and mask_mod "
+                                      f"with {cc}: {e}") from None
+            if done.returncode == 0:
+                break
         if done.returncode != 0:
             raise InvalidArgument(f"{cc} did not compile the functions as C99 (the native "
                                   f"backend needs them valid C as well as OpenCL C):\n"

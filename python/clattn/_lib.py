@@ -76,6 +76,7 @@ class Shape(ctypes.Structure):
         ("bias_heads", ctypes.c_uint32),
         ("bias_cl", ctypes.c_void_p),
         ("bool_mask_cl", ctypes.c_void_p),
+        ("score_span_native", ctypes.c_void_p),
     ]
 
 
@@ -158,6 +159,7 @@ _PROTOTYPES = {
     "clattn_grad_bias": (ctypes.c_int, [_ctx, _sp, _vp, _vp, _vp, _vp, _fp, _vp, _fp]),
     "clattn_dropout_mask": (ctypes.c_int, [_sp, ctypes.c_uint32, ctypes.c_uint32, _vp]),
     "clattn_variant_name": (ctypes.c_char_p, [ctypes.c_int, ctypes.c_size_t]),
+    "clattn_native_wrapper": (ctypes.c_char_p, [ctypes.c_int]),
     "clattn_list_devices": (ctypes.c_int, [ctypes.POINTER(DeviceInfo), ctypes.c_size_t,
                                            ctypes.POINTER(ctypes.c_size_t)]),
 }

@@ -100,11 +100,16 @@ pub struct clattn_shape {
     pub bias_heads: u32,
     pub bias_cl: *mut c_void,
     pub bool_mask_cl: *mut c_void,
+    pub score_span_native: Option<SpanFn>,
 }
 
 /// A score function or its derivative in C's form (`clattn_shape`'s
 /// `score_native`).
 pub type ScoreFn = unsafe extern "C" fn(f32, u32, u32, u32, u32, *const f32) -> f32;
+/// A score function over a span of pairs in C's form (`clattn_shape`'s
+/// `score_span_native`).
+pub type SpanFn =
+    unsafe extern "C" fn(*mut f32, *mut f32, u32, u32, u32, u32, u32, u32, *const f32);
 /// A mask function in C's form (`clattn_shape`'s `mask_native`).
 pub type MaskFn = unsafe extern "C" fn(u32, u32, u32, u32) -> c_int;
 

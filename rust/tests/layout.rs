@@ -61,7 +61,8 @@ fn rust_layout() -> Vec<(String, usize)> {
         bias_batch,
         bias_heads,
         bias_cl,
-        bool_mask_cl
+        bool_mask_cl,
+        score_span_native
     );
     v.push(("clattn_options:sizeof".to_string(), size_of::<sys::clattn_options>()));
     fields!(sys::clattn_options, "clattn_options", backend, device, variant, num_threads);

@@ -6,6 +6,7 @@
 #define _POSIX_C_SOURCE 200809L
 #include <dlfcn.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <spawn.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -82,52 +83,76 @@ int mod_read_functions(const char *cmd, mod_opts *m, clattn_shape *s)
     return 1;
 }
 
-/* The C file that wraps the caller's sources: OpenCL C's names defined for
- * C99, each source from its own line 1, and entry points of fixed names
- * and C types. */
+/* The C file that wraps the caller's sources (clattn_native_wrapper's
+ * text around them), each source from its own line 1. */
 static int write_wrapper(FILE *f, const mod_opts *m)
 {
-    fputs("#include <math.h>\n#include <stdbool.h>\n#include <stdint.h>\n"
-          "typedef unsigned int uint;\n#define __global\n"
-          "static float clattn_tanh(float y) { return tanhf(y); }\n",
-          f);
+    fputs(clattn_native_wrapper(0), f);
     if (m->score_src)
         fprintf(f, "#line 1 \"%s\"\n%s\n", m->score_file, m->score_src);
     if (m->mask_src)
         fprintf(f, "#line 1 \"%s\"\n%s\n", m->mask_file, m->mask_src);
     fputs("#line 1 \"clattn's wrapper\"\n", f);
-    if (m->score_src)
-        fputs("float clattn_native_score(float s, uint32_t b, uint32_t h, uint32_t q, uint32_t k,"
-              " const float *p) { return clattn_score(s, b, h, q, k, p); }\n"
-              "float clattn_native_score_ds(float s, uint32_t b, uint32_t h, uint32_t q,"
-              " uint32_t k, const float *p) { return clattn_score_ds(s, b, h, q, k, p); }\n",
-              f);
-    if (m->mask_src)
-        fputs("int clattn_native_mask(uint32_t b, uint32_t h, uint32_t q, uint32_t k)"
-              " { return clattn_mask(b, h, q, k) ? 1 : 0; }\n",
-              f);
+    fputs(clattn_native_wrapper(1), f);
     return fflush(f) == 0 && !ferror(f);
 }
 
-/* Runs the C compiler on the wrapper; its messages go to stderr. */
-static int compile_wrapper(const char *cmd, const char *c_file, const char *so_file)
+/* Runs the C compiler once on the wrapper, with -march=native where
+ * `native` (its messages then go nowhere) or without (to stderr): 1 where
+ * it compiled, 0 where it did not, -1 where it could not be started. */
+static int run_compiler(const char *cc, const mod_opts *m, const char *c_file,
+                        const char *so_file, int native)
 {
-    const char *cc = getenv("CC");
-    if (!cc || !cc[0])
-        cc = "cc";
-    char *argv[] = {(char *)cc,  "-std=c99",        "-O2", "-shared", "-fPIC", "-o",
-                    (char *)so_file, (char *)c_file, "-lm",  NULL};
+    char *argv[16] = {(char *)cc,        "-std=c99",         "-O3",    "-fno-trapping-math",
+                      "-fno-math-errno", "-fvisibility=hidden", "-shared", "-fPIC"};
+    int n = 8;
+    if (native)
+        argv[n++] = "-march=native";
+    if (m->score_src)
+        argv[n++] = "-DCLATTN_SCORE";
+    if (m->mask_src)
+        argv[n++] = "-DCLATTN_MASK";
+    argv[n++] = "-o";
+    argv[n++] = (char *)so_file;
+    argv[n++] = (char *)c_file;
+    argv[n++] = "-lm";
+    argv[n] = NULL;
+    posix_spawn_file_actions_t quiet;
+    if (native && (posix_spawn_file_actions_init(&quiet) ||
+                   posix_spawn_file_actions_addopen(&quiet, 2, "/dev/null", O_WRONLY, 0)))
+        return 0; /* the second try, with messages, follows */
     pid_t pid;
-    const int err = posix_spawnp(&pid, cc, NULL, NULL, argv, environ);
+    const int err = posix_spawnp(&pid, cc, native ? &quiet : NULL, NULL, argv, environ);
+    if (native)
+        posix_spawn_file_actions_destroy(&quiet);
     if (err) {
-        fprintf(stderr, "clattn %s: the native backend compiles the functions with %s: %s\n",
-                cmd, cc, strerror(err));
-        return 0;
+        errno = err;
+        return -1;
     }
     int status = 0;
     while (waitpid(pid, &status, 0) < 0 && errno == EINTR)
         ;
-    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+    return WIFEXITED(status) && WEXITSTATUS(status) == 0;
+}
+
+/* Compiles the wrapper for this machine's CPU (vector units the span's
+ * loops use), else for the compiler's default target, whose messages go
+ * to stderr. */
+static int compile_wrapper(const char *cmd, const mod_opts *m, const char *c_file,
+                           const char *so_file)
+{
+    const char *cc = getenv("CC");
+    if (!cc || !cc[0])
+        cc = "cc";
+    int done = run_compiler(cc, m, c_file, so_file, 1);
+    if (done == 0)
+        done = run_compiler(cc, m, c_file, so_file, 0);
+    if (done < 0) {
+        fprintf(stderr, "clattn %s: the native backend compiles the functions with %s: %s\n",
+                cmd, cc, strerror(errno));
+        return 0;
+    }
+    if (!done) {
         fprintf(stderr, "clattn %s: %s did not compile the functions as C99 (its messages "
                         "above); the native backend needs them valid C as well as OpenCL C\n",
                 cmd, cc);
@@ -158,7 +183,7 @@ int mod_native(const char *cmd, int native, mod_opts *m, clattn_shape *s)
     }
     if (!ok)
         fprintf(stderr, "clattn %s: writing %s: %s\n", cmd, c_file, strerror(errno));
-    ok = ok && compile_wrapper(cmd, c_file, so_file);
+    ok = ok && compile_wrapper(cmd, m, c_file, so_file);
     if (ok && !(m->lib = dlopen(so_file, RTLD_NOW | RTLD_LOCAL))) {
         fprintf(stderr, "clattn %s: loading the functions: %s\n", cmd, dlerror());
         ok = 0;
@@ -170,18 +195,19 @@ int mod_native(const char *cmd, int native, mod_opts *m, clattn_shape *s)
     if (!ok)
         return 0;
     /* POSIX: a function's address through a data pointer, by memcpy */
-    void *sym[3] = {NULL, NULL, NULL};
-    static const char *const names[3] = {"clattn_native_score", "clattn_native_score_ds",
-                                         "clattn_native_mask"};
-    for (int i = 0; i < 3; ++i)
+    void *sym[4] = {NULL, NULL, NULL, NULL};
+    static const char *const names[4] = {"clattn_native_score", "clattn_native_score_ds",
+                                         "clattn_native_score_span", "clattn_native_mask"};
+    for (int i = 0; i < 4; ++i)
         sym[i] = dlsym(m->lib, names[i]);
     if (m->score_src) {
         memcpy(&s->score_native, &sym[0], sizeof sym[0]);
         memcpy(&s->score_ds_native, &sym[1], sizeof sym[1]);
+        memcpy(&s->score_span_native, &sym[2], sizeof sym[2]);
     }
     if (m->mask_src)
-        memcpy(&s->mask_native, &sym[2], sizeof sym[2]);
-    return (!m->score_src || (sym[0] && sym[1])) && (!m->mask_src || sym[2]);
+        memcpy(&s->mask_native, &sym[3], sizeof sym[3]);
+    return (!m->score_src || (sym[0] && sym[1] && sym[2])) && (!m->mask_src || sym[3]);
 }
 
 void mod_free(mod_opts *m)

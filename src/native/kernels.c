@@ -185,8 +185,8 @@ INLINE void modify_rows(const native_call *c, tile_row *sc, tile_row *dz, size_t
 {
     const float slope = c->slopes ? c->slopes[head] : 0.0f;
     const int64_t base = (int64_t)pos0 + c->delta - (int64_t)t0;
-    const int bias_alone = native_bias_alone(c->mods);
-    if (!small_distance(base) || ((c->mods & CLATTN_MOD_USER) && !bias_alone)) {
+    const int bias_alone = native_bias_alone(c->mods), span = native_span_alone(c);
+    if (!small_distance(base) || ((c->mods & CLATTN_MOD_USER) && !bias_alone && !span)) {
         for (uint32_t j = 0; j < KEY_BLOCK; ++j)
             for (size_t r = 0; r < QUERY_BLOCK; ++r) {
                 sc[j][r] = native_modify(c, sc[j][r] * c->scale, b, (uint32_t)(pos0 + r), t0 + j,
@@ -213,6 +213,20 @@ INLINE void modify_rows(const native_call *c, tile_row *sc, tile_row *dz, size_t
         for (uint32_t j = 0; j < keys; ++j) /* sc's rows in order, the bias's down a column */
             for (size_t r = 0; r < rows; ++r)
                 sc[j][r] += at[r * s->kv_seq + j];
+    }
+    if (span) { /* the call's rows of its keys (a tail past them is discarded) */
+        const clattn_shape *s = c->s;
+        const uint32_t keys = s->kv_seq - t0 < KEY_BLOCK ? s->kv_seq - t0 : KEY_BLOCK;
+        const uint32_t rows = s->q_seq - pos0 < QUERY_BLOCK ? (uint32_t)(s->q_seq - pos0)
+                                                            : QUERY_BLOCK;
+        _Alignas(64) float g[KEY_BLOCK * QUERY_BLOCK];
+        if (rows == QUERY_BLOCK) /* sc's columns one after another: one call */
+            native_span(c, sc[0], dz ? dz[0] : NULL, g, keys * QUERY_BLOCK, QUERY_BLOCK, b,
+                        (uint32_t)pos0, t0, head);
+        else
+            for (uint32_t j = 0; j < keys; ++j)
+                native_span(c, sc[j], dz ? dz[j] : NULL, g, rows, rows, b, (uint32_t)pos0, t0 + j,
+                            head);
     }
 }
 

@@ -110,12 +110,13 @@ INLINE void key_chunk_run(const native_call *c, key_chunk *ch, const tile_row *k
         native_drop_rows_of(c, ch->b, ch->pos, ch->head, n, &rows);
         native_keep_bits(c, &rows, ch->t0, kept);
     }
-    const int bias_alone = native_bias_alone(c->mods);
+    const int bias_alone = native_bias_alone(c->mods), span = native_span_alone(c);
+    const uint32_t keys = c->s->kv_seq - ch->t0 < KEY_BLOCK ? c->s->kv_seq - ch->t0 : KEY_BLOCK;
     for (size_t r = 0; r < n && c->mods; ++r) {
         const int64_t base = (int64_t)ch->pos[r] + c->delta - (int64_t)ch->t0;
         const float slope = c->slopes ? c->slopes[ch->head[r]] : 0.0f;
-        const int scalar = !small_distance(base) ||
-                           ((c->mods & CLATTN_MOD_USER) && !bias_alone && !ch->whole[r]);
+        const int scalar = !small_distance(base) || ((c->mods & CLATTN_MOD_USER) && !bias_alone &&
+                                                     !span && !ch->whole[r]);
         if (shaped && scalar)
             for (uint32_t j = 0; j < KEY_BLOCK; ++j)
                 p[r][j] = native_modify(c, p[r][j] * scale, ch->b, ch->pos[r], ch->t0 + j,
@@ -135,11 +136,14 @@ INLINE void key_chunk_run(const native_call *c, key_chunk *ch, const tile_row *k
             }
         }
         if (bias_alone && !scalar) { /* the bias's row, as modify_rows() adds it */
-            const uint32_t keys =
-                c->s->kv_seq - ch->t0 < KEY_BLOCK ? c->s->kv_seq - ch->t0 : KEY_BLOCK;
             const float *row = native_bias_row(c, ch->b, ch->head[r], ch->pos[r], ch->t0);
             for (uint32_t j = 0; j < keys; ++j)
                 p[r][j] += row[j];
+        }
+        if (span && !scalar) { /* along the row's keys, as modify_rows() runs it */
+            _Alignas(64) float g[KEY_BLOCK];
+            native_span(c, p[r], dkt ? dz[r] : NULL, g, keys, 1, ch->b, ch->pos[r], ch->t0,
+                        ch->head[r]);
         }
     }
     const float unit = shaped ? LOG2E : scale * LOG2E;

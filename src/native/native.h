@@ -200,6 +200,30 @@ static inline int native_bias_alone(unsigned mods)
     return (mods & CLATTN_MOD_USER) == CLATTN_MOD_BIAS;
 }
 
+/* Whether the caller's score function, with its span form
+ * (score_span_native), is the only per-pair modifier: the hot loops run it
+ * over a tile's keys or rows after the built-ins' vector code. */
+static inline int native_span_alone(const native_call *c)
+{
+    return (c->mods & CLATTN_MOD_USER) == CLATTN_MOD_SCORE && c->s->score_span_native;
+}
+
+/* The span form over n scores x in columns of `rows` (score_span_native)
+ * from query row pos (below q_seq) of head `head` of element b and key t
+ * (below kv_seq); where dz is not NULL, it is multiplied by the
+ * function's derivatives (g, n floats of scratch). */
+static inline void native_span(const native_call *c, float *x, float *dz, float *g, uint32_t n,
+                               uint32_t rows, size_t b, uint32_t pos, uint32_t t, size_t head)
+{
+    const clattn_shape *s = c->s;
+    s->score_span_native(x, dz ? g : NULL, n, rows, (uint32_t)(c->seq_base + b), (uint32_t)head,
+                         clattn_query_position(s, pos, c->delta), t + s->kv_offset,
+                         s->score_params);
+    if (dz)
+        for (uint32_t i = 0; i < n; ++i)
+            dz[i] *= g[i];
+}
+
 /* The bias's elements of query row pos (below q_seq) of head `head` of
  * element b, from key t0 on. */
 static inline const float *native_bias_row(const native_call *c, size_t b, size_t head,
