@@ -113,6 +113,17 @@ inline ulong bias_at(uint b, uint head, uint pos, uint t, uint num_heads, uint q
             pos) * kv_seq + t;
 }
 
+/* Element i of the caller's bias as float32: float32, or bfloat16 (bias_dims
+ * bit 4) or float16 (bit 8), each exact in float32. */
+inline float bias_value(__global const float *bias, ulong i, uint bias_dims)
+{
+    if (bias_dims & 4u)
+        return as_float((uint)((__global const ushort *)bias)[i] << 16);
+    if (bias_dims & 8u)
+        return vload_half(i, (__global const half *)bias);
+    return bias[i];
+}
+
 /* Whether the caller's mask function and bool mask show key t (global
  * position T) to query row pos (P) of query head `head` of element b. */
 inline bool user_shows(uint b, uint head, uint pos, uint t, uint P, uint T, uint seq0,
@@ -153,7 +164,7 @@ inline float user_modify(float x, uint pos, uint t, uint head, uint b, long delt
     x = clattn_score(x, b + seq0, head, P, T, p);
 #endif
 #if MODS & MOD_BIAS
-    x += bias[bias_at(b, head, pos, t, num_heads, q_seq, kv_seq, bias_dims)];
+    x += bias_value(bias, bias_at(b, head, pos, t, num_heads, q_seq, kv_seq, bias_dims), bias_dims);
 #endif
 #if HIDING
     if (!user_shows(b, head, pos, t, P, T, seq0, bool_mask, num_heads, q_seq, kv_seq,

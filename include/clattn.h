@@ -328,9 +328,10 @@ typedef struct clattn_shape {
      * float or a bool tensor; cuDNN's bias), of the layout
      *   [bias_batch][bias_heads][q_seq][kv_seq]
      * indexed by the call's query row i and key row j (not by positions):
-     *   bias       NULL (the default) or float32, added to the score after
-     *              the score function, before the mask function; -inf hides
-     *              the pair (a row it hides whole is empty);
+     *   bias       NULL (the default) or elements of bias_dtype, added to
+     *              the score after the score function, before the mask
+     *              function; -inf hides the pair (a row it hides whole is
+     *              empty);
      *   bool_mask  NULL or bytes, 0 hiding key j from query row i, as the
      *              mask function does (its tiles are skipped likewise).
      * bias_batch is 1 or batch, bias_heads 1 or num_heads (0 reads as 1): a
@@ -338,7 +339,7 @@ typedef struct clattn_shape {
      * the _cl calls too, from host memory). Not with packed sequences
      * (CLATTN_ERROR_UNSUPPORTED_SHAPE); dimensions that do not broadcast are
      * CLATTN_ERROR_INVALID_MODIFIER. clattn_grad_bias() gives dBias. */
-    const float *bias;
+    const void *bias;
     const uint8_t *bool_mask;
     uint32_t bias_batch;
     uint32_t bias_heads;
@@ -365,6 +366,12 @@ typedef struct clattn_shape {
      * it from score_fn's source (clattn_native_wrapper). */
     void (*score_span_native)(float *s, float *ds, uint32_t n, uint32_t rows, uint32_t b,
                               uint32_t h, uint32_t q, uint32_t k, const float *p);
+    /* The element type of bias and bias_cl: CLATTN_DTYPE_F32 (the
+     * default), CLATTN_DTYPE_BF16 or CLATTN_DTYPE_F16, whatever the
+     * tensors' dtype; each element is read as float32, exactly. Another
+     * value is CLATTN_ERROR_INVALID_MODIFIER where there is a bias. dBias
+     * (clattn_grad_bias) is float32 whatever it is. */
+    clattn_dtype bias_dtype;
 } clattn_shape;
 
 /* The C99 text that makes the OpenCL C of shape->score_fn and mask_fn the

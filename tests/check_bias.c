@@ -81,8 +81,9 @@ static void check_device_bias(clattn_context *ctx, const clattn_shape *s, uint64
     } else {
         const size_t n = bias_elems(s);
         cl_int err = CL_SUCCESS;
+        const size_t bias_bytes = s->bias_dtype == CLATTN_DTYPE_F32 ? sizeof(float) : 2;
         cl_mem b = s->bias ? clCreateBuffer(cc, CL_MEM_READ_ONLY | CL_MEM_COPY_HOST_PTR,
-                                            n * sizeof(float), (void *)s->bias, &err)
+                                            n * bias_bytes, (void *)s->bias, &err)
                            : NULL;
         ck_assert_int_eq(err, CL_SUCCESS);
         cl_mem m = s->bool_mask ? clCreateBuffer(cc, CL_MEM_READ_ONLY | CL_MEM_COPY_HOST_PTR, n,
@@ -329,8 +330,84 @@ START_TEST(bias_gradient)
 }
 END_TEST
 
+/* Every op of s, and dBias on the host, into one buffer per output. */
+typedef struct bias_outputs {
+    float *o, *lse, *dq, *dk, *dv, *db;
+} bias_outputs;
+
+static bias_outputs bias_run(clattn_context *ctx, const clattn_shape *s, const problem *p)
+{
+    const size_t n = bias_elems(s);
+    bias_outputs r = {nan_array(p->nq), nan_array(p->nlse), nan_array(p->nq),
+                      nan_array(p->nkv), nan_array(p->nkv), nan_array(n)};
+    ck_assert_status(clattn_forward(ctx, s, p->q, p->k, p->v, r.o, r.lse), CLATTN_OK);
+    ck_assert_status(
+        clattn_backward(ctx, s, p->q, p->k, p->v, p->o, p->lse, p->d_out, r.dq, r.dk, r.dv),
+        CLATTN_OK);
+    ck_assert_status(clattn_grad_bias(ctx, s, p->q, p->k, p->v, p->o, p->lse, p->d_out, r.db),
+                     CLATTN_OK);
+    return r;
+}
+
+static void bias_outputs_free(bias_outputs *r)
+{
+    float *all[6] = {r->o, r->lse, r->dq, r->dk, r->dv, r->db};
+    for (int i = 0; i < 6; ++i)
+        free(all[i]);
+}
+
+/* A bfloat16 and a float16 bias (with -inf) give, on every variant, the
+ * bytes that a float32 bias of the same values gives: each op, dBias, and
+ * (OpenCL) the bias as a 16-bit cl_mem; a bias_dtype that is not one is
+ * refused. */
+START_TEST(bias_16)
+{
+    const shape_case c = {.q_seq = 40, .kv_seq = 45, .heads = 4, .kv_heads = 2, .head_dim = 32,
+                          .causal = 1, .q_gain = 2};
+    clattn_shape s = to_shape(&c);
+    s.bias_heads = s.num_heads;
+    float *bias = make_bias(&s, 7300, 1);
+    const size_t n = bias_elems(&s);
+    uint16_t *bits = malloc(n * sizeof *bits);
+    const clattn_dtype kinds[2] = {CLATTN_DTYPE_BF16, CLATTN_DTYPE_F16};
+    for (int k = 0; k < (HAVE_F16 ? 2 : 1); ++k) {
+        round_16(bias, bits, n, kinds[k]); /* bias now holds the 16-bit values */
+        clattn_shape wide = s, narrow = s;
+        wide.bias = bias;
+        narrow.bias = bits;
+        narrow.bias_dtype = kinds[k];
+        problem p;
+        problem_make(&p, &wide, 7301, 2.0f);
+        clattn_context *ctx;
+        for (size_t v = 0; (ctx = next_variant(&v)) != NULL;) {
+            bias_outputs a = bias_run(ctx, &wide, &p), b = bias_run(ctx, &narrow, &p);
+            const size_t sizes[6] = {p.nq, p.nlse, p.nq, p.nkv, p.nkv, n};
+            const float *x[6] = {a.o, a.lse, a.dq, a.dk, a.dv, a.db};
+            const float *y[6] = {b.o, b.lse, b.dq, b.dk, b.dv, b.db};
+            static const char *const names[6] = {"O", "LSE", "dQ", "dK", "dV", "dBias"};
+            for (int i = 0; i < 6; ++i)
+                ck_assert_msg(!memcmp(x[i], y[i], sizes[i] * sizeof(float)),
+                              "%s: %s with a %s bias differs from the float32 bias's",
+                              current_variant, names[i], kinds[k] == CLATTN_DTYPE_BF16 ? "bf16" : "f16");
+            bias_outputs_free(&a);
+            bias_outputs_free(&b);
+            check_device_bias(ctx, &narrow, 7302);
+            clattn_context_destroy(ctx);
+        }
+        problem_free(&p);
+    }
+    clattn_shape bad = s;
+    bad.bias = bits;
+    bad.bias_dtype = (clattn_dtype)7;
+    ck_assert_status(clattn_shape_validate(&bad), CLATTN_ERROR_INVALID_MODIFIER);
+    ck_assert_ptr_nonnull(strstr(clattn_last_error(), "bias_dtype"));
+    free(bias);
+    free(bits);
+}
+END_TEST
+
 bias_tests get_bias_tests(void)
 {
-    bias_tests t = {{bias_tensors, 4}, bias_gradient};
+    bias_tests t = {{bias_tensors, 4}, bias_gradient, bias_16};
     return t;
 }

@@ -642,6 +642,7 @@ Suite *kernels_suite(void)
     const bias_tests bt = get_bias_tests();
     add_loop(tc, bt.tensors);
     tcase_add_test(tc, bt.gradient);
+    tcase_add_test(tc, bt.sixteen);
     suite_add_tcase(s, tc);
     /* The 16-bit tensors apart (CK_RUN_CASE=grad_v-16): what
      * CLATTN_MMA_WGMMA changes, to be run alone under it. */

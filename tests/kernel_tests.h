@@ -112,7 +112,7 @@ programmable_tests get_programmable_tests(void);
 /* check_bias.c */
 typedef struct bias_tests {
     loop_test tensors;
-    const TTest *gradient;
+    const TTest *gradient, *sixteen;
 } bias_tests;
 bias_tests get_bias_tests(void);
 

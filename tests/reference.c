@@ -87,6 +87,15 @@ static size_t bias_at(const clattn_shape *s, size_t b, size_t head, size_t pos, 
                s->kv_seq + t;
 }
 
+/* Element i of the shape's bias, of its bias_dtype, by the tests' own
+ * conversions. */
+static double bias_of(const clattn_shape *s, size_t i)
+{
+    if (s->bias_dtype == CLATTN_DTYPE_F32)
+        return (double)((const float *)s->bias)[i];
+    return (double)from_16(((const uint16_t *)s->bias)[i], s->bias_dtype);
+}
+
 /* The score of (b, pos, head) against key t, from the float inputs, with
  * the softcap and ALiBi modifiers; *dz (when not NULL) gets the softcap's
  * derivative. */
@@ -116,7 +125,7 @@ static double score_d(const problem *p, size_t b, size_t pos, size_t head, size_
         x = (double)s->score_native((float)x, bb, (uint32_t)head, P, T, s->score_params);
     }
     if (s->bias)
-        x += (double)s->bias[bias_at(s, b, head, pos, t)];
+        x += bias_of(s, bias_at(s, b, head, pos, t));
     if (dz)
         *dz = g;
     return x;
@@ -130,7 +139,7 @@ static int seen(const problem *p, size_t b, size_t pos, size_t head, size_t t)
     const clattn_shape *s = &p->s;
     return ref_visible(s, (uint32_t)pos, (uint32_t)t) &&
            (!s->bool_mask || s->bool_mask[bias_at(s, b, head, pos, t)]) &&
-           (!s->bias || s->bias[bias_at(s, b, head, pos, t)] != -INFINITY) &&
+           (!s->bias || bias_of(s, bias_at(s, b, head, pos, t)) != -INFINITY) &&
            (!s->mask_native ||
             s->mask_native((uint32_t)(p->seq_base + b), (uint32_t)head,
                            (uint32_t)query_at(s, pos), (uint32_t)(s->kv_offset + t)));

@@ -57,7 +57,7 @@ class Problem:
                  alibi_slopes=None, dropout_p=0.0, seed=0, offset=0, cu_seqlens_q=None,
                  cu_seqlens_kv=None, align_bottom_right=False, accumulate=False,
                  window_right=None, sinks=None, functions=None, score_params=None,
-                 bias=None, bool_mask=None):
+                 bias=None, bool_mask=None, bias_dtype=0):
         self.batch, self.q_seq, self.kv_seq = batch, q_seq, kv_seq
         self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
         self.dtype = dtype
@@ -93,9 +93,10 @@ class Problem:
         # (n,), C-contiguous, or None.
         self.functions = functions if functions else None
         self.score_params = score_params
-        # bias: float32 (bias_batch, bias_heads, q_seq, kv_seq), C-contiguous,
-        # each of the first two 1 or the whole; bool_mask: uint8 alike.
-        self.bias, self.bool_mask = bias, bool_mask
+        # bias: float32, or 16-bit bits (uint16) of bias_dtype, (bias_batch,
+        # bias_heads, q_seq, kv_seq), C-contiguous, each of the first two 1 or
+        # the whole; bool_mask: uint8 alike.
+        self.bias, self.bool_mask, self.bias_dtype = bias, bool_mask, bias_dtype
         self.cu_q, self.cu_kv = cu_seqlens_q, cu_seqlens_kv
         self.align_bottom_right = bool(align_bottom_right) and causal == 0
         self.accumulate = bool(accumulate)
@@ -143,10 +144,12 @@ class Problem:
             s.score_params = self.score_params.ctypes.data_as(ctypes.POINTER(ctypes.c_float))
             s.score_params_count = self.score_params.size
             keep.append(self.score_params)
-        for name, t, ctype in (("bias", self.bias, ctypes.c_float),
-                               ("bool_mask", self.bool_mask, ctypes.c_uint8)):
+        if self.bias is not None:
+            s.bias, s.bias_dtype = self.bias.ctypes.data, self.bias_dtype
+        if self.bool_mask is not None:
+            s.bool_mask = self.bool_mask.ctypes.data_as(ctypes.POINTER(ctypes.c_uint8))
+        for t in (self.bias, self.bool_mask):
             if t is not None:
-                setattr(s, name, t.ctypes.data_as(ctypes.POINTER(ctype)))
                 s.bias_batch, s.bias_heads = t.shape[0], t.shape[1]
                 keep.append(t)
         return s, keep

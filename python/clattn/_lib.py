@@ -70,13 +70,14 @@ class Shape(ctypes.Structure):
         ("score_native", ctypes.c_void_p),
         ("score_ds_native", ctypes.c_void_p),
         ("mask_native", ctypes.c_void_p),
-        ("bias", ctypes.POINTER(ctypes.c_float)),
+        ("bias", ctypes.c_void_p),
         ("bool_mask", ctypes.POINTER(ctypes.c_uint8)),
         ("bias_batch", ctypes.c_uint32),
         ("bias_heads", ctypes.c_uint32),
         ("bias_cl", ctypes.c_void_p),
         ("bool_mask_cl", ctypes.c_void_p),
         ("score_span_native", ctypes.c_void_p),
+        ("bias_dtype", ctypes.c_int),
     ]
 
 

@@ -109,11 +109,20 @@ def _problem(q, k, cu_q, cu_k, alibi, rng, causal, align, window, window_right, 
         window_right=window_right if window_right >= 0 else None, q_offset=q_offset,
         kv_offset=kv_offset, sinks=logits, score_params=params,
         functions=_functions(score_mod, mask_mod),
-        bias=bias.detach().contiguous().numpy() if bias is not None else None,
+        bias=_bias_array(bias), bias_dtype=_DTYPES[bias.dtype] if bias is not None else 0,
         bool_mask=bool_mask.contiguous().numpy() if bool_mask is not None else None)
 
 
 _function_cache = {}
+
+
+def _bias_array(bias):
+    """The bias's elements as a NumPy array: float32, or a 16-bit float's
+    bits (uint16)."""
+    if bias is None:
+        return None
+    b = bias.detach().contiguous()
+    return b.numpy() if b.dtype == torch.float32 else b.view(torch.int16).numpy().view("<u2")
 
 
 def _functions(score_mod, mask_mod):
@@ -250,7 +259,7 @@ def _autograd_backward(ctx, d_out, d_lse):
     run = _backward_impl if _eager(*args) else _backward
     dq, dk, dv, d_sinks, d_bias = run(*args, want_d_bias, *ctx.params)
     d_sinks = d_sinks.to(sinks.dtype) if sinks is not None else None
-    d_bias = d_bias if want_d_bias else None
+    d_bias = d_bias.to(bias.dtype) if want_d_bias else None
     return (dq, dk, dv, None, None, None, None, d_sinks, None, d_bias, None) + \
         (None,) * len(_PARAMS)
 
@@ -306,9 +315,9 @@ def attention(q, k, v, *, causal=0, align_bottom_right=False, window=0, window_r
     head (float32, (heads,)) that joins each row's softmax with no value,
     with a gradient. score_mod and mask_mod: OpenCL C source of the
     caller's functions (docs/programmable.md), score_params their float32
-    parameters (no gradient). bias: None, or a float32 CPU tensor (B or 1,
-    heads or 1, q_seq, kv_seq) added to the scores after the score function,
-    with a gradient; bool_mask: None, or a bool or uint8 tensor of that
+    parameters (no gradient). bias: None, or a float32, bfloat16 or float16
+    CPU tensor (B or 1, heads or 1, q_seq, kv_seq) added to the scores after
+    the score function, with a gradient (of its dtype); bool_mask: None, or a bool or uint8 tensor of that
     layout, False (0) hiding the pair; not with cu_seqlens. Returns (o, lse)
     with lse the float32 (m, l) pairs (..., heads, 2), which carry no
     gradient."""
@@ -331,8 +340,8 @@ def attention(q, k, v, *, causal=0, align_bottom_right=False, window=0, window_r
         raise NotImplementedError("mask_mod must be OpenCL C source (a str); clattn does not "
                                   "take a BlockMask or a Python callable")
     Functions(score_mod, mask_mod)  # checks the sources
-    if bias is not None and (not isinstance(bias, Tensor) or bias.dtype != torch.float32):
-        raise InvalidArgument("bias must be a float32 tensor")
+    if bias is not None and (not isinstance(bias, Tensor) or bias.dtype not in _DTYPES):
+        raise InvalidArgument("bias must be a float32, bfloat16 or float16 tensor")
     if bool_mask is not None:
         if not isinstance(bool_mask, Tensor) or bool_mask.dtype not in (torch.bool, torch.uint8):
             raise InvalidArgument("bool_mask must be a bool or uint8 tensor")
@@ -392,8 +401,9 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
 
 def _sdpa_mask(where, attn_mask, lead, heads, L, S):
     """attn_mask, broadcastable to (*lead, heads, L, S), as clattn's bias
-    (float32, with autograd through the broadcast) or bool mask (uint8):
-    (bias, bool_mask), each (B or 1, heads or 1, L, S) or None."""
+    (float32, or bfloat16 and float16 as they are, with autograd through
+    the broadcast) or bool mask (uint8): (bias, bool_mask), each (B or 1,
+    heads or 1, L, S) or None."""
     m = attn_mask
     if not isinstance(m, Tensor) or m.device.type != "cpu":
         raise InvalidArgument(f"{where}: attn_mask must be a CPU tensor")
@@ -414,7 +424,7 @@ def _sdpa_mask(where, attn_mask, lead, heads, L, S):
     m = m.expand((tuple(lead) if nb > 1 else (1,) * len(lead)) + (nh, L, S)).reshape(nb, nh, L, S)
     if m.dtype == torch.bool:
         return None, m.to(torch.uint8)
-    return m.to(torch.float32), None
+    return (m if m.dtype in _DTYPES else m.to(torch.float32)), None
 
 
 def flex_attention(query, key, value, score_mod=None, block_mask=None, scale=None,

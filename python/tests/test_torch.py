@@ -331,6 +331,26 @@ def test_sdpa_attn_mask_matches_pytorch_in_float64(backend, kind):
             assert got.shape == want.shape and close(got, want, "f32"), shape
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_sdpa_16_bit_attn_mask_is_its_float32_values(backend, dtype):
+    # bf16 tensors with a bf16 float mask, as PyTorch wants them: the mask is
+    # clattn's 16-bit bias, read as the float32 it equals; its gradient
+    # comes back in its own dtype.
+    B, H, L, S, E = 1, 2, 19, 23, 16
+    q, k, v = leaves((B, H, L, E), (B, H, S, E), (B, H, S, E), dtype=torch.bfloat16)
+    d_out = torch.randn(B, H, L, E).to(torch.bfloat16)
+    mask = torch.randn(B, H, L, S, generator=torch.Generator().manual_seed(6)).to(dtype)
+    mask[0, 0, 3, 5:9] = -math.inf
+    runs = []
+    for m in (mask.clone().requires_grad_(), mask.float().requires_grad_()):
+        out = ct.scaled_dot_product_attention(q, k, v, attn_mask=m)
+        runs.append((out,) + grads(out, (q, k, v, m), d_out))
+    (o16, dq16, dk16, dv16, dm16), (o32, dq32, dk32, dv32, dm32) = runs
+    for a, b in ((o16, o32), (dq16, dq32), (dk16, dk32), (dv16, dv32)):
+        assert torch.equal(a, b)
+    assert dm16.dtype == dtype and torch.equal(dm16, dm32.to(dtype))
+
+
 def test_functions_refuse_what_they_cannot_take():
     q, k, v = leaves((1, 2, 8, 16), (1, 2, 8, 16), (1, 2, 8, 16))
     with pytest.raises(NotImplementedError, match="callable"):

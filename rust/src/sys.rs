@@ -94,13 +94,14 @@ pub struct clattn_shape {
     pub score_native: Option<ScoreFn>,
     pub score_ds_native: Option<ScoreFn>,
     pub mask_native: Option<MaskFn>,
-    pub bias: *const f32,
+    pub bias: *const c_void,
     pub bool_mask: *const u8,
     pub bias_batch: u32,
     pub bias_heads: u32,
     pub bias_cl: *mut c_void,
     pub bool_mask_cl: *mut c_void,
     pub score_span_native: Option<SpanFn>,
+    pub bias_dtype: clattn_dtype,
 }
 
 /// A score function or its derivative in C's form (`clattn_shape`'s

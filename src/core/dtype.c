@@ -67,6 +67,12 @@ void clattn_to_f32(clattn_dtype dtype, const void *src, float *dst, size_t n)
         dst[i] = dtype == CLATTN_DTYPE_BF16 ? clattn_bf16_to_f32(h[i]) : f16_to_f32(h[i]);
 }
 
+void clattn_bias_values(const clattn_shape *s, size_t i, size_t n, float *out)
+{
+    const size_t bytes = clattn_bias_bytes(s);
+    clattn_to_f32(s->bias_dtype, (const unsigned char *)s->bias + i * bytes, out, n);
+}
+
 void clattn_from_f32(clattn_dtype dtype, const float *src, void *dst, size_t n)
 {
     if (dtype == CLATTN_DTYPE_F32) {

@@ -86,6 +86,13 @@ static inline size_t clattn_bias_index(const clattn_shape *s, size_t b, size_t h
     return (((s->bias_batch > 1 ? b : 0u) * heads + (heads > 1 ? h : 0u)) * s->q_seq + i) *
                s->kv_seq + j;
 }
+/* Bytes of one element of shape->bias (bias_dtype). */
+static inline size_t clattn_bias_bytes(const clattn_shape *s)
+{
+    return s->bias_dtype == CLATTN_DTYPE_F32 ? sizeof(float) : sizeof(uint16_t);
+}
+/* n elements of shape->bias from element i on, as float32, into out. */
+void clattn_bias_values(const clattn_shape *s, size_t i, size_t n, float *out);
 /* The global position P of query row pos that dropout's draw and ALiBi
  * take: pos + delta + kv_offset (delta from clattn_mask_delta), modulo
  * 2^32 (bottom-right alignment may make it negative). */

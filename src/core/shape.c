@@ -103,6 +103,11 @@ static clattn_status check_modifiers(const clattn_shape *s)
                            "bias_heads %u does not broadcast to %u query heads: it is 1 or "
                            "num_heads",
                            s->bias_heads, s->num_heads);
+    if ((s->bias || s->bias_cl) && s->bias_dtype != CLATTN_DTYPE_F32 &&
+        s->bias_dtype != CLATTN_DTYPE_BF16 && s->bias_dtype != CLATTN_DTYPE_F16)
+        return clattn_fail(CLATTN_ERROR_INVALID_MODIFIER,
+                           "bias_dtype %d is not a dtype: CLATTN_DTYPE_F32, _BF16 or _F16",
+                           (int)s->bias_dtype);
     if ((s->bias || s->bool_mask || s->bias_cl || s->bool_mask_cl) && clattn_packed(s))
         return clattn_fail(CLATTN_ERROR_UNSUPPORTED_SHAPE,
                            "a bias or bool_mask with packed sequences: their rows differ per "

@@ -136,7 +136,8 @@ INLINE void key_chunk_run(const native_call *c, key_chunk *ch, const tile_row *k
             }
         }
         if (bias_alone && !scalar) { /* the bias's row, as modify_rows() adds it */
-            const float *row = native_bias_row(c, ch->b, ch->head[r], ch->pos[r], ch->t0);
+            _Alignas(64) float buf[KEY_BLOCK];
+            const float *row = native_bias_row(c, ch->b, ch->head[r], ch->pos[r], ch->t0, keys, buf);
             for (uint32_t j = 0; j < keys; ++j)
                 p[r][j] += row[j];
         }

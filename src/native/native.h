@@ -224,12 +224,18 @@ static inline void native_span(const native_call *c, float *x, float *dz, float 
             dz[i] *= g[i];
 }
 
-/* The bias's elements of query row pos (below q_seq) of head `head` of
- * element b, from key t0 on. */
+/* n of the bias's elements of query row pos (below q_seq) of head `head`
+ * of element b, from key t0 on, as float32: in the bias itself, or
+ * converted into buf (a 16-bit bias). */
 static inline const float *native_bias_row(const native_call *c, size_t b, size_t head,
-                                           size_t pos, uint32_t t0)
+                                           size_t pos, uint32_t t0, uint32_t n, float *buf)
 {
-    return c->s->bias + clattn_bias_index(c->s, b, head, pos, t0);
+    const clattn_shape *s = c->s;
+    const size_t at = clattn_bias_index(s, b, head, pos, t0);
+    if (s->bias_dtype == CLATTN_DTYPE_F32)
+        return (const float *)s->bias + at;
+    clattn_bias_values(s, at, n, buf);
+    return buf;
 }
 
 /* Whether the pairs' only per-pair modifiers hide them (a mask function, a
@@ -271,8 +277,11 @@ static inline float native_modify(const native_call *c, float x, size_t b, uint3
             x = s->score_native(x, bb, h, P, T, s->score_params);
         }
         const uint32_t i = pos < s->q_seq ? pos : s->q_seq - 1, j = T - s->kv_offset;
-        if (c->mods & CLATTN_MOD_BIAS)
-            x += s->bias[clattn_bias_index(s, b, head, i, j)];
+        if (c->mods & CLATTN_MOD_BIAS) {
+            float bias;
+            clattn_bias_values(s, clattn_bias_index(s, b, head, i, j), 1, &bias);
+            x += bias;
+        }
         if ((c->mods & CLATTN_MOD_HIDE) && !native_pair_shown(c, b, head, i, j)) {
             x = -INFINITY;
             g = 0.0f;

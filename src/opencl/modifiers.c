@@ -25,7 +25,10 @@ clattn_status clattn_ocl_make_mods(struct clattn_cl_state *cl, const clattn_shap
                                   clattn_mod_buffers *mb)
 {
     memset(mb, 0, sizeof *mb);
-    mb->bias_dims = (s->bias_batch > 1 ? 1u : 0u) | (s->bias_heads > 1 ? 2u : 0u);
+    mb->bias_dims = (s->bias_batch > 1 ? 1u : 0u) | (s->bias_heads > 1 ? 2u : 0u) |
+                    (s->bias_dtype == CLATTN_DTYPE_BF16   ? 4u
+                     : s->bias_dtype == CLATTN_DTYPE_F16 ? 8u
+                                                         : 0u);
     cl_int err = CL_SUCCESS;
     if (mods & (CLATTN_MOD_ALIBI | CLATTN_MOD_SINK | CLATTN_MOD_SCORE)) {
         const size_t params = mods & CLATTN_MOD_SCORE ? s->score_params_count : 0;
@@ -48,11 +51,12 @@ clattn_status clattn_ocl_make_mods(struct clattn_cl_state *cl, const clattn_shap
             return clattn_ocl_fail(err, "clCreateBuffer(alibi_slopes, sinks, score_params)");
     }
     const size_t elems = clattn_bias_elems(s);
-    if ((mods & CLATTN_MOD_BIAS) && !s->bias_cl && elems * sizeof(float) > cl->limits.max_alloc) {
+    const size_t bias_bytes = elems * clattn_bias_bytes(s);
+    if ((mods & CLATTN_MOD_BIAS) && !s->bias_cl && bias_bytes > cl->limits.max_alloc) {
         clattn_ocl_release_mods(mb);
         return clattn_fail(CLATTN_ERROR_TOO_LARGE_FOR_DEVICE,
-                           "the bias of %zu floats exceeds the device's largest allocation",
-                           elems);
+                           "the bias of %zu bytes exceeds the device's largest allocation",
+                           bias_bytes);
     }
     /* The caller's cl_mem where the shape has one (retained, as the host
      * arrays' copies are made), else a copy of the host array. */
@@ -63,7 +67,7 @@ clattn_status clattn_ocl_make_mods(struct clattn_cl_state *cl, const clattn_shap
         size_t bytes;
         cl_mem *into;
         const char *name;
-    } tensors[2] = {{CLATTN_MOD_BIAS, s->bias_cl, s->bias, elems * sizeof(float), &mb->bias,
+    } tensors[2] = {{CLATTN_MOD_BIAS, s->bias_cl, s->bias, bias_bytes, &mb->bias,
                      "bias_cl"},
                     {CLATTN_MOD_BOOL, s->bool_mask_cl, s->bool_mask, elems, &mb->bool_mask,
                      "bool_mask_cl"}};
