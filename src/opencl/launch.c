@@ -208,22 +208,24 @@ static size_t ds_bytes(const clattn_shape *s, const grid_part *c)
            sizeof(float);
 }
 
-/* Makes sure the dS scratch holds bytes. A larger one replaces it: OpenCL
- * keeps the old until the kernels using it end. */
-static clattn_status ds_scratch(struct clattn_cl_state *cl, size_t bytes)
+/* Makes sure a scratch buffer (the dS scratch, the key side's parts)
+ * holds bytes, `what` naming it in a failure. A larger one replaces it:
+ * OpenCL keeps the old until the kernels using it end. */
+static clattn_status grow(struct clattn_cl_state *cl, cl_mem *buffer, size_t *have, size_t bytes,
+                          const char *what)
 {
-    if (cl->ds.bytes >= bytes)
+    if (*have >= bytes)
         return CLATTN_OK;
-    if (cl->ds.buffer)
-        clReleaseMemObject(cl->ds.buffer);
-    cl->ds.bytes = 0;
+    if (*buffer)
+        clReleaseMemObject(*buffer);
+    *have = 0;
     cl_int err;
-    cl->ds.buffer = clCreateBuffer(cl->context, CL_MEM_READ_WRITE, bytes, NULL, &err);
+    *buffer = clCreateBuffer(cl->context, CL_MEM_READ_WRITE, bytes, NULL, &err);
     if (err != CL_SUCCESS) {
-        cl->ds.buffer = NULL;
-        return clattn_ocl_fail(err, "clCreateBuffer(dS scratch)");
+        *buffer = NULL;
+        return clattn_ocl_fail(err, what);
     }
-    cl->ds.bytes = bytes;
+    *have = bytes;
     return CLATTN_OK;
 }
 
@@ -261,18 +263,10 @@ static clattn_status enqueue_key_side(struct clattn_cl_state *cl, cl_command_que
     const size_t bytes = 2 * parts * elems * sizeof(float);
     if (bytes > cl->limits.max_alloc)
         return enqueue_kernel(cl, queue, set, k, s, mb, t, part, 1, nwait, wait, done);
-    if (cl->parts.bytes < bytes) {
-        if (cl->parts.buffer)
-            clReleaseMemObject(cl->parts.buffer); /* kept by OpenCL until its kernels end */
-        cl->parts.bytes = 0;
-        cl_int err;
-        cl->parts.buffer = clCreateBuffer(cl->context, CL_MEM_READ_WRITE, bytes, NULL, &err);
-        if (err != CL_SUCCESS) {
-            cl->parts.buffer = NULL;
-            return clattn_ocl_fail(err, "clCreateBuffer(the key side's parts)");
-        }
-        cl->parts.bytes = bytes;
-    }
+    clattn_status st = grow(cl, &cl->parts.buffer, &cl->parts.bytes, bytes,
+                            "clCreateBuffer(the key side's parts)");
+    if (st != CLATTN_OK)
+        return st;
     cl_event *waits = malloc((nwait + 1u) * sizeof *waits);
     if (!waits)
         return clattn_fail(CLATTN_ERROR_OUT_OF_MEMORY, "out of host memory");
@@ -293,8 +287,7 @@ static clattn_status enqueue_key_side(struct clattn_cl_state *cl, cl_command_que
     into[CLATTN_R_DV].buffer = cl->parts.buffer;
     into[CLATTN_R_DV].offset = parts * elems * sizeof(float) / elem;
     cl_event first = NULL;
-    clattn_status st = enqueue_kernel(cl, queue, set, k, s, mb, into, part, parts, n,
-                                      n ? waits : NULL, &first);
+    st = enqueue_kernel(cl, queue, set, k, s, mb, into, part, parts, n, n ? waits : NULL, &first);
     free(waits);
     if (st != CLATTN_OK)
         return st;
@@ -435,7 +428,8 @@ clattn_status clattn_ocl_enqueue_op(struct clattn_cl_state *cl, cl_command_queue
         t[R_DQ32].offset = 0;
     }
     if (chunk.nb && st == CLATTN_OK) {
-        st = ds_scratch(cl, ds_bytes(s, &chunk));
+        st = grow(cl, &cl->ds.buffer, &cl->ds.bytes, ds_bytes(s, &chunk),
+                  "clCreateBuffer(dS scratch)");
         t[R_DS].buffer = cl->ds.buffer;
         t[R_DS].offset = 0;
     }
