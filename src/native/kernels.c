@@ -209,11 +209,18 @@ INLINE void modify_rows(const native_call *c, tile_row *sc, tile_row *dz, size_t
         const clattn_shape *s = c->s;
         const uint32_t keys = s->kv_seq - t0 < KEY_BLOCK ? s->kv_seq - t0 : KEY_BLOCK;
         const size_t rows = s->q_seq - pos0 < QUERY_BLOCK ? s->q_seq - pos0 : QUERY_BLOCK;
-        _Alignas(64) float buf[KEY_BLOCK];
-        for (size_t r = 0; r < rows; ++r) { /* a row of the bias down sc's column r */
-            const float *at = native_bias_row(c, b, head, pos0 + r, t0, keys, buf);
-            for (uint32_t j = 0; j < keys; ++j)
-                sc[j][r] += at[j];
+        if (s->bias_dtype == CLATTN_DTYPE_F32) {
+            const float *at = (const float *)s->bias + clattn_bias_index(s, b, head, pos0, t0);
+            for (uint32_t j = 0; j < keys; ++j) /* sc's rows in order, the bias's down a column */
+                for (size_t r = 0; r < rows; ++r)
+                    sc[j][r] += at[r * s->kv_seq + j];
+        } else {
+            _Alignas(64) float buf[KEY_BLOCK];
+            for (size_t r = 0; r < rows; ++r) { /* a 16-bit row, converted, down sc's column r */
+                const float *at = native_bias_row(c, b, head, pos0 + r, t0, keys, buf);
+                for (uint32_t j = 0; j < keys; ++j)
+                    sc[j][r] += at[j];
+            }
         }
     }
     if (span) { /* the call's rows of its keys (a tail past them is discarded) */
