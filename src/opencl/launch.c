@@ -293,6 +293,8 @@ static clattn_status enqueue_key_side(struct clattn_cl_state *cl, cl_command_que
         return st;
     cl_event summed = NULL;
     st = enqueue_kernel(cl, queue, set, K_SUM_PARTS, s, mb, sub, part, parts, 1, &first, &summed);
+    if (st != CLATTN_OK)
+        clWaitForEvents(1, &first); /* no part may still write the scratch a later call takes */
     clReleaseEvent(first);
     if (st != CLATTN_OK)
         return st;
