@@ -461,11 +461,11 @@ START_TEST(tune_keeps_winner)
     }
     const char *shape[] = {"--device", "cpu", "--variant", "tiled", "--head-dim", "16",
                            "--q-seq", "40", "--heads", "2", "--reps", "1", "--rounds", "1"};
-    ck_assert_int_eq(run("tune", shape[0], shape[1], shape[2], shape[3], shape[4], shape[5],
-                         shape[6], shape[7], shape[8], shape[9], shape[10], shape[11], shape[12],
-                         shape[13], "--candidates", "8,8,1,16", "--write-best", "--file", file,
-                         NULL),
-                     0);
+    ck_assert_msg(run("tune", shape[0], shape[1], shape[2], shape[3], shape[4], shape[5],
+                      shape[6], shape[7], shape[8], shape[9], shape[10], shape[11], shape[12],
+                      shape[13], "--candidates", "8,8,1,16", "--write-best", "--file", file,
+                      NULL) == 0,
+                  "clattn tune failed: %s", err_text);
     ck_assert_msg(strstr(out_text, "(table)") && strstr(out_text, "8,8,1,16,0 ") &&
                       strstr(out_text, "max_error") && strstr(out_text, "kept in"),
                   "%s", out_text);
@@ -475,19 +475,19 @@ START_TEST(tune_keeps_winner)
                   "%s", text);
     /* Again with another shape (micro-tiles of 4 rows): its line replaces
      * the first, once. */
-    ck_assert_int_eq(run("tune", shape[0], shape[1], shape[2], shape[3], shape[4], shape[5],
-                         shape[6], shape[7], shape[8], shape[9], shape[10], shape[11], shape[12],
-                         shape[13], "--candidates", "16,16,2,16,4", "--write-best", "--file", file,
-                         NULL),
-                     0);
+    ck_assert_msg(run("tune", shape[0], shape[1], shape[2], shape[3], shape[4], shape[5],
+                      shape[6], shape[7], shape[8], shape[9], shape[10], shape[11], shape[12],
+                      shape[13], "--candidates", "16,16,2,16,4", "--write-best", "--file", file,
+                      NULL) == 0,
+                  "clattn tune failed: %s", err_text);
     slurp(file, text, sizeof text);
     ck_assert_msg(strstr(text, "\t16,16,2,16,4\t") && !strstr(text, "8,8,1,16"), "%s", text);
     /* The backward alone: a tiled-backward line beside the tiled one. */
-    ck_assert_int_eq(run("tune", shape[0], shape[1], shape[2], shape[3], shape[4], shape[5],
-                         shape[6], shape[7], shape[8], shape[9], shape[10], shape[11], shape[12],
-                         shape[13], "--op", "backward", "--candidates", "8,8,1,16",
-                         "--write-best", "--file", file, NULL),
-                     0);
+    ck_assert_msg(run("tune", shape[0], shape[1], shape[2], shape[3], shape[4], shape[5],
+                      shape[6], shape[7], shape[8], shape[9], shape[10], shape[11], shape[12],
+                      shape[13], "--op", "backward", "--candidates", "8,8,1,16",
+                      "--write-best", "--file", file, NULL) == 0,
+                  "clattn tune failed: %s", err_text);
     slurp(file, text, sizeof text);
     ck_assert_msg(strstr(text, "\ntiled\tf32\t16\t16,16,2,16,4\t") &&
                       strstr(text, "\ntiled-backward\tf32\t16\t8,8,1,16,0\t"),
@@ -495,11 +495,11 @@ START_TEST(tune_keeps_winner)
     /* A dry run writes nothing. A shape that builds the kernels of one
      * timed before it (here: given twice; the table's own) is not timed as
      * a candidate of its own. */
-    ck_assert_int_eq(run("tune", shape[0], shape[1], shape[2], shape[3], shape[4], shape[5],
-                         shape[6], shape[7], shape[8], shape[9], shape[10], shape[11], shape[12],
-                         shape[13], "--candidates", "4,8,2,16 4,8,2,16 32,32,8,64,4",
-                         "--write-best", "--dry-run", "--file", file, NULL),
-                     0);
+    ck_assert_msg(run("tune", shape[0], shape[1], shape[2], shape[3], shape[4], shape[5],
+                      shape[6], shape[7], shape[8], shape[9], shape[10], shape[11], shape[12],
+                      shape[13], "--candidates", "4,8,2,16 4,8,2,16 32,32,8,64,4",
+                      "--write-best", "--dry-run", "--file", file, NULL) == 0,
+                  "clattn tune failed: %s", err_text);
     ck_assert_msg(strstr(out_text, "4,8,2,16,0     builds the kernels of 4,8,2,16,0 here") &&
                       strstr(out_text, "32,32,8,64,4   builds the kernels of the table's shape"),
                   "%s", out_text);
