@@ -209,7 +209,17 @@ INLINE void modify_rows(const native_call *c, tile_row *sc, tile_row *dz, size_t
         const clattn_shape *s = c->s;
         const uint32_t keys = s->kv_seq - t0 < KEY_BLOCK ? s->kv_seq - t0 : KEY_BLOCK;
         const size_t rows = s->q_seq - pos0 < QUERY_BLOCK ? s->q_seq - pos0 : QUERY_BLOCK;
-        if (s->bias_dtype == CLATTN_DTYPE_F32) {
+        if (s->bias_dtype == CLATTN_DTYPE_F32 && rows == QUERY_BLOCK && keys == KEY_BLOCK) {
+            /* a whole tile: the bias's rows into bt's columns, then added
+             * as sc lies (a strided add gathered each element) */
+            const float *at = (const float *)s->bias + clattn_bias_index(s, b, head, pos0, t0);
+            _Alignas(64) tile_row bt[KEY_BLOCK];
+            for (size_t r = 0; r < QUERY_BLOCK; ++r)
+                for (uint32_t j = 0; j < KEY_BLOCK; ++j)
+                    bt[j][r] = at[r * s->kv_seq + j];
+            for (uint32_t j = 0; j < KEY_BLOCK; ++j)
+                EACH_PART(h) { hstore(sc[j] + h, hload(sc[j] + h) + hload(bt[j] + h)); }
+        } else if (s->bias_dtype == CLATTN_DTYPE_F32) {
             const float *at = (const float *)s->bias + clattn_bias_index(s, b, head, pos0, t0);
             for (uint32_t j = 0; j < keys; ++j) /* sc's rows in order, the bias's down a column */
                 for (size_t r = 0; r < rows; ++r)
