@@ -236,6 +236,7 @@ extern "C" {
         keep: *mut u8,
     ) -> clattn_status;
     pub fn clattn_variant_name(backend: clattn_backend, index: usize) -> *const c_char;
+    pub fn clattn_native_wrapper(part: c_int) -> *const c_char;
     pub fn clattn_list_devices(
         devices: *mut clattn_device_info,
         capacity: usize,
