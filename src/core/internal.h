@@ -268,4 +268,17 @@ static inline uint16_t clattn_f32_to_bf16(float f)
     return (uint16_t)((x & 0x7fffffffu) > 0x7f800000u ? nan : rounded);
 }
 
+/* Element i of shape->bias as float32 (bias_dtype), inline for the pair
+ * by pair paths. */
+static inline float clattn_bias_value(const clattn_shape *s, size_t i)
+{
+    if (s->bias_dtype == CLATTN_DTYPE_F32)
+        return ((const float *)s->bias)[i];
+    if (s->bias_dtype == CLATTN_DTYPE_BF16)
+        return clattn_bf16_to_f32(((const uint16_t *)s->bias)[i]);
+    float f;
+    clattn_bias_values(s, i, 1, &f);
+    return f;
+}
+
 #endif /* CLATTN_INTERNAL_H */

@@ -205,39 +205,34 @@ INLINE void modify_rows(const native_call *c, tile_row *sc, tile_row *dz, size_t
                 hstore(dz[j] + h, g);
         }
     }
-    if (bias_alone) { /* its rows, the keys of the call (a tail past them is discarded) */
-        const clattn_shape *s = c->s;
-        const uint32_t keys = s->kv_seq - t0 < KEY_BLOCK ? s->kv_seq - t0 : KEY_BLOCK;
-        const size_t rows = s->q_seq - pos0 < QUERY_BLOCK ? s->q_seq - pos0 : QUERY_BLOCK;
-        if (s->bias_dtype == CLATTN_DTYPE_F32 && rows == QUERY_BLOCK && keys == KEY_BLOCK) {
-            /* a whole tile: the bias's rows into bt's columns, then added
-             * as sc lies (a strided add gathered each element) */
-            const float *at = (const float *)s->bias + clattn_bias_index(s, b, head, pos0, t0);
+    if (!bias_alone && !span)
+        return;
+    /* the call's rows and keys (a tail past them is discarded) */
+    const clattn_shape *s = c->s;
+    const uint32_t keys = s->kv_seq - t0 < KEY_BLOCK ? s->kv_seq - t0 : KEY_BLOCK;
+    const uint32_t rows = s->q_seq - pos0 < QUERY_BLOCK ? (uint32_t)(s->q_seq - pos0) : QUERY_BLOCK;
+    if (bias_alone) { /* its rows, down sc's columns */
+        _Alignas(64) float buf[KEY_BLOCK];
+        if (rows == QUERY_BLOCK && keys == KEY_BLOCK) {
+            /* a whole tile: the rows into bt's columns, then added as sc
+             * lies (added down sc's columns, each element was gathered) */
             _Alignas(64) tile_row bt[KEY_BLOCK];
-            for (size_t r = 0; r < QUERY_BLOCK; ++r)
+            for (uint32_t r = 0; r < QUERY_BLOCK; ++r) {
+                const float *at = native_bias_row(c, b, head, pos0 + r, t0, KEY_BLOCK, buf);
                 for (uint32_t j = 0; j < KEY_BLOCK; ++j)
-                    bt[j][r] = at[r * s->kv_seq + j];
+                    bt[j][r] = at[j];
+            }
             for (uint32_t j = 0; j < KEY_BLOCK; ++j)
                 EACH_PART(h) { hstore(sc[j] + h, hload(sc[j] + h) + hload(bt[j] + h)); }
-        } else if (s->bias_dtype == CLATTN_DTYPE_F32) {
-            const float *at = (const float *)s->bias + clattn_bias_index(s, b, head, pos0, t0);
-            for (uint32_t j = 0; j < keys; ++j) /* sc's rows in order, the bias's down a column */
-                for (size_t r = 0; r < rows; ++r)
-                    sc[j][r] += at[r * s->kv_seq + j];
         } else {
-            _Alignas(64) float buf[KEY_BLOCK];
-            for (size_t r = 0; r < rows; ++r) { /* a 16-bit row, converted, down sc's column r */
+            for (uint32_t r = 0; r < rows; ++r) {
                 const float *at = native_bias_row(c, b, head, pos0 + r, t0, keys, buf);
                 for (uint32_t j = 0; j < keys; ++j)
                     sc[j][r] += at[j];
             }
         }
     }
-    if (span) { /* the call's rows of its keys (a tail past them is discarded) */
-        const clattn_shape *s = c->s;
-        const uint32_t keys = s->kv_seq - t0 < KEY_BLOCK ? s->kv_seq - t0 : KEY_BLOCK;
-        const uint32_t rows = s->q_seq - pos0 < QUERY_BLOCK ? (uint32_t)(s->q_seq - pos0)
-                                                            : QUERY_BLOCK;
+    if (span) {
         _Alignas(64) float g[KEY_BLOCK * QUERY_BLOCK];
         if (rows == QUERY_BLOCK) /* sc's columns one after another: one call */
             native_span(c, sc[0], dz ? dz[0] : NULL, g, keys * QUERY_BLOCK, QUERY_BLOCK, b,

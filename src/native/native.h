@@ -277,11 +277,8 @@ static inline float native_modify(const native_call *c, float x, size_t b, uint3
             x = s->score_native(x, bb, h, P, T, s->score_params);
         }
         const uint32_t i = pos < s->q_seq ? pos : s->q_seq - 1, j = T - s->kv_offset;
-        if (c->mods & CLATTN_MOD_BIAS) {
-            float bias;
-            clattn_bias_values(s, clattn_bias_index(s, b, head, i, j), 1, &bias);
-            x += bias;
-        }
+        if (c->mods & CLATTN_MOD_BIAS)
+            x += clattn_bias_value(s, clattn_bias_index(s, b, head, i, j));
         if ((c->mods & CLATTN_MOD_HIDE) && !native_pair_shown(c, b, head, i, j)) {
             x = -INFINITY;
             g = 0.0f;
