@@ -339,6 +339,89 @@ __kernel void grad_kv__tree(__global const elem *q, ulong q_off,
                 dk, dk_off, dv, dv_off, SHAPE_PASS, red);
 }
 
+/* clattn_grad_bias(): dBias of a BT x BT tile of query rows and keys of
+ * one slice of the bias (grid: keys, rows, slices; BT = the work-group's
+ * side), summed over the batch elements and query heads the slice gathers
+ * (bias_dims), in that order: each visible pair's p (dP - Dsum), dropout's
+ * factor on dP, as the backward's dS before the score function's
+ * derivative and the scale. Q and dO (rows), K and V (keys) pass through
+ * local memory BIAS_CHUNK columns at a time; `tiles` holds four BT x
+ * BIAS_STRIDE floats. */
+#define BIAS_CHUNK 32u
+#define BIAS_STRIDE (BIAS_CHUNK + 1u) /* a row apart from the next one's bank */
+__kernel void grad_bias__tree(__global const elem *q, ulong q_off,
+                              __global const elem *k, ulong k_off,
+                              __global const elem *v, ulong v_off,
+                              __global const elem *d_out, ulong d_out_off,
+                              __global const float *lse, ulong lse_off,
+                              __global const float *dsum, ulong dsum_off,
+                              __global float *d_bias, ulong d_bias_off, SHAPE_ARGS, uint batch,
+                              __local float *tiles)
+{
+    const uint bt = get_local_size(0), j = get_local_id(0), i = get_local_id(1);
+    const uint t0 = get_group_id(0) * bt, p0 = get_group_id(1) * bt, slice = get_group_id(2);
+    const uint t = t0 + j, pos = p0 + i, lid = i * bt + j, items = bt * bt;
+    const uint heads_out = bias_dims & 2u ? num_heads : 1u;
+    const uint b_out = slice / heads_out, h_out = slice % heads_out;
+    const uint b_lo = bias_dims & 1u ? b_out : 0u, b_hi = bias_dims & 1u ? b_out + 1u : batch;
+    const uint h_lo = bias_dims & 2u ? h_out : 0u, h_hi = bias_dims & 2u ? h_out + 1u : num_heads;
+    const uint group = num_heads / num_kv_heads;
+    const uint p1 = min(p0 + bt, q_seq) - 1u, t1 = min(t0 + bt, kv_seq) - 1u;
+    __local float *qs = tiles, *gs = qs + bt * BIAS_STRIDE, *ks = gs + bt * BIAS_STRIDE;
+    __local float *vs = ks + bt * BIAS_STRIDE;
+    /* the keys any row of the tile sees under the built-in masks: the same
+     * for every work-item, as are the block map's tiles below */
+    uint lo, hi;
+    keys_of_queries(p0, p1, kv_seq, causal, window, delta, &lo, &hi);
+    const bool any = t0 < hi && t1 >= lo;
+    const bool mine = pos < q_seq && t < kv_seq;
+    const ulong out = d_bias_off + ((ulong)slice * q_seq + pos) * kv_seq + t;
+    float acc = mine && accumulate ? d_bias[out] : 0.0f;
+    for (uint b = b_lo; any && b < b_hi; ++b)
+        for (uint head = h_lo; head < h_hi; ++head) {
+            if (!map_shows(mask_blocks, b, head, num_heads, q_seq, kv_seq, p0, p1, t0, t1))
+                continue;
+            const uint kv_head = head / group;
+            float s = 0.0f, dp = 0.0f;
+            for (uint c0 = 0; c0 < head_dim; c0 += BIAS_CHUNK) {
+                for (uint e = lid; e < bt * BIAS_CHUNK; e += items) {
+                    const uint r = e / BIAS_CHUNK, c = c0 + e % BIAS_CHUNK, x = r * BIAS_STRIDE + e % BIAS_CHUNK;
+                    const ulong qa = at(b, q_seq, min(p0 + r, q_seq - 1u), num_heads, head, head_dim, c);
+                    const ulong ka = at(b, kv_seq, min(t0 + r, kv_seq - 1u), num_kv_heads, kv_head,
+                                        head_dim, c);
+                    const bool in = c < head_dim;
+                    qs[x] = in ? LOAD(q, q_off + qa) : 0.0f;
+                    gs[x] = in ? LOAD(d_out, d_out_off + qa) : 0.0f;
+                    ks[x] = in ? LOAD(k, k_off + ka) : 0.0f;
+                    vs[x] = in ? LOAD(v, v_off + ka) : 0.0f;
+                }
+                barrier(CLK_LOCAL_MEM_FENCE);
+                for (uint c = 0; c < BIAS_CHUNK; ++c) {
+                    s = fma(qs[i * BIAS_STRIDE + c], ks[j * BIAS_STRIDE + c], s);
+                    dp = fma(gs[i * BIAS_STRIDE + c], vs[j * BIAS_STRIDE + c], dp);
+                }
+                barrier(CLK_LOCAL_MEM_FENCE);
+            }
+            if (!mine || !visible(pos, t, causal, window, delta))
+                continue;
+            const ulong row = at(b, q_seq, pos, num_heads, head, 1, 0);
+            const float m = lse[lse_off + 2 * row], l = lse[lse_off + 2 * row + 1];
+            if (m == EMPTY_ROW && l == EMPTY_ROW)
+                continue; /* no key, or every one hidden */
+            float z = s * scale, dz = 1.0f;
+#if SHAPED
+            z = MODIFY(z, pos, t, head, b, &dz);
+#endif
+#if MODS & MOD_DROPOUT
+            dp *= DROP(pos, t, head, b);
+#endif
+            if (z != -INFINITY)
+                acc += exp(min0(z - m) - l) * (dp - dsum[dsum_off + row]);
+        }
+    if (mine)
+        d_bias[out] = acc;
+}
+
 /* clattn_merge_cl(): two partial results over disjoint key sets, (o1,
  * lse1) and (o2, lse2), into the (o, lse) of their union, a work-item per
  * row. A row's log-sum-exp is m + log l; the merged one is their log of

@@ -492,11 +492,14 @@ clattn_status clattn_grad_sinks(clattn_context *ctx, const clattn_shape *shape, 
  * shape->bias_batch and bias_heads broadcast. d_bias holds
  * [bias_batch][bias_heads][q_seq][kv_seq] floats, written whole, or added
  * to with shape->accumulate; shape->bias may be NULL (the gradient at a
- * bias of 0). Runs on the host for every backend, on up to 16 threads, in
- * a fixed order (deterministic); a score or mask function needs its C
- * form there (score_native, mask_native). Status: as clattn_forward();
- * CLATTN_ERROR_UNSUPPORTED_SHAPE with packed sequences or without a
- * function's C form. */
+ * bias of 0). Deterministic: each element's pairs are added in one fixed
+ * order. On an OpenCL context it runs on the device (the shape's OpenCL
+ * forms), d_bias read back; where the device cannot take it (the gradient
+ * past its largest allocation, or a driver's loop cap) and on native, on
+ * the host on up to 16 threads, where a score or mask function needs its
+ * C form (score_native, mask_native) and the bias its host form. Status:
+ * as clattn_forward(); CLATTN_ERROR_UNSUPPORTED_SHAPE with packed
+ * sequences or without a form the host needs. */
 clattn_status clattn_grad_bias(clattn_context *ctx, const clattn_shape *shape, const void *q,
                                const void *k, const void *v, const void *o, const float *lse,
                                const void *d_out, float *d_bias);

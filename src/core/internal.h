@@ -180,7 +180,11 @@ typedef struct clattn_seq_call {
  * shape and pointers are validated before run is called, under ctx's lock.
  * run_many, where a backend has it, runs the core's split of a packed
  * batch (the sequences with work, the longest first) as one call, so
- * that the sequences share its rounds of work; NULL: run for each. */
+ * that the sequences share its rounds of work; NULL: run for each.
+ * grad_bias, where a backend has it, computes clattn_grad_bias() from the
+ * host arrays in[] (q, k, v, o, lse, d_out) on its device, under ctx's
+ * lock: 0 where it does not take the call (the host computes it), else 1
+ * with the status in *st; NULL: always the host. */
 typedef struct clattn_backend_ops {
     clattn_status (*run)(clattn_context *ctx, clattn_op op, const clattn_shape *s,
                          const clattn_sizes *sz, const void *const t[CLATTN_R_COUNT]);
@@ -188,6 +192,8 @@ typedef struct clattn_backend_ops {
     int packed; /* run takes packed sequences (cu_seqlens) itself; else the core splits them */
     clattn_status (*run_many)(clattn_context *ctx, clattn_op op, const clattn_seq_call *calls,
                               size_t n);
+    int (*grad_bias)(clattn_context *ctx, const clattn_shape *s, const clattn_sizes *sz,
+                     const void *const in[6], float *d_bias, clattn_status *st);
 } clattn_backend_ops;
 
 struct clattn_cl_state;

@@ -1,8 +1,9 @@
 /* The bias's gradient (clattn_grad_bias): dS of every pair, summed over
- * the dimensions the bias broadcasts, on the host for every backend. A job
- * is one row of d_bias: for each batch element and head that row gathers,
- * in order, the pairs' p (dP - Dsum), from the modified scores that
- * native_modify() gives (the bias and the masks included). */
+ * the dimensions the bias broadcasts, on the backend's device where it
+ * takes the call (cl/tree.cl's grad_bias__tree), else here on the host. A
+ * job is one row of d_bias: for each batch element and head that row
+ * gathers, in order, the pairs' p (dP - Dsum), from the modified scores
+ * that native_modify() gives (the bias and the masks included). */
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -102,8 +103,6 @@ clattn_status clattn_grad_bias(clattn_context *ctx, const clattn_shape *shape, c
         return clattn_fail(CLATTN_ERROR_UNSUPPORTED_SHAPE,
                            "the bias's gradient with packed sequences: a bias has no packed "
                            "layout");
-    if ((st = clattn_native_host_forms(shape, "the bias's gradient, on the host,")) != CLATTN_OK)
-        return st;
     const size_t heads_out = shape->bias_heads > 1 ? shape->bias_heads : 1u;
     const size_t slices = (shape->bias_batch > 1 ? shape->bias_batch : 1u) * heads_out;
     const size_t out_bytes = clattn_bias_elems(shape) * sizeof(float);
@@ -116,6 +115,16 @@ clattn_status clattn_grad_bias(clattn_context *ctx, const clattn_shape *shape, c
                                "d_bias overlaps %s: an output may share no memory with another "
                                "tensor of the call",
                                names[i]);
+    if (ctx->ops->grad_bias) { /* on the device, where it takes the call */
+        pthread_mutex_lock(&ctx->lock);
+        const void *const in[6] = {q, k, v, o, lse, d_out};
+        const int ran = ctx->ops->grad_bias(ctx, shape, &sz, in, d_bias, &st);
+        pthread_mutex_unlock(&ctx->lock);
+        if (ran)
+            return st;
+    }
+    if ((st = clattn_native_host_forms(shape, "the bias's gradient, on the host,")) != CLATTN_OK)
+        return st;
     bias_job j;
     memset(&j, 0, sizeof j);
     float *copies[5];

@@ -611,7 +611,8 @@ static void native_destroy(clattn_context *ctx)
     ctx->scratch_floats = 0;
 }
 
-static const clattn_backend_ops native_ops = {native_run, native_destroy, 0, native_run_many};
+static const clattn_backend_ops native_ops = {native_run, native_destroy, 0, native_run_many,
+                                              NULL};
 
 clattn_status clattn_native_init(clattn_context *ctx, const clattn_options *opts)
 {

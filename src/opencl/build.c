@@ -244,13 +244,14 @@ static clattn_status build_set_once(struct clattn_cl_state *cl, const clattn_ocl
     set->mods = mods;
     for (int k = 0; k < K_COUNT; ++k) {
         const clattn_ocl_kernel *v = &variant->kernels[k];
-        const int stand_in = k == K_GRAD_KV || k == K_GRAD_KVQ || k == K_FINISH_DQ ||
-                             k == K_GRAD_KVS || k == K_GRAD_QS || k == K_SUM_PARTS;
-        if (!v->function && !stand_in)
+        const int optional = k == K_GRAD_KV || k == K_GRAD_KVQ || k == K_FINISH_DQ ||
+                             k == K_GRAD_KVS || k == K_GRAD_QS || k == K_SUM_PARTS ||
+                             k == K_GRAD_BIAS;
+        if (!v->function && !optional)
             return clattn_fail(CLATTN_ERROR_UNKNOWN_VARIANT, "variant '%s' has no kernel %d",
                                variant->name, k);
         /* without a stand-in the backward runs GRAD_K and GRAD_V, or two passes */
-        if (!v->function || (stand_in && !builds(cl, variant, set, head_dim, k)))
+        if (!v->function || (optional && !builds(cl, variant, set, head_dim, k)))
             continue;
         const clattn_ocl_variant *family = v->family;
         set->family[k] = family;
@@ -477,6 +478,14 @@ static clattn_status user_kernels(struct clattn_cl_state *cl, const clattn_ocl_v
     cl->kernels.user = set;
     *out = set;
     return CLATTN_OK;
+}
+
+clattn_status clattn_ocl_generic_kernels_of(struct clattn_cl_state *cl, const clattn_shape *s,
+                                            unsigned mods, kernel_set **out)
+{
+    if (mods & CLATTN_MOD_USER)
+        return user_kernels(cl, NULL, NULL, s, mods, out);
+    return clattn_ocl_generic_kernels(cl, s->dtype, mods, out);
 }
 
 clattn_status clattn_ocl_kernels_of(struct clattn_cl_state *cl, clattn_op op,

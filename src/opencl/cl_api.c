@@ -410,8 +410,35 @@ clattn_status clattn_grad_bias_cl(clattn_context *ctx, const clattn_shape *shape
     const clattn_cl_tensor t[6] = {q, k, v, o, lse, d_out};
     const clattn_role role[6] = {CLATTN_R_Q, CLATTN_R_K, CLATTN_R_V,
                                  CLATTN_R_O, CLATTN_R_LSE, CLATTN_R_DO};
+    /* on the device where it takes the call, else read back for the host */
+    clattn_sizes sz;
+    clattn_status st = cl_call_begin(ctx, shape, &sz, num_events_in_wait_list, event_wait_list);
+    if (st != CLATTN_OK)
+        return st;
+    if (!d_bias)
+        return clattn_fail(CLATTN_ERROR_NULL_POINTER, "d_bias is NULL");
+    if (clattn_packed(shape))
+        return clattn_fail(CLATTN_ERROR_UNSUPPORTED_SHAPE,
+                           "the bias's gradient with packed sequences: a bias has no packed "
+                           "layout");
+    clattn_cl_tensor all[R_ALL];
+    memset(all, 0, sizeof all);
+    byte_span span;
+    for (int i = 0; i < 6; ++i) {
+        if ((st = check_tensor(ctx->cl, t[i], clattn_role_elems(&sz, role[i]),
+                               clattn_ocl_role_bytes(role[i], shape->dtype),
+                               clattn_role_name(role[i]), &span)) != CLATTN_OK)
+            return st;
+        all[role[i]] = t[i];
+    }
+    pthread_mutex_lock(&ctx->lock);
+    const int ran = clattn_ocl_grad_bias(ctx->cl, shape, &sz, all, d_bias,
+                                         num_events_in_wait_list, event_wait_list, &st);
+    pthread_mutex_unlock(&ctx->lock);
+    if (ran)
+        return st;
     void *host[6];
-    clattn_status st = host_call_begin(ctx, shape, d_bias, "d_bias", 6, t, role, host,
+    st = host_call_begin(ctx, shape, d_bias, "d_bias", 6, t, role, host,
                                        num_events_in_wait_list, event_wait_list);
     if (st == CLATTN_OK)
         st = clattn_grad_bias(ctx, shape, host[0], host[1], host[2], host[3], host[4], host[5],

@@ -242,7 +242,8 @@ static clattn_status test_limits(struct clattn_cl_state *cl)
     return CLATTN_OK;
 }
 
-static const clattn_backend_ops opencl_ops = {clattn_ocl_run, opencl_destroy, 1, NULL};
+static const clattn_backend_ops opencl_ops = {clattn_ocl_run, opencl_destroy, 1, NULL,
+                                              clattn_ocl_grad_bias_host};
 
 /* Makes ctx an OpenCL context on device with a named variant. */
 static clattn_status init_variant(clattn_context *ctx, const clattn_ocl_variant *variant,

@@ -20,4 +20,6 @@ const kernel_desc clattn_ocl_kernel_descs[K_COUNT] = {
                      CLATTN_R_DK, CLATTN_R_DV, R_DS}, 9, 1, 2},
     [K_GRAD_QS] = {{CLATTN_R_K, R_DS, CLATTN_R_DQ}, 3, 0, 2},
     [K_SUM_PARTS] = {{R_PARTS_K, R_PARTS_V, CLATTN_R_DK, CLATTN_R_DV}, 4, 1, 1},
+    [K_GRAD_BIAS] = {{CLATTN_R_Q, CLATTN_R_K, CLATTN_R_V, CLATTN_R_DO, CLATTN_R_LSE, R_DSUM,
+                      R_DBIAS}, 7, 0, 0},
 };

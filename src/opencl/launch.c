@@ -66,22 +66,14 @@ clattn_status clattn_ocl_check_alloc(const struct clattn_cl_state *cl, const cla
     return CLATTN_OK;
 }
 
-static clattn_status enqueue_kernel(struct clattn_cl_state *cl, cl_command_queue queue,
-                                    const kernel_set *set, int k, const clattn_shape *s,
-                                    const clattn_mod_buffers *mb, const clattn_cl_tensor t[R_ALL],
-                                    const grid_part *part, size_t parts, cl_uint nwait,
-                                    const cl_event *wait, cl_event *done)
+/* Kernel k's arguments up to its local buffer: its tensors (kernel_desc),
+ * then cl/common.cl's SHAPE_ARGS; *next: the next argument's index. */
+static cl_int set_args(const struct clattn_cl_state *cl, const kernel_set *set, int k,
+                       const clattn_shape *s, const clattn_mod_buffers *mb,
+                       const clattn_cl_tensor t[R_ALL], cl_uint *next)
 {
     const kernel_desc *kd = &clattn_ocl_kernel_descs[k];
     cl_kernel kn = set->kernel[k];
-    const size_t wg = clattn_ocl_work_group(cl, set, k, s->head_dim);
-    const size_t local = clattn_ocl_local_bytes(cl, set, k, s->head_dim);
-    if (wg > set->max_wg[k] || set->local_mem[k] + local > cl->limits.local_mem)
-        return clattn_fail(CLATTN_ERROR_WORK_GROUP_TOO_LARGE,
-                           "head_dim %u needs work-groups of %zu with %zu bytes of local "
-                           "memory; the device runs at most %zu and has %llu bytes",
-                           s->head_dim, wg, local, set->max_wg[k],
-                           (unsigned long long)cl->limits.local_mem);
     cl_uint arg = 0;
     cl_int err = CL_SUCCESS;
     for (int i = 0; i < kd->nroles; ++i) {
@@ -121,6 +113,38 @@ static clattn_status enqueue_kernel(struct clattn_cl_state *cl, cl_command_queue
     err |= clSetKernelArg(kn, arg++, sizeof(cl_mem), &mb->bias);
     err |= clSetKernelArg(kn, arg++, sizeof(cl_mem), &mb->bool_mask);
     err |= clSetKernelArg(kn, arg++, sizeof(cl_uint), &mb->bias_dims);
+    *next = arg;
+    return err;
+}
+
+/* Whether kernel k's work-group of wg with `local` bytes fits the device. */
+static clattn_status check_fits(const struct clattn_cl_state *cl, const kernel_set *set, int k,
+                                const clattn_shape *s, size_t wg, size_t local)
+{
+    if (wg > set->max_wg[k] || set->local_mem[k] + local > cl->limits.local_mem)
+        return clattn_fail(CLATTN_ERROR_WORK_GROUP_TOO_LARGE,
+                           "head_dim %u needs work-groups of %zu with %zu bytes of local "
+                           "memory; the device runs at most %zu and has %llu bytes",
+                           s->head_dim, wg, local, set->max_wg[k],
+                           (unsigned long long)cl->limits.local_mem);
+    return CLATTN_OK;
+}
+
+static clattn_status enqueue_kernel(struct clattn_cl_state *cl, cl_command_queue queue,
+                                    const kernel_set *set, int k, const clattn_shape *s,
+                                    const clattn_mod_buffers *mb, const clattn_cl_tensor t[R_ALL],
+                                    const grid_part *part, size_t parts, cl_uint nwait,
+                                    const cl_event *wait, cl_event *done)
+{
+    const kernel_desc *kd = &clattn_ocl_kernel_descs[k];
+    cl_kernel kn = set->kernel[k];
+    const size_t wg = clattn_ocl_work_group(cl, set, k, s->head_dim);
+    const size_t local = clattn_ocl_local_bytes(cl, set, k, s->head_dim);
+    clattn_status st = check_fits(cl, set, k, s, wg, local);
+    if (st != CLATTN_OK)
+        return st;
+    cl_uint arg = 0;
+    cl_int err = set_args(cl, set, k, s, mb, t, &arg);
     err |= clSetKernelArg(kn, arg++, local, NULL);
     if (err != CL_SUCCESS)
         return clattn_fail(CLATTN_ERROR_OPENCL, "clSetKernelArg failed for kernel %d", k);
@@ -680,4 +704,159 @@ clattn_status clattn_ocl_run(clattn_context *ctx, clattn_op op, const clattn_sha
     if (kernels_done)
         clReleaseEvent(kernels_done);
     return st;
+}
+
+/* Whether the device computes dBias for s: its work-items loop over the
+ * batch elements and heads a slice gathers, BIAS_CHUNK columns at a time
+ * (cl/tree.cl's grad_bias__tree), within the driver's loop cap, and the
+ * gradient fits one allocation. */
+static int grad_bias_fits(const struct clattn_cl_state *cl, const clattn_shape *s)
+{
+    if ((cl_ulong)clattn_bias_elems(s) * sizeof(float) > cl->limits.max_alloc)
+        return 0;
+    if (!cl->limits.loop_cap)
+        return 1;
+    const uint64_t gathered = (uint64_t)(s->bias_batch > 1 ? 1u : s->batch) *
+                              (s->bias_heads > 1 ? 1u : s->num_heads);
+    const uint64_t chunks = (s->head_dim + 31u) / 32u;
+    return gathered * chunks * (32u + 32u + 8u) <= cl->limits.loop_cap;
+}
+
+/* The Dsum pre-pass, then grad_bias__tree over every BT x BT tile of
+ * every slice of the bias, after the wait list; t holds Q, K, V, O, LSE, DO
+ * and DBIAS; *done gets the last kernel's event. */
+static clattn_status enqueue_grad_bias(struct clattn_cl_state *cl, const clattn_shape *s,
+                                       const clattn_sizes *sz, clattn_cl_tensor t[R_ALL],
+                                       cl_uint nwait, const cl_event *wait, cl_event *done)
+{
+    const unsigned mods = clattn_op_modifiers(s, CLATTN_OP_BACKWARD);
+    kernel_set *set = NULL;
+    clattn_mod_buffers mb;
+    memset(&mb, 0, sizeof mb);
+    clattn_status st = clattn_ocl_generic_kernels_of(cl, s, mods, &set);
+    if (st == CLATTN_OK)
+        st = clattn_ocl_make_mods(cl, s, mods, &mb);
+    if (st == CLATTN_OK && (mods & CLATTN_MOD_HIDE))
+        st = clattn_ocl_mask_map(cl, cl->queue, set, s, &mb, nwait, wait);
+    cl_int err = CL_SUCCESS;
+    cl_mem dsum = NULL;
+    if (st == CLATTN_OK) {
+        dsum = clCreateBuffer(cl->context, CL_MEM_READ_WRITE, sz->lse / 2 * sizeof(float), NULL,
+                              &err);
+        if (err != CL_SUCCESS)
+            st = clattn_ocl_fail(err, "clCreateBuffer(dsum)");
+    }
+    cl_event summed = NULL;
+    if (st == CLATTN_OK) {
+        t[R_DSUM].buffer = dsum;
+        t[R_DSUM].offset = 0;
+        st = enqueue_kernel(cl, cl->queue, set, K_DSUM, s, &mb, t, NULL, 1, nwait, wait, &summed);
+    }
+    const size_t wg = st == CLATTN_OK ? clattn_ocl_work_group(cl, set, K_GRAD_BIAS, s->head_dim)
+                                      : 0;
+    const size_t local = st == CLATTN_OK ? clattn_ocl_local_bytes(cl, set, K_GRAD_BIAS,
+                                                                  s->head_dim)
+                                         : 0;
+    if (st == CLATTN_OK)
+        st = check_fits(cl, set, K_GRAD_BIAS, s, wg, local);
+    if (st == CLATTN_OK) {
+        size_t side = 1;
+        while (side * side < wg)
+            ++side;
+        cl_kernel kn = set->kernel[K_GRAD_BIAS];
+        cl_uint arg = 0;
+        err = set_args(cl, set, K_GRAD_BIAS, s, &mb, t, &arg);
+        err |= clSetKernelArg(kn, arg++, sizeof(cl_uint), &s->batch);
+        err |= clSetKernelArg(kn, arg++, local, NULL);
+        const size_t slices = clattn_bias_elems(s) / ((size_t)s->q_seq * s->kv_seq);
+        const size_t global[3] = {(s->kv_seq + side - 1) / side * side,
+                                  (s->q_seq + side - 1) / side * side, slices};
+        const size_t lsize[3] = {side, side, 1};
+        if (err == CL_SUCCESS)
+            err = clEnqueueNDRangeKernel(cl->queue, kn, 3, NULL, global, lsize, 1, &summed, done);
+        if (err != CL_SUCCESS)
+            st = clattn_ocl_fail(err, "enqueueing grad_bias__tree");
+    }
+    if (st == CLATTN_OK) {
+        snprintf(cl->owner->kernels, sizeof cl->owner->kernels, "%s,%s", set->function[K_DSUM],
+                 set->function[K_GRAD_BIAS]);
+        snprintf(cl->owner->build_options, sizeof cl->owner->build_options, "%s",
+                 set->options[K_GRAD_BIAS]);
+    }
+    if (summed) {
+        if (st != CLATTN_OK)
+            clWaitForEvents(1, &summed);
+        clReleaseEvent(summed);
+    }
+    if (dsum)
+        clReleaseMemObject(dsum);
+    clattn_ocl_release_mods(&mb);
+    return st;
+}
+
+int clattn_ocl_grad_bias(struct clattn_cl_state *cl, const clattn_shape *s,
+                         const clattn_sizes *sz, clattn_cl_tensor t[R_ALL], float *d_bias,
+                         cl_uint nwait, const cl_event *wait, clattn_status *st)
+{
+    if (!grad_bias_fits(cl, s))
+        return 0;
+    const size_t bytes = clattn_bias_elems(s) * sizeof(float);
+    cl_int err;
+    cl_mem out = clCreateBuffer(cl->context,
+                                CL_MEM_READ_WRITE | (s->accumulate ? CL_MEM_COPY_HOST_PTR : 0),
+                                bytes, s->accumulate ? d_bias : NULL, &err);
+    if (err != CL_SUCCESS) {
+        *st = clattn_ocl_fail(err, "clCreateBuffer(d_bias)");
+        return 1;
+    }
+    t[R_DBIAS].buffer = out;
+    t[R_DBIAS].offset = 0;
+    cl_event done = NULL;
+    *st = enqueue_grad_bias(cl, s, sz, t, nwait, wait, &done);
+    if (*st == CLATTN_OK &&
+        (err = clEnqueueReadBuffer(cl->queue, out, CL_TRUE, 0, bytes, d_bias, 1, &done, NULL)) !=
+            CL_SUCCESS)
+        *st = clattn_ocl_fail(err, "clEnqueueReadBuffer(d_bias)");
+    if (*st != CLATTN_OK)
+        clFinish(cl->queue); /* nothing of the call still runs once it returns */
+    if (done)
+        clReleaseEvent(done);
+    clReleaseMemObject(out);
+    return 1;
+}
+
+int clattn_ocl_grad_bias_host(clattn_context *ctx, const clattn_shape *s, const clattn_sizes *sz,
+                              const void *const in[6], float *d_bias, clattn_status *st)
+{
+    struct clattn_cl_state *cl = ctx->cl;
+    if (!grad_bias_fits(cl, s) || clattn_ocl_check_alloc(cl, sz, s->dtype) != CLATTN_OK)
+        return 0;
+    static const int roles[6] = {CLATTN_R_Q, CLATTN_R_K, CLATTN_R_V,
+                                 CLATTN_R_O, CLATTN_R_LSE, CLATTN_R_DO};
+    clattn_cl_tensor t[R_ALL];
+    memset(t, 0, sizeof t);
+    cl_event ev[6];
+    cl_uint nev = 0;
+    *st = CLATTN_OK;
+    for (int i = 0; i < 6 && *st == CLATTN_OK; ++i) {
+        const int r = roles[i];
+        const size_t bytes =
+            clattn_role_elems(sz, (clattn_role)r) * clattn_ocl_role_bytes(r, s->dtype);
+        if ((*st = scratch(cl, r, bytes)) != CLATTN_OK)
+            break;
+        t[r].buffer = cl->host_copy.buffer[r];
+        const cl_int err = clEnqueueWriteBuffer(cl->queue, t[r].buffer, CL_FALSE, 0, bytes, in[i],
+                                                0, NULL, &ev[nev]);
+        if (err != CL_SUCCESS)
+            *st = clattn_ocl_fail(err, "clEnqueueWriteBuffer");
+        else
+            ++nev;
+    }
+    if (*st == CLATTN_OK)
+        clattn_ocl_grad_bias(cl, s, sz, t, d_bias, nev, ev, st);
+    else
+        clFinish(cl->queue);
+    for (cl_uint i = 0; i < nev; ++i)
+        clReleaseEvent(ev[i]);
+    return 1;
 }

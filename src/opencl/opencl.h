@@ -31,6 +31,7 @@ enum {
     K_GRAD_KVS,  /* GRAD_KV that also writes dS to a scratch (tiled) */
     K_GRAD_QS,   /* dQ from that dS: no scores recomputed */
     K_SUM_PARTS, /* dK and dV from the key side's parts (PARTS_K, PARTS_V) */
+    K_GRAD_BIAS, /* dBias (clattn_grad_bias): the generic variant's */
     K_COUNT
 };
 
@@ -49,8 +50,8 @@ extern const kernel_desc clattn_ocl_kernel_descs[K_COUNT];
  * DQ32 the single-pass backward's float32 dQ, summed by atomic adds; DS the
  * dS scratch between GRAD_KVS and GRAD_QS; PARTS_K and PARTS_V the float32
  * dK and dV of a key side split into parts, each element's parts side by
- * side, which SUM_PARTS adds up. */
-enum { R_DSUM = CLATTN_R_COUNT, R_DQ32, R_DS, R_PARTS_K, R_PARTS_V, R_ALL };
+ * side, which SUM_PARTS adds up; DBIAS the bias's float32 gradient. */
+enum { R_DSUM = CLATTN_R_COUNT, R_DQ32, R_DS, R_PARTS_K, R_PARTS_V, R_DBIAS, R_ALL };
 
 /* cl/tiled's shape: rows per work-group, keys (or queries) per local-memory
  * tile, work-items per row by the tile's rows, the most columns of head_dim
@@ -306,6 +307,10 @@ clattn_status clattn_ocl_kernels_for(struct clattn_cl_state *cl,
                                      const struct clattn_ocl_variant *variant, const char *reason,
                                      uint32_t head_dim, clattn_dtype dtype, unsigned mods,
                                      kernel_set **out);
+/* The generic variant's kernels for s's head_dim and dtype with modifier
+ * bits mods (the caller's functions too). */
+clattn_status clattn_ocl_generic_kernels_of(struct clattn_cl_state *cl, const clattn_shape *s,
+                                            unsigned mods, kernel_set **out);
 /* The kernels op runs for shape s: the default's choice (choice.c) where
  * the context chooses, else its variant's. */
 clattn_status clattn_ocl_kernels_of(struct clattn_cl_state *cl, clattn_op op,
@@ -348,6 +353,18 @@ clattn_status clattn_ocl_enqueue_op(struct clattn_cl_state *cl, cl_command_queue
 clattn_status clattn_ocl_enqueue_packed(struct clattn_cl_state *cl, clattn_op op,
                                         const clattn_shape *s, const clattn_cl_tensor t[R_ALL],
                                         cl_uint nwait, const cl_event *wait, cl_event *event);
+/* dBias (clattn_grad_bias) on the device into the host array d_bias, from
+ * the device tensors t (Q, K, V, O, LSE and DO) after the wait list, on the
+ * context's queue; back once d_bias is written. 0 where the device does
+ * not take s (the gradient past one allocation, or the driver's loop cap:
+ * the host computes it), else 1 with the call's status in *st. */
+int clattn_ocl_grad_bias(struct clattn_cl_state *cl, const clattn_shape *s,
+                         const clattn_sizes *sz, clattn_cl_tensor t[R_ALL], float *d_bias,
+                         cl_uint nwait, const cl_event *wait, clattn_status *st);
+/* The same from host arrays in[] (q, k, v, o, lse, d_out), copied through
+ * the scratch buffers: the backend's grad_bias. */
+int clattn_ocl_grad_bias_host(clattn_context *ctx, const clattn_shape *s, const clattn_sizes *sz,
+                              const void *const in[6], float *d_bias, clattn_status *st);
 /* The backend's run: a host-pointer call through the scratch buffers. */
 clattn_status clattn_ocl_run(clattn_context *ctx, clattn_op op, const clattn_shape *s,
                              const clattn_sizes *sz, const void *const host[CLATTN_R_COUNT]);

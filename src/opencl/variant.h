@@ -26,12 +26,13 @@ struct clattn_ocl_variant {
     const char *name;
     const char *source; /* the embedded program (clattn_kernels.h) */
     /* Every kernel slot (opencl.h's K_*): FORWARD, DSUM, GRAD_Q, GRAD_K and
-     * GRAD_V are required. The others stand in for some of them in the
-     * backward, where the variant has them and `builds` agrees: GRAD_KV
-     * (dK and dV fused) for GRAD_K with GRAD_V; GRAD_KVQ with FINISH_DQ
-     * (one pass) for GRAD_KV with GRAD_Q; GRAD_KVS with GRAD_QS (dQ from a
-     * dS scratch) for GRAD_KV with GRAD_Q. Names say what is computed, then
-     * how. */
+     * GRAD_V are required; the others are built where the variant has
+     * them and `builds` agrees. Most stand in for some of the required
+     * ones in the backward: GRAD_KV (dK and dV fused) for GRAD_K with
+     * GRAD_V; GRAD_KVQ with FINISH_DQ (one pass) for GRAD_KV with GRAD_Q;
+     * GRAD_KVS with GRAD_QS (dQ from a dS scratch) for GRAD_KV with
+     * GRAD_Q. GRAD_BIAS, the generic variant's, gives clattn_grad_bias()
+     * on the device. Names say what is computed, then how. */
     clattn_ocl_kernel kernels[K_COUNT];
     /* 1: built per head_dim, on first use; 0: one set of kernels serves
      * every head_dim, built with the context. */

@@ -27,18 +27,33 @@ static void defines(const struct clattn_cl_state *cl, uint32_t head_dim, clattn_
     clattn_ocl_append(buf, size, " -DLANE_ELEMS=%u", (unsigned)((largest + wg - 1) / wg));
 }
 
+/* grad_bias__tree's side: a square work-group of rows by keys, 16 by 16
+ * where the limit allows. */
+static size_t bias_side(size_t limit)
+{
+    size_t side = 16;
+    while (side > 1 && side * side > limit)
+        side >>= 1;
+    return side;
+}
+
 static size_t work_group(const struct clattn_cl_state *cl, const kernel_set *set, int k,
                          uint32_t head_dim)
 {
-    (void)cl, (void)k;
+    (void)cl;
+    if (k == K_GRAD_BIAS)
+        return bias_side(set->limit) * bias_side(set->limit);
     return tree_work_group(head_dim, set->limit);
 }
 
-/* local_per_lane floats a work-item (kernel_desc.c). */
+/* local_per_lane floats a work-item (kernel_desc.c); grad_bias__tree's
+ * four tiles of a side's rows by 33 floats. */
 static size_t local_bytes(const struct clattn_cl_state *cl, const kernel_set *set, int k,
                           uint32_t head_dim)
 {
     (void)cl;
+    if (k == K_GRAD_BIAS)
+        return 4 * bias_side(set->limit) * 33 * sizeof(float);
     return tree_work_group(head_dim, set->limit) * sizeof(float) *
            (size_t)clattn_ocl_kernel_descs[k].local_per_lane;
 }
@@ -62,6 +77,7 @@ const clattn_ocl_variant clattn_ocl_variant_tree = {
             [K_GRAD_K] = {"grad_k__tree", &clattn_ocl_variant_tree},
             [K_GRAD_V] = {"grad_v__tree", &clattn_ocl_variant_tree},
             [K_GRAD_KV] = {"grad_kv__tree", &clattn_ocl_variant_tree},
+            [K_GRAD_BIAS] = {"grad_bias__tree", &clattn_ocl_variant_tree},
         },
     .per_head_dim = 0,
     .fits_limit = 1,
