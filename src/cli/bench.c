@@ -11,16 +11,17 @@
 
 #include "bench.h"
 
-const char *const bench_op_names[3] = {"grad-v", "forward", "backward"};
+const char *const bench_op_names[4] = {"grad-v", "forward", "backward", "grad-bias"};
 
 enum { MAX_SEQS = 4096 };
 
 /* Bytes of one element of tensor i in the timed calls: the LSE pairs
- * (input, or the forward's second output) are float32. */
+ * (input, or the forward's second output) and dBias are float32. */
 static size_t elem_bytes(const bench *b, int i)
 {
-    const int lse = i == T_LSE || (b->op == BENCH_FORWARD && i == T_OUT1);
-    return lse || b->s.dtype == CLATTN_DTYPE_F32 ? sizeof(float) : 2;
+    const int f32 = i == T_LSE || (b->op == BENCH_FORWARD && i == T_OUT1) ||
+                    (b->op == BENCH_GRAD_BIAS && i == T_OUT0);
+    return f32 || b->s.dtype == CLATTN_DTYPE_F32 ? sizeof(float) : 2;
 }
 
 /* Writes text as a JSON string's contents. */
@@ -54,13 +55,16 @@ static clattn_status run_host(clattn_context *ctx, const bench *b, void *const o
     case BENCH_BACKWARD:
         return clattn_backward(ctx, &b->s, h[T_Q], h[T_K], h[T_V], h[T_O], h[T_LSE], h[T_DO],
                                out[0], out[1], out[2]);
+    case BENCH_GRAD_BIAS:
+        return clattn_grad_bias(ctx, &b->s, h[T_Q], h[T_K], h[T_V], h[T_O], h[T_LSE], h[T_DO],
+                                out[0]);
     }
     return CLATTN_ERROR_INVALID_OPTION;
 }
 
-/* Enqueues the op once on device buffers. */
+/* Enqueues the op once on device buffers (dBias: runs it, into host out). */
 static clattn_status run_cl(clattn_context *ctx, const bench *b, const clattn_cl_tensor *t,
-                            cl_event *done)
+                            void *out, cl_event *done)
 {
     switch (b->op) {
     case BENCH_GRAD_V:
@@ -72,6 +76,9 @@ static clattn_status run_cl(clattn_context *ctx, const bench *b, const clattn_cl
     case BENCH_BACKWARD:
         return clattn_backward_cl(ctx, &b->s, t[T_Q], t[T_K], t[T_V], t[T_O], t[T_LSE],
                                   t[T_DO], t[T_OUT0], t[T_OUT1], t[T_OUT2], 0, NULL, done);
+    case BENCH_GRAD_BIAS:
+        return clattn_grad_bias_cl(ctx, &b->s, t[T_Q], t[T_K], t[T_V], t[T_O], t[T_LSE], t[T_DO],
+                                   out, 0, NULL);
     }
     return CLATTN_ERROR_INVALID_OPTION;
 }
@@ -115,7 +122,8 @@ clattn_status bench_time(clattn_context *ctx, const bench *b, int reps, double *
     const size_t bias_n = (size_t)(b->s.bias_batch > 1 ? b->s.bias_batch : 1) *
                           (b->s.bias_heads > 1 ? b->s.bias_heads : 1) * b->s.q_seq * b->s.kv_seq;
     const void *arrays[2] = {b->s.bias, b->s.bool_mask};
-    const size_t sizes[2] = {bias_n * sizeof(float), bias_n};
+    const size_t sizes[2] = {bias_n * (b->s.bias_dtype == CLATTN_DTYPE_F32 ? sizeof(float) : 2),
+                             bias_n};
     for (int i = 0; i < 2 && on_cl && st == CLATTN_OK; ++i) {
         cl_int err = CL_SUCCESS;
         if (arrays[i])
@@ -134,8 +142,8 @@ clattn_status bench_time(clattn_context *ctx, const bench *b, int reps, double *
         double t0 = now();
         if (on_cl) {
             cl_event done = NULL;
-            st = run_cl(ctx, &dev, t, &done);
-            if (st == CLATTN_OK && clWaitForEvents(1, &done) != CL_SUCCESS)
+            st = run_cl(ctx, &dev, t, raw[0], &done);
+            if (st == CLATTN_OK && done && clWaitForEvents(1, &done) != CL_SUCCESS)
                 st = CLATTN_ERROR_OPENCL;
             if (done)
                 clReleaseEvent(done);
@@ -145,7 +153,7 @@ clattn_status bench_time(clattn_context *ctx, const bench *b, int reps, double *
         if (r >= 0)
             times[r] = now() - t0;
     }
-    for (int i = 0; i < b->nout && on_cl && st == CLATTN_OK; ++i)
+    for (int i = 0; i < b->nout && on_cl && b->op != BENCH_GRAD_BIAS && st == CLATTN_OK; ++i)
         if (clEnqueueReadBuffer(queue, t[T_OUT0 + i].buffer, CL_TRUE, 0,
                                 b->n[T_OUT0 + i] * elem_bytes(b, T_OUT0 + i), raw[i], 0, NULL,
                                 NULL) != CL_SUCCESS)
@@ -206,6 +214,11 @@ int bench_prepare(const char *cmd, bench *b, int reference)
         b->n[T_OUT0] = nq;
         b->n[T_OUT1] = b->n[T_OUT2] = nkv;
         b->nout = 3;
+        break;
+    case BENCH_GRAD_BIAS:
+        b->n[T_OUT0] = (size_t)(s->bias_batch > 1 ? s->bias_batch : 1) *
+                       (s->bias_heads > 1 ? s->bias_heads : 1) * s->q_seq * s->kv_seq;
+        b->nout = 1;
         break;
     }
     int ok = 1;
@@ -278,7 +291,7 @@ int cmd_bench(int argc, char **argv)
 {
     const char *cmd = "bench";
     if (wants_help(argc, argv)) {
-        printf("usage: clattn bench --op grad-v|forward|backward --q-seq N [--kv-seq N] "
+        printf("usage: clattn bench --op grad-v|forward|backward|grad-bias --q-seq N [--kv-seq N] "
                "--heads H\n"
                "                    [--kv-heads KH] --head-dim D [--batch B]\n"
                "                    [--causal | --causal-bottom-right]\n"
@@ -297,7 +310,9 @@ int cmd_bench(int argc, char **argv)
                "tensors (default f32); the inputs are then values of that dtype and\n"
                "max_error is against native's float32 outputs on them (so it shows the\n"
                "outputs' rounding, on native too).\n"
-               "GFLOP/s count 4 (grad-v, forward) or 10 (backward) FLOP per visible\n"
+               "grad-bias times clattn_grad_bias (the gradient of --bias, or of a bias of\n"
+               "0 without one), its float32 output read back to the host as the call does.\n"
+               "GFLOP/s count 4 (grad-v, forward, grad-bias) or 10 (backward) FLOP per visible\n"
                "(query, key) pair per head_dim element; max_error is max |out - native| /\n"
                "max |native| over the outputs (null on native itself).\n"
                "--seqlens or --random-seqlens (--batch sequences) times a batch of\n"
@@ -388,13 +403,14 @@ int cmd_bench(int argc, char **argv)
     bench b;
     memset(&b, 0, sizeof b);
     int known = 0;
-    for (int i = 0; i < 3; ++i)
+    for (int i = 0; i < 4; ++i)
         if (!strcmp(op_name, bench_op_names[i])) {
             b.op = (bench_op)i;
             known = 1;
         }
     if (!known) {
-        fprintf(stderr, "clattn bench: --op wants grad-v, forward or backward, not '%s'\n",
+        fprintf(stderr, "clattn bench: --op wants grad-v, forward, backward or grad-bias, not "
+                        "'%s'\n",
                 op_name);
         return EXIT_INPUT;
     }

@@ -51,7 +51,7 @@ typedef struct mod_opts {
     const char *score_file, *mask_file, *params_file;
     float *slopes; /* read from alibi by mod_apply */
     float *sinks;  /* read from sinks_file by mod_apply */
-    float *bias;   /* read from bias_file by mod_apply, where it is float32 */
+    void *bias;    /* read from bias_file by mod_apply, where it is float32 or float16 */
     uint8_t *bool_mask; /* where it is bool */
     size_t bias_shape[4];
     char *score_src, *mask_src; /* the functions' files, read by mod_apply */

@@ -288,8 +288,9 @@ static const file_command file_commands[] = {
      OPTIONS_USAGE_AT("                       ")
      "Attention's backward from the forward's O and LSE and the output gradient\n"
      "dO: dQ like Q, dK and dV like K; with --sinks (the forward's), --d-sinks\n"
-     "writes their gradient (float32, one per query head); with a float32 --bias,\n"
-     "--d-bias writes its gradient in its shape. Exit 0, 1 on a device failure, 2\n"
+     "writes their gradient (float32, one per query head); with a float --bias,\n"
+     "--d-bias writes its gradient in its shape (float32). Exit 0, 1 on a device\n"
+     "failure, 2\n"
      "on bad input (and then none of the outputs is left).\n",
      READS_V | READS_O | READS_LSE | READS_DO, 3, {"--dq", "--dk", "--dv"},
      {LIKE_Q, LIKE_K, LIKE_K}},
@@ -328,8 +329,8 @@ static const file_command file_commands[] = {
      "clattn_mask. The native backend compiles the same files as C99 with $CC\n"
      "(default cc) and loads them. --bias B.npy, 4-d (batch or 1, query heads or\n"
      "1, q_seq, kv_seq), is added to the scores after the score function where it\n"
-     "is float32 ('<f4'), and hides the pairs where it is false where it is bool\n"
-     "('|b1'); not with --cu-seqlens.\n",
+     "is float32 ('<f4') or float16 ('<f2'), and hides the pairs where it is false\n"
+     "where it is bool ('|b1'); not with --cu-seqlens.\n",
      READS_LSE | READS_DO, 1, {"--out"}, {LIKE_K}},
 };
 
@@ -434,7 +435,7 @@ static int cmd_file(const file_command *fc, int argc, char **argv)
         }
     }
     if (d_bias && !mods.bias) {
-        fprintf(stderr, "clattn %s: --d-bias wants a float32 --bias: a bool mask has no "
+        fprintf(stderr, "clattn %s: --d-bias wants a float --bias: a bool mask has no "
                         "gradient\n", cmd);
         goto done;
     }
