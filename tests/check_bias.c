@@ -291,6 +291,19 @@ START_TEST(bias_gradient)
                       "on %s: dBias[%zu] is %g, finite differences give %g", test_backend, i,
                       (double)db[i], fd);
     }
+    /* accumulate adds to what d_bias holds */
+    float *twice = malloc(n * sizeof(float));
+    ck_assert_ptr_nonnull(twice);
+    memcpy(twice, db, n * sizeof(float));
+    clattn_shape acc = s;
+    acc.accumulate = 1;
+    ck_assert_status(clattn_grad_bias(ctx, &acc, p.q, p.k, p.v, o, lse, p.d_out, twice),
+                     CLATTN_OK);
+    for (size_t i = 0; i < n; ++i)
+        ck_assert_msg(fabs((double)twice[i] - 2.0 * db[i]) <= 1e-6 * largest,
+                      "on %s: dBias[%zu] accumulated is %g, twice %g", test_backend, i,
+                      (double)twice[i], 2.0 * db[i]);
+    free(twice);
     if (clattn_context_cl_context(ctx)) {
         /* on a device of 16 work-items a work-group: dBias's tiles 4 by 4 */
         const char *was = getenv("CLATTN_DEVICE_LIMITS");
