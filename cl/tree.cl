@@ -345,10 +345,12 @@ __kernel void grad_kv__tree(__global const elem *q, ulong q_off,
  * (bias_dims), in that order: each visible pair's p (dP - Dsum), dropout's
  * factor on dP, as the backward's dS before the score function's
  * derivative and the scale. Q and dO (rows), K and V (keys) pass through
- * local memory BIAS_CHUNK columns at a time; `tiles` holds four BT x
- * BIAS_STRIDE floats. */
+ * local memory BIAS_CHUNK columns at a time: work-item (i, j) loads columns
+ * j, j + BT, ... of query row i and of key i; they lie column by column (a
+ * column's BT rows side by side, BT + 1 floats apart: neighbouring keys
+ * read neighbouring floats, a row's stores fall in different banks);
+ * `tiles` holds four BIAS_CHUNK x (BT + 1) floats. */
 #define BIAS_CHUNK 32u
-#define BIAS_STRIDE (BIAS_CHUNK + 1u) /* a row apart from the next one's bank */
 __kernel void grad_bias__tree(__global const elem *q, ulong q_off,
                               __global const elem *k, ulong k_off,
                               __global const elem *v, ulong v_off,
@@ -360,15 +362,15 @@ __kernel void grad_bias__tree(__global const elem *q, ulong q_off,
 {
     const uint bt = get_local_size(0), j = get_local_id(0), i = get_local_id(1);
     const uint t0 = get_group_id(0) * bt, p0 = get_group_id(1) * bt, slice = get_group_id(2);
-    const uint t = t0 + j, pos = p0 + i, lid = i * bt + j, items = bt * bt;
+    const uint t = t0 + j, pos = p0 + i;
     const uint heads_out = bias_dims & 2u ? num_heads : 1u;
     const uint b_out = slice / heads_out, h_out = slice % heads_out;
     const uint b_lo = bias_dims & 1u ? b_out : 0u, b_hi = bias_dims & 1u ? b_out + 1u : batch;
     const uint h_lo = bias_dims & 2u ? h_out : 0u, h_hi = bias_dims & 2u ? h_out + 1u : num_heads;
     const uint group = num_heads / num_kv_heads;
     const uint p1 = min(p0 + bt, q_seq) - 1u, t1 = min(t0 + bt, kv_seq) - 1u;
-    __local float *qs = tiles, *gs = qs + bt * BIAS_STRIDE, *ks = gs + bt * BIAS_STRIDE;
-    __local float *vs = ks + bt * BIAS_STRIDE;
+    const uint stride = bt + 1u, size = BIAS_CHUNK * stride;
+    __local float *qs = tiles, *gs = qs + size, *ks = gs + size, *vs = ks + size;
     /* the keys any row of the tile sees under the built-in masks: the same
      * for every work-item, as are the block map's tiles below */
     uint lo, hi;
@@ -381,24 +383,24 @@ __kernel void grad_bias__tree(__global const elem *q, ulong q_off,
         for (uint head = h_lo; head < h_hi; ++head) {
             if (!map_shows(mask_blocks, b, head, num_heads, q_seq, kv_seq, p0, p1, t0, t1))
                 continue;
-            const uint kv_head = head / group;
+            /* this work-item's rows to load: query p0 + i, key t0 + i */
+            const ulong qa = at(b, q_seq, min(pos, q_seq - 1u), num_heads, head, head_dim, 0);
+            const ulong ka = at(b, kv_seq, min(t0 + i, kv_seq - 1u), num_kv_heads,
+                                head / group, head_dim, 0);
             float s = 0.0f, dp = 0.0f;
             for (uint c0 = 0; c0 < head_dim; c0 += BIAS_CHUNK) {
-                for (uint e = lid; e < bt * BIAS_CHUNK; e += items) {
-                    const uint r = e / BIAS_CHUNK, c = c0 + e % BIAS_CHUNK, x = r * BIAS_STRIDE + e % BIAS_CHUNK;
-                    const ulong qa = at(b, q_seq, min(p0 + r, q_seq - 1u), num_heads, head, head_dim, c);
-                    const ulong ka = at(b, kv_seq, min(t0 + r, kv_seq - 1u), num_kv_heads, kv_head,
-                                        head_dim, c);
-                    const bool in = c < head_dim;
-                    qs[x] = in ? LOAD(q, q_off + qa) : 0.0f;
-                    gs[x] = in ? LOAD(d_out, d_out_off + qa) : 0.0f;
-                    ks[x] = in ? LOAD(k, k_off + ka) : 0.0f;
-                    vs[x] = in ? LOAD(v, v_off + ka) : 0.0f;
+                for (uint c = j; c < BIAS_CHUNK; c += bt) {
+                    const uint x = c * stride + i;
+                    const bool in = c0 + c < head_dim;
+                    qs[x] = in ? LOAD(q, q_off + qa + c0 + c) : 0.0f;
+                    gs[x] = in ? LOAD(d_out, d_out_off + qa + c0 + c) : 0.0f;
+                    ks[x] = in ? LOAD(k, k_off + ka + c0 + c) : 0.0f;
+                    vs[x] = in ? LOAD(v, v_off + ka + c0 + c) : 0.0f;
                 }
                 barrier(CLK_LOCAL_MEM_FENCE);
                 for (uint c = 0; c < BIAS_CHUNK; ++c) {
-                    s = fma(qs[i * BIAS_STRIDE + c], ks[j * BIAS_STRIDE + c], s);
-                    dp = fma(gs[i * BIAS_STRIDE + c], vs[j * BIAS_STRIDE + c], dp);
+                    s = fma(qs[c * stride + i], ks[c * stride + j], s);
+                    dp = fma(gs[c * stride + i], vs[c * stride + j], dp);
                 }
                 barrier(CLK_LOCAL_MEM_FENCE);
             }

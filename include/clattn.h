@@ -493,11 +493,13 @@ clattn_status clattn_grad_sinks(clattn_context *ctx, const clattn_shape *shape, 
  * [bias_batch][bias_heads][q_seq][kv_seq] floats, written whole, or added
  * to with shape->accumulate; shape->bias may be NULL (the gradient at a
  * bias of 0). Deterministic: each element's pairs are added in one fixed
- * order. On an OpenCL context it runs on the device (the shape's OpenCL
- * forms), d_bias read back; where the device cannot take it (the gradient
- * past its largest allocation, or a driver's loop cap) and on native, on
- * the host on up to 16 threads, where a score or mask function needs its
- * C form (score_native, mask_native) and the bias its host form. Status:
+ * order. On an OpenCL GPU it runs on the device (the shape's OpenCL
+ * forms), d_bias read back; on native, on a CPU device where the host can
+ * run it, and where the device cannot take it (the gradient past its
+ * largest allocation, or a driver's loop cap), on the host on up to 16
+ * threads, where a score or mask function needs its C form (score_native,
+ * mask_native) and the bias its host form (CLATTN_GRAD_BIAS moves it,
+ * docs/tuning.md). Status:
  * as clattn_forward(); CLATTN_ERROR_UNSUPPORTED_SHAPE with packed
  * sequences or without a form the host needs. */
 clattn_status clattn_grad_bias(clattn_context *ctx, const clattn_shape *shape, const void *q,

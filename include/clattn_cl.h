@@ -146,9 +146,9 @@ clattn_status clattn_grad_sinks_cl(clattn_context *ctx, const clattn_shape *shap
                                    const cl_event *event_wait_list);
 
 /* clattn_grad_bias() from device tensors, on the device after the events;
- * d_bias is host memory, the bias's layout, read back. Where the device
- * cannot take the call, q, k, v, o, lse and d_out are read back and the
- * host computes it, as clattn_grad_bias() does. Blocks until done.
+ * d_bias is host memory, the bias's layout, read back. Where
+ * clattn_grad_bias() would run on the host, q, k, v, o, lse and d_out are
+ * read back and the host computes it. Blocks until done.
  * Status: as clattn_grad_v_cl() and clattn_grad_bias(). */
 clattn_status clattn_grad_bias_cl(clattn_context *ctx, const clattn_shape *shape,
                                   clattn_cl_tensor q, clattn_cl_tensor k, clattn_cl_tensor v,

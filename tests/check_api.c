@@ -593,9 +593,10 @@ START_TEST(list_devices)
 }
 END_TEST
 
-/* The mma shape knobs are read as an OpenCL context is made, whatever its
- * variant: bad ones refuse it with a status and a message naming them, on
- * every OpenCL device listed; CLATTN_MMA_SINGLE=0 (two passes) is good. */
+/* The mma shape knobs (and CLATTN_GRAD_BIAS) are read as an OpenCL context
+ * is made, whatever its variant: bad ones refuse it with a status and a
+ * message naming them, on every OpenCL device listed; CLATTN_MMA_SINGLE=0
+ * (two passes) is good. */
 START_TEST(mma_knob_statuses)
 {
     size_t n = 0;
@@ -608,7 +609,8 @@ START_TEST(mma_knob_statuses)
                                          {"CLATTN_MMA_GRAD_Q", "4,1,16"},
                                          {"CLATTN_MMA_KEY_PARTS", "0"},
                                          {"CLATTN_MMA_KEY_PARTS", "17"},
-                                         {"CLATTN_MMA_KEY_PARTS", "au"}};
+                                         {"CLATTN_MMA_KEY_PARTS", "au"},
+                                         {"CLATTN_GRAD_BIAS", "gpu"}};
     for (size_t i = 0; i < n; ++i) {
         if (list[i].backend == CLATTN_BACKEND_NATIVE)
             continue;

@@ -77,6 +77,13 @@ static inline size_t clattn_bias_elems(const clattn_shape *s)
     return (size_t)(s->bias_batch > 1 ? s->bias_batch : 1u) *
            (s->bias_heads > 1 ? s->bias_heads : 1u) * s->q_seq * s->kv_seq;
 }
+/* Whether the host can run s: every function has its C form, and the bias
+ * and bool mask their host arrays (clattn_native_host_forms says why not). */
+static inline int clattn_host_forms(const clattn_shape *s)
+{
+    return (!s->score_fn || s->score_native) && (!s->mask_fn || s->mask_native) &&
+           (!s->bias_cl || s->bias) && (!s->bool_mask_cl || s->bool_mask);
+}
 /* The element of shape->bias and bool_mask for batch element b, query
  * head h, query row i and key row j (the broadcast applied). */
 static inline size_t clattn_bias_index(const clattn_shape *s, size_t b, size_t h, size_t i,

@@ -6,6 +6,7 @@
  * that native_modify() gives (the bias and the masks included). */
 #include <math.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -155,6 +156,8 @@ clattn_status clattn_grad_bias(clattn_context *ctx, const clattn_shape *shape, c
         if (!ctx->pool && n > 1)
             ctx->pool = clattn_native_pool_create(n - 1);
         clattn_native_run_jobs(ctx->pool, c, bias_row, slices * shape->q_seq, n);
+        snprintf(ctx->kernels, sizeof ctx->kernels, "grad_bias__host");
+        ctx->build_options[0] = '\0';
         pthread_mutex_unlock(&ctx->lock);
     }
     for (int i = 0; i < 5; ++i)

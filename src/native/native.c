@@ -492,6 +492,8 @@ static void many_job(const native_call *group, size_t job)
 
 clattn_status clattn_native_host_forms(const clattn_shape *s, const char *who)
 {
+    if (clattn_host_forms(s))
+        return CLATTN_OK;
     if ((s->score_fn && !s->score_native) || (s->mask_fn && !s->mask_native))
         return clattn_fail(CLATTN_ERROR_UNSUPPORTED_SHAPE,
                            "the %s function is OpenCL C source alone: %s calls C functions "

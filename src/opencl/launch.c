@@ -706,12 +706,17 @@ clattn_status clattn_ocl_run(clattn_context *ctx, clattn_op op, const clattn_sha
     return st;
 }
 
-/* Whether the device computes dBias for s: its work-items loop over the
- * batch elements and heads a slice gathers, BIAS_CHUNK columns at a time
- * (cl/tree.cl's grad_bias__tree), within the driver's loop cap, and the
- * gradient fits one allocation. */
+/* Whether the device computes dBias for s: where the host cannot, or the
+ * context says so (cl->grad_bias_on), and it can: its work-items loop over
+ * the batch elements and heads a slice gathers, BIAS_CHUNK columns at a
+ * time (cl/tree.cl's grad_bias__tree), within the driver's loop cap, and
+ * the gradient fits one allocation. */
 static int grad_bias_fits(const struct clattn_cl_state *cl, const clattn_shape *s)
 {
+    const int cpu = cl->owner->backend == CLATTN_BACKEND_OPENCL_CPU;
+    if (clattn_host_forms(s) &&
+        (cl->grad_bias_on == GRAD_BIAS_HOST || (cl->grad_bias_on == GRAD_BIAS_AUTO && cpu)))
+        return 0;
     if ((cl_ulong)clattn_bias_elems(s) * sizeof(float) > cl->limits.max_alloc)
         return 0;
     if (!cl->limits.loop_cap)

@@ -86,6 +86,7 @@ typedef struct tuned_entry {
     mma_config mma;
 } tuned_entry;
 enum { TUNED_MAX = 96, PACKED_QUEUES = 4, TUNING_KEY_MAX = 400 };
+enum { GRAD_BIAS_AUTO, GRAD_BIAS_DEVICE, GRAD_BIAS_HOST };
 /* The default's choice (choice.c): ops and size classes (the longest of
  * q_seq and kv_seq up to CHOICE_SHORT_TO, or past it). */
 enum { CHOICE_FORWARD, CHOICE_BACKWARD, CHOICE_ANY = -1 };
@@ -193,6 +194,11 @@ struct clattn_cl_state {
     /* The device's key in the tuning file ("" where it has none), and the
      * file's entries for it. */
     char tuning_key[TUNING_KEY_MAX];
+    /* Where clattn_grad_bias() runs (CLATTN_GRAD_BIAS): GRAD_BIAS_AUTO, the
+     * device on a GPU and the host on a CPU device wherever the host can
+     * (its own threads are faster there); GRAD_BIAS_DEVICE, GRAD_BIAS_HOST
+     * wherever each can. */
+    int grad_bias_on;
     /* CLATTN_LOCAL_PROBE=1 (tests): each laid-out local buffer checked at
      * its build (build.c's probe_local). */
     int local_probe;

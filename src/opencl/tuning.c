@@ -1,5 +1,6 @@
 /* The tuning state every variant shares: each variant's setup when a
- * context is made, and the program cache's and the dS scratch's bounds.
+ * context is made, the program cache's and the dS scratch's bounds, and
+ * where dBias runs.
  * The tuning file is tuning_file.c's. */
 #include <errno.h>
 #include <stdio.h>
@@ -38,5 +39,17 @@ clattn_status clattn_ocl_tuning_init(struct clattn_cl_state *cl, cl_device_id de
                                ds);
         cl->ds.max = (size_t)(mb << 20);
     }
+    /* CLATTN_GRAD_BIAS: where dBias runs (launch.c's clattn_ocl_grad_bias) */
+    const char *on = getenv("CLATTN_GRAD_BIAS");
+    static const char *const places[3] = {"auto", "device", "host"};
+    cl->grad_bias_on = -1;
+    for (int i = 0; i < 3; ++i)
+        if (!on || !strcmp(on, places[i]))
+            cl->grad_bias_on = on ? i : GRAD_BIAS_AUTO;
+    if (cl->grad_bias_on < 0)
+        return clattn_fail(CLATTN_ERROR_INVALID_OPTION,
+                           "CLATTN_GRAD_BIAS='%s': want auto, device or host (where the bias's "
+                           "gradient runs)",
+                           on);
     return CLATTN_OK;
 }

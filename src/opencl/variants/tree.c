@@ -47,13 +47,13 @@ static size_t work_group(const struct clattn_cl_state *cl, const kernel_set *set
 }
 
 /* local_per_lane floats a work-item (kernel_desc.c); grad_bias__tree's
- * four tiles of a side's rows by 33 floats. */
+ * four tiles of 32 columns by the side's rows and one. */
 static size_t local_bytes(const struct clattn_cl_state *cl, const kernel_set *set, int k,
                           uint32_t head_dim)
 {
     (void)cl;
     if (k == K_GRAD_BIAS)
-        return 4 * bias_side(set->limit) * 33 * sizeof(float);
+        return 4 * 32 * (bias_side(set->limit) + 1) * sizeof(float);
     return tree_work_group(head_dim, set->limit) * sizeof(float) *
            (size_t)clattn_ocl_kernel_descs[k].local_per_lane;
 }
