@@ -1,17 +1,11 @@
-/* Launching kernels: each kernel's arguments and grid, an op's kernels in
- * order, and the host-pointer calls through per-role scratch buffers. */
+/* Launching kernels: each kernel's arguments and grid, and an op's kernels
+ * in order (host.c copies host pointers through to them). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "philox.h"
 #include "variant.h"
-
-/* A launch over a part of the heads and batch elements (the dS scratch's
- * chunks): KV heads [kv_head0, + kv_heads) of batch elements [b0, + nb). */
-typedef struct grid_part {
-    size_t kv_head0, kv_heads, b0, nb;
-} grid_part;
 
 /* The kernels of each op, in order; -1 ends a list. The backward runs
  * GRAD_KV where a variant has it, else GRAD_K and GRAD_V. */
@@ -35,24 +29,6 @@ size_t clattn_ocl_role_bytes(int r, clattn_dtype dtype)
     return r == R_DSUM ? sizeof(float) : clattn_role_bytes(r, dtype);
 }
 
-/* Makes sure the scratch buffer of a role holds bytes (contents are lost). */
-static clattn_status scratch(struct clattn_cl_state *cl, int role, size_t bytes)
-{
-    if (cl->host_copy.bytes[role] >= bytes)
-        return CLATTN_OK;
-    if (cl->host_copy.buffer[role])
-        clReleaseMemObject(cl->host_copy.buffer[role]);
-    cl->host_copy.buffer[role] = NULL;
-    cl->host_copy.bytes[role] = 0;
-    cl_int err;
-    cl_mem m = clCreateBuffer(cl->context, CL_MEM_READ_WRITE, bytes, NULL, &err);
-    if (err != CL_SUCCESS)
-        return clattn_ocl_fail(err, "clCreateBuffer");
-    cl->host_copy.buffer[role] = m;
-    cl->host_copy.bytes[role] = bytes;
-    return CLATTN_OK;
-}
-
 clattn_status clattn_ocl_check_alloc(const struct clattn_cl_state *cl, const clattn_sizes *sz,
                                      clattn_dtype dtype)
 {
@@ -66,11 +42,9 @@ clattn_status clattn_ocl_check_alloc(const struct clattn_cl_state *cl, const cla
     return CLATTN_OK;
 }
 
-/* Kernel k's arguments up to its local buffer: its tensors (kernel_desc),
- * then cl/common.cl's SHAPE_ARGS; *next: the next argument's index. */
-static cl_int set_args(const struct clattn_cl_state *cl, const kernel_set *set, int k,
-                       const clattn_shape *s, const clattn_mod_buffers *mb,
-                       const clattn_cl_tensor t[R_ALL], cl_uint *next)
+cl_int clattn_ocl_set_args(const struct clattn_cl_state *cl, const kernel_set *set, int k,
+                           const clattn_shape *s, const clattn_mod_buffers *mb,
+                           const clattn_cl_tensor t[R_ALL], cl_uint *next)
 {
     const kernel_desc *kd = &clattn_ocl_kernel_descs[k];
     cl_kernel kn = set->kernel[k];
@@ -117,9 +91,8 @@ static cl_int set_args(const struct clattn_cl_state *cl, const kernel_set *set, 
     return err;
 }
 
-/* Whether kernel k's work-group of wg with `local` bytes fits the device. */
-static clattn_status check_fits(const struct clattn_cl_state *cl, const kernel_set *set, int k,
-                                const clattn_shape *s, size_t wg, size_t local)
+clattn_status clattn_ocl_check_fits(const struct clattn_cl_state *cl, const kernel_set *set,
+                                    int k, const clattn_shape *s, size_t wg, size_t local)
 {
     if (wg > set->max_wg[k] || set->local_mem[k] + local > cl->limits.local_mem)
         return clattn_fail(CLATTN_ERROR_WORK_GROUP_TOO_LARGE,
@@ -130,21 +103,22 @@ static clattn_status check_fits(const struct clattn_cl_state *cl, const kernel_s
     return CLATTN_OK;
 }
 
-static clattn_status enqueue_kernel(struct clattn_cl_state *cl, cl_command_queue queue,
-                                    const kernel_set *set, int k, const clattn_shape *s,
-                                    const clattn_mod_buffers *mb, const clattn_cl_tensor t[R_ALL],
-                                    const grid_part *part, size_t parts, cl_uint nwait,
-                                    const cl_event *wait, cl_event *done)
+clattn_status clattn_ocl_enqueue_kernel(struct clattn_cl_state *cl, cl_command_queue queue,
+                                        const kernel_set *set, int k, const clattn_shape *s,
+                                        const clattn_mod_buffers *mb,
+                                        const clattn_cl_tensor t[R_ALL], const grid_part *part,
+                                        size_t parts, cl_uint nwait, const cl_event *wait,
+                                        cl_event *done)
 {
     const kernel_desc *kd = &clattn_ocl_kernel_descs[k];
     cl_kernel kn = set->kernel[k];
     const size_t wg = clattn_ocl_work_group(cl, set, k, s->head_dim);
     const size_t local = clattn_ocl_local_bytes(cl, set, k, s->head_dim);
-    clattn_status st = check_fits(cl, set, k, s, wg, local);
+    clattn_status st = clattn_ocl_check_fits(cl, set, k, s, wg, local);
     if (st != CLATTN_OK)
         return st;
     cl_uint arg = 0;
-    cl_int err = set_args(cl, set, k, s, mb, t, &arg);
+    cl_int err = clattn_ocl_set_args(cl, set, k, s, mb, t, &arg);
     err |= clSetKernelArg(kn, arg++, local, NULL);
     if (err != CL_SUCCESS)
         return clattn_fail(CLATTN_ERROR_OPENCL, "clSetKernelArg failed for kernel %d", k);
@@ -268,7 +242,7 @@ static size_t key_parts(const struct clattn_cl_state *cl, const kernel_set *set,
     return parts ? parts : 1;
 }
 
-/* Key-side kernel k (any other kernel as enqueue_kernel runs it); split
+/* Key-side kernel k (any other kernel as clattn_ocl_enqueue_kernel runs it); split
  * into parts where key_parts says so: each part adds the steps (query
  * tiles of the group's heads) of its share into float32 dK and dV of its
  * own in the parts scratch, and SUM_PARTS adds the parts up in their order
@@ -282,11 +256,11 @@ static clattn_status enqueue_key_side(struct clattn_cl_state *cl, cl_command_que
 {
     const size_t parts = key_parts(cl, set, k, s, queue);
     if (parts <= 1)
-        return enqueue_kernel(cl, queue, set, k, s, mb, t, part, 1, nwait, wait, done);
+        return clattn_ocl_enqueue_kernel(cl, queue, set, k, s, mb, t, part, 1, nwait, wait, done);
     const size_t elems = (size_t)s->batch * s->kv_seq * s->num_kv_heads * s->head_dim;
     const size_t bytes = 2 * parts * elems * sizeof(float);
     if (bytes > cl->limits.max_alloc)
-        return enqueue_kernel(cl, queue, set, k, s, mb, t, part, 1, nwait, wait, done);
+        return clattn_ocl_enqueue_kernel(cl, queue, set, k, s, mb, t, part, 1, nwait, wait, done);
     clattn_status st = grow(cl, &cl->parts.buffer, &cl->parts.bytes, bytes,
                             "clCreateBuffer(the key side's parts)");
     if (st != CLATTN_OK)
@@ -311,12 +285,14 @@ static clattn_status enqueue_key_side(struct clattn_cl_state *cl, cl_command_que
     into[CLATTN_R_DV].buffer = cl->parts.buffer;
     into[CLATTN_R_DV].offset = parts * elems * sizeof(float) / elem;
     cl_event first = NULL;
-    st = enqueue_kernel(cl, queue, set, k, s, mb, into, part, parts, n, n ? waits : NULL, &first);
+    st = clattn_ocl_enqueue_kernel(cl, queue, set, k, s, mb, into, part, parts, n,
+                                   n ? waits : NULL, &first);
     free(waits);
     if (st != CLATTN_OK)
         return st;
     cl_event summed = NULL;
-    st = enqueue_kernel(cl, queue, set, K_SUM_PARTS, s, mb, sub, part, parts, 1, &first, &summed);
+    st = clattn_ocl_enqueue_kernel(cl, queue, set, K_SUM_PARTS, s, mb, sub, part, parts, 1,
+                                   &first, &summed);
     if (st != CLATTN_OK)
         clWaitForEvents(1, &first); /* no part may still write the scratch a later call takes */
     clReleaseEvent(first);
@@ -465,7 +441,8 @@ clattn_status clattn_ocl_enqueue_op(struct clattn_cl_state *cl, cl_command_queue
         cl_event ev = NULL;
         if (plan[i] == K_GRAD_KVQ) { /* after the zeroing too */
             const cl_event both[2] = {prev, zeroed};
-            st = enqueue_kernel(cl, queue, set, plan[i], s, &mb, t, NULL, 1, 2, both, &ev);
+            st = clattn_ocl_enqueue_kernel(cl, queue, set, plan[i], s, &mb, t, NULL, 1, 2, both,
+                                           &ev);
         } else if (plan[i] == K_GRAD_KVS) { /* by chunks, each GRAD_KVS then GRAD_QS */
             st = enqueue_ds_chunks(cl, queue, set, s, &mb, t, &chunk, prev, &ev);
             ++i; /* GRAD_QS ran too */
@@ -633,235 +610,4 @@ clattn_status clattn_ocl_enqueue_packed(struct clattn_cl_state *cl, clattn_op op
         clReleaseEvent(start);
     free(evs);
     return st;
-}
-
-clattn_status clattn_ocl_run(clattn_context *ctx, clattn_op op, const clattn_shape *s,
-                             const clattn_sizes *sz, const void *const host[CLATTN_R_COUNT])
-{
-    struct clattn_cl_state *cl = ctx->cl;
-    kernel_set *set = NULL;
-    /* A head_dim the variant refuses or cannot build fails before any copy. */
-    clattn_status st = clattn_ocl_check_alloc(cl, sz, s->dtype);
-    if (st == CLATTN_OK && !clattn_packed(s)) /* packed: each sequence's, longest first */
-        st = clattn_ocl_check_loop_cap(cl, op, s);
-    if (st == CLATTN_OK)
-        st = clattn_ocl_kernels_of(cl, op, s, &set);
-    if (st != CLATTN_OK)
-        return st;
-    /* Accumulating gradients are read (uploaded) first, then written. */
-    const unsigned reads = clattn_call_reads(op, s), writes = clattn_op_writes[op];
-    clattn_cl_tensor t[R_ALL];
-    memset(t, 0, sizeof t);
-    for (int r = 0; r < CLATTN_R_COUNT; ++r) {
-        if (!((reads | writes) & CLATTN_BIT(r)))
-            continue;
-        const size_t bytes =
-            clattn_role_elems(sz, (clattn_role)r) * clattn_ocl_role_bytes(r, s->dtype);
-        if ((st = scratch(cl, r, bytes)) != CLATTN_OK)
-            return st;
-        t[r].buffer = cl->host_copy.buffer[r];
-    }
-    /* Events order the copies even on a caller's out-of-order queue. */
-    cl_event ev[CLATTN_R_COUNT], kernels_done = NULL;
-    cl_uint nev = 0;
-    cl_int err = CL_SUCCESS;
-    for (int r = 0; r < CLATTN_R_COUNT && err == CL_SUCCESS; ++r)
-        if (reads & CLATTN_BIT(r)) {
-            const size_t bytes =
-                clattn_role_elems(sz, (clattn_role)r) * clattn_ocl_role_bytes(r, s->dtype);
-            err = clEnqueueWriteBuffer(cl->queue, t[r].buffer, CL_FALSE, 0, bytes, host[r], 0, NULL,
-                                       &ev[nev]);
-            if (err == CL_SUCCESS)
-                ++nev;
-        }
-    if (err != CL_SUCCESS)
-        st = clattn_ocl_fail(err, "clEnqueueWriteBuffer");
-    if (st == CLATTN_OK)
-        st = clattn_packed(s) ? clattn_ocl_enqueue_packed(cl, op, s, t, nev, ev, &kernels_done)
-                              : clattn_ocl_enqueue_op(cl, cl->queue, op, s, sz, t, nev, ev,
-                                                      &kernels_done);
-    for (cl_uint i = 0; i < nev; ++i)
-        clReleaseEvent(ev[i]);
-    nev = 0;
-    for (int r = 0; r < CLATTN_R_COUNT && st == CLATTN_OK; ++r)
-        if (writes & CLATTN_BIT(r)) {
-            const size_t bytes =
-                clattn_role_elems(sz, (clattn_role)r) * clattn_ocl_role_bytes(r, s->dtype);
-            err = clEnqueueReadBuffer(cl->queue, t[r].buffer, CL_FALSE, 0, bytes, (void *)host[r],
-                                      1, &kernels_done, &ev[nev]);
-            if (err == CL_SUCCESS)
-                ++nev;
-            else
-                st = clattn_ocl_fail(err, "clEnqueueReadBuffer");
-        }
-    if (nev && (err = clWaitForEvents(nev, ev)) != CL_SUCCESS && st == CLATTN_OK)
-        st = clattn_ocl_fail(err, "running the kernels");
-    /* Nothing may still touch the caller's pointers once we return. */
-    if (st != CLATTN_OK)
-        clFinish(cl->queue);
-    for (cl_uint i = 0; i < nev; ++i)
-        clReleaseEvent(ev[i]);
-    if (kernels_done)
-        clReleaseEvent(kernels_done);
-    return st;
-}
-
-/* Whether the device computes dBias for s: where the host cannot, or the
- * context says so (cl->grad_bias_on), and it can: its work-items loop over
- * the batch elements and heads a slice gathers, BIAS_CHUNK columns at a
- * time (cl/tree.cl's grad_bias__tree), within the driver's loop cap, and
- * the gradient fits one allocation. */
-static int grad_bias_fits(const struct clattn_cl_state *cl, const clattn_shape *s)
-{
-    const int cpu = cl->owner->backend == CLATTN_BACKEND_OPENCL_CPU;
-    if (clattn_host_forms(s) &&
-        (cl->grad_bias_on == GRAD_BIAS_HOST || (cl->grad_bias_on == GRAD_BIAS_AUTO && cpu)))
-        return 0;
-    if ((cl_ulong)clattn_bias_elems(s) * sizeof(float) > cl->limits.max_alloc)
-        return 0;
-    if (!cl->limits.loop_cap)
-        return 1;
-    const uint64_t gathered = (uint64_t)(s->bias_batch > 1 ? 1u : s->batch) *
-                              (s->bias_heads > 1 ? 1u : s->num_heads);
-    const uint64_t chunks = (s->head_dim + 31u) / 32u;
-    return gathered * chunks * (32u + 32u + 8u) <= cl->limits.loop_cap;
-}
-
-/* The Dsum pre-pass, then grad_bias__tree over every BT x BT tile of
- * every slice of the bias, after the wait list; t holds Q, K, V, O, LSE, DO
- * and DBIAS; *done gets the last kernel's event. */
-static clattn_status enqueue_grad_bias(struct clattn_cl_state *cl, const clattn_shape *s,
-                                       const clattn_sizes *sz, clattn_cl_tensor t[R_ALL],
-                                       cl_uint nwait, const cl_event *wait, cl_event *done)
-{
-    const unsigned mods = clattn_op_modifiers(s, CLATTN_OP_BACKWARD);
-    kernel_set *set = NULL;
-    clattn_mod_buffers mb;
-    memset(&mb, 0, sizeof mb);
-    clattn_status st = clattn_ocl_generic_kernels_of(cl, s, mods, &set);
-    if (st == CLATTN_OK)
-        st = clattn_ocl_make_mods(cl, s, mods, &mb);
-    if (st == CLATTN_OK && (mods & CLATTN_MOD_HIDE))
-        st = clattn_ocl_mask_map(cl, cl->queue, set, s, &mb, nwait, wait);
-    cl_int err = CL_SUCCESS;
-    cl_mem dsum = NULL;
-    if (st == CLATTN_OK) {
-        dsum = clCreateBuffer(cl->context, CL_MEM_READ_WRITE, sz->lse / 2 * sizeof(float), NULL,
-                              &err);
-        if (err != CL_SUCCESS)
-            st = clattn_ocl_fail(err, "clCreateBuffer(dsum)");
-    }
-    cl_event summed = NULL;
-    if (st == CLATTN_OK) {
-        t[R_DSUM].buffer = dsum;
-        t[R_DSUM].offset = 0;
-        st = enqueue_kernel(cl, cl->queue, set, K_DSUM, s, &mb, t, NULL, 1, nwait, wait, &summed);
-    }
-    const size_t wg = st == CLATTN_OK ? clattn_ocl_work_group(cl, set, K_GRAD_BIAS, s->head_dim)
-                                      : 0;
-    const size_t local = st == CLATTN_OK ? clattn_ocl_local_bytes(cl, set, K_GRAD_BIAS,
-                                                                  s->head_dim)
-                                         : 0;
-    if (st == CLATTN_OK)
-        st = check_fits(cl, set, K_GRAD_BIAS, s, wg, local);
-    if (st == CLATTN_OK) {
-        size_t side = 1;
-        while (side * side < wg)
-            ++side;
-        cl_kernel kn = set->kernel[K_GRAD_BIAS];
-        cl_uint arg = 0;
-        err = set_args(cl, set, K_GRAD_BIAS, s, &mb, t, &arg);
-        err |= clSetKernelArg(kn, arg++, sizeof(cl_uint), &s->batch);
-        err |= clSetKernelArg(kn, arg++, local, NULL);
-        const size_t slices = clattn_bias_elems(s) / ((size_t)s->q_seq * s->kv_seq);
-        const size_t global[3] = {(s->kv_seq + side - 1) / side * side,
-                                  (s->q_seq + side - 1) / side * side, slices};
-        const size_t lsize[3] = {side, side, 1};
-        if (err == CL_SUCCESS)
-            err = clEnqueueNDRangeKernel(cl->queue, kn, 3, NULL, global, lsize, 1, &summed, done);
-        if (err != CL_SUCCESS)
-            st = clattn_ocl_fail(err, "enqueueing grad_bias__tree");
-    }
-    if (st == CLATTN_OK) {
-        snprintf(cl->owner->kernels, sizeof cl->owner->kernels, "%s,%s", set->function[K_DSUM],
-                 set->function[K_GRAD_BIAS]);
-        snprintf(cl->owner->build_options, sizeof cl->owner->build_options, "%s",
-                 set->options[K_GRAD_BIAS]);
-    }
-    if (summed) {
-        if (st != CLATTN_OK)
-            clWaitForEvents(1, &summed);
-        clReleaseEvent(summed);
-    }
-    if (dsum)
-        clReleaseMemObject(dsum);
-    clattn_ocl_release_mods(&mb);
-    return st;
-}
-
-int clattn_ocl_grad_bias(struct clattn_cl_state *cl, const clattn_shape *s,
-                         const clattn_sizes *sz, clattn_cl_tensor t[R_ALL], float *d_bias,
-                         cl_uint nwait, const cl_event *wait, clattn_status *st)
-{
-    if (!grad_bias_fits(cl, s))
-        return 0;
-    const size_t bytes = clattn_bias_elems(s) * sizeof(float);
-    cl_int err;
-    cl_mem out = clCreateBuffer(cl->context,
-                                CL_MEM_READ_WRITE | (s->accumulate ? CL_MEM_COPY_HOST_PTR : 0),
-                                bytes, s->accumulate ? d_bias : NULL, &err);
-    if (err != CL_SUCCESS) {
-        *st = clattn_ocl_fail(err, "clCreateBuffer(d_bias)");
-        return 1;
-    }
-    t[R_DBIAS].buffer = out;
-    t[R_DBIAS].offset = 0;
-    cl_event done = NULL;
-    *st = enqueue_grad_bias(cl, s, sz, t, nwait, wait, &done);
-    if (*st == CLATTN_OK &&
-        (err = clEnqueueReadBuffer(cl->queue, out, CL_TRUE, 0, bytes, d_bias, 1, &done, NULL)) !=
-            CL_SUCCESS)
-        *st = clattn_ocl_fail(err, "clEnqueueReadBuffer(d_bias)");
-    if (*st != CLATTN_OK)
-        clFinish(cl->queue); /* nothing of the call still runs once it returns */
-    if (done)
-        clReleaseEvent(done);
-    clReleaseMemObject(out);
-    return 1;
-}
-
-int clattn_ocl_grad_bias_host(clattn_context *ctx, const clattn_shape *s, const clattn_sizes *sz,
-                              const void *const in[6], float *d_bias, clattn_status *st)
-{
-    struct clattn_cl_state *cl = ctx->cl;
-    if (!grad_bias_fits(cl, s) || clattn_ocl_check_alloc(cl, sz, s->dtype) != CLATTN_OK)
-        return 0;
-    static const int roles[6] = {CLATTN_R_Q, CLATTN_R_K, CLATTN_R_V,
-                                 CLATTN_R_O, CLATTN_R_LSE, CLATTN_R_DO};
-    clattn_cl_tensor t[R_ALL];
-    memset(t, 0, sizeof t);
-    cl_event ev[6];
-    cl_uint nev = 0;
-    *st = CLATTN_OK;
-    for (int i = 0; i < 6 && *st == CLATTN_OK; ++i) {
-        const int r = roles[i];
-        const size_t bytes =
-            clattn_role_elems(sz, (clattn_role)r) * clattn_ocl_role_bytes(r, s->dtype);
-        if ((*st = scratch(cl, r, bytes)) != CLATTN_OK)
-            break;
-        t[r].buffer = cl->host_copy.buffer[r];
-        const cl_int err = clEnqueueWriteBuffer(cl->queue, t[r].buffer, CL_FALSE, 0, bytes, in[i],
-                                                0, NULL, &ev[nev]);
-        if (err != CL_SUCCESS)
-            *st = clattn_ocl_fail(err, "clEnqueueWriteBuffer");
-        else
-            ++nev;
-    }
-    if (*st == CLATTN_OK)
-        clattn_ocl_grad_bias(cl, s, sz, t, d_bias, nev, ev, st);
-    else
-        clFinish(cl->queue);
-    for (cl_uint i = 0; i < nev; ++i)
-        clReleaseEvent(ev[i]);
-    return 1;
 }

@@ -4,7 +4,9 @@
  *   devices.c  enumerating and picking devices, making a context's state
  *   tuning.c   every variant's setup, the scratch bounds, the tuning file
  *   build.c    building a variant's programs (program cache, sm_90a route)
- *   launch.c   sizing and enqueueing kernels, the host-pointer calls
+ *   launch.c   sizing and enqueueing kernels, an op's plan
+ *   host.c     the host-pointer calls through per-role copy buffers
+ *   grad_bias.c  dBias on the device, and where it runs
  *   cl_api.c   the public clattn_*_cl calls on the caller's cl_mem buffers
  *   variants/  one file per variant (variant.h): its kernels, shapes, sizing */
 #ifndef CLATTN_OPENCL_H
@@ -338,6 +340,28 @@ int clattn_ocl_parse_choice(const char *shape, choice_entry *c);
 void clattn_ocl_format_choice(const choice_entry *c, char *buf, size_t size);
 
 /* launch.c */
+/* A launch over a part of the heads and batch elements (the dS scratch's
+ * chunks): KV heads [kv_head0, + kv_heads) of batch elements [b0, + nb). */
+typedef struct grid_part {
+    size_t kv_head0, kv_heads, b0, nb;
+} grid_part;
+/* Kernel k's arguments up to its local buffer: its tensors (kernel_desc),
+ * then cl/common.cl's SHAPE_ARGS; *next: the next argument's index. */
+cl_int clattn_ocl_set_args(const struct clattn_cl_state *cl, const kernel_set *set, int k,
+                           const clattn_shape *s, const clattn_mod_buffers *mb,
+                           const clattn_cl_tensor t[R_ALL], cl_uint *next);
+/* Whether kernel k's work-group of wg with `local` bytes fits the device. */
+clattn_status clattn_ocl_check_fits(const struct clattn_cl_state *cl, const kernel_set *set,
+                                    int k, const clattn_shape *s, size_t wg, size_t local);
+/* Kernel k with its arguments, its grid (parts times its row groups; over
+ * `part` of the heads and batch elements where not NULL) after the wait
+ * list; *done gets its event. */
+clattn_status clattn_ocl_enqueue_kernel(struct clattn_cl_state *cl, cl_command_queue queue,
+                                        const kernel_set *set, int k, const clattn_shape *s,
+                                        const clattn_mod_buffers *mb,
+                                        const clattn_cl_tensor t[R_ALL], const grid_part *part,
+                                        size_t parts, cl_uint nwait, const cl_event *wait,
+                                        cl_event *done);
 /* CLATTN_ERROR_TOO_LARGE_FOR_DEVICE where the driver's loop cap could cut
  * the call's work-items short (cl->loop_cap). */
 clattn_status clattn_ocl_check_loop_cap(const struct clattn_cl_state *cl, clattn_op op,
@@ -359,6 +383,7 @@ clattn_status clattn_ocl_enqueue_op(struct clattn_cl_state *cl, cl_command_queue
 clattn_status clattn_ocl_enqueue_packed(struct clattn_cl_state *cl, clattn_op op,
                                         const clattn_shape *s, const clattn_cl_tensor t[R_ALL],
                                         cl_uint nwait, const cl_event *wait, cl_event *event);
+/* grad_bias.c */
 /* dBias (clattn_grad_bias) on the device into the host array d_bias, from
  * the device tensors t (Q, K, V, O, LSE and DO) after the wait list, on the
  * context's queue; back once d_bias is written. 0 where the device does
@@ -371,6 +396,9 @@ int clattn_ocl_grad_bias(struct clattn_cl_state *cl, const clattn_shape *s,
  * the scratch buffers: the backend's grad_bias. */
 int clattn_ocl_grad_bias_host(clattn_context *ctx, const clattn_shape *s, const clattn_sizes *sz,
                               const void *const in[6], float *d_bias, clattn_status *st);
+/* host.c */
+/* Makes sure the copy buffer of a role holds bytes (contents are lost). */
+clattn_status clattn_ocl_scratch(struct clattn_cl_state *cl, int role, size_t bytes);
 /* The backend's run: a host-pointer call through the scratch buffers. */
 clattn_status clattn_ocl_run(clattn_context *ctx, clattn_op op, const clattn_shape *s,
                              const clattn_sizes *sz, const void *const host[CLATTN_R_COUNT]);

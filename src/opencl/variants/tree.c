@@ -47,7 +47,8 @@ static size_t work_group(const struct clattn_cl_state *cl, const kernel_set *set
 }
 
 /* local_per_lane floats a work-item (kernel_desc.c); grad_bias__tree's
- * four tiles of 32 columns by the side's rows and one. */
+ * four tiles of BIAS_CHUNK (cl/tree.cl: 32) columns by the side's rows and
+ * one. */
 static size_t local_bytes(const struct clattn_cl_state *cl, const kernel_set *set, int k,
                           uint32_t head_dim)
 {
