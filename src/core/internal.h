@@ -84,6 +84,16 @@ static inline int clattn_host_forms(const clattn_shape *s)
     return (!s->score_fn || s->score_native) && (!s->mask_fn || s->mask_native) &&
            (!s->bias_cl || s->bias) && (!s->bool_mask_cl || s->bool_mask);
 }
+/* CLATTN_ERROR_UNSUPPORTED_SHAPE where s packs sequences, which the bias's
+ * gradient does not take (clattn_grad_bias, _cl); else CLATTN_OK. */
+static inline clattn_status clattn_grad_bias_takes(const clattn_shape *s)
+{
+    if (clattn_packed(s))
+        return clattn_fail(CLATTN_ERROR_UNSUPPORTED_SHAPE,
+                           "the bias's gradient with packed sequences: a bias has no packed "
+                           "layout");
+    return CLATTN_OK;
+}
 /* The element of shape->bias and bool_mask for batch element b, query
  * head h, query row i and key row j (the broadcast applied). */
 static inline size_t clattn_bias_index(const clattn_shape *s, size_t b, size_t h, size_t i,

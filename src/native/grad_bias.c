@@ -100,10 +100,8 @@ clattn_status clattn_grad_bias(clattn_context *ctx, const clattn_shape *shape, c
     for (int i = 0; i < 7; ++i)
         if (!ptrs[i])
             return clattn_fail(CLATTN_ERROR_NULL_POINTER, "%s is NULL", names[i]);
-    if (clattn_packed(shape))
-        return clattn_fail(CLATTN_ERROR_UNSUPPORTED_SHAPE,
-                           "the bias's gradient with packed sequences: a bias has no packed "
-                           "layout");
+    if ((st = clattn_grad_bias_takes(shape)) != CLATTN_OK)
+        return st;
     const size_t heads_out = shape->bias_heads > 1 ? shape->bias_heads : 1u;
     const size_t slices = (shape->bias_batch > 1 ? shape->bias_batch : 1u) * heads_out;
     const size_t out_bytes = clattn_bias_elems(shape) * sizeof(float);

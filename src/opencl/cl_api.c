@@ -417,10 +417,8 @@ clattn_status clattn_grad_bias_cl(clattn_context *ctx, const clattn_shape *shape
         return st;
     if (!d_bias)
         return clattn_fail(CLATTN_ERROR_NULL_POINTER, "d_bias is NULL");
-    if (clattn_packed(shape))
-        return clattn_fail(CLATTN_ERROR_UNSUPPORTED_SHAPE,
-                           "the bias's gradient with packed sequences: a bias has no packed "
-                           "layout");
+    if ((st = clattn_grad_bias_takes(shape)) != CLATTN_OK)
+        return st;
     clattn_cl_tensor all[R_ALL];
     memset(all, 0, sizeof all);
     byte_span span;
@@ -437,9 +435,8 @@ clattn_status clattn_grad_bias_cl(clattn_context *ctx, const clattn_shape *shape
     pthread_mutex_unlock(&ctx->lock);
     if (ran)
         return st;
-    void *host[6];
-    st = host_call_begin(ctx, shape, d_bias, "d_bias", 6, t, role, host,
-                                       num_events_in_wait_list, event_wait_list);
+    void *host[6] = {NULL, NULL, NULL, NULL, NULL, NULL};
+    st = read_back(ctx, shape, &sz, 6, t, role, host, num_events_in_wait_list, event_wait_list);
     if (st == CLATTN_OK)
         st = clattn_grad_bias(ctx, shape, host[0], host[1], host[2], host[3], host[4], host[5],
                               d_bias);
