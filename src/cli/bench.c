@@ -24,6 +24,14 @@ static size_t elem_bytes(const bench *b, int i)
     return f32 || b->s.dtype == CLATTN_DTYPE_F32 ? sizeof(float) : 2;
 }
 
+/* Elements of the bias (and bool mask, and dBias) of s: its layout,
+ * [bias_batch or 1][bias_heads or 1][q_seq][kv_seq]. */
+static size_t bias_elems(const clattn_shape *s)
+{
+    return (size_t)(s->bias_batch > 1 ? s->bias_batch : 1) *
+           (s->bias_heads > 1 ? s->bias_heads : 1) * s->q_seq * s->kv_seq;
+}
+
 /* Writes text as a JSON string's contents. */
 static void json_text(const char *text)
 {
@@ -119,8 +127,7 @@ clattn_status bench_time(clattn_context *ctx, const bench *b, int reps, double *
     /* The bias and bool mask on the device too, as the tensors are. */
     bench dev = *b;
     cl_mem held[2] = {NULL, NULL};
-    const size_t bias_n = (size_t)(b->s.bias_batch > 1 ? b->s.bias_batch : 1) *
-                          (b->s.bias_heads > 1 ? b->s.bias_heads : 1) * b->s.q_seq * b->s.kv_seq;
+    const size_t bias_n = bias_elems(&b->s);
     const void *arrays[2] = {b->s.bias, b->s.bool_mask};
     const size_t sizes[2] = {bias_n * (b->s.bias_dtype == CLATTN_DTYPE_F32 ? sizeof(float) : 2),
                              bias_n};
@@ -216,8 +223,7 @@ int bench_prepare(const char *cmd, bench *b, int reference)
         b->nout = 3;
         break;
     case BENCH_GRAD_BIAS:
-        b->n[T_OUT0] = (size_t)(s->bias_batch > 1 ? s->bias_batch : 1) *
-                       (s->bias_heads > 1 ? s->bias_heads : 1) * s->q_seq * s->kv_seq;
+        b->n[T_OUT0] = bias_elems(s);
         b->nout = 1;
         break;
     }

@@ -41,11 +41,11 @@ clattn_status clattn_ocl_tuning_init(struct clattn_cl_state *cl, cl_device_id de
     }
     /* CLATTN_GRAD_BIAS: where dBias runs (launch.c's clattn_ocl_grad_bias) */
     const char *on = getenv("CLATTN_GRAD_BIAS");
-    static const char *const places[3] = {"auto", "device", "host"};
-    cl->grad_bias_on = -1;
-    for (int i = 0; i < 3; ++i)
-        if (!on || !strcmp(on, places[i]))
-            cl->grad_bias_on = on ? i : GRAD_BIAS_AUTO;
+    static const char *const places[3] = {"auto", "device", "host"}; /* GRAD_BIAS_*'s order */
+    cl->grad_bias_on = on ? -1 : GRAD_BIAS_AUTO;
+    for (int i = 0; on && i < 3; ++i)
+        if (!strcmp(on, places[i]))
+            cl->grad_bias_on = i;
     if (cl->grad_bias_on < 0)
         return clattn_fail(CLATTN_ERROR_INVALID_OPTION,
                            "CLATTN_GRAD_BIAS='%s': want auto, device or host (where the bias's "
