@@ -6,7 +6,7 @@
  *   build.c    building a variant's programs (program cache, sm_90a route)
  *   launch.c   sizing and enqueueing kernels, an op's plan
  *   host.c     the host-pointer calls through per-role copy buffers
- *   grad_bias.c  dBias on the device, and where it runs
+ *   dbias.c    dBias on the device, and where it runs
  *   cl_api.c   the public clattn_*_cl calls on the caller's cl_mem buffers
  *   variants/  one file per variant (variant.h): its kernels, shapes, sizing */
 #ifndef CLATTN_OPENCL_H
@@ -383,7 +383,7 @@ clattn_status clattn_ocl_enqueue_op(struct clattn_cl_state *cl, cl_command_queue
 clattn_status clattn_ocl_enqueue_packed(struct clattn_cl_state *cl, clattn_op op,
                                         const clattn_shape *s, const clattn_cl_tensor t[R_ALL],
                                         cl_uint nwait, const cl_event *wait, cl_event *event);
-/* grad_bias.c */
+/* dbias.c */
 /* dBias (clattn_grad_bias) on the device into the host array d_bias, from
  * the device tensors t (Q, K, V, O, LSE and DO) after the wait list, on the
  * context's queue; back once d_bias is written. 0 where the device does
