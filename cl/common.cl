@@ -189,25 +189,32 @@ __kernel void mask_map(__global uchar *map, uint q_seq, uint kv_seq, uint num_he
                        uint kv_pos0, uint seq0, __global const uchar *bool_mask, uint bias_dims)
 {
     /* a work-group of MAP_BLOCK items a block, an item a key, down its rows
-     * (the bool mask's neighbouring bytes side by side) */
-    const uint kb = get_group_id(0), qb = get_global_id(1), bh = get_global_id(2);
-    const uint b = bh / num_heads, head = bh % num_heads, t = get_global_id(0);
+     * (the bool mask's neighbouring bytes side by side) 16 at a time, their
+     * loads in flight together; a block's heads are neighbouring
+     * work-groups, so that a mask without a heads dimension comes from the
+     * cache after the first */
+    const uint bh = get_group_id(0), kb = get_global_id(1), qb = get_global_id(2);
+    const uint b = bh / num_heads, head = bh % num_heads, t = kb * MAP_BLOCK + get_local_id(0);
     const uint q_end = min(q_seq, (qb + 1u) * MAP_BLOCK);
     __local int any;
     if (get_local_id(0) == 0u)
         any = 0;
     barrier(CLK_LOCAL_MEM_FENCE);
     bool shown = false;
-    for (uint pos = qb * MAP_BLOCK; pos < q_end && t < kv_seq && !shown; ++pos) {
-        const uint P = (uint)((long)pos + delta + (long)kv_pos0);
-        shown = user_shows(b, head, pos, t, P, t + kv_pos0, seq0, bool_mask, num_heads, q_seq,
-                           kv_seq, bias_dims);
+    for (uint row = qb * MAP_BLOCK; row < q_end && t < kv_seq && !shown; row += 16u) {
+#pragma unroll
+        for (uint i = 0; i < 16u; ++i) {
+            const uint pos = min(row + i, q_end - 1u);
+            const uint P = (uint)((long)pos + delta + (long)kv_pos0);
+            shown = shown | user_shows(b, head, pos, t, P, t + kv_pos0, seq0, bool_mask,
+                                       num_heads, q_seq, kv_seq, bias_dims);
+        }
     }
     if (shown)
         atomic_or(&any, 1);
     barrier(CLK_LOCAL_MEM_FENCE);
     if (get_local_id(0) == 0u)
-        map[((ulong)bh * get_global_size(1) + qb) * get_num_groups(0) + kb] = any ? 1 : 0;
+        map[((ulong)bh * get_global_size(2) + qb) * get_global_size(1) + kb] = any ? 1 : 0;
 }
 #endif
 

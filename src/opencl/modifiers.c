@@ -154,7 +154,7 @@ clattn_status clattn_ocl_mask_map(struct clattn_cl_state *cl, cl_command_queue q
     }
     cl_event ev = NULL;
     if (err == CL_SUCCESS) {
-        const size_t global[3] = {kb * 64u, qb, heads}, local[3] = {64u, 1, 1};
+        const size_t global[3] = {64u * heads, kb, qb}, local[3] = {64u, 1, 1};
         err = clEnqueueNDRangeKernel(queue, k, 3, NULL, global, local, nwait,
                                      nwait ? wait : NULL, &ev);
     }
