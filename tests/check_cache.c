@@ -657,7 +657,8 @@ START_TEST(default_choice)
     ck_assert_int_eq(log_lines(ctx, "auto: "), 0);
     clattn_context_destroy(ctx);
     /* The built-in table, on an NVIDIA GPU of compute capability 9: a
-     * float32 call at d128 past S 1024 runs tiled's kernels. */
+     * float32 call at d128 past S 1024 runs tiled's kernels, a d64 backward
+     * with few blocks of keys mma's. */
     setenv("CLATTN_TUNING_FILE", "off", 1);
     ctx = test_context(NULL);
     cl_device_id dev = NULL;
@@ -676,6 +677,14 @@ START_TEST(default_choice)
         ck_assert_msg(strstr(clattn_context_kernels(ctx), "__tiled") &&
                           strstr(clattn_context_log(ctx), "auto: tiled at head_dim 128 (f32)"),
                       "%s: %s", clattn_context_kernels(ctx), clattn_context_log(ctx));
+        /* A float32 d64 backward with few blocks of keys: mma's, its key
+         * side in parts (the last call check_ops makes is a backward). */
+        const shape_case f = {.q_seq = 256, .heads = 2, .kv_heads = 1, .head_dim = 64,
+                              .causal = 1};
+        clattn_shape fs = to_shape(&f);
+        check_ops(ctx, &fs, 1.0f, 34);
+        ck_assert_msg(strstr(clattn_context_kernels(ctx), "sum_parts__mma"), "%s",
+                      clattn_context_kernels(ctx));
     }
     clattn_context_destroy(ctx);
     unsetenv("CLATTN_TUNING_FILE");

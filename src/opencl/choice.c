@@ -19,7 +19,7 @@ typedef struct choice_row {
     int sixteen; /* 0: float32; 1: fp16 and bf16 */
     int op;      /* CHOICE_FORWARD, CHOICE_BACKWARD (grad-V too) or CHOICE_ANY */
     uint32_t head_dim_to;
-    int size;    /* CHOICE_SHORT, CHOICE_LONG or CHOICE_ANY */
+    int size;    /* CHOICE_SHORT, CHOICE_LONG, CHOICE_ANY or CHOICE_FEW (few_blocks) */
     int dropout; /* 0, 1 or CHOICE_ANY */
     const char *variant;
     const char *reason;
@@ -30,6 +30,9 @@ typedef struct choice_row {
  * and results/h100-choice-dropout.log (p = 0.1), GFLOP/s of mma / tiled.
  * 16-bit runs mma everywhere (6-17x tiled's); float32 is mixed. */
 static const choice_row table[] = {
+    {9, 0, CHOICE_BACKWARD, 64, CHOICE_FEW, CHOICE_ANY, "mma",
+     "f32 d64 backward with few blocks of keys: mma's key side in 16 parts 8.8 TFLOP/s against "
+     "tiled's 2.1 at S 1024, 8 on 2 heads (results/parts-h100.log)"},
     {9, 0, CHOICE_BACKWARD, 64, CHOICE_ANY, 0, "tiled",
      "f32 d64 backward without dropout: tiled 23.9 / 25.2 / 26.0 TFLOP/s against mma's 17.1 / "
      "25.6 / 26.5 on the S 4096 and 16384 shapes, 16.7 against 15.3 on ViT, 2.0 against 1.8 "
@@ -94,6 +97,15 @@ void clattn_ocl_format_choice(const choice_entry *c, char *buf, size_t size)
              (unsigned)c->head_dim, op_names[c->op], size_names[c->size], c->variant->name);
 }
 
+/* CHOICE_FEW: whether s's key side has fewer blocks of 64 keys of a KV
+ * head than the device has compute units (mma splits its key side into
+ * parts there: variants/mma.c's key_parts). */
+static int few_blocks(const struct clattn_cl_state *cl, const clattn_shape *s)
+{
+    const size_t blocks = ((size_t)s->kv_seq + 63u) / 64u * s->num_kv_heads * s->batch;
+    return blocks < cl->limits.compute_units;
+}
+
 /* Whether the context's device runs v (its own variant it does: no query). */
 static int runs(const struct clattn_cl_state *cl, const clattn_ocl_variant *v)
 {
@@ -121,7 +133,8 @@ static const clattn_ocl_variant *chosen(const struct clattn_cl_state *cl, clattn
         const choice_row *r = &table[i];
         if (r->nv_major == cl->mma.nv_major && r->sixteen == sixteen &&
             (r->op == CHOICE_ANY || r->op == o) && s->head_dim <= r->head_dim_to &&
-            (r->size == CHOICE_ANY || r->size == size) &&
+            (r->size == CHOICE_ANY || r->size == size ||
+             (r->size == CHOICE_FEW && size == CHOICE_SHORT && few_blocks(cl, s))) &&
             (r->dropout == CHOICE_ANY || r->dropout == dropout)) {
             const clattn_ocl_variant *v = clattn_ocl_find_variant(r->variant);
             if (runs(cl, v)) {

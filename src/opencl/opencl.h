@@ -90,9 +90,10 @@ typedef struct tuned_entry {
 enum { TUNED_MAX = 96, PACKED_QUEUES = 4, TUNING_KEY_MAX = 400 };
 enum { GRAD_BIAS_AUTO, GRAD_BIAS_DEVICE, GRAD_BIAS_HOST };
 /* The default's choice (choice.c): ops and size classes (the longest of
- * q_seq and kv_seq up to CHOICE_SHORT_TO, or past it). */
+ * q_seq and kv_seq up to CHOICE_SHORT_TO, or past it; the built-in table's
+ * CHOICE_FEW: short, with few blocks of keys). */
 enum { CHOICE_FORWARD, CHOICE_BACKWARD, CHOICE_ANY = -1 };
-enum { CHOICE_SHORT, CHOICE_LONG, CHOICE_SHORT_TO = 1024, CHOICES_MAX = 96 };
+enum { CHOICE_SHORT, CHOICE_LONG, CHOICE_FEW, CHOICE_SHORT_TO = 1024, CHOICES_MAX = 96 };
 /* A tuning file's `auto` entry: the variant that runs an op of a dtype,
  * head_dim and size class on this device. */
 typedef struct choice_entry {

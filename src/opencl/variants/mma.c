@@ -13,9 +13,11 @@
 #include "mma/layout.h"
 #include "variant.h"
 
-/* The most parts the key side splits into; CLATTN_MMA_KEY_PARTS=auto. */
+/* The most parts the key side splits into; CLATTN_MMA_KEY_PARTS=auto, the
+ * default; the parts of 16-bit tensors under auto. */
 #define MMA_KEY_PARTS_MAX 16u
 #define MMA_KEY_PARTS_AUTO 0u
+#define MMA_KEY_PARTS_16 4u
 
 /* A head_dim class's shapes: forward, dK/dV and grad-Q. */
 typedef struct mma_class {
@@ -188,7 +190,7 @@ static clattn_status setup(struct clattn_cl_state *cl, cl_device_id device, int 
     if ((st = mma_override("CLATTN_MMA", &cl->mma.tune, &cl->mma.tuned)) != CLATTN_OK)
         return st;
     const char *parts = getenv("CLATTN_MMA_KEY_PARTS");
-    cl->mma.key_parts = 1;
+    cl->mma.key_parts = MMA_KEY_PARTS_AUTO;
     if (parts && *parts) {
         char end;
         if (!strcmp(parts, "auto"))
@@ -284,11 +286,13 @@ static size_t row_groups(const struct clattn_cl_state *cl, const kernel_set *set
 }
 
 /* The parts the key side splits its steps into (launch.c's
- * enqueue_key_side): CLATTN_MMA_KEY_PARTS's count (one unless set), or
- * with 'auto', where the key side's work-groups, a block of keys of a KV
- * head each, are fewer than the device's compute units (short sequences,
- * few KV heads), enough parts for two work-groups a unit, each of at least
- * two steps. */
+ * enqueue_key_side): CLATTN_MMA_KEY_PARTS's count, or by default ('auto'),
+ * where the key side's work-groups, a block of keys of a KV head each, are
+ * fewer than the device's compute units (short sequences, few KV heads):
+ * for float32, enough parts for two work-groups a unit; for 16-bit tensors,
+ * whose steps are shorter, MMA_KEY_PARTS_16 (on the H100, 4 parts beat one,
+ * the float32 rule's 3 to 9, and 16 at d64, d80 and d128: results/parts-h100.log);
+ * each part at least two steps. */
 static size_t key_parts(const struct clattn_cl_state *cl, const kernel_set *set, int k,
                         const clattn_shape *s)
 {
@@ -302,7 +306,8 @@ static size_t key_parts(const struct clattn_cl_state *cl, const kernel_set *set,
         return 1;
     const size_t steps = (size_t)(s->num_heads / s->num_kv_heads) *
                          ((s->q_seq + c->tile - 1) / c->tile);
-    size_t parts = (2 * units + groups - 1) / groups;
+    size_t parts = set->dtype == CLATTN_DTYPE_F32 ? (2 * units + groups - 1) / groups
+                                                  : MMA_KEY_PARTS_16;
     if (parts > steps / 2)
         parts = steps / 2;
     return parts > MMA_KEY_PARTS_MAX ? MMA_KEY_PARTS_MAX : parts ? parts : 1;
