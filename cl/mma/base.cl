@@ -210,12 +210,34 @@ inline ulong at(uint b, uint rows, uint row, uint heads, uint head, uint d)
     return (((ulong)b * rows + row) * heads + head) * D + d;
 }
 
+/* The work-group's block (of rows on its side) and head, from its ids 0
+ * and 1; under a bias or bool mask without a heads dimension (bias_dims
+ * bit 1 clear), a block's heads are neighbouring work-groups in launch
+ * order, so that they read its tiles of the tensor from the cache after
+ * the first, else a head's blocks are. */
+inline uint group_block(uint bias_dims)
+{
+#if MODS & (MOD_BIAS | MOD_BOOL)
+    if (!(bias_dims & 2u))
+        return (get_group_id(1) * get_num_groups(0) + get_group_id(0)) / get_num_groups(1);
+#endif
+    return get_group_id(0);
+}
+inline uint group_head(uint bias_dims)
+{
+#if MODS & (MOD_BIAS | MOD_BOOL)
+    if (!(bias_dims & 2u))
+        return (get_group_id(1) * get_num_groups(0) + get_group_id(0)) % get_num_groups(1);
+#endif
+    return get_group_id(1);
+}
+
 /* The first query row of the work-group's block: under the causal mask the
  * last blocks have the most keys, so they go first. */
-inline uint query_block(uint q_seq, int causal)
+inline uint query_block(uint q_seq, int causal, uint bias_dims)
 {
-    const uint blocks = (q_seq + WG_ROWS - 1u) / WG_ROWS;
-    return (causal ? blocks - 1u - get_group_id(0) : get_group_id(0)) * WG_ROWS;
+    const uint blocks = (q_seq + WG_ROWS - 1u) / WG_ROWS, block = group_block(bias_dims);
+    return (causal ? blocks - 1u - block : block) * WG_ROWS;
 }
 
 /* Whether every query of [q_first, q_last] sees every key of [k_first,

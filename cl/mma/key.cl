@@ -93,12 +93,19 @@ inline void key_side(__global const elem *q, __global const elem *k, __global co
     const float unit = SCORE_UNIT(scale);
     __local float *xch = tiles + XCH_AT, *emu = tiles + EMU_AT + warp * EMU_FLOATS;
     /* S^T = K Q^T, dP^T = V dO^T, dS^T Q and P^T dO */
+    /* (group_block, group_head: a bias without a heads dimension puts a
+     * block's KV heads side by side) */
+    const uint x = group_block(bias_dims);
+#if MODS & (MOD_BIAS | MOD_BOOL)
+    const uint kv_head = group_head(bias_dims) + get_global_offset(1), b = get_global_id(2);
+#else
     const uint kv_head = get_global_id(1), b = get_global_id(2);
+#endif
     const uint group = num_heads / num_kv_heads;
     const uint blocks = (kv_seq + WG_ROWS - 1u) / WG_ROWS;
-    const uint parts = get_num_groups(0) / blocks, part = get_group_id(0) / blocks;
+    const uint parts = get_num_groups(0) / blocks, part = x / blocks;
     /* causal: the first blocks are the heaviest */
-    const uint r0 = get_group_id(0) % blocks * WG_ROWS;
+    const uint r0 = x % blocks * WG_ROWS;
     const uint key0 = r0 + warp / WSPLIT * 16u + g, key1 = key0 + 8u;
 
     frag kf[KS][4], vf[KS][4];
