@@ -10,7 +10,7 @@
 #            default 4, through CLATTN_TEST_SHARD), ctest's
 #            train, ring and sm90a_probe GPU tests beside them; one summary,
 #            kernels.log (KERNELS_S: the time limit, default 540 s; KERNELS_VARIANT:
-#            that variant's tests alone)
+#            that variant's tests alone, its modifiers' and programmable cases apart)
 #   compare  tools/torch_compare.py --large on the GPU, tolerance 1e-5
 #   compare16  tools/torch_compare.py --dtype bf16, then f16, on the GPU (12 cases; each
 #            under COMPARE16_S, default 240 s)
@@ -84,6 +84,12 @@
 #            tiled, in PARTS_DTYPES (default f32 bf16), interleaved, AB_ROUNDS rounds;
 #            then the GPU kernels suite's key_parts test (CK_RUN_CASE=key-parts; PARTS_TEST=0
 #            leaves it out)
+#   tensors  the bias tensor's and bool mask's cost, the old build (AB_OLD, as for ab)
+#            against this one: mma (PROG_VARIANTS) plain, with a float32 bias, with
+#            documents of 512 as a bool mask, both [1][1][S][S], and with softcap built in
+#            and as examples/programmable/softcap.cl, S = PROG_SEQ (default
+#            8192), 8 heads, d64, causal, in PROG_DTYPES and PROG_OPS, interleaved,
+#            AB_ROUNDS rounds
 #   ring     examples/ring_attention on 1 and then RING_RANKS (default 2) ranks, a GPU
 #            each, RING_ARGS (default q_seq 131072, d128, 8 heads, causal); needs
 #            Open MPI's Debian packages in .devdebs/mpi (unpacked under /opt/mpi)
@@ -179,6 +185,7 @@ for stage in "$@"; do
       done
       suite "$KERNELS_VARIANT-16" CLATTN_TEST_VARIANT="$KERNELS_VARIANT" CK_RUN_CASE=grad_v-16 &
       suite modifiers CLATTN_TEST_VARIANT="$KERNELS_VARIANT" CK_RUN_CASE=modifiers &
+      suite programmable CLATTN_TEST_VARIANT="$KERNELS_VARIANT" CK_RUN_CASE=programmable &
     else
     suite mma CLATTN_TEST_VARIANT=mma CK_RUN_CASE=grad_v &
     suite mma-16 CLATTN_TEST_VARIANT=mma CK_RUN_CASE=grad_v-16 &
@@ -519,6 +526,23 @@ n.save('docs.npy', (i[:, None] == i[None, :])[None, None])"
       CK_RUN_CASE=key-parts timeout 300 build-dev/tests/clattn_tests \
         --suite kernels --backend opencl-gpu 2>&1 | grep -v 'warning generated' | tail -8 |
         tee -a "$OUT/parts.log" ;;
+  tensors)
+    build_old
+    seq=${PROG_SEQ:-8192}
+    python3 -c "import numpy as n; s = $seq; i = n.arange(s) // 512
+n.save('bias.npy', (n.random.default_rng(0).random((1, 1, s, s), n.float32) - 0.5))
+n.save('docs.npy', (i[:, None] == i[None, :])[None, None])
+n.save('cap.npy', n.array([30.0], '<f4'))"
+    for dt in ${PROG_DTYPES:-f32 bf16}; do for op in ${PROG_OPS:-forward backward}; do
+      for run in "plain:" "bias:--bias bias.npy" "bool_docs:--bias docs.npy" "softcap:--softcap 30" \
+                 "softcap_fn:--score-fn examples/programmable/softcap.cl --score-params cap.npy"; do
+        for pv in ${PROG_VARIANTS:-mma}; do
+          # shellcheck disable=SC2086
+          ab_line "$pv $dt $op ${run%%:*}" --op "$op" --q-seq "$seq" --heads 8 --head-dim 64 \
+            --causal --dtype "$dt" --device gpu --reps 5 --variant "$pv" ${run#*:}
+        done
+      done
+    done; done 2>&1 | tee "$OUT/tensors.log" ;;
   ring)
     gpus=$($cli devices | sed -n 's/^[* ] \([0-9]*\):[0-9]* *opencl-gpu.*/\1/p' | head -1)
     for np in 1 ${RING_RANKS:-2}; do
