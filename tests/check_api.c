@@ -610,6 +610,7 @@ START_TEST(mma_knob_statuses)
                                          {"CLATTN_MMA_KEY_PARTS", "0"},
                                          {"CLATTN_MMA_KEY_PARTS", "17"},
                                          {"CLATTN_MMA_KEY_PARTS", "au"},
+                                         {"CLATTN_MMA_ORDER", "sideways"},
                                          {"CLATTN_GRAD_BIAS", "gpu"}};
     for (size_t i = 0; i < n; ++i) {
         if (list[i].backend == CLATTN_BACKEND_NATIVE)

@@ -510,6 +510,71 @@ START_TEST(key_parts)
 }
 END_TEST
 
+/* mma's launch order (CLATTN_MMA_ORDER=heads: a block's heads side by
+ * side) moves no result: the forward's O and LSE and the backward's dQ,
+ * dK and dV (from each order's own forward) are the default order's bit
+ * for bit, float32 and bf16, GQA, causal, a batch of two, blocks off the
+ * sequences' ends. */
+START_TEST(launch_order)
+{
+    const int gpu = test_backend_kind() == CLATTN_BACKEND_OPENCL_GPU;
+    const shape_case c = {.batch = 2, .q_seq = 150, .kv_seq = 170, .heads = 4, .kv_heads = 2,
+                          .head_dim = 64, .causal = 1};
+    clattn_shape s = to_shape(&c);
+    s.dtype = _i ? CLATTN_DTYPE_BF16 : CLATTN_DTYPE_F32;
+    problem p;
+    problem_make(&p, &s, 9200u + (uint64_t)_i, 1.0f);
+    const size_t elem = s.dtype == CLATTN_DTYPE_F32 ? 4 : 2, nq = p.nq * elem, nkv = p.nkv * elem;
+    const size_t nlse = p.nlse * sizeof(float);
+    unsigned char *in[4] = {malloc(nq), malloc(nkv), malloc(nkv), malloc(nq)};
+    float *from[4] = {p.q, p.k, p.v, p.d_out};
+    const size_t count[4] = {p.nq, p.nkv, p.nkv, p.nq};
+    for (int i = 0; i < 4; ++i) {
+        if (elem == 4)
+            memcpy(in[i], from[i], count[i] * 4);
+        else
+            round_16(from[i], (uint16_t *)in[i], count[i], s.dtype);
+    }
+    /* per order: O, LSE, dQ, dK, dV */
+    const size_t bytes[5] = {nq, nlse, nq, nkv, nkv};
+    unsigned char *out[2][5];
+    for (int order = 0; order < 2; ++order) {
+        for (int i = 0; i < 5; ++i)
+            out[order][i] = malloc(bytes[i]);
+        if (order)
+            setenv("CLATTN_MMA_ORDER", "heads", 1);
+        clattn_context *ctx = gpu ? test_variant_context("mma") : emulated_mma_context();
+        unsetenv("CLATTN_MMA_ORDER");
+        if (!ctx) { /* a GPU without mma: test_variant_context checked the refusal */
+            for (int o = 0; o <= order; ++o)
+                for (int i = 0; i < 5; ++i)
+                    free(out[o][i]);
+            goto done;
+        }
+        ck_assert_status(clattn_forward(ctx, &s, in[0], in[1], in[2], out[order][0],
+                                        (float *)out[order][1]),
+                         CLATTN_OK);
+        ck_assert_status(clattn_backward(ctx, &s, in[0], in[1], in[2], out[order][0],
+                                         (const float *)out[order][1], in[3], out[order][2],
+                                         out[order][3], out[order][4]),
+                         CLATTN_OK);
+        clattn_context_destroy(ctx);
+    }
+    static const char *const names[5] = {"O", "LSE", "dQ", "dK", "dV"};
+    for (int i = 0; i < 5; ++i) {
+        ck_assert_msg(!memcmp(out[0][i], out[1][i], bytes[i]),
+                      "%s moved under CLATTN_MMA_ORDER=heads (%s)", names[i],
+                      _i ? "bf16" : "float32");
+        free(out[0][i]);
+        free(out[1][i]);
+    }
+done:
+    for (int i = 0; i < 4; ++i)
+        free(in[i]);
+    problem_free(&p);
+}
+END_TEST
+
 static int wgmma_asked(void)
 {
     const char *w = getenv("CLATTN_MMA_WGMMA");
@@ -594,6 +659,7 @@ dtype_tests get_dtype_tests(void)
                      {emulated_sweep, N(emulated)},
                      {split_sweep, N(emulated)},
                      {key_parts, 2},
+                     {launch_order, 2},
                      {simulated_sweep, N(simulated)},
                      dtype_exact,
                      dtype_buffers,

@@ -516,6 +516,7 @@ Suite *emulated_suite(void)
     tcase_add_loop_test(tc, m.sweep.test, SINKS_ALL, SINKS_ALL + 1);
     tcase_add_loop_test(tc, m.sweep.test, DROPOUT_ALIGNED, DROPOUT_ALIGNED + 1);
     add_loop(tc, d.key_parts);
+    add_loop(tc, d.launch_order);
     suite_add_tcase(s, tc);
     /* the caller's functions and tensors, float32 and bf16, blocks skipped */
     tc = tcase_create("mma-functions");
@@ -654,11 +655,13 @@ Suite *kernels_suite(void)
     if (test_backend_kind() == CLATTN_BACKEND_OPENCL_GPU)
         add_loop(tc, d.wgmma);
     suite_add_tcase(s, tc);
-    /* mma's key side in parts, forced (CK_RUN_CASE=key-parts) */
+    /* mma's key side in parts, forced, and its launch order
+     * (CK_RUN_CASE=key-parts) */
     if (test_backend_kind() == CLATTN_BACKEND_OPENCL_GPU) {
         tc = tcase_create("key-parts");
         tcase_set_timeout(tc, 600);
         add_loop(tc, d.key_parts);
+        add_loop(tc, d.launch_order);
         suite_add_tcase(s, tc);
     }
     return s;

@@ -56,7 +56,8 @@ void check_ops_16(clattn_context *ctx, const clattn_shape *s, float q_gain, uint
 /* Whether dtype runs here: f16's reference needs the compiler's _Float16. */
 int dtype_runs(clattn_dtype dtype);
 typedef struct dtype_tests {
-    loop_test sweep, wgmma, modifiers_16, emulated_16, emulated, split, key_parts, simulated;
+    loop_test sweep, wgmma, modifiers_16, emulated_16, emulated, split, key_parts, launch_order,
+        simulated;
     const TTest *exact, *buffers, *emulated_16_buffers, *emulated_16_exact;
     int wgmma_asked; /* CLATTN_MMA_WGMMA=1 */
 } dtype_tests;

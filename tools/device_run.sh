@@ -84,6 +84,10 @@
 #            tiled, in PARTS_DTYPES (default f32 bf16), interleaved, AB_ROUNDS rounds;
 #            then the GPU kernels suite's key_parts test (CK_RUN_CASE=key-parts; PARTS_TEST=0
 #            leaves it out)
+#   order    mma's launch order: a head's blocks side by side (the default) against a
+#            block's heads (CLATTN_MMA_ORDER=heads), on every GPU shape (ORDER_DIMS:
+#            head_dims), in ORDER_DTYPES (default f32 bf16) and ORDER_OPS (default
+#            forward backward), interleaved, AB_ROUNDS rounds
 #   tensors  the bias tensor's and bool mask's cost, the old build (AB_OLD, as for ab)
 #            against this one: mma (PROG_VARIANTS) plain, with a float32 bias, with
 #            documents of 512 as a bool mask, both [1][1][S][S], and with softcap built in
@@ -526,6 +530,15 @@ n.save('docs.npy', (i[:, None] == i[None, :])[None, None])"
       CK_RUN_CASE=key-parts timeout 300 build-dev/tests/clattn_tests \
         --suite kernels --backend opencl-gpu 2>&1 | grep -v 'warning generated' | tail -8 |
         tee -a "$OUT/parts.log" ;;
+  order)
+    mapfile -t all_shapes < <(python3 tools/shapes.py gpu ${ORDER_DIMS:+--dims "$ORDER_DIMS"})
+    for entry in "${all_shapes[@]}"; do
+      for dt in ${ORDER_DTYPES:-f32 bf16}; do for op in ${ORDER_OPS:-forward backward}; do
+        interleave "d${entry%%:*} $dt $op ${entry#*:}" --timeout 120 \
+          --arm "blocks=$cli+--variant mma" --arm "heads=$cli@CLATTN_MMA_ORDER=heads+--variant mma" \
+          -- --op $op --head-dim "${entry%%:*}" ${entry#*:} --reps 5 --dtype "$dt"
+      done; done
+    done 2>&1 | tee "$OUT/order.log" ;;
   tensors)
     build_old
     seq=${PROG_SEQ:-8192}

@@ -211,22 +211,31 @@ inline ulong at(uint b, uint rows, uint row, uint heads, uint head, uint d)
 }
 
 /* The work-group's block (of rows on its side) and head, from its ids 0
- * and 1; under a bias or bool mask without a heads dimension (bias_dims
- * bit 1 clear), a block's heads are neighbouring work-groups in launch
- * order, so that they read its tiles of the tensor from the cache after
- * the first, else a head's blocks are. */
+ * and 1: a head's blocks are neighbouring work-groups in launch order,
+ * or a block's heads (HEADS_SIDE) where HEADS_FIRST asks
+ * (CLATTN_MMA_ORDER=heads) and under a bias or bool mask without a heads
+ * dimension (bias_dims bit 1 clear), whose heads then read its tiles from
+ * the cache after the first. */
+#ifndef HEADS_FIRST
+#define HEADS_FIRST 0
+#endif
+#if HEADS_FIRST
+#define HEADS_SIDE(bias_dims) true
+#elif MODS & (MOD_BIAS | MOD_BOOL)
+#define HEADS_SIDE(bias_dims) (!((bias_dims) & 2u))
+#endif
 inline uint group_block(uint bias_dims)
 {
-#if MODS & (MOD_BIAS | MOD_BOOL)
-    if (!(bias_dims & 2u))
+#ifdef HEADS_SIDE
+    if (HEADS_SIDE(bias_dims))
         return (get_group_id(1) * get_num_groups(0) + get_group_id(0)) / get_num_groups(1);
 #endif
     return get_group_id(0);
 }
 inline uint group_head(uint bias_dims)
 {
-#if MODS & (MOD_BIAS | MOD_BOOL)
-    if (!(bias_dims & 2u))
+#ifdef HEADS_SIDE
+    if (HEADS_SIDE(bias_dims))
         return (get_group_id(1) * get_num_groups(0) + get_group_id(0)) % get_num_groups(1);
 #endif
     return get_group_id(1);

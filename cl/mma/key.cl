@@ -93,10 +93,10 @@ inline void key_side(__global const elem *q, __global const elem *k, __global co
     const float unit = SCORE_UNIT(scale);
     __local float *xch = tiles + XCH_AT, *emu = tiles + EMU_AT + warp * EMU_FLOATS;
     /* S^T = K Q^T, dP^T = V dO^T, dS^T Q and P^T dO */
-    /* (group_block, group_head: a bias without a heads dimension puts a
-     * block's KV heads side by side) */
+    /* (group_block, group_head: a block's KV heads side by side, where
+     * HEADS_SIDE) */
     const uint x = group_block(bias_dims);
-#if MODS & (MOD_BIAS | MOD_BOOL)
+#ifdef HEADS_SIDE
     const uint kv_head = group_head(bias_dims) + get_global_offset(1), b = get_global_id(2);
 #else
     const uint kv_head = get_global_id(1), b = get_global_id(2);

@@ -186,6 +186,7 @@ struct clattn_cl_state {
         int single_tuned; /* CLATTN_MMA_SINGLE set: the single pass, wherever it fits */
         mma_config single_tune;
         unsigned key_parts; /* CLATTN_MMA_KEY_PARTS: the key side's parts (0: 'auto') */
+        int heads_first;    /* CLATTN_MMA_ORDER=heads: -DHEADS_FIRST */
     } mma;
     /* What variants/tiled.c reads from the device and the environment. */
     struct {

@@ -202,6 +202,11 @@ static clattn_status setup(struct clattn_cl_state *cl, cl_device_id device, int 
                                "from 1 to %u",
                                parts, MMA_KEY_PARTS_MAX);
     }
+    const char *order = getenv("CLATTN_MMA_ORDER");
+    cl->mma.heads_first = order && !strcmp(order, "heads");
+    if (order && *order && strcmp(order, "heads") && strcmp(order, "blocks"))
+        return clattn_fail(CLATTN_ERROR_INVALID_OPTION,
+                           "CLATTN_MMA_ORDER='%s': want 'blocks' or 'heads'", order);
     return mma_override("CLATTN_MMA_GRAD_Q", &cl->mma.grad_q_tune, &cl->mma.grad_q_tuned);
 }
 
@@ -252,12 +257,13 @@ static void defines(const struct clattn_cl_state *cl, uint32_t head_dim, clattn_
 {
     (void)limit;
     const mma_config *c = config(cl, head_dim, dtype, k);
-    clattn_ocl_append(buf, size, " -DWARPS=%u -DWSPLIT=%u -DMMA_TILE=%u -DPLANES=%u%s%s", c->warps,
-                      c->wsplit, c->tile, c->planes,
+    clattn_ocl_append(buf, size, " -DWARPS=%u -DWSPLIT=%u -DMMA_TILE=%u -DPLANES=%u%s%s%s",
+                      c->warps, c->wsplit, c->tile, c->planes,
                       cl->mma.emulate         ? " -DMMA_EMULATE"
                       : cl->mma.nv_major >= 9 ? " -DSM90"
                                               : "",
-                      uses_wgmma(cl, c, head_dim, dtype, k) ? " -DWGMMA=1" : "");
+                      uses_wgmma(cl, c, head_dim, dtype, k) ? " -DWGMMA=1" : "",
+                      cl->mma.heads_first ? " -DHEADS_FIRST=1" : "");
 }
 
 static size_t work_group(const struct clattn_cl_state *cl, const kernel_set *set, int k,
