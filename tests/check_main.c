@@ -116,6 +116,14 @@ Suite *case_suite(const char *suite, const char *tcase, double timeout,
     return s;
 }
 
+int log_lines(clattn_context *ctx, const char *what)
+{
+    int n = 0;
+    for (const char *p = clattn_context_log(ctx); (p = strstr(p, what)) != NULL; p += strlen(what))
+        ++n;
+    return n;
+}
+
 int main(int argc, char **argv)
 {
     const char *suite_name = NULL;

@@ -47,6 +47,8 @@ Suite *train_suite(void);
  * seconds (a cold PoCL compile alone can take seconds). */
 Suite *case_suite(const char *suite, const char *tcase, double timeout,
                   const TTest *const *tests, size_t n);
+/* Lines of the context's log that contain `what`. */
+int log_lines(clattn_context *ctx, const char *what);
 /* Adds the per-backend tests of check_training.c to the kernel suite. */
 void add_training_tests(TCase *tc);
 

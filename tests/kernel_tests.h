@@ -116,5 +116,11 @@ typedef struct bias_tests {
     const TTest *gradient, *sixteen;
 } bias_tests;
 bias_tests get_bias_tests(void);
+/* check_tuning.c's tests, for the cache suite: the tuning file's shapes,
+ * its entries in calls, and the default's choice of variant. */
+typedef struct tuning_tests {
+    const TTest *file, *calls, *choice;
+} tuning_tests;
+tuning_tests get_tuning_tests(void);
 
 #endif
