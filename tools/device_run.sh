@@ -159,6 +159,16 @@ interleave() {
   shift
   python3 tools/interleave.py --label "$label" --rounds "${AB_ROUNDS:-2}" --json "$OUT/runs.jsonl" "$@"
 }
+# The prog and tensors stages' arrays for a sequence of S: softcap's cap
+# (cap.npy), a relative-bias table (table.npy), a bias over the heads and
+# documents of 512 as a bool mask, both [1][1][S][S] (bias.npy, docs.npy).
+prog_arrays() {
+  python3 -c "import numpy as n; s = $1; i = n.arange(s) // 512
+n.save('cap.npy', n.array([30.0], '<f4'))
+n.save('table.npy', (n.sin(n.arange(8 * 65)) * 0.5).astype('<f4'))
+n.save('bias.npy', (n.random.default_rng(0).random((1, 1, s, s), n.float32) - 0.5))
+n.save('docs.npy', (i[:, None] == i[None, :])[None, None])"
+}
 # One line of an A/B: LABEL, then the old build and this one on `clattn bench ARGS...`.
 ab_line() {
   local label=$1
@@ -484,11 +494,7 @@ for stage in "$@"; do
     # max_error against native first (PROG_DTYPES, default f32 bf16;
     # PROG_SEQ, default 8192; documents of 512)
     ex=examples/programmable seq=${PROG_SEQ:-8192}
-    python3 -c "import numpy as n; n.save('cap.npy', n.array([30.0], '<f4')); n.save('table.npy', (n.sin(n.arange(8 * 65)) * 0.5).astype('<f4'))"
-    # a bias over the heads and the documents as a bool mask, [1][1][seq][seq]
-    python3 -c "import numpy as n; s = $seq; i = n.arange(s) // 512
-n.save('bias.npy', (n.random.default_rng(0).random((1, 1, s, s), n.float32) - 0.5))
-n.save('docs.npy', (i[:, None] == i[None, :])[None, None])"
+    prog_arrays "$seq"
     lens=$(python3 -c "print(','.join(['512'] * ($seq // 512)))")
     for dt in ${PROG_DTYPES:-f32 bf16}; do for op in ${PROG_OPS:-forward backward}; do
       [ "${PROG_ALL:-1}" = 1 ] &&
@@ -542,10 +548,7 @@ n.save('docs.npy', (i[:, None] == i[None, :])[None, None])"
   tensors)
     build_old
     seq=${PROG_SEQ:-8192}
-    python3 -c "import numpy as n; s = $seq; i = n.arange(s) // 512
-n.save('bias.npy', (n.random.default_rng(0).random((1, 1, s, s), n.float32) - 0.5))
-n.save('docs.npy', (i[:, None] == i[None, :])[None, None])
-n.save('cap.npy', n.array([30.0], '<f4'))"
+    prog_arrays "$seq"
     for dt in ${PROG_DTYPES:-f32 bf16}; do for op in ${PROG_OPS:-forward backward}; do
       for run in "plain:" "bias:--bias bias.npy" "bool_docs:--bias docs.npy" "softcap:--softcap 30" \
                  "softcap_fn:--score-fn examples/programmable/softcap.cl --score-params cap.npy"; do
