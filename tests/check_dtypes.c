@@ -444,6 +444,16 @@ START_TEST(modifiers_16)
 }
 END_TEST
 
+/* n floats of x as a tensor of dtype in out: copied (float32), else
+ * rounded to 16 bits (x then holds the rounded values). */
+static void to_dtype(float *x, void *out, size_t n, clattn_dtype dtype)
+{
+    if (dtype == CLATTN_DTYPE_F32)
+        memcpy(out, x, n * sizeof(float));
+    else
+        round_16(x, (uint16_t *)out, n, dtype);
+}
+
 /* mma's key side split into parts (CLATTN_MMA_KEY_PARTS): float32 (dS scratch) and
  * bf16 (wgmma on compute capability 9), GQA, causal, keys off a block's
  * end; 3 parts of two steps each and 16, most of them empty. The backward
@@ -476,12 +486,8 @@ START_TEST(key_parts)
     float *from[5] = {p.q, p.k, p.v, p.o, p.d_out};
     unsigned char *to[5] = {q, k, v, o, d_out};
     const size_t count[5] = {p.nq, p.nkv, p.nkv, p.nq, p.nq};
-    for (int i = 0; i < 5; ++i) {
-        if (elem == 4)
-            memcpy(to[i], from[i], count[i] * 4);
-        else
-            round_16(from[i], (uint16_t *)to[i], count[i], s.dtype);
-    }
+    for (int i = 0; i < 5; ++i)
+        to_dtype(from[i], to[i], count[i], s.dtype);
     for (int r = 0; r < 2; ++r) {
         ck_assert_status(clattn_backward(ctx, &s, q, k, v, o, p.lse, d_out, gq, gk[r], gv[r]),
                          CLATTN_OK);
@@ -529,12 +535,8 @@ START_TEST(launch_order)
     unsigned char *in[4] = {malloc(nq), malloc(nkv), malloc(nkv), malloc(nq)};
     float *from[4] = {p.q, p.k, p.v, p.d_out};
     const size_t count[4] = {p.nq, p.nkv, p.nkv, p.nq};
-    for (int i = 0; i < 4; ++i) {
-        if (elem == 4)
-            memcpy(in[i], from[i], count[i] * 4);
-        else
-            round_16(from[i], (uint16_t *)in[i], count[i], s.dtype);
-    }
+    for (int i = 0; i < 4; ++i)
+        to_dtype(from[i], in[i], count[i], s.dtype);
     /* per order: O, LSE, dQ, dK, dV */
     const size_t bytes[5] = {nq, nlse, nq, nkv, nkv};
     unsigned char *out[2][5];
