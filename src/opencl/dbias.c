@@ -147,25 +147,17 @@ int clattn_ocl_grad_bias_host(clattn_context *ctx, const clattn_shape *s, const 
         return 0;
     static const int roles[6] = {CLATTN_R_Q, CLATTN_R_K, CLATTN_R_V,
                                  CLATTN_R_O, CLATTN_R_LSE, CLATTN_R_DO};
+    const void *host[CLATTN_R_COUNT] = {NULL};
+    unsigned held = 0;
+    for (int i = 0; i < 6; ++i) {
+        host[roles[i]] = in[i];
+        held |= CLATTN_BIT(roles[i]);
+    }
     clattn_cl_tensor t[R_ALL];
     memset(t, 0, sizeof t);
-    cl_event ev[6];
+    cl_event ev[CLATTN_R_COUNT];
     cl_uint nev = 0;
-    *st = CLATTN_OK;
-    for (int i = 0; i < 6 && *st == CLATTN_OK; ++i) {
-        const int r = roles[i];
-        const size_t bytes =
-            clattn_role_elems(sz, (clattn_role)r) * clattn_ocl_role_bytes(r, s->dtype);
-        if ((*st = clattn_ocl_scratch(cl, r, bytes)) != CLATTN_OK)
-            break;
-        t[r].buffer = cl->host_copy.buffer[r];
-        const cl_int err = clEnqueueWriteBuffer(cl->queue, t[r].buffer, CL_FALSE, 0, bytes, in[i],
-                                                0, NULL, &ev[nev]);
-        if (err != CL_SUCCESS)
-            *st = clattn_ocl_fail(err, "clEnqueueWriteBuffer");
-        else
-            ++nev;
-    }
+    *st = clattn_ocl_upload(cl, s->dtype, sz, held, held, host, t, ev, &nev);
     if (*st == CLATTN_OK)
         *st = run_grad_bias(cl, s, sz, t, d_bias, nev, ev);
     else

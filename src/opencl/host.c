@@ -5,7 +5,8 @@
 
 #include "variant.h"
 
-clattn_status clattn_ocl_scratch(struct clattn_cl_state *cl, int role, size_t bytes)
+/* Makes sure the copy buffer of a role holds bytes (contents are lost). */
+static clattn_status scratch(struct clattn_cl_state *cl, int role, size_t bytes)
 {
     if (cl->host_copy.bytes[role] >= bytes)
         return CLATTN_OK;
@@ -19,6 +20,35 @@ clattn_status clattn_ocl_scratch(struct clattn_cl_state *cl, int role, size_t by
         return clattn_ocl_fail(err, "clCreateBuffer");
     cl->host_copy.buffer[role] = m;
     cl->host_copy.bytes[role] = bytes;
+    return CLATTN_OK;
+}
+
+clattn_status clattn_ocl_upload(struct clattn_cl_state *cl, clattn_dtype dtype,
+                                const clattn_sizes *sz, unsigned held, unsigned reads,
+                                const void *const host[CLATTN_R_COUNT], clattn_cl_tensor t[R_ALL],
+                                cl_event ev[CLATTN_R_COUNT], cl_uint *nev)
+{
+    *nev = 0;
+    for (int r = 0; r < CLATTN_R_COUNT; ++r) {
+        if (!(held & CLATTN_BIT(r)))
+            continue;
+        const size_t bytes = clattn_role_elems(sz, (clattn_role)r) * clattn_ocl_role_bytes(r, dtype);
+        const clattn_status st = scratch(cl, r, bytes);
+        if (st != CLATTN_OK)
+            return st;
+        t[r].buffer = cl->host_copy.buffer[r];
+    }
+    /* Events order the copies even on a caller's out-of-order queue. */
+    for (int r = 0; r < CLATTN_R_COUNT; ++r) {
+        if (!(reads & CLATTN_BIT(r)))
+            continue;
+        const size_t bytes = clattn_role_elems(sz, (clattn_role)r) * clattn_ocl_role_bytes(r, dtype);
+        const cl_int err = clEnqueueWriteBuffer(cl->queue, t[r].buffer, CL_FALSE, 0, bytes,
+                                                host[r], 0, NULL, &ev[*nev]);
+        if (err != CL_SUCCESS)
+            return clattn_ocl_fail(err, "clEnqueueWriteBuffer");
+        ++*nev;
+    }
     return CLATTN_OK;
 }
 
@@ -39,30 +69,12 @@ clattn_status clattn_ocl_run(clattn_context *ctx, clattn_op op, const clattn_sha
     const unsigned reads = clattn_call_reads(op, s), writes = clattn_op_writes[op];
     clattn_cl_tensor t[R_ALL];
     memset(t, 0, sizeof t);
-    for (int r = 0; r < CLATTN_R_COUNT; ++r) {
-        if (!((reads | writes) & CLATTN_BIT(r)))
-            continue;
-        const size_t bytes =
-            clattn_role_elems(sz, (clattn_role)r) * clattn_ocl_role_bytes(r, s->dtype);
-        if ((st = clattn_ocl_scratch(cl, r, bytes)) != CLATTN_OK)
-            return st;
-        t[r].buffer = cl->host_copy.buffer[r];
-    }
-    /* Events order the copies even on a caller's out-of-order queue. */
     cl_event ev[CLATTN_R_COUNT], kernels_done = NULL;
     cl_uint nev = 0;
+    st = clattn_ocl_upload(cl, s->dtype, sz, reads | writes, reads, host, t, ev, &nev);
+    if (st != CLATTN_OK && !nev)
+        return st; /* nothing enqueued */
     cl_int err = CL_SUCCESS;
-    for (int r = 0; r < CLATTN_R_COUNT && err == CL_SUCCESS; ++r)
-        if (reads & CLATTN_BIT(r)) {
-            const size_t bytes =
-                clattn_role_elems(sz, (clattn_role)r) * clattn_ocl_role_bytes(r, s->dtype);
-            err = clEnqueueWriteBuffer(cl->queue, t[r].buffer, CL_FALSE, 0, bytes, host[r], 0, NULL,
-                                       &ev[nev]);
-            if (err == CL_SUCCESS)
-                ++nev;
-        }
-    if (err != CL_SUCCESS)
-        st = clattn_ocl_fail(err, "clEnqueueWriteBuffer");
     if (st == CLATTN_OK)
         st = clattn_packed(s) ? clattn_ocl_enqueue_packed(cl, op, s, t, nev, ev, &kernels_done)
                               : clattn_ocl_enqueue_op(cl, cl->queue, op, s, sz, t, nev, ev,

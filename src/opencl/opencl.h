@@ -399,8 +399,14 @@ int clattn_ocl_grad_bias(struct clattn_cl_state *cl, const clattn_shape *s,
 int clattn_ocl_grad_bias_host(clattn_context *ctx, const clattn_shape *s, const clattn_sizes *sz,
                               const void *const in[6], float *d_bias, clattn_status *st);
 /* host.c */
-/* Makes sure the copy buffer of a role holds bytes (contents are lost). */
-clattn_status clattn_ocl_scratch(struct clattn_cl_state *cl, int role, size_t bytes);
+/* The context's copy buffers of the roles in `held` (CLATTN_BIT bits)
+ * into t, grown to the call's sizes (contents lost), then the caller's
+ * arrays of the roles in `reads` written into theirs, an event each in ev
+ * (*nev of them, to release, whatever the status). */
+clattn_status clattn_ocl_upload(struct clattn_cl_state *cl, clattn_dtype dtype,
+                                const clattn_sizes *sz, unsigned held, unsigned reads,
+                                const void *const host[CLATTN_R_COUNT], clattn_cl_tensor t[R_ALL],
+                                cl_event ev[CLATTN_R_COUNT], cl_uint *nev);
 /* The backend's run: a host-pointer call through the scratch buffers. */
 clattn_status clattn_ocl_run(clattn_context *ctx, clattn_op op, const clattn_shape *s,
                              const clattn_sizes *sz, const void *const host[CLATTN_R_COUNT]);
