@@ -178,6 +178,36 @@ inline void fetch_next_queries(float *nq, float *no, __global const elem *q, ulo
                same || head + 1u < heads_end ? hi : 0u, num_heads, same ? head : head + 1u);
 }
 
+/* The key side's prefetches of query tiles (Q and dO) into nq and no, for
+ * keys [r0, last] of KV head kv_head, whose query heads end at heads_end:
+ * the first step, then the one after (head, p0). Under the caller's mask
+ * they are of the (head, query tile) steps its block map shows
+ * (NEXT_SHOWN_QUERIES), in this head or a later one, as the loops that
+ * step with SHOWN_ROWS take them. */
+#if HIDING
+#define FETCH_FIRST_QUERIES(nq, no, q, q_off, d_out, d_out_off, lo, hi, r0, last)             \
+    do {                                                                                     \
+        uint first_head = kv_head * group, first = (lo);                                     \
+        NEXT_SHOWN_QUERIES(&first_head, &first, heads_end, (lo), (hi), (r0), (last));        \
+        fetch_pair((nq), (no), (q), (q_off), (d_out), (d_out_off), b, q_seq, first,          \
+                   first_head < heads_end ? (hi) : 0u, num_heads, first_head);               \
+    } while (0)
+#define FETCH_NEXT_QUERIES(nq, no, q, q_off, d_out, d_out_off, head, p0, lo, hi, r0, last)   \
+    do {                                                                                     \
+        uint next_head = (head), next = (p0) + TILE;                                         \
+        NEXT_SHOWN_QUERIES(&next_head, &next, heads_end, (lo), (hi), (r0), (last));          \
+        fetch_pair((nq), (no), (q), (q_off), (d_out), (d_out_off), b, q_seq, next,           \
+                   next_head < heads_end ? (hi) : 0u, num_heads, next_head);                 \
+    } while (0)
+#else
+#define FETCH_FIRST_QUERIES(nq, no, q, q_off, d_out, d_out_off, lo, hi, r0, last)             \
+    fetch_pair((nq), (no), (q), (q_off), (d_out), (d_out_off), b, q_seq, (lo), (hi), num_heads, \
+               kv_head * group)
+#define FETCH_NEXT_QUERIES(nq, no, q, q_off, d_out, d_out_off, head, p0, lo, hi, r0, last)   \
+    fetch_next_queries((nq), (no), (q), (q_off), (d_out), (d_out_off), b, q_seq, num_heads,  \
+                       (head), heads_end, (p0), (lo), (hi))
+#endif
+
 /* The per-query values the key side reads with each tile: m, l and (for
  * grad-K, dsum not NULL) Dsum of TILE query rows from p0, zeros past `end`.
  * Every work-item of the group calls it. */

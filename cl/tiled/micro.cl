@@ -427,15 +427,8 @@ inline void key_block(__global const elem *q, ulong q_off, __global const elem *
     float nq[PF], no[PF]; /* the next tile */
     /* Under the caller's mask, the (head, query tile) steps its block map
      * hides are skipped: the loops step over them (SHOWN_ROWS), and each
-     * prefetch is of the next step shown, in this head or a later one. */
-#if HIDING
-    uint first_head = kv_head * group, first = lo;
-    NEXT_SHOWN_QUERIES(&first_head, &first, heads_end, lo, hi, r0, last);
-    fetch_pair(nq, no, q, q_off, d_out, d_out_off, b, q_seq, first,
-               first_head < heads_end ? hi : 0u, num_heads, first_head);
-#else
-    fetch_pair(nq, no, q, q_off, d_out, d_out_off, b, q_seq, lo, hi, num_heads, kv_head * group);
-#endif
+     * prefetch is of the next step shown. */
+    FETCH_FIRST_QUERIES(nq, no, q, q_off, d_out, d_out_off, lo, hi, r0, last);
     for (uint head = kv_head * group; head < heads_end; ++head) {
         for (uint p0 = SHOWN_ROWS(lo, TILE, hi, r0, last, head, 1u); p0 < hi;
              p0 = SHOWN_ROWS(p0 + TILE, TILE, hi, r0, last, head, 1u)) {
@@ -445,15 +438,7 @@ inline void key_block(__global const elem *q, ulong q_off, __global const elem *
             load_stats(mt, lt, dt, lse, lse_off, dk ? dsum : 0, dsum_off, b, q_seq, p0, hi,
                        num_heads, head);
             barrier(CLK_LOCAL_MEM_FENCE);
-#if HIDING
-            uint next_head = head, next = p0 + TILE;
-            NEXT_SHOWN_QUERIES(&next_head, &next, heads_end, lo, hi, r0, last);
-            fetch_pair(nq, no, q, q_off, d_out, d_out_off, b, q_seq, next,
-                       next_head < heads_end ? hi : 0u, num_heads, next_head);
-#else
-            fetch_next_queries(nq, no, q, q_off, d_out, d_out_off, b, q_seq, num_heads, head,
-                               heads_end, p0, lo, hi);
-#endif
+            FETCH_NEXT_QUERIES(nq, no, q, q_off, d_out, d_out_off, head, p0, lo, hi, r0, last);
             float s[RM * CN], dp[RM * CN];
             micro_dots(s, ks, qs, me);
             if (dk)

@@ -8,8 +8,9 @@
  * SPLIT-th row of each tile, and combine their partial sums at the end:
  * more work-items in flight when rows are few. Lanes of one part are
  * adjacent, so a warp reads one tile row at a time (a broadcast). Tiles
- * that no row of the group can see are skipped through the loop bounds;
- * only boundary tiles test the mask.
+ * that no row of the group can see are skipped through the loop bounds,
+ * and those the caller's mask hides whole through its block map
+ * (SHOWN_KEYS, SHOWN_ROWS); only boundary tiles test the mask.
  *
  * Past what fits a work-item's registers, DSPLIT work-items share a row by
  * columns as well: each holds DC = ceil(D / DSPLIT) columns of its vectors
@@ -166,15 +167,18 @@ inline void forward_block(__global const elem *q, ulong q_off, __global const el
         acc[d] = 0.0f;
     float m = EMPTY_ROW, l = 0.0f;
     uint lo, hi;
-    keys_of_queries(r0, min(r0 + ROWS, q_seq) - 1u, kv_seq, causal, window, delta, &lo, &hi);
+    const uint last = min(r0 + ROWS, q_seq) - 1u;
+    keys_of_queries(r0, last, kv_seq, causal, window, delta, &lo, &hi);
     float nk[PF], nv[PF]; /* the next tile */
+    lo = SHOWN_KEYS(lo, TILE, hi, r0, last, head);
     fetch_pair(nk, nv, k, k_off, v, v_off, b, kv_seq, lo, hi, num_kv_heads, kv_head);
-    for (uint t0 = lo; t0 < hi; t0 += TILE) {
+    for (uint t0 = lo, next; t0 < hi; t0 = next) {
+        next = SHOWN_KEYS(t0 + TILE, TILE, hi, r0, last, head);
         barrier(CLK_LOCAL_MEM_FENCE);
         put_tile(kt, nk);
         put_tile(vt, nv);
         barrier(CLK_LOCAL_MEM_FENCE);
-        fetch_pair(nk, nv, k, k_off, v, v_off, b, kv_seq, t0 + TILE, hi, num_kv_heads, kv_head);
+        fetch_pair(nk, nv, k, k_off, v, v_off, b, kv_seq, next, hi, num_kv_heads, kv_head);
         float s[TILE / SPLIT], tile_max = EMPTY_ROW;
         tile_dots(s, qr, kt, me);
         whole_dots(tiles + XCH_AT, s, 0, me);
@@ -282,15 +286,18 @@ inline void grad_q_block(__global const elem *q, ulong q_off, __global const ele
     const float m = lse[lse_off + 2 * row], l = lse[lse_off + 2 * row + 1];
     const float ds_row = dsum[dsum_off + row];
     uint lo, hi;
-    keys_of_queries(r0, min(r0 + ROWS, q_seq) - 1u, kv_seq, causal, window, delta, &lo, &hi);
+    const uint last = min(r0 + ROWS, q_seq) - 1u;
+    keys_of_queries(r0, last, kv_seq, causal, window, delta, &lo, &hi);
     float nk[PF], nv[PF]; /* the next tile */
+    lo = SHOWN_KEYS(lo, TILE, hi, r0, last, head);
     fetch_pair(nk, nv, k, k_off, v, v_off, b, kv_seq, lo, hi, num_kv_heads, kv_head);
-    for (uint t0 = lo; t0 < hi; t0 += TILE) {
+    for (uint t0 = lo, next; t0 < hi; t0 = next) {
+        next = SHOWN_KEYS(t0 + TILE, TILE, hi, r0, last, head);
         barrier(CLK_LOCAL_MEM_FENCE);
         put_tile(kt, nk);
         put_tile(vt, nv);
         barrier(CLK_LOCAL_MEM_FENCE);
-        fetch_pair(nk, nv, k, k_off, v, v_off, b, kv_seq, t0 + TILE, hi, num_kv_heads, kv_head);
+        fetch_pair(nk, nv, k, k_off, v, v_off, b, kv_seq, next, hi, num_kv_heads, kv_head);
         float s[TILE / SPLIT], dp[TILE / SPLIT];
         tile_dots(s, qr, kt, me);
         tile_dots(dp, dor, vt, me);
@@ -327,19 +334,20 @@ inline void grad_v_block(__global const elem *d_out, ulong d_out_off, __global c
     for (uint d = 0; d < DC; ++d)
         acc[d] = 0.0f;
     uint lo, hi;
-    queries_of_keys(r0, min(r0 + ROWS, kv_seq) - 1u, q_seq, causal, window, delta, &lo, &hi);
+    const uint last = min(r0 + ROWS, kv_seq) - 1u;
+    queries_of_keys(r0, last, q_seq, causal, window, delta, &lo, &hi);
     const uint heads_end = (kv_head + 1u) * group;
     float nq[PF], no[PF]; /* the next tile */
-    fetch_pair(nq, no, q, q_off, d_out, d_out_off, b, q_seq, lo, hi, num_heads, kv_head * group);
+    FETCH_FIRST_QUERIES(nq, no, q, q_off, d_out, d_out_off, lo, hi, r0, last);
     for (uint head = kv_head * group; head < heads_end; ++head) {
-        for (uint p0 = lo; p0 < hi; p0 += TILE) {
+        for (uint p0 = SHOWN_ROWS(lo, TILE, hi, r0, last, head, 1u); p0 < hi;
+             p0 = SHOWN_ROWS(p0 + TILE, TILE, hi, r0, last, head, 1u)) {
             barrier(CLK_LOCAL_MEM_FENCE);
             put_tile(qt, nq);
             put_tile(ot, no);
             load_stats(mt, lt, 0, lse, lse_off, 0, 0, b, q_seq, p0, hi, num_heads, head);
             barrier(CLK_LOCAL_MEM_FENCE);
-            fetch_next_queries(nq, no, q, q_off, d_out, d_out_off, b, q_seq, num_heads, head,
-                               heads_end, p0, lo, hi);
+            FETCH_NEXT_QUERIES(nq, no, q, q_off, d_out, d_out_off, head, p0, lo, hi, r0, last);
             float s[TILE / SPLIT];
             tile_dots(s, kr, qt, me);
             whole_dots(tiles + XCH_AT, s, 0, me);
@@ -390,20 +398,21 @@ inline void key_rows_block(__global const elem *q, ulong q_off, __global const e
     for (uint d = 0; d < DC; ++d)
         acc_k[d] = acc_v[d] = 0.0f;
     uint lo, hi;
-    queries_of_keys(r0, min(r0 + ROWS, kv_seq) - 1u, q_seq, causal, window, delta, &lo, &hi);
+    const uint last = min(r0 + ROWS, kv_seq) - 1u;
+    queries_of_keys(r0, last, q_seq, causal, window, delta, &lo, &hi);
     const uint heads_end = (kv_head + 1u) * group;
     float nq[PF], no[PF]; /* the next tile */
-    fetch_pair(nq, no, q, q_off, d_out, d_out_off, b, q_seq, lo, hi, num_heads, kv_head * group);
+    FETCH_FIRST_QUERIES(nq, no, q, q_off, d_out, d_out_off, lo, hi, r0, last);
     for (uint head = kv_head * group; head < heads_end; ++head) {
-        for (uint p0 = lo; p0 < hi; p0 += TILE) {
+        for (uint p0 = SHOWN_ROWS(lo, TILE, hi, r0, last, head, 1u); p0 < hi;
+             p0 = SHOWN_ROWS(p0 + TILE, TILE, hi, r0, last, head, 1u)) {
             barrier(CLK_LOCAL_MEM_FENCE);
             put_tile(qt, nq);
             put_tile(ot, no);
             load_stats(mt, lt, dt, lse, lse_off, dsum, dsum_off, b, q_seq, p0, hi, num_heads,
                       head);
             barrier(CLK_LOCAL_MEM_FENCE);
-            fetch_next_queries(nq, no, q, q_off, d_out, d_out_off, b, q_seq, num_heads, head,
-                               heads_end, p0, lo, hi);
+            FETCH_NEXT_QUERIES(nq, no, q, q_off, d_out, d_out_off, head, p0, lo, hi, r0, last);
             float s[TILE / SPLIT], dp[TILE / SPLIT];
             tile_dots(s, kr, qt, me);
             tile_dots(dp, vr, ot, me);
