@@ -372,7 +372,20 @@ typedef struct clattn_shape {
      * value is CLATTN_ERROR_INVALID_MODIFIER where there is a bias. dBias
      * (clattn_grad_bias) is float32 whatever it is. */
     clattn_dtype bias_dtype;
+    /* The score function's derivative in its parameters, for
+     * clattn_grad_score_params() (NULL, the default: none): at the score s
+     * of a pair, up to CLATTN_SCORE_DP_MAX indices into p, in index[], and
+     * the score function's partial derivative in each, in d[]; returns how
+     * many. Its OpenCL C form, in score_fn's source, is
+     *   uint clattn_score_dp(float s, uint b, uint h, uint q, uint k,
+     *                        __global const float *p, uint *index, float *d)
+     * (docs/programmable.md), which clattn_native_wrapper makes this. */
+    uint32_t (*score_dp_native)(float s, uint32_t b, uint32_t h, uint32_t q, uint32_t k,
+                                const float *p, uint32_t *index, float *d);
 } clattn_shape;
+
+/* The most parameters one pair's score may depend on (score_dp_native). */
+#define CLATTN_SCORE_DP_MAX 4
 
 /* The C99 text that makes the OpenCL C of shape->score_fn and mask_fn the
  * native backend's C forms, as the CLI and the Python package build them:
@@ -380,7 +393,8 @@ typedef struct clattn_shape {
  * defined for C, clattn_tanh as cl/tanh.cl has it), part 1 after them. Part 1
  * defines clattn_native_score, clattn_native_score_ds and
  * clattn_native_score_span (score_native, score_ds_native and
- * score_span_native) where CLATTN_SCORE is defined, and clattn_native_mask
+ * score_span_native) where CLATTN_SCORE is defined, clattn_native_score_dp
+ * (score_dp_native) where CLATTN_SCORE_DP is, and clattn_native_mask
  * (mask_native) where CLATTN_MASK is. Built as a shared object with
  * -fvisibility=hidden, only those are exported and the functions inline
  * into the span's loops; with -O3 -fno-trapping-math (no rounding changed),
@@ -505,6 +519,30 @@ clattn_status clattn_grad_sinks(clattn_context *ctx, const clattn_shape *shape, 
 clattn_status clattn_grad_bias(clattn_context *ctx, const clattn_shape *shape, const void *q,
                                const void *k, const void *v, const void *o, const float *lse,
                                const void *d_out, float *d_bias);
+
+/* The score function's parameter gradient, from the forward's o and lse
+ * and the output gradient d_out: for each parameter i,
+ *   d_params[i] = sum over the pairs of dZ * d clattn_score / d p[i]
+ * with dZ = p (dP - Dsum) the gradient of the pair's modified score (as
+ * clattn_grad_bias() gives it; 0 where a mask hides the pair) and the
+ * partial derivatives shape->score_dp_native gives at the score the score
+ * function took. d_params holds score_params_count floats, written whole,
+ * or added to with shape->accumulate; nothing is written on an error.
+ * Runs on the host for every backend (the C forms score_native,
+ * score_dp_native and mask_native; a bias or bool mask in its host
+ * form), on the native context's threads or up to 16 of another's.
+ * Deterministic: the query rows are cut into parts by the shape alone,
+ * each part's sum is kept in float64, and the parts are added in order.
+ * Status: as clattn_forward(); CLATTN_ERROR_NULL_POINTER where the shape
+ * has no score function, parameters or score_dp_native;
+ * CLATTN_ERROR_INVALID_MODIFIER where score_dp_native gives more than
+ * CLATTN_SCORE_DP_MAX indices or one past score_params_count;
+ * CLATTN_ERROR_UNSUPPORTED_SHAPE with packed sequences or without a form
+ * the host needs. */
+clattn_status clattn_grad_score_params(clattn_context *ctx, const clattn_shape *shape,
+                                       const void *q, const void *k, const void *v,
+                                       const void *o, const float *lse, const void *d_out,
+                                       float *d_params);
 
 /* dQ alone, and dK alone, as clattn_backward() computes them. */
 clattn_status clattn_grad_q(clattn_context *ctx, const clattn_shape *shape, const void *q,

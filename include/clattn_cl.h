@@ -157,6 +157,18 @@ clattn_status clattn_grad_bias_cl(clattn_context *ctx, const clattn_shape *shape
                                   cl_uint num_events_in_wait_list,
                                   const cl_event *event_wait_list);
 
+/* clattn_grad_score_params() from device tensors: waits for the events,
+ * reads q, k, v, o, lse and d_out back to the host and sums there;
+ * d_params is host memory (score_params_count floats). Blocks until done.
+ * Status: as clattn_grad_v_cl(), CLATTN_ERROR_OUT_OF_MEMORY, and
+ * clattn_grad_score_params()'s. */
+clattn_status clattn_grad_score_params_cl(clattn_context *ctx, const clattn_shape *shape,
+                                          clattn_cl_tensor q, clattn_cl_tensor k,
+                                          clattn_cl_tensor v, clattn_cl_tensor o,
+                                          clattn_cl_tensor lse, clattn_cl_tensor d_out,
+                                          float *d_params, cl_uint num_events_in_wait_list,
+                                          const cl_event *event_wait_list);
+
 /* dQ alone, and dK alone, enqueued likewise. */
 clattn_status clattn_grad_q_cl(clattn_context *ctx, const clattn_shape *shape,
                                clattn_cl_tensor q, clattn_cl_tensor k, clattn_cl_tensor v,

@@ -472,9 +472,100 @@ START_TEST(bias_files)
 }
 END_TEST
 
+/* --d-score-params with examples/programmable/relative_bias.cl, on native
+ * and on PoCL where it runs: the table's gradient is the bias's gradient
+ * (clattn_grad_bias of the same table as a bias tensor) summed over each
+ * entry's pairs; without clattn_score_dp in the file, or without
+ * --score-params, bad input that leaves nothing. */
+START_TEST(score_params_files)
+{
+    make_dir();
+    clattn_shape s = cli_shape();
+    const size_t H = s.num_heads, n = H * 65, nb = H * s.q_seq * s.kv_seq;
+    float table[8 * 65], *bias = malloc(nb * sizeof(float)), *db = nan_array(nb);
+    double want[8 * 65] = {0};
+    ck_assert(bias && db);
+    for (size_t i = 0; i < n; ++i)
+        table[i] = (float)sin(0.3 * (double)i);
+    size_t at[4 * 12 * 12];
+    for (size_t h = 0, e = 0; h < H; ++h)
+        for (uint32_t i = 0; i < s.q_seq; ++i)
+            for (uint32_t j = 0; j < s.kv_seq; ++j, ++e) {
+                const int d = (int)j - (int)i;
+                at[e] = h * 65 + (size_t)(d < -32 ? 0 : d > 32 ? 64 : d + 32);
+                bias[e] = table[at[e]];
+            }
+    save("table.npy", &n, 1, table);
+    s.bias = bias;
+    s.bias_heads = (uint32_t)H;
+    problem p;
+    write_problem(&p, &s, 0); /* O and LSE with the table as a bias */
+    clattn_options o = clattn_options_default();
+    o.backend = CLATTN_BACKEND_NATIVE;
+    clattn_context *ctx = NULL;
+    ck_assert_status(clattn_context_create(&o, &ctx), CLATTN_OK);
+    ck_assert_status(clattn_grad_bias(ctx, &s, p.q, p.k, p.v, p.o, p.lse, p.d_out, db),
+                     CLATTN_OK);
+    clattn_context_destroy(ctx);
+    for (size_t e = 0; e < nb; ++e)
+        want[at[e]] += db[e];
+    float want_f[8 * 65];
+    for (size_t i = 0; i < n; ++i)
+        want_f[i] = (float)want[i];
+    save("want_dt.npy", &n, 1, want_f);
+    o.backend = CLATTN_BACKEND_OPENCL_CPU;
+    const int pocl = clattn_context_create(&o, &ctx) == CLATTN_OK;
+    clattn_context_destroy(ctx);
+    char qp[512], kp[512], vp[512], file[600], tp[512];
+    snprintf(qp, sizeof qp, "%s", path("q.npy"));
+    snprintf(kp, sizeof kp, "%s", path("k.npy"));
+    snprintf(vp, sizeof vp, "%s", path("v.npy"));
+    snprintf(tp, sizeof tp, "%s", path("table.npy"));
+    snprintf(file, sizeof file, "%s/relative_bias.cl", CLATTN_EXAMPLES_DIR);
+    for (int d = 0; d < 1 + pocl; ++d) {
+        ck_assert_msg(run("backward", "--q", qp, "--k", kp, "--v", vp, "--o", path("o.npy"),
+                          "--lse", path("lse.npy"), "--d-out", path("do.npy"), "--dq",
+                          path("dq.npy"), "--dk", path("dk.npy"), "--dv", path("dv.npy"),
+                          "--score-fn", file, "--score-params", tp, "--d-score-params",
+                          path("dt.npy"), "--device", d ? "cpu" : "native", NULL) == 0,
+                      "%s", err_text);
+        ck_assert(close_files(path("dt.npy"), path("want_dt.npy"), 1e-5));
+    }
+    /* bad input: exit 2, the reason, no file */
+    FILE *f = fopen(path("no_dp.cl"), "w");
+    ck_assert_ptr_nonnull(f);
+    fputs("float clattn_score(float s, uint b, uint h, uint q, uint k, __global const float *p)\n"
+          "{ return s + p[h]; }\n"
+          "float clattn_score_ds(float s, uint b, uint h, uint q, uint k, __global const float "
+          "*p)\n{ return 1.0f; }\n",
+          f);
+    ck_assert_int_eq(fclose(f), 0);
+    char no_dp[600];
+    snprintf(no_dp, sizeof no_dp, "%s", path("no_dp.cl"));
+    for (int i = 0; i < 2; ++i) {
+        ck_assert_int_eq(run("backward", "--q", qp, "--k", kp, "--v", vp, "--o", path("o.npy"),
+                             "--lse", path("lse.npy"), "--d-out", path("do.npy"), "--dq",
+                             path("bad.npy"), "--dk", path("badk.npy"), "--dv", path("badv.npy"),
+                             "--score-fn", i ? file : no_dp, i ? "--device" : "--score-params",
+                             i ? "native" : tp, "--d-score-params", path("badt.npy"), NULL),
+                         2);
+        ck_assert_msg(strstr(err_text, i ? "wants --score-params" : "wants clattn_score_dp"),
+                      "%s", err_text);
+        static const char *const left[] = {"bad.npy", "badk.npy", "badv.npy", "badt.npy"};
+        for (size_t j = 0; j < sizeof left / sizeof left[0]; ++j)
+            ck_assert_msg(access(path(left[j]), F_OK) != 0, "%s was left", left[j]);
+    }
+    free(bias);
+    free(db);
+    problem_free(&p);
+    cleanup();
+}
+END_TEST
+
 void add_cli_modifier_tests(TCase *tc)
 {
     tcase_add_test(tc, modifier_files);
     tcase_add_test(tc, function_files);
     tcase_add_test(tc, bias_files);
+    tcase_add_test(tc, score_params_files);
 }

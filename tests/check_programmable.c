@@ -57,9 +57,11 @@ TWICE(alibi_cl,
 
 /* A learned relative-position bias: 17 buckets of k - q (clamped to
  * [-8, 8]) per query head, in p[17 h + bucket], and a batch element's
- * offset; then a cap, so that the derivative is not 1. */
+ * offset; then a cap, so that the derivative is not 1. Its derivative in
+ * the one parameter a pair reads: the same 1 - t^2. */
 #define clattn_score relbias_score
 #define clattn_score_ds relbias_ds
+#define clattn_score_dp relbias_dp
 TWICE(relbias_cl,
       float clattn_score(float s, uint b, uint h, uint q, uint k, __global const float *p) {
           const int d = (int)k - (int)q;
@@ -70,9 +72,18 @@ TWICE(relbias_cl,
           const int at = d < -8 ? 0 : d > 8 ? 16 : d + 8;
           const float t = tanh((s + p[17u * h + (uint)at] + 0.25f * (float)b) / 6.0f);
           return 1.0f - t * t;
+      } uint clattn_score_dp(float s, uint b, uint h, uint q, uint k, __global const float *p,
+                             uint *index, float *d) {
+          const int dist = (int)k - (int)q;
+          const int at = dist < -8 ? 0 : dist > 8 ? 16 : dist + 8;
+          index[0] = 17u * h + (uint)at;
+          const float t = tanh((s + p[index[0]] + 0.25f * (float)b) / 6.0f);
+          d[0] = 1.0f - t * t;
+          return 1u;
       })
 #undef clattn_score
 #undef clattn_score_ds
+#undef clattn_score_dp
 
 /* Documents of 13 positions: a query sees the keys of its own. */
 #define clattn_mask document_mask
@@ -355,7 +366,8 @@ double loss(const problem *p)
 }
 
 /* Central differences of L against the backend's dQ and dK (a score
- * function whose derivative is not 1, with a mask) and d sinks. */
+ * function whose derivative is not 1, with a mask), d sinks and the
+ * score function's parameters' gradient (its relative-bias table). */
 START_TEST(finite_differences)
 {
     fill_relbias();
@@ -366,17 +378,20 @@ START_TEST(finite_differences)
                                 relbias_table, 8 * 17);
     s = with_mask(s, prefix_cl, prefix_mask_int);
     s.sinks = sinks;
+    s.score_dp_native = relbias_dp;
     clattn_context *ctx = test_context(NULL);
     ck_assert_ptr_nonnull(ctx);
     problem p;
     problem_make(&p, &s, 6400, 3.0f);
     float *o = malloc(p.nq * sizeof(float)), *lse = malloc(p.nlse * sizeof(float));
     float *dq = malloc(p.nq * sizeof(float)), *dk = malloc(p.nkv * sizeof(float));
-    float *dv = malloc(p.nkv * sizeof(float)), dsink[4];
+    float *dv = malloc(p.nkv * sizeof(float)), dsink[4], dtable[8 * 17];
     ck_assert_status(clattn_forward(ctx, &s, p.q, p.k, p.v, o, lse), CLATTN_OK);
     ck_assert_status(clattn_backward(ctx, &s, p.q, p.k, p.v, o, lse, p.d_out, dq, dk, dv),
                      CLATTN_OK);
     ck_assert_status(clattn_grad_sinks(ctx, &s, o, lse, p.d_out, dsink), CLATTN_OK);
+    ck_assert_status(clattn_grad_score_params(ctx, &s, p.q, p.k, p.v, o, lse, p.d_out, dtable),
+                     CLATTN_OK);
     double largest = 0.0;
     for (size_t i = 0; i < p.nq; ++i)
         largest = fmax(largest, fabs((double)dq[i]));
@@ -384,9 +399,12 @@ START_TEST(finite_differences)
         float *x, *grad;
         size_t n;
         const char *name;
-    } wrt[3] = {{p.q, dq, p.nq, "dQ"}, {p.k, dk, p.nkv, "dK"}, {sinks, dsink, 3, "d sinks"}};
-    for (int w = 0; w < 3; ++w)
-        for (size_t i = 0; i < wrt[w].n; i += (w == 2 ? 1 : 37)) {
+    } wrt[4] = {{p.q, dq, p.nq, "dQ"},
+                {p.k, dk, p.nkv, "dK"},
+                {sinks, dsink, 3, "d sinks"},
+                {relbias_table, dtable, 4 * 17, "d table"}};
+    for (int w = 0; w < 4; ++w)
+        for (size_t i = 0; i < wrt[w].n; i += (w == 2 ? 1 : w == 3 ? 5 : 37)) {
             const float x0 = wrt[w].x[i];
             wrt[w].x[i] = x0 + 1e-2f;
             const double up = loss(&p), hi = wrt[w].x[i];
@@ -408,10 +426,27 @@ START_TEST(finite_differences)
 }
 END_TEST
 
+/* A parameter derivative that names a parameter past the array, and one
+ * that names too many. */
+static uint32_t past_dp(float s, uint32_t b, uint32_t h, uint32_t q, uint32_t k, const float *p,
+                        uint32_t *index, float *d)
+{
+    (void)s, (void)b, (void)h, (void)p;
+    index[0] = q == k ? 1u : 0u;
+    d[0] = 1.0f;
+    return 1u;
+}
+static uint32_t many_dp(float s, uint32_t b, uint32_t h, uint32_t q, uint32_t k, const float *p,
+                        uint32_t *index, float *d)
+{
+    (void)s, (void)b, (void)h, (void)q, (void)k, (void)p, (void)index, (void)d;
+    return CLATTN_SCORE_DP_MAX + 1u;
+}
+
 /* A function that does not compile gives the compiler's log; a backend
  * without its form of a function, half a score function, parameters
- * without their array and an empty source get their statuses, nothing
- * written. */
+ * without their array, an empty source and bad parameter derivatives get
+ * their statuses, nothing written. */
 START_TEST(bad_functions)
 {
     const shape_case c = {.q_seq = 8, .heads = 2, .head_dim = 8};
@@ -451,6 +486,25 @@ START_TEST(bad_functions)
                      native ? CLATTN_OK : CLATTN_ERROR_UNSUPPORTED_SHAPE);
     if (!native)
         ck_assert_ptr_nonnull(strstr(clattn_last_error(), "mask_fn"));
+    /* the parameters' gradient: none without the derivative; refused, the
+     * gradient as it was, where it names a parameter past the one there is
+     * or more than CLATTN_SCORE_DP_MAX */
+    const float cap[1] = {5.0f};
+    s = with_score(plain, softcap_cl, softcap_score, softcap_ds, cap, 1);
+    ck_assert_status(clattn_forward(ctx, &s, p.q, p.k, p.v, o, lse), CLATTN_OK);
+    float d_cap = NAN;
+    ck_assert_status(clattn_grad_score_params(ctx, &s, p.q, p.k, p.v, o, lse, p.d_out, &d_cap),
+                     CLATTN_ERROR_NULL_POINTER);
+    ck_assert_ptr_nonnull(strstr(clattn_last_error(), "score_dp_native"));
+    uint32_t (*const bad[2])(float, uint32_t, uint32_t, uint32_t, uint32_t, const float *,
+                             uint32_t *, float *) = {past_dp, many_dp};
+    for (int i = 0; i < 2; ++i) {
+        s.score_dp_native = bad[i];
+        ck_assert_status(
+            clattn_grad_score_params(ctx, &s, p.q, p.k, p.v, o, lse, p.d_out, &d_cap),
+            CLATTN_ERROR_INVALID_MODIFIER);
+        ck_assert(isnan(d_cap));
+    }
     free(o);
     free(lse);
     problem_free(&p);

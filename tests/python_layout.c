@@ -49,6 +49,7 @@ int main(void)
     FIELD(clattn_shape, bool_mask_cl);
     FIELD(clattn_shape, score_span_native);
     FIELD(clattn_shape, bias_dtype);
+    FIELD(clattn_shape, score_dp_native);
     SIZE(clattn_options);
     FIELD(clattn_options, backend);
     FIELD(clattn_options, device);

@@ -13,3 +13,14 @@ float clattn_score_ds(float s, uint b, uint h, uint q, uint k, __global const fl
 {
     return 1.0f;
 }
+
+/* For a learned table (clattn backward --d-score-params): the one entry
+ * a pair reads, whose derivative is 1. */
+uint clattn_score_dp(float s, uint b, uint h, uint q, uint k, __global const float *p,
+                     uint *index, float *d)
+{
+    const int dist = (int)k - (int)q;
+    index[0] = h * 65u + (uint)(dist < -32 ? 0 : dist > 32 ? 64 : dist + 32);
+    d[0] = 1.0f;
+    return 1u;
+}

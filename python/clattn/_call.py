@@ -140,6 +140,7 @@ class Problem:
             if self.native:
                 (s.score_native, s.score_ds_native, s.score_span_native,
                  s.mask_native) = f.native()
+                s.score_dp_native = f.dp_native()
         if self.score_params is not None and self.score_params.size:
             s.score_params = self.score_params.ctypes.data_as(ctypes.POINTER(ctypes.c_float))
             s.score_params_count = self.score_params.size
@@ -334,6 +335,33 @@ def grad_bias(ctx, problem, q, k, v, o, lse, d_out, out):
         status = _lib.lib.clattn_grad_bias(ctx, ctypes.byref(shape), *at, dst)
         del keep
         _lib.check(status, "clattn_grad_bias")
+
+
+def grad_score_params(ctx, problem, q, k, v, o, lse, d_out, out):
+    """The score function's parameters' gradient into the float32 array at
+    address out (one a parameter), from the call's tensors at these
+    addresses: on the host, through the functions' C forms (score_mod's
+    clattn_score_dp among them); where the plan runs each element apart,
+    each adds its share."""
+    how, plan = problem.plan()
+    calls = [(plan, (q, k, v, o, lse, d_out))]
+    if how == "each":
+        calls = [(problem._element(i, ql, kl),
+                  (q + qs * problem.q_row(), k + ks * problem.kv_row(),
+                   v + ks * problem.kv_row(), o + qs * problem.q_row(),
+                   lse + qs * problem.lse_row(), d_out + qs * problem.q_row()))
+                 for i, (qs, ql, ks, kl) in enumerate(plan)]
+    for i, (e, at) in enumerate(calls):
+        e.native = e.functions is not None  # the host runs it, on any backend
+        shape, keep = e.shape()
+        if e.native and not shape.score_dp_native:
+            raise InvalidArgument("score_params' gradient needs clattn_score_dp, the score "
+                                  "function's derivative in its parameters, in score_mod "
+                                  "(docs/programmable.md)")
+        shape.accumulate = 1 if problem.accumulate or i > 0 else 0
+        status = _lib.lib.clattn_grad_score_params(ctx, ctypes.byref(shape), *at, out)
+        del keep
+        _lib.check(status, "clattn_grad_score_params")
 
 
 def dropout_keep(problem):

@@ -56,6 +56,16 @@ class Functions:
         return tuple(addr(n) if self.score else None for n in score) + (
             addr("clattn_native_mask") if self.mask else None,)
 
+    def dp_native(self):
+        """The address of the C form of clattn_score_dp (the score
+        function's derivative in its parameters), or None where score_mod
+        does not define it; compiled on first use."""
+        if not self.score or "clattn_score_dp" not in self.score:
+            return None
+        self.native()
+        lib = _compiled[self.key()]
+        return ctypes.cast(lib.clattn_native_score_dp, ctypes.c_void_p).value
+
 
 def _compile(score, mask):
     cc = os.environ.get("CC") or "cc"
@@ -73,6 +83,7 @@ def _compile(score, mask):
         flags = ["-std=c99", "-O3", "-fno-trapping-math", "-fno-math-errno",
                  "-fvisibility=hidden", "-shared", "-fPIC"]
         flags += ["-DCLATTN_SCORE"] if score else []
+        flags += ["-DCLATTN_SCORE_DP"] if score and "clattn_score_dp" in score else []
         flags += ["-DCLATTN_MASK"] if mask else []
         # this machine's vector units for the span's loops, where cc knows the flag
         for arch in (["-march=native"], []):

@@ -78,6 +78,7 @@ class Shape(ctypes.Structure):
         ("bool_mask_cl", ctypes.c_void_p),
         ("score_span_native", ctypes.c_void_p),
         ("bias_dtype", ctypes.c_int),
+        ("score_dp_native", ctypes.c_void_p),
     ]
 
 
@@ -158,6 +159,7 @@ _PROTOTYPES = {
     "clattn_merge": (ctypes.c_int, [_ctx, _sp, _vp, _fp, _vp, _fp, _vp, _fp]),
     "clattn_grad_sinks": (ctypes.c_int, [_ctx, _sp, _vp, _fp, _vp, _fp]),
     "clattn_grad_bias": (ctypes.c_int, [_ctx, _sp, _vp, _vp, _vp, _vp, _fp, _vp, _fp]),
+    "clattn_grad_score_params": (ctypes.c_int, [_ctx, _sp, _vp, _vp, _vp, _vp, _fp, _vp, _fp]),
     "clattn_dropout_mask": (ctypes.c_int, [_sp, ctypes.c_uint32, ctypes.c_uint32, _vp]),
     "clattn_variant_name": (ctypes.c_char_p, [ctypes.c_int, ctypes.c_size_t]),
     "clattn_native_wrapper": (ctypes.c_char_p, [ctypes.c_int]),

@@ -178,20 +178,23 @@ def _backward_impl(d_out: Tensor, q: Tensor, k: Tensor, v: Tensor, o: Tensor, ls
               cu_seqlens_q: Optional[Tensor], cu_seqlens_k: Optional[Tensor],
               alibi_slopes: Optional[Tensor], rng: Optional[Tensor], sinks: Optional[Tensor],
               score_params: Optional[Tensor], bias: Optional[Tensor],
-              bool_mask: Optional[Tensor], want_d_bias: bool, causal: int,
-              align_bottom_right: bool, window: int, window_right: int, scale: float,
-              softcap: float, dropout_p: float, q_offset: int, kv_offset: int, score_mod: str,
-              mask_mod: str) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+              bool_mask: Optional[Tensor], want_d_bias: bool, want_d_params: bool,
+              causal: int, align_bottom_right: bool, window: int, window_right: int,
+              scale: float, softcap: float, dropout_p: float, q_offset: int, kv_offset: int,
+              score_mod: str, mask_mod: str) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor,
+                                                      Tensor]:
     """dq, dk, dv, the sinks' gradient (float32 (heads,); empty without
-    sinks) and the bias's (float32 in its shape where want_d_bias, else
-    empty)."""
+    sinks), the bias's (float32 in its shape where want_d_bias, else
+    empty) and the score parameters' (float32 in their shape where
+    want_d_params, else empty)."""
     d_out, q, k, v, o = (t.contiguous() for t in (d_out, q, k, v, o))
     lse = lse.contiguous()
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     d_sinks = torch.zeros(sinks.shape if sinks is not None else (0,), dtype=torch.float32)
     d_bias = torch.zeros(bias.shape if want_d_bias else (0,), dtype=torch.float32)
+    d_params = torch.zeros(score_params.shape if want_d_params else (0,), dtype=torch.float32)
     if _empty_rows(q) or (k.shape[-3] == 0 and cu_seqlens_q is None):
-        return dq.zero_(), dk.zero_(), dv.zero_(), d_sinks, d_bias
+        return dq.zero_(), dk.zero_(), dv.zero_(), d_sinks, d_bias, d_params
     p = _problem(q, k, cu_seqlens_q, cu_seqlens_k, alibi_slopes, rng, causal,
                  align_bottom_right, window, window_right, scale, softcap, dropout_p, q_offset,
                  kv_offset, sinks, score_params, score_mod, mask_mod, bias, bool_mask)
@@ -205,7 +208,11 @@ def _backward_impl(d_out: Tensor, q: Tensor, k: Tensor, v: Tensor, o: Tensor, ls
     if want_d_bias:
         _call.grad_bias(handle, p, q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(),
                         lse.data_ptr(), d_out.data_ptr(), d_bias.data_ptr())
-    return dq, dk, dv, d_sinks, d_bias
+    if want_d_params:
+        _call.grad_score_params(handle, p, q.data_ptr(), k.data_ptr(), v.data_ptr(),
+                                o.data_ptr(), lse.data_ptr(), d_out.data_ptr(),
+                                d_params.data_ptr())
+    return dq, dk, dv, d_sinks, d_bias, d_params
 
 
 _backward = torch.library.custom_op("clattn::attention_backward", _backward_impl, mutates_args=(),
@@ -214,14 +221,15 @@ _backward = torch.library.custom_op("clattn::attention_backward", _backward_impl
 
 @_backward.register_fake
 def _backward_fake(d_out, q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, alibi_slopes, rng,
-                   sinks, score_params, bias, bool_mask, want_d_bias, causal,
+                   sinks, score_params, bias, bool_mask, want_d_bias, want_d_params, causal,
                    align_bottom_right, window, window_right, scale, softcap, dropout_p, q_offset,
                    kv_offset, score_mod, mask_mod):
     return (torch.empty(q.shape, dtype=q.dtype, device=q.device),
             torch.empty(k.shape, dtype=k.dtype, device=k.device),
             torch.empty(v.shape, dtype=v.dtype, device=v.device),
             q.new_empty(sinks.shape if sinks is not None else (0,), dtype=torch.float32),
-            q.new_empty(bias.shape if want_d_bias else (0,), dtype=torch.float32))
+            q.new_empty(bias.shape if want_d_bias else (0,), dtype=torch.float32),
+            q.new_empty(score_params.shape if want_d_params else (0,), dtype=torch.float32))
 
 
 _PARAMS = ("causal", "align_bottom_right", "window", "window_right", "scale", "softcap",
@@ -256,11 +264,13 @@ def _autograd_backward(ctx, d_out, d_lse):
         ctx.saved_tensors
     args = (d_out, q, k, v, o, lse, cu_q, cu_k, alibi, rng, sinks, score_params, bias, bool_mask)
     want_d_bias = bias is not None and ctx.needs_input_grad[9]
+    want_d_params = score_params is not None and ctx.needs_input_grad[8]
     run = _backward_impl if _eager(*args) else _backward
-    dq, dk, dv, d_sinks, d_bias = run(*args, want_d_bias, *ctx.params)
+    dq, dk, dv, d_sinks, d_bias, d_params = run(*args, want_d_bias, want_d_params, *ctx.params)
     d_sinks = d_sinks.to(sinks.dtype) if sinks is not None else None
     d_bias = d_bias.to(bias.dtype) if want_d_bias else None
-    return (dq, dk, dv, None, None, None, None, d_sinks, None, d_bias, None) + \
+    d_params = d_params.to(score_params.dtype) if want_d_params else None
+    return (dq, dk, dv, None, None, None, None, d_sinks, d_params, d_bias, None) + \
         (None,) * len(_PARAMS)
 
 
@@ -315,7 +325,7 @@ def attention(q, k, v, *, causal=0, align_bottom_right=False, window=0, window_r
     head (float32, (heads,)) that joins each row's softmax with no value,
     with a gradient. score_mod and mask_mod: OpenCL C source of the
     caller's functions (docs/programmable.md), score_params their float32
-    parameters (no gradient). bias: None, or a float32, bfloat16 or float16
+    parameters, with a gradient where score_mod defines clattn_score_dp. bias: None, or a float32, bfloat16 or float16
     CPU tensor (B or 1, heads or 1, q_seq, kv_seq) added to the scores after
     the score function, with a gradient (of its dtype); bool_mask: None, or a bool or uint8 tensor of that
     layout, False (0) hiding the pair; not with cu_seqlens. Returns (o, lse)
@@ -333,9 +343,11 @@ def attention(q, k, v, *, causal=0, align_bottom_right=False, window=0, window_r
     if score_params is not None:
         if not isinstance(score_params, Tensor) or score_params.device.type != "cpu":
             raise InvalidArgument("score_params must be a CPU tensor")
-        if score_params.requires_grad:
-            raise NotImplementedError("score_params' gradient is not computed: pass a tensor "
-                                      "that does not require grad")
+        if score_params.requires_grad and "clattn_score_dp" not in (score_mod or ""):
+            raise InvalidArgument("score_params requires grad: score_mod must define "
+                                  "clattn_score_dp, the score function's derivative in its "
+                                  "parameters (docs/programmable.md), or pass a tensor that "
+                                  "does not require grad")
     if mask_mod is not None and not isinstance(mask_mod, str):
         raise NotImplementedError("mask_mod must be OpenCL C source (a str); clattn does not "
                                   "take a BlockMask or a Python callable")
@@ -349,7 +361,7 @@ def attention(q, k, v, *, causal=0, align_bottom_right=False, window=0, window_r
     args = (q, k, v, cu_seqlens_q, cu_seqlens_k, alibi_slopes, rng, sinks, score_params, bias,
             bool_mask)
     grads = torch.is_grad_enabled() and any(
-        t is not None and t.requires_grad for t in (q, k, v, sinks, bias))
+        t is not None and t.requires_grad for t in (q, k, v, sinks, score_params, bias))
     run = _forward_impl if not grads and _eager(*args) else _forward
     return run(*args, int(causal), bool(align_bottom_right), int(window), int(window_right),
                float(scale), float(softcap), float(dropout_p), int(q_offset), int(kv_offset),
@@ -433,7 +445,8 @@ def flex_attention(query, key, value, score_mod=None, block_mask=None, scale=Non
     functions as OpenCL C source (docs/programmable.md), computed by clattn
     on any OpenCL device or natively: query (B, Hq, L, E), key and value
     (B, H, S, E). score_mod defines clattn_score and clattn_score_ds, with
-    score_params (float32, no gradient) as their p; mask_mod defines
+    score_params (float32) as their p, which has a gradient where score_mod
+    defines clattn_score_dp too; mask_mod defines
     clattn_mask, whose hidden blocks are skipped. q and k are the query's
     and key's indices. A row that the mask hides whole gives 0, its LSE
     -inf. return_lse: also the log-sum-exp (B, Hq, L), float32."""

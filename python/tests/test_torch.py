@@ -307,6 +307,59 @@ def test_flex_attention_matches_float64(backend, dtype):
         assert close(got, want, dtype)
 
 
+# A learned relative-position bias: 9 buckets of k - q (clamped to [-4, 4])
+# per query head, in p[9 h + bucket], under a cap of 4, with its derivative
+# in the one entry each pair reads.
+RELBIAS_SCORE = """
+uint relbias_bucket(uint h, uint q, uint k)
+{
+    const int d = (int)k - (int)q;
+    return 9u * h + (uint)(d < -4 ? 0 : d > 4 ? 8 : d + 4);
+}
+float clattn_score(float s, uint b, uint h, uint q, uint k, __global const float *p)
+{
+    return 4.0f * tanh((s + p[relbias_bucket(h, q, k)]) / 4.0f);
+}
+float clattn_score_ds(float s, uint b, uint h, uint q, uint k, __global const float *p)
+{
+    const float t = tanh((s + p[relbias_bucket(h, q, k)]) / 4.0f);
+    return 1.0f - t * t;
+}
+uint clattn_score_dp(float s, uint b, uint h, uint q, uint k, __global const float *p,
+                     uint *index, float *d)
+{
+    index[0] = relbias_bucket(h, q, k);
+    d[0] = clattn_score_ds(s, b, h, q, k, p);
+    return 1u;
+}
+"""
+
+
+def test_learned_score_params_match_float64(backend):
+    B, Hq, Hk, L, S, E = 2, 4, 2, 19, 23, 16
+    q, k, v = leaves((B, Hq, L, E), (B, Hk, S, E), (B, Hk, S, E))
+    d_out = torch.randn(B, Hq, L, E)
+    table = (torch.randn(Hq * 9) * 0.5).requires_grad_()
+    out = ct.flex_attention(q, k, v, score_mod=RELBIAS_SCORE, enable_gqa=True,
+                            mask_mod=DOCUMENT_MASK, score_params=table)
+    ref_in = [x.detach().double().requires_grad_() for x in (q, k, v, table)]
+    rq, rk, rv, rt = ref_in
+    rk, rv = (x.repeat_interleave(Hq // Hk, dim=1) for x in (rk, rv))
+    qi, ki = torch.arange(L).view(L, 1), torch.arange(S).view(1, S)
+    at = (ki - qi).clamp(-4, 4) + 4 + 9 * torch.arange(Hq).view(Hq, 1, 1)
+    scores = 4.0 * torch.tanh((rq @ rk.transpose(-1, -2) / math.sqrt(E) + rt[at]) / 4.0)
+    shown = (qi // 7 == ki // 7) | (torch.arange(Hq) == 1).view(Hq, 1, 1)
+    ref = torch.softmax(scores.masked_fill(~shown, float("-inf")), dim=-1).nan_to_num(0.0) @ rv
+    assert close(out, ref, "f32")
+    for got, want in zip(grads(out, (q, k, v, table), d_out),
+                         grads(ref, ref_in, d_out.double())):
+        assert close(got, want, "f32")
+    # without clattn_score_dp, a table that requires grad is refused at once
+    with pytest.raises(clattn.InvalidArgument, match="clattn_score_dp"):
+        ct.flex_attention(q, k, v, score_mod=SOFTCAP_SCORE, enable_gqa=True,
+                          score_params=table)
+
+
 @pytest.mark.parametrize("kind", ["bool", "float"])
 def test_sdpa_attn_mask_matches_pytorch_in_float64(backend, kind):
     B, Hq, Hk, L, S, E = 2, 4, 2, 21, 27, 16
@@ -459,7 +512,7 @@ def test_opcheck_on_every_custom_op():
         rest = tuple(a.detach() if isinstance(a, torch.Tensor) else a for a in args[3:])
         want_d_bias = args[9] is not None
         bargs = (torch.randn_like(o), q.detach(), k.detach(), v.detach(), o.detach(), lse) + \
-            rest[:8] + (want_d_bias,) + rest[8:]
+            rest[:8] + (want_d_bias, False) + rest[8:]
         torch.library.opcheck(torch.ops.clattn.attention_backward.default, bargs)
 
 

@@ -102,6 +102,7 @@ pub struct clattn_shape {
     pub bool_mask_cl: *mut c_void,
     pub score_span_native: Option<SpanFn>,
     pub bias_dtype: clattn_dtype,
+    pub score_dp_native: Option<ParamsFn>,
 }
 
 /// A score function or its derivative in C's form (`clattn_shape`'s
@@ -111,6 +112,10 @@ pub type ScoreFn = unsafe extern "C" fn(f32, u32, u32, u32, u32, *const f32) -> 
 /// `score_span_native`).
 pub type SpanFn =
     unsafe extern "C" fn(*mut f32, *mut f32, u32, u32, u32, u32, u32, u32, *const f32);
+/// A score function's derivative in its parameters in C's form (`clattn_shape`'s
+/// `score_dp_native`): the indices into them and the partials, and how many.
+pub type ParamsFn =
+    unsafe extern "C" fn(f32, u32, u32, u32, u32, *const f32, *mut u32, *mut f32) -> u32;
 /// A mask function in C's form (`clattn_shape`'s `mask_native`).
 pub type MaskFn = unsafe extern "C" fn(u32, u32, u32, u32) -> c_int;
 
@@ -206,6 +211,17 @@ extern "C" {
         lse: *const f32,
         d_out: *const c_void,
         d_bias: *mut f32,
+    ) -> clattn_status;
+    pub fn clattn_grad_score_params(
+        ctx: *mut clattn_context,
+        shape: *const clattn_shape,
+        q: *const c_void,
+        k: *const c_void,
+        v: *const c_void,
+        o: *const c_void,
+        lse: *const f32,
+        d_out: *const c_void,
+        d_params: *mut f32,
     ) -> clattn_status;
     pub fn clattn_grad_q(
         ctx: *mut clattn_context,
@@ -324,6 +340,19 @@ pub mod cl {
             lse: clattn_cl_tensor,
             d_out: clattn_cl_tensor,
             d_bias: *mut f32,
+            num_events_in_wait_list: cl_uint,
+            event_wait_list: *const cl_event,
+        ) -> clattn_status;
+        pub fn clattn_grad_score_params_cl(
+            ctx: *mut clattn_context,
+            shape: *const clattn_shape,
+            q: clattn_cl_tensor,
+            k: clattn_cl_tensor,
+            v: clattn_cl_tensor,
+            o: clattn_cl_tensor,
+            lse: clattn_cl_tensor,
+            d_out: clattn_cl_tensor,
+            d_params: *mut f32,
             num_events_in_wait_list: cl_uint,
             event_wait_list: *const cl_event,
         ) -> clattn_status;

@@ -63,7 +63,8 @@ fn rust_layout() -> Vec<(String, usize)> {
         bias_cl,
         bool_mask_cl,
         score_span_native,
-        bias_dtype
+        bias_dtype,
+        score_dp_native
     );
     v.push(("clattn_options:sizeof".to_string(), size_of::<sys::clattn_options>()));
     fields!(sys::clattn_options, "clattn_options", backend, device, variant, num_threads);

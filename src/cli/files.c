@@ -284,13 +284,14 @@ static const file_command file_commands[] = {
     {"backward",
      "usage: clattn backward --q Q.npy --k K.npy --v V.npy --o O.npy --lse LSE.npy\n"
      "                       --d-out DO.npy --dq DQ.npy --dk DK.npy --dv DV.npy\n"
-     "                       [--d-sinks DS.npy] [--d-bias DB.npy]\n"
+     "                       [--d-sinks DS.npy] [--d-bias DB.npy] [--d-score-params DP.npy]\n"
      OPTIONS_USAGE_AT("                       ")
      "Attention's backward from the forward's O and LSE and the output gradient\n"
      "dO: dQ like Q, dK and dV like K; with --sinks (the forward's), --d-sinks\n"
      "writes their gradient (float32, one per query head); with a float --bias,\n"
-     "--d-bias writes its gradient in its shape (float32). Exit 0, 1 on a device\n"
-     "failure, 2\n"
+     "--d-bias writes its gradient in its shape (float32); with --score-params,\n"
+     "--d-score-params writes theirs (float32, on the host: --score-fn's file\n"
+     "defines clattn_score_dp). Exit 0, 1 on a device failure, 2\n"
      "on bad input (and then none of the outputs is left).\n",
      READS_V | READS_O | READS_LSE | READS_DO, 3, {"--dq", "--dk", "--dv"},
      {LIKE_Q, LIKE_K, LIKE_K}},
@@ -345,9 +346,9 @@ static int cmd_file(const file_command *fc, int argc, char **argv)
     const char *outp[MAX_OUTPUTS] = {NULL}, *device = NULL, *variant = NULL, *dtype = NULL;
     mask_opts mask = {0, 0, 0, 0, 0, 0, 0.0f};
     mod_opts mods = {0};
-    const char *d_sinks = NULL, *d_bias = NULL;
+    const char *d_sinks = NULL, *d_bias = NULL, *d_params = NULL;
     uint32_t window_left = 0;
-    opt opts[35] = {
+    opt opts[36] = {
         {"--q", OPT_STRING, &paths.q, 1, 0},
         {"--k", OPT_STRING, &paths.k, 1, 0},
         {"--causal", OPT_FLAG, &mask.causal, 0, 0},
@@ -383,8 +384,10 @@ static int cmd_file(const file_command *fc, int argc, char **argv)
     if (backward) {
         opts[n++] = (opt){"--d-sinks", OPT_STRING, &d_sinks, 0, 0};
         opts[n++] = (opt){"--d-bias", OPT_STRING, &d_bias, 0, 0};
+        opts[n++] = (opt){"--d-score-params", OPT_STRING, &d_params, 0, 0};
     }
-    /* The files written: the command's, then d sinks and d bias where asked. */
+    /* The files written: the command's, then d sinks, d bias and d params
+     * where asked. */
     const char *out_opt[MAX_OUTPUTS];
     for (int i = 0; i < fc->nout; ++i)
         out_opt[i] = fc->out_opt[i];
@@ -393,10 +396,18 @@ static int cmd_file(const file_command *fc, int argc, char **argv)
         return EXIT_INPUT;
     int nout = fc->nout;
     const int sinks_at = d_sinks ? nout++ : -1, bias_at = d_bias ? nout++ : -1;
+    const int params_at = d_params ? nout++ : -1;
     if (d_sinks)
         outp[sinks_at] = d_sinks, out_opt[sinks_at] = "--d-sinks";
     if (d_bias)
         outp[bias_at] = d_bias, out_opt[bias_at] = "--d-bias";
+    if (d_params)
+        outp[params_at] = d_params, out_opt[params_at] = "--d-score-params";
+    if (d_params && !mods.params_file) {
+        fprintf(stderr, "clattn %s: --d-score-params wants --score-params: the gradient is "
+                        "theirs\n", cmd);
+        return EXIT_INPUT;
+    }
     if (d_sinks && !mods.sinks_file) {
         fprintf(stderr, "clattn %s: --d-sinks wants --sinks: the gradient is the sinks'\n", cmd);
         return EXIT_INPUT;
@@ -413,7 +424,7 @@ static int cmd_file(const file_command *fc, int argc, char **argv)
     clattn_context *ctx = NULL;
     void *out[MAX_OUTPUTS] = {NULL};
     output outs[MAX_OUTPUTS];
-    size_t lse_shape[NPY_MAX_DIMS], heads_shape[1];
+    size_t lse_shape[NPY_MAX_DIMS], heads_shape[1], params_shape[1];
     int rc = EXIT_INPUT;
     if (!load_inputs(cmd, &paths, &in, &mask, dtype, &s) || !mod_apply(cmd, opts, n, &mods, &s))
         goto done;
@@ -449,14 +460,29 @@ static int cmd_file(const file_command *fc, int argc, char **argv)
         out[bias_at] = malloc(b[0] * b[1] * b[2] * b[3] * sizeof(float));
         outs[bias_at] = (output){d_bias, mods.bias_shape, 4, "<f4", out[bias_at]};
     }
-    if ((d_sinks && !out[sinks_at]) || (d_bias && !out[bias_at])) {
+    if (d_params) { /* one float32 a parameter */
+        params_shape[0] = s.score_params_count;
+        out[params_at] = malloc(s.score_params_count * sizeof(float));
+        outs[params_at] = (output){d_params, params_shape, 1, "<f4", out[params_at]};
+    }
+    if ((d_sinks && !out[sinks_at]) || (d_bias && !out[bias_at]) ||
+        (d_params && !out[params_at])) {
         fprintf(stderr, "clattn %s: out of memory\n", cmd);
         rc = EXIT_DEVICE;
         goto done;
     }
     if ((rc = open_context(cmd, device, variant, &ctx)) != 0)
         goto done;
-    if (!mod_native(cmd, clattn_context_backend(ctx) == CLATTN_BACKEND_NATIVE, &mods, &s)) {
+    /* the host sums the parameters' gradient, by the functions' C forms */
+    if (!mod_native(cmd, clattn_context_backend(ctx) == CLATTN_BACKEND_NATIVE || d_params,
+                    &mods, &s)) {
+        rc = EXIT_INPUT;
+        goto done;
+    }
+    if (d_params && !s.score_dp_native) {
+        fprintf(stderr, "clattn %s: --d-score-params wants clattn_score_dp, the score "
+                        "function's derivative in its parameters, in %s (docs/programmable.md)\n",
+                cmd, mods.score_file);
         rc = EXIT_INPUT;
         goto done;
     }
@@ -477,6 +503,10 @@ static int cmd_file(const file_command *fc, int argc, char **argv)
     if (st == CLATTN_OK && d_bias)
         st = clattn_grad_bias(ctx, &s, elements(&in.q), elements(&in.k), elements(&in.v),
                               elements(&in.o), in.lse.data, elements(&in.d_out), out[bias_at]);
+    if (st == CLATTN_OK && d_params)
+        st = clattn_grad_score_params(ctx, &s, elements(&in.q), elements(&in.k),
+                                      elements(&in.v), elements(&in.o), in.lse.data,
+                                      elements(&in.d_out), out[params_at]);
     if (st != CLATTN_OK) {
         rc = op_failed(cmd, st);
         if (st == CLATTN_ERROR_BUILD_FAILED && (mods.score_src || mods.mask_src))

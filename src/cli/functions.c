@@ -110,6 +110,8 @@ static int run_compiler(const char *cc, const mod_opts *m, const char *c_file,
         argv[n++] = "-march=native";
     if (m->score_src)
         argv[n++] = "-DCLATTN_SCORE";
+    if (m->score_src && strstr(m->score_src, "clattn_score_dp"))
+        argv[n++] = "-DCLATTN_SCORE_DP";
     if (m->mask_src)
         argv[n++] = "-DCLATTN_MASK";
     argv[n++] = "-o";
@@ -195,15 +197,17 @@ int mod_native(const char *cmd, int native, mod_opts *m, clattn_shape *s)
     if (!ok)
         return 0;
     /* POSIX: a function's address through a data pointer, by memcpy */
-    void *sym[4] = {NULL, NULL, NULL, NULL};
-    static const char *const names[4] = {"clattn_native_score", "clattn_native_score_ds",
-                                         "clattn_native_score_span", "clattn_native_mask"};
-    for (int i = 0; i < 4; ++i)
+    void *sym[5] = {NULL, NULL, NULL, NULL, NULL};
+    static const char *const names[5] = {"clattn_native_score", "clattn_native_score_ds",
+                                         "clattn_native_score_span", "clattn_native_mask",
+                                         "clattn_native_score_dp"};
+    for (int i = 0; i < 5; ++i)
         sym[i] = dlsym(m->lib, names[i]);
     if (m->score_src) {
         memcpy(&s->score_native, &sym[0], sizeof sym[0]);
         memcpy(&s->score_ds_native, &sym[1], sizeof sym[1]);
         memcpy(&s->score_span_native, &sym[2], sizeof sym[2]);
+        memcpy(&s->score_dp_native, &sym[4], sizeof sym[4]); /* NULL without clattn_score_dp */
     }
     if (m->mask_src)
         memcpy(&s->mask_native, &sym[3], sizeof sym[3]);

@@ -7,7 +7,7 @@
 
 /* The most files a command writes: backward's dQ, dK, dV, d sinks and
  * d bias. */
-enum { MAX_OUTPUTS = 5 };
+enum { MAX_OUTPUTS = 6 };
 
 /* An output array and where it goes. */
 typedef struct output {

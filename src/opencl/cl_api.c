@@ -400,6 +400,27 @@ clattn_status clattn_grad_sinks_cl(clattn_context *ctx, const clattn_shape *shap
     return st;
 }
 
+clattn_status clattn_grad_score_params_cl(clattn_context *ctx, const clattn_shape *shape,
+                                          clattn_cl_tensor q, clattn_cl_tensor k,
+                                          clattn_cl_tensor v, clattn_cl_tensor o,
+                                          clattn_cl_tensor lse, clattn_cl_tensor d_out,
+                                          float *d_params, cl_uint num_events_in_wait_list,
+                                          const cl_event *event_wait_list)
+{
+    const clattn_cl_tensor t[6] = {q, k, v, o, lse, d_out};
+    const clattn_role role[6] = {CLATTN_R_Q, CLATTN_R_K, CLATTN_R_V,
+                                 CLATTN_R_O, CLATTN_R_LSE, CLATTN_R_DO};
+    void *host[6];
+    clattn_status st = host_call_begin(ctx, shape, d_params, "d_params", 6, t, role, host,
+                                       num_events_in_wait_list, event_wait_list);
+    if (st == CLATTN_OK)
+        st = clattn_grad_score_params(ctx, shape, host[0], host[1], host[2], host[3], host[4],
+                                      host[5], d_params);
+    for (int i = 0; i < 6; ++i)
+        free(host[i]);
+    return st;
+}
+
 clattn_status clattn_grad_bias_cl(clattn_context *ctx, const clattn_shape *shape,
                                   clattn_cl_tensor q, clattn_cl_tensor k, clattn_cl_tensor v,
                                   clattn_cl_tensor o, clattn_cl_tensor lse,
