@@ -516,11 +516,12 @@ START_TEST(key_parts)
 }
 END_TEST
 
-/* mma's launch order (CLATTN_MMA_ORDER=heads: a block's heads side by
- * side) moves no result: the forward's O and LSE and the backward's dQ,
- * dK and dV (from each order's own forward) are the default order's bit
- * for bit, float32 and bf16, GQA, causal, a batch of two, blocks off the
- * sequences' ends. */
+/* mma's launch order moves no result: the forward's O and LSE and the
+ * backward's dQ, dK and dV (from each order's own forward) under
+ * CLATTN_MMA_ORDER=heads (a block's heads side by side, as the default
+ * order under a causal mask) are those under blocks (a head's blocks side
+ * by side) bit for bit, float32 and bf16, GQA, causal, a batch of two,
+ * blocks off the sequences' ends. */
 START_TEST(launch_order)
 {
     const int gpu = test_backend_kind() == CLATTN_BACKEND_OPENCL_GPU;
@@ -543,8 +544,7 @@ START_TEST(launch_order)
     for (int order = 0; order < 2; ++order) {
         for (int i = 0; i < 5; ++i)
             out[order][i] = malloc(bytes[i]);
-        if (order)
-            setenv("CLATTN_MMA_ORDER", "heads", 1);
+        setenv("CLATTN_MMA_ORDER", order ? "heads" : "blocks", 1);
         clattn_context *ctx = gpu ? test_variant_context("mma") : emulated_mma_context();
         unsetenv("CLATTN_MMA_ORDER");
         if (!ctx) { /* a GPU without mma: test_variant_context checked the refusal */
@@ -565,7 +565,7 @@ START_TEST(launch_order)
     static const char *const names[5] = {"O", "LSE", "dQ", "dK", "dV"};
     for (int i = 0; i < 5; ++i) {
         ck_assert_msg(!memcmp(out[0][i], out[1][i], bytes[i]),
-                      "%s moved under CLATTN_MMA_ORDER=heads (%s)", names[i],
+                      "%s differs between CLATTN_MMA_ORDER=blocks and heads (%s)", names[i],
                       _i ? "bf16" : "float32");
         free(out[0][i]);
         free(out[1][i]);

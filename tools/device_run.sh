@@ -84,8 +84,8 @@
 #            tiled, in PARTS_DTYPES (default f32 bf16), interleaved, AB_ROUNDS rounds;
 #            then the GPU kernels suite's key_parts test (CK_RUN_CASE=key-parts; PARTS_TEST=0
 #            leaves it out)
-#   order    mma's launch order: a head's blocks side by side (the default) against a
-#            block's heads (CLATTN_MMA_ORDER=heads), on every GPU shape (ORDER_DIMS:
+#   order    mma's launch order: a head's blocks side by side (CLATTN_MMA_ORDER=blocks)
+#            against a block's heads (heads), on every GPU shape (ORDER_DIMS:
 #            head_dims), in ORDER_DTYPES (default f32 bf16) and ORDER_OPS (default
 #            forward backward), interleaved, AB_ROUNDS rounds
 #   tensors  the bias tensor's and bool mask's cost, the old build (AB_OLD, as for ab)
@@ -541,7 +541,8 @@ for stage in "$@"; do
     for entry in "${all_shapes[@]}"; do
       for dt in ${ORDER_DTYPES:-f32 bf16}; do for op in ${ORDER_OPS:-forward backward}; do
         interleave "d${entry%%:*} $dt $op ${entry#*:}" --timeout 120 \
-          --arm "blocks=$cli+--variant mma" --arm "heads=$cli@CLATTN_MMA_ORDER=heads+--variant mma" \
+          --arm "blocks=$cli@CLATTN_MMA_ORDER=blocks+--variant mma" \
+          --arm "heads=$cli@CLATTN_MMA_ORDER=heads+--variant mma" \
           -- --op $op --head-dim "${entry%%:*}" ${entry#*:} --reps 5 --dtype "$dt"
       done; done
     done 2>&1 | tee "$OUT/order.log" ;;

@@ -211,33 +211,38 @@ inline ulong at(uint b, uint rows, uint row, uint heads, uint head, uint d)
 }
 
 /* The work-group's block (of rows on its side) and head, from its ids 0
- * and 1: a head's blocks are neighbouring work-groups in launch order,
- * or a block's heads (HEADS_SIDE) where HEADS_FIRST asks
- * (CLATTN_MMA_ORDER=heads) and under a bias or bool mask without a heads
+ * and 1: a head's blocks are neighbouring work-groups in launch order, or
+ * a block's heads (HEADS_SIDE). HEADS_FIRST (CLATTN_MMA_ORDER) 2, the
+ * default, takes a block's heads side by side under a causal mask, whose
+ * blocks differ in cost (every head's heaviest block then goes first), 1
+ * always, 0 never; all three do under a bias or bool mask without a heads
  * dimension (bias_dims bit 1 clear), whose heads then read its tiles from
  * the cache after the first. */
 #ifndef HEADS_FIRST
-#define HEADS_FIRST 0
+#define HEADS_FIRST 2
 #endif
-#if HEADS_FIRST
-#define HEADS_SIDE(bias_dims) true
-#elif MODS & (MOD_BIAS | MOD_BOOL)
-#define HEADS_SIDE(bias_dims) (!((bias_dims) & 2u))
+#if MODS & (MOD_BIAS | MOD_BOOL)
+#define HEADLESS(bias_dims) (!((bias_dims) & 2u))
+#else
+#define HEADLESS(bias_dims) false
 #endif
-inline uint group_block(uint bias_dims)
+#if HEADS_FIRST == 1
+#define HEADS_SIDE(bias_dims, causal) true
+#elif HEADS_FIRST == 2
+#define HEADS_SIDE(bias_dims, causal) ((causal) != 0 || HEADLESS(bias_dims))
+#else
+#define HEADS_SIDE(bias_dims, causal) HEADLESS(bias_dims)
+#endif
+inline uint group_block(uint bias_dims, int causal)
 {
-#ifdef HEADS_SIDE
-    if (HEADS_SIDE(bias_dims))
+    if (HEADS_SIDE(bias_dims, causal))
         return (get_group_id(1) * get_num_groups(0) + get_group_id(0)) / get_num_groups(1);
-#endif
     return get_group_id(0);
 }
-inline uint group_head(uint bias_dims)
+inline uint group_head(uint bias_dims, int causal)
 {
-#ifdef HEADS_SIDE
-    if (HEADS_SIDE(bias_dims))
+    if (HEADS_SIDE(bias_dims, causal))
         return (get_group_id(1) * get_num_groups(0) + get_group_id(0)) % get_num_groups(1);
-#endif
     return get_group_id(1);
 }
 
@@ -245,7 +250,7 @@ inline uint group_head(uint bias_dims)
  * last blocks have the most keys, so they go first. */
 inline uint query_block(uint q_seq, int causal, uint bias_dims)
 {
-    const uint blocks = (q_seq + WG_ROWS - 1u) / WG_ROWS, block = group_block(bias_dims);
+    const uint blocks = (q_seq + WG_ROWS - 1u) / WG_ROWS, block = group_block(bias_dims, causal);
     return (causal ? blocks - 1u - block : block) * WG_ROWS;
 }
 

@@ -95,12 +95,8 @@ inline void key_side(__global const elem *q, __global const elem *k, __global co
     /* S^T = K Q^T, dP^T = V dO^T, dS^T Q and P^T dO */
     /* (group_block, group_head: a block's KV heads side by side, where
      * HEADS_SIDE) */
-    const uint x = group_block(bias_dims);
-#ifdef HEADS_SIDE
-    const uint kv_head = group_head(bias_dims) + get_global_offset(1), b = get_global_id(2);
-#else
-    const uint kv_head = get_global_id(1), b = get_global_id(2);
-#endif
+    const uint x = group_block(bias_dims, causal);
+    const uint kv_head = group_head(bias_dims, causal) + get_global_offset(1), b = get_global_id(2);
     const uint group = num_heads / num_kv_heads;
     const uint blocks = (kv_seq + WG_ROWS - 1u) / WG_ROWS;
     const uint parts = get_num_groups(0) / blocks, part = x / blocks;

@@ -35,7 +35,7 @@ forward__mma(__global const elem *q, ulong q_off, __global const elem *k, ulong 
     tiles = tile_base(tiles);
     const float unit = SCORE_UNIT(scale);
     __local float *xch = tiles + XCH_AT, *emu = tiles + EMU_AT + warp * EMU_FLOATS;
-    const uint head = group_head(bias_dims), b = get_group_id(2);
+    const uint head = group_head(bias_dims, causal), b = get_group_id(2);
     const uint kv_head = head / (num_heads / num_kv_heads);
     const uint r0 = query_block(q_seq, causal, bias_dims);
     const uint row0 = r0 + warp / WSPLIT * 16u + g, row1 = row0 + 8u;
@@ -235,7 +235,7 @@ grad_q__mma(__global const elem *q, ulong q_off, __global const elem *k, ulong k
     const float unit = SCORE_UNIT(scale);
     __local float *xch = tiles + XCH_AT, *emu = tiles + EMU_AT + warp * EMU_FLOATS;
     /* S = Q K^T, dP = dO V^T and dS K */
-    const uint head = group_head(bias_dims), b = get_group_id(2);
+    const uint head = group_head(bias_dims, causal), b = get_group_id(2);
     const uint kv_head = head / (num_heads / num_kv_heads);
     const uint r0 = query_block(q_seq, causal, bias_dims);
     const uint row0 = r0 + warp / WSPLIT * 16u + g, row1 = row0 + 8u;

@@ -33,14 +33,16 @@ static const choice_row table[] = {
     {9, 0, CHOICE_BACKWARD, 64, CHOICE_FEW, CHOICE_ANY, "mma",
      "f32 d64 backward with few blocks of keys: mma's key side in 16 parts 8.8 TFLOP/s against "
      "tiled's 2.1 at S 1024, 8 on 2 heads (results/parts-h100.log)"},
-    {9, 0, CHOICE_BACKWARD, 64, CHOICE_ANY, 0, "tiled",
-     "f32 d64 backward without dropout: tiled 23.9 / 25.2 / 26.0 TFLOP/s against mma's 17.1 / "
-     "25.6 / 26.5 on the S 4096 and 16384 shapes, 16.7 against 15.3 on ViT, 2.0 against 1.8 "
-     "at S 1024 (with dropout mma's shared draws win: 26.2 against 19.4)"},
+    {9, 0, CHOICE_BACKWARD, 64, CHOICE_SHORT, 0, "tiled",
+     "f32 d64 short backward without dropout: tiled 17.6 / 16.9 TFLOP/s against mma's 15.8 / "
+     "15.2 on ViT (results/order-h100.log); past S 1024 mma's order by heads under a causal "
+     "mask wins: 24.4 / 26.1 / 27.0 against 23.8 / 25.5 / 26.1 at S 4096, S 4096 GQA and S "
+     "16384 (with dropout mma's shared draws win too: 26.2 against 19.4)"},
     {9, 0, CHOICE_ANY, 64, CHOICE_ANY, CHOICE_ANY, "mma",
-     "f32 d64 forward: mma 30.1 / 30.1 TFLOP/s against tiled's 26.5 / 26.6 at S 4096 GQA and "
-     "S 16384, 18.2 against 15.1 on ViT, 7.8 against 5.4 at S 1024 (tiled's 22.7 against 19.3 "
-     "at S 4096 causal, 8 heads, the one loss)"},
+     "f32 d64: mma's forward 28.7 / 29.8 / 30.5 TFLOP/s at S 4096 (a block's heads side by "
+     "side under a causal mask), S 4096 GQA and S 16384 (results/order-h100.log) against "
+     "tiled's 22.7 / 26.5 / 26.6 (h100-choice.jsonl), 18.2 against 15.1 on ViT, 7.8 against "
+     "5.4 at S 1024; the backward past S 1024 as above"},
     {9, 0, CHOICE_ANY, 128, CHOICE_LONG, CHOICE_ANY, "tiled",
      "f32 d80-d128 past S 1024: tiled 16.6-26.4 against mma's 14.2-23.2 at d96, d112 and "
      "every d128 shape, forward and backward, with dropout too (22.2-23.2 against 17.3-20.9); "

@@ -18,6 +18,9 @@
 #define MMA_KEY_PARTS_MAX 16u
 #define MMA_KEY_PARTS_AUTO 0u
 #define MMA_KEY_PARTS_16 4u
+/* CLATTN_MMA_ORDER: cl/mma's HEADS_FIRST (blocks 0, heads 1, auto 2, the
+ * default: heads under a causal mask). */
+enum { MMA_ORDER_BLOCKS, MMA_ORDER_HEADS, MMA_ORDER_AUTO };
 
 /* A head_dim class's shapes: forward, dK/dV and grad-Q. */
 typedef struct mma_class {
@@ -203,10 +206,16 @@ static clattn_status setup(struct clattn_cl_state *cl, cl_device_id device, int 
                                parts, MMA_KEY_PARTS_MAX);
     }
     const char *order = getenv("CLATTN_MMA_ORDER");
-    cl->mma.heads_first = order && !strcmp(order, "heads");
-    if (order && *order && strcmp(order, "heads") && strcmp(order, "blocks"))
-        return clattn_fail(CLATTN_ERROR_INVALID_OPTION,
-                           "CLATTN_MMA_ORDER='%s': want 'blocks' or 'heads'", order);
+    cl->mma.heads_first = MMA_ORDER_AUTO;
+    if (order && *order) {
+        if (!strcmp(order, "heads"))
+            cl->mma.heads_first = MMA_ORDER_HEADS;
+        else if (!strcmp(order, "blocks"))
+            cl->mma.heads_first = MMA_ORDER_BLOCKS;
+        else if (strcmp(order, "auto"))
+            return clattn_fail(CLATTN_ERROR_INVALID_OPTION,
+                               "CLATTN_MMA_ORDER='%s': want 'auto', 'blocks' or 'heads'", order);
+    }
     return mma_override("CLATTN_MMA_GRAD_Q", &cl->mma.grad_q_tune, &cl->mma.grad_q_tuned);
 }
 
@@ -257,13 +266,14 @@ static void defines(const struct clattn_cl_state *cl, uint32_t head_dim, clattn_
 {
     (void)limit;
     const mma_config *c = config(cl, head_dim, dtype, k);
-    clattn_ocl_append(buf, size, " -DWARPS=%u -DWSPLIT=%u -DMMA_TILE=%u -DPLANES=%u%s%s%s",
+    clattn_ocl_append(buf, size, " -DWARPS=%u -DWSPLIT=%u -DMMA_TILE=%u -DPLANES=%u%s%s",
                       c->warps, c->wsplit, c->tile, c->planes,
                       cl->mma.emulate         ? " -DMMA_EMULATE"
                       : cl->mma.nv_major >= 9 ? " -DSM90"
                                               : "",
-                      uses_wgmma(cl, c, head_dim, dtype, k) ? " -DWGMMA=1" : "",
-                      cl->mma.heads_first ? " -DHEADS_FIRST=1" : "");
+                      uses_wgmma(cl, c, head_dim, dtype, k) ? " -DWGMMA=1" : "");
+    if (cl->mma.heads_first != MMA_ORDER_AUTO)
+        clattn_ocl_append(buf, size, " -DHEADS_FIRST=%d", cl->mma.heads_first);
 }
 
 static size_t work_group(const struct clattn_cl_state *cl, const kernel_set *set, int k,
