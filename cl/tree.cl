@@ -94,6 +94,48 @@ inline float lane_dot2(const float *x, const float *y)
     return sum;
 }
 
+/* Under the caller's mask, a row's loop over keys steps over the blocks
+ * of MAP_BLOCK keys its block map hides from the row (at the loop's first
+ * key and at each block's first): key t, or the first shown past it (end
+ * past the last). The same for a key's loop over query rows, whose blocks
+ * must be hidden from every query head of [head0, head0 + heads). Without
+ * the mask, t and p themselves. */
+#define NEXT_SHOWN_KEY(t, start, end, pos, head) \
+    next_shown_key((t), (start), (end), (pos), (head), b, num_heads, q_seq, kv_seq, mask_blocks)
+inline uint next_shown_key(uint t, uint start, uint end, uint pos, uint head, uint b,
+                           uint num_heads, uint q_seq, uint kv_seq,
+                           __global const uchar *mask_blocks)
+{
+#if HIDING
+    if (t == start || t % MAP_BLOCK == 0u)
+        while (t < end && !map_shows(mask_blocks, b, head, num_heads, q_seq, kv_seq, pos, pos, t,
+                                     min(end, (t / MAP_BLOCK + 1u) * MAP_BLOCK) - 1u))
+            t = (t / MAP_BLOCK + 1u) * MAP_BLOCK;
+#endif
+    return t;
+}
+#define NEXT_SHOWN_ROW(p, start, end, t, head0, heads)                                     \
+    next_shown_row((p), (start), (end), (t), (head0), (heads), b, num_heads, q_seq, kv_seq, \
+                   mask_blocks)
+inline uint next_shown_row(uint p, uint start, uint end, uint t, uint head0, uint heads, uint b,
+                           uint num_heads, uint q_seq, uint kv_seq,
+                           __global const uchar *mask_blocks)
+{
+#if HIDING
+    if (p == start || p % MAP_BLOCK == 0u)
+        while (p < end) {
+            const uint last = min(end, (p / MAP_BLOCK + 1u) * MAP_BLOCK) - 1u;
+            bool shown = false;
+            for (uint h = head0; h < head0 + heads && !shown; ++h)
+                shown = map_shows(mask_blocks, b, h, num_heads, q_seq, kv_seq, p, last, t, t);
+            if (shown)
+                break;
+            p = last + 1u;
+        }
+#endif
+    return p;
+}
+
 /* Stores (or, for gradients under accumulate, adds) a work-item's elements. */
 inline void lane_store_grad(__global elem *dst, ulong base, const float *x, uint tid, uint wg,
                             uint head_dim, int accumulate)
@@ -123,6 +165,8 @@ __kernel void grad_v__tree(__global const elem *d_out, ulong d_out_off,
     uint start, end;
     queries_of_keys(t, t, q_seq, causal, window, delta, &start, &end);
     for (uint pos = start; pos < end; ++pos) {
+        if ((pos = NEXT_SHOWN_ROW(pos, start, end, t, kv_head * group, group)) >= end)
+            break;
         for (uint head = kv_head * group; head < (kv_head + 1u) * group; ++head) {
             const ulong q_at = at(b, q_seq, pos, num_heads, head, head_dim, 0);
             float score =
@@ -166,6 +210,8 @@ __kernel void forward__tree(__global const elem *q, ulong q_off,
     uint start, end;
     keys_of_queries(pos, pos, kv_seq, causal, window, delta, &start, &end);
     for (uint t = start; t < end; ++t) {
+        if ((t = NEXT_SHOWN_KEY(t, start, end, pos, head)) >= end)
+            break;
         const ulong kv_at = at(b, kv_seq, t, num_kv_heads, kv_head, head_dim, 0);
         float s =
             tree_sum(red, lane_dot(q_d, k, k_off + kv_at, tid, wg, head_dim), tid, wg) * scale;
@@ -245,6 +291,8 @@ __kernel void grad_q__tree(__global const elem *q, ulong q_off,
     uint start, end;
     keys_of_queries(pos, pos, kv_seq, causal, window, delta, &start, &end);
     for (uint t = start; t < end; ++t) {
+        if ((t = NEXT_SHOWN_KEY(t, start, end, pos, head)) >= end)
+            break;
         const ulong kv_at = at(b, kv_seq, t, num_kv_heads, kv_head, head_dim, 0);
         lane_load(k_d, k, k_off + kv_at, tid, wg, head_dim);
         lane_load(v_d, v, v_off + kv_at, tid, wg, head_dim);
@@ -287,6 +335,8 @@ inline void grad_kv_row(__global const elem *q, ulong q_off, __global const elem
     uint start, end;
     queries_of_keys(t, t, q_seq, causal, window, delta, &start, &end);
     for (uint pos = start; pos < end; ++pos) {
+        if ((pos = NEXT_SHOWN_ROW(pos, start, end, t, kv_head * group, group)) >= end)
+            break;
         for (uint head = kv_head * group; head < (kv_head + 1u) * group; ++head) {
             const ulong q_at = at(b, q_seq, pos, num_heads, head, head_dim, 0);
             const ulong row = at(b, q_seq, pos, num_heads, head, 1, 0);
@@ -349,8 +399,8 @@ __kernel void grad_kv__tree(__global const elem *q, ulong q_off,
  * j, j + BT, ... of query row i and of key i; they lie column by column (a
  * column's BT rows side by side, BT + 1 floats apart: neighbouring keys
  * read neighbouring floats, a row's stores fall in different banks);
- * `tiles` holds four BIAS_CHUNK x (BT + 1) floats. */
-#define BIAS_CHUNK 32u
+ * `tiles` holds four BIAS_CHUNK x (BT + 1) floats (BIAS_CHUNK: the host's,
+ * src/opencl/opencl.h). */
 __kernel void grad_bias__tree(__global const elem *q, ulong q_off,
                               __global const elem *k, ulong k_off,
                               __global const elem *v, ulong v_off,

@@ -23,8 +23,8 @@ static int grad_bias_fits(const struct clattn_cl_state *cl, const clattn_shape *
         return 1;
     const uint64_t gathered = (uint64_t)(s->bias_batch > 1 ? 1u : s->batch) *
                               (s->bias_heads > 1 ? 1u : s->num_heads);
-    const uint64_t chunks = (s->head_dim + 31u) / 32u;
-    return gathered * chunks * (32u + 32u + 8u) <= cl->limits.loop_cap;
+    const uint64_t chunks = (s->head_dim + BIAS_CHUNK - 1u) / BIAS_CHUNK;
+    return gathered * chunks * (2u * BIAS_CHUNK + 8u) <= cl->limits.loop_cap;
 }
 
 /* The Dsum pre-pass, then grad_bias__tree over every BT x BT tile of

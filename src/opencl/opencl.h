@@ -89,6 +89,9 @@ typedef struct tuned_entry {
 } tuned_entry;
 enum { TUNED_MAX = 96, PACKED_QUEUES = 4, TUNING_KEY_MAX = 400 };
 enum { GRAD_BIAS_AUTO, GRAD_BIAS_DEVICE, GRAD_BIAS_HOST };
+/* The columns of Q, dO, K and V that grad_bias__tree (cl/tree.cl) holds in
+ * local memory at a time: its -DBIAS_CHUNK. */
+enum { BIAS_CHUNK = 32 };
 /* The default's choice (choice.c): ops and size classes (the longest of
  * q_seq and kv_seq up to CHOICE_SHORT_TO, or past it; the built-in table's
  * CHOICE_FEW: short, with few blocks of keys). */
@@ -186,7 +189,7 @@ struct clattn_cl_state {
         int single_tuned; /* CLATTN_MMA_SINGLE set: the single pass, wherever it fits */
         mma_config single_tune;
         unsigned key_parts; /* CLATTN_MMA_KEY_PARTS: the key side's parts (0: 'auto') */
-        int heads_first;    /* CLATTN_MMA_ORDER=heads: -DHEADS_FIRST */
+        int heads_first;    /* CLATTN_MMA_ORDER: an MMA_ORDER_ (cl/mma's HEADS_FIRST) */
     } mma;
     /* What variants/tiled.c reads from the device and the environment. */
     struct {

@@ -17,14 +17,15 @@ static size_t tree_work_group(uint32_t head_dim, size_t limit)
 }
 
 /* The elements of a row each work-item holds, for the largest head_dim
- * the set serves. */
+ * the set serves; grad_bias__tree's columns a chunk. */
 static void defines(const struct clattn_cl_state *cl, uint32_t head_dim, clattn_dtype dtype, int k,
                     size_t limit, char *buf, size_t size)
 {
     (void)cl, (void)dtype, (void)k;
     const uint32_t largest = head_dim ? head_dim : CLATTN_MAX_HEAD_DIM;
     const size_t wg = tree_work_group(largest, limit);
-    clattn_ocl_append(buf, size, " -DLANE_ELEMS=%u", (unsigned)((largest + wg - 1) / wg));
+    clattn_ocl_append(buf, size, " -DLANE_ELEMS=%u -DBIAS_CHUNK=%uu",
+                      (unsigned)((largest + wg - 1) / wg), (unsigned)BIAS_CHUNK);
 }
 
 /* grad_bias__tree's side: a square work-group of rows by keys, 16 by 16
@@ -47,14 +48,13 @@ static size_t work_group(const struct clattn_cl_state *cl, const kernel_set *set
 }
 
 /* local_per_lane floats a work-item (kernel_desc.c); grad_bias__tree's
- * four tiles of BIAS_CHUNK (cl/tree.cl: 32) columns by the side's rows and
- * one. */
+ * four tiles of BIAS_CHUNK columns by the side's rows and one. */
 static size_t local_bytes(const struct clattn_cl_state *cl, const kernel_set *set, int k,
                           uint32_t head_dim)
 {
     (void)cl;
     if (k == K_GRAD_BIAS)
-        return 4 * 32 * (bias_side(set->limit) + 1) * sizeof(float);
+        return 4 * BIAS_CHUNK * (bias_side(set->limit) + 1) * sizeof(float);
     return tree_work_group(head_dim, set->limit) * sizeof(float) *
            (size_t)clattn_ocl_kernel_descs[k].local_per_lane;
 }
