@@ -29,8 +29,8 @@ typedef struct host_pairs {
 } host_pairs;
 
 /* One row's terms: its query and output gradient rows, Dsum, LSE pair,
- * key range and global position. NULL where the row is empty (no key, or
- * every one hidden). */
+ * key range and global position; row_of() gives them, or 0 where the row
+ * is empty (no key, or every one hidden). */
 typedef struct pair_row {
     const float *qr, *g, *pair;
     float dsum;
