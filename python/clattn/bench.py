@@ -80,7 +80,7 @@ def attention_rows(args, ctx, B, S, H, Hk, D, causal):
 
     def fa_backward_op():  # the backward as autograd runs it, without the graph
         ct._backward_impl(d_out, q, k, v, o, lse, None, None, None, None, None, None, None,
-                          None, False, False, 1 if causal else 0, True, 0, -1, 0.0, 0.0, 0.0, 0, 0, "", "")
+                          None, False, 1 if causal else 0, True, 0, -1, 0.0, 0.0, 0.0, 0, 0, "", "")
 
     def ours_sdpa_train():
         out = ct.scaled_dot_product_attention(tq, tk, tv, is_causal=causal, enable_gqa=gqa)

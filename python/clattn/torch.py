@@ -1,8 +1,10 @@
 """clattn for PyTorch: autograd-enabled custom ops and PyTorch's
 scaled_dot_product_attention on top of them.
 
-The ops, `torch.ops.clattn.attention_forward` and
-`torch.ops.clattn.attention_backward`, are torch.library custom ops with
+The ops, `torch.ops.clattn.attention_forward`,
+`torch.ops.clattn.attention_backward` and (for a score function's learned
+parameters) `torch.ops.clattn.attention_score_params_backward`, are
+torch.library custom ops with
 fake (meta) kernels and an autograd formula, so they run under autograd,
 torch.compile(fullgraph=True) and torch.library.opcheck. They take clattn's
 layout, (batch, seq, heads, head_dim) or packed (total, heads, head_dim),
@@ -178,23 +180,20 @@ def _backward_impl(d_out: Tensor, q: Tensor, k: Tensor, v: Tensor, o: Tensor, ls
               cu_seqlens_q: Optional[Tensor], cu_seqlens_k: Optional[Tensor],
               alibi_slopes: Optional[Tensor], rng: Optional[Tensor], sinks: Optional[Tensor],
               score_params: Optional[Tensor], bias: Optional[Tensor],
-              bool_mask: Optional[Tensor], want_d_bias: bool, want_d_params: bool,
-              causal: int, align_bottom_right: bool, window: int, window_right: int,
-              scale: float, softcap: float, dropout_p: float, q_offset: int, kv_offset: int,
-              score_mod: str, mask_mod: str) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor,
-                                                      Tensor]:
+              bool_mask: Optional[Tensor], want_d_bias: bool, causal: int,
+              align_bottom_right: bool, window: int, window_right: int, scale: float,
+              softcap: float, dropout_p: float, q_offset: int, kv_offset: int, score_mod: str,
+              mask_mod: str) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     """dq, dk, dv, the sinks' gradient (float32 (heads,); empty without
-    sinks), the bias's (float32 in its shape where want_d_bias, else
-    empty) and the score parameters' (float32 in their shape where
-    want_d_params, else empty)."""
+    sinks) and the bias's (float32 in its shape where want_d_bias, else
+    empty)."""
     d_out, q, k, v, o = (t.contiguous() for t in (d_out, q, k, v, o))
     lse = lse.contiguous()
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     d_sinks = torch.zeros(sinks.shape if sinks is not None else (0,), dtype=torch.float32)
     d_bias = torch.zeros(bias.shape if want_d_bias else (0,), dtype=torch.float32)
-    d_params = torch.zeros(score_params.shape if want_d_params else (0,), dtype=torch.float32)
     if _empty_rows(q) or (k.shape[-3] == 0 and cu_seqlens_q is None):
-        return dq.zero_(), dk.zero_(), dv.zero_(), d_sinks, d_bias, d_params
+        return dq.zero_(), dk.zero_(), dv.zero_(), d_sinks, d_bias
     p = _problem(q, k, cu_seqlens_q, cu_seqlens_k, alibi_slopes, rng, causal,
                  align_bottom_right, window, window_right, scale, softcap, dropout_p, q_offset,
                  kv_offset, sinks, score_params, score_mod, mask_mod, bias, bool_mask)
@@ -208,11 +207,7 @@ def _backward_impl(d_out: Tensor, q: Tensor, k: Tensor, v: Tensor, o: Tensor, ls
     if want_d_bias:
         _call.grad_bias(handle, p, q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(),
                         lse.data_ptr(), d_out.data_ptr(), d_bias.data_ptr())
-    if want_d_params:
-        _call.grad_score_params(handle, p, q.data_ptr(), k.data_ptr(), v.data_ptr(),
-                                o.data_ptr(), lse.data_ptr(), d_out.data_ptr(),
-                                d_params.data_ptr())
-    return dq, dk, dv, d_sinks, d_bias, d_params
+    return dq, dk, dv, d_sinks, d_bias
 
 
 _backward = torch.library.custom_op("clattn::attention_backward", _backward_impl, mutates_args=(),
@@ -221,15 +216,52 @@ _backward = torch.library.custom_op("clattn::attention_backward", _backward_impl
 
 @_backward.register_fake
 def _backward_fake(d_out, q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, alibi_slopes, rng,
-                   sinks, score_params, bias, bool_mask, want_d_bias, want_d_params, causal,
+                   sinks, score_params, bias, bool_mask, want_d_bias, causal,
                    align_bottom_right, window, window_right, scale, softcap, dropout_p, q_offset,
                    kv_offset, score_mod, mask_mod):
     return (torch.empty(q.shape, dtype=q.dtype, device=q.device),
             torch.empty(k.shape, dtype=k.dtype, device=k.device),
             torch.empty(v.shape, dtype=v.dtype, device=v.device),
             q.new_empty(sinks.shape if sinks is not None else (0,), dtype=torch.float32),
-            q.new_empty(bias.shape if want_d_bias else (0,), dtype=torch.float32),
-            q.new_empty(score_params.shape if want_d_params else (0,), dtype=torch.float32))
+            q.new_empty(bias.shape if want_d_bias else (0,), dtype=torch.float32))
+
+
+def _params_backward_impl(d_out: Tensor, q: Tensor, k: Tensor, v: Tensor, o: Tensor,
+                          lse: Tensor, cu_seqlens_q: Optional[Tensor],
+                          cu_seqlens_k: Optional[Tensor], alibi_slopes: Optional[Tensor],
+                          rng: Optional[Tensor], sinks: Optional[Tensor], score_params: Tensor,
+                          bias: Optional[Tensor], bool_mask: Optional[Tensor], causal: int,
+                          align_bottom_right: bool, window: int, window_right: int,
+                          scale: float, softcap: float, dropout_p: float, q_offset: int,
+                          kv_offset: int, score_mod: str, mask_mod: str) -> Tensor:
+    """The score function's parameters' gradient (float32, their shape),
+    on the host through score_mod's clattn_score_dp. An op of its own, so
+    that the backward's schema, which torch.compile's cached graphs name,
+    stays as it was."""
+    d_out, q, k, v, o = (t.contiguous() for t in (d_out, q, k, v, o))
+    lse = lse.contiguous()
+    d_params = torch.zeros(score_params.shape, dtype=torch.float32)
+    if _empty_rows(q) or (k.shape[-3] == 0 and cu_seqlens_q is None):
+        return d_params
+    p = _problem(q, k, cu_seqlens_q, cu_seqlens_k, alibi_slopes, rng, causal,
+                 align_bottom_right, window, window_right, scale, softcap, dropout_p, q_offset,
+                 kv_offset, sinks, score_params, score_mod, mask_mod, bias, bool_mask)
+    _call.grad_score_params(context().handle, p, q.data_ptr(), k.data_ptr(), v.data_ptr(),
+                            o.data_ptr(), lse.data_ptr(), d_out.data_ptr(), d_params.data_ptr())
+    return d_params
+
+
+_params_backward = torch.library.custom_op("clattn::attention_score_params_backward",
+                                           _params_backward_impl, mutates_args=(),
+                                           device_types="cpu")
+
+
+@_params_backward.register_fake
+def _params_backward_fake(d_out, q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, alibi_slopes,
+                          rng, sinks, score_params, bias, bool_mask, causal,
+                          align_bottom_right, window, window_right, scale, softcap, dropout_p,
+                          q_offset, kv_offset, score_mod, mask_mod):
+    return q.new_empty(score_params.shape, dtype=torch.float32)
 
 
 _PARAMS = ("causal", "align_bottom_right", "window", "window_right", "scale", "softcap",
@@ -265,11 +297,15 @@ def _autograd_backward(ctx, d_out, d_lse):
     args = (d_out, q, k, v, o, lse, cu_q, cu_k, alibi, rng, sinks, score_params, bias, bool_mask)
     want_d_bias = bias is not None and ctx.needs_input_grad[9]
     want_d_params = score_params is not None and ctx.needs_input_grad[8]
-    run = _backward_impl if _eager(*args) else _backward
-    dq, dk, dv, d_sinks, d_bias, d_params = run(*args, want_d_bias, want_d_params, *ctx.params)
+    eager = _eager(*args)
+    run = _backward_impl if eager else _backward
+    dq, dk, dv, d_sinks, d_bias = run(*args, want_d_bias, *ctx.params)
     d_sinks = d_sinks.to(sinks.dtype) if sinks is not None else None
     d_bias = d_bias.to(bias.dtype) if want_d_bias else None
-    d_params = d_params.to(score_params.dtype) if want_d_params else None
+    d_params = None
+    if want_d_params:
+        run = _params_backward_impl if eager else _params_backward
+        d_params = run(*args, *ctx.params).to(score_params.dtype)
     return (dq, dk, dv, None, None, None, None, d_sinks, d_params, d_bias, None) + \
         (None,) * len(_PARAMS)
 

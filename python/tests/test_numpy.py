@@ -300,7 +300,7 @@ def test_struct_layouts_match_the_header():
         have = ctypes.sizeof(cls) if field == "sizeof" else getattr(cls, field).offset
         assert have == int(value), item
         checked += 1
-    assert checked == 3 + 37 + 4 + 5
+    assert checked == 3 + 38 + 4 + 5
 
 
 def test_threads_share_a_context_and_match_one_thread():

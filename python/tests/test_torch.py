@@ -354,6 +354,17 @@ def test_learned_score_params_match_float64(backend):
     for got, want in zip(grads(out, (q, k, v, table), d_out),
                          grads(ref, ref_in, d_out.double())):
         assert close(got, want, "f32")
+    # the op itself passes opcheck
+    args = (d_out.transpose(1, 2).contiguous(), q.detach().transpose(1, 2).contiguous(),
+            k.detach().transpose(1, 2).contiguous(), v.detach().transpose(1, 2).contiguous())
+    o, lse = torch.ops.clattn.attention_forward(*args[1:], None, None, None, None, None,
+                                                table.detach(), None, None, 0, False, 0, -1,
+                                                1.0 / math.sqrt(E), 0.0, 0.0, 0, 0,
+                                                RELBIAS_SCORE, DOCUMENT_MASK)
+    torch.library.opcheck(torch.ops.clattn.attention_score_params_backward.default,
+                          (args[0], *args[1:], o, lse, None, None, None, None, None,
+                           table.detach(), None, None, 0, False, 0, -1, 1.0 / math.sqrt(E),
+                           0.0, 0.0, 0, 0, RELBIAS_SCORE, DOCUMENT_MASK))
     # without clattn_score_dp, a table that requires grad is refused at once
     with pytest.raises(clattn.InvalidArgument, match="clattn_score_dp"):
         ct.flex_attention(q, k, v, score_mod=SOFTCAP_SCORE, enable_gqa=True,
@@ -512,7 +523,7 @@ def test_opcheck_on_every_custom_op():
         rest = tuple(a.detach() if isinstance(a, torch.Tensor) else a for a in args[3:])
         want_d_bias = args[9] is not None
         bargs = (torch.randn_like(o), q.detach(), k.detach(), v.detach(), o.detach(), lse) + \
-            rest[:8] + (want_d_bias, False) + rest[8:]
+            rest[:8] + (want_d_bias,) + rest[8:]
         torch.library.opcheck(torch.ops.clattn.attention_backward.default, bargs)
 
 
