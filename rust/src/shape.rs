@@ -88,15 +88,18 @@ impl Shape {
         raw.num_heads = num_heads;
         raw.num_kv_heads = num_kv_heads;
         raw.head_dim = head_dim;
-        ShapeBuilder {
-            shape: Shape {
-                raw,
-                cu_q: Vec::new(),
-                cu_kv: Vec::new(),
-                slopes: Vec::new(),
-                sinks: Vec::new(),
-                arrays: UserArrays::default(),
-            },
+        ShapeBuilder { shape: Shape::of(raw) }
+    }
+
+    /// A shape of raw's fields, owning no arrays yet.
+    fn of(raw: sys::clattn_shape) -> Shape {
+        Shape {
+            raw,
+            cu_q: Vec::new(),
+            cu_kv: Vec::new(),
+            slopes: Vec::new(),
+            sinks: Vec::new(),
+            arrays: UserArrays::default(),
         }
     }
 
@@ -108,14 +111,7 @@ impl Shape {
         // SAFETY: plain data; the call reads 8 words.
         let mut raw = unsafe { sys::clattn_shape_default() };
         check(unsafe { sys::clattn_shape_from_seed(params.as_ptr(), &mut raw) })?;
-        Ok(Shape {
-            raw,
-            cu_q: Vec::new(),
-            cu_kv: Vec::new(),
-            slopes: Vec::new(),
-            sinks: Vec::new(),
-            arrays: UserArrays::default(),
-        })
+        Ok(Shape::of(raw))
     }
 
     /// The C struct for a call on elements of `dtype`, pointing into self.
