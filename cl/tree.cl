@@ -97,44 +97,24 @@ inline float lane_dot2(const float *x, const float *y)
 /* Under the caller's mask, a row's loop over keys steps over the blocks
  * of MAP_BLOCK keys its block map hides from the row (at the loop's first
  * key and at each block's first): key t, or the first shown past it (end
- * past the last). The same for a key's loop over query rows, whose blocks
- * must be hidden from every query head of [head0, head0 + heads). Without
- * the mask, t and p themselves. */
-#define NEXT_SHOWN_KEY(t, start, end, pos, head) \
-    next_shown_key((t), (start), (end), (pos), (head), b, num_heads, q_seq, kv_seq, mask_blocks)
-inline uint next_shown_key(uint t, uint start, uint end, uint pos, uint head, uint b,
-                           uint num_heads, uint q_seq, uint kv_seq,
-                           __global const uchar *mask_blocks)
-{
+ * past the last), by SHOWN_KEYS from t's block, whose map byte a range of
+ * it reads whole. The same for a key's loop over query rows, whose blocks
+ * must be hidden from every query head of [head0, head0 + heads)
+ * (SHOWN_ROWS). Without the mask, t and p themselves. */
 #if HIDING
-    if (t == start || t % MAP_BLOCK == 0u)
-        while (t < end && !map_shows(mask_blocks, b, head, num_heads, q_seq, kv_seq, pos, pos, t,
-                                     min(end, (t / MAP_BLOCK + 1u) * MAP_BLOCK) - 1u))
-            t = (t / MAP_BLOCK + 1u) * MAP_BLOCK;
+#define NEXT_SHOWN_KEY(t, start, end, pos, head)                                               \
+    ((t) == (start) || (t) % MAP_BLOCK == 0u                                                   \
+         ? max((t), SHOWN_KEYS((t) - (t) % MAP_BLOCK, MAP_BLOCK, (end), (pos), (pos), (head))) \
+         : (t))
+#define NEXT_SHOWN_ROW(p, start, end, t, head0, heads)                                         \
+    ((p) == (start) || (p) % MAP_BLOCK == 0u                                                   \
+         ? max((p), SHOWN_ROWS((p) - (p) % MAP_BLOCK, MAP_BLOCK, (end), (t), (t), (head0),     \
+                               (heads)))                                                       \
+         : (p))
+#else
+#define NEXT_SHOWN_KEY(t, start, end, pos, head) (t)
+#define NEXT_SHOWN_ROW(p, start, end, t, head0, heads) (p)
 #endif
-    return t;
-}
-#define NEXT_SHOWN_ROW(p, start, end, t, head0, heads)                                     \
-    next_shown_row((p), (start), (end), (t), (head0), (heads), b, num_heads, q_seq, kv_seq, \
-                   mask_blocks)
-inline uint next_shown_row(uint p, uint start, uint end, uint t, uint head0, uint heads, uint b,
-                           uint num_heads, uint q_seq, uint kv_seq,
-                           __global const uchar *mask_blocks)
-{
-#if HIDING
-    if (p == start || p % MAP_BLOCK == 0u)
-        while (p < end) {
-            const uint last = min(end, (p / MAP_BLOCK + 1u) * MAP_BLOCK) - 1u;
-            bool shown = false;
-            for (uint h = head0; h < head0 + heads && !shown; ++h)
-                shown = map_shows(mask_blocks, b, h, num_heads, q_seq, kv_seq, p, last, t, t);
-            if (shown)
-                break;
-            p = last + 1u;
-        }
-#endif
-    return p;
-}
 
 /* Stores (or, for gradients under accumulate, adds) a work-item's elements. */
 inline void lane_store_grad(__global elem *dst, ulong base, const float *x, uint tid, uint wg,
