@@ -5,8 +5,8 @@
 
 #include <stddef.h>
 
-/* The most files a command writes: backward's dQ, dK, dV, d sinks and
- * d bias. */
+/* The most files a command writes: backward's dQ, dK, dV, d sinks, d bias
+ * and d score params. */
 enum { MAX_OUTPUTS = 6 };
 
 /* An output array and where it goes. */

@@ -22,6 +22,14 @@ clattn_status clattn_fail(clattn_status st, const char *fmt, ...) CLATTN_PRINTF(
 void clattn_fail_append(const char *text);
 void clattn_clear_error(void);
 
+/* Whether [a, a + na) and [b, b + nb) share a byte: an output of the host's
+ * gradients against the call's other tensors. */
+static inline int clattn_overlaps(const void *a, size_t na, const void *b, size_t nb)
+{
+    const uintptr_t x = (uintptr_t)a, y = (uintptr_t)b;
+    return x < y + nb && y < x + na;
+}
+
 /* Sizes in elements of each tensor of a shape, checked for overflow of the
  * byte count. */
 typedef struct clattn_sizes {

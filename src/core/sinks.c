@@ -6,13 +6,6 @@
 
 #include "internal.h"
 
-/* Whether [a, a + na) and [b, b + nb) share a byte. */
-static int overlaps(const void *a, size_t na, const void *b, size_t nb)
-{
-    const uintptr_t x = (uintptr_t)a, y = (uintptr_t)b;
-    return x < y + nb && y < x + na;
-}
-
 clattn_status clattn_grad_sinks(clattn_context *ctx, const clattn_shape *shape, const void *o,
                                 const float *lse, const void *d_out, float *d_sinks)
 {
@@ -31,10 +24,10 @@ clattn_status clattn_grad_sinks(clattn_context *ctx, const clattn_shape *shape, 
     const size_t heads = shape->num_heads, n = shape->head_dim, rows = sz.lse / 2;
     const size_t elem = shape->dtype == CLATTN_DTYPE_F32 ? sizeof(float) : 2u;
     const size_t out_bytes = heads * sizeof(float);
-    if (overlaps(d_sinks, out_bytes, o, sz.q * elem) ||
-        overlaps(d_sinks, out_bytes, lse, sz.lse * sizeof(float)) ||
-        overlaps(d_sinks, out_bytes, d_out, sz.q * elem) ||
-        overlaps(d_sinks, out_bytes, shape->sinks, out_bytes))
+    if (clattn_overlaps(d_sinks, out_bytes, o, sz.q * elem) ||
+        clattn_overlaps(d_sinks, out_bytes, lse, sz.lse * sizeof(float)) ||
+        clattn_overlaps(d_sinks, out_bytes, d_out, sz.q * elem) ||
+        clattn_overlaps(d_sinks, out_bytes, shape->sinks, out_bytes))
         return clattn_fail(CLATTN_ERROR_INVALID_BUFFER,
                            "d_sinks overlaps another tensor of the call: an output may share "
                            "no memory with another tensor of the call");

@@ -167,12 +167,6 @@ static const float *as_f32(clattn_dtype dtype, const void *x, size_t n, float **
     return *copy;
 }
 
-static int overlaps(const void *a, size_t na, const void *b, size_t nb)
-{
-    const uintptr_t x = (uintptr_t)a, y = (uintptr_t)b;
-    return x < y + nb && y < x + na;
-}
-
 /* Makes t's float32 tensors (copies of 16-bit ones) and its native_call
  * for shape; CLATTN_ERROR_OUT_OF_MEMORY (nothing kept) where memory is
  * short. */
@@ -245,7 +239,7 @@ static clattn_status grad_begin(clattn_context *ctx, const clattn_shape *shape, 
     const size_t bytes[6] = {sz->q * elem, sz->kv * elem, sz->kv * elem, sz->q * elem,
                              sz->lse * sizeof(float), sz->q * elem};
     for (int i = 0; i < 6; ++i)
-        if (overlaps(out, out_bytes, in[i], bytes[i]))
+        if (clattn_overlaps(out, out_bytes, in[i], bytes[i]))
             return clattn_fail(CLATTN_ERROR_INVALID_BUFFER,
                                "%s overlaps %s: an output may share no memory with another "
                                "tensor of the call",
@@ -312,7 +306,8 @@ clattn_status clattn_grad_score_params(clattn_context *ctx, const clattn_shape *
     if (clattn_packed(shape))
         return clattn_fail(CLATTN_ERROR_UNSUPPORTED_SHAPE,
                            "the score parameters' gradient with packed sequences");
-    if (overlaps(d_params, count * sizeof(float), shape->score_params, count * sizeof(float)))
+    const size_t params_bytes = count * sizeof(float);
+    if (clattn_overlaps(d_params, params_bytes, shape->score_params, params_bytes))
         return clattn_fail(CLATTN_ERROR_INVALID_BUFFER,
                            "d_params overlaps score_params: an output may share no memory with "
                            "another tensor of the call");
