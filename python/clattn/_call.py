@@ -309,26 +309,33 @@ def grad_sinks(ctx, problem, o, lse, d_out, out):
     _lib.check(status, "clattn_grad_sinks")
 
 
+def _grad_calls(problem, q, k, v, o, lse, d_out):
+    """The calls a gradient over the pairs makes for the problem's plan:
+    (index, problem, the addresses of q, k, v, o, lse and d_out) for the one
+    call, or for each element where the plan runs them apart."""
+    how, plan = problem.plan()
+    if how != "each":
+        return [(0, plan, (q, k, v, o, lse, d_out))]
+    return [(i, problem._element(i, ql, kl),
+             (q + qs * problem.q_row(), k + ks * problem.kv_row(), v + ks * problem.kv_row(),
+              o + qs * problem.q_row(), lse + qs * problem.lse_row(),
+              d_out + qs * problem.q_row()))
+            for i, (qs, ql, ks, kl) in enumerate(plan)]
+
+
 def grad_bias(ctx, problem, q, k, v, o, lse, d_out, out):
     """The bias's gradient into the float32 array at address out (the
     bias's shape), from the call's tensors at these addresses; where the
     plan runs each element apart, each adds its share (or writes its
     slice, where the bias has a batch dimension)."""
-    how, plan = problem.plan()
-    calls = [(plan, (q, k, v, o, lse, d_out), out, problem.accumulate)]
-    if how == "each":
-        per = problem.bias_per_element()
-        rows = problem.q_seq * problem.kv_seq * (problem.bias if problem.bias is not None
-                                                 else problem.bool_mask).shape[1] * 4
-        calls = []
-        for i, (qs, ql, ks, kl) in enumerate(plan):
-            e = problem._element(i, ql, kl)
-            at = (q + qs * problem.q_row(), k + ks * problem.kv_row(), v + ks * problem.kv_row(),
-                  o + qs * problem.q_row(), lse + qs * problem.lse_row(),
-                  d_out + qs * problem.q_row())
-            calls.append((e, at, out + i * rows if per else out,
-                          problem.accumulate or (not per and i > 0)))
-    for e, at, dst, accumulate in calls:
+    calls = _grad_calls(problem, q, k, v, o, lse, d_out)
+    per = len(calls) > 1 and problem.bias_per_element()
+    # the bytes of one element's slice, where each writes its own
+    rows = problem.q_seq * problem.kv_seq * 4 * (
+        problem.bias if problem.bias is not None else problem.bool_mask).shape[1] if per else 0
+    for i, e, at in calls:
+        dst = out + i * rows
+        accumulate = problem.accumulate or (not per and i > 0)
         _native(ctx, e)
         shape, keep = e.shape()
         shape.accumulate = 1 if accumulate else 0
@@ -343,15 +350,7 @@ def grad_score_params(ctx, problem, q, k, v, o, lse, d_out, out):
     addresses: on the host, through the functions' C forms (score_mod's
     clattn_score_dp among them); where the plan runs each element apart,
     each adds its share."""
-    how, plan = problem.plan()
-    calls = [(plan, (q, k, v, o, lse, d_out))]
-    if how == "each":
-        calls = [(problem._element(i, ql, kl),
-                  (q + qs * problem.q_row(), k + ks * problem.kv_row(),
-                   v + ks * problem.kv_row(), o + qs * problem.q_row(),
-                   lse + qs * problem.lse_row(), d_out + qs * problem.q_row()))
-                 for i, (qs, ql, ks, kl) in enumerate(plan)]
-    for i, (e, at) in enumerate(calls):
+    for i, e, at in _grad_calls(problem, q, k, v, o, lse, d_out):
         e.native = e.functions is not None  # the host runs it, on any backend
         shape, keep = e.shape()
         if e.native and not shape.score_dp_native:

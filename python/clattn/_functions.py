@@ -27,13 +27,21 @@ def _text(name, source):
     return source
 
 
+def _defines_dp(score):
+    """Whether a score function's text defines clattn_score_dp, its
+    derivative in its parameters (as the CLI tells too)."""
+    return score is not None and "clattn_score_dp" in score
+
+
 class Functions:
-    """A score function (score_mod: clattn_score and clattn_score_ds) and a
-    mask function (mask_mod: clattn_mask), either may be None."""
+    """A score function (score_mod: clattn_score and clattn_score_ds, and
+    clattn_score_dp where score_dp) and a mask function (mask_mod:
+    clattn_mask), either may be None."""
 
     def __init__(self, score_mod=None, mask_mod=None):
         self.score = _text("score_mod", score_mod)
         self.mask = _text("mask_mod", mask_mod)
+        self.score_dp = _defines_dp(self.score)
         self.score_bytes = self.score.encode() if self.score else None
         self.mask_bytes = self.mask.encode() if self.mask else None
 
@@ -60,7 +68,7 @@ class Functions:
         """The address of the C form of clattn_score_dp (the score
         function's derivative in its parameters), or None where score_mod
         does not define it; compiled on first use."""
-        if not self.score or "clattn_score_dp" not in self.score:
+        if not self.score_dp:
             return None
         self.native()
         lib = _compiled[self.key()]
@@ -83,7 +91,7 @@ def _compile(score, mask):
         flags = ["-std=c99", "-O3", "-fno-trapping-math", "-fno-math-errno",
                  "-fvisibility=hidden", "-shared", "-fPIC"]
         flags += ["-DCLATTN_SCORE"] if score else []
-        flags += ["-DCLATTN_SCORE_DP"] if score and "clattn_score_dp" in score else []
+        flags += ["-DCLATTN_SCORE_DP"] if _defines_dp(score) else []
         flags += ["-DCLATTN_MASK"] if mask else []
         # this machine's vector units for the span's loops, where cc knows the flag
         for arch in (["-march=native"], []):

@@ -379,15 +379,15 @@ def attention(q, k, v, *, causal=0, align_bottom_right=False, window=0, window_r
     if score_params is not None:
         if not isinstance(score_params, Tensor) or score_params.device.type != "cpu":
             raise InvalidArgument("score_params must be a CPU tensor")
-        if score_params.requires_grad and "clattn_score_dp" not in (score_mod or ""):
-            raise InvalidArgument("score_params requires grad: score_mod must define "
-                                  "clattn_score_dp, the score function's derivative in its "
-                                  "parameters (docs/programmable.md), or pass a tensor that "
-                                  "does not require grad")
     if mask_mod is not None and not isinstance(mask_mod, str):
         raise NotImplementedError("mask_mod must be OpenCL C source (a str); clattn does not "
                                   "take a BlockMask or a Python callable")
-    Functions(score_mod, mask_mod)  # checks the sources
+    fns = Functions(score_mod, mask_mod)  # checks the sources
+    if score_params is not None and score_params.requires_grad and not fns.score_dp:
+        raise InvalidArgument("score_params requires grad: score_mod must define "
+                              "clattn_score_dp, the score function's derivative in its "
+                              "parameters (docs/programmable.md), or pass a tensor that does "
+                              "not require grad")
     if bias is not None and (not isinstance(bias, Tensor) or bias.dtype not in _DTYPES):
         raise InvalidArgument("bias must be a float32, bfloat16 or float16 tensor")
     if bool_mask is not None:
