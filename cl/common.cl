@@ -75,6 +75,12 @@ inline ushort bf16_rte(float x)
 #define MOD_MASK 32
 #define MOD_BIAS 64  /* the caller's bias tensor */
 #define MOD_BOOL 128 /* the caller's bool mask */
+/* the caller's clattn_score_dp, the score function's derivative in its
+ * parameters: grad_score_params__tree's programs alone */
+#define MOD_SCORE_DP 256
+/* the most parameters clattn_score_dp names a pair (clattn.h's
+ * CLATTN_SCORE_DP_MAX) */
+#define SCORE_DP_MAX 4u
 #define USER_FNS (MODS & (MOD_SCORE | MOD_MASK | MOD_BIAS | MOD_BOOL))
 /* pairs hidden one by one: a block map, and rows that may be empty */
 #define HIDING (MODS & (MOD_MASK | MOD_BOOL))
@@ -284,26 +290,37 @@ inline uint shown_rows(uint p0, uint step, uint end, uint t0, uint t1, uint head
         *(p0) = (lo);                                                                      \
     }
 
-/* The modified score of the scaled score x of query row pos and key t of
- * query head `head` of batch element b: softcap, then ALiBi over |P - T| =
- * |pos + delta - t|, then the caller's functions (user_modify); *dz gets
- * dz/dx, the product of softcap's 1 - tanh^2 and the score function's
- * derivative (1 without them). */
-inline float modify(float x, uint pos, uint t, uint head, uint b, long delta, float softcap,
-                    __global const float *slopes, uint num_heads, uint q_seq, uint kv_seq,
-                    uint kv_pos0, uint seq0, __global const float *bias,
-                    __global const uchar *bool_mask, uint bias_dims, float *dz)
+/* The built-in modifiers of the scaled score x of query row pos and key t
+ * of query head `head`: softcap, then ALiBi over |P - T| = |pos + delta -
+ * t|; *g gets softcap's derivative 1 - tanh^2 (1 without it). */
+inline float builtin_modify(float x, uint pos, uint t, uint head, long delta, float softcap,
+                            __global const float *slopes, float *g)
 {
-    float g = 1.0f;
+    *g = 1.0f;
 #if MODS & MOD_SOFTCAP
     const float th = softcap_tanh(x * (1.0f / softcap));
     x = softcap * th;
-    g = 1.0f - th * th;
+    *g = 1.0f - th * th;
 #endif
 #if MODS & MOD_ALIBI
     const long dist = (long)pos + delta - (long)t;
     x -= slopes[head] * (float)(dist < 0 ? -dist : dist);
 #endif
+    return x;
+}
+
+/* The modified score of the scaled score x of query row pos and key t of
+ * query head `head` of batch element b: the built-in modifiers, then the
+ * caller's functions (user_modify); *dz gets dz/dx, the product of
+ * softcap's 1 - tanh^2 and the score function's derivative (1 without
+ * them). */
+inline float modify(float x, uint pos, uint t, uint head, uint b, long delta, float softcap,
+                    __global const float *slopes, uint num_heads, uint q_seq, uint kv_seq,
+                    uint kv_pos0, uint seq0, __global const float *bias,
+                    __global const uchar *bool_mask, uint bias_dims, float *dz)
+{
+    float g;
+    x = builtin_modify(x, pos, t, head, delta, softcap, slopes, &g);
 #if USER_FNS
     x = user_modify(x, pos, t, head, b, delta, slopes, num_heads, q_seq, kv_seq, kv_pos0, seq0,
                     bias, bool_mask, bias_dims, &g);

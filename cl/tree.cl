@@ -369,18 +369,49 @@ __kernel void grad_kv__tree(__global const elem *q, ulong q_off,
                 dk, dk_off, dv, dv_off, SHAPE_PASS, red);
 }
 
+/* The dot products q . k and dO . v of work-item (i, j)'s pair, query row
+ * i and key j of a BT x BT tile (BT = the work-group's side): Q and dO
+ * (rows qa), K and V (rows ka) pass through local memory BIAS_CHUNK
+ * columns at a time, work-item (i, j) loading columns j, j + BT, ... of
+ * query row i and of key i. They lie column by column (a column's BT rows
+ * side by side, BT + 1 floats apart: neighbouring keys read neighbouring
+ * floats, a row's stores fall in different banks); `tiles` holds four
+ * BIAS_CHUNK x (BT + 1) floats (BIAS_CHUNK: the host's,
+ * src/opencl/opencl.h). Every work-item of the group calls it. */
+inline void tile_dots(__global const elem *q, __global const elem *k, __global const elem *v,
+                      __global const elem *d_out, ulong qa, ulong ka, uint head_dim,
+                      __local float *tiles, float *s_out, float *dp_out)
+{
+    const uint bt = get_local_size(0), j = get_local_id(0), i = get_local_id(1);
+    const uint stride = bt + 1u, size = BIAS_CHUNK * stride;
+    __local float *qs = tiles, *gs = qs + size, *ks = gs + size, *vs = ks + size;
+    float s = 0.0f, dp = 0.0f;
+    for (uint c0 = 0; c0 < head_dim; c0 += BIAS_CHUNK) {
+        for (uint c = j; c < BIAS_CHUNK; c += bt) {
+            const uint x = c * stride + i;
+            const bool in = c0 + c < head_dim;
+            qs[x] = in ? LOAD(q, qa + c0 + c) : 0.0f;
+            gs[x] = in ? LOAD(d_out, qa + c0 + c) : 0.0f;
+            ks[x] = in ? LOAD(k, ka + c0 + c) : 0.0f;
+            vs[x] = in ? LOAD(v, ka + c0 + c) : 0.0f;
+        }
+        barrier(CLK_LOCAL_MEM_FENCE);
+        for (uint c = 0; c < BIAS_CHUNK; ++c) {
+            s = fma(qs[c * stride + i], ks[c * stride + j], s);
+            dp = fma(gs[c * stride + i], vs[c * stride + j], dp);
+        }
+        barrier(CLK_LOCAL_MEM_FENCE);
+    }
+    *s_out = s;
+    *dp_out = dp;
+}
+
 /* clattn_grad_bias(): dBias of a BT x BT tile of query rows and keys of
  * one slice of the bias (grid: keys, rows, slices; BT = the work-group's
  * side), summed over the batch elements and query heads the slice gathers
  * (bias_dims), in that order: each visible pair's p (dP - Dsum), dropout's
  * factor on dP, as the backward's dS before the score function's
- * derivative and the scale. Q and dO (rows), K and V (keys) pass through
- * local memory BIAS_CHUNK columns at a time: work-item (i, j) loads columns
- * j, j + BT, ... of query row i and of key i; they lie column by column (a
- * column's BT rows side by side, BT + 1 floats apart: neighbouring keys
- * read neighbouring floats, a row's stores fall in different banks);
- * `tiles` holds four BIAS_CHUNK x (BT + 1) floats (BIAS_CHUNK: the host's,
- * src/opencl/opencl.h). */
+ * derivative and the scale; the products through tile_dots. */
 __kernel void grad_bias__tree(__global const elem *q, ulong q_off,
                               __global const elem *k, ulong k_off,
                               __global const elem *v, ulong v_off,
@@ -399,8 +430,6 @@ __kernel void grad_bias__tree(__global const elem *q, ulong q_off,
     const uint h_lo = bias_dims & 2u ? h_out : 0u, h_hi = bias_dims & 2u ? h_out + 1u : num_heads;
     const uint group = num_heads / num_kv_heads;
     const uint p1 = min(p0 + bt, q_seq) - 1u, t1 = min(t0 + bt, kv_seq) - 1u;
-    const uint stride = bt + 1u, size = BIAS_CHUNK * stride;
-    __local float *qs = tiles, *gs = qs + size, *ks = gs + size, *vs = ks + size;
     /* the keys any row of the tile sees under the built-in masks: the same
      * for every work-item, as are the block map's tiles below */
     uint lo, hi;
@@ -417,23 +446,9 @@ __kernel void grad_bias__tree(__global const elem *q, ulong q_off,
             const ulong qa = at(b, q_seq, min(pos, q_seq - 1u), num_heads, head, head_dim, 0);
             const ulong ka = at(b, kv_seq, min(t0 + i, kv_seq - 1u), num_kv_heads,
                                 head / group, head_dim, 0);
-            float s = 0.0f, dp = 0.0f;
-            for (uint c0 = 0; c0 < head_dim; c0 += BIAS_CHUNK) {
-                for (uint c = j; c < BIAS_CHUNK; c += bt) {
-                    const uint x = c * stride + i;
-                    const bool in = c0 + c < head_dim;
-                    qs[x] = in ? LOAD(q, q_off + qa + c0 + c) : 0.0f;
-                    gs[x] = in ? LOAD(d_out, d_out_off + qa + c0 + c) : 0.0f;
-                    ks[x] = in ? LOAD(k, k_off + ka + c0 + c) : 0.0f;
-                    vs[x] = in ? LOAD(v, v_off + ka + c0 + c) : 0.0f;
-                }
-                barrier(CLK_LOCAL_MEM_FENCE);
-                for (uint c = 0; c < BIAS_CHUNK; ++c) {
-                    s = fma(qs[c * stride + i], ks[c * stride + j], s);
-                    dp = fma(gs[c * stride + i], vs[c * stride + j], dp);
-                }
-                barrier(CLK_LOCAL_MEM_FENCE);
-            }
+            float s, dp;
+            tile_dots(q + q_off, k + k_off, v + v_off, d_out + d_out_off, qa, ka, head_dim,
+                      tiles, &s, &dp);
             if (!mine || !visible(pos, t, causal, window, delta))
                 continue;
             const ulong row = at(b, q_seq, pos, num_heads, head, 1, 0);
@@ -453,6 +468,115 @@ __kernel void grad_bias__tree(__global const elem *q, ulong q_off,
     if (mine)
         d_bias[out] = acc;
 }
+
+#if MODS & MOD_SCORE_DP
+/* clattn_grad_score_params(): the caller's score function's parameters'
+ * gradient, d_params[e] = the sum over visible pairs of dZ = p (dP - Dsum)
+ * (dropout's factor on dP) times the derivative d that clattn_score_dp
+ * gives for e, into one row of `parts` (count floats) a work-group, which
+ * the host adds up in order (src/opencl/pairs.c).
+ *
+ * A work-group of BT x BT (grid: G groups of query blocks, slices) takes
+ * query blocks g, g + G, ... of BT rows of its slice (batch element, query
+ * head), their keys BT at a time, work-item (i, j) the pair of row i and
+ * key j through tile_dots. Its table of count floats lies in local memory
+ * after the tiles, behind a list of each pair's terms (entry and value;
+ * term e of work-item w in slot e * BT^2 + w). Work-item w adds into the
+ * table the terms of the entries with e mod BT^2 = w, in slot order: every
+ * sum is taken in an order the shape fixes, whatever the device's
+ * scheduling. A count past SCORE_DP_MAX or an entry past count sets *bad
+ * (the host then writes nothing). */
+__kernel void grad_score_params__tree(__global const elem *q, ulong q_off,
+                                      __global const elem *k, ulong k_off,
+                                      __global const elem *v, ulong v_off,
+                                      __global const elem *d_out, ulong d_out_off,
+                                      __global const float *lse, ulong lse_off,
+                                      __global const float *dsum, ulong dsum_off,
+                                      __global float *parts, ulong parts_off, SHAPE_ARGS,
+                                      uint count, __global uint *bad, __local float *tiles)
+{
+    const uint bt = get_local_size(0), j = get_local_id(0), i = get_local_id(1);
+    const uint n = bt * bt, w = i * bt + j;
+    const uint slice = get_group_id(1), b = slice / num_heads, head = slice % num_heads;
+    const uint group = num_heads / num_kv_heads;
+    __local uint *entry = (__local uint *)(tiles + 4u * BIAS_CHUNK * (bt + 1u));
+    __local float *term = (__local float *)(entry + SCORE_DP_MAX * n);
+    __local float *table = term + SCORE_DP_MAX * n;
+    __local uint most; /* the most terms of a pair of the tile */
+    __global const float *p = slopes + 2u * num_heads;
+    for (uint e = w; e < count; e += n)
+        table[e] = 0.0f;
+    uint flaw = 0u;
+    for (uint p0 = get_group_id(0) * bt; p0 < q_seq; p0 += get_num_groups(0) * bt) {
+        const uint p1 = min(p0 + bt, q_seq) - 1u, pos = min(p0 + i, q_seq - 1u);
+        const ulong row = at(b, q_seq, pos, num_heads, head, 1, 0);
+        const ulong qa = at(b, q_seq, pos, num_heads, head, head_dim, 0);
+        const float m = lse[lse_off + 2 * row], l = lse[lse_off + 2 * row + 1];
+        /* a row past the block's end, or empty (no key, or every one hidden) */
+        const bool live = p0 + i < q_seq && !(m == EMPTY_ROW && l == EMPTY_ROW);
+        const float ds = dsum[dsum_off + row];
+        uint lo, hi;
+        keys_of_queries(p0, p1, kv_seq, causal, window, delta, &lo, &hi);
+        for (uint t0 = lo; t0 < hi; t0 += bt) {
+            const uint t1 = min(t0 + bt, kv_seq) - 1u, t = t0 + j;
+            if (!map_shows(mask_blocks, b, head, num_heads, q_seq, kv_seq, p0, p1, t0, t1))
+                continue;
+            if (w == 0u)
+                most = 0u; /* read after tile_dots' barriers */
+            const ulong ka = at(b, kv_seq, min(t0 + i, kv_seq - 1u), num_kv_heads,
+                                head / group, head_dim, 0);
+            float s, dp;
+            tile_dots(q + q_off, k + k_off, v + v_off, d_out + d_out_off, qa, ka, head_dim,
+                      tiles, &s, &dp);
+            uint terms = 0u, index[SCORE_DP_MAX];
+            float d[SCORE_DP_MAX], dz = 0.0f;
+            if (live && t < kv_seq && visible(p0 + i, t, causal, window, delta)) {
+                float g;
+                const float pre = builtin_modify(s * scale, p0 + i, t, head, delta, softcap,
+                                                 slopes, &g);
+                const float z = user_modify(pre, p0 + i, t, head, b, delta, slopes, num_heads,
+                                            q_seq, kv_seq, kv_pos0, seq0, bias, bool_mask,
+                                            bias_dims, &g);
+#if MODS & MOD_DROPOUT
+                dp *= DROP(p0 + i, t, head, b);
+#endif
+                if (z != -INFINITY)
+                    dz = exp(min0(z - m) - l) * (dp - ds);
+                if (dz != 0.0f) { /* as the host's pass: a pair with no dZ names nothing */
+                    const uint P = (uint)((long)(p0 + i) + delta + (long)kv_pos0);
+                    terms = clattn_score_dp(pre, b + seq0, head, P, t + kv_pos0, p, index, d);
+                    if (terms > SCORE_DP_MAX)
+                        flaw = 1u;
+                    terms = min(terms, SCORE_DP_MAX);
+                    for (uint e = 0; e < terms; ++e)
+                        flaw |= index[e] >= count;
+                }
+            }
+            for (uint e = 0; e < SCORE_DP_MAX; ++e) {
+                const bool on = e < terms && index[e] < count;
+                entry[e * n + w] = on ? index[e] : 0xFFFFFFFFu;
+                term[e * n + w] = on ? dz * d[e] : 0.0f;
+            }
+            if (terms)
+                atomic_max(&most, terms);
+            barrier(CLK_LOCAL_MEM_FENCE);
+            const uint slots = most * n;
+            for (uint x = 0; x < slots; ++x) {
+                const uint e = entry[x];
+                if (e != 0xFFFFFFFFu && (e & (n - 1u)) == w)
+                    table[e] += term[x];
+            }
+            barrier(CLK_LOCAL_MEM_FENCE);
+        }
+    }
+    if (flaw)
+        bad[0] = 1u; /* every writer writes the same */
+    barrier(CLK_LOCAL_MEM_FENCE);
+    const ulong part = (ulong)slice * get_num_groups(0) + get_group_id(0);
+    for (uint e = w; e < count; e += n)
+        parts[parts_off + part * count + e] = table[e];
+}
+#endif
 
 /* clattn_merge_cl(): two partial results over disjoint key sets, (o1,
  * lse1) and (o2, lse2), into the (o, lse) of their union, a work-item per

@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "clattn_cl.h"
 #include "functions.h"
 #include "harness.h"
 #include "kernel_tests.h"
@@ -352,6 +353,126 @@ START_TEST(packed_functions_sweep)
 }
 END_TEST
 
+/* |got - times * want| <= tol for each of n floats of the table's gradient. */
+static void near_table(const float *got, const float *want, double times, size_t n, double tol,
+                       const char *what)
+{
+    for (size_t i = 0; i < n; ++i)
+        ck_assert_msg(fabs((double)got[i] - times * want[i]) <= tol,
+                      "on %s: d table[%zu] %s is %g, want %g", test_backend, i, what,
+                      (double)got[i], times * want[i]);
+}
+
+/* The table's gradient on the device (score_dp from score_fn's source)
+ * against the context's, dtable: the functions in OpenCL C alone, which
+ * the host cannot run, so that the device takes it whatever
+ * CLATTN_GRAD_BIAS says; added under accumulate; on a device of 16
+ * work-items a work-group (tiles of 4 by 4) and 8 KB of local memory,
+ * where a table past that memory goes to the host's pass. */
+static void table_on_device(clattn_context *ctx, const clattn_shape *s, const problem *p,
+                            const float *o, const float *lse, const float *dtable)
+{
+    enum { N = 8 * 17, BIG = 2000 };
+    double largest = 0.0;
+    for (size_t i = 0; i < N; ++i)
+        largest = fmax(largest, fabs((double)dtable[i]));
+    clattn_shape dev = *s;
+    dev.score_native = NULL;
+    dev.score_ds_native = NULL;
+    dev.mask_native = NULL;
+    dev.score_dp_native = NULL;
+    float got[N], twice[N];
+    for (size_t i = 0; i < N; ++i)
+        got[i] = NAN;
+    ck_assert_status(clattn_grad_score_params(ctx, &dev, p->q, p->k, p->v, o, lse, p->d_out, got),
+                     CLATTN_OK);
+    ck_assert_ptr_nonnull(strstr(clattn_context_kernels(ctx), "grad_score_params__tree"));
+    near_table(got, dtable, 1.0, N, 1e-5 * largest, "on the device (want the context's)");
+    memcpy(twice, got, sizeof twice);
+    dev.accumulate = 1;
+    ck_assert_status(
+        clattn_grad_score_params(ctx, &dev, p->q, p->k, p->v, o, lse, p->d_out, twice),
+        CLATTN_OK);
+    near_table(twice, got, 2.0, N, 1e-6 * largest, "accumulated (want twice)");
+    dev.accumulate = 0;
+    /* the built-in modifiers before the function (its argument is theirs),
+     * dropout and offsets: the context's against the device's */
+    const float slopes[4] = {0.25f, 0.5f, 0.125f, 0.0625f};
+    clattn_shape rich = *s;
+    rich.softcap = 4.0f;
+    rich.alibi_slopes = slopes;
+    rich.dropout_p = 0.25f;
+    rich.dropout_seed = 77;
+    rich.q_offset = 5;
+    rich.kv_offset = 3;
+    float *o2 = nan_array(p->nq), *lse2 = nan_array(p->nlse), want[N];
+    ck_assert(o2 && lse2);
+    ck_assert_status(clattn_forward(ctx, &rich, p->q, p->k, p->v, o2, lse2), CLATTN_OK);
+    ck_assert_status(
+        clattn_grad_score_params(ctx, &rich, p->q, p->k, p->v, o2, lse2, p->d_out, want),
+        CLATTN_OK);
+    rich.score_native = NULL;
+    rich.score_ds_native = NULL;
+    rich.mask_native = NULL;
+    rich.score_dp_native = NULL;
+    ck_assert_status(
+        clattn_grad_score_params(ctx, &rich, p->q, p->k, p->v, o2, lse2, p->d_out, twice),
+        CLATTN_OK);
+    ck_assert_ptr_nonnull(strstr(clattn_context_kernels(ctx), "grad_score_params__tree"));
+    double rich_largest = 0.0;
+    for (size_t i = 0; i < N; ++i)
+        rich_largest = fmax(rich_largest, fabs((double)want[i]));
+    ck_assert(rich_largest > 0.0);
+    near_table(twice, want, 1.0, N, 1e-5 * rich_largest,
+               "with softcap, ALiBi, dropout and offsets (want the context's)");
+    free(o2);
+    free(lse2);
+    const char *was = getenv("CLATTN_DEVICE_LIMITS");
+    char *saved = was ? strdup(was) : NULL;
+    setenv("CLATTN_DEVICE_LIMITS", "16,8192", 1);
+    clattn_context *small = test_context(NULL);
+    if (saved)
+        setenv("CLATTN_DEVICE_LIMITS", saved, 1);
+    else
+        unsetenv("CLATTN_DEVICE_LIMITS");
+    free(saved);
+    ck_assert_ptr_nonnull(small);
+    float four[N];
+    ck_assert_status(
+        clattn_grad_score_params(small, &dev, p->q, p->k, p->v, o, lse, p->d_out, four),
+        CLATTN_OK);
+    ck_assert_ptr_nonnull(strstr(clattn_context_kernels(small), "grad_score_params__tree"));
+    near_table(four, got, 1.0, N, 1e-5 * largest, "in tiles of 4 (want tiles of 16's)");
+    /* a table of BIG: past 8 KB beside the tiles, so on the host, where
+     * its C forms let it; without them, a status and nothing written */
+    float *big_params = calloc(BIG, sizeof(float)), *big = nan_array(BIG);
+    ck_assert(big_params && big);
+    memcpy(big_params, s->score_params, N * sizeof(float));
+    clattn_shape wide = *s;
+    wide.score_params = big_params;
+    wide.score_params_count = BIG;
+    ck_assert_status(
+        clattn_grad_score_params(small, &wide, p->q, p->k, p->v, o, lse, p->d_out, big),
+        CLATTN_OK);
+    ck_assert_ptr_nonnull(strstr(clattn_context_kernels(small), "grad_score_params__host"));
+    near_table(big, dtable, 1.0, N, 1e-5 * largest, "of a wide table on the host");
+    for (size_t i = N; i < BIG; ++i)
+        ck_assert(big[i] == 0.0f);
+    wide.score_native = NULL;
+    wide.score_ds_native = NULL;
+    wide.mask_native = NULL;
+    wide.score_dp_native = NULL;
+    big[0] = NAN;
+    ck_assert_status(
+        clattn_grad_score_params(small, &wide, p->q, p->k, p->v, o, lse, p->d_out, big),
+        CLATTN_ERROR_NULL_POINTER);
+    ck_assert_ptr_nonnull(strstr(clattn_last_error(), "local memory"));
+    ck_assert(isnan(big[0]));
+    free(big_params);
+    free(big);
+    clattn_context_destroy(small);
+}
+
 /* L = sum of O . dO from the reference's forward of p. */
 double loss(const problem *p)
 {
@@ -416,6 +537,8 @@ START_TEST(finite_differences)
                           "%s on %s: %s[%zu] is %g, finite differences give %g", current_variant,
                           test_backend, wrt[w].name, i, got, fd);
         }
+    if (clattn_context_cl_context(ctx))
+        table_on_device(ctx, &s, &p, o, lse, dtable);
     free(o);
     free(lse);
     free(dq);
@@ -505,6 +628,27 @@ START_TEST(bad_functions)
             CLATTN_ERROR_INVALID_MODIFIER);
         ck_assert(isnan(d_cap));
     }
+    if (!native) /* the same two in OpenCL C alone, on the device */
+        for (int i = 0; i < 2; ++i) {
+            static const char *const bad_cl[2] = {"0u] = q == k ? 1u : 0u; return 1u",
+                                                  "0u] = 0u; return 5u"};
+            char text[640];
+            snprintf(text, sizeof text,
+                     "float clattn_score(float s, uint b, uint h, uint q, uint k,\n"
+                     "                   __global const float *p) { return s; }\n"
+                     "float clattn_score_ds(float s, uint b, uint h, uint q, uint k,\n"
+                     "                      __global const float *p) { return 1.0f; }\n"
+                     "uint clattn_score_dp(float s, uint b, uint h, uint q, uint k,\n"
+                     "                     __global const float *p, uint *index, float *d) {\n"
+                     "    d[0] = 1.0f; index[%s; }\n",
+                     bad_cl[i]);
+            s = with_score(plain, text, NULL, NULL, cap, 1);
+            ck_assert_status(
+                clattn_grad_score_params(ctx, &s, p.q, p.k, p.v, o, lse, p.d_out, &d_cap),
+                CLATTN_ERROR_INVALID_MODIFIER);
+            ck_assert_ptr_nonnull(strstr(clattn_last_error(), "clattn_score_dp gave"));
+            ck_assert(isnan(d_cap));
+        }
     free(o);
     free(lse);
     problem_free(&p);

@@ -72,6 +72,9 @@ enum {
     CLATTN_MOD_MASK = 32,
     CLATTN_MOD_BIAS = 64,  /* shape->bias */
     CLATTN_MOD_BOOL = 128, /* shape->bool_mask */
+    /* the score function's clattn_score_dp: the programs of its
+     * parameters' gradient alone (no shape asks for it) */
+    CLATTN_MOD_SCORE_DP = 256,
     /* pairs hidden one by one: block maps, and rows that may be empty */
     CLATTN_MOD_HIDE = CLATTN_MOD_MASK | CLATTN_MOD_BOOL,
     /* the per-pair modifiers: the caller's functions and tensors */
@@ -92,6 +95,10 @@ static inline int clattn_host_forms(const clattn_shape *s)
     return (!s->score_fn || s->score_native) && (!s->mask_fn || s->mask_native) &&
            (!s->bias_cl || s->bias) && (!s->bool_mask_cl || s->bool_mask);
 }
+/* The checks of the score parameters' gradient (clattn_grad_score_params,
+ * _cl) beyond the call's: a score function, its parameters, no packed
+ * sequences, d_params apart from them; CLATTN_OK or the failure's status. */
+clattn_status clattn_grad_params_takes(const clattn_shape *s, const float *d_params);
 /* CLATTN_ERROR_UNSUPPORTED_SHAPE where s packs sequences, which the bias's
  * gradient does not take (clattn_grad_bias, _cl); else CLATTN_OK. */
 static inline clattn_status clattn_grad_bias_takes(const clattn_shape *s)
@@ -219,6 +226,9 @@ typedef struct clattn_backend_ops {
                               size_t n);
     int (*grad_bias)(clattn_context *ctx, const clattn_shape *s, const clattn_sizes *sz,
                      const void *const in[6], float *d_bias, clattn_status *st);
+    /* the same for clattn_grad_score_params(), into d_params */
+    int (*grad_score_params)(clattn_context *ctx, const clattn_shape *s, const clattn_sizes *sz,
+                             const void *const in[6], float *d_params, clattn_status *st);
 } clattn_backend_ops;
 
 struct clattn_cl_state;

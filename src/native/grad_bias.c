@@ -281,6 +281,28 @@ clattn_status clattn_grad_bias(clattn_context *ctx, const clattn_shape *shape, c
 /* The float64 sums a parameter job keeps: at most this many bytes in all. */
 #define PARAMS_SUMS_BYTES (256u << 20)
 
+clattn_status clattn_grad_params_takes(const clattn_shape *shape, const float *d_params)
+{
+    const size_t count = shape->score_params_count;
+    if (!d_params)
+        return clattn_fail(CLATTN_ERROR_NULL_POINTER, "d_params is NULL");
+    if (!shape->score_fn && !shape->score_native)
+        return clattn_fail(CLATTN_ERROR_NULL_POINTER,
+                           "the shape has no score function: its parameters' gradient needs one");
+    if (!shape->score_params || !count)
+        return clattn_fail(CLATTN_ERROR_NULL_POINTER,
+                           "shape->score_params is NULL or score_params_count 0: no parameters");
+    if (clattn_packed(shape))
+        return clattn_fail(CLATTN_ERROR_UNSUPPORTED_SHAPE,
+                           "the score parameters' gradient with packed sequences");
+    const size_t params_bytes = count * sizeof(float);
+    if (clattn_overlaps(d_params, params_bytes, shape->score_params, params_bytes))
+        return clattn_fail(CLATTN_ERROR_INVALID_BUFFER,
+                           "d_params overlaps score_params: an output may share no memory with "
+                           "another tensor of the call");
+    return CLATTN_OK;
+}
+
 clattn_status clattn_grad_score_params(clattn_context *ctx, const clattn_shape *shape,
                                        const void *q, const void *k, const void *v,
                                        const void *o, const float *lse, const void *d_out,
@@ -291,26 +313,24 @@ clattn_status clattn_grad_score_params(clattn_context *ctx, const clattn_shape *
     const size_t count = shape ? shape->score_params_count : 0;
     clattn_status st = grad_begin(ctx, shape, &sz, in, d_params, count * sizeof(float),
                                   "d_params");
-    if (st != CLATTN_OK)
+    if (st != CLATTN_OK || (st = clattn_grad_params_takes(shape, d_params)) != CLATTN_OK)
         return st;
-    if (!shape->score_fn && !shape->score_native)
-        return clattn_fail(CLATTN_ERROR_NULL_POINTER,
-                           "the shape has no score function: its parameters' gradient needs one");
-    if (!shape->score_params || !count)
-        return clattn_fail(CLATTN_ERROR_NULL_POINTER,
-                           "shape->score_params is NULL or score_params_count 0: no parameters");
+    if (ctx->ops->grad_score_params) { /* on the device, where it takes the call */
+        pthread_mutex_lock(&ctx->lock);
+        const int ran = ctx->ops->grad_score_params(ctx, shape, &sz, in, d_params, &st);
+        pthread_mutex_unlock(&ctx->lock);
+        if (ran)
+            return st;
+    }
     if (!shape->score_dp_native)
         return clattn_fail(CLATTN_ERROR_NULL_POINTER,
                            "shape->score_dp_native is NULL: the parameters' gradient needs the "
-                           "score function's derivative in them (docs/programmable.md)");
-    if (clattn_packed(shape))
-        return clattn_fail(CLATTN_ERROR_UNSUPPORTED_SHAPE,
-                           "the score parameters' gradient with packed sequences");
-    const size_t params_bytes = count * sizeof(float);
-    if (clattn_overlaps(d_params, params_bytes, shape->score_params, params_bytes))
-        return clattn_fail(CLATTN_ERROR_INVALID_BUFFER,
-                           "d_params overlaps score_params: an output may share no memory with "
-                           "another tensor of the call");
+                           "score function's derivative in them, on the host in C (%s; "
+                           "docs/programmable.md)",
+                           ctx->ops->grad_score_params
+                               ? "the device takes clattn_score_dp from score_fn where the "
+                                 "table fits its local memory"
+                               : "the native backend");
     if ((st = clattn_native_host_forms(shape, "the score parameters' gradient")) != CLATTN_OK)
         return st;
     params_job j;

@@ -614,7 +614,7 @@ static void native_destroy(clattn_context *ctx)
 }
 
 static const clattn_backend_ops native_ops = {native_run, native_destroy, 0, native_run_many,
-                                              NULL};
+                                              NULL, NULL};
 
 clattn_status clattn_native_init(clattn_context *ctx, const clattn_options *opts)
 {

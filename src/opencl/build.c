@@ -246,7 +246,7 @@ static clattn_status build_set_once(struct clattn_cl_state *cl, const clattn_ocl
         const clattn_ocl_kernel *v = &variant->kernels[k];
         const int optional = k == K_GRAD_KV || k == K_GRAD_KVQ || k == K_FINISH_DQ ||
                              k == K_GRAD_KVS || k == K_GRAD_QS || k == K_SUM_PARTS ||
-                             k == K_GRAD_BIAS;
+                             k == K_GRAD_BIAS || k == K_GRAD_PARAMS;
         if (!v->function && !optional)
             return clattn_fail(CLATTN_ERROR_UNKNOWN_VARIANT, "variant '%s' has no kernel %d",
                                variant->name, k);

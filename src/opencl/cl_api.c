@@ -400,45 +400,24 @@ clattn_status clattn_grad_sinks_cl(clattn_context *ctx, const clattn_shape *shap
     return st;
 }
 
-clattn_status clattn_grad_score_params_cl(clattn_context *ctx, const clattn_shape *shape,
-                                          clattn_cl_tensor q, clattn_cl_tensor k,
-                                          clattn_cl_tensor v, clattn_cl_tensor o,
-                                          clattn_cl_tensor lse, clattn_cl_tensor d_out,
-                                          float *d_params, cl_uint num_events_in_wait_list,
-                                          const cl_event *event_wait_list)
+/* A gradient summed over the pairs (which: 0 dBias, 1 the score
+ * parameters') of device tensors t into the host array out: on the device
+ * where it takes the call, else read back for the host. */
+static clattn_status pairs_cl(clattn_context *ctx, const clattn_shape *shape,
+                              const clattn_cl_tensor t[6], const clattn_role role[6], float *out,
+                              int which, cl_uint nwait, const cl_event *wait)
 {
-    const clattn_cl_tensor t[6] = {q, k, v, o, lse, d_out};
-    const clattn_role role[6] = {CLATTN_R_Q, CLATTN_R_K, CLATTN_R_V,
-                                 CLATTN_R_O, CLATTN_R_LSE, CLATTN_R_DO};
-    void *host[6];
-    clattn_status st = host_call_begin(ctx, shape, d_params, "d_params", 6, t, role, host,
-                                       num_events_in_wait_list, event_wait_list);
-    if (st == CLATTN_OK)
-        st = clattn_grad_score_params(ctx, shape, host[0], host[1], host[2], host[3], host[4],
-                                      host[5], d_params);
-    for (int i = 0; i < 6; ++i)
-        free(host[i]);
-    return st;
-}
-
-clattn_status clattn_grad_bias_cl(clattn_context *ctx, const clattn_shape *shape,
-                                  clattn_cl_tensor q, clattn_cl_tensor k, clattn_cl_tensor v,
-                                  clattn_cl_tensor o, clattn_cl_tensor lse,
-                                  clattn_cl_tensor d_out, float *d_bias,
-                                  cl_uint num_events_in_wait_list,
-                                  const cl_event *event_wait_list)
-{
-    const clattn_cl_tensor t[6] = {q, k, v, o, lse, d_out};
-    const clattn_role role[6] = {CLATTN_R_Q, CLATTN_R_K, CLATTN_R_V,
-                                 CLATTN_R_O, CLATTN_R_LSE, CLATTN_R_DO};
-    /* on the device where it takes the call, else read back for the host */
     clattn_sizes sz;
-    clattn_status st = cl_call_begin(ctx, shape, &sz, num_events_in_wait_list, event_wait_list);
+    clattn_status st = cl_call_begin(ctx, shape, &sz, nwait, wait);
     if (st != CLATTN_OK)
         return st;
-    if (!d_bias)
-        return clattn_fail(CLATTN_ERROR_NULL_POINTER, "d_bias is NULL");
-    if ((st = clattn_grad_bias_takes(shape)) != CLATTN_OK)
+    if (which)
+        st = clattn_grad_params_takes(shape, out);
+    else if (!out)
+        st = clattn_fail(CLATTN_ERROR_NULL_POINTER, "d_bias is NULL");
+    else
+        st = clattn_grad_bias_takes(shape);
+    if (st != CLATTN_OK)
         return st;
     clattn_cl_tensor all[R_ALL];
     memset(all, 0, sizeof all);
@@ -451,17 +430,45 @@ clattn_status clattn_grad_bias_cl(clattn_context *ctx, const clattn_shape *shape
         all[role[i]] = t[i];
     }
     pthread_mutex_lock(&ctx->lock);
-    const int ran = clattn_ocl_grad_bias(ctx->cl, shape, &sz, all, d_bias,
-                                         num_events_in_wait_list, event_wait_list, &st);
+    const int ran = which ? clattn_ocl_grad_params(ctx->cl, shape, &sz, all, out, nwait, wait, &st)
+                          : clattn_ocl_grad_bias(ctx->cl, shape, &sz, all, out, nwait, wait, &st);
     pthread_mutex_unlock(&ctx->lock);
     if (ran)
         return st;
     void *host[6] = {NULL, NULL, NULL, NULL, NULL, NULL};
-    st = read_back(ctx, shape, &sz, 6, t, role, host, num_events_in_wait_list, event_wait_list);
+    st = read_back(ctx, shape, &sz, 6, t, role, host, nwait, wait);
     if (st == CLATTN_OK)
-        st = clattn_grad_bias(ctx, shape, host[0], host[1], host[2], host[3], host[4], host[5],
-                              d_bias);
+        st = which ? clattn_grad_score_params(ctx, shape, host[0], host[1], host[2], host[3],
+                                              host[4], host[5], out)
+                   : clattn_grad_bias(ctx, shape, host[0], host[1], host[2], host[3], host[4],
+                                      host[5], out);
     for (int i = 0; i < 6; ++i)
         free(host[i]);
     return st;
+}
+
+clattn_status clattn_grad_score_params_cl(clattn_context *ctx, const clattn_shape *shape,
+                                          clattn_cl_tensor q, clattn_cl_tensor k,
+                                          clattn_cl_tensor v, clattn_cl_tensor o,
+                                          clattn_cl_tensor lse, clattn_cl_tensor d_out,
+                                          float *d_params, cl_uint num_events_in_wait_list,
+                                          const cl_event *event_wait_list)
+{
+    const clattn_cl_tensor t[6] = {q, k, v, o, lse, d_out};
+    const clattn_role role[6] = {CLATTN_R_Q, CLATTN_R_K, CLATTN_R_V,
+                                 CLATTN_R_O, CLATTN_R_LSE, CLATTN_R_DO};
+    return pairs_cl(ctx, shape, t, role, d_params, 1, num_events_in_wait_list, event_wait_list);
+}
+
+clattn_status clattn_grad_bias_cl(clattn_context *ctx, const clattn_shape *shape,
+                                  clattn_cl_tensor q, clattn_cl_tensor k, clattn_cl_tensor v,
+                                  clattn_cl_tensor o, clattn_cl_tensor lse,
+                                  clattn_cl_tensor d_out, float *d_bias,
+                                  cl_uint num_events_in_wait_list,
+                                  const cl_event *event_wait_list)
+{
+    const clattn_cl_tensor t[6] = {q, k, v, o, lse, d_out};
+    const clattn_role role[6] = {CLATTN_R_Q, CLATTN_R_K, CLATTN_R_V,
+                                 CLATTN_R_O, CLATTN_R_LSE, CLATTN_R_DO};
+    return pairs_cl(ctx, shape, t, role, d_bias, 0, num_events_in_wait_list, event_wait_list);
 }

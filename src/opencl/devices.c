@@ -243,7 +243,8 @@ static clattn_status test_limits(struct clattn_cl_state *cl)
 }
 
 static const clattn_backend_ops opencl_ops = {clattn_ocl_run, opencl_destroy, 1, NULL,
-                                              clattn_ocl_grad_bias_host};
+                                              clattn_ocl_grad_bias_host,
+                                              clattn_ocl_grad_params_host};
 
 /* Makes ctx an OpenCL context on device with a named variant. */
 static clattn_status init_variant(clattn_context *ctx, const clattn_ocl_variant *variant,

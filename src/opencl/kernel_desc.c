@@ -22,4 +22,6 @@ const kernel_desc clattn_ocl_kernel_descs[K_COUNT] = {
     [K_SUM_PARTS] = {{R_PARTS_K, R_PARTS_V, CLATTN_R_DK, CLATTN_R_DV}, 4, 1, 1},
     [K_GRAD_BIAS] = {{CLATTN_R_Q, CLATTN_R_K, CLATTN_R_V, CLATTN_R_DO, CLATTN_R_LSE, R_DSUM,
                       R_DBIAS}, 7, 0, 0},
+    [K_GRAD_PARAMS] = {{CLATTN_R_Q, CLATTN_R_K, CLATTN_R_V, CLATTN_R_DO, CLATTN_R_LSE, R_DSUM,
+                        R_DPARAMS}, 7, 0, 0},
 };

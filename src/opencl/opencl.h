@@ -6,7 +6,7 @@
  *   build.c    building a variant's programs (program cache, sm_90a route)
  *   launch.c   sizing and enqueueing kernels, an op's plan
  *   host.c     the host-pointer calls through per-role copy buffers
- *   dbias.c    dBias on the device, and where it runs
+ *   pairs.c    dBias and the score parameters' gradient on the device
  *   cl_api.c   the public clattn_*_cl calls on the caller's cl_mem buffers
  *   variants/  one file per variant (variant.h): its kernels, shapes, sizing */
 #ifndef CLATTN_OPENCL_H
@@ -34,6 +34,9 @@ enum {
     K_GRAD_QS,   /* dQ from that dS: no scores recomputed */
     K_SUM_PARTS, /* dK and dV from the key side's parts (PARTS_K, PARTS_V) */
     K_GRAD_BIAS, /* dBias (clattn_grad_bias): the generic variant's */
+    /* the score parameters' gradient (clattn_grad_score_params): the
+     * generic variant's, in the sets built with CLATTN_MOD_SCORE_DP */
+    K_GRAD_PARAMS,
     K_COUNT
 };
 
@@ -52,8 +55,9 @@ extern const kernel_desc clattn_ocl_kernel_descs[K_COUNT];
  * DQ32 the single-pass backward's float32 dQ, summed by atomic adds; DS the
  * dS scratch between GRAD_KVS and GRAD_QS; PARTS_K and PARTS_V the float32
  * dK and dV of a key side split into parts, each element's parts side by
- * side, which SUM_PARTS adds up; DBIAS the bias's float32 gradient. */
-enum { R_DSUM = CLATTN_R_COUNT, R_DQ32, R_DS, R_PARTS_K, R_PARTS_V, R_DBIAS, R_ALL };
+ * side, which SUM_PARTS adds up; DBIAS the bias's float32 gradient;
+ * DPARAMS the score parameters' gradient's parts, a table a work-group. */
+enum { R_DSUM = CLATTN_R_COUNT, R_DQ32, R_DS, R_PARTS_K, R_PARTS_V, R_DBIAS, R_DPARAMS, R_ALL };
 
 /* cl/tiled's shape: rows per work-group, keys (or queries) per local-memory
  * tile, work-items per row by the tile's rows, the most columns of head_dim
@@ -388,7 +392,7 @@ clattn_status clattn_ocl_enqueue_op(struct clattn_cl_state *cl, cl_command_queue
 clattn_status clattn_ocl_enqueue_packed(struct clattn_cl_state *cl, clattn_op op,
                                         const clattn_shape *s, const clattn_cl_tensor t[R_ALL],
                                         cl_uint nwait, const cl_event *wait, cl_event *event);
-/* dbias.c */
+/* pairs.c */
 /* dBias (clattn_grad_bias) on the device into the host array d_bias, from
  * the device tensors t (Q, K, V, O, LSE and DO) after the wait list, on the
  * context's queue; back once d_bias is written. 0 where the device does
@@ -401,6 +405,16 @@ int clattn_ocl_grad_bias(struct clattn_cl_state *cl, const clattn_shape *s,
  * the scratch buffers: the backend's grad_bias. */
 int clattn_ocl_grad_bias_host(clattn_context *ctx, const clattn_shape *s, const clattn_sizes *sz,
                               const void *const in[6], float *d_bias, clattn_status *st);
+/* The score parameters' gradient (clattn_grad_score_params) likewise, into
+ * the host array d_params: 0 where the device does not take s (the score
+ * function's source without clattn_score_dp, packed sequences, a table
+ * past local memory: the host computes it). */
+int clattn_ocl_grad_params(struct clattn_cl_state *cl, const clattn_shape *s,
+                           const clattn_sizes *sz, clattn_cl_tensor t[R_ALL], float *d_params,
+                           cl_uint nwait, const cl_event *wait, clattn_status *st);
+int clattn_ocl_grad_params_host(clattn_context *ctx, const clattn_shape *s,
+                                const clattn_sizes *sz, const void *const in[6], float *d_params,
+                                clattn_status *st);
 /* host.c */
 /* The context's copy buffers of the roles in `held` (CLATTN_BIT bits)
  * into t, grown to the call's sizes (contents lost), then the caller's

@@ -42,21 +42,31 @@ static size_t work_group(const struct clattn_cl_state *cl, const kernel_set *set
                          uint32_t head_dim)
 {
     (void)cl;
-    if (k == K_GRAD_BIAS)
+    if (k == K_GRAD_BIAS || k == K_GRAD_PARAMS)
         return bias_side(set->limit) * bias_side(set->limit);
     return tree_work_group(head_dim, set->limit);
 }
 
 /* local_per_lane floats a work-item (kernel_desc.c); grad_bias__tree's
- * four tiles of BIAS_CHUNK columns by the side's rows and one. */
+ * four tiles of BIAS_CHUNK columns by the side's rows and one
+ * (grad_score_params__tree's table and terms come on top: pairs.c). */
 static size_t local_bytes(const struct clattn_cl_state *cl, const kernel_set *set, int k,
                           uint32_t head_dim)
 {
     (void)cl;
-    if (k == K_GRAD_BIAS)
+    if (k == K_GRAD_BIAS || k == K_GRAD_PARAMS)
         return 4 * BIAS_CHUNK * (bias_side(set->limit) + 1) * sizeof(float);
     return tree_work_group(head_dim, set->limit) * sizeof(float) *
            (size_t)clattn_ocl_kernel_descs[k].local_per_lane;
+}
+
+/* grad_score_params__tree is in the programs built with the caller's
+ * clattn_score_dp alone. */
+static int builds(const struct clattn_cl_state *cl, const kernel_set *set, uint32_t head_dim,
+                  int k)
+{
+    (void)cl, (void)head_dim;
+    return k != K_GRAD_PARAMS || (set->mods & CLATTN_MOD_SCORE_DP);
 }
 
 static size_t row_groups(const struct clattn_cl_state *cl, const kernel_set *set, int k,
@@ -79,6 +89,7 @@ const clattn_ocl_variant clattn_ocl_variant_tree = {
             [K_GRAD_V] = {"grad_v__tree", &clattn_ocl_variant_tree},
             [K_GRAD_KV] = {"grad_kv__tree", &clattn_ocl_variant_tree},
             [K_GRAD_BIAS] = {"grad_bias__tree", &clattn_ocl_variant_tree},
+            [K_GRAD_PARAMS] = {"grad_score_params__tree", &clattn_ocl_variant_tree},
         },
     .per_head_dim = 0,
     .fits_limit = 1,
@@ -87,4 +98,5 @@ const clattn_ocl_variant clattn_ocl_variant_tree = {
     .work_group = work_group,
     .local_bytes = local_bytes,
     .row_groups = row_groups,
+    .builds = builds,
 };
