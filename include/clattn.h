@@ -525,20 +525,22 @@ clattn_status clattn_grad_bias(clattn_context *ctx, const clattn_shape *shape, c
  *   d_params[i] = sum over the pairs of dZ * d clattn_score / d p[i]
  * with dZ = p (dP - Dsum) the gradient of the pair's modified score (as
  * clattn_grad_bias() gives it; 0 where a mask hides the pair) and the
- * partial derivatives shape->score_dp_native gives at the score the score
- * function took. d_params holds score_params_count floats, written whole,
- * or added to with shape->accumulate; nothing is written on an error.
- * Runs on the host for every backend (the C forms score_native,
- * score_dp_native and mask_native; a bias or bool mask in its host
- * form), on the native context's threads or up to 16 of another's.
- * Deterministic: the query rows are cut into parts by the shape alone,
- * each part's sum is kept in float64, and the parts are added in order.
- * Status: as clattn_forward(); CLATTN_ERROR_NULL_POINTER where the shape
- * has no score function, parameters or score_dp_native;
- * CLATTN_ERROR_INVALID_MODIFIER where score_dp_native gives more than
- * CLATTN_SCORE_DP_MAX indices or one past score_params_count;
- * CLATTN_ERROR_UNSUPPORTED_SHAPE with packed sequences or without a form
- * the host needs. */
+ * partial derivatives the score function's clattn_score_dp gives at the
+ * score the score function took. d_params holds score_params_count
+ * floats, written whole, or added to with shape->accumulate; nothing is
+ * written on an error. Runs where clattn_grad_bias() does: on an OpenCL
+ * device where shape->score_fn defines clattn_score_dp and the table fits
+ * the device's local memory; else on the host (the C forms score_native,
+ * score_dp_native and mask_native; a bias or bool mask in its host form),
+ * on the native context's threads or up to 16 of another's.
+ * Deterministic: the pairs are cut into parts by the shape (and the
+ * device's work-group side) alone, and the parts' sums are added in
+ * order in float64. Status: as clattn_forward(); CLATTN_ERROR_NULL_POINTER
+ * where the shape has no score function or parameters, or the host runs
+ * it without score_dp_native; CLATTN_ERROR_INVALID_MODIFIER where
+ * clattn_score_dp gives more than CLATTN_SCORE_DP_MAX indices or one past
+ * score_params_count; CLATTN_ERROR_UNSUPPORTED_SHAPE with packed
+ * sequences or without a form the host needs. */
 clattn_status clattn_grad_score_params(clattn_context *ctx, const clattn_shape *shape,
                                        const void *q, const void *k, const void *v,
                                        const void *o, const float *lse, const void *d_out,

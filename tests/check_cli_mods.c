@@ -473,10 +473,11 @@ START_TEST(bias_files)
 END_TEST
 
 /* --d-score-params with examples/programmable/relative_bias.cl, on native
- * and on PoCL where it runs: the table's gradient is the bias's gradient
- * (clattn_grad_bias of the same table as a bias tensor) summed over each
- * entry's pairs; without clattn_score_dp in the file, or without
- * --score-params, bad input that leaves nothing. */
+ * and on PoCL where it runs (on the host's pass, then on the device's
+ * kernel): the table's gradient is the bias's gradient (clattn_grad_bias
+ * of the same table as a bias tensor) summed over each entry's pairs;
+ * without clattn_score_dp in the file, or without --score-params, bad
+ * input that leaves nothing; clattn bench times it. */
 START_TEST(score_params_files)
 {
     make_dir();
@@ -522,15 +523,26 @@ START_TEST(score_params_files)
     snprintf(vp, sizeof vp, "%s", path("v.npy"));
     snprintf(tp, sizeof tp, "%s", path("table.npy"));
     snprintf(file, sizeof file, "%s/relative_bias.cl", CLATTN_EXAMPLES_DIR);
-    for (int d = 0; d < 1 + pocl; ++d) {
+    for (int d = 0; d < 1 + 2 * pocl; ++d) {
+        setenv("CLATTN_GRAD_BIAS", d == 2 ? "device" : "host", 1);
         ck_assert_msg(run("backward", "--q", qp, "--k", kp, "--v", vp, "--o", path("o.npy"),
                           "--lse", path("lse.npy"), "--d-out", path("do.npy"), "--dq",
                           path("dq.npy"), "--dk", path("dk.npy"), "--dv", path("dv.npy"),
                           "--score-fn", file, "--score-params", tp, "--d-score-params",
                           path("dt.npy"), "--device", d ? "cpu" : "native", NULL) == 0,
                       "%s", err_text);
-        ck_assert(close_files(path("dt.npy"), path("want_dt.npy"), 1e-5));
+        ck_assert_msg(close_files(path("dt.npy"), path("want_dt.npy"), 1e-5), "on %s",
+                      d == 2 ? "PoCL's device" : d ? "PoCL's host" : "native");
     }
+    unsetenv("CLATTN_GRAD_BIAS");
+    ck_assert_msg(run("bench", "--op", "grad-score-params", "--q-seq", "40", "--heads", "4",
+                      "--head-dim", "16", "--reps", "1", "--device", "native", "--score-fn", file,
+                      "--score-params", tp, NULL) == 0,
+                  "%s", err_text);
+    ck_assert_int_eq(run("bench", "--op", "grad-score-params", "--q-seq", "40", "--heads", "8",
+                         "--head-dim", "16", "--reps", "1", "--device", "native", NULL),
+                     2);
+    ck_assert_msg(strstr(err_text, "wants --score-fn"), "%s", err_text);
     /* bad input: exit 2, the reason, no file */
     FILE *f = fopen(path("no_dp.cl"), "w");
     ck_assert_ptr_nonnull(f);

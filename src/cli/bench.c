@@ -11,16 +11,25 @@
 
 #include "bench.h"
 
-const char *const bench_op_names[4] = {"grad-v", "forward", "backward", "grad-bias"};
+const char *const bench_op_names[BENCH_OPS] = {"grad-v", "forward", "backward", "grad-bias",
+                                               "grad-score-params"};
+
+/* The ops whose output is a host array of float32 whatever the tensors:
+ * the gradients summed over the pairs. */
+static int pair_sum(const bench *b)
+{
+    return b->op == BENCH_GRAD_BIAS || b->op == BENCH_GRAD_PARAMS;
+}
 
 enum { MAX_SEQS = 4096 };
 
 /* Bytes of one element of tensor i in the timed calls: the LSE pairs
- * (input, or the forward's second output) and dBias are float32. */
+ * (input, or the forward's second output), dBias and the score
+ * parameters' gradient are float32. */
 static size_t elem_bytes(const bench *b, int i)
 {
     const int f32 = i == T_LSE || (b->op == BENCH_FORWARD && i == T_OUT1) ||
-                    (b->op == BENCH_GRAD_BIAS && i == T_OUT0);
+                    (pair_sum(b) && i == T_OUT0);
     return f32 || b->s.dtype == CLATTN_DTYPE_F32 ? sizeof(float) : 2;
 }
 
@@ -66,11 +75,17 @@ static clattn_status run_host(clattn_context *ctx, const bench *b, void *const o
     case BENCH_GRAD_BIAS:
         return clattn_grad_bias(ctx, &b->s, h[T_Q], h[T_K], h[T_V], h[T_O], h[T_LSE], h[T_DO],
                                 out[0]);
+    case BENCH_GRAD_PARAMS:
+        return clattn_grad_score_params(ctx, &b->s, h[T_Q], h[T_K], h[T_V], h[T_O], h[T_LSE],
+                                        h[T_DO], out[0]);
+    case BENCH_OPS:
+        break;
     }
     return CLATTN_ERROR_INVALID_OPTION;
 }
 
-/* Enqueues the op once on device buffers (dBias: runs it, into host out). */
+/* Enqueues the op once on device buffers (the pair sums: runs it, into
+ * host out). */
 static clattn_status run_cl(clattn_context *ctx, const bench *b, const clattn_cl_tensor *t,
                             void *out, cl_event *done)
 {
@@ -87,6 +102,11 @@ static clattn_status run_cl(clattn_context *ctx, const bench *b, const clattn_cl
     case BENCH_GRAD_BIAS:
         return clattn_grad_bias_cl(ctx, &b->s, t[T_Q], t[T_K], t[T_V], t[T_O], t[T_LSE], t[T_DO],
                                    out, 0, NULL);
+    case BENCH_GRAD_PARAMS:
+        return clattn_grad_score_params_cl(ctx, &b->s, t[T_Q], t[T_K], t[T_V], t[T_O], t[T_LSE],
+                                           t[T_DO], out, 0, NULL);
+    case BENCH_OPS:
+        break;
     }
     return CLATTN_ERROR_INVALID_OPTION;
 }
@@ -160,7 +180,7 @@ clattn_status bench_time(clattn_context *ctx, const bench *b, int reps, double *
         if (r >= 0)
             times[r] = now() - t0;
     }
-    for (int i = 0; i < b->nout && on_cl && b->op != BENCH_GRAD_BIAS && st == CLATTN_OK; ++i)
+    for (int i = 0; i < b->nout && on_cl && !pair_sum(b) && st == CLATTN_OK; ++i)
         if (clEnqueueReadBuffer(queue, t[T_OUT0 + i].buffer, CL_TRUE, 0,
                                 b->n[T_OUT0 + i] * elem_bytes(b, T_OUT0 + i), raw[i], 0, NULL,
                                 NULL) != CL_SUCCESS)
@@ -225,6 +245,17 @@ int bench_prepare(const char *cmd, bench *b, int reference)
     case BENCH_GRAD_BIAS:
         b->n[T_OUT0] = bias_elems(s);
         b->nout = 1;
+        break;
+    case BENCH_GRAD_PARAMS:
+        if (!s->score_params_count) {
+            fprintf(stderr, "clattn %s: grad-score-params wants --score-fn (defining "
+                            "clattn_score_dp) and --score-params\n", cmd);
+            return EXIT_INPUT;
+        }
+        b->n[T_OUT0] = s->score_params_count;
+        b->nout = 1;
+        break;
+    case BENCH_OPS:
         break;
     }
     int ok = 1;
@@ -297,8 +328,8 @@ int cmd_bench(int argc, char **argv)
 {
     const char *cmd = "bench";
     if (wants_help(argc, argv)) {
-        printf("usage: clattn bench --op grad-v|forward|backward|grad-bias --q-seq N [--kv-seq N] "
-               "--heads H\n"
+        printf("usage: clattn bench --op grad-v|forward|backward|grad-bias|grad-score-params\n"
+               "                    --q-seq N [--kv-seq N] --heads H\n"
                "                    [--kv-heads KH] --head-dim D [--batch B]\n"
                "                    [--causal | --causal-bottom-right]\n"
                "                    [--window W | --window-left L] [--window-right R]\n"
@@ -317,8 +348,10 @@ int cmd_bench(int argc, char **argv)
                "max_error is against native's float32 outputs on them (so it shows the\n"
                "outputs' rounding, on native too).\n"
                "grad-bias times clattn_grad_bias (the gradient of --bias, or of a bias of\n"
-               "0 without one), its float32 output read back to the host as the call does.\n"
-               "GFLOP/s count 4 (grad-v, forward, grad-bias) or 10 (backward) FLOP per visible\n"
+               "0 without one), its float32 output read back to the host as the call does;\n"
+               "grad-score-params clattn_grad_score_params (--score-fn's clattn_score_dp,\n"
+               "--score-params' gradient) likewise.\n"
+               "GFLOP/s count 4 (grad-v, forward and the pair sums) or 10 (backward) FLOP per visible\n"
                "(query, key) pair per head_dim element; max_error is max |out - native| /\n"
                "max |native| over the outputs (null on native itself).\n"
                "--seqlens or --random-seqlens (--batch sequences) times a batch of\n"
@@ -409,14 +442,14 @@ int cmd_bench(int argc, char **argv)
     bench b;
     memset(&b, 0, sizeof b);
     int known = 0;
-    for (int i = 0; i < 4; ++i)
+    for (int i = 0; i < BENCH_OPS; ++i)
         if (!strcmp(op_name, bench_op_names[i])) {
             b.op = (bench_op)i;
             known = 1;
         }
     if (!known) {
-        fprintf(stderr, "clattn bench: --op wants grad-v, forward, backward or grad-bias, not "
-                        "'%s'\n",
+        fprintf(stderr, "clattn bench: --op wants grad-v, forward, backward, grad-bias or "
+                        "grad-score-params, not '%s'\n",
                 op_name);
         return EXIT_INPUT;
     }

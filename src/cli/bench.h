@@ -6,8 +6,16 @@
 #include "clattn_cl.h"
 #include "cli.h"
 
-typedef enum bench_op { BENCH_GRAD_V, BENCH_FORWARD, BENCH_BACKWARD, BENCH_GRAD_BIAS } bench_op;
-extern const char *const bench_op_names[4]; /* "grad-v", "forward", "backward", "grad-bias" */
+typedef enum bench_op {
+    BENCH_GRAD_V,
+    BENCH_FORWARD,
+    BENCH_BACKWARD,
+    BENCH_GRAD_BIAS,
+    BENCH_GRAD_PARAMS,
+    BENCH_OPS
+} bench_op;
+/* "grad-v", "forward", "backward", "grad-bias", "grad-score-params" */
+extern const char *const bench_op_names[BENCH_OPS];
 
 /* Host tensors: inputs Q K V O LSE dO, outputs in out[0..nout). */
 enum { T_Q, T_K, T_V, T_O, T_LSE, T_DO, T_OUT0, T_OUT1, T_OUT2, T_COUNT };

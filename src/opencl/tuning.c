@@ -39,7 +39,8 @@ clattn_status clattn_ocl_tuning_init(struct clattn_cl_state *cl, cl_device_id de
                                ds);
         cl->ds.max = (size_t)(mb << 20);
     }
-    /* CLATTN_GRAD_BIAS: where dBias runs (launch.c's clattn_ocl_grad_bias) */
+    /* CLATTN_GRAD_BIAS: where dBias and the score parameters' gradient run
+     * (pairs.c) */
     const char *on = getenv("CLATTN_GRAD_BIAS");
     static const char *const places[3] = {"auto", "device", "host"}; /* GRAD_BIAS_*'s order */
     cl->grad_bias_on = on ? -1 : GRAD_BIAS_AUTO;
@@ -49,7 +50,7 @@ clattn_status clattn_ocl_tuning_init(struct clattn_cl_state *cl, cl_device_id de
     if (cl->grad_bias_on < 0)
         return clattn_fail(CLATTN_ERROR_INVALID_OPTION,
                            "CLATTN_GRAD_BIAS='%s': want auto, device or host (where the bias's "
-                           "gradient runs)",
+                           "and the score parameters' gradients run)",
                            on);
     return CLATTN_OK;
 }
