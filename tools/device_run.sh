@@ -77,6 +77,9 @@
 #            built-in, a relative-bias table, a bias tensor and the documents as a bool mask
 #            (PROG_VARIANTS, default mma; PROG_DTYPES, PROG_OPS, PROG_SEQ, AB_ROUNDS;
 #            PROG_ALL=0 leaves the max_error runs out)
+#   dparams  the score parameters' gradient (a relative-bias table) on the GPU's kernel
+#            against the host's pass and the backward, interleaved (DPARAMS_SEQS, default
+#            1024 4096; PROG_DTYPES), then the GPU suite's programmable case
 #   parts    the key side split into parts (CLATTN_MMA_KEY_PARTS): the backward of the GPU
 #            shapes whose key side has fewer work-groups than the GPU has units (PARTS_SHAPES:
 #            shapes.py lines, default the S 1024 ones and d80 GQA), on mma in one part, as
@@ -515,6 +518,23 @@ for stage in "$@"; do
         done
       done
     done; done 2>&1 | tee "$OUT/prog.log" ;;
+  dparams)
+    # the score parameters' gradient (a relative-bias table of 65 entries a
+    # head) on the device's kernel against the host's pass
+    # (CLATTN_GRAD_BIAS=host) and the backward of the same call (GFLOP/s:
+    # 4 FLOP a pair and head_dim element for the gradient, 10 for the
+    # backward; ms in runs.jsonl), at DPARAMS_SEQS (default 1024 4096);
+    # then the programmable case of the GPU suite
+    prog_arrays 1024
+    for seq in ${DPARAMS_SEQS:-1024 4096}; do for dt in ${PROG_DTYPES:-f32 bf16}; do
+      interleave "relbias $dt q$seq" --timeout 300 \
+        --arm "backward=$cli+--op backward" --arm "device=$cli+--op grad-score-params" \
+        --arm "host=$cli@CLATTN_GRAD_BIAS=host+--op grad-score-params" \
+        -- --q-seq "$seq" --heads 8 --head-dim 64 --causal --dtype "$dt" --device gpu --reps 3 \
+        --score-fn examples/programmable/relative_bias.cl --score-params table.npy
+    done; done 2>&1 | tee "$OUT/dparams.log"
+    CK_RUN_CASE=programmable timeout 400 build-dev/tests/clattn_tests --suite kernels \
+      --backend opencl-gpu 2>&1 | grep -v 'warning generated' | tail -8 | tee -a "$OUT/dparams.log" ;;
   parts)
     mapfile -t part_shapes < <(python3 tools/shapes.py gpu | grep -E "${PARTS_SHAPES:-q-seq 1024|kv-heads 4$}")
     [ "${CHOOSE_WARM:-1}" != 0 ] && for entry in "${part_shapes[@]}"; do
