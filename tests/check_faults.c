@@ -65,11 +65,34 @@ START_TEST(device_faults)
 END_TEST
 
 /* The op of an injection run: one of the host-pointer calls on ctx. */
-enum { OP_FORWARD, OP_GRAD_V, OP_BACKWARD, OP_GRAD_Q, OP_GRAD_K, OP_BACKWARD_TILED, OPS };
-static const char *const op_names[OPS] = {"forward", "grad_v", "backward",
-                                          "grad_q",  "grad_k", "backward on tiled"};
+enum {
+    OP_FORWARD,
+    OP_GRAD_V,
+    OP_BACKWARD,
+    OP_GRAD_Q,
+    OP_GRAD_K,
+    OP_BACKWARD_TILED,
+    OP_GRAD_PARAMS,
+    OPS
+};
+static const char *const op_names[OPS] = {
+    "forward", "grad_v", "backward", "grad_q", "grad_k", "backward on tiled",
+    "the score parameters' gradient on the device"};
 /* The variant an op runs on: the default, or tiled (its dS scratch). */
-static const char *const op_variants[OPS] = {NULL, NULL, NULL, NULL, NULL, "tiled"};
+static const char *const op_variants[OPS] = {NULL, NULL, NULL, NULL, NULL, "tiled", NULL};
+
+/* A relative bias of 9 buckets a head in OpenCL C alone, with its
+ * parameters' derivative: its gradient runs on the device (pairs.c). */
+#define PARAMS_COUNT 18
+static const char relbias_cl[] =
+    "float clattn_score(float s, uint b, uint h, uint q, uint k, __global const float *p)\n"
+    "{ const int d = clamp((int)k - (int)q, -4, 4); return s + p[9u * h + (uint)(d + 4)]; }\n"
+    "float clattn_score_ds(float s, uint b, uint h, uint q, uint k, __global const float *p)\n"
+    "{ return 1.0f; }\n"
+    "uint clattn_score_dp(float s, uint b, uint h, uint q, uint k, __global const float *p,\n"
+    "                     uint *index, float *d)\n"
+    "{ const int t = clamp((int)k - (int)q, -4, 4); index[0] = 9u * h + (uint)(t + 4);\n"
+    "  d[0] = 1.0f; return 1u; }\n";
 
 static clattn_status run_op(clattn_context *ctx, int op, const clattn_shape *s, const problem *p,
                             float *out[3])
@@ -85,6 +108,16 @@ static clattn_status run_op(clattn_context *ctx, int op, const clattn_shape *s, 
                                out[2]);
     case OP_GRAD_Q:
         return clattn_grad_q(ctx, s, p->q, p->k, p->v, p->o, p->lse, p->d_out, out[0]);
+    case OP_GRAD_PARAMS: { /* O and LSE the plain call's: any will do */
+        static const float table[PARAMS_COUNT] = {0.5f, -0.25f, 0.125f, 1.0f, 0.0f,
+                                                  -1.0f, 0.75f, 0.25f,  -0.5f};
+        clattn_shape f = *s;
+        f.score_fn = relbias_cl;
+        f.score_params = table;
+        f.score_params_count = PARAMS_COUNT;
+        return clattn_grad_score_params(ctx, &f, p->q, p->k, p->v, p->o, p->lse, p->d_out,
+                                        out[0]);
+    }
     default:
         return clattn_grad_k(ctx, s, p->q, p->k, p->v, p->o, p->lse, p->d_out, out[0]);
     }
@@ -112,8 +145,9 @@ START_TEST(injected_faults)
     const clattn_shape s = to_shape(&c);
     problem p;
     problem_make(&p, &s, 41, 1.0f);
-    const size_t sizes[OPS][3] = {{p.nq, p.nlse, 0}, {p.nkv, 0, 0}, {p.nq, p.nkv, p.nkv},
-                                  {p.nq, 0, 0},      {p.nkv, 0, 0}, {p.nq, p.nkv, p.nkv}};
+    const size_t sizes[OPS][3] = {{p.nq, p.nlse, 0}, {p.nkv, 0, 0},        {p.nq, p.nkv, p.nkv},
+                                  {p.nq, 0, 0},      {p.nkv, 0, 0},        {p.nq, p.nkv, p.nkv},
+                                  {PARAMS_COUNT, 0, 0}};
     for (int op = 0; op < OPS; ++op) {
         float *want[3] = {NULL, NULL, NULL}, *out[3] = {NULL, NULL, NULL};
         for (int i = 0; i < 3; ++i)
