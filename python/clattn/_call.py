@@ -347,11 +347,12 @@ def grad_bias(ctx, problem, q, k, v, o, lse, d_out, out):
 def grad_score_params(ctx, problem, q, k, v, o, lse, d_out, out):
     """The score function's parameters' gradient into the float32 array at
     address out (one a parameter), from the call's tensors at these
-    addresses: on the host, through the functions' C forms (score_mod's
-    clattn_score_dp among them); where the plan runs each element apart,
-    each adds its share."""
+    addresses: on a GPU's device through score_mod's clattn_score_dp, else
+    on the host through the functions' C forms (which the shape carries for
+    any backend); where the plan runs each element apart, each adds its
+    share."""
     for i, e, at in _grad_calls(problem, q, k, v, o, lse, d_out):
-        e.native = e.functions is not None  # the host runs it, on any backend
+        e.native = e.functions is not None  # the C forms, for the host where it runs it
         shape, keep = e.shape()
         if e.native and not shape.score_dp_native:
             raise InvalidArgument("score_params' gradient needs clattn_score_dp, the score "

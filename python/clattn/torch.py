@@ -235,7 +235,8 @@ def _params_backward_impl(d_out: Tensor, q: Tensor, k: Tensor, v: Tensor, o: Ten
                           scale: float, softcap: float, dropout_p: float, q_offset: int,
                           kv_offset: int, score_mod: str, mask_mod: str) -> Tensor:
     """The score function's parameters' gradient (float32, their shape),
-    on the host through score_mod's clattn_score_dp. An op of its own, so
+    through score_mod's clattn_score_dp (on a GPU's device, else on the
+    host: docs/programmable.md). An op of its own, so
     that the backward's schema, which torch.compile's cached graphs name,
     stays as it was."""
     d_out, q, k, v, o = (t.contiguous() for t in (d_out, q, k, v, o))

@@ -472,7 +472,8 @@ impl Context {
     }
 
     /// The score function's parameters' gradient (one float32 each) from
-    /// the call's tensors (`clattn_grad_score_params`: on the host, through
+    /// the call's tensors (`clattn_grad_score_params`: on a GPU's device
+    /// from the score function's `clattn_score_dp`, else on the host through
     /// [`ScoreFns`]'s `score_dp`).
     #[allow(clippy::too_many_arguments)]
     pub fn grad_score_params<T: Element>(
