@@ -255,16 +255,6 @@ START_TEST(bias_tensors)
 }
 END_TEST
 
-/* |got - times * want| <= tol for each of n floats of dBias. */
-static void assert_near(const float *got, const float *want, double times, size_t n, double tol,
-                        const char *what)
-{
-    for (size_t i = 0; i < n; ++i)
-        ck_assert_msg(fabs((double)got[i] - times * want[i]) <= tol,
-                      "on %s: dBias[%zu] %s is %g, want %g", test_backend, i, what,
-                      (double)got[i], times * want[i]);
-}
-
 /* Central differences of L against dBias (a broadcast bias, with softcap
  * and a mask function); then what bad biases and calls get, nothing
  * written. */
@@ -310,7 +300,7 @@ START_TEST(bias_gradient)
     acc.accumulate = 1;
     ck_assert_status(clattn_grad_bias(ctx, &acc, p.q, p.k, p.v, o, lse, p.d_out, twice),
                      CLATTN_OK);
-    assert_near(twice, db, 2.0, n, 1e-6 * largest, "accumulated (want twice)");
+    assert_scaled(twice, db, 2.0, n, 1e-6 * largest, "dBias", "accumulated (want twice)");
     free(twice);
     if (clattn_context_cl_context(ctx)) {
         /* The mask function in OpenCL C alone: the host cannot run it, so
@@ -322,22 +312,16 @@ START_TEST(bias_gradient)
         ck_assert_status(clattn_grad_bias(ctx, &dev, p.q, p.k, p.v, o, lse, p.d_out, dbd),
                          CLATTN_OK);
         ck_assert_ptr_nonnull(strstr(clattn_context_kernels(ctx), "grad_bias__tree"));
-        assert_near(dbd, db, 1.0, n, 1e-5 * largest, "on the device (want the context's)");
-        const char *was = getenv("CLATTN_DEVICE_LIMITS");
-        char *saved = was ? strdup(was) : NULL;
-        setenv("CLATTN_DEVICE_LIMITS", "16,8192", 1);
-        clattn_context *small = test_context(NULL);
-        if (saved)
-            setenv("CLATTN_DEVICE_LIMITS", saved, 1);
-        else
-            unsetenv("CLATTN_DEVICE_LIMITS");
-        free(saved);
+        assert_scaled(dbd, db, 1.0, n, 1e-5 * largest, "dBias",
+                      "on the device (want the context's)");
+        clattn_context *small = test_limited_context("16,8192");
         ck_assert_ptr_nonnull(small);
         float *db4 = nan_array(n);
         ck_assert_status(clattn_grad_bias(small, &dev, p.q, p.k, p.v, o, lse, p.d_out, db4),
                          CLATTN_OK);
         ck_assert_ptr_nonnull(strstr(clattn_context_kernels(small), "grad_bias__tree"));
-        assert_near(db4, dbd, 1.0, n, 1e-5 * largest, "in tiles of 4 (want tiles of 16's)");
+        assert_scaled(db4, dbd, 1.0, n, 1e-5 * largest, "dBias",
+                      "in tiles of 4 (want tiles of 16's)");
         free(db4);
         free(dbd);
         clattn_context_destroy(small);

@@ -3,6 +3,7 @@
  * which ctest reports as skipped, unless CLATTN_REQUIRE_BACKENDS names it:
  * then its absence is a failure. */
 #define _POSIX_C_SOURCE 200809L
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -44,6 +45,29 @@ clattn_context *test_context(const char *variant)
     ck_assert_msg(st == CLATTN_OK, "context on %s: %s: %s", test_backend,
                   clattn_status_string(st), clattn_last_error());
     ck_assert_int_eq(clattn_context_backend(ctx), test_backend_kind());
+    return ctx;
+}
+
+void assert_scaled(const float *got, const float *want, double times, size_t n, double tol,
+                   const char *name, const char *what)
+{
+    for (size_t i = 0; i < n; ++i)
+        ck_assert_msg(fabs((double)got[i] - times * want[i]) <= tol,
+                      "on %s: %s[%zu] %s is %g, want %g", test_backend, name, i, what,
+                      (double)got[i], times * want[i]);
+}
+
+clattn_context *test_limited_context(const char *limits)
+{
+    const char *was = getenv("CLATTN_DEVICE_LIMITS");
+    char *saved = was ? strdup(was) : NULL;
+    setenv("CLATTN_DEVICE_LIMITS", limits, 1);
+    clattn_context *ctx = test_context(NULL);
+    if (saved)
+        setenv("CLATTN_DEVICE_LIMITS", saved, 1);
+    else
+        unsetenv("CLATTN_DEVICE_LIMITS");
+    free(saved);
     return ctx;
 }
 

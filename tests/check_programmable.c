@@ -353,14 +353,14 @@ START_TEST(packed_functions_sweep)
 }
 END_TEST
 
-/* |got - times * want| <= tol for each of n floats of the table's gradient. */
-static void near_table(const float *got, const float *want, double times, size_t n, double tol,
-                       const char *what)
+/* s with its functions' OpenCL C alone: no C forms for the host. */
+static clattn_shape opencl_only(clattn_shape s)
 {
-    for (size_t i = 0; i < n; ++i)
-        ck_assert_msg(fabs((double)got[i] - times * want[i]) <= tol,
-                      "on %s: d table[%zu] %s is %g, want %g", test_backend, i, what,
-                      (double)got[i], times * want[i]);
+    s.score_native = NULL;
+    s.score_ds_native = NULL;
+    s.mask_native = NULL;
+    s.score_dp_native = NULL;
+    return s;
 }
 
 /* The table's gradient on the device (score_dp from score_fn's source)
@@ -376,24 +376,21 @@ static void table_on_device(clattn_context *ctx, const clattn_shape *s, const pr
     double largest = 0.0;
     for (size_t i = 0; i < N; ++i)
         largest = fmax(largest, fabs((double)dtable[i]));
-    clattn_shape dev = *s;
-    dev.score_native = NULL;
-    dev.score_ds_native = NULL;
-    dev.mask_native = NULL;
-    dev.score_dp_native = NULL;
+    clattn_shape dev = opencl_only(*s);
     float got[N], twice[N];
     for (size_t i = 0; i < N; ++i)
         got[i] = NAN;
     ck_assert_status(clattn_grad_score_params(ctx, &dev, p->q, p->k, p->v, o, lse, p->d_out, got),
                      CLATTN_OK);
     ck_assert_ptr_nonnull(strstr(clattn_context_kernels(ctx), "grad_score_params__tree"));
-    near_table(got, dtable, 1.0, N, 1e-5 * largest, "on the device (want the context's)");
+    assert_scaled(got, dtable, 1.0, N, 1e-5 * largest, "d table",
+                  "on the device (want the context's)");
     memcpy(twice, got, sizeof twice);
     dev.accumulate = 1;
     ck_assert_status(
         clattn_grad_score_params(ctx, &dev, p->q, p->k, p->v, o, lse, p->d_out, twice),
         CLATTN_OK);
-    near_table(twice, got, 2.0, N, 1e-6 * largest, "accumulated (want twice)");
+    assert_scaled(twice, got, 2.0, N, 1e-6 * largest, "d table", "accumulated (want twice)");
     dev.accumulate = 0;
     /* the built-in modifiers before the function (its argument is theirs),
      * dropout and offsets: the context's against the device's */
@@ -411,10 +408,7 @@ static void table_on_device(clattn_context *ctx, const clattn_shape *s, const pr
     ck_assert_status(
         clattn_grad_score_params(ctx, &rich, p->q, p->k, p->v, o2, lse2, p->d_out, want),
         CLATTN_OK);
-    rich.score_native = NULL;
-    rich.score_ds_native = NULL;
-    rich.mask_native = NULL;
-    rich.score_dp_native = NULL;
+    rich = opencl_only(rich);
     ck_assert_status(
         clattn_grad_score_params(ctx, &rich, p->q, p->k, p->v, o2, lse2, p->d_out, twice),
         CLATTN_OK);
@@ -423,26 +417,19 @@ static void table_on_device(clattn_context *ctx, const clattn_shape *s, const pr
     for (size_t i = 0; i < N; ++i)
         rich_largest = fmax(rich_largest, fabs((double)want[i]));
     ck_assert(rich_largest > 0.0);
-    near_table(twice, want, 1.0, N, 1e-5 * rich_largest,
-               "with softcap, ALiBi, dropout and offsets (want the context's)");
+    assert_scaled(twice, want, 1.0, N, 1e-5 * rich_largest, "d table",
+                  "with softcap, ALiBi, dropout and offsets (want the context's)");
     free(o2);
     free(lse2);
-    const char *was = getenv("CLATTN_DEVICE_LIMITS");
-    char *saved = was ? strdup(was) : NULL;
-    setenv("CLATTN_DEVICE_LIMITS", "16,8192", 1);
-    clattn_context *small = test_context(NULL);
-    if (saved)
-        setenv("CLATTN_DEVICE_LIMITS", saved, 1);
-    else
-        unsetenv("CLATTN_DEVICE_LIMITS");
-    free(saved);
+    clattn_context *small = test_limited_context("16,8192");
     ck_assert_ptr_nonnull(small);
     float four[N];
     ck_assert_status(
         clattn_grad_score_params(small, &dev, p->q, p->k, p->v, o, lse, p->d_out, four),
         CLATTN_OK);
     ck_assert_ptr_nonnull(strstr(clattn_context_kernels(small), "grad_score_params__tree"));
-    near_table(four, got, 1.0, N, 1e-5 * largest, "in tiles of 4 (want tiles of 16's)");
+    assert_scaled(four, got, 1.0, N, 1e-5 * largest, "d table",
+                  "in tiles of 4 (want tiles of 16's)");
     /* a table of BIG: past 8 KB beside the tiles, so on the host, where
      * its C forms let it; without them, a status and nothing written */
     float *big_params = calloc(BIG, sizeof(float)), *big = nan_array(BIG);
@@ -455,13 +442,11 @@ static void table_on_device(clattn_context *ctx, const clattn_shape *s, const pr
         clattn_grad_score_params(small, &wide, p->q, p->k, p->v, o, lse, p->d_out, big),
         CLATTN_OK);
     ck_assert_ptr_nonnull(strstr(clattn_context_kernels(small), "grad_score_params__host"));
-    near_table(big, dtable, 1.0, N, 1e-5 * largest, "of a wide table on the host");
+    assert_scaled(big, dtable, 1.0, N, 1e-5 * largest, "d table",
+                  "of a wide table on the host");
     for (size_t i = N; i < BIG; ++i)
         ck_assert(big[i] == 0.0f);
-    wide.score_native = NULL;
-    wide.score_ds_native = NULL;
-    wide.mask_native = NULL;
-    wide.score_dp_native = NULL;
+    wide = opencl_only(wide);
     big[0] = NAN;
     ck_assert_status(
         clattn_grad_score_params(small, &wide, p->q, p->k, p->v, o, lse, p->d_out, big),

@@ -25,6 +25,15 @@ clattn_backend test_backend_kind(void);
 /* A context on test_backend, created inside the (forked) test. */
 clattn_context *test_context(const char *variant);
 
+/* |got[i] - times * want[i]| <= tol for each of n floats of the output
+ * `name`, `what` telling which result got is. */
+void assert_scaled(const float *got, const float *want, double times, size_t n, double tol,
+                   const char *name, const char *what);
+
+/* The same with CLATTN_DEVICE_LIMITS set to limits while it is made
+ * ("WG,LOCAL_BYTES": a smaller device). */
+clattn_context *test_limited_context(const char *limits);
+
 /* The same for a named variant, or NULL where the device cannot run it
  * (mma off NVIDIA tensor-core GPUs), after checking that the refusal says
  * so with CLATTN_ERROR_UNKNOWN_VARIANT. */
