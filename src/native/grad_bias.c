@@ -1,13 +1,13 @@
-/* The gradients that sum over the pairs, on the host: the bias's
- * (clattn_grad_bias) where the backend's device does not take it (else on
- * the device: cl/tree.cl's grad_bias__tree), and the score function's
- * parameters' (clattn_grad_score_params). Both walk query rows and take
- * each pair's dZ = p (dP - Dsum) from the modified score that
- * native_modify() gives (the bias and the masks included): a bias job is
- * one row of d_bias, summing for each batch element and head that row
- * gathers, in order; a parameter job is a part of the (batch element,
- * query row, head) rows, fixed by the shape, summing into float64 sums of
- * its own that are then added in the parts' order. */
+/* The gradients that sum over the pairs, on the host, where the backend's
+ * device does not take them (else on the device: src/opencl/pairs.c):
+ * the bias's (clattn_grad_bias) and the score function's parameters'
+ * (clattn_grad_score_params). Each takes a pair's dZ = p (dP - Dsum) from
+ * its modified score (the bias and the masks included). A bias job is one
+ * row of d_bias, walking for each batch element and head that row gathers,
+ * in order, the row's pairs one by one (native_modify()). A parameter job
+ * is a part of the blocks of query rows, fixed by the shape, that the
+ * native kernels' tiled pass (kernels.c's params_block) sums into float64
+ * sums of the part's own, then added in the parts' order. */
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -22,7 +22,6 @@
  * the jobs a native_call that is one. */
 typedef struct host_pairs {
     native_call c;
-    native_call built_in; /* c without the caller's functions and tensors */
     const float *q, *k, *v, *o, *d_out; /* float32: the caller's, or copies */
     const float *lse;
     float *copies[5];
@@ -57,17 +56,13 @@ static int row_of(const host_pairs *j, size_t b, size_t h, uint32_t i, pair_row 
     return 1;
 }
 
-/* dZ of the row's pair with key t (0 where a mask hides it); *pre, where
- * not NULL, gets the score before the caller's functions and tensors (the
- * score function's argument). */
-static float pair_dz(const host_pairs *j, const pair_row *r, uint32_t t, float *pre)
+/* dZ of the row's pair with key t (0 where a mask hides it). */
+static float pair_dz(const host_pairs *j, const pair_row *r, uint32_t t)
 {
     const native_call *c = &j->c;
     const clattn_shape *s = c->s;
     const size_t D = s->head_dim, key = (r->b * s->kv_seq + t) * s->num_kv_heads + r->kv_head;
     const float x = native_dot(r->qr, j->k + key * D, D) * c->scale;
-    if (pre)
-        *pre = native_modify(&j->built_in, x, r->b, r->i, t, r->h, NULL);
     const float z = native_modify(c, x, r->b, r->i, t, r->h, NULL);
     if (z == -INFINITY)
         return 0.0f;
@@ -106,54 +101,31 @@ static void bias_row(const native_call *call, size_t job)
             pair_row r;
             if (row_of(&j->t, b, h, (uint32_t)i, &r))
                 for (uint32_t t = r.lo; t < r.hi; ++t)
-                    out[t] += pair_dz(&j->t, &r, t, NULL);
+                    out[t] += pair_dz(&j->t, &r, t);
         }
 }
 
 typedef struct params_job {
     host_pairs t; /* first */
-    double *sums;     /* [parts][count] */
-    uint32_t *bad;    /* per part: an index past count, or a count past the most, seen */
-    size_t parts, rows;
+    /* the tiled pass's calls (kernels.c's params_block: native_params) and
+     * hot loops */
+    native_call call, built_in, user;
+    const native_kernels *hot;
+    double *sums;  /* [parts][count] */
+    uint32_t *bad; /* per part: an index past count, or a count past the most, seen */
+    size_t parts, blocks;
 } params_job;
 
-/* Part `job` of the (b, i, h) rows: its pairs' dZ times the score
- * function's partial derivatives, into its own sums. */
+/* Part `job` of the blocks of query rows (the forward's numbering): its
+ * blocks in order, into its own sums. */
 static void params_part(const native_call *call, size_t job)
 {
     const params_job *j = (const params_job *)call;
-    const clattn_shape *s = call->s;
-    const size_t count = s->score_params_count, H = s->num_heads;
-    double *sum = j->sums + job * count;
-    const size_t first = j->rows * job / j->parts, end = j->rows * (job + 1) / j->parts;
-    for (size_t row = first; row < end; ++row) {
-        pair_row r;
-        const size_t h = row % H, i = row / H % s->q_seq, b = row / H / s->q_seq;
-        if (!row_of(&j->t, b, h, (uint32_t)i, &r))
-            continue;
-        for (uint32_t t = r.lo; t < r.hi; ++t) {
-            float pre;
-            const float dz = pair_dz(&j->t, &r, t, &pre);
-            if (dz == 0.0f)
-                continue;
-            uint32_t index[CLATTN_SCORE_DP_MAX];
-            float d[CLATTN_SCORE_DP_MAX];
-            const uint32_t n = s->score_dp_native(pre, (uint32_t)(call->seq_base + b),
-                                                  (uint32_t)h, r.P, t + s->kv_offset,
-                                                  s->score_params, index, d);
-            if (n > CLATTN_SCORE_DP_MAX) {
-                j->bad[job] = 1;
-                return;
-            }
-            for (uint32_t e = 0; e < n; ++e) {
-                if (index[e] >= count) {
-                    j->bad[job] = 1;
-                    return;
-                }
-                sum[index[e]] += (double)dz * d[e];
-            }
-        }
-    }
+    native_params p = {&j->built_in, &j->user, j->sums + job * call->s->score_params_count, 0};
+    const size_t end = j->blocks * (job + 1) / j->parts;
+    for (size_t i = j->blocks * job / j->parts; i < end && !p.bad; ++i)
+        j->hot->params(&j->call, i, &p);
+    j->bad[job] = p.bad;
 }
 
 /* x as float32: x itself, or a copy in *copy (NULL where memory is short). */
@@ -193,8 +165,6 @@ static clattn_status host_begin(host_pairs *t, const clattn_shape *shape, const 
     c->slopes = shape->alibi_slopes;
     c->delta = clattn_mask_delta(shape);
     c->drop = clattn_dropout_of(shape->dropout_p, shape->dropout_seed, shape->dropout_offset);
-    t->built_in = *c;
-    t->built_in.mods &= ~CLATTN_MOD_USER;
     t->lse = lse;
     return CLATTN_OK;
 }
@@ -245,6 +215,35 @@ static clattn_status grad_begin(clattn_context *ctx, const clattn_shape *shape, 
                                "tensor of the call",
                                out_name, names[i]);
     return CLATTN_OK;
+}
+
+/* j's calls for the tiled pass: Q, O and dO the caller's, K and V
+ * float32 (t's), the modifiers' constants, and the hot loops (the native
+ * context's, else this CPU's). */
+static void params_calls(params_job *j, const clattn_context *ctx, const void *q, const void *o,
+                         const void *d_out, const float *lse)
+{
+    const clattn_shape *s = j->t.c.s;
+    native_call *c = &j->call;
+    *c = j->t.c;
+    c->q = q;
+    c->o = o;
+    c->d_out = d_out;
+    c->k = j->t.k;
+    c->v = j->t.v;
+    c->lse = lse;
+    c->kh = c->vh = NULL;
+    c->group = s->num_heads / s->num_kv_heads;
+    c->cap_k = s->softcap > 0.0f ? (2.0f * 1.44269504088896341f) / s->softcap : 0.0f;
+    c->cap_inv = s->softcap > 0.0f ? 1.0f / s->softcap : 0.0f;
+    j->built_in = *c;
+    j->built_in.mods &= ~CLATTN_MOD_USER;
+    j->user = *c;
+    j->user.mods &= CLATTN_MOD_USER;
+    j->user.scale = 1.0f;
+    j->hot = ctx->native;
+    if (!j->hot && clattn_native_pick_kernels(&j->hot) != CLATTN_OK)
+        j->hot = &clattn_native_baseline;
 }
 
 clattn_status clattn_grad_bias(clattn_context *ctx, const clattn_shape *shape, const void *q,
@@ -335,10 +334,11 @@ clattn_status clattn_grad_score_params(clattn_context *ctx, const clattn_shape *
         return st;
     params_job j;
     memset(&j, 0, sizeof j);
-    j.rows = (size_t)shape->batch * shape->q_seq * shape->num_heads;
+    j.blocks = (size_t)shape->batch * shape->num_heads *
+               ((shape->q_seq + QUERY_BLOCK - 1) / QUERY_BLOCK);
     j.parts = PARAMS_SUMS_BYTES / (count * sizeof(double));
     j.parts = j.parts < 1 ? 1 : j.parts > 64 ? 64 : j.parts;
-    j.parts = j.parts > j.rows ? j.rows : j.parts;
+    j.parts = j.parts > j.blocks ? j.blocks : j.parts;
     j.sums = calloc(j.parts * count, sizeof *j.sums);
     j.bad = calloc(j.parts, sizeof *j.bad);
     const void *const host_in[5] = {q, k, v, o, d_out};
@@ -347,6 +347,7 @@ clattn_status clattn_grad_score_params(clattn_context *ctx, const clattn_shape *
                          "out of host memory for %zu parts' sums of %zu parameters", j.parts,
                          count);
     else if ((st = host_begin(&j.t, shape, &sz, host_in, lse)) == CLATTN_OK) {
+        params_calls(&j, ctx, q, o, d_out, lse);
         host_run(ctx, &j.t, params_part, j.parts, "grad_score_params__host");
         for (size_t p = 0; p < j.parts && st == CLATTN_OK; ++p)
             if (j.bad[p])

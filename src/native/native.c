@@ -66,7 +66,7 @@ static clattn_status default_threads(int *out)
 
 /* The hot loops for this CPU: the highest level it has, at most
  * CLATTN_NATIVE_LEVEL (v4, v3 or baseline) when that is set. */
-static clattn_status pick_kernels(const native_kernels **out)
+clattn_status clattn_native_pick_kernels(const native_kernels **out)
 {
     const char *cap = getenv("CLATTN_NATIVE_LEVEL");
     int level = 4;
@@ -622,7 +622,7 @@ clattn_status clattn_native_init(clattn_context *ctx, const clattn_options *opts
         return clattn_fail(CLATTN_ERROR_UNKNOWN_VARIANT,
                            "variant '%s' is not a native one; native runs 'blocked'",
                            opts->variant);
-    clattn_status st = pick_kernels(&ctx->native);
+    clattn_status st = clattn_native_pick_kernels(&ctx->native);
     if (st == CLATTN_OK)
         st = parts_override(ctx->native_parts);
     if (st != CLATTN_OK)

@@ -467,6 +467,18 @@ static inline void native_keep_bits(const native_call *c, const native_drop_rows
 
 typedef void (*native_job)(const native_call *c, size_t job);
 
+/* The score parameters' gradient over blocks of query rows (grad_bias.c):
+ * the call with its built-in modifiers alone, and with the caller's
+ * functions alone (applied to the scores the built-ins gave: scale 1),
+ * the part's float64 sums (score_params_count), and `bad`, set where
+ * score_dp_native gave more than CLATTN_SCORE_DP_MAX indices or one past
+ * the parameters. */
+typedef struct native_params {
+    const native_call *built_in, *user;
+    double *sums;
+    uint32_t bad;
+} native_params;
+
 /* The hot loops of one compilation: forward and grad-Q jobs take a block of
  * query rows, key-block jobs a block of keys (dK and/or dV), dsum jobs
  * DSUM_ROWS rows. */
@@ -478,6 +490,10 @@ typedef struct native_kernels {
     void (*narrow)(clattn_dtype dtype, const float *src, void *dst, size_t n);
     /* native_transpose, compiled for the level */
     void (*transpose)(const float *const *rows, size_t D, float *t);
+    /* the score parameters' gradient of query block `block` (the forward's
+     * numbering) into p (c: Q, O and dO the call's; K and V float32 in the
+     * call's layout, kh and vh NULL) */
+    void (*params)(const native_call *c, size_t block, native_params *p);
 } native_kernels;
 
 /* Tile `tile` of V's copy c->vt_pack for (b, kv_head) (native.c): the
@@ -492,6 +508,11 @@ void clattn_native_pack_rows(const native_call *c, size_t b, size_t head, size_t
 /* A job of the copies' round: PACK_ROWS rows of one (batch, head) of one
  * copy; past the copies' jobs, Dsum's (pack.c). */
 void clattn_native_pack_job(const native_call *c, size_t job);
+
+/* The hot loops for this CPU: the highest level it has, at most
+ * CLATTN_NATIVE_LEVEL (v4, v3 or baseline) where that is set (an invalid
+ * value: CLATTN_ERROR_INVALID_OPTION, *out the baseline). */
+clattn_status clattn_native_pick_kernels(const native_kernels **out);
 
 extern const native_kernels clattn_native_baseline;
 #if CLATTN_NATIVE_LEVELS

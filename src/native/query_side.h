@@ -331,3 +331,90 @@ static void grad_q_block(const native_call *c, size_t job)
     for (size_t r = 0; r < qb.rows; ++r)
         out_row(c, c->dq, qb.row[r] * D, rows + r * D, D, c->s->accumulate);
 }
+
+/* The score parameters' gradient of a block of query rows (native_params):
+ * a tile's scores through the built-in modifiers (the score function's
+ * argument, pre) and then the caller's functions (z), dP with dropout's
+ * factor, dZ = p (dP - Dsum) a vector of rows at a time; then for each
+ * pair with a dZ, keys then rows, the derivatives score_dp_native gives
+ * at pre, times dZ, into the part's sums. */
+static void params_block(const native_call *c, size_t job, native_params *pp)
+{
+    const clattn_shape *s = c->s;
+    const size_t D = s->head_dim, count = s->score_params_count;
+    query_block qb;
+    query_block_of(c, job, &qb);
+    if (qb.lo >= qb.hi)
+        return;
+    const float *vb = (const float *)c->v +
+                      (qb.b * s->kv_seq * s->num_kv_heads + qb.head / c->group) * D;
+    _Alignas(64) tile_row qt[CLATTN_MAX_HEAD_DIM], dot_t[CLATTN_MAX_HEAD_DIM];
+    _Alignas(64) tile_row pre[KEY_BLOCK], z[KEY_BLOCK], dp[KEY_BLOCK];
+    _Alignas(64) float m[QUERY_BLOCK], l[QUERY_BLOCK], dsum[QUERY_BLOCK];
+    query_block_transpose(c, &qb, c->q, qt);
+    query_block_transpose(c, &qb, c->d_out, dot_t);
+    for (size_t r = 0; r < QUERY_BLOCK; ++r) { /* p = exp(min(z - m, 0) - l) in base 2 */
+        const int live = r < qb.rows;
+        m[r] = live ? c->lse[2 * qb.row[r]] * LOG2E : 0.0f;
+        l[r] = live ? c->lse[2 * qb.row[r] + 1] * LOG2E : 0.0f;
+        dsum[r] = live ? row_dsum(c, qb.row[r]) : 0.0f;
+    }
+    native_drop_rows drop;
+    if (c->mods & CLATTN_MOD_DROPOUT)
+        query_block_drop_rows(c, &qb, &drop);
+    const uint32_t b = (uint32_t)(c->seq_base + qb.b), head = (uint32_t)qb.head;
+    for (uint32_t t0 = qb.lo; t0 < qb.hi; t0 += KEY_BLOCK) {
+        const uint32_t n = qb.hi - t0 < KEY_BLOCK ? qb.hi - t0 : KEY_BLOCK;
+        if (!native_mask_shows(c, qb.b, qb.head, qb.pos0, qb.rows, t0, n))
+            continue;
+        const float *krows[KEY_BLOCK], *vrows[KEY_BLOCK];
+        key_rows(qb.kb, qb.kv_row, t0, n, krows);
+        key_rows(vb, qb.kv_row, t0, n, vrows);
+        tile_scores(krows, qt, D, pre);
+        tile_scores(vrows, dot_t, D, dp);
+        if (pp->built_in->mods & NATIVE_SHAPED)
+            modify_rows(pp->built_in, pre, NULL, qb.b, qb.pos0, t0, qb.head);
+        else
+            scale_rows(pre, NULL, c->scale);
+        memcpy(z, pre, sizeof z);
+        modify_rows(pp->user, z, NULL, qb.b, qb.pos0, t0, qb.head);
+        if (c->mods & CLATTN_MOD_DROPOUT) {
+            uint32_t kept[QUERY_BLOCK] = {0}; /* rows past qb.rows: dropped */
+            native_keep_bits(c, &drop, t0, kept);
+            drop_rows(dp, kept, c->drop.gain);
+        }
+        for (uint32_t j = 0; j < KEY_BLOCK; ++j) { /* dp becomes dZ */
+            const uint32_t t = t0 + j;
+            EACH_PART(h) {
+                const hvec x = hload(z[j] + h) * LOG2E - hload(m + h);
+                const huvec row_lo = huload(qb.row_lo + h), row_hi = huload(qb.row_hi + h);
+                const hivec live = (t >= row_lo) & (t < row_hi);
+                const hvec p = HSELECT(live, exp2v(HMIN0(x) - hload(l + h)), HSPLAT(0.0f));
+                hstore(dp[j] + h,
+                       HSELECT(live, p * (hload(dp[j] + h) - hload(dsum + h)), HSPLAT(0.0f)));
+            }
+        }
+        for (uint32_t j = 0; j < n; ++j)
+            for (size_t r = 0; r < qb.rows; ++r) {
+                const float dz = dp[j][r];
+                if (dz == 0.0f) /* hidden, dropped, or no gradient: nothing to add */
+                    continue;
+                uint32_t index[CLATTN_SCORE_DP_MAX];
+                float d[CLATTN_SCORE_DP_MAX];
+                const uint32_t got = s->score_dp_native(
+                    pre[j][r], b, head, clattn_query_position(s, (uint32_t)(qb.pos0 + r), c->delta),
+                    t0 + j + s->kv_offset, s->score_params, index, d);
+                if (got > CLATTN_SCORE_DP_MAX) {
+                    pp->bad = 1;
+                    return;
+                }
+                for (uint32_t e = 0; e < got; ++e) {
+                    if (index[e] >= count) {
+                        pp->bad = 1;
+                        return;
+                    }
+                    pp->sums[index[e]] += (double)dz * d[e];
+                }
+            }
+    }
+}
