@@ -346,5 +346,5 @@ static void transpose(const float *const *rows, size_t D, float *t)
 
 const native_kernels NATIVE_TABLE(NATIVE_LEVEL) = {
     NATIVE_NAME, forward_job, grad_q_job, key_block_job, dsum_job, widen, narrow, transpose,
-    params_block,
+    params_block, bias_block,
 };

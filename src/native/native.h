@@ -494,6 +494,10 @@ typedef struct native_kernels {
      * numbering) into p (c: Q, O and dO the call's; K and V float32 in the
      * call's layout, kh and vh NULL) */
     void (*params)(const native_call *c, size_t block, native_params *p);
+    /* dBias of block `job` of the bias's slices' query blocks (slice job /
+     * blocks), the pairs of every batch element and head it gathers, in
+     * order (c as for params) */
+    void (*bias)(const native_call *c, size_t job, float *d_bias);
 } native_kernels;
 
 /* Tile `tile` of V's copy c->vt_pack for (b, kv_head) (native.c): the

@@ -332,77 +332,116 @@ static void grad_q_block(const native_call *c, size_t job)
         out_row(c, c->dq, qb.row[r] * D, rows + r * D, D, c->s->accumulate);
 }
 
+/* A block of query rows' terms for dZ = p (dP - Dsum) tile by tile
+ * (dz_block_of, dz_tile): Q and dO transposed, the LSE pairs in base 2,
+ * Dsum, dropout's rows; V of the KV head (float32, in the call's layout). */
+typedef struct dz_block {
+    query_block qb;
+    _Alignas(64) tile_row qt[CLATTN_MAX_HEAD_DIM], dot_t[CLATTN_MAX_HEAD_DIM];
+    _Alignas(64) float m[QUERY_BLOCK], l[QUERY_BLOCK], dsum[QUERY_BLOCK];
+    native_drop_rows drop;
+    const float *vb;
+} dz_block;
+
+/* Query block `job` (the forward's numbering) of c: Q, O and dO the
+ * call's; K and V float32 in the call's layout (kh and vh NULL). 0 where
+ * its rows see no key. */
+INLINE int dz_block_of(const native_call *c, size_t job, dz_block *z)
+{
+    const clattn_shape *s = c->s;
+    const size_t D = s->head_dim;
+    query_block *qb = &z->qb;
+    query_block_of(c, job, qb);
+    if (qb->lo >= qb->hi)
+        return 0;
+    z->vb = (const float *)c->v + (qb->b * s->kv_seq * s->num_kv_heads + qb->head / c->group) * D;
+    query_block_transpose(c, qb, c->q, z->qt);
+    query_block_transpose(c, qb, c->d_out, z->dot_t);
+    for (size_t r = 0; r < QUERY_BLOCK; ++r) { /* p = exp(min(z - m, 0) - l) in base 2 */
+        const int live = r < qb->rows;
+        z->m[r] = live ? c->lse[2 * qb->row[r]] * LOG2E : 0.0f;
+        z->l[r] = live ? c->lse[2 * qb->row[r] + 1] * LOG2E : 0.0f;
+        z->dsum[r] = live ? row_dsum(c, qb->row[r]) : 0.0f;
+    }
+    if (c->mods & CLATTN_MOD_DROPOUT)
+        query_block_drop_rows(c, qb, &z->drop);
+    return 1;
+}
+
+/* dz[j][r] = dZ of key t0 + j (n of them) and row r of the block, 0 where
+ * no pair is shown; 0 where the caller's mask hides the tile. Where
+ * split is not NULL, split->built_in gives the scores and pre gets them
+ * (the score function's argument) before split->user's functions; else
+ * c's modifiers all at once. */
+INLINE int dz_tile(const native_call *c, const dz_block *z, const native_params *split,
+                   uint32_t t0, uint32_t n, tile_row *pre, tile_row *dz)
+{
+    const query_block *qb = &z->qb;
+    if (!native_mask_shows(c, qb->b, qb->head, qb->pos0, qb->rows, t0, n))
+        return 0;
+    const size_t D = c->s->head_dim;
+    const float *krows[KEY_BLOCK], *vrows[KEY_BLOCK];
+    _Alignas(64) tile_row sc[KEY_BLOCK];
+    key_rows(qb->kb, qb->kv_row, t0, n, krows);
+    key_rows(z->vb, qb->kv_row, t0, n, vrows);
+    tile_scores(krows, z->qt, D, sc);
+    tile_scores(vrows, z->dot_t, D, dz);
+    const native_call *first = split ? split->built_in : c;
+    if (first->mods & NATIVE_SHAPED)
+        modify_rows(first, sc, NULL, qb->b, qb->pos0, t0, qb->head);
+    else
+        scale_rows(sc, NULL, c->scale);
+    if (split) {
+        memcpy(pre, sc, sizeof sc);
+        modify_rows(split->user, sc, NULL, qb->b, qb->pos0, t0, qb->head);
+    }
+    if (c->mods & CLATTN_MOD_DROPOUT) {
+        uint32_t kept[QUERY_BLOCK] = {0}; /* rows past qb->rows: dropped */
+        native_keep_bits(c, &z->drop, t0, kept);
+        drop_rows(dz, kept, c->drop.gain);
+    }
+    for (uint32_t j = 0; j < KEY_BLOCK; ++j) {
+        const uint32_t t = t0 + j;
+        EACH_PART(h) {
+            const hvec x = hload(sc[j] + h) * LOG2E - hload(z->m + h);
+            const huvec row_lo = huload(qb->row_lo + h), row_hi = huload(qb->row_hi + h);
+            const hivec live = (t >= row_lo) & (t < row_hi);
+            const hvec p = HSELECT(live, exp2v(HMIN0(x) - hload(z->l + h)), HSPLAT(0.0f));
+            hstore(dz[j] + h,
+                   HSELECT(live, p * (hload(dz[j] + h) - hload(z->dsum + h)), HSPLAT(0.0f)));
+        }
+    }
+    return 1;
+}
+
 /* The score parameters' gradient of a block of query rows (native_params):
- * a tile's scores through the built-in modifiers (the score function's
- * argument, pre) and then the caller's functions (z), dP with dropout's
- * factor, dZ = p (dP - Dsum) a vector of rows at a time; then for each
- * pair with a dZ, keys then rows, the derivatives score_dp_native gives
- * at pre, times dZ, into the part's sums. */
+ * for each pair with a dZ, keys then rows of each tile, the derivatives
+ * score_dp_native gives at the score the built-ins gave, times dZ, into
+ * the part's sums. */
 static void params_block(const native_call *c, size_t job, native_params *pp)
 {
     const clattn_shape *s = c->s;
-    const size_t D = s->head_dim, count = s->score_params_count;
-    query_block qb;
-    query_block_of(c, job, &qb);
-    if (qb.lo >= qb.hi)
+    const size_t count = s->score_params_count;
+    dz_block z;
+    if (!dz_block_of(c, job, &z))
         return;
-    const float *vb = (const float *)c->v +
-                      (qb.b * s->kv_seq * s->num_kv_heads + qb.head / c->group) * D;
-    _Alignas(64) tile_row qt[CLATTN_MAX_HEAD_DIM], dot_t[CLATTN_MAX_HEAD_DIM];
-    _Alignas(64) tile_row pre[KEY_BLOCK], z[KEY_BLOCK], dp[KEY_BLOCK];
-    _Alignas(64) float m[QUERY_BLOCK], l[QUERY_BLOCK], dsum[QUERY_BLOCK];
-    query_block_transpose(c, &qb, c->q, qt);
-    query_block_transpose(c, &qb, c->d_out, dot_t);
-    for (size_t r = 0; r < QUERY_BLOCK; ++r) { /* p = exp(min(z - m, 0) - l) in base 2 */
-        const int live = r < qb.rows;
-        m[r] = live ? c->lse[2 * qb.row[r]] * LOG2E : 0.0f;
-        l[r] = live ? c->lse[2 * qb.row[r] + 1] * LOG2E : 0.0f;
-        dsum[r] = live ? row_dsum(c, qb.row[r]) : 0.0f;
-    }
-    native_drop_rows drop;
-    if (c->mods & CLATTN_MOD_DROPOUT)
-        query_block_drop_rows(c, &qb, &drop);
-    const uint32_t b = (uint32_t)(c->seq_base + qb.b), head = (uint32_t)qb.head;
-    for (uint32_t t0 = qb.lo; t0 < qb.hi; t0 += KEY_BLOCK) {
-        const uint32_t n = qb.hi - t0 < KEY_BLOCK ? qb.hi - t0 : KEY_BLOCK;
-        if (!native_mask_shows(c, qb.b, qb.head, qb.pos0, qb.rows, t0, n))
+    const query_block *qb = &z.qb;
+    const uint32_t b = (uint32_t)(c->seq_base + qb->b), head = (uint32_t)qb->head;
+    _Alignas(64) tile_row pre[KEY_BLOCK], dz[KEY_BLOCK];
+    for (uint32_t t0 = qb->lo; t0 < qb->hi; t0 += KEY_BLOCK) {
+        const uint32_t n = qb->hi - t0 < KEY_BLOCK ? qb->hi - t0 : KEY_BLOCK;
+        if (!dz_tile(c, &z, pp, t0, n, pre, dz))
             continue;
-        const float *krows[KEY_BLOCK], *vrows[KEY_BLOCK];
-        key_rows(qb.kb, qb.kv_row, t0, n, krows);
-        key_rows(vb, qb.kv_row, t0, n, vrows);
-        tile_scores(krows, qt, D, pre);
-        tile_scores(vrows, dot_t, D, dp);
-        if (pp->built_in->mods & NATIVE_SHAPED)
-            modify_rows(pp->built_in, pre, NULL, qb.b, qb.pos0, t0, qb.head);
-        else
-            scale_rows(pre, NULL, c->scale);
-        memcpy(z, pre, sizeof z);
-        modify_rows(pp->user, z, NULL, qb.b, qb.pos0, t0, qb.head);
-        if (c->mods & CLATTN_MOD_DROPOUT) {
-            uint32_t kept[QUERY_BLOCK] = {0}; /* rows past qb.rows: dropped */
-            native_keep_bits(c, &drop, t0, kept);
-            drop_rows(dp, kept, c->drop.gain);
-        }
-        for (uint32_t j = 0; j < KEY_BLOCK; ++j) { /* dp becomes dZ */
-            const uint32_t t = t0 + j;
-            EACH_PART(h) {
-                const hvec x = hload(z[j] + h) * LOG2E - hload(m + h);
-                const huvec row_lo = huload(qb.row_lo + h), row_hi = huload(qb.row_hi + h);
-                const hivec live = (t >= row_lo) & (t < row_hi);
-                const hvec p = HSELECT(live, exp2v(HMIN0(x) - hload(l + h)), HSPLAT(0.0f));
-                hstore(dp[j] + h,
-                       HSELECT(live, p * (hload(dp[j] + h) - hload(dsum + h)), HSPLAT(0.0f)));
-            }
-        }
         for (uint32_t j = 0; j < n; ++j)
-            for (size_t r = 0; r < qb.rows; ++r) {
-                const float dz = dp[j][r];
-                if (dz == 0.0f) /* hidden, dropped, or no gradient: nothing to add */
+            for (size_t r = 0; r < qb->rows; ++r) {
+                const float g = dz[j][r];
+                if (g == 0.0f) /* hidden, dropped, or no gradient: nothing to add */
                     continue;
                 uint32_t index[CLATTN_SCORE_DP_MAX];
                 float d[CLATTN_SCORE_DP_MAX];
                 const uint32_t got = s->score_dp_native(
-                    pre[j][r], b, head, clattn_query_position(s, (uint32_t)(qb.pos0 + r), c->delta),
+                    pre[j][r], b, head,
+                    clattn_query_position(s, (uint32_t)(qb->pos0 + r), c->delta),
                     t0 + j + s->kv_offset, s->score_params, index, d);
                 if (got > CLATTN_SCORE_DP_MAX) {
                     pp->bad = 1;
@@ -413,8 +452,42 @@ static void params_block(const native_call *c, size_t job, native_params *pp)
                         pp->bad = 1;
                         return;
                     }
-                    pp->sums[index[e]] += (double)dz * d[e];
+                    pp->sums[index[e]] += (double)g * d[e];
                 }
             }
     }
+}
+
+/* dBias of query block `job` of the bias's slices (slice job / blocks,
+ * block job % blocks): the block's rows of d_bias zeroed (unless
+ * accumulate), then for each batch element and head the slice gathers, in
+ * order, each pair's dZ added in. */
+static void bias_block(const native_call *c, size_t job, float *d_bias)
+{
+    const clattn_shape *s = c->s;
+    const size_t blocks = (s->q_seq + (size_t)QUERY_BLOCK - 1) / QUERY_BLOCK, H = s->num_heads;
+    const size_t heads_out = s->bias_heads > 1 ? H : 1;
+    const size_t slice = job / blocks, pb = job % blocks;
+    const size_t b_out = slice / heads_out, h_out = slice % heads_out;
+    const size_t pos0 = pb * QUERY_BLOCK;
+    const size_t rows = s->q_seq - pos0 < QUERY_BLOCK ? s->q_seq - pos0 : QUERY_BLOCK;
+    float *out = d_bias + (slice * s->q_seq + pos0) * s->kv_seq;
+    if (!s->accumulate)
+        memset(out, 0, rows * s->kv_seq * sizeof *out);
+    const size_t b0 = s->bias_batch > 1 ? b_out : 0, b1 = s->bias_batch > 1 ? b_out + 1 : s->batch;
+    const size_t h0 = heads_out > 1 ? h_out : 0, h1 = heads_out > 1 ? h_out + 1 : H;
+    _Alignas(64) tile_row dz[KEY_BLOCK];
+    for (size_t b = b0; b < b1; ++b)
+        for (size_t h = h0; h < h1; ++h) {
+            dz_block z;
+            if (!dz_block_of(c, (b * H + h) * blocks + pb, &z))
+                continue;
+            for (uint32_t t0 = z.qb.lo; t0 < z.qb.hi; t0 += KEY_BLOCK) {
+                const uint32_t n = z.qb.hi - t0 < KEY_BLOCK ? z.qb.hi - t0 : KEY_BLOCK;
+                if (dz_tile(c, &z, NULL, t0, n, NULL, dz))
+                    for (size_t r = 0; r < rows; ++r)
+                        for (uint32_t j = 0; j < n; ++j)
+                            out[r * s->kv_seq + t0 + j] += dz[j][r];
+            }
+        }
 }
