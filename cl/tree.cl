@@ -528,8 +528,8 @@ __kernel void grad_score_params__tree(__global const elem *q, ulong q_off,
             float s, dp;
             tile_dots(q + q_off, k + k_off, v + v_off, d_out + d_out_off, qa, ka, head_dim,
                       tiles, &s, &dp);
-            uint terms = 0u, index[SCORE_DP_MAX];
-            float d[SCORE_DP_MAX], dz = 0.0f;
+            uint terms = 0u, index[SCORE_DP_MAX] = {0u, 0u, 0u, 0u};
+            float d[SCORE_DP_MAX] = {0.0f, 0.0f, 0.0f, 0.0f}, dz = 0.0f;
             if (live && t < kv_seq && visible(p0 + i, t, causal, window, delta)) {
                 float g;
                 const float pre = builtin_modify(s * scale, p0 + i, t, head, delta, softcap,
