@@ -458,6 +458,49 @@ static void table_on_device(clattn_context *ctx, const clattn_shape *s, const pr
     clattn_context_destroy(small);
 }
 
+/* The table's gradient from bfloat16 tensors against float32 ones of the
+ * same values (Q, K, V, O and dO rounded to bfloat16): each op reads them
+ * exactly, so the two agree to float32's rounding; on the context's pass,
+ * then (an OpenCL context) on the device's kernel. */
+static void table_from_bf16(clattn_context *ctx, const clattn_shape *s, const problem *p,
+                            const float *o, const float *lse)
+{
+    enum { N = 8 * 17 };
+    if (!dtype_runs(CLATTN_DTYPE_BF16))
+        return;
+    const float *in[5] = {p->q, p->k, p->v, o, p->d_out};
+    const size_t count[5] = {p->nq, p->nkv, p->nkv, p->nq, p->nq};
+    float *wide[5];
+    uint16_t *half[5];
+    for (int i = 0; i < 5; ++i) {
+        wide[i] = malloc(count[i] * sizeof(float));
+        half[i] = malloc(count[i] * sizeof(uint16_t));
+        ck_assert(wide[i] && half[i]);
+        clattn_from_f32(CLATTN_DTYPE_BF16, in[i], half[i], count[i]);
+        clattn_to_f32(CLATTN_DTYPE_BF16, half[i], wide[i], count[i]);
+    }
+    for (int dev = 0; dev < 1 + (clattn_context_cl_context(ctx) != NULL); ++dev) {
+        clattn_shape f = dev ? opencl_only(*s) : *s, h = f;
+        h.dtype = CLATTN_DTYPE_BF16;
+        float want[N], got[N];
+        ck_assert_status(clattn_grad_score_params(ctx, &f, wide[0], wide[1], wide[2], wide[3],
+                                                  lse, wide[4], want),
+                         CLATTN_OK);
+        ck_assert_status(clattn_grad_score_params(ctx, &h, half[0], half[1], half[2], half[3],
+                                                  lse, half[4], got),
+                         CLATTN_OK);
+        double largest = 0.0;
+        for (size_t i = 0; i < N; ++i)
+            largest = fmax(largest, fabs((double)want[i]));
+        assert_scaled(got, want, 1.0, N, 1e-5 * largest, "d table",
+                      dev ? "from bfloat16 on the device" : "from bfloat16");
+    }
+    for (int i = 0; i < 5; ++i) {
+        free(wide[i]);
+        free(half[i]);
+    }
+}
+
 /* L = sum of O . dO from the reference's forward of p. */
 double loss(const problem *p)
 {
@@ -524,6 +567,7 @@ START_TEST(finite_differences)
         }
     if (clattn_context_cl_context(ctx))
         table_on_device(ctx, &s, &p, o, lse, dtable);
+    table_from_bf16(ctx, &s, &p, o, lse);
     free(o);
     free(lse);
     free(dq);
