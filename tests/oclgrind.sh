@@ -15,6 +15,18 @@ fi
 log=$(mktemp)
 err=$(mktemp)
 trap 'rm -f "$log" "$err"' EXIT
+# After a run (its status $1, what it is $2): its stderr shown, and a
+# failure on any report (reports go to the log; a simulation Oclgrind gives
+# up on goes to stderr) or on the run's own failure.
+checked() {
+  cat "$err" >&2
+  if [ -s "$log" ] || grep -q "OCLGRIND" "$err"; then
+    echo "FAIL: Oclgrind reported ($2):"
+    cat "$log"
+    exit 1
+  fi
+  [ "$1" -eq 0 ] || exit "$1"
+}
 # Every variant as its device table shapes it (tiled's micro-tiles at these
 # head_dims), then tiled's rows layout as a GPU runs it past head_dim 64
 # (work-items sharing rows by columns and by tile rows, their partial
@@ -27,15 +39,7 @@ for pass in table split; do
   # The simulator is the only platform; its device is an OpenCL CPU device.
   CLATTN_REQUIRE_BACKENDS=opencl-cpu oclgrind --data-races --uninitialized --check-api \
     --log "$log" "$tests" --suite oclgrind --backend opencl-cpu 2>"$err"
-  rc=$?
-  cat "$err" >&2
-  # Reports go to the log; a simulation it gives up on goes to stderr.
-  if [ -s "$log" ] || grep -q "OCLGRIND" "$err"; then
-    echo "FAIL: Oclgrind reported ($pass pass):"
-    cat "$log"
-    exit 1
-  fi
-  [ $rc -eq 0 ] || exit $rc
+  checked $? "$pass pass"
 done
 # The gradients summed over the pairs on the device (CLATTN_GRAD_BIAS=device:
 # grad_bias__tree, grad_score_params__tree), through clattn bench on small
@@ -62,14 +66,7 @@ for op in grad-bias grad-score-params; do
     set -- "$@" --score-fn "$examples/relative_bias.cl" --score-params "$dir/table.npy"
   CLATTN_GRAD_BIAS=device oclgrind --data-races --check-api --log "$log" "$cli" bench "$@" \
     >"$dir/out" 2>"$err"
-  rc=$?
-  cat "$err" >&2
-  if [ -s "$log" ] || grep -q "OCLGRIND" "$err"; then
-    echo "FAIL: Oclgrind reported ($op on the device):"
-    cat "$log"
-    exit 1
-  fi
-  [ $rc -eq 0 ] || exit $rc
+  checked $? "$op on the device"
   # the device's kernel ran, and agrees with native's pass
   python3 -c "import json, sys
 row = [json.loads(l) for l in open(sys.argv[1]) if l.startswith('{')][-1]
