@@ -286,8 +286,9 @@ static clattn_status run_grad_params(struct clattn_cl_state *cl, const clattn_sh
         if (err == CL_SUCCESS)
             err = clEnqueueNDRangeKernel(cl->queue, kn, 2, NULL, global, lsize, 1, &pc.summed,
                                          &done);
+        /* both reads blocking: a caller's queue may be out of order */
         if (err == CL_SUCCESS)
-            err = clEnqueueReadBuffer(cl->queue, bad, CL_FALSE, 0, sizeof flaw, &flaw, 1, &done,
+            err = clEnqueueReadBuffer(cl->queue, bad, CL_TRUE, 0, sizeof flaw, &flaw, 1, &done,
                                       NULL);
         if (err == CL_SUCCESS)
             err = clEnqueueReadBuffer(cl->queue, out, CL_TRUE, 0, nparts * count * sizeof(float),
