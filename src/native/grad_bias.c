@@ -41,7 +41,8 @@ static void bias_part(const native_call *call, size_t job)
 
 typedef struct params_job {
     host_pairs t; /* first */
-    native_call built_in, user; /* t's call with its built-in modifiers alone, its functions alone */
+    /* t's call with its built-in modifiers alone, and with its functions alone */
+    native_call built_in, user;
     double *sums;  /* [parts][count] */
     uint32_t *bad; /* per part: an index past count, or a count past the most, seen */
     size_t parts, blocks;
@@ -94,15 +95,7 @@ static clattn_status host_begin(const clattn_context *ctx, host_pairs *t,
     c->d_out = in[4];
     c->lse = lse;
     c->kh = c->vh = NULL; /* K and V read where they lie */
-    c->mods = clattn_modifiers(shape);
-    c->scale = clattn_effective_scale(shape);
-    c->softcap = shape->softcap;
-    c->cap_k = shape->softcap > 0.0f ? (2.0f * 1.44269504088896341f) / shape->softcap : 0.0f;
-    c->cap_inv = shape->softcap > 0.0f ? 1.0f / shape->softcap : 0.0f;
-    c->slopes = shape->alibi_slopes;
-    c->delta = clattn_mask_delta(shape);
-    c->drop = clattn_dropout_of(shape->dropout_p, shape->dropout_seed, shape->dropout_offset);
-    c->group = shape->num_heads / shape->num_kv_heads;
+    native_call_modifiers(c, shape, clattn_modifiers(shape));
     t->hot = ctx->native;
     if (!t->hot && clattn_native_pick_kernels(&t->hot) != CLATTN_OK)
         t->hot = &clattn_native_baseline;
@@ -184,7 +177,7 @@ clattn_status clattn_grad_bias(clattn_context *ctx, const clattn_shape *shape, c
     j.d_bias = d_bias;
     const size_t slices = clattn_bias_elems(shape) / ((size_t)shape->q_seq * shape->kv_seq);
     host_run(ctx, &j.t, bias_part,
-             slices * ((shape->q_seq + QUERY_BLOCK - 1) / QUERY_BLOCK), "grad_bias__host");
+             slices * native_query_blocks(shape->q_seq), "grad_bias__host");
     return CLATTN_OK;
 }
 
@@ -245,8 +238,7 @@ clattn_status clattn_grad_score_params(clattn_context *ctx, const clattn_shape *
         return st;
     params_job j;
     memset(&j, 0, sizeof j);
-    j.blocks = (size_t)shape->batch * shape->num_heads *
-               ((shape->q_seq + QUERY_BLOCK - 1) / QUERY_BLOCK);
+    j.blocks = (size_t)shape->batch * shape->num_heads * native_query_blocks(shape->q_seq);
     j.parts = PARAMS_SUMS_BYTES / (count * sizeof(double));
     j.parts = j.parts < 1 ? 1 : j.parts > 64 ? 64 : j.parts;
     j.parts = j.parts > j.blocks ? j.blocks : j.parts;

@@ -296,14 +296,12 @@ INLINE void run_part(const native_call *c, size_t job, size_t blocks, size_t par
 
 static void forward_job(const native_call *c, size_t job)
 {
-    run_part(c, job, (c->s->q_seq + (size_t)QUERY_BLOCK - 1) / QUERY_BLOCK, c->query_parts,
-             forward_block);
+    run_part(c, job, native_query_blocks(c->s->q_seq), c->query_parts, forward_block);
 }
 
 static void grad_q_job(const native_call *c, size_t job)
 {
-    run_part(c, job, (c->s->q_seq + (size_t)QUERY_BLOCK - 1) / QUERY_BLOCK, c->query_parts,
-             grad_q_block);
+    run_part(c, job, native_query_blocks(c->s->q_seq), c->query_parts, grad_q_block);
 }
 
 /* With dQ summed in the key side, a key-side job is the only one to add

@@ -223,7 +223,7 @@ typedef struct native_plan {
 static native_plan plan_call(const clattn_context *ctx, clattn_op op, const clattn_shape *s)
 {
     const int n = ctx->num_threads;
-    const size_t q_blocks = (s->q_seq + (size_t)QUERY_BLOCK - 1) / QUERY_BLOCK;
+    const size_t q_blocks = native_query_blocks(s->q_seq);
     const size_t kv_heads = (size_t)s->num_kv_heads * s->batch;
     native_plan p;
     p.blocks_per_head = (s->kv_seq + (size_t)KEY_BLOCK - 1) / KEY_BLOCK;
@@ -357,17 +357,8 @@ static void setup_call(const clattn_context *ctx, clattn_op op, const clattn_sha
     c->o = t[CLATTN_R_O];
     c->lse = t[CLATTN_R_LSE];
     c->d_out = t[CLATTN_R_DO];
-    c->scale = clattn_effective_scale(s);
-    c->mods = clattn_op_modifiers(s, op);
-    c->softcap = s->softcap;
-    c->cap_k = s->softcap > 0.0f ? (2.0f * 1.44269504088896341f) / s->softcap : 0.0f;
-    c->cap_inv = s->softcap > 0.0f ? 1.0f / s->softcap : 0.0f;
-    c->slopes = s->alibi_slopes;
-    c->sinks = s->sinks;
-    c->drop = clattn_dropout_of(s->dropout_p, s->dropout_seed, s->dropout_offset);
-    c->delta = clattn_mask_delta(s);
+    native_call_modifiers(c, s, clattn_op_modifiers(s, op));
     c->seq_base = seq_base;
-    c->group = s->num_heads / s->num_kv_heads;
     c->blocks_per_head = plan->blocks_per_head;
     c->key_parts = plan->key_parts;
     c->query_parts = plan->query_parts;

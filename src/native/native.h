@@ -51,6 +51,12 @@ static inline float native_dot(const float *a, const float *b, size_t n)
     return ((part[0] + part[4]) + (part[1] + part[5])) + ((part[2] + part[6]) + (part[3] + part[7]));
 }
 
+/* Blocks of QUERY_BLOCK query rows a head: the query side's jobs. */
+static inline size_t native_query_blocks(uint32_t q_seq)
+{
+    return (q_seq + (size_t)QUERY_BLOCK - 1) / QUERY_BLOCK;
+}
+
 /* Rows of a head in vt's layout (native_call): whole tiles. */
 static inline size_t native_tiled_rows(size_t rows)
 {
@@ -179,6 +185,22 @@ typedef struct native_call {
     size_t jobs;
     atomic_size_t next;
 } native_call;
+
+/* c's score modifiers (mods: their bits for the op) and what they take,
+ * from s, and its query heads a KV head. */
+static inline void native_call_modifiers(native_call *c, const clattn_shape *s, unsigned mods)
+{
+    c->scale = clattn_effective_scale(s);
+    c->mods = mods;
+    c->softcap = s->softcap;
+    c->cap_k = s->softcap > 0.0f ? (2.0f * 1.44269504088896341f) / s->softcap : 0.0f;
+    c->cap_inv = s->softcap > 0.0f ? 1.0f / s->softcap : 0.0f;
+    c->slopes = s->alibi_slopes;
+    c->sinks = s->sinks;
+    c->drop = clattn_dropout_of(s->dropout_p, s->dropout_seed, s->dropout_offset);
+    c->delta = clattn_mask_delta(s);
+    c->group = s->num_heads / s->num_kv_heads;
+}
 
 /* Whether the caller's mask function and bool mask show key t to query
  * row pos (rows of the call) of head `head` of element b. */

@@ -21,7 +21,7 @@ typedef struct query_block {
 INLINE void query_block_of(const native_call *c, size_t job, query_block *qb)
 {
     const clattn_shape *s = c->s;
-    const size_t blocks = (s->q_seq + (size_t)QUERY_BLOCK - 1) / QUERY_BLOCK;
+    const size_t blocks = native_query_blocks(s->q_seq);
     const size_t D = s->head_dim;
     /* Blocks of one head are consecutive, as run_blocks groups them. */
     qb->pos0 = job % blocks * QUERY_BLOCK;
@@ -465,7 +465,7 @@ static void params_block(const native_call *c, size_t job, native_params *pp)
 static void bias_block(const native_call *c, size_t job, float *d_bias)
 {
     const clattn_shape *s = c->s;
-    const size_t blocks = (s->q_seq + (size_t)QUERY_BLOCK - 1) / QUERY_BLOCK, H = s->num_heads;
+    const size_t blocks = native_query_blocks(s->q_seq), H = s->num_heads;
     const size_t heads_out = s->bias_heads > 1 ? H : 1;
     const size_t slice = job / blocks, pb = job % blocks;
     const size_t b_out = slice / heads_out, h_out = slice % heads_out;
