@@ -400,18 +400,18 @@ clattn_status clattn_grad_sinks_cl(clattn_context *ctx, const clattn_shape *shap
     return st;
 }
 
-/* A gradient summed over the pairs (which: 0 dBias, 1 the score
- * parameters') of device tensors t into the host array out: on the device
- * where it takes the call, else read back for the host. */
-static clattn_status pairs_cl(clattn_context *ctx, const clattn_shape *shape,
+/* Gradient `which` summed over the pairs of device tensors t into the
+ * host array out: on the device where it takes the call, else read back
+ * for the host. */
+static clattn_status pairs_cl(clattn_context *ctx, pair_grad which, const clattn_shape *shape,
                               const clattn_cl_tensor t[6], const clattn_role role[6], float *out,
-                              int which, cl_uint nwait, const cl_event *wait)
+                              cl_uint nwait, const cl_event *wait)
 {
     clattn_sizes sz;
     clattn_status st = cl_call_begin(ctx, shape, &sz, nwait, wait);
     if (st != CLATTN_OK)
         return st;
-    if (which)
+    if (which == PAIR_PARAMS)
         st = clattn_grad_params_takes(shape, out);
     else if (!out)
         st = clattn_fail(CLATTN_ERROR_NULL_POINTER, "d_bias is NULL");
@@ -430,18 +430,18 @@ static clattn_status pairs_cl(clattn_context *ctx, const clattn_shape *shape,
         all[role[i]] = t[i];
     }
     pthread_mutex_lock(&ctx->lock);
-    const int ran = which ? clattn_ocl_grad_params(ctx->cl, shape, &sz, all, out, nwait, wait, &st)
-                          : clattn_ocl_grad_bias(ctx->cl, shape, &sz, all, out, nwait, wait, &st);
+    const int ran = clattn_ocl_pair_grad(ctx->cl, which, shape, &sz, all, out, nwait, wait, &st);
     pthread_mutex_unlock(&ctx->lock);
     if (ran)
         return st;
     void *host[6] = {NULL, NULL, NULL, NULL, NULL, NULL};
     st = read_back(ctx, shape, &sz, 6, t, role, host, nwait, wait);
     if (st == CLATTN_OK)
-        st = which ? clattn_grad_score_params(ctx, shape, host[0], host[1], host[2], host[3],
-                                              host[4], host[5], out)
-                   : clattn_grad_bias(ctx, shape, host[0], host[1], host[2], host[3], host[4],
-                                      host[5], out);
+        st = which == PAIR_PARAMS
+                 ? clattn_grad_score_params(ctx, shape, host[0], host[1], host[2], host[3],
+                                            host[4], host[5], out)
+                 : clattn_grad_bias(ctx, shape, host[0], host[1], host[2], host[3], host[4],
+                                    host[5], out);
     for (int i = 0; i < 6; ++i)
         free(host[i]);
     return st;
@@ -457,7 +457,8 @@ clattn_status clattn_grad_score_params_cl(clattn_context *ctx, const clattn_shap
     const clattn_cl_tensor t[6] = {q, k, v, o, lse, d_out};
     const clattn_role role[6] = {CLATTN_R_Q, CLATTN_R_K, CLATTN_R_V,
                                  CLATTN_R_O, CLATTN_R_LSE, CLATTN_R_DO};
-    return pairs_cl(ctx, shape, t, role, d_params, 1, num_events_in_wait_list, event_wait_list);
+    return pairs_cl(ctx, PAIR_PARAMS, shape, t, role, d_params, num_events_in_wait_list,
+                    event_wait_list);
 }
 
 clattn_status clattn_grad_bias_cl(clattn_context *ctx, const clattn_shape *shape,
@@ -470,5 +471,6 @@ clattn_status clattn_grad_bias_cl(clattn_context *ctx, const clattn_shape *shape
     const clattn_cl_tensor t[6] = {q, k, v, o, lse, d_out};
     const clattn_role role[6] = {CLATTN_R_Q, CLATTN_R_K, CLATTN_R_V,
                                  CLATTN_R_O, CLATTN_R_LSE, CLATTN_R_DO};
-    return pairs_cl(ctx, shape, t, role, d_bias, 0, num_events_in_wait_list, event_wait_list);
+    return pairs_cl(ctx, PAIR_BIAS, shape, t, role, d_bias, num_events_in_wait_list,
+                    event_wait_list);
 }

@@ -392,26 +392,22 @@ clattn_status clattn_ocl_enqueue_op(struct clattn_cl_state *cl, cl_command_queue
 clattn_status clattn_ocl_enqueue_packed(struct clattn_cl_state *cl, clattn_op op,
                                         const clattn_shape *s, const clattn_cl_tensor t[R_ALL],
                                         cl_uint nwait, const cl_event *wait, cl_event *event);
-/* pairs.c */
-/* dBias (clattn_grad_bias) on the device into the host array d_bias, from
- * the device tensors t (Q, K, V, O, LSE and DO) after the wait list, on the
- * context's queue; back once d_bias is written. 0 where the device does
- * not take s (the gradient past one allocation, or the driver's loop cap:
- * the host computes it), else 1 with the call's status in *st. */
-int clattn_ocl_grad_bias(struct clattn_cl_state *cl, const clattn_shape *s,
-                         const clattn_sizes *sz, clattn_cl_tensor t[R_ALL], float *d_bias,
+/* pairs.c: the gradients summed over the pairs, dBias (clattn_grad_bias)
+ * and the score parameters' (clattn_grad_score_params). */
+typedef enum pair_grad { PAIR_BIAS, PAIR_PARAMS } pair_grad;
+/* Gradient `which` on the device into the host array out, from the device
+ * tensors t (Q, K, V, O, LSE and DO) after the wait list, on the context's
+ * queue; back once out is written. 0 where the device does not take s
+ * (dBias past one allocation or the driver's loop cap; a score function's
+ * source without clattn_score_dp, packed sequences, a table past local
+ * memory: the host computes it), else 1 with the call's status in *st. */
+int clattn_ocl_pair_grad(struct clattn_cl_state *cl, pair_grad which, const clattn_shape *s,
+                         const clattn_sizes *sz, clattn_cl_tensor t[R_ALL], float *out,
                          cl_uint nwait, const cl_event *wait, clattn_status *st);
 /* The same from host arrays in[] (q, k, v, o, lse, d_out), copied through
- * the scratch buffers: the backend's grad_bias. */
+ * the scratch buffers: the backend's grad_bias and grad_score_params. */
 int clattn_ocl_grad_bias_host(clattn_context *ctx, const clattn_shape *s, const clattn_sizes *sz,
                               const void *const in[6], float *d_bias, clattn_status *st);
-/* The score parameters' gradient (clattn_grad_score_params) likewise, into
- * the host array d_params: 0 where the device does not take s (the score
- * function's source without clattn_score_dp, packed sequences, a table
- * past local memory: the host computes it). */
-int clattn_ocl_grad_params(struct clattn_cl_state *cl, const clattn_shape *s,
-                           const clattn_sizes *sz, clattn_cl_tensor t[R_ALL], float *d_params,
-                           cl_uint nwait, const cl_event *wait, clattn_status *st);
 int clattn_ocl_grad_params_host(clattn_context *ctx, const clattn_shape *s,
                                 const clattn_sizes *sz, const void *const in[6], float *d_params,
                                 clattn_status *st);

@@ -97,6 +97,16 @@ static void pairs_end(struct clattn_cl_state *cl, pairs_call *pc, int k, clattn_
     clattn_ocl_release_mods(&pc->mb);
 }
 
+/* The side of a square work-group of wg work-items (tree.c gives the
+ * pair gradients' kernels bias_side() squared). */
+static size_t side_of(size_t wg)
+{
+    size_t side = 1;
+    while (side * side < wg)
+        ++side;
+    return side;
+}
+
 /* The Dsum pre-pass, then grad_bias__tree over every BT x BT tile of
  * every slice of the bias, after the wait list; t holds Q, K, V, O, LSE, DO
  * and DBIAS; *done gets the last kernel's event. */
@@ -116,9 +126,7 @@ static clattn_status enqueue_grad_bias(struct clattn_cl_state *cl, const clattn_
     if (st == CLATTN_OK)
         st = clattn_ocl_check_fits(cl, set, K_GRAD_BIAS, s, wg, local);
     if (st == CLATTN_OK) {
-        size_t side = 1;
-        while (side * side < wg)
-            ++side;
+        const size_t side = side_of(wg);
         cl_kernel kn = set->kernel[K_GRAD_BIAS];
         cl_uint arg = 0;
         cl_int err = clattn_ocl_set_args(cl, set, K_GRAD_BIAS, s, &pc.mb, t, &arg);
@@ -245,10 +253,7 @@ static clattn_status run_grad_params(struct clattn_cl_state *cl, const clattn_sh
     const size_t wg = st == CLATTN_OK ? clattn_ocl_work_group(cl, pc.set, K_GRAD_PARAMS,
                                                               s->head_dim)
                                       : 1;
-    size_t side = 1;
-    while (side * side < wg)
-        ++side;
-    const params_launch pl = params_launch_of(s, side);
+    const params_launch pl = params_launch_of(s, side_of(wg));
     const size_t slices = (size_t)s->batch * s->num_heads, nparts = slices * pl.groups;
     if (st == CLATTN_OK)
         st = clattn_ocl_check_fits(cl, pc.set, K_GRAD_PARAMS, s, wg, pl.local);
@@ -342,42 +347,45 @@ static clattn_status upload_pairs(struct clattn_cl_state *cl, const clattn_shape
     return st;
 }
 
-int clattn_ocl_grad_bias(struct clattn_cl_state *cl, const clattn_shape *s,
-                         const clattn_sizes *sz, clattn_cl_tensor t[R_ALL], float *d_bias,
+/* Whether the device takes gradient `which` of s, and running it there. */
+static int pair_fits(const struct clattn_cl_state *cl, pair_grad which, const clattn_shape *s)
+{
+    return which == PAIR_PARAMS ? grad_params_fits(cl, s) : grad_bias_fits(cl, s);
+}
+
+static clattn_status run_pair(struct clattn_cl_state *cl, pair_grad which, const clattn_shape *s,
+                              const clattn_sizes *sz, clattn_cl_tensor t[R_ALL], float *out,
+                              cl_uint nwait, const cl_event *wait)
+{
+    return which == PAIR_PARAMS ? run_grad_params(cl, s, sz, t, out, nwait, wait)
+                                : run_grad_bias(cl, s, sz, t, out, nwait, wait);
+}
+
+int clattn_ocl_pair_grad(struct clattn_cl_state *cl, pair_grad which, const clattn_shape *s,
+                         const clattn_sizes *sz, clattn_cl_tensor t[R_ALL], float *out,
                          cl_uint nwait, const cl_event *wait, clattn_status *st)
 {
-    if (!grad_bias_fits(cl, s))
+    if (!pair_fits(cl, which, s))
         return 0;
-    *st = run_grad_bias(cl, s, sz, t, d_bias, nwait, wait);
+    *st = run_pair(cl, which, s, sz, t, out, nwait, wait);
     return 1;
 }
 
-int clattn_ocl_grad_params(struct clattn_cl_state *cl, const clattn_shape *s,
-                           const clattn_sizes *sz, clattn_cl_tensor t[R_ALL], float *d_params,
-                           cl_uint nwait, const cl_event *wait, clattn_status *st)
-{
-    if (!grad_params_fits(cl, s))
-        return 0;
-    *st = run_grad_params(cl, s, sz, t, d_params, nwait, wait);
-    return 1;
-}
-
-/* The backend's grad_bias (which 0) and grad_score_params (1): from host
- * arrays, through the scratch buffers. */
-static int pairs_host(clattn_context *ctx, const clattn_shape *s, const clattn_sizes *sz,
-                      const void *const in[6], float *out, clattn_status *st, int which)
+/* The backend's grad_bias and grad_score_params: from host arrays,
+ * through the scratch buffers. */
+static int pairs_host(clattn_context *ctx, pair_grad which, const clattn_shape *s,
+                      const clattn_sizes *sz, const void *const in[6], float *out,
+                      clattn_status *st)
 {
     struct clattn_cl_state *cl = ctx->cl;
-    if (!(which ? grad_params_fits(cl, s) : grad_bias_fits(cl, s)) ||
-        clattn_ocl_check_alloc(cl, sz, s->dtype) != CLATTN_OK)
+    if (!pair_fits(cl, which, s) || clattn_ocl_check_alloc(cl, sz, s->dtype) != CLATTN_OK)
         return 0;
     clattn_cl_tensor t[R_ALL];
     cl_event ev[CLATTN_R_COUNT];
     cl_uint nev = 0;
     *st = upload_pairs(cl, s, sz, in, t, ev, &nev);
     if (*st == CLATTN_OK)
-        *st = which ? run_grad_params(cl, s, sz, t, out, nev, ev)
-                    : run_grad_bias(cl, s, sz, t, out, nev, ev);
+        *st = run_pair(cl, which, s, sz, t, out, nev, ev);
     for (cl_uint i = 0; i < nev; ++i)
         clReleaseEvent(ev[i]);
     return 1;
@@ -386,12 +394,12 @@ static int pairs_host(clattn_context *ctx, const clattn_shape *s, const clattn_s
 int clattn_ocl_grad_bias_host(clattn_context *ctx, const clattn_shape *s, const clattn_sizes *sz,
                               const void *const in[6], float *d_bias, clattn_status *st)
 {
-    return pairs_host(ctx, s, sz, in, d_bias, st, 0);
+    return pairs_host(ctx, PAIR_BIAS, s, sz, in, d_bias, st);
 }
 
 int clattn_ocl_grad_params_host(clattn_context *ctx, const clattn_shape *s,
                                 const clattn_sizes *sz, const void *const in[6], float *d_params,
                                 clattn_status *st)
 {
-    return pairs_host(ctx, s, sz, in, d_params, st, 1);
+    return pairs_host(ctx, PAIR_PARAMS, s, sz, in, d_params, st);
 }
