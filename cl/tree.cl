@@ -479,13 +479,84 @@ __kernel void grad_bias__tree(__global const elem *q, ulong q_off,
  * A work-group of BT x BT (grid: G groups of query blocks, slices) takes
  * query blocks g, g + G, ... of BT rows of its slice (batch element, query
  * head), their keys BT at a time, work-item (i, j) the pair of row i and
- * key j through tile_dots. Its table of count floats lies in local memory
- * after the tiles, behind a list of each pair's terms (entry and value;
- * term e of work-item w in slot e * BT^2 + w). Work-item w adds into the
- * table the terms of the entries with e mod BT^2 = w, in slot order: every
- * sum is taken in an order the shape fixes, whatever the device's
- * scheduling. A count past SCORE_DP_MAX or an entry past count sets *bad
- * (the host then writes nothing). */
+ * key j through tile_dots. Each work-item holds up to SCORE_DP_MAX entries
+ * and their sums in registers, adding a pair's terms to the entries it
+ * holds; where a pair names more entries than it has room for, the whole
+ * work-group flushes (hold_flush): every held sum goes to a list in local
+ * memory (held entry e of work-item w in slot e * BT^2 + w), and work-item
+ * w adds into the table, after the tiles in local memory, the sums of the
+ * entries with entry mod BT^2 = w, in slot order. Every sum is thus taken
+ * in an order the data fix, whatever the device's scheduling; a function
+ * whose entries repeat along a row (a bias clipped at a distance, one
+ * parameter a head) flushes seldom. A count past SCORE_DP_MAX or an entry
+ * past count sets *bad (the host then writes nothing). */
+
+/* Where `on` (the same in every work-item), the held sums of every
+ * work-item into the table, then none held. Every work-item passes its
+ * barriers either way: with them inside the condition, PoCL 3.1 summed
+ * wrongly (tiles of 4) where Mesa's rusticl did not. */
+inline void hold_flush(__local uint *entry, __local float *term, __local float *table,
+                       uint *held, float *sums, uint *nheld, bool on)
+{
+    const uint n = get_local_size(0) * get_local_size(1);
+    const uint w = get_local_id(1) * get_local_size(0) + get_local_id(0);
+    for (uint e = 0; on && e < SCORE_DP_MAX; ++e) {
+        entry[e * n + w] = e < *nheld ? held[e] : 0xFFFFFFFFu;
+        term[e * n + w] = e < *nheld ? sums[e] : 0.0f;
+    }
+    barrier(CLK_LOCAL_MEM_FENCE);
+    for (uint x = 0; on && x < SCORE_DP_MAX * n; ++x) {
+        const uint e = entry[x];
+        if (e != 0xFFFFFFFFu && (e & (n - 1u)) == w)
+            table[e] += term[x];
+    }
+    barrier(CLK_LOCAL_MEM_FENCE);
+    *nheld = on ? 0u : *nheld;
+}
+
+/* Adds a pair's terms (index, d times dz; the first `terms`) to the held
+ * sums if they all find room, true then; false leaves everything as it
+ * was. The arrays are indexed by constants alone, so that they stay in
+ * registers. */
+inline bool hold_add(uint *held, float *sums, uint *nheld, uint terms, const uint *index,
+                     const float *d, float dz)
+{
+    uint need = 0u;
+    #pragma unroll
+    for (uint e = 0; e < SCORE_DP_MAX; ++e) {
+        bool found = e >= terms;
+        #pragma unroll
+        for (uint h = 0; h < SCORE_DP_MAX; ++h)
+            found |= h < *nheld && held[h] == index[e];
+        #pragma unroll
+        for (uint f = 0; f < e; ++f)
+            found |= index[f] == index[e];
+        need += found ? 0u : 1u;
+    }
+    if (*nheld + need > SCORE_DP_MAX)
+        return false;
+    #pragma unroll
+    for (uint e = 0; e < SCORE_DP_MAX; ++e) {
+        if (e >= terms)
+            break;
+        bool found = false;
+        #pragma unroll
+        for (uint h = 0; h < SCORE_DP_MAX; ++h) {
+            const bool here = !found && h < *nheld && held[h] == index[e];
+            sums[h] += here ? dz * d[e] : 0.0f;
+            found |= here;
+        }
+        #pragma unroll
+        for (uint h = 0; h < SCORE_DP_MAX; ++h) {
+            const bool here = !found && h == *nheld;
+            held[h] = here ? index[e] : held[h];
+            sums[h] = here ? dz * d[e] : sums[h];
+        }
+        *nheld += found ? 0u : 1u;
+    }
+    return true;
+}
+
 __kernel void grad_score_params__tree(__global const elem *q, ulong q_off,
                                       __global const elem *k, ulong k_off,
                                       __global const elem *v, ulong v_off,
@@ -502,11 +573,16 @@ __kernel void grad_score_params__tree(__global const elem *q, ulong q_off,
     __local uint *entry = (__local uint *)(tiles + 4u * BIAS_CHUNK * (bt + 1u));
     __local float *term = (__local float *)(entry + SCORE_DP_MAX * n);
     __local float *table = term + SCORE_DP_MAX * n;
-    __local uint most; /* the most terms of a pair of the tile */
+    /* the last tile whose pairs flush (by the count of tiles taken): set
+     * after a tile's tile_dots, read before the next's */
+    __local uint full;
     __global const float *p = slopes + 2u * num_heads;
     for (uint e = w; e < count; e += n)
         table[e] = 0.0f;
-    uint flaw = 0u;
+    if (w == 0u)
+        full = 0xFFFFFFFFu;
+    uint held[SCORE_DP_MAX] = {0u, 0u, 0u, 0u}, nheld = 0u, flaw = 0u, tiles_done = 0u;
+    float sums[SCORE_DP_MAX] = {0.0f, 0.0f, 0.0f, 0.0f};
     for (uint p0 = get_group_id(0) * bt; p0 < q_seq; p0 += get_num_groups(0) * bt) {
         const uint p1 = min(p0 + bt, q_seq) - 1u, pos = min(p0 + i, q_seq - 1u);
         const ulong row = at(b, q_seq, pos, num_heads, head, 1, 0);
@@ -521,8 +597,7 @@ __kernel void grad_score_params__tree(__global const elem *q, ulong q_off,
             const uint t1 = min(t0 + bt, kv_seq) - 1u, t = t0 + j;
             if (!map_shows(mask_blocks, b, head, num_heads, q_seq, kv_seq, p0, p1, t0, t1))
                 continue;
-            if (w == 0u)
-                most = 0u; /* read after tile_dots' barriers */
+            const uint stamp = tiles_done++;
             const ulong ka = at(b, kv_seq, min(t0 + i, kv_seq - 1u), num_kv_heads,
                                 head / group, head_dim, 0);
             float s, dp;
@@ -548,30 +623,40 @@ __kernel void grad_score_params__tree(__global const elem *q, ulong q_off,
                     if (terms > SCORE_DP_MAX)
                         flaw = 1u;
                     terms = min(terms, SCORE_DP_MAX);
-                    for (uint e = 0; e < terms; ++e)
-                        flaw |= index[e] >= count;
+                    /* the entries inside the table, in order, first */
+                    uint kept = 0u, in[SCORE_DP_MAX];
+                    float din[SCORE_DP_MAX];
+                    #pragma unroll
+                    for (uint e = 0; e < SCORE_DP_MAX; ++e) {
+                        const bool on = e < terms && index[e] < count;
+                        flaw |= e < terms && index[e] >= count;
+                        #pragma unroll
+                        for (uint x = 0; x < SCORE_DP_MAX; ++x) {
+                            in[x] = on && x == kept ? index[e] : in[x];
+                            din[x] = on && x == kept ? d[e] : din[x];
+                        }
+                        kept += on ? 1u : 0u;
+                    }
+                    #pragma unroll
+                    for (uint e = 0; e < SCORE_DP_MAX; ++e) {
+                        index[e] = in[e];
+                        d[e] = din[e];
+                    }
+                    terms = kept;
                 }
             }
-            for (uint e = 0; e < SCORE_DP_MAX; ++e) {
-                const bool on = e < terms && index[e] < count;
-                entry[e * n + w] = on ? index[e] : 0xFFFFFFFFu;
-                term[e * n + w] = on ? dz * d[e] : 0.0f;
-            }
-            if (terms)
-                atomic_max(&most, terms);
+            const bool added = hold_add(held, sums, &nheld, terms, index, d, dz);
+            if (!added)
+                full = stamp; /* every writer writes the same */
             barrier(CLK_LOCAL_MEM_FENCE);
-            const uint slots = most * n;
-            for (uint x = 0; x < slots; ++x) {
-                const uint e = entry[x];
-                if (e != 0xFFFFFFFFu && (e & (n - 1u)) == w)
-                    table[e] += term[x];
-            }
-            barrier(CLK_LOCAL_MEM_FENCE);
+            hold_flush(entry, term, table, held, sums, &nheld, full == stamp);
+            if (!added)
+                hold_add(held, sums, &nheld, terms, index, d, dz);
         }
     }
+    hold_flush(entry, term, table, held, sums, &nheld, true);
     if (flaw)
         bad[0] = 1u; /* every writer writes the same */
-    barrier(CLK_LOCAL_MEM_FENCE);
     const ulong part = (ulong)slice * get_num_groups(0) + get_group_id(0);
     for (uint e = w; e < count; e += n)
         parts[parts_off + part * count + e] = table[e];

@@ -86,6 +86,34 @@ TWICE(relbias_cl,
 #undef clattn_score_ds
 #undef clattn_score_dp
 
+/* Three entries a pair, which may repeat: the relative bucket, the far
+ * right bucket at half weight (the same entry past distance 8) and bucket
+ * q mod 5 at a quarter. */
+#define clattn_score terms_score
+#define clattn_score_ds terms_ds
+#define clattn_score_dp terms_dp
+TWICE(terms_cl,
+      float clattn_score(float s, uint b, uint h, uint q, uint k, __global const float *p) {
+          const int d = (int)k - (int)q;
+          const uint at = 17u * h + (uint)(d < -8 ? 0 : d > 8 ? 16 : d + 8);
+          return s + p[at] + 0.5f * p[17u * h + 16u] + 0.25f * p[17u * h + q % 5u];
+      } float clattn_score_ds(float s, uint b, uint h, uint q, uint k, __global const float *p) {
+          return 1.0f;
+      } uint clattn_score_dp(float s, uint b, uint h, uint q, uint k, __global const float *p,
+                             uint *index, float *d) {
+          const int dist = (int)k - (int)q;
+          index[0] = 17u * h + (uint)(dist < -8 ? 0 : dist > 8 ? 16 : dist + 8);
+          index[1] = 17u * h + 16u;
+          index[2] = 17u * h + q % 5u;
+          d[0] = 1.0f;
+          d[1] = 0.5f;
+          d[2] = 0.25f;
+          return 3u;
+      })
+#undef clattn_score
+#undef clattn_score_ds
+#undef clattn_score_dp
+
 /* Documents of 13 positions: a query sees the keys of its own. */
 #define clattn_mask document_mask
 TWICE(document_cl, bool clattn_mask(uint b, uint h, uint q, uint k) { return q / 13u == k / 13u; })
@@ -458,6 +486,46 @@ static void table_on_device(clattn_context *ctx, const clattn_shape *s, const pr
     clattn_context_destroy(small);
 }
 
+/* A function of three entries a pair, some the same, on the device (in
+ * tiles of 16, then of 4) against the context's: each work-item's held
+ * sums fill and flush at different tiles. */
+static void terms_on_device(clattn_context *ctx)
+{
+    enum { N = 2 * 17 };
+    const shape_case c = {.q_seq = 70, .kv_seq = 75, .heads = 2, .kv_heads = 1, .head_dim = 16,
+                          .q_gain = 2};
+    clattn_shape s = with_score(to_shape(&c), terms_cl, terms_score, terms_ds, relbias_table, N);
+    s.score_dp_native = terms_dp;
+    problem p;
+    problem_make(&p, &s, 6401, 2.0f);
+    float *o = malloc(p.nq * sizeof(float)), *lse = malloc(p.nlse * sizeof(float));
+    ck_assert(o && lse);
+    float want[N], got[N], four[N];
+    ck_assert_status(clattn_forward(ctx, &s, p.q, p.k, p.v, o, lse), CLATTN_OK);
+    ck_assert_status(clattn_grad_score_params(ctx, &s, p.q, p.k, p.v, o, lse, p.d_out, want),
+                     CLATTN_OK);
+    clattn_shape dev = opencl_only(s);
+    ck_assert_status(clattn_grad_score_params(ctx, &dev, p.q, p.k, p.v, o, lse, p.d_out, got),
+                     CLATTN_OK);
+    ck_assert_ptr_nonnull(strstr(clattn_context_kernels(ctx), "grad_score_params__tree"));
+    double largest = 0.0;
+    for (size_t i = 0; i < N; ++i)
+        largest = fmax(largest, fabs((double)want[i]));
+    ck_assert(largest > 0.0);
+    assert_scaled(got, want, 1.0, N, 1e-5 * largest, "d table",
+                  "of three entries a pair on the device (want the context's)");
+    clattn_context *small = test_limited_context("16,8192");
+    ck_assert_ptr_nonnull(small);
+    ck_assert_status(clattn_grad_score_params(small, &dev, p.q, p.k, p.v, o, lse, p.d_out, four),
+                     CLATTN_OK);
+    assert_scaled(four, want, 1.0, N, 1e-5 * largest, "d table",
+                  "of three entries a pair in tiles of 4 (want the context's)");
+    clattn_context_destroy(small);
+    free(o);
+    free(lse);
+    problem_free(&p);
+}
+
 /* The table's gradient from bfloat16 tensors against float32 ones of the
  * same values (Q, K, V, O and dO rounded to bfloat16): each op reads them
  * exactly, so the two agree to float32's rounding; on the context's pass,
@@ -565,8 +633,10 @@ START_TEST(finite_differences)
                           "%s on %s: %s[%zu] is %g, finite differences give %g", current_variant,
                           test_backend, wrt[w].name, i, got, fd);
         }
-    if (clattn_context_cl_context(ctx))
+    if (clattn_context_cl_context(ctx)) {
         table_on_device(ctx, &s, &p, o, lse, dtable);
+        terms_on_device(ctx);
+    }
     table_from_bf16(ctx, &s, &p, o, lse);
     free(o);
     free(lse);
