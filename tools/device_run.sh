@@ -79,7 +79,9 @@
 #            PROG_ALL=0 leaves the max_error runs out)
 #   dparams  the score parameters' gradient (a relative-bias table) on the GPU's kernel
 #            against the host's pass and the backward, interleaved (DPARAMS_SEQS, default
-#            1024 4096; PROG_DTYPES), then the GPU suite's programmable case
+#            1024 4096; PROG_DTYPES; with AB_OLD, the old build's kernel too), then the
+#            GPU suite's programmable case (DPARAMS_VARIANT: one variant's; DPARAMS_TEST_S:
+#            its time limit, default 400 s)
 #   parts    the key side split into parts (CLATTN_MMA_KEY_PARTS): the backward of the GPU
 #            shapes whose key side has fewer work-groups than the GPU has units (PARTS_SHAPES:
 #            shapes.py lines, default the S 1024 ones and d80 GQA), on mma in one part, as
@@ -526,14 +528,20 @@ for stage in "$@"; do
     # backward; ms in runs.jsonl), at DPARAMS_SEQS (default 1024 4096);
     # then the programmable case of the GPU suite
     prog_arrays 1024
+    old_arm=()
+    if [ -n "${AB_OLD:-}" ]; then
+      build_old
+      old_arm=(--arm "old=build-old/clattn+--op grad-score-params")
+    fi
     for seq in ${DPARAMS_SEQS:-1024 4096}; do for dt in ${PROG_DTYPES:-f32 bf16}; do
       interleave "relbias $dt q$seq" --timeout 300 \
         --arm "backward=$cli+--op backward" --arm "device=$cli+--op grad-score-params" \
-        --arm "host=$cli@CLATTN_GRAD_BIAS=host+--op grad-score-params" \
+        "${old_arm[@]}" --arm "host=$cli@CLATTN_GRAD_BIAS=host+--op grad-score-params" \
         -- --q-seq "$seq" --heads 8 --head-dim 64 --causal --dtype "$dt" --device gpu --reps 3 \
         --score-fn examples/programmable/relative_bias.cl --score-params table.npy
     done; done 2>&1 | tee "$OUT/dparams.log"
-    CK_RUN_CASE=programmable timeout 400 build-dev/tests/clattn_tests --suite kernels \
+    env CK_RUN_CASE=programmable ${DPARAMS_VARIANT:+CLATTN_TEST_VARIANT=$DPARAMS_VARIANT} \
+      timeout "${DPARAMS_TEST_S:-400}" build-dev/tests/clattn_tests --suite kernels \
       --backend opencl-gpu 2>&1 | grep -v 'warning generated' | tail -8 | tee -a "$OUT/dparams.log" ;;
   parts)
     mapfile -t part_shapes < <(python3 tools/shapes.py gpu | grep -E "${PARTS_SHAPES:-q-seq 1024|kv-heads 4$}")
