@@ -373,22 +373,35 @@ __kernel void grad_kv__tree(__global const elem *q, ulong q_off,
  * i and key j of a BT x BT tile (BT = the work-group's side): Q and dO
  * (rows qa), K and V (rows ka) pass through local memory BIAS_CHUNK
  * columns at a time, work-item (i, j) loading columns j, j + BT, ... of
- * query row i and of key i. They lie column by column (a column's BT rows
- * side by side, BT + 1 floats apart: neighbouring keys read neighbouring
- * floats, a row's stores fall in different banks); `tiles` holds four
- * BIAS_CHUNK x (BT + 1) floats (BIAS_CHUNK: the host's,
+ * query row i and of key i. Each array holds BT rows of BIAS_ROW floats
+ * (BIAS_CHUNK and 4 more: a row starts 16 bytes aligned and 4 banks past
+ * the one before, so that eight neighbouring keys' 16-byte reads fall in
+ * distinct banks); `tiles` holds four (the host's sizes,
  * src/opencl/opencl.h). Every work-item of the group calls it. */
+#define BIAS_ROW (BIAS_CHUNK + 4u)
+
+/* The kernel's local buffer from its first 16-byte boundary: a __local
+ * argument is promised only its element's alignment, and tile_dots reads
+ * 16 bytes at a time (the host gives 12 bytes more). */
+inline __local float *bias_tiles(__local float *tiles)
+{
+    return tiles + ((16u - ((uint)(ulong)tiles & 15u)) & 15u) / 4u;
+}
 inline void tile_dots(__global const elem *q, __global const elem *k, __global const elem *v,
                       __global const elem *d_out, ulong qa, ulong ka, uint head_dim,
                       __local float *tiles, float *s_out, float *dp_out)
 {
     const uint bt = get_local_size(0), j = get_local_id(0), i = get_local_id(1);
-    const uint stride = bt + 1u, size = BIAS_CHUNK * stride;
+    const uint size = bt * BIAS_ROW;
     __local float *qs = tiles, *gs = qs + size, *ks = gs + size, *vs = ks + size;
-    float s = 0.0f, dp = 0.0f;
+    __local const float4 *q4 = (__local const float4 *)(qs + i * BIAS_ROW);
+    __local const float4 *g4 = (__local const float4 *)(gs + i * BIAS_ROW);
+    __local const float4 *k4 = (__local const float4 *)(ks + j * BIAS_ROW);
+    __local const float4 *v4 = (__local const float4 *)(vs + j * BIAS_ROW);
+    float4 s = (float4)(0.0f), dp = (float4)(0.0f);
     for (uint c0 = 0; c0 < head_dim; c0 += BIAS_CHUNK) {
         for (uint c = j; c < BIAS_CHUNK; c += bt) {
-            const uint x = c * stride + i;
+            const uint x = i * BIAS_ROW + c;
             const bool in = c0 + c < head_dim;
             qs[x] = in ? LOAD(q, qa + c0 + c) : 0.0f;
             gs[x] = in ? LOAD(d_out, qa + c0 + c) : 0.0f;
@@ -396,14 +409,15 @@ inline void tile_dots(__global const elem *q, __global const elem *k, __global c
             vs[x] = in ? LOAD(v, ka + c0 + c) : 0.0f;
         }
         barrier(CLK_LOCAL_MEM_FENCE);
-        for (uint c = 0; c < BIAS_CHUNK; ++c) {
-            s = fma(qs[c * stride + i], ks[c * stride + j], s);
-            dp = fma(gs[c * stride + i], vs[c * stride + j], dp);
+#pragma unroll
+        for (uint c = 0; c < BIAS_CHUNK / 4u; ++c) {
+            s = fma(q4[c], k4[c], s);
+            dp = fma(g4[c], v4[c], dp);
         }
         barrier(CLK_LOCAL_MEM_FENCE);
     }
-    *s_out = s;
-    *dp_out = dp;
+    *s_out = (s.x + s.y) + (s.z + s.w);
+    *dp_out = (dp.x + dp.y) + (dp.z + dp.w);
 }
 
 /* clattn_grad_bias(): dBias of a BT x BT tile of query rows and keys of
@@ -423,6 +437,7 @@ __kernel void grad_bias__tree(__global const elem *q, ulong q_off,
 {
     const uint bt = get_local_size(0), j = get_local_id(0), i = get_local_id(1);
     const uint t0 = get_group_id(0) * bt, p0 = get_group_id(1) * bt, slice = get_group_id(2);
+    tiles = bias_tiles(tiles);
     const uint t = t0 + j, pos = p0 + i;
     const uint heads_out = bias_dims & 2u ? num_heads : 1u;
     const uint b_out = slice / heads_out, h_out = slice % heads_out;
@@ -570,7 +585,8 @@ __kernel void grad_score_params__tree(__global const elem *q, ulong q_off,
     const uint n = bt * bt, w = i * bt + j;
     const uint slice = get_group_id(1), b = slice / num_heads, head = slice % num_heads;
     const uint group = num_heads / num_kv_heads;
-    __local uint *entry = (__local uint *)(tiles + 4u * BIAS_CHUNK * (bt + 1u));
+    tiles = bias_tiles(tiles);
+    __local uint *entry = (__local uint *)(tiles + 4u * bt * BIAS_ROW);
     __local float *term = (__local float *)(entry + SCORE_DP_MAX * n);
     __local float *table = term + SCORE_DP_MAX * n;
     /* the last tile whose pairs flush (by the count of tiles taken): set

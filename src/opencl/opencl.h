@@ -94,8 +94,10 @@ typedef struct tuned_entry {
 enum { TUNED_MAX = 96, PACKED_QUEUES = 4, TUNING_KEY_MAX = 400 };
 enum { GRAD_BIAS_AUTO, GRAD_BIAS_DEVICE, GRAD_BIAS_HOST };
 /* The columns of Q, dO, K and V that grad_bias__tree (cl/tree.cl) holds in
- * local memory at a time: its -DBIAS_CHUNK. */
-enum { BIAS_CHUNK = 32 };
+ * local memory at a time: its -DBIAS_CHUNK; the floats of a row of them
+ * there (its BIAS_ROW); the bytes its buffer gives up to start 16-byte
+ * aligned (bias_tiles). */
+enum { BIAS_CHUNK = 32, BIAS_ROW = BIAS_CHUNK + 4, BIAS_ALIGN = 12 };
 /* The default's choice (choice.c): ops and size classes (the longest of
  * q_seq and kv_seq up to CHOICE_SHORT_TO, or past it; the built-in table's
  * CHOICE_FEW: short, with few blocks of keys). */

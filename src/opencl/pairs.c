@@ -191,7 +191,7 @@ typedef struct params_launch {
 /* The local memory of a side's work-group with a table of count. */
 static size_t params_local(size_t side, size_t count)
 {
-    return 4 * BIAS_CHUNK * (side + 1) * sizeof(float) +
+    return 4 * BIAS_ROW * side * sizeof(float) + BIAS_ALIGN +
            CLATTN_SCORE_DP_MAX * side * side * (sizeof(cl_uint) + sizeof(float)) +
            count * sizeof(float);
 }

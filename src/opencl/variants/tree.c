@@ -48,14 +48,14 @@ static size_t work_group(const struct clattn_cl_state *cl, const kernel_set *set
 }
 
 /* local_per_lane floats a work-item (kernel_desc.c); grad_bias__tree's
- * four tiles of BIAS_CHUNK columns by the side's rows and one
+ * four tiles of the side's rows of BIAS_ROW floats
  * (grad_score_params__tree's table and terms come on top: pairs.c). */
 static size_t local_bytes(const struct clattn_cl_state *cl, const kernel_set *set, int k,
                           uint32_t head_dim)
 {
     (void)cl;
     if (k == K_GRAD_BIAS || k == K_GRAD_PARAMS)
-        return 4 * BIAS_CHUNK * (bias_side(set->limit) + 1) * sizeof(float);
+        return 4 * BIAS_ROW * bias_side(set->limit) * sizeof(float) + BIAS_ALIGN;
     return tree_work_group(head_dim, set->limit) * sizeof(float) *
            (size_t)clattn_ocl_kernel_descs[k].local_per_lane;
 }
