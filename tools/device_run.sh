@@ -99,6 +99,8 @@
 #            and as examples/programmable/softcap.cl, S = PROG_SEQ (default
 #            8192), 8 heads, d64, causal, in PROG_DTYPES and PROG_OPS, interleaved,
 #            AB_ROUNDS rounds
+#   localmem tools/localmem.c: the local memory a work-group may have on each GPU, by
+#            launches of growing size (what CL_DEVICE_LOCAL_MEM_SIZE says beside it)
 #   ring     examples/ring_attention on 1 and then RING_RANKS (default 2) ranks, a GPU
 #            each, RING_ARGS (default q_seq 131072, d128, 8 heads, causal); needs
 #            Open MPI's Debian packages in .devdebs/mpi (unpacked under /opt/mpi)
@@ -588,6 +590,9 @@ for stage in "$@"; do
         done
       done
     done; done 2>&1 | tee "$OUT/tensors.log" ;;
+  localmem)
+    cc -O1 -o build-dev/localmem tools/localmem.c -lOpenCL &&
+      build-dev/localmem 2>&1 | tee "$OUT/localmem.log" ;;
   ring)
     gpus=$($cli devices | sed -n 's/^[* ] \([0-9]*\):[0-9]* *opencl-gpu.*/\1/p' | head -1)
     for np in 1 ${RING_RANKS:-2}; do
