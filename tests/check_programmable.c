@@ -391,6 +391,26 @@ static clattn_shape opencl_only(clattn_shape s)
     return s;
 }
 
+/* The parameters' gradient of s on ctx's device (the functions in OpenCL C
+ * alone) against want, within 1e-5 of want's largest entry, not zero. */
+static void device_params_match(clattn_context *ctx, const clattn_shape *s, const problem *p,
+                                const float *o, const float *lse, const float *want, size_t n,
+                                const char *what)
+{
+    const clattn_shape dev = opencl_only(*s);
+    float *got = nan_array(n);
+    ck_assert_ptr_nonnull(got);
+    ck_assert_status(clattn_grad_score_params(ctx, &dev, p->q, p->k, p->v, o, lse, p->d_out, got),
+                     CLATTN_OK);
+    ck_assert_ptr_nonnull(strstr(clattn_context_kernels(ctx), "grad_score_params__tree"));
+    double largest = 0.0;
+    for (size_t i = 0; i < n; ++i)
+        largest = fmax(largest, fabs((double)want[i]));
+    ck_assert(largest > 0.0);
+    assert_scaled(got, want, 1.0, n, 1e-5 * largest, "d table", what);
+    free(got);
+}
+
 /* The table's gradient on the device (score_dp from score_fn's source)
  * against the context's, dtable: the functions in OpenCL C alone, which
  * the host cannot run, so that the device takes it whatever
@@ -436,17 +456,8 @@ static void table_on_device(clattn_context *ctx, const clattn_shape *s, const pr
     ck_assert_status(
         clattn_grad_score_params(ctx, &rich, p->q, p->k, p->v, o2, lse2, p->d_out, want),
         CLATTN_OK);
-    rich = opencl_only(rich);
-    ck_assert_status(
-        clattn_grad_score_params(ctx, &rich, p->q, p->k, p->v, o2, lse2, p->d_out, twice),
-        CLATTN_OK);
-    ck_assert_ptr_nonnull(strstr(clattn_context_kernels(ctx), "grad_score_params__tree"));
-    double rich_largest = 0.0;
-    for (size_t i = 0; i < N; ++i)
-        rich_largest = fmax(rich_largest, fabs((double)want[i]));
-    ck_assert(rich_largest > 0.0);
-    assert_scaled(twice, want, 1.0, N, 1e-5 * rich_largest, "d table",
-                  "with softcap, ALiBi, dropout and offsets (want the context's)");
+    device_params_match(ctx, &rich, p, o2, lse2, want, N,
+                        "with softcap, ALiBi, dropout and offsets (want the context's)");
     free(o2);
     free(lse2);
     clattn_context *small = test_limited_context("16,8192");
@@ -500,26 +511,16 @@ static void terms_on_device(clattn_context *ctx)
     problem_make(&p, &s, 6401, 2.0f);
     float *o = malloc(p.nq * sizeof(float)), *lse = malloc(p.nlse * sizeof(float));
     ck_assert(o && lse);
-    float want[N], got[N], four[N];
+    float want[N];
     ck_assert_status(clattn_forward(ctx, &s, p.q, p.k, p.v, o, lse), CLATTN_OK);
     ck_assert_status(clattn_grad_score_params(ctx, &s, p.q, p.k, p.v, o, lse, p.d_out, want),
                      CLATTN_OK);
-    clattn_shape dev = opencl_only(s);
-    ck_assert_status(clattn_grad_score_params(ctx, &dev, p.q, p.k, p.v, o, lse, p.d_out, got),
-                     CLATTN_OK);
-    ck_assert_ptr_nonnull(strstr(clattn_context_kernels(ctx), "grad_score_params__tree"));
-    double largest = 0.0;
-    for (size_t i = 0; i < N; ++i)
-        largest = fmax(largest, fabs((double)want[i]));
-    ck_assert(largest > 0.0);
-    assert_scaled(got, want, 1.0, N, 1e-5 * largest, "d table",
-                  "of three entries a pair on the device (want the context's)");
+    device_params_match(ctx, &s, &p, o, lse, want, N,
+                        "of three entries a pair on the device (want the context's)");
     clattn_context *small = test_limited_context("16,8192");
     ck_assert_ptr_nonnull(small);
-    ck_assert_status(clattn_grad_score_params(small, &dev, p.q, p.k, p.v, o, lse, p.d_out, four),
-                     CLATTN_OK);
-    assert_scaled(four, want, 1.0, N, 1e-5 * largest, "d table",
-                  "of three entries a pair in tiles of 4 (want the context's)");
+    device_params_match(small, &s, &p, o, lse, want, N,
+                        "of three entries a pair in tiles of 4 (want the context's)");
     clattn_context_destroy(small);
     free(o);
     free(lse);
