@@ -485,6 +485,75 @@ __kernel void grad_bias__tree(__global const elem *q, ulong q_off,
 }
 
 #if MODS & MOD_SCORE_DP
+/* Where `on` (the same in every work-item), the held sums of every
+ * work-item into the table, then none held. Every work-item passes its
+ * barriers either way: with them inside the condition, PoCL 3.1 summed
+ * wrongly (tiles of 4) where Mesa's rusticl did not. */
+inline void hold_flush(__local uint *entry, __local float *term, __local float *table,
+                       uint *held, float *sums, uint *nheld, bool on)
+{
+    const uint n = get_local_size(0) * get_local_size(1);
+    const uint w = get_local_id(1) * get_local_size(0) + get_local_id(0);
+    if (on) {
+#pragma unroll
+        for (uint e = 0; e < SCORE_DP_MAX; ++e) {
+            entry[e * n + w] = e < *nheld ? held[e] : 0xFFFFFFFFu;
+            term[e * n + w] = e < *nheld ? sums[e] : 0.0f;
+        }
+    }
+    barrier(CLK_LOCAL_MEM_FENCE);
+    for (uint x = 0; on && x < SCORE_DP_MAX * n; ++x) {
+        const uint e = entry[x];
+        if (e != 0xFFFFFFFFu && (e & (n - 1u)) == w)
+            table[e] += term[x];
+    }
+    barrier(CLK_LOCAL_MEM_FENCE);
+    *nheld = on ? 0u : *nheld;
+}
+
+/* Adds a pair's terms (index, d times dz; the first `terms`) to the held
+ * sums if they all find room, true then; false leaves everything as it
+ * was. The arrays are indexed by constants alone, so that they stay in
+ * registers. */
+inline bool hold_add(uint *held, float *sums, uint *nheld, uint terms, const uint *index,
+                     const float *d, float dz)
+{
+    uint need = 0u;
+#pragma unroll
+    for (uint e = 0; e < SCORE_DP_MAX; ++e) {
+        bool found = e >= terms;
+#pragma unroll
+        for (uint h = 0; h < SCORE_DP_MAX; ++h)
+            found |= h < *nheld && held[h] == index[e];
+#pragma unroll
+        for (uint f = 0; f < e; ++f)
+            found |= index[f] == index[e];
+        need += found ? 0u : 1u;
+    }
+    if (*nheld + need > SCORE_DP_MAX)
+        return false;
+#pragma unroll
+    for (uint e = 0; e < SCORE_DP_MAX; ++e) {
+        if (e >= terms)
+            break;
+        bool found = false;
+#pragma unroll
+        for (uint h = 0; h < SCORE_DP_MAX; ++h) {
+            const bool here = !found && h < *nheld && held[h] == index[e];
+            sums[h] += here ? dz * d[e] : 0.0f;
+            found |= here;
+        }
+#pragma unroll
+        for (uint h = 0; h < SCORE_DP_MAX; ++h) {
+            const bool here = !found && h == *nheld;
+            held[h] = here ? index[e] : held[h];
+            sums[h] = here ? dz * d[e] : sums[h];
+        }
+        *nheld += found ? 0u : 1u;
+    }
+    return true;
+}
+
 /* clattn_grad_score_params(): the caller's score function's parameters'
  * gradient, d_params[e] = the sum over visible pairs of dZ = p (dP - Dsum)
  * (dropout's factor on dP) times the derivative d that clattn_score_dp
@@ -505,73 +574,6 @@ __kernel void grad_bias__tree(__global const elem *q, ulong q_off,
  * whose entries repeat along a row (a bias clipped at a distance, one
  * parameter a head) flushes seldom. A count past SCORE_DP_MAX or an entry
  * past count sets *bad (the host then writes nothing). */
-
-/* Where `on` (the same in every work-item), the held sums of every
- * work-item into the table, then none held. Every work-item passes its
- * barriers either way: with them inside the condition, PoCL 3.1 summed
- * wrongly (tiles of 4) where Mesa's rusticl did not. */
-inline void hold_flush(__local uint *entry, __local float *term, __local float *table,
-                       uint *held, float *sums, uint *nheld, bool on)
-{
-    const uint n = get_local_size(0) * get_local_size(1);
-    const uint w = get_local_id(1) * get_local_size(0) + get_local_id(0);
-    for (uint e = 0; on && e < SCORE_DP_MAX; ++e) {
-        entry[e * n + w] = e < *nheld ? held[e] : 0xFFFFFFFFu;
-        term[e * n + w] = e < *nheld ? sums[e] : 0.0f;
-    }
-    barrier(CLK_LOCAL_MEM_FENCE);
-    for (uint x = 0; on && x < SCORE_DP_MAX * n; ++x) {
-        const uint e = entry[x];
-        if (e != 0xFFFFFFFFu && (e & (n - 1u)) == w)
-            table[e] += term[x];
-    }
-    barrier(CLK_LOCAL_MEM_FENCE);
-    *nheld = on ? 0u : *nheld;
-}
-
-/* Adds a pair's terms (index, d times dz; the first `terms`) to the held
- * sums if they all find room, true then; false leaves everything as it
- * was. The arrays are indexed by constants alone, so that they stay in
- * registers. */
-inline bool hold_add(uint *held, float *sums, uint *nheld, uint terms, const uint *index,
-                     const float *d, float dz)
-{
-    uint need = 0u;
-    #pragma unroll
-    for (uint e = 0; e < SCORE_DP_MAX; ++e) {
-        bool found = e >= terms;
-        #pragma unroll
-        for (uint h = 0; h < SCORE_DP_MAX; ++h)
-            found |= h < *nheld && held[h] == index[e];
-        #pragma unroll
-        for (uint f = 0; f < e; ++f)
-            found |= index[f] == index[e];
-        need += found ? 0u : 1u;
-    }
-    if (*nheld + need > SCORE_DP_MAX)
-        return false;
-    #pragma unroll
-    for (uint e = 0; e < SCORE_DP_MAX; ++e) {
-        if (e >= terms)
-            break;
-        bool found = false;
-        #pragma unroll
-        for (uint h = 0; h < SCORE_DP_MAX; ++h) {
-            const bool here = !found && h < *nheld && held[h] == index[e];
-            sums[h] += here ? dz * d[e] : 0.0f;
-            found |= here;
-        }
-        #pragma unroll
-        for (uint h = 0; h < SCORE_DP_MAX; ++h) {
-            const bool here = !found && h == *nheld;
-            held[h] = here ? index[e] : held[h];
-            sums[h] = here ? dz * d[e] : sums[h];
-        }
-        *nheld += found ? 0u : 1u;
-    }
-    return true;
-}
-
 __kernel void grad_score_params__tree(__global const elem *q, ulong q_off,
                                       __global const elem *k, ulong k_off,
                                       __global const elem *v, ulong v_off,
@@ -642,18 +644,18 @@ __kernel void grad_score_params__tree(__global const elem *q, ulong q_off,
                     /* the entries inside the table, in order, first */
                     uint kept = 0u, in[SCORE_DP_MAX];
                     float din[SCORE_DP_MAX];
-                    #pragma unroll
+#pragma unroll
                     for (uint e = 0; e < SCORE_DP_MAX; ++e) {
                         const bool on = e < terms && index[e] < count;
                         flaw |= e < terms && index[e] >= count;
-                        #pragma unroll
+#pragma unroll
                         for (uint x = 0; x < SCORE_DP_MAX; ++x) {
                             in[x] = on && x == kept ? index[e] : in[x];
                             din[x] = on && x == kept ? d[e] : din[x];
                         }
                         kept += on ? 1u : 0u;
                     }
-                    #pragma unroll
+#pragma unroll
                     for (uint e = 0; e < SCORE_DP_MAX; ++e) {
                         index[e] = in[e];
                         d[e] = din[e];
