@@ -93,7 +93,7 @@ typedef struct tuned_entry {
 } tuned_entry;
 enum { TUNED_MAX = 96, PACKED_QUEUES = 4, TUNING_KEY_MAX = 400 };
 enum { GRAD_BIAS_AUTO, GRAD_BIAS_DEVICE, GRAD_BIAS_HOST };
-/* The columns of Q, dO, K and V that grad_bias__tree (cl/tree.cl) holds in
+/* The columns of Q, dO, K and V that grad_bias__tree (cl/tree/pairs.cl) holds in
  * local memory at a time: its -DBIAS_CHUNK; the floats of a row of them
  * there (its BIAS_ROW); the bytes its buffer gives up to start 16-byte
  * aligned (bias_tiles). */

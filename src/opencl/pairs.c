@@ -23,7 +23,7 @@ static int device_wanted(const struct clattn_cl_state *cl, const clattn_shape *s
 
 /* Whether the device computes dBias for s: where it is wanted, and it
  * can: its work-items loop over the batch elements and heads a slice
- * gathers, BIAS_CHUNK columns at a time (cl/tree.cl's grad_bias__tree),
+ * gathers, BIAS_CHUNK columns at a time (cl/tree/pairs.cl's grad_bias__tree),
  * within the driver's loop cap, and the gradient fits one allocation. */
 static int grad_bias_fits(const struct clattn_cl_state *cl, const clattn_shape *s)
 {

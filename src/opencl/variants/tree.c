@@ -1,4 +1,4 @@
-/* The tree variant: tree.cl's kernels, a work-group per row whose
+/* The tree variant: cl/tree's kernels, a work-group per row whose
  * work-items each hold LANE_ELEMS elements of it and sum by local-memory
  * tree reduction (the seed's grad-V, and every op after it). One set of
  * kernels serves every head_dim; the other variants take its Dsum
