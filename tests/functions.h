@@ -1,7 +1,8 @@
 /* What check_programmable.c writes once for OpenCL and C, and lends to
- * check_bias.c: the relative-bias score function, the prefix-LM mask, the
- * shapes that carry them, and the loss that central differences take; and
- * check_bias.c's tensors, lent back. */
+ * check_bias.c and check_params.c: the relative-bias score function, the
+ * prefix-LM mask, the shapes that carry them, and the loss that central
+ * differences take; and check_bias.c's tensors and check_params.c's
+ * checks, lent back. */
 #ifndef CLATTN_TESTS_FUNCTIONS_H
 #define CLATTN_TESTS_FUNCTIONS_H
 
@@ -29,6 +30,11 @@ clattn_shape with_mask(clattn_shape s, const char *source,
                        int (*fn)(uint32_t, uint32_t, uint32_t, uint32_t));
 /* L = sum of O . dO from the reference's forward of p. */
 double loss(const problem *p);
+/* check_params.c: the parameters' gradient of s (relbias_table's, dtable
+ * the context's) on the device and from bfloat16 tensors, O and LSE of
+ * p's forward given. */
+void params_checks(clattn_context *ctx, const clattn_shape *s, const problem *p, const float *o,
+                   const float *lse, const float *dtable);
 
 /* check_bias.c: a bias of s's layout in [-2, 2) (with_inf: about one in
  * 11 -inf), and a bool mask hiding about one pair in four (rows_out:
