@@ -130,7 +130,7 @@ inline void user_lane(float *s, float *dz, float mu, uint row0, uint col0, bool 
  * j of its fragment (n-tile j / 4, row half (j & 2) / 2, column j & 1).
  * Sixteen consecutive keys of one query share a Philox block, and the
  * lanes that hold them share its draw: each block is drawn by one of them,
- * which passes its sixteen keep bits (keep_bits) to the others by
+ * which passes its sixteen keep bits (keep_bits_lanes) to the others by
  * shuffles, a draw per sixteen scores. `a`, where the warp's keys start
  * within a block, is 0 unless kv_offset (or on the query side a window's
  * first key) is off a multiple of 16; the blocks then straddle the n-tiles
@@ -143,6 +143,25 @@ inline void user_lane(float *s, float *dz, float mu, uint row0, uint col0, bool 
 #define KB ((4 * NT + 7) / 8)              /* and key side */
 #define HALF_OF(w, i, lanes) \
     (((w)[(i) % (lanes)][(i) / (lanes) / 2] >> ((i) / (lanes) % 2 * 16)) & 0xFFFFu)
+
+/* keep_bits of common.cl by 16-bit lanes: for word k's bytes 0 and 2 (e)
+ * and 1 and 3 (o), a lane's byte + 256 - thr has bit 8 set iff the byte is
+ * at least thr (thr < 256: no lane borrows). Keys 4k .. 4k + 3 then sit
+ * at bits 8, 9, 24 and 25 of m, taken to bits 4k, 4k + 1 and 16 + 4k,
+ * 17 + 4k of x. A threshold of 256 (p above 255/256) keeps none. */
+inline uint keep_bits_lanes(uint4 w, uint thr)
+{
+    const uint c = 0x01000100u - thr * 0x00010001u;
+    const uint words[4] = {w.x, w.y, w.z, w.w};
+    uint x = 0u;
+    UNROLL
+    for (uint k = 0; k < 4; ++k) {
+        const uint e = (words[k] & 0x00FF00FFu) + c, o = ((words[k] >> 8) & 0x00FF00FFu) + c;
+        const uint m = (e & 0x01000100u) | (o & 0x01000100u) << 1;
+        x |= k < 2 ? m >> (8 - 4 * k) : m << (4 * k - 8);
+    }
+    return thr > 255u ? 0u : (x & 0x3333u) | (x >> 14 & 0xCCCCu);
+}
 
 /* Query side: rows row0 and row0 + 8 (queries), columns keys t0 + 8n + 2t
  * + c. Block i = 2m + r holds keys t0 + 16m - a .. of row half r; lane
@@ -165,8 +184,27 @@ inline void keep_queries(uint *kb, uint t0, uint row0, uint head, uint b, long d
         if (i < blocks) {
             const uint4 x = draws(((first >> 4) + i / 2) & 0x0FFFFFFFu, row0 + 8 * (i & 1u), head,
                                   b, delta, kv_pos0, seq0, drop_k0, drop_k1);
-            own[q / 2] |= keep_bits(x, drop_thr) << (16 * (q % 2));
+            own[q / 2] |= keep_bits_lanes(x, drop_thr) << (16 * (q % 2));
         }
+    }
+    if (a == 0u) {
+        /* Blocks from a multiple of 16: lane s's word w holds blocks 4q + s
+         * (q = 2w, 2w + 1 in its halves), keys 16m .. 16m + 15 of row half r
+         * for m = 2q + s / 2, r = s % 2; this lane's keys of n-tile 2m + n'
+         * (n' = 0, 1) are bits 8n' + 2t and 8n' + 2t + 1 of it, and scores
+         * 8m + 4n' + 2r + c of kb: 32w + 16 (q % 2) + 8 (s / 2) + 2 (s % 2) +
+         * 4n' + c. */
+        UNROLL
+        for (uint w = 0; w < DROP_WORDS; ++w) {
+            uint x = 0u;
+            UNROLL
+            for (uint src = 0; src < 4; ++src) {
+                const uint z = shfl_idx(own[w], (lane & ~3u) | src, emu) >> (2u * t) & 0x03030303u;
+                x |= ((z | z >> 4) & 0x00330033u) << (8u * (src >> 1) + 2u * (src & 1u));
+            }
+            kb[w] = x;
+        }
+        return;
     }
     uint got[4][(QB + 1) / 2];
     UNROLL
@@ -212,8 +250,25 @@ inline void keep_keys(uint *kb, uint p0, uint key0, uint head, uint b, long delt
             const uint4 x = draws(((first >> 4) + i / (2 * NT)) & 0x0FFFFFFFu,
                                   p0 + 8 * (col / 2) + 2 * t + (col & 1u), head, b, delta, kv_pos0,
                                   seq0, drop_k0, drop_k1);
-            own[q / 2] |= keep_bits(x, drop_thr) << (16 * (q % 2));
+            own[q / 2] |= keep_bits_lanes(x, drop_thr) << (16 * (q % 2));
         }
+    }
+    if (a == 0u) {
+        /* Blocks from a multiple of 16: lane s's word w holds the columns
+         * 8q + s (q = 2w, 2w + 1 in its halves), n = 4q + s / 2 and c = s %
+         * 2, whose keys key0 and key0 + 8 are bits g and 8 + g; scores 4n +
+         * 2r + c of kb: 32w + 16 (q % 2) + 4 (s / 2) + s % 2 + 2r. */
+        UNROLL
+        for (uint w = 0; w < DROP_WORDS; ++w) {
+            uint x = 0u;
+            UNROLL
+            for (uint src = 0; src < 8; ++src) {
+                const uint z = shfl_idx(own[w], (src << 2) | t, emu) >> g & 0x01010101u;
+                x |= ((z | z >> 6) & 0x00050005u) << (4u * (src >> 1) + (src & 1u));
+            }
+            kb[w] = x;
+        }
+        return;
     }
     uint got[8][(KB + 1) / 2];
     UNROLL
