@@ -154,11 +154,26 @@ inline bool user_shows(uint b, uint head, uint pos, uint t, uint P, uint T, uint
  * derivative 0); the functions take the global positions P and T and
  * b + seq0, the tensors the rows, clamped to the call's (a tile's tail
  * past them is discarded). *g is multiplied by the score function's
- * derivative. */
-inline float user_modify(float x, uint pos, uint t, uint head, uint b, long delta,
-                         __global const float *slopes, uint num_heads, uint q_seq, uint kv_seq,
-                         uint kv_pos0, uint seq0, __global const float *bias,
-                         __global const uchar *bool_mask, uint bias_dims, float *g)
+ * derivative. user_modify_with takes the bias's value of the pair (0
+ * without one), read by the caller (user_bias) where it can read it early;
+ * user_modify reads it. */
+inline float user_bias(__global const float *bias, uint b, uint head, uint pos, uint t,
+                       uint num_heads, uint q_seq, uint kv_seq, uint bias_dims)
+{
+#if MODS & MOD_BIAS
+    return bias_value(bias,
+                      bias_at(b, head, min(pos, q_seq - 1u), min(t, kv_seq - 1u), num_heads,
+                              q_seq, kv_seq, bias_dims),
+                      bias_dims);
+#else
+    return 0.0f;
+#endif
+}
+
+inline float user_modify_with(float x, uint pos, uint t, uint head, uint b, long delta,
+                              __global const float *slopes, uint num_heads, uint q_seq,
+                              uint kv_seq, uint kv_pos0, uint seq0, float bias_v,
+                              __global const uchar *bool_mask, uint bias_dims, float *g)
 {
     pos = min(pos, q_seq - 1u);
     t = min(t, kv_seq - 1u);
@@ -170,7 +185,7 @@ inline float user_modify(float x, uint pos, uint t, uint head, uint b, long delt
     x = clattn_score(x, b + seq0, head, P, T, p);
 #endif
 #if MODS & MOD_BIAS
-    x += bias_value(bias, bias_at(b, head, pos, t, num_heads, q_seq, kv_seq, bias_dims), bias_dims);
+    x += bias_v;
 #endif
 #if HIDING
     if (!user_shows(b, head, pos, t, P, T, seq0, bool_mask, num_heads, q_seq, kv_seq,
@@ -180,6 +195,17 @@ inline float user_modify(float x, uint pos, uint t, uint head, uint b, long delt
     }
 #endif
     return x;
+}
+
+inline float user_modify(float x, uint pos, uint t, uint head, uint b, long delta,
+                         __global const float *slopes, uint num_heads, uint q_seq, uint kv_seq,
+                         uint kv_pos0, uint seq0, __global const float *bias,
+                         __global const uchar *bool_mask, uint bias_dims, float *g)
+{
+    return user_modify_with(x, pos, t, head, b, delta, slopes, num_heads, q_seq, kv_seq, kv_pos0,
+                            seq0,
+                            user_bias(bias, b, head, pos, t, num_heads, q_seq, kv_seq, bias_dims),
+                            bool_mask, bias_dims, g);
 }
 #endif
 

@@ -153,6 +153,8 @@ inline void key_side(__global const elem *q, __global const elem *k, __global co
         __local const float *mt = st.rows, *lt = mt + TILE, *dt = lt + TILE;
 
         const uint head = kv_head * group + step / per_head;
+        float bv[NT * 4]; /* the bias's values: loads in flight beside the products */
+        BIAS_LANE(bv, key0, p0, true, head);
         uint keep[DROP_WORDS]; /* dropout's keep bits, drawn before the scores are live */
 #if MODS & MOD_DROPOUT
         keep_keys(keep, p0, key0, head, b, delta, emu, MOD_PASS);
@@ -171,7 +173,7 @@ inline void key_side(__global const elem *q, __global const elem *k, __global co
 #if SHAPED
         modify_lane(&s[0][0], dz, PRE(scale), (long)p0 + 2 * (long)t + delta - (long)key0, -1.0f,
                     softcap, SLOPE(head));
-        USER_LANE(&s[0][0], dz, key0, p0, true, head);
+        USER_LANE(&s[0][0], dz, bv, key0, p0, true, head);
 #else
         UNROLL
         for (uint j = 0; j < NT * 4; ++j)

@@ -101,29 +101,49 @@ inline void modify_lane(float *s, float *dz, float pre, long base, float side, f
  * are query rows on the query side, keys on the key side (key_side), and
  * the columns the others. A hidden pair's score is -inf, whose weight is
  * 0 below any row's max (EMPTY_ROW at least); dz takes the score
- * function's derivative. */
+ * function's derivative. bv: the bias's values of the elements, read by
+ * bias_lane before the scores' products, so that the loads are in flight
+ * beside them. */
 #if USER_FNS
-inline void user_lane(float *s, float *dz, float mu, uint row0, uint col0, bool key_side,
-                      uint head, uint b, long delta, uint num_heads, uint q_seq, uint kv_seq,
-                      MOD_ARGS)
+#define LANE_ROW(row0, j) ((row0) + (((j) & 2) ? 8u : 0u))
+#define LANE_COL(col0, j, t) ((col0) + (j) / 4 * 8 + 2 * (t) + ((j) & 1))
+inline void bias_lane(float *bv, uint row0, uint col0, bool key_side, uint head, uint b,
+                      uint num_heads, uint q_seq, uint kv_seq, MOD_ARGS)
+{
+    const uint t = get_local_id(0) & 3u;
+    UNROLL
+    for (uint j = 0; j < NT * 4; ++j) {
+        const uint r = LANE_ROW(row0, j), c = LANE_COL(col0, j, t);
+        bv[j] = user_bias(bias, b, head, key_side ? c : r, key_side ? r : c, num_heads, q_seq,
+                          kv_seq, bias_dims);
+    }
+}
+
+inline void user_lane(float *s, float *dz, const float *bv, float mu, uint row0, uint col0,
+                      bool key_side, uint head, uint b, long delta, uint num_heads, uint q_seq,
+                      uint kv_seq, MOD_ARGS)
 {
     const uint t = get_local_id(0) & 3u;
     const float inv = 1.0f / mu;
     UNROLL
     for (uint j = 0; j < NT * 4; ++j) {
-        const uint r = row0 + ((j & 2) ? 8u : 0u), c = col0 + j / 4 * 8 + 2 * t + (j & 1);
+        const uint r = LANE_ROW(row0, j), c = LANE_COL(col0, j, t);
         float g = 1.0f;
-        s[j] = user_modify(s[j] * mu, key_side ? c : r, key_side ? r : c, head, b, delta, slopes,
-                           num_heads, q_seq, kv_seq, kv_pos0, seq0, bias, bool_mask, bias_dims,
-                           &g) * inv;
+        s[j] = user_modify_with(s[j] * mu, key_side ? c : r, key_side ? r : c, head, b, delta,
+                                slopes, num_heads, q_seq, kv_seq, kv_pos0, seq0, bv[j], bool_mask,
+                                bias_dims, &g) *
+               inv;
         dz[j] *= g;
     }
 }
-#define USER_LANE(s, dz, row0, col0, key_side, head)                                          \
-    user_lane((s), (dz), MOD_UNIT(scale), (row0), (col0), (key_side), (head), b, delta,       \
+#define BIAS_LANE(bv, row0, col0, key_side, head) \
+    bias_lane((bv), (row0), (col0), (key_side), (head), b, num_heads, q_seq, kv_seq, MOD_PASS)
+#define USER_LANE(s, dz, bv, row0, col0, key_side, head)                                      \
+    user_lane((s), (dz), (bv), MOD_UNIT(scale), (row0), (col0), (key_side), (head), b, delta, \
               num_heads, q_seq, kv_seq, MOD_PASS)
 #else
-#define USER_LANE(s, dz, row0, col0, key_side, head)
+#define BIAS_LANE(bv, row0, col0, key_side, head)
+#define USER_LANE(s, dz, bv, row0, col0, key_side, head)
 #endif
 
 /* Dropout's keep bits of a lane's scores: bit j of kb[j / 32] for score

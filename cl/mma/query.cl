@@ -72,6 +72,8 @@ forward__mma(__global const elem *q, ulong q_off, __global const elem *k, ulong 
                         num_kv_heads, kv_head);
         __local const float *kt = st.xt, *vt = st.yt;
 
+        float bv[NT * 4]; /* the bias's values: loads in flight beside the products */
+        BIAS_LANE(bv, row0, t0, false, head);
         uint kb[DROP_WORDS]; /* dropout's keep bits, drawn before the scores are live */
 #if MODS & MOD_DROPOUT
         keep_queries(kb, t0, row0, head, b, delta, emu, MOD_PASS);
@@ -82,7 +84,7 @@ forward__mma(__global const elem *q, ulong q_off, __global const elem *k, ulong 
         float dz[NT * 4]; /* unused: the forward needs no derivative */
         modify_lane(&s[0][0], dz, PRE(scale), (long)row0 + delta - (long)t0 - 2 * (long)t, 1.0f,
                     softcap, slope);
-        USER_LANE(&s[0][0], dz, row0, t0, false, head);
+        USER_LANE(&s[0][0], dz, bv, row0, t0, false, head);
 #endif
         /* Only tiles that some row sees in part are masked. */
         const bool whole =
@@ -275,6 +277,8 @@ grad_q__mma(__global const elem *q, ulong q_off, __global const elem *k, ulong k
                         num_kv_heads, kv_head);
         __local const float *kt = st.xt, *vt = st.yt;
 
+        float bv[NT * 4]; /* the bias's values: loads in flight beside the products */
+        BIAS_LANE(bv, row0, t0, false, head);
         uint kb[DROP_WORDS]; /* dropout's keep bits, drawn before the scores are live */
 #if MODS & MOD_DROPOUT
         keep_queries(kb, t0, row0, head, b, delta, emu, MOD_PASS);
@@ -284,7 +288,7 @@ grad_q__mma(__global const elem *q, ulong q_off, __global const elem *k, ulong k
 #if SHAPED
         modify_lane(&s[0][0], dz, PRE(scale), (long)row0 + delta - (long)t0 - 2 * (long)t, 1.0f,
                     softcap, slope);
-        USER_LANE(&s[0][0], dz, row0, t0, false, head);
+        USER_LANE(&s[0][0], dz, bv, row0, t0, false, head);
 #else
         UNROLL
         for (uint j = 0; j < NT * 4; ++j)
