@@ -109,6 +109,14 @@ inline float sink_fold(float *m, float *l, float sigma)
     return r;
 }
 
+/* p from its first 16-byte boundary: a __local argument is promised only
+ * its element's alignment, and kernels that read or write 16 bytes at a
+ * time want more (their hosts give 12 bytes more). */
+inline __local float *local_align16(__local float *p)
+{
+    return p + ((16u - ((uint)(ulong)p & 15u)) & 15u) / 4u;
+}
+
 /* The element of the caller's bias and bool mask of query row pos and key
  * t of query head `head` of element b (bias_dims: MOD_ARGS). */
 inline ulong bias_at(uint b, uint head, uint pos, uint t, uint num_heads, uint q_seq,

@@ -276,7 +276,7 @@ inline __local float *tile_base(__local float *p)
 #if WGMMA /* swizzled tiles start at a 1024-byte boundary (the host gives MMA_ALIGN_WGMMA more) */
     return p + ((1024u - ((uint)(ulong)(p + TILES_AT) & 1023u)) & 1023u) / 4u;
 #elif DTYPE != 0
-    return p + ((16u - ((uint)(ulong)p & 15u)) & 15u) / 4u;
+    return local_align16(p);
 #else
     return p;
 #endif

@@ -9,13 +9,6 @@
  * src/opencl/opencl.h). Every work-item of the group calls it. */
 #define BIAS_ROW (BIAS_CHUNK + 4u)
 
-/* The kernel's local buffer from its first 16-byte boundary: a __local
- * argument is promised only its element's alignment, and tile_dots reads
- * 16 bytes at a time (the host gives 12 bytes more). */
-inline __local float *bias_tiles(__local float *tiles)
-{
-    return tiles + ((16u - ((uint)(ulong)tiles & 15u)) & 15u) / 4u;
-}
 inline void tile_dots(__global const elem *q, __global const elem *k, __global const elem *v,
                       __global const elem *d_out, ulong qa, ulong ka, uint head_dim,
                       __local float *tiles, float *s_out, float *dp_out)
@@ -66,7 +59,7 @@ __kernel void grad_bias__tree(__global const elem *q, ulong q_off,
 {
     const uint bt = get_local_size(0), j = get_local_id(0), i = get_local_id(1);
     const uint t0 = get_group_id(0) * bt, p0 = get_group_id(1) * bt, slice = get_group_id(2);
-    tiles = bias_tiles(tiles);
+    tiles = local_align16(tiles); /* tile_dots reads 16 bytes at a time */
     const uint t = t0 + j, pos = p0 + i;
     const uint heads_out = bias_dims & 2u ? num_heads : 1u;
     const uint b_out = slice / heads_out, h_out = slice % heads_out;
@@ -216,7 +209,7 @@ __kernel void grad_score_params__tree(__global const elem *q, ulong q_off,
     const uint n = bt * bt, w = i * bt + j;
     const uint slice = get_group_id(1), b = slice / num_heads, head = slice % num_heads;
     const uint group = num_heads / num_kv_heads;
-    tiles = bias_tiles(tiles);
+    tiles = local_align16(tiles); /* tile_dots reads 16 bytes at a time */
     __local uint *entry = (__local uint *)(tiles + 4u * bt * BIAS_ROW);
     __local float *term = (__local float *)(entry + SCORE_DP_MAX * n);
     __local float *table = term + SCORE_DP_MAX * n;

@@ -96,7 +96,7 @@ enum { GRAD_BIAS_AUTO, GRAD_BIAS_DEVICE, GRAD_BIAS_HOST };
 /* The columns of Q, dO, K and V that grad_bias__tree (cl/tree/pairs.cl) holds in
  * local memory at a time: its -DBIAS_CHUNK; the floats of a row of them
  * there (its BIAS_ROW); the bytes its buffer gives up to start 16-byte
- * aligned (bias_tiles). */
+ * aligned (local_align16). */
 enum { BIAS_CHUNK = 32, BIAS_ROW = BIAS_CHUNK + 4, BIAS_ALIGN = 12 };
 /* The default's choice (choice.c): ops and size classes (the longest of
  * q_seq and kv_seq up to CHOICE_SHORT_TO, or past it; the built-in table's
