@@ -399,15 +399,6 @@ inline uint draw8(uint4 w, uint i)
     return (word >> (8u * (i & 3u))) & 0xFFu;
 }
 
-/* The keep bits of a block's sixteen keys, key i at bit i. */
-inline uint keep_bits(uint4 w, uint thr)
-{
-    uint bits = 0u;
-    for (uint i = 0; i < 16u; ++i)
-        bits |= (draw8(w, i) >= thr ? 1u : 0u) << i;
-    return bits;
-}
-
 /* Whether dropout keeps key t of query row pos (one draw of its block). */
 inline bool kept(uint pos, uint t, uint head, uint b, long delta, uint kv_pos0, uint seq0,
                  uint k0, uint k1, uint thr)

@@ -164,7 +164,8 @@ inline void user_lane(float *s, float *dz, const float *bv, float mu, uint row0,
 #define HALF_OF(w, i, lanes) \
     (((w)[(i) % (lanes)][(i) / (lanes) / 2] >> ((i) / (lanes) % 2 * 16)) & 0xFFFFu)
 
-/* keep_bits of common.cl by 16-bit lanes: for word k's bytes 0 and 2 (e)
+/* The keep bits of a block's sixteen keys, key i at bit i where draw8(w,
+ * i) >= thr, by 16-bit lanes: for word k's bytes 0 and 2 (e)
  * and 1 and 3 (o), a lane's byte + 256 - thr has bit 8 set iff the byte is
  * at least thr (thr < 256: no lane borrows). Keys 4k .. 4k + 3 then sit
  * at bits 8, 9, 24 and 25 of m, taken to bits 4k, 4k + 1 and 16 + 4k,
