@@ -59,8 +59,18 @@ START_TEST(program_cache)
     const shape_case c = {.q_seq = 20, .heads = 2, .kv_heads = 1, .head_dim = 16, .causal = 1};
     clattn_shape s = to_shape(&c);
 
+    /* PoCL keeps its own cache: clattn stores nothing there unless asked. */
     clattn_context *ctx = test_context(NULL);
     const char *log = clattn_context_log(ctx);
+    if (strstr(clattn_context_device(ctx), "Portable Computing Language")) {
+        ck_assert_msg(strstr(log, "compiled") && !strstr(log, "program cache"), "%s", log);
+        ck_assert_int_eq(cache_files(dir, 0), 0);
+    }
+    clattn_context_destroy(ctx);
+    setenv("CLATTN_CACHE_POCL", "1", 1);
+
+    ctx = test_context(NULL);
+    log = clattn_context_log(ctx);
     ck_assert_msg(strstr(log, "stored in the program cache") && !strstr(log, "loaded"), "%s",
                   log);
     check_ops(ctx, &s, 1.0f, 7);
@@ -113,6 +123,7 @@ START_TEST(program_cache)
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
     ck_assert_int_eq(system(cmd), 0);
     unsetenv("CLATTN_CACHE_DIR");
+    unsetenv("CLATTN_CACHE_POCL");
 }
 END_TEST
 
@@ -180,6 +191,7 @@ START_TEST(cache_bound)
     char dir[] = "/tmp/clattn-bound-XXXXXX";
     ck_assert_ptr_nonnull(mkdtemp(dir));
     setenv("CLATTN_CACHE_DIR", dir, 1);
+    setenv("CLATTN_CACHE_POCL", "1", 1);
     /* Programs of older sources (600 KiB each, oldest first) and a file of
      * someone else's, older than all of them. */
     make_file(dir, "00000000000000a1.bin", 600l << 10, 3000);
@@ -228,6 +240,7 @@ START_TEST(cache_bound)
     }
     unsetenv("CLATTN_CACHE_MAX_MB");
     unsetenv("CLATTN_CACHE_DIR");
+    unsetenv("CLATTN_CACHE_POCL");
     char cmd[4200];
     snprintf(cmd, sizeof cmd, "rm -rf '%s' '%s'", dir, fresh);
     ck_assert_int_eq(system(cmd), 0);

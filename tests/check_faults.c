@@ -135,9 +135,11 @@ static void expect_outputs(float *const out[3], float *const want[3], const size
  * the cache, or built), failed in turn by the shim: the op returns a
  * status with a message, or, where clattn absorbed the fault (a cached
  * program that fails to load is built again), the right outputs; the same
- * context then runs the op right. Leaks are the sanitizer checkers'. */
+ * context then runs the op right. Leaks are the sanitizer checkers'. The
+ * program cache is on, PoCL's included, so that its loads are failed too. */
 START_TEST(injected_faults)
 {
+    setenv("CLATTN_CACHE_POCL", "1", 1);
     void (*arm)(long) = (void (*)(long))dlsym(RTLD_DEFAULT, "faultcl_arm");
     long (*counted)(void) = (long (*)(void))dlsym(RTLD_DEFAULT, "faultcl_calls");
     ck_assert_msg(arm && counted, "the suite wants tests/faultcl's shim in LD_PRELOAD");
@@ -211,6 +213,7 @@ START_TEST(injected_faults)
         }
     }
     problem_free(&p);
+    unsetenv("CLATTN_CACHE_POCL");
 }
 END_TEST
 

@@ -21,7 +21,8 @@ static clattn_status compile(struct clattn_cl_state *cl, const clattn_ocl_varian
                              cl_program *out)
 {
     cl_int err;
-    if ((*out = clattn_cache_load(cl->context, cl->device, src, options)) != NULL) {
+    if (cl->program_cache &&
+        (*out = clattn_cache_load(cl->context, cl->device, src, options)) != NULL) {
         clattn_log_append(cl->owner, "%s kernels (%s): loaded from the program cache", v->name,
                           options);
         return CLATTN_OK;
@@ -33,7 +34,8 @@ static clattn_status compile(struct clattn_cl_state *cl, const clattn_ocl_varian
     }
     err = clBuildProgram(*out, 1, &cl->device, options, NULL, NULL);
     if (err == CL_SUCCESS) {
-        const int stored = clattn_cache_store(*out, cl->device, src, options);
+        const int stored =
+            cl->program_cache && clattn_cache_store(*out, cl->device, src, options);
         clattn_log_append(cl->owner, "%s kernels (%s): compiled%s", v->name, options,
                           stored ? ", stored in the program cache" : "");
         return CLATTN_OK;

@@ -320,8 +320,13 @@ static clattn_status init_variant(clattn_context *ctx, const clattn_ocl_variant 
     clGetDeviceInfo(device, CL_DEVICE_PLATFORM, sizeof platform, &platform, NULL);
     query_string(get_platform_info, platform, CL_PLATFORM_NAME, platform_name,
                  sizeof platform_name);
-    const int items_loop =
-        (type & CL_DEVICE_TYPE_CPU) && strstr(platform_name, "Portable Computing Language");
+    const int pocl = strstr(platform_name, "Portable Computing Language") != NULL;
+    const int items_loop = (type & CL_DEVICE_TYPE_CPU) && pocl;
+    /* PoCL caches what it compiles, keyed by source and options, and asked
+     * for a program's binary compiles each of its kernels once more, for
+     * any work-group size: the cold build took about 6x as long. */
+    const char *cache_pocl = getenv("CLATTN_CACHE_POCL");
+    cl->program_cache = !pocl || (cache_pocl && !strcmp(cache_pocl, "1"));
     if ((st = clattn_ocl_tuning_init(cl, device, items_loop)) != CLATTN_OK)
         goto fail;
     /* `clattn tune`'s winners for this device, keyed as docs/tuning.md says. */

@@ -215,6 +215,9 @@ struct clattn_cl_state {
     /* CLATTN_LOCAL_PROBE=1 (tests): each laid-out local buffer checked at
      * its build (build.c's probe_local). */
     int local_probe;
+    /* Whether built programs go to clattn's program cache: not on PoCL,
+     * which keeps its own, unless CLATTN_CACHE_POCL=1 (build.c). */
+    int program_cache;
     struct {
         tuned_entry entries[TUNED_MAX];
         size_t count;
