@@ -214,14 +214,15 @@ INLINE void modify_rows(const native_call *c, tile_row *sc, tile_row *dz, size_t
     if (bias_alone) { /* its rows, down sc's columns */
         _Alignas(64) float buf[KEY_BLOCK];
         if (rows == QUERY_BLOCK && keys == KEY_BLOCK) {
-            /* a whole tile: the rows into bt's columns, then added as sc
-             * lies (added down sc's columns, each element was gathered) */
+            /* a whole tile: the rows into bt's columns by the tiles'
+             * transpose, then added as sc lies (added down sc's columns,
+             * each element was gathered) */
             _Alignas(64) tile_row bt[KEY_BLOCK];
-            for (uint32_t r = 0; r < QUERY_BLOCK; ++r) {
-                const float *at = native_bias_row(c, b, head, pos0 + r, t0, KEY_BLOCK, buf);
-                for (uint32_t j = 0; j < KEY_BLOCK; ++j)
-                    bt[j][r] = at[j];
-            }
+            _Alignas(64) float wide[QUERY_BLOCK][KEY_BLOCK]; /* a 16-bit bias's rows */
+            const float *at[QUERY_BLOCK];
+            for (uint32_t r = 0; r < QUERY_BLOCK; ++r)
+                at[r] = native_bias_row(c, b, head, pos0 + r, t0, KEY_BLOCK, wide[r]);
+            transpose_in(at, KEY_BLOCK, bt);
             for (uint32_t j = 0; j < KEY_BLOCK; ++j)
                 EACH_PART(h) { hstore(sc[j] + h, hload(sc[j] + h) + hload(bt[j] + h)); }
         } else {

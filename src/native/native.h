@@ -246,20 +246,6 @@ static inline void native_span(const native_call *c, float *x, float *dz, float 
             dz[i] *= g[i];
 }
 
-/* n of the bias's elements of query row pos (below q_seq) of head `head`
- * of element b, from key t0 on, as float32: in the bias itself, or
- * converted into buf (a 16-bit bias). */
-static inline const float *native_bias_row(const native_call *c, size_t b, size_t head,
-                                           size_t pos, uint32_t t0, uint32_t n, float *buf)
-{
-    const clattn_shape *s = c->s;
-    const size_t at = clattn_bias_index(s, b, head, pos, t0);
-    if (s->bias_dtype == CLATTN_DTYPE_F32)
-        return (const float *)s->bias + at;
-    clattn_bias_values(s, at, n, buf);
-    return buf;
-}
-
 /* Whether the pairs' only per-pair modifiers hide them (a mask function, a
  * bool mask): the tiles a block map shows whole need not ask them. */
 static inline int native_hide_alone(unsigned mods)

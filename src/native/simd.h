@@ -196,6 +196,20 @@ INLINE void widen_n(clattn_dtype dtype, const void *src, float *dst, size_t n)
     clattn_to_f32(dtype, src, dst, n);
 }
 
+/* n of the bias's elements of query row pos (below q_seq) of head `head`
+ * of element b, from key t0 on, as float32: in the bias itself, or
+ * widened into buf (a 16-bit bias) by this level's conversions. */
+INLINE const float *native_bias_row(const native_call *c, size_t b, size_t head, size_t pos,
+                                    uint32_t t0, uint32_t n, float *buf)
+{
+    const clattn_shape *s = c->s;
+    const size_t at = clattn_bias_index(s, b, head, pos, t0);
+    if (s->bias_dtype == CLATTN_DTYPE_F32)
+        return (const float *)s->bias + at;
+    widen_n(s->bias_dtype, (const uint16_t *)s->bias + at, buf, n);
+    return buf;
+}
+
 INLINE void narrow_n(clattn_dtype dtype, const float *src, void *dst, size_t n)
 {
     if (dtype == CLATTN_DTYPE_BF16) {
