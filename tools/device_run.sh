@@ -98,7 +98,8 @@
 #            documents of 512 as a bool mask, both [1][1][S][S], and with softcap built in
 #            and as examples/programmable/softcap.cl, S = PROG_SEQ (default
 #            8192), 8 heads, d64, causal, in PROG_DTYPES and PROG_OPS, interleaved,
-#            AB_ROUNDS rounds
+#            AB_ROUNDS rounds; PROG_RUNS: the runs (default "plain bias bias16 bool_docs
+#            softcap softcap_fn"; bias16: the bias as float16)
 #   localmem tools/localmem.c: the local memory a work-group may have on each GPU, by
 #            launches of growing size (what CL_DEVICE_LOCAL_MEM_SIZE says beside it)
 #   ring     examples/ring_attention on 1 and then RING_RANKS (default 2) ranks, a GPU
@@ -168,19 +169,23 @@ interleave() {
 }
 # The prog and tensors stages' arrays for a sequence of S: softcap's cap
 # (cap.npy), a relative-bias table (table.npy), a bias over the heads and
-# documents of 512 as a bool mask, both [1][1][S][S] (bias.npy, docs.npy).
+# documents of 512 as a bool mask, both [1][1][S][S] (bias.npy, docs.npy),
+# and the bias as float16 (bias16.npy).
 prog_arrays() {
   python3 -c "import numpy as n; s = $1; i = n.arange(s) // 512
 n.save('cap.npy', n.array([30.0], '<f4'))
 n.save('table.npy', (n.sin(n.arange(8 * 65)) * 0.5).astype('<f4'))
 n.save('bias.npy', (n.random.default_rng(0).random((1, 1, s, s), n.float32) - 0.5))
+n.save('bias16.npy', n.load('bias.npy').astype('<f2'))
 n.save('docs.npy', (i[:, None] == i[None, :])[None, None])"
 }
-# One line of an A/B: LABEL, then the old build and this one on `clattn bench ARGS...`.
+# One line of an A/B: LABEL, then the old build and this one on `clattn bench ARGS...`;
+# AB_ARM: one more arm (tools/interleave.py's NAME=CLI[@VAR=VALUE...][+ARGS]).
 ab_line() {
   local label=$1
   shift
-  interleave "$label" --arm old=build-old/clattn --arm dev=build-dev/clattn -- "$@"
+  interleave "$label" --arm old=build-old/clattn --arm dev=build-dev/clattn \
+    ${AB_ARM:+--arm "$AB_ARM"} -- "$@"
 }
 for stage in "$@"; do
   case $stage in
@@ -581,8 +586,10 @@ for stage in "$@"; do
     seq=${PROG_SEQ:-8192}
     prog_arrays "$seq"
     for dt in ${PROG_DTYPES:-f32 bf16}; do for op in ${PROG_OPS:-forward backward}; do
-      for run in "plain:" "bias:--bias bias.npy" "bool_docs:--bias docs.npy" "softcap:--softcap 30" \
+      for run in "plain:" "bias:--bias bias.npy" "bias16:--bias bias16.npy" \
+                 "bool_docs:--bias docs.npy" "softcap:--softcap 30" \
                  "softcap_fn:--score-fn examples/programmable/softcap.cl --score-params cap.npy"; do
+        [[ " ${PROG_RUNS:-plain bias bias16 bool_docs softcap softcap_fn} " == *" ${run%%:*} "* ]] || continue
         for pv in ${PROG_VARIANTS:-mma}; do
           # shellcheck disable=SC2086
           ab_line "$pv $dt $op ${run%%:*}" --op "$op" --q-seq "$seq" --heads 8 --head-dim 64 \
