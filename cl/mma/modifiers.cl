@@ -111,6 +111,35 @@ inline void bias_lane(float *bv, uint row0, uint col0, bool key_side, uint head,
                       uint num_heads, uint q_seq, uint kv_seq, MOD_ARGS)
 {
     const uint t = get_local_id(0) & 3u;
+#if MODS & MOD_BIAS
+    /* A block inside the bias: the lane's first element's index once, the
+     * others a 32-bit offset from it, and the element type chosen once. */
+    const uint rows = key_side ? kv_seq : q_seq, cols = key_side ? q_seq : kv_seq;
+    if (row0 + 8u < rows && col0 + NT * 8u <= cols && kv_seq < (1u << 24)) {
+        const uint c = col0 + 2u * t, down = key_side ? 1u : kv_seq, across = key_side ? kv_seq : 1u;
+        const ulong at = bias_at(b, head, key_side ? c : row0, key_side ? row0 : c, num_heads,
+                                 q_seq, kv_seq, bias_dims);
+#define BIAS_OFF(j) ((((j) & 2) ? 8u * down : 0u) + ((j) / 4 * 8u + ((j) & 1)) * across)
+        if (bias_dims & 4u) {
+            __global const ushort *p = (__global const ushort *)bias + at;
+            UNROLL
+            for (uint j = 0; j < NT * 4; ++j)
+                bv[j] = as_float((uint)p[BIAS_OFF(j)] << 16);
+        } else if (bias_dims & 8u) {
+            __global const half *p = (__global const half *)bias + at;
+            UNROLL
+            for (uint j = 0; j < NT * 4; ++j)
+                bv[j] = vload_half(BIAS_OFF(j), p);
+        } else {
+            __global const float *p = bias + at;
+            UNROLL
+            for (uint j = 0; j < NT * 4; ++j)
+                bv[j] = p[BIAS_OFF(j)];
+        }
+#undef BIAS_OFF
+        return;
+    }
+#endif
     UNROLL
     for (uint j = 0; j < NT * 4; ++j) {
         const uint r = LANE_ROW(row0, j), c = LANE_COL(col0, j, t);
