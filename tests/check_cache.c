@@ -67,6 +67,13 @@ START_TEST(program_cache)
         ck_assert_int_eq(cache_files(dir, 0), 0);
     }
     clattn_context_destroy(ctx);
+    clattn_options o = clattn_options_default();
+    o.device = test_selector();
+    setenv("CLATTN_CACHE_POCL", "yes", 1); /* 0 or 1 */
+    ctx = NULL;
+    ck_assert_int_eq(clattn_context_create(&o, &ctx), CLATTN_ERROR_INVALID_OPTION);
+    ck_assert_ptr_null(ctx);
+    ck_assert_ptr_nonnull(strstr(clattn_last_error(), "CLATTN_CACHE_POCL='yes'"));
     setenv("CLATTN_CACHE_POCL", "1", 1);
 
     ctx = test_context(NULL);

@@ -324,8 +324,13 @@ static clattn_status init_variant(clattn_context *ctx, const clattn_ocl_variant 
     const int items_loop = (type & CL_DEVICE_TYPE_CPU) && pocl;
     /* PoCL caches what it compiles, keyed by source and options, and asked
      * for a program's binary compiles each of its kernels once more, for
-     * any work-group size: the cold build took about 6x as long. */
+     * any work-group size: clattn's cache is left off there unless asked. */
     const char *cache_pocl = getenv("CLATTN_CACHE_POCL");
+    if (cache_pocl && strcmp(cache_pocl, "0") != 0 && strcmp(cache_pocl, "1") != 0) {
+        st = clattn_fail(CLATTN_ERROR_INVALID_OPTION, "CLATTN_CACHE_POCL='%s': want 0 or 1",
+                         cache_pocl);
+        goto fail;
+    }
     cl->program_cache = !pocl || (cache_pocl && !strcmp(cache_pocl, "1"));
     if ((st = clattn_ocl_tuning_init(cl, device, items_loop)) != CLATTN_OK)
         goto fail;
