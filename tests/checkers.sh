@@ -38,7 +38,7 @@ asan)
   # verify_asan_link_order=0: the CLI's tests load tests/failrename (not
   # instrumented) in front of it.
   # intercept_tls_get_addr=0: with it, the main thread's dynamic TLS
-  # (that of libraries the ICD loader opened) held a bad block in the forked
+  # (that of libraries opened at run time) held a bad block in the forked
   # test children, and LeakSanitizer's tracer crashed on it at their exit
   # ("Tracer caught signal 11" after "DTLS 7 at 0x...1f77"). Static TLS and
   # the threads' stacks are still scanned.
