@@ -16,18 +16,19 @@ build() {
   cmake -S "$src" -B "$work" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCLATTN_SANITIZE="$1" >/dev/null
   cmake --build "$work" -j2 --target clattn_tests clattn_cli faultcl failrename >/dev/null
 }
+with() { # TESTS suite [backend]: the suite by the test program TESTS
+  CLATTN_CLI="$work/clattn" CLATTN_FAILRENAME="$work/tests/libfailrename.so" \
+    CLATTN_FAULTCL="$work/tests/libfaultcl.so" "$1" --suite "$2" ${3:+--backend "$3"}
+}
 run() { # suite [backend]
   echo "== $mode: $*"
-  CLATTN_CLI="$work/clattn" CLATTN_FAILRENAME="$work/tests/libfailrename.so" \
-    CLATTN_FAULTCL="$work/tests/libfaultcl.so" \
-    "$work/tests/clattn_tests" --suite "$1" ${2:+--backend "$2"}
+  with "$work/tests/clattn_tests" "$@"
 }
-# The same suite by PLAIN_TESTS, its output and status left aside: the
-# suites' own tests judge it.
-warm() { # suite backend
-  [ -z "$plain" ] || CLATTN_CLI="$work/clattn" CLATTN_FAILRENAME="$work/tests/libfailrename.so" \
-    CLATTN_FAULTCL="$work/tests/libfaultcl.so" "$plain" --suite "$1" --backend "$2" \
-    >/dev/null 2>&1 || true
+# A suite on PoCL, first by PLAIN_TESTS (its output and status left aside:
+# the suites' own tests judge it), then under the checker.
+pocl() { # suite
+  [ -z "$plain" ] || with "$plain" "$1" opencl-cpu >/dev/null 2>&1 || true
+  run "$1" opencl-cpu
 }
 case $mode in
 asan)
@@ -55,19 +56,16 @@ asan)
       if [ $suite = inject ]; then
         # Every OpenCL call of each op failed in turn: no leak on any path.
         # The shim is not instrumented, so ASan need not come first.
-        (export LD_PRELOAD="$work/tests/libfaultcl.so"
-          warm $suite opencl-cpu; run $suite opencl-cpu)
+        LD_PRELOAD="$work/tests/libfaultcl.so" pocl $suite
       elif [ $suite = kernels ]; then
         # Half the float32 case's loop runs (every test function still
         # runs): ASan watches the host code, which each half reaches by the
         # same launch paths; kernels.opencl-cpu checks every run's numbers.
         # The caller's functions' host code is every variant's: tiled's alone.
-        (export CLATTN_TEST_SHARD=0/2 CK_EXCLUDE_TAGS=programmable
-          warm $suite opencl-cpu; run $suite opencl-cpu) &&
-          (export CK_RUN_CASE=programmable CLATTN_TEST_VARIANT=tiled
-            warm $suite opencl-cpu; run $suite opencl-cpu)
+        CLATTN_TEST_SHARD=0/2 CK_EXCLUDE_TAGS=programmable pocl $suite &&
+          CK_RUN_CASE=programmable CLATTN_TEST_VARIANT=tiled pocl $suite
       else
-        warm $suite opencl-cpu; run $suite opencl-cpu
+        pocl $suite
       fi
       rc=$?
       set -e
