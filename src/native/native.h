@@ -238,10 +238,11 @@ static inline void native_span(const native_call *c, float *x, float *dz, float 
                                uint32_t rows, size_t b, uint32_t pos, uint32_t t, size_t head)
 {
     const clattn_shape *s = c->s;
-    s->score_span_native(x, dz ? g : NULL, n, rows, (uint32_t)(c->seq_base + b), (uint32_t)head,
+    const int chain = dz && (c->mods & CLATTN_MOD_SOFTCAP); /* else dz holds 1s */
+    s->score_span_native(x, chain ? g : dz, n, rows, (uint32_t)(c->seq_base + b), (uint32_t)head,
                          clattn_query_position(s, pos, c->delta), t + s->kv_offset,
                          s->score_params);
-    if (dz)
+    if (chain)
         for (uint32_t i = 0; i < n; ++i)
             dz[i] *= g[i];
 }
