@@ -33,8 +33,9 @@ INLINE size_t part_of(size_t i, size_t parts)
     return m < parts ? m : 2 * parts - 1 - m;
 }
 
-/* out[i][.] = sum_d rows[i][d] * t[d][.] for DOT_ROWS rows. */
-INLINE void dots(const float *const *rows, const tile_row *t, size_t D, tile_row *out)
+/* out[i][.] = factor * sum_d rows[i][d] * t[d][.] for DOT_ROWS rows. */
+INLINE void dots(const float *const *rows, const tile_row *t, size_t D, tile_row *out,
+                 float factor)
 {
     hvec a[DOT_ROWS][PARTS];
     for (int i = 0; i < DOT_ROWS; ++i)
@@ -54,7 +55,7 @@ INLINE void dots(const float *const *rows, const tile_row *t, size_t D, tile_row
     }
     for (int i = 0; i < DOT_ROWS; ++i)
         for (int p = 0; p < PARTS; ++p)
-            hstore(out[i] + p * HW, a[i][p]);
+            hstore(out[i] + p * HW, a[i][p] * factor);
 }
 
 /* acc[d][.] += sum_r rows[r][d] * w[r][.] for r < n: ACC_DIMS rows of the
@@ -177,11 +178,11 @@ INLINE hvec modify_v(const native_call *c, hvec x, hvec dist, float slope, hvec 
  * well below 2^24; past it the scalar native_modify() takes the tile. */
 INLINE int small_distance(int64_t base) { return base > -(1 << 23) && base < (1 << 23); }
 
-/* A query-side tile sc[j][r] (raw dots of key t0 + j and query row pos0 +
- * r of query head `head` of batch element b) to modified scaled scores, their derivatives in
- * dz where not NULL. */
+/* A query-side tile sc[j][r] (dots of key t0 + j and query row pos0 + r
+ * of query head `head` of batch element b, times scale to scale them) to
+ * modified scaled scores, their derivatives in dz where not NULL. */
 INLINE void modify_rows(const native_call *c, tile_row *sc, tile_row *dz, size_t b, size_t pos0,
-                        uint32_t t0, size_t head)
+                        uint32_t t0, size_t head, float scale)
 {
     const float slope = c->slopes ? c->slopes[head] : 0.0f;
     const int64_t base = (int64_t)pos0 + c->delta - (int64_t)t0;
@@ -189,28 +190,33 @@ INLINE void modify_rows(const native_call *c, tile_row *sc, tile_row *dz, size_t
     if (!small_distance(base) || ((c->mods & CLATTN_MOD_USER) && !bias_alone && !span)) {
         for (uint32_t j = 0; j < KEY_BLOCK; ++j)
             for (size_t r = 0; r < QUERY_BLOCK; ++r) {
-                sc[j][r] = native_modify(c, sc[j][r] * c->scale, b, (uint32_t)(pos0 + r), t0 + j,
+                sc[j][r] = native_modify(c, sc[j][r] * scale, b, (uint32_t)(pos0 + r), t0 + j,
                                          head, dz ? &dz[j][r] : NULL);
             }
         return;
     }
-    EACH_PART(h) {
-        const hvec rows = hload(lane_float + h) + (float)base;
-        for (uint32_t j = 0; j < KEY_BLOCK; ++j) {
-            const hvec d = rows - (float)j;
-            hvec g;
-            hstore(sc[j] + h,
-                   modify_v(c, hload(sc[j] + h) * c->scale, HSELECT(d < 0.0f, -d, d), slope, &g));
-            if (dz)
-                hstore(dz[j] + h, g);
-        }
-    }
-    if (!bias_alone && !span)
-        return;
     /* the call's rows and keys (a tail past them is discarded) */
     const clattn_shape *s = c->s;
     const uint32_t keys = s->kv_seq - t0 < KEY_BLOCK ? s->kv_seq - t0 : KEY_BLOCK;
     const uint32_t rows = s->q_seq - pos0 < QUERY_BLOCK ? (uint32_t)(s->q_seq - pos0) : QUERY_BLOCK;
+    /* scaled scores that the built-ins leave as they are: nothing to do but
+     * dz's 1s, which the span over a whole tile writes itself */
+    const int built_in = (c->mods & (CLATTN_MOD_SOFTCAP | CLATTN_MOD_ALIBI)) != 0;
+    const int span_whole = span && rows == QUERY_BLOCK && keys == KEY_BLOCK;
+    if (built_in || scale != 1.0f || (dz && !span_whole))
+        EACH_PART(h) {
+            const hvec rows = hload(lane_float + h) + (float)base;
+            for (uint32_t j = 0; j < KEY_BLOCK; ++j) {
+                const hvec d = rows - (float)j;
+                hvec g;
+                hstore(sc[j] + h,
+                       modify_v(c, hload(sc[j] + h) * scale, HSELECT(d < 0.0f, -d, d), slope, &g));
+                if (dz)
+                    hstore(dz[j] + h, g);
+            }
+        }
+    if (!bias_alone && !span)
+        return;
     if (bias_alone) { /* its rows, down sc's columns */
         _Alignas(64) float buf[KEY_BLOCK];
         if (rows == QUERY_BLOCK && keys == KEY_BLOCK) {

@@ -95,16 +95,19 @@ INLINE void key_chunk_run(const native_call *c, key_chunk *ch, const tile_row *k
         ch->lo[r] = ch->hi[r] = 0;
     }
     const size_t padded = (n + PAD_ROWS - 1) / PAD_ROWS * PAD_ROWS; /* zero rows past n */
-    for (size_t r = 0; r < padded; r += DOT_ROWS) {
-        dots(ch->q + r, kt, D, p + r);
-        if (dkt)
-            dots(ch->d_out + r, vt, D, ds + r);
-    }
     const float scale = c->scale;
+    const int shaped = (c->mods & NATIVE_SHAPED) != 0;
+    for (size_t r = 0; r < padded; r += DOT_ROWS) {
+        if (shaped) /* modified scores from scaled dots (a constant 1 folds away) */
+            dots(ch->q + r, kt, D, p + r, scale);
+        else
+            dots(ch->q + r, kt, D, p + r, 1.0f);
+        if (dkt)
+            dots(ch->d_out + r, vt, D, ds + r, 1.0f);
+    }
     /* modified scores come scaled; dS takes dropout's mask through dP */
     _Alignas(64) tile_row dz[CHUNK];
     uint32_t kept[CHUNK];
-    const int shaped = (c->mods & NATIVE_SHAPED) != 0;
     if (c->mods & CLATTN_MOD_DROPOUT) {
         native_drop_rows rows;
         native_drop_rows_of(c, ch->b, ch->pos, ch->head, n, &rows);
@@ -112,6 +115,9 @@ INLINE void key_chunk_run(const native_call *c, key_chunk *ch, const tile_row *k
     }
     const int bias_alone = native_bias_alone(c->mods), span = native_span_alone(c);
     const uint32_t keys = c->s->kv_seq - ch->t0 < KEY_BLOCK ? c->s->kv_seq - ch->t0 : KEY_BLOCK;
+    /* the span alone on a whole row writes its scores and dz itself */
+    const int span_whole =
+        span && !(c->mods & (CLATTN_MOD_SOFTCAP | CLATTN_MOD_ALIBI)) && keys == KEY_BLOCK;
     for (size_t r = 0; r < n && c->mods; ++r) {
         const int64_t base = (int64_t)ch->pos[r] + c->delta - (int64_t)ch->t0;
         const float slope = c->slopes ? c->slopes[ch->head[r]] : 0.0f;
@@ -119,14 +125,14 @@ INLINE void key_chunk_run(const native_call *c, key_chunk *ch, const tile_row *k
                                                      !span && !ch->whole[r]);
         if (shaped && scalar)
             for (uint32_t j = 0; j < KEY_BLOCK; ++j)
-                p[r][j] = native_modify(c, p[r][j] * scale, ch->b, ch->pos[r], ch->t0 + j,
+                p[r][j] = native_modify(c, p[r][j], ch->b, ch->pos[r], ch->t0 + j,
                                         ch->head[r], dkt ? &dz[r][j] : NULL);
         EACH_PART(h) {
-            if (shaped && !scalar) {
+            if (shaped && !scalar && !span_whole) {
                 const hvec d = (float)base - hload(lane_float + h);
                 hvec g;
-                hstore(p[r] + h, modify_v(c, hload(p[r] + h) * scale, HSELECT(d < 0.0f, -d, d),
-                                          slope, &g));
+                hstore(p[r] + h,
+                       modify_v(c, hload(p[r] + h), HSELECT(d < 0.0f, -d, d), slope, &g));
                 hstore(dz[r] + h, g);
             }
             if (dkt && (c->mods & CLATTN_MOD_DROPOUT)) {

@@ -109,12 +109,13 @@ INLINE void ready_tiles(const native_call *c, const query_block *qb)
         wait_ready(state + t);
 }
 
-/* sc[j][r] for the keys t0 + j of a tile against the block's rows. */
-INLINE void tile_scores(const float *const *krows, const tile_row *qt,
-                        size_t D, tile_row *sc)
+/* sc[j][r] for the keys t0 + j of a tile against the block's rows, times
+ * factor. */
+INLINE void tile_scores(const float *const *krows, const tile_row *qt, size_t D, tile_row *sc,
+                        float factor)
 {
     for (uint32_t j = 0; j < KEY_BLOCK; j += DOT_ROWS)
-        dots(krows + j, qt, D, sc + j);
+        dots(krows + j, qt, D, sc + j, factor);
 }
 
 /* O and the LSE pairs of a block of query rows, by online softmax. */
@@ -158,11 +159,13 @@ static void forward_block(const native_call *c, size_t job)
             continue;
         const float *krows[KEY_BLOCK];
         key_rows(qb.kb, qb.kv_row, t0, n, krows);
-        tile_scores(krows, qt, D, sc);
-        if (shaped && shown == 2 && mask_alone) /* the mask shows the tile: scores scaled */
-            scale_rows(sc, NULL, c->scale);
-        else if (shaped)
-            modify_rows(c, sc, NULL, qb.b, qb.pos0, t0, qb.head);
+        /* modified scores from scaled dots (scale 1 after them) */
+        if (shaped) /* (a constant 1 folds away) */
+            tile_scores(krows, qt, D, sc, c->scale);
+        else
+            tile_scores(krows, qt, D, sc, 1.0f);
+        if (shaped && !(shown == 2 && mask_alone)) /* a tile the mask shows: scaled already */
+            modify_rows(c, sc, NULL, qb.b, qb.pos0, t0, qb.head, 1.0f);
         const int whole = n == KEY_BLOCK && all_lo <= t0 && t0 + KEY_BLOCK <= all_hi;
         EACH_PART(h) {
             /* The tile's row maxima (scaled: the scale is positive) */
@@ -299,12 +302,16 @@ static void grad_q_block(const native_call *c, size_t job)
         const float *krows[KEY_BLOCK], *vrows[KEY_BLOCK];
         key_rows(qb.kb, qb.kv_row, t0, n, krows);
         key_rows(qb.vb, qb.kv_row, t0, n, vrows);
-        tile_scores(krows, qt, D, sc);
-        tile_scores(vrows, dot_t, D, dp);
-        if (shaped && shown == 2 && mask_alone) /* the mask shows the tile: scores scaled */
-            scale_rows(sc, dz, c->scale);
+        /* modified scores from scaled dots (scale 1 after them) */
+        if (shaped)
+            tile_scores(krows, qt, D, sc, scale);
+        else
+            tile_scores(krows, qt, D, sc, 1.0f);
+        tile_scores(vrows, dot_t, D, dp, 1.0f);
+        if (shaped && shown == 2 && mask_alone) /* the mask shows the tile: dz 1 */
+            scale_rows(sc, dz, 1.0f);
         else if (shaped)
-            modify_rows(c, sc, dz, qb.b, qb.pos0, t0, qb.head);
+            modify_rows(c, sc, dz, qb.b, qb.pos0, t0, qb.head, 1.0f);
         if (c->mods & CLATTN_MOD_DROPOUT) {
             uint32_t kept[QUERY_BLOCK] = {0}; /* rows past qb.rows: dropped */
             native_keep_bits(c, &drop, t0, kept);
@@ -384,16 +391,16 @@ INLINE int dz_tile(const native_call *c, const dz_block *z, const native_params 
     _Alignas(64) tile_row sc[KEY_BLOCK];
     key_rows(qb->kb, qb->kv_row, t0, n, krows);
     key_rows(z->vb, qb->kv_row, t0, n, vrows);
-    tile_scores(krows, z->qt, D, sc);
-    tile_scores(vrows, z->dot_t, D, dz);
+    tile_scores(krows, z->qt, D, sc, 1.0f);
+    tile_scores(vrows, z->dot_t, D, dz, 1.0f);
     const native_call *first = split ? split->built_in : c;
     if (first->mods & NATIVE_SHAPED)
-        modify_rows(first, sc, NULL, qb->b, qb->pos0, t0, qb->head);
+        modify_rows(first, sc, NULL, qb->b, qb->pos0, t0, qb->head, first->scale);
     else
         scale_rows(sc, NULL, c->scale);
     if (split) {
         memcpy(pre, sc, sizeof sc);
-        modify_rows(split->user, sc, NULL, qb->b, qb->pos0, t0, qb->head);
+        modify_rows(split->user, sc, NULL, qb->b, qb->pos0, t0, qb->head, split->user->scale);
     }
     if (c->mods & CLATTN_MOD_DROPOUT) {
         uint32_t kept[QUERY_BLOCK] = {0}; /* rows past qb->rows: dropped */
