@@ -93,13 +93,14 @@
 #            against a block's heads (heads), on every GPU shape (ORDER_DIMS:
 #            head_dims), in ORDER_DTYPES (default f32 bf16) and ORDER_OPS (default
 #            forward backward), interleaved, AB_ROUNDS rounds
-#   tensors  the bias tensor's and bool mask's cost, the old build (AB_OLD, as for ab)
-#            against this one: mma (PROG_VARIANTS) plain, with a float32 bias, with
+#   tensors  the bias tensor's and bool mask's cost, with AB_OLD the old build (as for ab)
+#            beside this one: mma (PROG_VARIANTS) plain, with a float32 bias, with
 #            documents of 512 as a bool mask, both [1][1][S][S], and with softcap built in
 #            and as examples/programmable/softcap.cl, S = PROG_SEQ (default
 #            8192), 8 heads, d64, causal, in PROG_DTYPES and PROG_OPS, interleaved,
 #            AB_ROUNDS rounds; PROG_RUNS: the runs (default "plain bias bias16 bool_docs
-#            softcap softcap_fn"; bias16: the bias as float16)
+#            softcap softcap_fn"; bias16: the bias as float16); then tools/torch_mods.py's
+#            SDPA plain and with a bias [1][1][S][S] as attn_mask, in PROG_DTYPES
 #   localmem tools/localmem.c: the local memory a work-group may have on each GPU, by
 #            launches of growing size (what CL_DEVICE_LOCAL_MEM_SIZE says beside it)
 #   ring     examples/ring_attention on 1 and then RING_RANKS (default 2) ranks, a GPU
@@ -179,12 +180,13 @@ n.save('bias.npy', (n.random.default_rng(0).random((1, 1, s, s), n.float32) - 0.
 n.save('bias16.npy', n.load('bias.npy').astype('<f2'))
 n.save('docs.npy', (i[:, None] == i[None, :])[None, None])"
 }
-# One line of an A/B: LABEL, then the old build and this one on `clattn bench ARGS...`;
-# AB_ARM: one more arm (tools/interleave.py's NAME=CLI[@VAR=VALUE...][+ARGS]).
+# One line of an A/B: LABEL, then the old build (where AB_OLD) and this one
+# on `clattn bench ARGS...`; AB_ARM: one more arm (tools/interleave.py's
+# NAME=CLI[@VAR=VALUE...][+ARGS]).
 ab_line() {
   local label=$1
   shift
-  interleave "$label" --arm old=build-old/clattn --arm dev=build-dev/clattn \
+  interleave "$label" ${AB_OLD:+--arm old=build-old/clattn} --arm dev=build-dev/clattn \
     ${AB_ARM:+--arm "$AB_ARM"} -- "$@"
 }
 for stage in "$@"; do
@@ -582,7 +584,7 @@ for stage in "$@"; do
       done; done
     done 2>&1 | tee "$OUT/order.log" ;;
   tensors)
-    build_old
+    [ -n "${AB_OLD:-}" ] && build_old
     seq=${PROG_SEQ:-8192}
     prog_arrays "$seq"
     for dt in ${PROG_DTYPES:-f32 bf16}; do for op in ${PROG_OPS:-forward backward}; do
@@ -596,7 +598,12 @@ for stage in "$@"; do
             --causal --dtype "$dt" --device gpu --reps 5 --variant "$pv" ${run#*:}
         done
       done
-    done; done 2>&1 | tee "$OUT/tensors.log" ;;
+    done; done 2>&1 | tee "$OUT/tensors.log"
+    # PyTorch's SDPA plain and with the bias as a float attn_mask, same shape
+    for dt in ${PROG_DTYPES:-f32 bf16}; do
+      python3 tools/torch_mods.py --q-seq "$seq" --heads 8 --head-dim 64 --dtype "$dt" \
+        --modifiers none,bias
+    done 2>&1 | tee -a "$OUT/tensors.log" ;;
   localmem)
     cc -O1 -o build-dev/localmem tools/localmem.c -lOpenCL &&
       build-dev/localmem 2>&1 | tee "$OUT/localmem.log" ;;

@@ -1,14 +1,17 @@
 #!/usr/bin/env python3
 """PyTorch's scaled_dot_product_attention with the score modifiers clattn
 has, timed on the GPU beside `clattn bench`: plain causal attention, with
-dropout_p, and with ALiBi as an additive float attn_mask (causal folded
-into it: SDPA takes is_causal or a mask, not both). Softcap has no SDPA
+dropout_p, with ALiBi as an additive float attn_mask, and with a bias
+tensor [1][1][S][S] (uniform in [-0.5, 0.5), clattn bench's --bias over the
+heads) as one (causal folded into both: SDPA takes is_causal or a mask,
+not both); --modifiers picks them. Softcap has no SDPA
 argument (FlexAttention's score_mod has it; not timed here). One JSON line
 per (modifier, op): the median time and GFLOP/s over the visible pairs, as
 clattn bench counts them (4 FLOP a pair a head_dim element forward, 10
 backward).
 
     tools/torch_mods.py --q-seq 4096 --heads 32 --kv-heads 8 --head-dim 128 --dtype bf16
+    tools/torch_mods.py --q-seq 8192 --heads 8 --head-dim 64 --modifiers none,bias
 """
 import argparse
 import json
@@ -27,7 +30,13 @@ def main():
     ap.add_argument("--dtype", default="bf16")
     ap.add_argument("--dropout", type=float, default=0.1)
     ap.add_argument("--reps", type=int, default=10)
+    ap.add_argument("--modifiers", default="none,dropout,alibi",
+                    help="comma-separated, of none, dropout, alibi and bias")
     a = ap.parse_args()
+    kinds = a.modifiers.split(",")
+    unknown = set(kinds) - {"none", "dropout", "alibi", "bias"}
+    if unknown:
+        ap.error(f"--modifiers: unknown {', '.join(sorted(unknown))}")
     dt = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}[a.dtype]
     n, h, kvh, d, dev = a.q_seq, a.heads, a.kv_heads or a.heads, a.head_dim, "cuda"
     g = torch.Generator(device=dev).manual_seed(0)
@@ -37,19 +46,26 @@ def main():
     do = torch.rand(1, h, n, d, device=dev, dtype=dt, generator=g) * 2 - 1
     pairs = n * (n + 1) // 2 * h
     F = torch.nn.functional
-    # ALiBi: slope 2^(-8 (i + 1) / h) per head, bias -slope |P - T|, -inf above
-    # the diagonal
     pos = torch.arange(n, device=dev)
-    dist = (pos[:, None] - pos[None, :]).abs().to(torch.float32)
-    slopes = torch.tensor([2.0 ** (-8.0 * (i + 1) / h) for i in range(h)], device=dev)
-    bias = -slopes[:, None, None] * dist
-    bias = bias.masked_fill(pos[None, :] > pos[:, None], float("-inf")).to(dt)[None]
+    above = pos[None, :] > pos[:, None]
+
+    def alibi():  # slope 2^(-8 (i + 1) / h) per head, bias -slope |P - T|
+        dist = (pos[:, None] - pos[None, :]).abs().to(torch.float32)
+        slopes = torch.tensor([2.0 ** (-8.0 * (i + 1) / h) for i in range(h)], device=dev)
+        return dict(attn_mask=(-slopes[:, None, None] * dist)
+                    .masked_fill(above, float("-inf")).to(dt)[None])
+
+    def bias():  # one [S][S] table over the heads
+        table = torch.rand(n, n, device=dev, generator=g) - 0.5
+        return dict(attn_mask=table.masked_fill(above, float("-inf")).to(dt)[None, None])
     cases = {
-        "none": dict(is_causal=True),
-        "dropout": dict(is_causal=True, dropout_p=a.dropout),
-        "alibi": dict(attn_mask=bias),
+        "none": lambda: dict(is_causal=True),
+        "dropout": lambda: dict(is_causal=True, dropout_p=a.dropout),
+        "alibi": alibi,
+        "bias": bias,
     }
-    for name, kw in cases.items():
+    for name in kinds:
+        kw = cases[name]()
         def fwd_only():
             return F.scaled_dot_product_attention(q, k, v, enable_gqa=kvh != h, **kw)
 
