@@ -326,12 +326,13 @@ static clattn_status init_variant(clattn_context *ctx, const clattn_ocl_variant 
      * for a program's binary compiles each of its kernels once more, for
      * any work-group size: clattn's cache is left off there unless asked. */
     const char *cache_pocl = getenv("CLATTN_CACHE_POCL");
-    if (cache_pocl && strcmp(cache_pocl, "0") != 0 && strcmp(cache_pocl, "1") != 0) {
+    const int pocl_cached = cache_pocl && !strcmp(cache_pocl, "1");
+    if (cache_pocl && !pocl_cached && strcmp(cache_pocl, "0") != 0) {
         st = clattn_fail(CLATTN_ERROR_INVALID_OPTION, "CLATTN_CACHE_POCL='%s': want 0 or 1",
                          cache_pocl);
         goto fail;
     }
-    cl->program_cache = !pocl || (cache_pocl && !strcmp(cache_pocl, "1"));
+    cl->program_cache = !pocl || pocl_cached;
     if ((st = clattn_ocl_tuning_init(cl, device, items_loop)) != CLATTN_OK)
         goto fail;
     /* `clattn tune`'s winners for this device, keyed as docs/tuning.md says. */
