@@ -120,6 +120,19 @@ inline void bias_lane(float *bv, uint row0, uint col0, bool key_side, uint head,
         const ulong at = bias_at(b, head, key_side ? c : row0, key_side ? row0 : c, num_heads,
                                  q_seq, kv_seq, bias_dims);
 #define BIAS_OFF(j) ((((j) & 2) ? 8u * down : 0u) + ((j) / 4 * 8u + ((j) & 1)) * across)
+        /* a float32 bias on the query side: elements j and j + 1 lie side
+         * by side, one load of both where the first's index is even (the
+         * buffer aligned) */
+        if (!key_side && !(bias_dims & 12u) && !(at & 1u)) {
+            __global const float2 *p = (__global const float2 *)(bias + at);
+            UNROLL
+            for (uint j = 0; j < NT * 4; j += 2) {
+                const float2 v = p[BIAS_OFF(j) / 2u];
+                bv[j] = v.x;
+                bv[j + 1] = v.y;
+            }
+            return;
+        }
         if (bias_dims & 4u) {
             __global const ushort *p = (__global const ushort *)bias + at;
             UNROLL
