@@ -1,23 +1,24 @@
 #!/usr/bin/env bash
 # Builds clattn's tests again under a checker and runs the suites that it
 # can check, failing on any report.
-#   tests/checkers.sh asan|tsan|valgrind SOURCE_DIR WORK_DIR [PLAIN_TESTS]
+#   tests/checkers.sh asan|tsan|valgrind SOURCE_DIR WORK_DIR [PLAIN_TESTS [PLAIN_CLI]]
 # asan: AddressSanitizer + UndefinedBehaviorSanitizer (LeakSanitizer too),
 #       on native, PoCL (when present) and everything host-side. PLAIN_TESTS,
-#       an uninstrumented clattn_tests, first runs each PoCL suite to fill
-#       PoCL's kernel cache: PoCL compiles inside the instrumented process,
+#       an uninstrumented clattn_tests, first runs each PoCL suite (the cli
+#       suite by PLAIN_CLI, an uninstrumented clattn) to fill PoCL's kernel
+#       cache: PoCL compiles inside the instrumented process,
 #       where LLVM's allocations go through ASan's, and a cold build of the
 #       score modifiers' programs alone took more than 15 minutes there.
 # tsan: ThreadSanitizer on the native path and the threaded API tests.
 # valgrind: memcheck of the native suites, no errors and no leaks.
 set -eu
-mode=$1 src=$2 work=$3 plain=${4:-}
+mode=$1 src=$2 work=$3 plain=${4:-} plain_cli=${5:-}
 build() {
   cmake -S "$src" -B "$work" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCLATTN_SANITIZE="$1" >/dev/null
   cmake --build "$work" -j2 --target clattn_tests clattn_cli faultcl failrename >/dev/null
 }
-with() { # TESTS suite [backend]: the suite by the test program TESTS
-  CLATTN_CLI="$work/clattn" CLATTN_FAILRENAME="$work/tests/libfailrename.so" \
+with() { # TESTS suite [backend]: the suite by the test program TESTS (and CLI)
+  CLATTN_CLI="${cli:-$work/clattn}" CLATTN_FAILRENAME="$work/tests/libfailrename.so" \
     CLATTN_FAULTCL="$work/tests/libfaultcl.so" "$1" --suite "$2" ${3:+--backend "$3"}
 }
 run() { # suite [backend]
@@ -48,6 +49,8 @@ asan)
   export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1"
   # Instrumented host code is slower: the suites' time limits tripled.
   export CK_TIMEOUT_MULTIPLIER=3
+  # the cli suite's tune test builds programs on PoCL: warmed as pocl() does
+  [ -z "$plain" ] || [ -z "$plain_cli" ] || cli=$plain_cli with "$plain" cli >/dev/null 2>&1 || true
   run api; run cli; run gradcheck; run kernels native; run buffers native; run train native
   if [ -n "${CLATTN_ASAN_OPENCL:-1}" ]; then
     export CLATTN_REQUIRE_BACKENDS=
