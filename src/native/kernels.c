@@ -201,9 +201,8 @@ INLINE void modify_rows(const native_call *c, tile_row *sc, tile_row *dz, size_t
     const uint32_t rows = s->q_seq - pos0 < QUERY_BLOCK ? (uint32_t)(s->q_seq - pos0) : QUERY_BLOCK;
     /* scaled scores that the built-ins leave as they are: nothing to do but
      * dz's 1s, which the span over a whole tile writes itself */
-    const int built_in = (c->mods & (CLATTN_MOD_SOFTCAP | CLATTN_MOD_ALIBI)) != 0;
-    const int span_whole = span && rows == QUERY_BLOCK && keys == KEY_BLOCK;
-    if (built_in || scale != 1.0f || (dz && !span_whole))
+    const int whole = rows == QUERY_BLOCK && keys == KEY_BLOCK;
+    if ((c->mods & NATIVE_BUILT_IN) || scale != 1.0f || (dz && !(span && whole)))
         EACH_PART(h) {
             const hvec rows = hload(lane_float + h) + (float)base;
             for (uint32_t j = 0; j < KEY_BLOCK; ++j) {
@@ -219,7 +218,7 @@ INLINE void modify_rows(const native_call *c, tile_row *sc, tile_row *dz, size_t
         return;
     if (bias_alone) { /* its rows, down sc's columns */
         _Alignas(64) float buf[KEY_BLOCK];
-        if (rows == QUERY_BLOCK && keys == KEY_BLOCK) {
+        if (whole) {
             /* a whole tile: the rows into bt's columns by the tiles'
              * transpose, then added as sc lies (added down sc's columns,
              * each element was gathered) */

@@ -116,8 +116,7 @@ INLINE void key_chunk_run(const native_call *c, key_chunk *ch, const tile_row *k
     const int bias_alone = native_bias_alone(c->mods), span = native_span_alone(c);
     const uint32_t keys = c->s->kv_seq - ch->t0 < KEY_BLOCK ? c->s->kv_seq - ch->t0 : KEY_BLOCK;
     /* the span alone on a whole row writes its scores and dz itself */
-    const int span_whole =
-        span && !(c->mods & (CLATTN_MOD_SOFTCAP | CLATTN_MOD_ALIBI)) && keys == KEY_BLOCK;
+    const int span_whole = span && !(c->mods & NATIVE_BUILT_IN) && keys == KEY_BLOCK;
     for (size_t r = 0; r < n && c->mods; ++r) {
         const int64_t base = (int64_t)ch->pos[r] + c->delta - (int64_t)ch->t0;
         const float slope = c->slopes ? c->slopes[ch->head[r]] : 0.0f;

@@ -88,8 +88,10 @@ enum { NATIVE_ROUNDS = 3 };
 /* meganeura's LSE pair for a row with no visible key. */
 #define EMPTY_ROW (-1e30f)
 
-/* The modifiers that change the scores themselves. */
-#define NATIVE_SHAPED (CLATTN_MOD_SOFTCAP | CLATTN_MOD_ALIBI | CLATTN_MOD_USER)
+/* The built-in modifiers of the scores, and all that change the scores
+ * themselves. */
+#define NATIVE_BUILT_IN (CLATTN_MOD_SOFTCAP | CLATTN_MOD_ALIBI)
+#define NATIVE_SHAPED (NATIVE_BUILT_IN | CLATTN_MOD_USER)
 
 typedef struct native_call {
     const clattn_shape *s;
