@@ -404,27 +404,33 @@ START_TEST(bias_files)
     save("want_db.npy", bshape, 4, db);
     ck_assert(close_files(path("dq.npy"), path("want_dq.npy"), 1e-5));
     ck_assert(close_files(path("db.npy"), path("want_db.npy"), 1e-5));
-    /* the same bias in float16 ('<f2'), of values exact in it: the same dBias */
-    uint16_t *half = malloc(nb * sizeof *half);
-    ck_assert_ptr_nonnull(half);
-    clattn_from_f32(CLATTN_DTYPE_F16, bias, half, nb);
-    clattn_to_f32(CLATTN_DTYPE_F16, half, bias, nb);
-    char tmp[600], why[256];
-    ck_assert_msg(npy_write_temp(path("bias16.npy"), bshape, 4, "<f2", half, tmp, sizeof tmp, why,
-                                 sizeof why) == 0 &&
-                      npy_commit(tmp, path("bias16.npy"), why, sizeof why) == 0,
-                  "%s", why);
-    free(half);
-    ck_assert_status(clattn_grad_bias(ctx, &s, p.q, p.k, p.v, p.o, p.lse, p.d_out, db),
-                     CLATTN_OK);
-    save("want_db16.npy", bshape, 4, db);
-    ck_assert_int_eq(run("backward", "--q", qp, "--k", kp, "--v", vp, "--o", path("o.npy"),
-                         "--lse", path("lse.npy"), "--d-out", path("do.npy"), "--dq",
-                         path("dq.npy"), "--dk", path("dk.npy"), "--dv", path("dv.npy"),
-                         "--bias", path("bias16.npy"), "--d-bias", path("db16.npy"), "--device",
-                         "native", NULL),
-                     0);
-    ck_assert(close_files(path("db16.npy"), path("want_db16.npy"), 0.0));
+    /* the same bias in float16 ('<f2') and as bfloat16's bits ('<u2'), of
+     * values exact in each: the same dBias */
+    static const clattn_dtype kinds[2] = {CLATTN_DTYPE_F16, CLATTN_DTYPE_BF16};
+    static const char *const descrs[2] = {"<f2", "<u2"};
+    for (int k = 0; k < 2; ++k) {
+        uint16_t *half = malloc(nb * sizeof *half);
+        ck_assert_ptr_nonnull(half);
+        clattn_from_f32(kinds[k], bias, half, nb);
+        clattn_to_f32(kinds[k], half, bias, nb);
+        char tmp[600], why[256];
+        ck_assert_msg(npy_write_temp(path("bias16.npy"), bshape, 4, descrs[k], half, tmp,
+                                     sizeof tmp, why, sizeof why) == 0 &&
+                          npy_commit(tmp, path("bias16.npy"), why, sizeof why) == 0,
+                      "%s", why);
+        free(half);
+        ck_assert_status(clattn_grad_bias(ctx, &s, p.q, p.k, p.v, p.o, p.lse, p.d_out, db),
+                         CLATTN_OK);
+        save("want_db16.npy", bshape, 4, db);
+        ck_assert_int_eq(run("backward", "--q", qp, "--k", kp, "--v", vp, "--o", path("o.npy"),
+                             "--lse", path("lse.npy"), "--d-out", path("do.npy"), "--dq",
+                             path("dq.npy"), "--dk", path("dk.npy"), "--dv", path("dv.npy"),
+                             "--bias", path("bias16.npy"), "--d-bias", path("db16.npy"),
+                             "--device", "native", NULL),
+                         0);
+        ck_assert_msg(close_files(path("db16.npy"), path("want_db16.npy"), 0.0), "%s bias",
+                      descrs[k]);
+    }
     /* the bool mask, on native and on PoCL where it runs */
     clattn_shape m = s;
     m.bias = NULL;

@@ -122,8 +122,9 @@ static int read_heads(const char *cmd, const char *flag, const char *path, const
     return ok;
 }
 
-/* --bias: a 4-d float32, float16 or bool array [B or 1][H or 1][q_seq][kv_seq]
- * into m and s; prints one line and returns 0 on bad input. */
+/* --bias: a 4-d float32, float16, bfloat16 (bits, '<u2' or '<i2') or bool
+ * array [B or 1][H or 1][q_seq][kv_seq] into m and s; prints one line and
+ * returns 0 on bad input. */
 static int read_bias(const char *cmd, mod_opts *m, clattn_shape *s)
 {
     npy_array a;
@@ -133,26 +134,26 @@ static int read_bias(const char *cmd, mod_opts *m, clattn_shape *s)
         return 0;
     }
     const int f16 = !strcmp(a.descr, "<f2");
-    const int ok = (a.data || a.bools || f16) && a.ndim == 4 &&
+    const int sixteen = a.bits != NULL; /* float16 or bfloat16's bits */
+    const int ok = (a.data || a.bools || sixteen) && a.ndim == 4 &&
                    (a.shape[0] == 1 || a.shape[0] == s->batch) &&
                    (a.shape[1] == 1 || a.shape[1] == s->num_heads) && a.shape[2] == s->q_seq &&
                    a.shape[3] == s->kv_seq;
     if (!ok)
         fprintf(stderr,
-                "clattn %s: --bias %s: want a 4-d float32 ('<f4'), float16 ('<f2') or bool "
-                "('|b1') array of [%u or 1][%u or 1][%u][%u] (batch, query heads, queries, "
-                "keys)\n",
+                "clattn %s: --bias %s: want a 4-d float32 ('<f4'), float16 ('<f2'), "
+                "bfloat16 bits ('<u2', '<i2') or bool ('|b1') array of [%u or 1][%u or 1][%u][%u] "
+                "(batch, query heads, queries, keys)\n",
                 cmd, m->bias_file, s->batch, s->num_heads, s->q_seq, s->kv_seq);
     else {
         memcpy(m->bias_shape, a.shape, sizeof m->bias_shape);
-        m->bias = f16 ? (void *)a.bits : (void *)a.data;
+        m->bias = sixteen ? (void *)a.bits : (void *)a.data;
         m->bool_mask = a.bools;
         a.data = NULL;
         a.bools = NULL;
-        if (f16)
-            a.bits = NULL;
+        a.bits = NULL;
         s->bias = m->bias;
-        s->bias_dtype = f16 ? CLATTN_DTYPE_F16 : CLATTN_DTYPE_F32;
+        s->bias_dtype = f16 ? CLATTN_DTYPE_F16 : sixteen ? CLATTN_DTYPE_BF16 : CLATTN_DTYPE_F32;
         s->bool_mask = m->bool_mask;
         s->bias_batch = (uint32_t)a.shape[0];
         s->bias_heads = (uint32_t)a.shape[1];

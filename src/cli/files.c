@@ -330,8 +330,9 @@ static const file_command file_commands[] = {
      "clattn_mask. The native backend compiles the same files as C99 with $CC\n"
      "(default cc) and loads them. --bias B.npy, 4-d (batch or 1, query heads or\n"
      "1, q_seq, kv_seq), is added to the scores after the score function where it\n"
-     "is float32 ('<f4') or float16 ('<f2'), and hides the pairs where it is false\n"
-     "where it is bool ('|b1'); not with --cu-seqlens.\n",
+     "is float32 ('<f4'), float16 ('<f2') or bfloat16 bits ('<u2', '<i2'), and\n"
+     "hides the pairs where it is false where it is bool ('|b1'); not with\n"
+     "--cu-seqlens.\n",
      READS_LSE | READS_DO, 1, {"--out"}, {LIKE_K}},
 };
 
