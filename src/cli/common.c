@@ -133,9 +133,7 @@ static int read_bias(const char *cmd, mod_opts *m, clattn_shape *s)
         fprintf(stderr, "clattn %s: %s\n", cmd, err);
         return 0;
     }
-    const int f16 = !strcmp(a.descr, "<f2");
-    const int sixteen = a.bits != NULL; /* float16 or bfloat16's bits */
-    const int ok = (a.data || a.bools || sixteen) && a.ndim == 4 &&
+    const int ok = (a.data || a.bools || a.bits) && a.ndim == 4 &&
                    (a.shape[0] == 1 || a.shape[0] == s->batch) &&
                    (a.shape[1] == 1 || a.shape[1] == s->num_heads) && a.shape[2] == s->q_seq &&
                    a.shape[3] == s->kv_seq;
@@ -147,13 +145,13 @@ static int read_bias(const char *cmd, mod_opts *m, clattn_shape *s)
                 cmd, m->bias_file, s->batch, s->num_heads, s->q_seq, s->kv_seq);
     else {
         memcpy(m->bias_shape, a.shape, sizeof m->bias_shape);
-        m->bias = sixteen ? (void *)a.bits : (void *)a.data;
+        s->bias_dtype = descr_dtype(a.descr);
+        m->bias = a.bits ? (void *)a.bits : (void *)a.data;
         m->bool_mask = a.bools;
         a.data = NULL;
         a.bools = NULL;
         a.bits = NULL;
         s->bias = m->bias;
-        s->bias_dtype = f16 ? CLATTN_DTYPE_F16 : sixteen ? CLATTN_DTYPE_BF16 : CLATTN_DTYPE_F32;
         s->bool_mask = m->bool_mask;
         s->bias_batch = (uint32_t)a.shape[0];
         s->bias_heads = (uint32_t)a.shape[1];
@@ -313,6 +311,13 @@ int open_context(const char *cmd, const char *device, const char *variant,
                    st == CLATTN_ERROR_DEVICE_NOT_FOUND
                ? EXIT_INPUT
                : EXIT_DEVICE;
+}
+
+clattn_dtype descr_dtype(const char *descr)
+{
+    if (!strcmp(descr, "<f2"))
+        return CLATTN_DTYPE_F16;
+    return !strcmp(descr, "<u2") || !strcmp(descr, "<i2") ? CLATTN_DTYPE_BF16 : CLATTN_DTYPE_F32;
 }
 
 int parse_dtype(const char *cmd, const char *name, clattn_dtype *dtype)

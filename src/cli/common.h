@@ -37,10 +37,14 @@ int op_failed(const char *cmd, clattn_status st);
 /* --dtype's value, f32, f16 or bf16, into *dtype; prints one line and
  * returns 0 for anything else. */
 int parse_dtype(const char *cmd, const char *name, clattn_dtype *dtype);
+/* The dtype of an array's descr: '<f2' float16, '<u2' and '<i2' bfloat16's
+ * bits, anything else float32. */
+clattn_dtype descr_dtype(const char *descr);
 
 /* The score modifiers' options, shared by the file commands and bench:
  * --softcap C, --alibi SLOPES.npy, --dropout P --seed S [--dropout-offset N],
- * --sinks SINKS.npy, --bias B.npy (float32 or bool, [B or 1][H or 1][Sq][Sk]),
+ * --sinks SINKS.npy, --bias B.npy (float32, float16, bfloat16 bits or bool,
+ * [B or 1][H or 1][Sq][Sk]),
  * and the caller's functions: --score-fn FILE.cl, --mask-fn FILE.cl,
  * --score-params P.npy. mod_free() releases what mod_apply and mod_native
  * made. */

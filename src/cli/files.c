@@ -143,7 +143,7 @@ static int inputs_dtype(const char *cmd, const input_paths *paths, const inputs 
     if (paths->lse && !lse_is_f32(cmd, paths->lse, &in->lse))
         return 0;
     const char *d = in->q.descr;
-    const int bits = !strcmp(d, "<u2") || !strcmp(d, "<i2");
+    const int bits = descr_dtype(d) == CLATTN_DTYPE_BF16;
     clattn_dtype asked = CLATTN_DTYPE_F32;
     if (want && !parse_dtype(cmd, want, &asked))
         return 0;
@@ -154,7 +154,7 @@ static int inputs_dtype(const char *cmd, const input_paths *paths, const inputs 
                 cmd, paths->q, d);
         return 0;
     }
-    *dtype = bits ? CLATTN_DTYPE_BF16 : !strcmp(d, "<f2") ? CLATTN_DTYPE_F16 : CLATTN_DTYPE_F32;
+    *dtype = descr_dtype(d);
     if (want && asked != *dtype) {
         fprintf(stderr, "clattn %s: --dtype %s, but %s is '%s'%s\n", cmd, want, paths->q, d,
                 asked == CLATTN_DTYPE_BF16 ? " (bfloat16 wants '<u2' or '<i2' bit patterns)"
