@@ -133,6 +133,27 @@ inline void bias_lane(float *bv, uint row0, uint col0, bool key_side, uint head,
             }
             return;
         }
+        /* and a 16-bit one's pair in one 32-bit load */
+        if (!key_side && (bias_dims & 4u) && !(at & 1u)) {
+            __global const uint *p = (__global const uint *)((__global const ushort *)bias + at);
+            UNROLL
+            for (uint j = 0; j < NT * 4; j += 2) {
+                const uint w = p[BIAS_OFF(j) / 2u];
+                bv[j] = as_float(w << 16);
+                bv[j + 1] = as_float(w & 0xFFFF0000u);
+            }
+            return;
+        }
+        if (!key_side && (bias_dims & 8u) && !(at & 1u)) {
+            __global const half *p = (__global const half *)bias + at;
+            UNROLL
+            for (uint j = 0; j < NT * 4; j += 2) {
+                const float2 v = vload_half2(BIAS_OFF(j) / 2u, p);
+                bv[j] = v.x;
+                bv[j + 1] = v.y;
+            }
+            return;
+        }
         if (bias_dims & 4u) {
             __global const ushort *p = (__global const ushort *)bias + at;
             UNROLL
@@ -165,8 +186,14 @@ inline void user_lane(float *s, float *dz, const float *bv, float mu, uint row0,
                       bool key_side, uint head, uint b, long delta, uint num_heads, uint q_seq,
                       uint kv_seq, MOD_ARGS)
 {
-    const uint t = get_local_id(0) & 3u;
     const float inv = 1.0f / mu;
+#if (MODS & (MOD_SCORE | MOD_BIAS)) == MOD_BIAS && !HIDING
+    /* a bias alone: (s mu + bias) / mu as one fma */
+    UNROLL
+    for (uint j = 0; j < NT * 4; ++j)
+        s[j] = fma(bv[j], inv, s[j]);
+#else
+    const uint t = get_local_id(0) & 3u;
     UNROLL
     for (uint j = 0; j < NT * 4; ++j) {
         const uint r = LANE_ROW(row0, j), c = LANE_COL(col0, j, t);
@@ -177,6 +204,7 @@ inline void user_lane(float *s, float *dz, const float *bv, float mu, uint row0,
                inv;
         dz[j] *= g;
     }
+#endif
 }
 #define BIAS_LANE(bv, row0, col0, key_side, head) \
     bias_lane((bv), (row0), (col0), (key_side), (head), b, num_heads, q_seq, kv_seq, MOD_PASS)
