@@ -145,12 +145,13 @@ inline void bias_lane(float *bv, uint row0, uint col0, bool key_side, uint head,
             return;
         }
         if (!key_side && (bias_dims & 8u) && !(at & 1u)) {
-            __global const half *p = (__global const half *)bias + at;
+            __global const uint *p = (__global const uint *)((__global const ushort *)bias + at);
             UNROLL
             for (uint j = 0; j < NT * 4; j += 2) {
-                const float2 v = vload_half2(BIAS_OFF(j) / 2u, p);
-                bv[j] = v.x;
-                bv[j + 1] = v.y;
+                const uint w = p[BIAS_OFF(j) / 2u];
+                const ushort two[2] = {(ushort)w, (ushort)(w >> 16)};
+                bv[j] = vload_half(0, (const __private half *)two);
+                bv[j + 1] = vload_half(1, (const __private half *)two);
             }
             return;
         }
